@@ -1,0 +1,154 @@
+"""The engine's public face: prompt in, frames out. `DiffusionEngine` wraps a loaded model and its tokenizer."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .frames import Frame
+from .generator import denoise
+from .loading import LoadedModel
+from .random_state import RunRandomState
+from .settings import DiffusionSettings, check_seed
+from .tokens import TokenText
+
+MAX_PROMPT_CHARS = 100_000
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """Summary of one finished run.
+
+    token_ids: generated ids (EOS kept, pads after it dropped); text: their decoded text, special tokens skipped;
+    frames: frames yielded (= decoder forwards); forwards_per_block: forwards each canvas used;
+    seconds: engine time (prefill included); tokens_per_second: non-pad generated tokens / seconds;
+    tokens_per_forward: non-pad generated tokens / forwards (as `generate()` computes it);
+    time_to_first_frame_s; prompt_tokens; seed; stop_reason ("eos", "max_new_tokens", "cancelled").
+    """
+
+    token_ids: list[int]
+    text: str
+    frames: int
+    forwards_per_block: list[int]
+    seconds: float
+    tokens_per_second: float
+    tokens_per_forward: float
+    time_to_first_frame_s: float
+    prompt_tokens: int
+    seed: int
+    stop_reason: str
+
+    @property
+    def forwards(self) -> int:
+        """Decoder forwards in all."""
+        return self.frames
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict, `forwards` included."""
+        return {**self.__dict__, "forwards": self.forwards}
+
+
+class DiffusionEngine:
+    """Runs DiffusionGemma block diffusion on text prompts, one frame per decoder forward.
+
+    Args:
+        loaded: a `LoadedModel` from `engine.loading.load_model`.
+
+    Thread safety: several runs may be iterated from different threads at once; each keeps its own random state
+    (`RunRandomState`), so its tokens do not depend on the others.
+    """
+
+    def __init__(self, loaded: LoadedModel):
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.source = loaded.source
+        self.device = loaded.device
+        self.token_text = TokenText(self.tokenizer)
+        self.recommended = DiffusionSettings.from_generation_config(self.model.generation_config)
+        self.canvas_length = self.model.config.canvas_length
+        self.context_limit = self.model.config.text_config.max_position_embeddings
+
+    def encode_prompt(self, prompt: str, raw: bool = False) -> torch.LongTensor:
+        """Token ids `[1, prompt_length]` on the model's device.
+
+        Chat prompts go through the tokenizer's chat template as one user turn with the generation prompt; raw
+        prompts are exactly `tokenizer(prompt, return_tensors="pt").input_ids`.
+
+        Raises:
+            ValueError: not a string, empty or whitespace only, longer than `MAX_PROMPT_CHARS` characters.
+        """
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
+        if not prompt.strip():
+            raise ValueError("prompt is empty: type something for the model to continue")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise ValueError(f"prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
+        prompt = prompt.encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates become U+FFFD
+        if raw:
+            ids = self.tokenizer(prompt, return_tensors="pt").input_ids
+        else:
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True,
+                return_tensors="pt", return_dict=True,
+            )["input_ids"]
+        return ids.to(self.device)
+
+    def check_budget(self, prompt_tokens: int, settings: DiffusionSettings) -> None:
+        """Raise `ValueError` when the prompt plus whole canvases for `max_new_tokens` exceed the context window."""
+        generated = math.ceil(settings.max_new_tokens / self.canvas_length) * self.canvas_length
+        if prompt_tokens + generated > self.context_limit:
+            raise ValueError(
+                f"prompt is {prompt_tokens:,} tokens and {settings.max_new_tokens} new tokens take {generated:,} "
+                f"(whole canvases of {self.canvas_length}); together over the model's context of "
+                f"{self.context_limit:,} tokens: shorten the prompt or lower max_new_tokens"
+            )
+
+    def frames(
+        self,
+        prompt: str,
+        settings: DiffusionSettings | None = None,
+        *,
+        raw: bool = False,
+        seed: int | None = None,
+        stop_event: threading.Event | None = None,
+    ) -> Iterator[Frame]:
+        """Validate, encode and denoise `prompt`, yielding one `Frame` per decoder forward (see `engine.generator`).
+
+        Raises:
+            ValueError: bad prompt, seed or budget (before any work is done).
+        """
+        settings = settings or self.recommended
+        seed = check_seed(seed)
+        input_ids = self.encode_prompt(prompt, raw=raw)
+        self.check_budget(input_ids.shape[1], settings)
+        return denoise(
+            self.model, input_ids, settings, token_text=self.token_text, stop_event=stop_event,
+            random_state=RunRandomState(seed),
+        )
+
+    def summarize(self, last: Frame, frames: int) -> GenerationResult:
+        """The `GenerationResult` of a run whose last frame is `last`."""
+        return GenerationResult(
+            token_ids=list(last.committed_ids),
+            text=self.tokenizer.decode(last.committed_ids, skip_special_tokens=True),
+            frames=frames,
+            forwards_per_block=list(last.forwards_per_block),
+            seconds=last.elapsed_s,
+            tokens_per_second=last.tokens_per_second,
+            tokens_per_forward=last.tokens_per_forward,
+            time_to_first_frame_s=last.time_to_first_frame_s,
+            prompt_tokens=last.prompt_tokens,
+            seed=last.seed,
+            stop_reason=last.stop_reason,
+        )
+
+    def generate(self, prompt: str, settings: DiffusionSettings | None = None, **kwargs) -> GenerationResult:
+        """Run to the end and return the summary (same arguments as `frames`)."""
+        count, last = 0, None
+        for last in self.frames(prompt, settings, **kwargs):
+            count += 1
+        return self.summarize(last, count)

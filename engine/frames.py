@@ -1,0 +1,84 @@
+"""The frame: the one type that crosses from `engine/` to the UI. One frame per decoder forward.
+
+A frame holds plain Python lists and numbers (no tensors, nothing vocabulary-sized), so it is cheap to queue,
+serialize (`Frame.to_dict`) and render. Per-position fields all have length `canvas_length`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The state of the canvas right after one decoder forward.
+
+    Canvas fields (lists of length `canvas_length`, position 0 = the canvas's first token):
+        input_ids: the noisy canvas the decoder read in this forward (accepted tokens plus fresh random ones).
+        draft_ids: the argmax canvas after this forward: the draft that becomes the committed block.
+        accepted: whether the entropy-bound sampler accepted this position in this forward (else it is renoised).
+        confidence: probability of the draft token under the temperature-scaled distribution, in [0, 1].
+        entropy: entropy of the temperature-scaled distribution, in nats.
+        first_accepted_step: the 0-based step at which the position was first accepted (-1: not yet): the
+            unmasking order.
+        input_tokens, draft_tokens: the same ids as display strings (one token each, as decoded by the tokenizer).
+
+    Progress fields:
+        block_index: 0-based canvas (block) number; step_index: 0-based decoder forward within the block;
+        forward_index: 0-based decoder forward over the whole generation.
+        temperature: the schedule's temperature at this step.
+        block_done: this is the block's last forward; block_stopped_early: it ended by adaptive stopping (not by
+        running out of steps). done: the generation is over (EOS, token budget, or cancellation).
+        committed_ids: generated tokens of finished blocks (EOS kept, pads after EOS dropped); on the last frame of
+        a block it includes that block. committed_tokens: how many of them are not pad.
+        forwards_per_block: decoder forwards used by each finished block.
+
+    Speed fields (engine clock: time spent inside the generator only, so a slow consumer does not change it):
+        elapsed_s (seconds since generation start, prefill included), time_to_first_frame_s,
+        tokens_per_second = committed_tokens / elapsed_s, tokens_per_forward = committed_tokens / forwards so far.
+
+    Run fields: prompt_tokens (prompt length in tokens), seed (the seed in force, drawn when none was given),
+    stop_reason ("eos", "max_new_tokens" or "cancelled" on the last frame, else "").
+    """
+
+    block_index: int
+    step_index: int
+    forward_index: int
+    canvas_length: int
+    max_denoising_steps: int
+    temperature: float
+    input_ids: list[int]
+    draft_ids: list[int]
+    accepted: list[bool]
+    confidence: list[float]
+    entropy: list[float]
+    first_accepted_step: list[int]
+    input_tokens: list[str]
+    draft_tokens: list[str]
+    block_done: bool
+    block_stopped_early: bool
+    done: bool
+    committed_ids: list[int]
+    committed_tokens: int
+    forwards_per_block: list[int]
+    elapsed_s: float
+    time_to_first_frame_s: float
+    tokens_per_second: float
+    tokens_per_forward: float
+    prompt_tokens: int = 0
+    seed: int = 0
+    stop_reason: str = ""
+
+    @property
+    def accepted_count(self) -> int:
+        """Positions accepted in this forward."""
+        return sum(self.accepted)
+
+    @property
+    def mean_entropy(self) -> float:
+        """Mean per-position entropy of this forward, in nats."""
+        return sum(self.entropy) / max(1, len(self.entropy))
+
+    def to_dict(self) -> dict:
+        """A JSON-serializable dict of every field."""
+        return asdict(self)

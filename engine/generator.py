@@ -1,0 +1,276 @@
+"""Step-by-step DiffusionGemma generation: the outer block loop of `generate()`, yielding one frame per forward.
+
+This mirrors `DiffusionGemmaGenerationMixin.generate` (transformers 5.23) phase by phase and calls the library's own
+pieces for each: `_prepare_generation_config`, the cache, `EntropyBoundSampler`,
+`LinearTemperatureScheduleLogitsProcessor`, the EOS/max-length stopping criteria,
+`StableAndConfidentStoppingCriteria`, `_prepare_encoder_inputs`, `_prepare_denoiser_inputs`, `_denoising_step`
+(decoder forward with self-conditioning, sampling, entropy-bound acceptance, renoising, adaptive stopping),
+`_finalize_canvas` and `_prepare_kwargs_for_next_canvas`. Random draws happen in the same order as in `generate()`,
+so with the same seed the final token ids are identical. Only batch size 1 is supported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .frames import Frame
+from .random_state import RunRandomState
+from .settings import DiffusionSettings
+
+
+class EngineClock:
+    """Sums the wall time spent inside `with clock:` sections (seconds); time between them is not counted.
+
+    On CUDA the section end synchronizes, so the figure includes queued GPU work."""
+
+    def __init__(self, device: torch.device):
+        self.seconds = 0.0
+        self._sync = device.type == "cuda"
+
+    def __enter__(self):
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self._sync:
+            torch.cuda.synchronize()
+        self.seconds += time.perf_counter() - self._start
+        return False
+
+
+@dataclass
+class _Progress:
+    """Counters of one run that frames report."""
+
+    forwards: int = 0
+    forwards_per_block: list = dataclasses.field(default_factory=list)
+    committed_ids: list = dataclasses.field(default_factory=list)
+    committed_tokens: int = 0
+    first_frame_s: float = 0.0
+
+
+def canvas_statistics(processed_logits: torch.Tensor, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-position confidence and entropy of one canvas.
+
+    Args:
+        processed_logits: temperature-scaled logits `[canvas_length, vocab]`.
+        draft_ids: argmax canvas `[canvas_length]`.
+    Returns:
+        (confidence `[canvas_length]`: probability of the draft token, entropy `[canvas_length]` in nats), float32.
+    """
+    log_probs = torch.log_softmax(processed_logits.float(), dim=-1)
+    entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
+    confidence = log_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1).exp()
+    return confidence, entropy
+
+
+@torch.no_grad()
+def denoise(
+    model,
+    input_ids: torch.LongTensor,
+    settings: DiffusionSettings,
+    *,
+    token_text: Callable[[int], str] = str,
+    seed: int | None = None,
+    stop_event: threading.Event | None = None,
+    random_state: RunRandomState | None = None,
+) -> Iterator[Frame]:
+    """Run DiffusionGemma block diffusion on `input_ids` and yield a `Frame` after every decoder forward.
+
+    Args:
+        model: a `DiffusionGemmaForBlockDiffusion`.
+        input_ids: prompt ids `[1, prompt_length]` on the model's device.
+        settings: validated `DiffusionSettings`.
+        token_text: maps a token id to its display string (see `engine.tokens.TokenText`).
+        seed: like `torch.manual_seed(seed)` right before `model.generate()`; None draws a fresh seed.
+        stop_event: when set, generation ends before the next decoder forward with a final frame whose
+            `stop_reason` is "cancelled". Closing the generator also ends it (and frees the KV cache).
+        random_state: an explicit `RunRandomState` (overrides `seed`).
+
+    Yields:
+        one `Frame` per decoder forward; the last has `done=True` and `stop_reason` in
+        {"eos", "max_new_tokens", "cancelled"}.
+
+    Raises:
+        ValueError: batch size other than 1.
+    """
+    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"input_ids must have shape [1, prompt_length], got {tuple(input_ids.shape)}")
+    rng = random_state or RunRandomState(seed)
+    device = input_ids.device
+    clock = EngineClock(device)
+    progress = _Progress()
+    canvas_length = model.config.canvas_length
+
+    with clock, rng.active():
+        # Prepare exactly what generate() prepares, from the same library helpers
+        generation_config, model_kwargs = model._prepare_generation_config(None, **settings.generate_kwargs())
+        prompt_length = cur_len = input_ids.shape[1]
+        max_length, max_new_tokens = model._prepare_generated_length(generation_config, cur_len)
+        max_new_canvases = math.ceil(max_new_tokens / canvas_length)
+        past_key_values = model._prepare_cache_for_generation(generation_config, 1, max_length)
+        eos_tensor = (
+            torch.tensor(generation_config.eos_token_id, device=device)
+            if generation_config.eos_token_id is not None
+            else None
+        )
+        pad_id = generation_config.pad_token_id
+        encoder_position_ids = torch.arange(0, cur_len, dtype=torch.int32, device=device).unsqueeze(0)
+        decoder_position_ids = torch.arange(cur_len, cur_len + canvas_length, dtype=torch.int32, device=device)
+        decoder_position_ids = decoder_position_ids.unsqueeze(0)
+        attention_mask = torch.ones((1, cur_len), dtype=torch.bool, device=device)
+        decoder_attention_mask = torch.nn.functional.pad(attention_mask, (0, canvas_length), value=True)
+        sampler = model._prepare_sampler(generation_config)
+        logits_processor = model._prepare_logits_processor(generation_config, None)
+        stopping_criteria = model._prepare_ar_stopping_criteria(generation_config, None)
+        diffusion_stopping_criteria = model._prepare_diffusion_stopping_criteria(generation_config)
+        finished_sequences = torch.zeros(1, dtype=torch.bool, device=device)
+        is_compiling = past_key_values.is_compileable and not generation_config.disable_compile
+        if is_compiling:
+            encoder_after_prefill, decoder_forward, sampler, diffusion_stopping_criteria = model._compile_functions(
+                sampler, diffusion_stopping_criteria
+            )
+        else:
+            encoder_after_prefill, decoder_forward = model.model.encoder, model.forward
+        n_steps = generation_config.max_denoising_steps
+
+    def make_frame(block, step_index, temperature, input_canvas, argmax_canvas, processed_logits, first_accepted,
+                   block_done, stopped_early, done, stop_reason) -> Frame:
+        confidence, entropy = canvas_statistics(processed_logits[0], argmax_canvas[0])
+        input_list, draft_list = input_canvas[0].tolist(), argmax_canvas[0].tolist()
+        elapsed = clock.seconds + (time.perf_counter() - clock._start)
+        if progress.forwards == 1:
+            progress.first_frame_s = elapsed
+        return Frame(
+            block_index=block,
+            step_index=step_index,
+            forward_index=progress.forwards - 1,
+            canvas_length=canvas_length,
+            max_denoising_steps=n_steps,
+            temperature=temperature,
+            input_ids=input_list,
+            draft_ids=draft_list,
+            accepted=sampler.accepted_token_mask[0].tolist(),
+            confidence=confidence.tolist(),
+            entropy=entropy.tolist(),
+            first_accepted_step=first_accepted.tolist(),
+            input_tokens=[token_text(i) for i in input_list],
+            draft_tokens=[token_text(i) for i in draft_list],
+            block_done=block_done,
+            block_stopped_early=stopped_early,
+            done=done,
+            committed_ids=progress.committed_ids,
+            committed_tokens=progress.committed_tokens,
+            forwards_per_block=list(progress.forwards_per_block),
+            elapsed_s=elapsed,
+            time_to_first_frame_s=progress.first_frame_s,
+            tokens_per_second=progress.committed_tokens / elapsed if elapsed > 0 else 0.0,
+            tokens_per_forward=progress.committed_tokens / progress.forwards,
+            prompt_tokens=prompt_length,
+            stop_reason=stop_reason,
+            seed=rng.seed,
+        )
+
+    frame = None
+    is_prefill = True
+    for block in range(max_new_canvases):
+        with clock, rng.active():
+            # Encode the prompt (first block) or the last committed canvas into the KV cache
+            unprocessed_input_ids, encoder_mask_mapping = model._prepare_encoder_inputs(
+                input_ids=input_ids, attention_mask=attention_mask, encoder_position_ids=encoder_position_ids,
+                past_key_values=past_key_values, is_prefill=is_prefill, canvas_length=canvas_length,
+                batch_size=1, **model_kwargs,
+            )
+            encoder_forward = model.model.encoder if is_prefill else encoder_after_prefill
+            past_key_values = encoder_forward(
+                input_ids=unprocessed_input_ids, attention_mask=encoder_mask_mapping,
+                past_key_values=past_key_values, position_ids=encoder_position_ids, **model_kwargs,
+            ).past_key_values
+            is_prefill = False
+            # A fresh canvas of uniformly random tokens
+            current_canvas, self_conditioning_logits, mask_mapping, finished_denoising = (
+                model._prepare_denoiser_inputs(
+                    decoder_attention_mask=decoder_attention_mask, past_key_values=past_key_values,
+                    sampler=sampler, diffusion_stopping_criteria=diffusion_stopping_criteria, batch_size=1,
+                    device=device, model_kwargs=model_kwargs,
+                )
+            )
+            argmax_canvas = current_canvas
+            first_accepted = torch.full((canvas_length,), -1, dtype=torch.long, device=device)
+
+        # Denoising steps count down (N..1), as in generate()
+        for step_index, cur_step in enumerate(reversed(range(1, n_steps + 1))):
+            if stop_event is not None and stop_event.is_set():
+                if frame is not None:
+                    yield dataclasses.replace(frame, done=True, stop_reason="cancelled")
+                return
+            with clock, rng.active():
+                progress.forwards += 1
+                input_canvas = current_canvas
+                current_canvas, argmax_canvas, self_conditioning_logits, finished_denoising = (
+                    model._denoising_step(
+                        decoder_forward=decoder_forward, current_canvas=current_canvas,
+                        argmax_canvas=argmax_canvas, input_ids=input_ids,
+                        decoder_position_ids=decoder_position_ids,
+                        self_conditioning_logits=self_conditioning_logits, mask_mapping=mask_mapping,
+                        past_key_values=past_key_values, finished_denoising=finished_denoising,
+                        cur_step=cur_step, sampler=sampler, logits_processor=logits_processor,
+                        diffusion_stopping_criteria=diffusion_stopping_criteria, **model_kwargs,
+                    )
+                )
+                newly = sampler.accepted_token_mask[0] & (first_accepted < 0)
+                first_accepted[newly] = step_index
+                stopped_early = bool(finished_denoising.all())
+                block_done = stopped_early or cur_step == 1
+                done, stop_reason = False, ""
+                if block_done:
+                    # Commit the argmax canvas; EOS ends the sequence and pads what follows it
+                    input_ids = torch.cat([input_ids, argmax_canvas], dim=-1)
+                    input_ids, finished_sequences = model._finalize_canvas(
+                        input_ids=input_ids, finished_sequences=finished_sequences,
+                        generation_config=generation_config, stopping_criteria=stopping_criteria,
+                        canvas_length=canvas_length, eos_tensor=eos_tensor,
+                    )
+                    progress.forwards_per_block.append(step_index + 1)
+                    progress.committed_ids = _strip_after_eos(
+                        input_ids[0, prompt_length:].tolist(), generation_config.eos_token_id, pad_id
+                    )
+                    progress.committed_tokens = sum(1 for t in progress.committed_ids if t != pad_id)
+                    if bool(finished_sequences.all()):
+                        done, stop_reason = True, "eos"
+                    elif block == max_new_canvases - 1:
+                        done, stop_reason = True, "max_new_tokens"
+                temperature = generation_config.t_min + (
+                    (generation_config.t_max - generation_config.t_min) * cur_step / n_steps
+                )
+                frame = make_frame(block, step_index, temperature, input_canvas, argmax_canvas,
+                                   self_conditioning_logits, first_accepted, block_done, stopped_early, done,
+                                   stop_reason)
+            yield frame
+            if block_done:
+                break
+        if done:
+            return
+        with clock:
+            cur_len, decoder_attention_mask, attention_mask, encoder_position_ids, decoder_position_ids = (
+                model._prepare_kwargs_for_next_canvas(
+                    attention_mask=attention_mask, decoder_attention_mask=decoder_attention_mask,
+                    decoder_position_ids=decoder_position_ids, canvas_length=canvas_length, cur_len=cur_len,
+                )
+            )
+
+
+def _strip_after_eos(token_ids: list[int], eos_token_id, pad_id) -> list[int]:
+    """Generated ids up to and including the first EOS (the pads `_finalize_canvas` put after it dropped)."""
+    eos_ids = set(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]) if eos_token_id is not None else set()
+    for i, token in enumerate(token_ids):
+        if token in eos_ids:
+            return token_ids[: i + 1]
+    return token_ids

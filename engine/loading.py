@@ -1,0 +1,128 @@
+"""Load a DiffusionGemma checkpoint (local folder or hub id) with transformers, never with remote code.
+
+The default is the embedded diffgemma-tiny model shipped in `assets/models/diffgemma-tiny`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = REPO_ROOT / "assets" / "models" / "diffgemma-tiny"
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "4bit", "8bit")
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be loaded; the message says why and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    """A loaded checkpoint: `model` (`DiffusionGemmaForBlockDiffusion`, eval mode), its `tokenizer`, where it came
+    from (`source`), and the resolved `device` and `dtype`."""
+
+    model: object
+    tokenizer: object
+    source: str
+    device: torch.device
+    dtype: torch.dtype
+
+
+def resolve_device(device: str) -> torch.device:
+    """`auto` -> cuda if available, else mps if available, else cpu. Raises `ModelLoadError` for an absent device."""
+    if device not in DEVICES:
+        raise ModelLoadError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device 'cuda' was asked for, but torch sees no CUDA GPU (use --device cpu)")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError("device 'mps' was asked for, but this machine has no Apple GPU (use --device cpu)")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """`auto` -> bfloat16 on CUDA, float32 elsewhere."""
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def load_model(
+    model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto", quantization: str = "none"
+) -> LoadedModel:
+    """Load `DiffusionGemmaForBlockDiffusion` and its tokenizer.
+
+    Args:
+        model: a local folder, or a hub id such as `google/diffusiongemma-26B-A4B-it` (needs network or cache).
+        device: `auto|cpu|cuda|mps`; on CUDA weights are placed by accelerate (`device_map="auto"`).
+        dtype: `auto|float32|bfloat16|float16` (`auto`: bf16 on CUDA, fp32 elsewhere).
+        quantization: `none|4bit|8bit`, through bitsandbytes' `BitsAndBytesConfig`; CUDA only.
+
+    Raises:
+        ModelLoadError: missing folder, not a DiffusionGemma checkpoint, unreadable or corrupt weights, bad
+            device/dtype/quantization, quantization off CUDA or without bitsandbytes.
+    """
+    from transformers import AutoConfig, AutoTokenizer, DiffusionGemmaForBlockDiffusion
+
+    if quantization not in QUANTIZATIONS:
+        raise ModelLoadError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    source = str(model)
+    local = Path(source).expanduser()
+    is_local = local.exists()
+    if not is_local and (source.startswith((".", "/", "~")) or source.count("/") != 1):
+        raise ModelLoadError(f"model folder {source!r} does not exist (and it is not a hub id like 'org/name')")
+    where = str(local) if is_local else source
+    common = {"trust_remote_code": False, "local_files_only": is_local}
+
+    try:
+        config = AutoConfig.from_pretrained(where, **common)
+    except Exception as error:  # noqa: BLE001 - every failure becomes one clear message
+        raise ModelLoadError(f"cannot read a model config from {source!r}: {error}") from error
+    if getattr(config, "model_type", None) != "diffusion_gemma":
+        raise ModelLoadError(
+            f"{source!r} is a {getattr(config, 'model_type', 'unknown')!r} model; this playground runs DiffusionGemma "
+            "checkpoints (model_type 'diffusion_gemma')"
+        )
+
+    kwargs = {"dtype": torch_dtype, **common}
+    if quantization != "none":
+        if torch_device.type != "cuda":
+            raise ModelLoadError(f"{quantization} quantization needs a CUDA GPU (bitsandbytes); device is {torch_device}")
+        try:
+            from transformers import BitsAndBytesConfig
+            import bitsandbytes  # noqa: F401
+        except ImportError as error:
+            raise ModelLoadError("quantization needs bitsandbytes: pip install bitsandbytes") from error
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=quantization == "4bit",
+            load_in_8bit=quantization == "8bit",
+            bnb_4bit_compute_dtype=torch_dtype,
+        )
+    if torch_device.type == "cuda":
+        kwargs["device_map"] = "auto"
+
+    try:
+        network = DiffusionGemmaForBlockDiffusion.from_pretrained(where, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(where, **common)
+    except Exception as error:  # noqa: BLE001
+        raise ModelLoadError(f"cannot load weights or tokenizer from {source!r}: {type(error).__name__}: {error}") from error
+    if torch_device.type != "cuda":
+        network = network.to(torch_device)
+    else:
+        torch.cuda.init()
+    network.eval()
+    return LoadedModel(model=network, tokenizer=tokenizer, source=source, device=torch_device, dtype=torch_dtype)

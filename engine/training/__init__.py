@@ -1,0 +1,1 @@
+"""Training and evaluation of the embedded diffgemma-tiny model (corpus, tokenizer, config, loop, evaluation)."""
