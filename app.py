@@ -1,0 +1,93 @@
+"""DiffGemma Playground: the Gradio app (Hugging Face Spaces entry point).
+
+    python app.py [--model PATH_OR_HUB_ID] [--device auto|cpu|cuda|mps] [--dtype auto|float32|bfloat16|float16]
+                  [--quantization none|4bit|8bit] [--host HOST] [--port PORT] [--share]
+
+Every option has an environment variable default (DIFFGEMMA_MODEL, DIFFGEMMA_DEVICE, DIFFGEMMA_DTYPE,
+DIFFGEMMA_QUANTIZATION, DIFFGEMMA_HOST, DIFFGEMMA_PORT, DIFFGEMMA_SHARE); the host and port also honour
+GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, which Hugging Face Spaces sets. The model is chosen here, by whoever runs
+the server; web users cannot change it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+
+
+def _env(name: str, default: str) -> str:
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port must be an integer, got {text!r}") from None
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"port must be in 1..65535, got {port}")
+    return port
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; defaults read from the environment at call time."""
+    default_host = _env("DIFFGEMMA_HOST", _env("GRADIO_SERVER_NAME", "127.0.0.1"))
+    default_port = _env("DIFFGEMMA_PORT", _env("GRADIO_SERVER_PORT", "7860"))
+    parser = argparse.ArgumentParser(
+        prog="app.py",
+        description="DiffGemma Playground: watch block diffusion denoise text, live in the browser.",
+        epilog="Environment variables give the defaults: DIFFGEMMA_MODEL, DIFFGEMMA_DEVICE, DIFFGEMMA_DTYPE, "
+        "DIFFGEMMA_QUANTIZATION, DIFFGEMMA_HOST (else GRADIO_SERVER_NAME), DIFFGEMMA_PORT (else "
+        "GRADIO_SERVER_PORT), DIFFGEMMA_SHARE.",
+    )
+    parser.add_argument("--model", default=_env("DIFFGEMMA_MODEL", str(DEFAULT_MODEL)),
+                        help="local model folder or hub id (default: the embedded diffgemma-tiny; env DIFFGEMMA_MODEL)")
+    parser.add_argument("--device", default=_env("DIFFGEMMA_DEVICE", "auto"), choices=DEVICES,
+                        help="where to run (default: auto; env DIFFGEMMA_DEVICE)")
+    parser.add_argument("--dtype", default=_env("DIFFGEMMA_DTYPE", "auto"), choices=DTYPES,
+                        help="weight dtype (default: auto = bf16 on CUDA, fp32 elsewhere; env DIFFGEMMA_DTYPE)")
+    parser.add_argument("--quantization", default=_env("DIFFGEMMA_QUANTIZATION", "none"), choices=QUANTIZATIONS,
+                        help="bitsandbytes quantization, CUDA only (default: none; env DIFFGEMMA_QUANTIZATION)")
+    parser.add_argument("--host", default=default_host,
+                        help="address to listen on (default: 127.0.0.1, or GRADIO_SERVER_NAME; env DIFFGEMMA_HOST)")
+    parser.add_argument("--port", type=_port, default=default_port,
+                        help="port (default: 7860, or GRADIO_SERVER_PORT; env DIFFGEMMA_PORT)")
+    parser.add_argument("--share", action=argparse.BooleanOptionalAction,
+                        default=_env("DIFFGEMMA_SHARE", "false").lower() in TRUE_WORDS,
+                        help="create a public gradio.live link (default: off; env DIFFGEMMA_SHARE=1)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse options, load the model, serve the app. Returns the exit status (2: bad model or options)."""
+    args = build_parser().parse_args(argv)
+    from engine import DiffusionEngine, ModelLoadError, load_model
+
+    print(f"Loading {args.model} (device {args.device}, dtype {args.dtype}, quantization {args.quantization})...",
+          flush=True)
+    try:
+        engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
+    except ModelLoadError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # noqa: BLE001 - one clear line, never a traceback
+        print(f"error: could not load the model: {type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+
+    from diffgemma_ui import build_app
+
+    app = build_app(engine)
+    shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    print(f"DiffGemma Playground on {engine.device}: local URL http://{shown_host}:{args.port}", flush=True)
+    app.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

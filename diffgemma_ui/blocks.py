@@ -1,0 +1,181 @@
+"""Wiring only: the Gradio layout and which handler each event calls. Logic lives in `handlers.Playground`."""
+
+# No `from __future__ import annotations` here: gr.api reads generate_api's type hints at runtime.
+import json
+from pathlib import Path
+
+import gradio as gr
+
+from engine import PRESET_NAMES, DiffusionEngine
+
+from .canvas_view import EMPTY_CANVAS_HTML
+from .handlers import Playground, initial_outputs
+from .meter import meter_html
+from .session import SessionState
+from .text import escape_html
+from .validation import MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS, UI_MAX_NEW_TOKENS
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+ASSETS_DIR = PACKAGE_DIR.parent / "assets"
+CSS_PATH = ASSETS_DIR / "style.css"
+EXAMPLES_PATH = ASSETS_DIR / "examples.json"
+EXPLAINER_PATH = PACKAGE_DIR / "explainer.md"
+# A CPU serves a few small runs at once; one GPU is best used by one run at a time.
+CONCURRENCY = {"cuda": 1, "cpu": 4}
+
+
+class PlaygroundBlocks(gr.Blocks):
+    """`gr.Blocks` whose `launch()` defaults to the playground's theme and CSS (Gradio 6 takes them in launch)."""
+
+    def launch(self, *args, **kwargs):
+        kwargs.setdefault("theme", playground_theme())
+        kwargs.setdefault("css_paths", [CSS_PATH])
+        return super().launch(*args, **kwargs)
+
+
+def playground_theme() -> gr.themes.Base:
+    """The Gradio theme: Soft, violet accents, system fonts (nothing fetched from the network)."""
+    return gr.themes.Soft(
+        primary_hue="violet", secondary_hue="teal", neutral_hue="slate",
+        font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif"],
+        font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"],
+    )
+
+
+def load_examples(path: Path = EXAMPLES_PATH) -> list[list]:
+    """`[[prompt, raw], ...]` from the examples JSON (`{"examples": [{"prompt": str, "raw": bool}, ...]}`)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return [[str(e["prompt"]), bool(e.get("raw", False))] for e in data["examples"]]
+
+
+def header_html(engine: DiffusionEngine) -> str:
+    """The page header: title, one-line description, model name and device (escaped)."""
+    model = escape_html(Path(str(engine.source)).name or str(engine.source))
+    device = escape_html(str(engine.device))
+    return (
+        '<div class="dg-header"><div><h1>DiffGemma Playground</h1>'
+        "<p>Watch a block-diffusion language model turn random tokens into text, one canvas at a time.</p></div>"
+        f'<div class="dg-badges"><span class="dg-badge">model: {model}</span>'
+        f'<span class="dg-badge">device: {device}</span>'
+        f'<span class="dg-badge">canvas: {int(engine.canvas_length)} tokens</span></div></div>'
+    )
+
+
+def build_app(engine: DiffusionEngine, *, max_fps: float = 15.0, abandon_after_s: float = 30.0) -> gr.Blocks:
+    """Build the playground for a loaded engine (the model is fixed: web users cannot choose it or any file).
+
+    Args:
+        engine: the `DiffusionEngine` every session shares (each run has its own random state and stop event).
+        max_fps: most live renders per second; abandon_after_s: see `Playground`.
+
+    Returns:
+        A `gr.Blocks` with its queue configured (1 run at a time on CUDA, 4 on CPU); `launch()` applies the theme
+        and CSS. The handlers object is available as `app.playground` (for tests).
+    """
+    playground = Playground(engine, max_fps=max_fps, abandon_after_s=abandon_after_s)
+    rec = engine.recommended
+    start = initial_outputs()
+
+    with PlaygroundBlocks(title="DiffGemma Playground", analytics_enabled=False) as app:
+        session = gr.State(SessionState())
+        gr.HTML(header_html(engine), elem_id="dg-header-block")
+        # Three areas; assets/style.css lays them out as a grid: controls above settings on the left and the
+        # live view on the right; on a phone: controls, live view, settings.
+        with gr.Row(equal_height=False, elem_id="dg-main"):
+            with gr.Column(min_width=0, elem_id="dg-controls"):
+                prompt = gr.Textbox(
+                    label="Prompt", lines=3, max_lines=8, max_length=MAX_PROMPT_CHARS, elem_id="dg-prompt",
+                    placeholder="In the beginning", value="In the beginning",
+                )
+                raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)", value=False,
+                                  elem_id="dg-raw")
+                with gr.Row(elem_id="dg-buttons"):
+                    generate = gr.Button("Generate", variant="primary", elem_id="dg-generate", scale=3)
+                    stop = gr.Button("Stop", variant="stop", elem_id="dg-stop", interactive=False, scale=1)
+                with gr.Row(elem_id="dg-preset-row", equal_height=True):
+                    preset_box = gr.Dropdown(list(PRESET_NAMES), value="recommended", label="Preset",
+                                             elem_id="dg-preset", scale=3, min_width=140)
+                    seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random", elem_id="dg-seed",
+                                     scale=2, min_width=100)
+                    dice = gr.Button("\U0001f3b2", elem_id="dg-dice", scale=0, min_width=44)
+            with gr.Column(min_width=0, elem_id="dg-settings-col"):
+                with gr.Accordion("Denoising settings", open=True, elem_id="dg-settings"):
+                    max_new_tokens = gr.Slider(1, UI_MAX_NEW_TOKENS, value=rec.max_new_tokens, step=1,
+                                               label="Max new tokens", info="rounded up to whole canvases")
+                    steps = gr.Slider(1, UI_MAX_DENOISING_STEPS, value=rec.max_denoising_steps, step=1,
+                                      label="Max denoising steps", info="decoder forwards per canvas, at most")
+                    entropy_bound = gr.Slider(0.01, 5.0, value=rec.entropy_bound, step=0.01, label="Entropy bound",
+                                              info="nats: higher accepts more positions per step")
+                    with gr.Row():
+                        t_min = gr.Slider(0.0, 2.0, value=rec.t_min, step=0.01, label="t_min", min_width=120,
+                                          info="last step")
+                        t_max = gr.Slider(0.01, 2.0, value=rec.t_max, step=0.01, label="t_max", min_width=120,
+                                          info="first step")
+                    adaptive = gr.Checkbox(value=rec.adaptive_stopping, label="Adaptive stopping",
+                                           info="end a canvas early once it is stable and confident")
+                    with gr.Row():
+                        stability = gr.Slider(0, 16, value=rec.stability_threshold, step=1,
+                                              label="Stability threshold", info="steps unchanged", min_width=120)
+                        confidence = gr.Slider(0.001, 2.0, value=rec.confidence_threshold, step=0.001,
+                                               label="Confidence threshold", info="mean entropy, nats",
+                                               min_width=120)
+                examples = load_examples()
+                gr.Examples(examples, inputs=[prompt, raw], label="Examples: click one to fill the prompt",
+                            examples_per_page=len(examples),
+                            example_labels=[f"{p}  \u00b7  {'raw' if r else 'chat'}" for p, r in examples])
+            with gr.Column(min_width=0, elem_id="dg-output"):
+                meter = gr.HTML(meter_html(None), elem_id="dg-meter")
+                canvas = gr.HTML(EMPTY_CANVAS_HTML, elem_id="dg-canvas")
+                text = gr.Textbox(label="Generated text", lines=3, max_lines=12, interactive=False,
+                                  buttons=["copy"], elem_id="dg-text")
+                block = gr.Slider(1, 2, value=1, step=1, label="Block to plot", visible=False,
+                                  elem_id="dg-block")
+                heatmap = gr.Plot(start.heatmap, show_label=False, elem_id="dg-heatmap")
+                with gr.Row(elem_id="dg-plot-row"):
+                    order = gr.Plot(start.order, show_label=False, elem_id="dg-order", min_width=280)
+                    entropy = gr.Plot(start.entropy, show_label=False, elem_id="dg-entropy", min_width=280)
+        with gr.Accordion("How it works", open=False, elem_id="dg-explainer"):
+            gr.Markdown(EXPLAINER_PATH.read_text(encoding="utf-8"))
+
+        settings_inputs = [max_new_tokens, steps, entropy_bound, t_min, t_max, stability, confidence, adaptive]
+        run_inputs = [prompt, raw, *settings_inputs[:7], adaptive, seed]
+        stream_outputs = [canvas, meter, text, heatmap, order, entropy, block, generate, stop]
+        run_event = dict(
+            fn=playground.generate_stream, inputs=[session, *run_inputs], outputs=stream_outputs,
+            api_visibility="private", concurrency_id="engine", show_progress="minimal",
+            show_progress_on=[canvas], trigger_mode="once",
+        )
+        generate.click(**run_event)
+        prompt.submit(**run_event)
+        stop.click(playground.stop, inputs=[session], outputs=None, api_visibility="private",
+                   concurrency_limit=None, show_progress="hidden")
+        dice.click(playground.random_seed, inputs=None, outputs=[seed], api_visibility="private",
+                   concurrency_limit=None, show_progress="hidden")
+        preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs,
+                          api_visibility="private", concurrency_limit=None, show_progress="hidden")
+        block.release(playground.select_block, inputs=[session, block], outputs=[heatmap, order, entropy],
+                      api_visibility="private", concurrency_limit=None, show_progress="hidden")
+        app.unload(playground.unload)
+
+        def generate_api(
+            prompt: str,
+            raw: bool = False,
+            max_new_tokens: int = rec.max_new_tokens,
+            max_denoising_steps: int = rec.max_denoising_steps,
+            entropy_bound: float = rec.entropy_bound,
+            t_min: float = rec.t_min,
+            t_max: float = rec.t_max,
+            stability_threshold: int = rec.stability_threshold,
+            confidence_threshold: float = rec.confidence_threshold,
+            adaptive_stopping: bool = rec.adaptive_stopping,
+            seed: int = -1,
+        ) -> tuple[str, dict]:
+            """Generate text for a prompt; returns (text, summary). seed -1 draws a random seed."""
+            return playground.generate_api(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
+                                           t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed)
+
+        gr.api(generate_api, api_name="generate", concurrency_id="engine")
+
+    app.queue(default_concurrency_limit=CONCURRENCY["cuda" if engine.device.type == "cuda" else "cpu"])
+    app.playground = playground
+    return app

@@ -1,0 +1,186 @@
+"""The live canvas: one chip per canvas position, finished blocks stacked above the block being denoised.
+
+Pure functions from frames to an HTML string. Every model string goes through `diffgemma_ui.text` (escaped and
+with whitespace made visible), in element text and in attributes alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine import Frame
+
+from .colors import text_on, viridis
+from .text import escape_html, token_html, visible_token
+
+EMPTY_CANVAS_HTML = (
+    '<div class="dg-canvas dg-empty" data-forward="-1">'
+    '<p>Press <b>Generate</b> to watch a canvas of random tokens denoise into text.</p></div>'
+)
+
+STOP_REASONS = {
+    "eos": "ended at end-of-sequence",
+    "max_new_tokens": "reached max new tokens",
+    "cancelled": "stopped",
+    "": "",
+}
+
+
+def _number(value: float, digits: int = 3) -> str:
+    try:
+        return f"{float(value):.{digits}f}"
+    except (TypeError, ValueError):
+        return "?"
+
+
+def chip_html(
+    token: str,
+    *,
+    kind: str,
+    position: int,
+    confidence: float,
+    entropy: float,
+    first_accepted_step: int,
+    draft: str | None = None,
+) -> str:
+    """One canvas position as a `<span>` chip.
+
+    Args:
+        token: the raw token string to show (escaped here).
+        kind: "accepted" (coloured by confidence), "noisy" (renoised position: dimmed and struck through),
+            "committed" (finished block, coloured by confidence) or "pad" (after end-of-sequence, faded).
+        position: 0-based position in the canvas.
+        confidence: probability of the draft token, in [0, 1]; entropy: in nats.
+        first_accepted_step: step the position was first accepted (-1: never).
+        draft: for noisy chips, the decoder's current argmax guess (shown in the tooltip).
+
+    Returns:
+        HTML text; the tooltip (`title`) lists token, confidence, entropy and first accepted step.
+
+    Raises:
+        ValueError: unknown `kind`.
+    """
+    if kind not in ("accepted", "noisy", "committed", "pad"):
+        raise ValueError(f"unknown chip kind {kind!r}")
+    step = "not yet" if first_accepted_step is None or first_accepted_step < 0 else f"step {first_accepted_step}"
+    lines = [
+        f"position {position}: \u201c{visible_token(token)}\u201d",
+        f"confidence {_number(confidence)} \u00b7 entropy {_number(entropy)} nats",
+        f"first accepted: {step}",
+    ]
+    if kind == "noisy":
+        lines[0] = f"position {position}: noise \u201c{visible_token(token)}\u201d (renoised)"
+        if draft is not None:
+            lines.append(f"current guess: \u201c{visible_token(draft)}\u201d")
+    elif kind == "pad":
+        lines.append("after end-of-sequence: dropped")
+    title = "&#10;".join(escape_html(line) for line in lines)
+    style = ""
+    if kind in ("accepted", "committed"):
+        background = viridis(confidence)
+        style = f' style="background:{background};color:{text_on(background)}"'
+    return f'<span class="dg-chip dg-{kind}" title="{title}"{style}>{token_html(token)}</span>'
+
+
+def block_html(frame: Frame, *, live: bool) -> str:
+    """One block (canvas) as HTML, from its newest frame.
+
+    A live block shows accepted positions as their draft token coloured by confidence and every other position
+    as the noisy input token, dimmed and struck through. A finished block (`live=False`, `frame.block_done`)
+    shows the committed argmax canvas; positions after end-of-sequence are faded.
+    """
+    n = frame.canvas_length
+    header_bits = [f"Block {frame.block_index + 1}"]
+    chips = []
+    if live:
+        accepted = sum(1 for a in frame.accepted if a)
+        header_bits += [
+            f"step {frame.step_index + 1}/{frame.max_denoising_steps}",
+            f"T={_number(frame.temperature, 2)}",
+            f"{accepted}/{n} accepted",
+        ]
+        if frame.stop_reason == "cancelled":
+            header_bits.append("stopped")
+        for pos in range(n):
+            is_accepted = bool(frame.accepted[pos])
+            chips.append(chip_html(
+                frame.draft_tokens[pos] if is_accepted else frame.input_tokens[pos],
+                kind="accepted" if is_accepted else "noisy",
+                position=pos,
+                confidence=frame.confidence[pos],
+                entropy=frame.entropy[pos],
+                first_accepted_step=frame.first_accepted_step[pos],
+                draft=None if is_accepted else frame.draft_tokens[pos],
+            ))
+    else:
+        start = frame.block_index * n
+        kept = max(0, min(n, len(frame.committed_ids) - start))
+        forwards = frame.step_index + 1
+        header_bits.append(f"{forwards} forward{'s' if forwards != 1 else ''}")
+        header_bits.append("stopped early (stable)" if frame.block_stopped_early else "all steps")
+        if kept < n:
+            header_bits.append(f"{kept} tokens kept, end-of-sequence")
+        for pos in range(n):
+            chips.append(chip_html(
+                frame.draft_tokens[pos],
+                kind="committed" if pos < kept else "pad",
+                position=pos,
+                confidence=frame.confidence[pos],
+                entropy=frame.entropy[pos],
+                first_accepted_step=frame.first_accepted_step[pos],
+            ))
+    state = "live" if live else "done"
+    header = escape_html(" \u00b7 ".join(header_bits))
+    return (
+        f'<section class="dg-block dg-block-{state}" data-block="{frame.block_index}">'
+        f'<header>{header}</header><div class="dg-chips">{"".join(chips)}</div></section>'
+    )
+
+
+def legend_html() -> str:
+    """The colour legend: confidence scale (viridis) and what a noisy chip looks like."""
+    stops = ", ".join(viridis(i / 10) for i in range(11))
+    return (
+        '<div class="dg-legend" aria-hidden="true">'
+        '<span class="dg-chip dg-noisy">noise</span><span>renoised</span>'
+        f'<span class="dg-scale" style="background:linear-gradient(90deg, {stops})"></span>'
+        "<span>confidence 0 \u2192 1</span>"
+        '<span class="dg-ws">\u00b7 space \u21b5 newline</span></div>'
+    )
+
+
+def canvas_html(
+    finished: Sequence[Frame],
+    live: Frame | None,
+    *,
+    finished_html: Sequence[str] | None = None,
+    status: str = "",
+) -> str:
+    """The whole canvas view.
+
+    Args:
+        finished: the last frame of each finished block, in block order (stacked on top).
+        live: the newest frame of the block being denoised, or None (between blocks / after the run). A frame
+            with `block_done` is drawn as finished, not live.
+        finished_html: optional pre-rendered `block_html(f, live=False)` strings for `finished` (a cache: same
+            result, less work for long runs); must match `finished` one to one.
+        status: a short plain-text status line (escaped here), e.g. the stop reason.
+
+    Returns:
+        HTML text. The outer element carries `data-forward` (newest forward index, -1 if none) so tests and
+        scripts can tell frames apart.
+    """
+    if finished_html is None or len(finished_html) != len(finished):
+        finished_html = [block_html(f, live=False) for f in finished]
+    parts = list(finished_html)
+    newest = live if live is not None else (finished[-1] if finished else None)
+    if live is not None and not live.block_done:
+        parts.append(block_html(live, live=True))
+    if not parts:
+        return EMPTY_CANVAS_HTML
+    forward = newest.forward_index if newest is not None else -1
+    status_html = f'<p class="dg-status">{escape_html(status)}</p>' if status else ""
+    return (
+        f'<div class="dg-canvas" data-forward="{forward}">{legend_html()}'
+        f'{"".join(parts)}{status_html}</div>'
+    )

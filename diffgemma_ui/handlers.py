@@ -1,0 +1,263 @@
+"""The playground's event handlers: validation, starting runs in workers, coalesced rendering, the API.
+
+`Playground` ties one `DiffusionEngine` to the views. Its methods are what `blocks.build_app` wires to Gradio
+events; they only use the engine's public API (`frames`, `summarize`, `encode_prompt`, `check_budget`,
+`recommended`, `canvas_length`, `device`).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import gradio as gr
+
+from engine import DiffusionEngine, DiffusionSettings, Frame
+from engine.settings import MAX_SEED
+
+from . import plots
+from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, canvas_html
+from .gpu import on_gpu_if_spaces, spaces_available
+from .meter import meter_html
+from .record import RunSnapshot
+from .session import SessionState
+from .text import plain_text
+from .validation import SETTING_NAMES, RunRequest, build_request, preset_values
+from .worker import DEFAULT_MAX_FPS, RunRegistry, RunWorker
+
+PLOT_INTERVAL_S = 0.25  # live plots re-render at most 4 times a second; the canvas and meter up to DEFAULT_MAX_FPS
+API_SUMMARY_KEYS = (
+    "frames", "forwards", "tokens_per_second", "tokens_per_forward", "seconds", "seed", "token_ids", "stop_reason",
+    "forwards_per_block", "time_to_first_frame_s", "prompt_tokens",
+)
+
+
+@dataclass(frozen=True)
+class StreamOutputs:
+    """One render of the live view, in the order of `blocks.STREAM_OUTPUTS`."""
+
+    canvas: object
+    meter: object
+    text: object
+    heatmap: object
+    order: object
+    entropy: object
+    block: object
+    generate_button: object
+    stop_button: object
+
+    def as_tuple(self) -> tuple:
+        return (self.canvas, self.meter, self.text, self.heatmap, self.order, self.entropy, self.block,
+                self.generate_button, self.stop_button)
+
+
+def _user_error(error: BaseException) -> gr.Error:
+    """A `gr.Error` carrying only the message (no traceback reaches the user)."""
+    message = str(error) or type(error).__name__
+    return gr.Error(message, print_exception=False)
+
+
+def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
+    """The one-line status under the canvas when a run is over."""
+    if error is not None:
+        return f"The run failed: {error}"
+    if frame is None:
+        return "Stopped before the first forward."
+    reason = STOP_REASONS.get(frame.stop_reason, frame.stop_reason)
+    return f"Done: {reason}." if frame.stop_reason != "cancelled" else "Stopped: the canvas in progress is not committed."
+
+
+class Playground:
+    """Event handlers bound to one engine.
+
+    Args:
+        engine: a loaded `DiffusionEngine`.
+        max_fps: most live renders per second (the newest frame each time; the final frame always).
+        abandon_after_s: a run whose reader stops polling for this long stops itself (closed tab).
+    """
+
+    def __init__(self, engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS, abandon_after_s: float = 30.0):
+        self.engine = engine
+        self.max_fps = max_fps
+        self.abandon_after_s = abandon_after_s
+        self.registry = RunRegistry()
+        self._zero_gpu = spaces_available()
+        self._gpu_frames = on_gpu_if_spaces(self._frames_on_device)
+
+    # -- running -------------------------------------------------------------------------------------------------
+    def _frames_on_device(self, prompt: str, settings: DiffusionSettings, raw: bool, seed, stop_event) -> Iterator[Frame]:
+        """The GPU-bound part: iterate the engine (under `spaces.GPU` on ZeroGPU Spaces)."""
+        yield from self.engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop_event)
+
+    def check_request(self, request: RunRequest) -> None:
+        """Engine-side checks before any work: prompt encoding and context budget (raises ValueError)."""
+        prompt_ids = self.engine.encode_prompt(request.prompt, raw=request.raw)
+        self.engine.check_budget(int(prompt_ids.shape[1]), request.settings)
+
+    def start_run(self, request: RunRequest, *, keep_history: bool = True) -> RunWorker:
+        """Start `request` in a background `RunWorker` and return it."""
+
+        def source(stop_event: threading.Event) -> Iterator[Frame]:
+            # A ZeroGPU call runs in another process: the event cannot travel there, the worker closes it instead.
+            event = None if self._zero_gpu else stop_event
+            return self._gpu_frames(request.prompt, request.settings, request.raw, request.seed, event)
+
+        return RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s).start()
+
+    @staticmethod
+    def parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
+              confidence_threshold, adaptive_stopping, seed, *, ui_limits: bool) -> RunRequest:
+        """Validate the eleven inputs (the API's order) into a `RunRequest` (raises ValueError)."""
+        values = dict(zip(SETTING_NAMES, (max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+                                          stability_threshold, confidence_threshold)))
+        values["adaptive_stopping"] = adaptive_stopping
+        return build_request(prompt, raw, values, seed, ui_limits=ui_limits)
+
+    # -- rendering -----------------------------------------------------------------------------------------------
+    def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool) -> StreamOutputs:
+        """The view of `snap`. Finished blocks' HTML is cached in `session` (they never change)."""
+        finished = snap.finished_blocks()
+        for frame in finished[len(session.finished_html):]:
+            session.finished_html.append(block_html(frame, live=False))
+        latest = snap.latest
+        live = latest if latest is not None and not latest.block_done else None
+        status = status_text(latest, snap.error) if final else ""
+        if latest is None and not final:
+            canvas = canvas_html([], None, status="Encoding the prompt\u2026")
+        else:
+            canvas = canvas_html(finished, live, finished_html=session.finished_html, status=status)
+        text = plain_text(self.engine.summarize(latest, snap.frames_seen).text) if latest is not None else ""
+        skip = gr.skip()
+        heatmap = order = entropy = skip
+        if plots_due or final:
+            frames = snap.block_frames()
+            heatmap = plots.confidence_heatmap(frames, animate=final)
+            order = plots.unmasking_order(frames[-1] if frames else None)
+            entropy = plots.entropy_and_acceptance(frames)
+        blocks = snap.block_count
+        # A slider needs minimum < maximum: with one block it stays hidden
+        block = gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1) if final else skip
+        return StreamOutputs(
+            canvas=canvas, meter=meter_html(latest), text=text, heatmap=heatmap, order=order, entropy=entropy,
+            block=block,
+            generate_button=gr.update(interactive=final),
+            stop_button=gr.update(interactive=not final),
+        )
+
+    # -- events --------------------------------------------------------------------------------------------------
+    def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
+                        t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                        request: gr.Request = None) -> Iterator[tuple]:
+        """The Generate button: validate, start a worker, yield coalesced renders until the final frame.
+
+        Raises:
+            gr.Error: invalid input (before anything runs) or an engine failure during the run.
+        """
+        try:
+            run = self.parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+                             stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True)
+            self.check_request(run)
+        except ValueError as error:
+            raise _user_error(error) from None
+        if session is None:
+            session = SessionState()
+        key = getattr(request, "session_hash", None) or f"anon-{id(session)}"
+        worker = self.start_run(run)
+        session.begin(worker)
+        self.registry.register(key, worker)
+        last_plots = 0.0
+        try:
+            for snap in worker.updates(self.max_fps):
+                session.snapshot = snap
+                now = time.monotonic()
+                plots_due = now - last_plots >= PLOT_INTERVAL_S
+                if plots_due:
+                    last_plots = now
+                outputs = self.render(session, snap, final=snap.finished, plots_due=plots_due)
+                yield outputs.as_tuple()
+                if snap.finished and snap.error is not None:
+                    raise _user_error(snap.error)
+        finally:
+            # Runs on normal end, on Stop, and when Gradio closes or cancels this generator (tab closed)
+            worker.stop()
+            self.registry.unregister(key, worker)
+
+    def stop(self, session: SessionState) -> None:
+        """The Stop button: stop this session's run (the final "stopped" frame is rendered by the run's stream)."""
+        if session is not None:
+            session.stop()
+
+    def unload(self, request: gr.Request) -> None:
+        """A browser tab closed: stop its session's run, if any."""
+        key = getattr(request, "session_hash", None)
+        if key:
+            self.registry.stop(key)
+
+    def select_block(self, session: SessionState, block) -> tuple:
+        """Re-render the three plots for block number `block` (1-based) of the session's last run."""
+        snap = session.snapshot if session is not None else None
+        if snap is None or not snap.blocks:
+            return plots.confidence_heatmap([]), plots.unmasking_order(None), plots.entropy_and_acceptance([])
+        try:
+            index = int(block) - 1
+        except (TypeError, ValueError):
+            index = snap.block_count - 1
+        frames = snap.block_frames(index)
+        animate = snap.finished or index < snap.block_count - 1
+        return (plots.confidence_heatmap(frames, animate=animate), plots.unmasking_order(frames[-1]),
+                plots.entropy_and_acceptance(frames))
+
+    def apply_preset(self, name) -> tuple:
+        """The preset dropdown: slider values for preset `name` (a gr.Warning and no change if unknown)."""
+        try:
+            values = preset_values(name, self.engine.recommended)
+        except ValueError as error:
+            gr.Warning(str(error))
+            return tuple(gr.skip() for _ in range(len(SETTING_NAMES) + 1))
+        return tuple(values[n] for n in (*SETTING_NAMES, "adaptive_stopping"))
+
+    @staticmethod
+    def random_seed() -> int:
+        """The 🎲 button: a fresh seed in [0, 2**31 - 1] (small enough to read and retype)."""
+        return random.SystemRandom().randrange(0, min(MAX_SEED, 2**31 - 1))
+
+    def generate_api(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+                     stability_threshold, confidence_threshold, adaptive_stopping, seed) -> tuple[str, dict]:
+        """`/generate`: run to the end and return (text, summary dict).
+
+        The summary has frames, forwards, tokens_per_second, tokens_per_forward, seconds (engine clock), seed,
+        token_ids, stop_reason, forwards_per_block, time_to_first_frame_s and prompt_tokens. `seed` -1 draws one.
+
+        Raises:
+            gr.Error: invalid input, with the validation message.
+        """
+        try:
+            run = self.parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+                             stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=False)
+            self.check_request(run)
+        except ValueError as error:
+            raise _user_error(error) from None
+        worker = self.start_run(run, keep_history=False)
+        try:
+            snap = worker.wait()
+        finally:
+            worker.stop()
+        if snap.error is not None:
+            raise _user_error(snap.error)
+        if snap.latest is None:
+            raise gr.Error("the run ended before the first decoder forward", print_exception=False)
+        result = self.engine.summarize(snap.latest, snap.frames_seen).to_dict()
+        return plain_text(result["text"]), {key: result[key] for key in API_SUMMARY_KEYS}
+
+
+def initial_outputs() -> StreamOutputs:
+    """What the live view shows before any run."""
+    return StreamOutputs(
+        canvas=EMPTY_CANVAS_HTML, meter=meter_html(None), text="",
+        heatmap=plots.confidence_heatmap([]), order=plots.unmasking_order(None),
+        entropy=plots.entropy_and_acceptance([]), block=gr.update(visible=False),
+        generate_button=gr.update(interactive=True), stop_button=gr.update(interactive=False),
+    )

@@ -1,0 +1,77 @@
+"""The live speed meter: engine-clock figures from the newest frame, as HTML stat cards.
+
+Every number comes from the frame (`elapsed_s`, `tokens_per_second`, ... measured by the engine's own clock), never
+from the UI's wall clock, so how fast the browser renders cannot change what the meter shows.
+"""
+
+from __future__ import annotations
+
+import math
+
+from engine import Frame
+
+from .canvas_view import STOP_REASONS
+from .text import escape_html
+
+
+def _fmt(value: float, digits: int = 1, unit: str = "") -> str:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return "\u2013"
+    if not math.isfinite(value):
+        return "\u2013"
+    return f"{value:,.{digits}f}{unit}"
+
+
+def meter_values(frame: Frame | None) -> dict[str, str]:
+    """The meter's figures as display strings (unescaped), keyed by label.
+
+    Tokens/s and tokens/forward count generated non-pad tokens of finished blocks only (up to EOS; never the
+    prompt); forwards/block is the mean over finished blocks (the current block's step while the first block runs).
+    Returns dashes for every figure when `frame` is None.
+    """
+    if frame is None:
+        return {label: "\u2013" for label in (
+            "tokens/s", "tokens/forward", "forwards/block", "elapsed", "first frame", "tokens", "progress")}
+    fpb = frame.forwards_per_block
+    forwards_per_block = _fmt(sum(fpb) / len(fpb), 1) if fpb else f"{frame.step_index + 1}\u2026"
+    if frame.done:
+        progress = STOP_REASONS.get(frame.stop_reason, frame.stop_reason) or "done"
+    else:
+        progress = f"block {frame.block_index + 1} \u00b7 step {frame.step_index + 1}/{frame.max_denoising_steps}"
+    return {
+        "tokens/s": _fmt(frame.tokens_per_second, 1),
+        "tokens/forward": _fmt(frame.tokens_per_forward, 2),
+        "forwards/block": forwards_per_block,
+        "elapsed": _fmt(frame.elapsed_s, 2, " s"),
+        "first frame": _fmt(frame.time_to_first_frame_s * 1000, 0, " ms"),
+        "tokens": f"{frame.committed_tokens:,}",
+        "progress": progress,
+    }
+
+
+def meter_html(frame: Frame | None) -> str:
+    """The meter as HTML: one card per figure of `meter_values(frame)`; progress, seed and counts in a note below.
+
+    `data-tps` on the outer element holds the raw tokens/s (for tests and benchmarks; "0" before a frame).
+    """
+    values = meter_values(frame)
+    progress = values.pop("progress")
+    cards = "".join(
+        f'<div class="dg-stat"><span class="dg-stat-value">{escape_html(v)}</span>'
+        f'<span class="dg-stat-label">{escape_html(k).replace("/", "/<wbr>")}</span></div>'
+        for k, v in values.items()
+    )
+    tps = 0.0 if frame is None else float(frame.tokens_per_second)
+    if not math.isfinite(tps):
+        tps = 0.0
+    state = "idle" if frame is None else ("done" if frame.done else "running")
+    footer = '<div class="dg-meter-note">engine clock \u00b7 press Generate to start</div>'
+    if frame is not None:
+        footer = (
+            f'<div class="dg-meter-note"><span class="dg-progress">{escape_html(progress)}</span> engine clock'
+            f" \u00b7 seed {escape_html(str(frame.seed))} \u00b7 prompt {frame.prompt_tokens:,} tokens \u00b7 "
+            f"{frame.forward_index + 1:,} forwards</div>"
+        )
+    return f'<div class="dg-meter" data-state="{state}" data-tps="{tps:.6g}">{cards}{footer}</div>'

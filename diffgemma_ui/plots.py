@@ -1,0 +1,239 @@
+"""Plotly views of a run, built as plain figure dicts from frames (fast: no plotly object validation at run time).
+
+- `confidence_heatmap`: step x position confidence of one block, with a step slider and a play button.
+- `unmasking_order`: per position, the step at which it was first accepted.
+- `entropy_and_acceptance`: mean entropy and accepted positions per step.
+
+Every builder returns a `FigureSpec` (a dict in Plotly's figure schema that `gr.Plot` can display). Token strings
+in hover texts go through `escape_plotly` (Plotly renders a subset of HTML in labels).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from engine import Frame
+
+from .colors import PLOTLY_SCALE, viridis
+from .text import escape_plotly, token_plotly
+
+HEIGHT = 330
+NOT_ACCEPTED_COLOUR = "rgba(140,140,140,0.45)"
+GRID = "rgba(128,128,128,0.22)"
+ACCEPTED_COLOUR = "#E69F00"  # Okabe-Ito orange and sky blue: a colour-blind-safe pair, readable on light and dark
+ENTROPY_COLOUR = "#56B4E9"
+
+
+class FigureSpec(dict):
+    """A Plotly figure as a plain dict (`{"data": [...], "layout": {...}}`).
+
+    `gr.Plot` accepts it like a `plotly.graph_objects.Figure` (it only calls `to_json()`); `to_plotly()` builds the
+    validated Figure (slower; for tests and notebooks).
+    """
+
+    def to_json(self) -> str:
+        """The figure as JSON text (what `gr.Plot` sends to the browser)."""
+        return json.dumps(self, separators=(",", ":"), allow_nan=False)
+
+    def to_plotly(self):
+        """A validated `plotly.graph_objects.Figure` (raises ValueError on an invalid property)."""
+        import plotly.graph_objects as go
+
+        return go.Figure(self)
+
+
+def _layout(title: str, **extra) -> dict:
+    layout = {
+        "title": {"text": escape_plotly(title), "x": 0.01, "xanchor": "left", "y": 0.985, "yanchor": "top",
+                  "font": {"size": 14}},
+        "height": HEIGHT,
+        "margin": {"l": 48, "r": 16, "t": 40, "b": 40},
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "plot_bgcolor": "rgba(0,0,0,0)",
+        "font": {"family": "Inter, system-ui, sans-serif", "size": 12, "color": "#7c8494"},
+        "hoverlabel": {"font": {"family": "ui-monospace, SFMono-Regular, Menlo, monospace", "size": 12}},
+        "showlegend": False,
+    }
+    layout.update(extra)
+    return layout
+
+
+def _axis(title: str, **extra) -> dict:
+    return {"title": {"text": title}, "gridcolor": GRID, "zeroline": False, **extra}
+
+
+def _round(value: float, digits: int = 3) -> float:
+    value = float(value)
+    return round(value, digits) if value == value else 0.0  # NaN -> 0
+
+
+def empty_figure(title: str, message: str = "Waiting for a run") -> FigureSpec:
+    """A placeholder figure: no data, `message` in the middle (escaped)."""
+    return FigureSpec(data=[], layout=_layout(
+        title,
+        xaxis={"visible": False}, yaxis={"visible": False},
+        annotations=[{"text": escape_plotly(message), "showarrow": False,
+                      "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "font": {"size": 13}}],
+    ))
+
+
+def _block_title(frames: Sequence[Frame], what: str) -> str:
+    last = frames[-1]
+    state = "" if last.block_done else " (denoising)"
+    return f"{what} \u00b7 block {last.block_index + 1}{state}"
+
+
+def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True) -> FigureSpec:
+    """Confidence of the draft token per (step, position) of one block.
+
+    Args:
+        frames: the block's frames in order (one per decoder forward; row k = step k). Empty gives a placeholder.
+        animate: add a step slider and a play/pause button. Their animation frames are Plotly frame objects
+            inlined in the slider and button arguments (Gradio's plot component drops a figure's `frames` list):
+            step k reveals rows 0..k and hides the later rows under a cover.
+
+    Returns:
+        A `FigureSpec`: a heatmap (z in [0, 1], viridis) plus dots on the cells accepted at that step; hover text
+        per cell: step, position, escaped draft token, accepted or renoised, confidence, entropy.
+    """
+    if not frames:
+        return empty_figure("Confidence per step and position")
+    n = frames[0].canvas_length
+    steps = len(frames)
+    z, hover, dots_x, dots_y = [], [], [], []
+    for row, frame in enumerate(frames):
+        z.append([_round(c) for c in frame.confidence])
+        hover_row = []
+        for pos in range(n):
+            accepted = bool(frame.accepted[pos])
+            if accepted:
+                dots_x.append(pos)
+                dots_y.append(row + 1)
+            hover_row.append(
+                f"step {row + 1} \u00b7 position {pos}<br>"
+                f"\u201c{token_plotly(frame.draft_tokens[pos])}\u201d {'accepted' if accepted else 'renoised'}<br>"
+                f"confidence {frame.confidence[pos]:.3f} \u00b7 entropy {frame.entropy[pos]:.3f} nats"
+            )
+        hover.append(hover_row)
+    y = list(range(1, steps + 1))
+    data = [
+        {
+            "type": "heatmap", "z": z, "x": list(range(n)), "y": y, "hovertext": hover,
+            "hovertemplate": "%{hovertext}<extra></extra>", "hoverongaps": False,
+            "colorscale": PLOTLY_SCALE, "zmin": 0, "zmax": 1, "xgap": 1, "ygap": 1,
+            "colorbar": {"title": {"text": "conf."}, "thickness": 10, "len": 0.9, "outlinewidth": 0},
+        },
+        {
+            "type": "scatter", "mode": "markers", "x": dots_x, "y": dots_y, "hoverinfo": "skip",
+            "marker": {"symbol": "circle", "size": 4, "color": "rgba(255,255,255,0.85)",
+                       "line": {"width": 0.5, "color": "rgba(0,0,0,0.6)"}},
+        },
+    ]
+    layout = _layout(
+        _block_title(frames, "Confidence per step and position"),
+        xaxis=_axis("position", range=[-0.5, n - 0.5], showgrid=False),
+        yaxis=_axis("step", range=[steps + 0.5, 0.5], autorange=False, showgrid=False),
+    )
+    if animate and steps > 1:
+        def cover(k: int) -> list[dict]:
+            # Always one shape (an empty list would not replace the previous frame's cover); hidden at the end
+            return [{"type": "rect", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": k + 1.5,
+                     "y1": steps + 0.5, "fillcolor": "rgba(128,128,128,0.88)", "line": {"width": 0},
+                     "layer": "above", "visible": k < steps - 1}]
+
+        frame_objects = [
+            {"name": f"step {k + 1}", "layout": {"shapes": cover(k), "sliders[0].active": k}} for k in range(steps)
+        ]
+        instant = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
+        layout["sliders"] = [{
+            "active": steps - 1,
+            "currentvalue": {"prefix": "step ", "font": {"size": 12}, "xanchor": "right"},
+            "pad": {"t": 50, "b": 4}, "len": 0.84, "x": 0.16, "y": 0, "ticklen": 3, "minorticklen": 0,
+            "font": {"size": 10},
+            "steps": [
+                {"label": str(k + 1), "method": "animate", "args": [[frame_objects[k]], instant]}
+                for k in range(steps)
+            ],
+        }]
+        layout["updatemenus"] = [{
+            "type": "buttons", "direction": "left", "showactive": False, "x": 0.0, "y": 0, "xanchor": "left",
+            "yanchor": "top", "pad": {"t": 58, "r": 8},
+            "buttons": [
+                {"label": "\u25b6", "method": "animate",
+                 "args": [frame_objects, {"mode": "immediate", "fromcurrent": False,
+                                          "frame": {"duration": 220, "redraw": True},
+                                          "transition": {"duration": 0}}]},
+                {"label": "\u275a\u275a", "method": "animate",
+                 "args": [[None], {"mode": "immediate", "frame": {"duration": 0, "redraw": False},
+                                   "transition": {"duration": 0}}]},
+            ],
+        }]
+        layout["height"] = HEIGHT + 70
+        layout["margin"] = {**layout["margin"], "b": 110}
+    return FigureSpec(data=data, layout=layout)
+
+
+def unmasking_order(frame: Frame | None) -> FigureSpec:
+    """Per position, the step (1-based) at which it was first accepted, from a block's newest frame.
+
+    Bars are coloured by that step on the viridis scale (early = dark); positions not accepted yet get a short
+    grey bar. Hover text: position, escaped draft token, step or "not accepted yet".
+    """
+    if frame is None:
+        return empty_figure("Unmasking order")
+    n = frame.canvas_length
+    steps = max(1, frame.max_denoising_steps)
+    last = max([s for s in frame.first_accepted_step if s >= 0], default=0) + 1
+    y, colours, hover = [], [], []
+    for pos in range(n):
+        step = frame.first_accepted_step[pos]
+        token = token_plotly(frame.draft_tokens[pos])
+        if step is None or step < 0:
+            y.append(0.3)
+            colours.append(NOT_ACCEPTED_COLOUR)
+            hover.append(f"position {pos}<br>\u201c{token}\u201d<br>not accepted yet")
+        else:
+            y.append(step + 1)
+            colours.append(viridis(step / max(1, last - 1)) if last > 1 else viridis(0))
+            hover.append(f"position {pos}<br>\u201c{token}\u201d<br>first accepted at step {step + 1}")
+    data = [{
+        "type": "bar", "x": list(range(n)), "y": y, "marker": {"color": colours, "line": {"width": 0}},
+        "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>",
+    }]
+    title = f"Unmasking order \u00b7 block {frame.block_index + 1}"
+    return FigureSpec(data=data, layout=_layout(
+        title,
+        xaxis=_axis("position", range=[-0.5, n - 0.5]),
+        yaxis=_axis("first accepted at step", range=[0, min(steps, max(last, 1)) + 0.5]),
+        bargap=0.15,
+    ))
+
+
+def entropy_and_acceptance(frames: Sequence[Frame]) -> FigureSpec:
+    """Mean entropy (nats, line, left axis) and positions accepted (bars, right axis) per step of one block."""
+    if not frames:
+        return empty_figure("Entropy and acceptance per step")
+    steps = list(range(1, len(frames) + 1))
+    entropy = [_round(f.mean_entropy) for f in frames]
+    accepted = [f.accepted_count for f in frames]
+    n = frames[0].canvas_length
+    data = [
+        {"type": "bar", "x": steps, "y": accepted, "yaxis": "y2", "name": "accepted",
+         "marker": {"color": ACCEPTED_COLOUR, "opacity": 0.6, "line": {"width": 0}},
+         "hovertemplate": "step %{x}<br>%{y} accepted<extra></extra>"},
+        {"type": "scatter", "mode": "lines+markers", "x": steps, "y": entropy, "name": "mean entropy",
+         "line": {"color": ENTROPY_COLOUR, "width": 2.5}, "marker": {"size": 5},
+         "hovertemplate": "step %{x}<br>mean entropy %{y:.3f} nats<extra></extra>"},
+    ]
+    return FigureSpec(data=data, layout=_layout(
+        _block_title(frames, "Entropy & acceptance"),
+        xaxis=_axis("step", range=[0.5, max(len(frames), 1) + 0.5]),
+        yaxis=_axis("mean entropy (nats)", rangemode="tozero"),
+        yaxis2={"title": {"text": "accepted positions"}, "overlaying": "y", "side": "right", "range": [0, n],
+                "showgrid": False, "zeroline": False},
+        margin={"l": 52, "r": 52, "t": 64, "b": 40},
+        showlegend=True,
+        legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 1.0, "yanchor": "bottom",
+                "font": {"size": 11}, "bgcolor": "rgba(0,0,0,0)"},
+    ))

@@ -1,0 +1,96 @@
+"""What the UI remembers of one run: every frame, grouped by block, and read-only snapshots of it for rendering."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from engine import Frame
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """An immutable view of a run at one moment.
+
+    Attributes:
+        frames_seen: frames received so far (= decoder forwards).
+        latest: the newest frame, or None before the first one.
+        blocks: per block, the frames received for it, in order (a tuple of tuples; block 0 first).
+        finished: the run is over (final frame received, or the engine raised).
+        error: the exception the engine raised, if any (already over).
+    """
+
+    frames_seen: int = 0
+    latest: Frame | None = None
+    blocks: tuple[tuple[Frame, ...], ...] = ()
+    finished: bool = False
+    error: BaseException | None = None
+
+    @property
+    def block_count(self) -> int:
+        """Blocks started so far."""
+        return len(self.blocks)
+
+    def block_frames(self, block: int | None = None) -> tuple[Frame, ...]:
+        """Frames of block `block` (default: the newest block; out-of-range values are clamped). Empty if none."""
+        if not self.blocks:
+            return ()
+        if block is None:
+            return self.blocks[-1]
+        return self.blocks[max(0, min(int(block), len(self.blocks) - 1))]
+
+    def finished_blocks(self) -> list[Frame]:
+        """The last frame of every finished block (whose last frame has `block_done`), in block order."""
+        return [frames[-1] for frames in self.blocks if frames and frames[-1].block_done]
+
+
+@dataclass
+class RunRecord:
+    """Thread-safe, append-only record of a run's frames (one writer: the worker; any number of readers)."""
+
+    keep_history: bool = True
+    _frozen: tuple[tuple[Frame, ...], ...] = ()  # blocks before the newest one: they no longer change
+    _current: list[Frame] = field(default_factory=list)
+    _latest: Frame | None = None
+    _count: int = 0
+    _finished: bool = False
+    _error: BaseException | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, frame: Frame) -> None:
+        """Append one frame (frames of a block arrive in order; a new `block_index` opens a new block)."""
+        with self._lock:
+            if self.keep_history:
+                if self._current and frame.block_index != self._current[-1].block_index:
+                    self._frozen = self._frozen + (tuple(self._current),)
+                    self._current = []
+                self._current.append(frame)
+            self._latest = frame
+            self._count += 1
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Mark the run over, optionally with the exception that ended it."""
+        with self._lock:
+            self._finished = True
+            self._error = error
+
+    @property
+    def count(self) -> int:
+        """Frames received so far."""
+        return self._count
+
+    @property
+    def finished(self) -> bool:
+        """Whether `finish` was called."""
+        return self._finished
+
+    def snapshot(self) -> RunSnapshot:
+        """A consistent immutable copy of the record right now."""
+        with self._lock:
+            return RunSnapshot(
+                frames_seen=self._count,
+                latest=self._latest,
+                blocks=self._frozen + ((tuple(self._current),) if self._current else ()),
+                finished=self._finished,
+                error=self._error,
+            )

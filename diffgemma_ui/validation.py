@@ -1,0 +1,142 @@
+"""Checking what arrives from the browser or the API before anything runs.
+
+Everything here raises `ValueError` with a message meant for the user (the UI turns it into `gr.Error`). Settings
+themselves are validated by `engine.DiffusionSettings`; this module adds what only the UI knows: its own limits,
+booleans that must really be booleans, the seed convention (-1 or empty = random), and the prompt checks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engine import PRESET_NAMES, DiffusionSettings, check_seed, preset
+
+MAX_PROMPT_CHARS = 20_000
+# The live UI keeps every frame of a run for its plots; these bounds keep that (and a shared queue) reasonable.
+UI_MAX_NEW_TOKENS = 1024
+UI_MAX_DENOISING_STEPS = 128
+SETTING_NAMES = (
+    "max_new_tokens", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
+    "confidence_threshold",
+)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """A validated request: prompt text, `raw` (no chat template), settings, seed (None = draw one)."""
+
+    prompt: str
+    raw: bool
+    settings: DiffusionSettings
+    seed: int | None
+
+
+def check_prompt(prompt) -> str:
+    """Return the prompt if it is non-empty text of at most `MAX_PROMPT_CHARS` characters; else raise ValueError.
+
+    Emoji, right-to-left text and control characters are accepted as they are.
+    """
+    if prompt is None:
+        raise ValueError("prompt is empty: type something for the model to continue")
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
+    if not prompt.strip():
+        raise ValueError("prompt is empty: type something for the model to continue")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"prompt is {len(prompt):,} characters; the limit here is {MAX_PROMPT_CHARS:,}")
+    return prompt
+
+
+def check_flag(name: str, value) -> bool:
+    """`value` as a bool: True/False (or 1/0, "true"/"false"); anything else raises ValueError naming `name`."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def check_ui_seed(seed) -> int | None:
+    """The UI's seed convention: -1, None or "" mean a random seed (None); otherwise `engine.check_seed`.
+
+    Raises:
+        ValueError: NaN, infinities, fractions, negative values other than -1, or above 2**63 - 1.
+    """
+    if seed is None or (isinstance(seed, str) and not seed.strip()):
+        return None
+    if isinstance(seed, bool):
+        raise ValueError(f"seed must be an integer (-1 for random), got {seed!r}")
+    try:
+        if float(str(seed).strip() if isinstance(seed, str) else seed) == -1:
+            return None
+    except (TypeError, ValueError):
+        pass
+    try:
+        return check_seed(seed)
+    except ValueError as error:
+        raise ValueError(f"{error} (or -1 for a random seed)") from None
+
+
+def _number(name: str, value):
+    """Reject missing and non-numeric values early with the setting's name (the engine checks ranges)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"{name} is missing: enter a number")
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if isinstance(value, float) and value.is_integer() and name in ("max_new_tokens", "max_denoising_steps",
+                                                                     "stability_threshold"):
+        value = int(value)
+    return value
+
+
+def build_settings(values: dict, *, ui_limits: bool = True) -> DiffusionSettings:
+    """`DiffusionSettings` from raw values keyed by setting name (plus `adaptive_stopping`).
+
+    Args:
+        values: the seven numeric settings of `SETTING_NAMES` and `adaptive_stopping`.
+        ui_limits: also enforce the live UI's caps (`UI_MAX_NEW_TOKENS`, `UI_MAX_DENOISING_STEPS`).
+
+    Raises:
+        ValueError: missing, non-numeric, NaN/inf, out-of-range values, or t_min >= t_max (engine messages).
+    """
+    numbers = {name: _number(name, values.get(name)) for name in SETTING_NAMES}
+    adaptive = check_flag("adaptive_stopping", values.get("adaptive_stopping", True))
+    settings = DiffusionSettings(adaptive_stopping=adaptive, **numbers)
+    if ui_limits:
+        if settings.max_new_tokens > UI_MAX_NEW_TOKENS:
+            raise ValueError(f"max_new_tokens must be at most {UI_MAX_NEW_TOKENS} here, got {settings.max_new_tokens}")
+        if settings.max_denoising_steps > UI_MAX_DENOISING_STEPS:
+            raise ValueError(
+                f"max_denoising_steps must be at most {UI_MAX_DENOISING_STEPS} here, got {settings.max_denoising_steps}"
+            )
+    return settings
+
+
+def build_request(prompt, raw, values: dict, seed, *, ui_limits: bool = True) -> RunRequest:
+    """Validate everything a run needs; raises ValueError with the first problem found (prompt first)."""
+    return RunRequest(
+        prompt=check_prompt(prompt),
+        raw=check_flag("raw", raw),
+        settings=build_settings(values, ui_limits=ui_limits),
+        seed=check_ui_seed(seed),
+    )
+
+
+def preset_values(name, recommended: DiffusionSettings) -> dict:
+    """The slider values of preset `name` (see `engine.preset`); raises ValueError for an unknown name."""
+    if name not in PRESET_NAMES:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")
+    settings = preset(name, recommended)
+    return {name: getattr(settings, name) for name in (*SETTING_NAMES, "adaptive_stopping")}

@@ -1,0 +1,191 @@
+"""Background runs: the engine iterates in a worker thread; the UI reads coalesced snapshots.
+
+`RunWorker` owns one run: a daemon thread pulls frames from a frame source (normally `DiffusionEngine.frames`) into
+a `RunRecord`; `updates()` yields snapshots at most `max_fps` times a second, always the newest frame and always
+the final one. Stopping sets the run's `stop_event` (the engine ends within one decoder forward). A run whose
+reader goes away (no `updates()`/`wait()` poll for `abandon_after_s`) stops itself, so a closed browser tab can
+never keep the device busy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from engine import Frame
+
+from .record import RunRecord, RunSnapshot
+
+FrameSource = Callable[[threading.Event], Iterator[Frame]]
+DEFAULT_MAX_FPS = 15.0
+
+
+class RunWorker:
+    """One generation running in a background thread.
+
+    Args:
+        source: called once in the worker thread with the run's stop event; returns the frame iterator. Exceptions
+            it raises (e.g. ValueError for a bad prompt) end the run and are reported in the final snapshot.
+        keep_history: keep every frame (for the plots); False keeps only the newest (for the API).
+        abandon_after_s: stop the run when no reader has polled for this many seconds (None: never).
+    """
+
+    def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0):
+        self.stop_event = threading.Event()
+        self.record = RunRecord(keep_history=keep_history)
+        self.abandon_after_s = abandon_after_s
+        self._source = source
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._last_poll = time.monotonic()
+
+    # -- control -------------------------------------------------------------------------------------------------
+    def start(self) -> "RunWorker":
+        """Start the worker thread (once); returns self."""
+        if self._thread is not None:
+            raise RuntimeError("this run was already started")
+        self._last_poll = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="diffgemma-run", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Ask the run to stop: sets `stop_event` (the engine yields a final "cancelled" frame within a forward)."""
+        self.stop_event.set()
+        with self._changed:
+            self._changed.notify_all()
+
+    @property
+    def running(self) -> bool:
+        """The worker thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the worker thread to end; returns whether it has."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.running
+
+    # -- worker thread -------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        error: BaseException | None = None
+        iterator = None
+        after_stop = 0
+        try:
+            iterator = self._source(self.stop_event)
+            for frame in iterator:
+                self.record.add(frame)
+                with self._changed:
+                    self._changed.notify_all()
+                if frame.done:
+                    break
+                if self.abandon_after_s is not None and time.monotonic() - self._last_poll > self.abandon_after_s:
+                    self.stop_event.set()
+                if self.stop_event.is_set():
+                    # The engine yields one more frame (cancelled) at most one forward later; a source that ignores
+                    # the event is closed instead.
+                    after_stop += 1
+                    if after_stop >= 2:
+                        break
+        except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
+            error = exc
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001
+                    pass
+            self.record.finish(error)
+            with self._changed:
+                self._changed.notify_all()
+
+    # -- readers -------------------------------------------------------------------------------------------------
+    def snapshot(self) -> RunSnapshot:
+        """The run right now (counts as a poll)."""
+        self._last_poll = time.monotonic()
+        return self.record.snapshot()
+
+    def updates(self, max_fps: float = DEFAULT_MAX_FPS, poll_s: float = 0.2) -> Iterator[RunSnapshot]:
+        """Coalesced snapshots: at most `max_fps` per second, each with the newest frame, the final one always.
+
+        Frames that arrive between two snapshots are not lost (they are in the record), only not rendered one by
+        one. Ends after yielding the snapshot with `finished=True`. Waiting here counts as polling, so a run is only
+        abandoned when its reader stops iterating.
+        """
+        interval = 1.0 / max_fps if max_fps and max_fps > 0 else 0.0
+        seen = -1
+        next_allowed = 0.0
+        while True:
+            with self._changed:
+                while self.record.count == seen and not self.record.finished:
+                    self._last_poll = time.monotonic()
+                    self._changed.wait(poll_s)
+                # Rate limit: wait out the interval unless the run finishes meanwhile
+                while not self.record.finished:
+                    delay = next_allowed - time.monotonic()
+                    if delay <= 0:
+                        break
+                    self._last_poll = time.monotonic()
+                    self._changed.wait(min(delay, poll_s))
+            snap = self.snapshot()
+            if snap.frames_seen == seen and not snap.finished:
+                continue
+            seen = snap.frames_seen
+            next_allowed = time.monotonic() + interval
+            yield snap
+            self._last_poll = time.monotonic()
+            if snap.finished:
+                return
+
+    def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> RunSnapshot:
+        """Block until the run is over (or `timeout` seconds pass) and return the snapshot."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while not self.record.finished:
+                self._last_poll = time.monotonic()
+                remaining = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+                if remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+        return self.snapshot()
+
+
+class RunRegistry:
+    """Which worker each browser session is running (one registry per app, not module state).
+
+    Used to stop a session's run when its tab closes (Gradio's unload event) and to count active runs.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._runs: dict[str, RunWorker] = {}
+
+    def register(self, key: str, worker: RunWorker) -> None:
+        """Record `worker` as session `key`'s run, stopping any run it had before."""
+        with self._lock:
+            previous = self._runs.get(key)
+            self._runs[key] = worker
+        if previous is not None and previous is not worker:
+            previous.stop()
+
+    def unregister(self, key: str, worker: RunWorker) -> None:
+        """Forget `worker` if it is still session `key`'s run."""
+        with self._lock:
+            if self._runs.get(key) is worker:
+                del self._runs[key]
+
+    def stop(self, key: str) -> bool:
+        """Stop session `key`'s run; returns whether there was one."""
+        with self._lock:
+            worker = self._runs.pop(key, None)
+        if worker is None:
+            return False
+        worker.stop()
+        return True
+
+    def active(self) -> int:
+        """Runs whose thread is still alive."""
+        with self._lock:
+            return sum(1 for w in self._runs.values() if w.running)
