@@ -1,0 +1,502 @@
+"""Speed benchmarks of the playground: `python -m engine.bench [--quick] [--model PATH] [--json]`.
+
+What it measures, on one model (the embedded diffgemma-tiny unless `--model`), each with a warm-up run first, then
+repetitions interleaved path by path (alternating which path goes first) over a few seeds, reported as the median
+with min and max:
+
+(a) engine overhead: bare `model.generate()` (perf_counter around `torch.manual_seed(s); model.generate(ids,
+    **settings.generate_kwargs())`) against consuming every frame of `DiffusionEngine.frames()` with the same
+    settings and seed; `engine_overhead_ratio` = engine seconds / bare seconds, run by run. Both produce the same
+    tokens (checked).
+(b) UI overhead: the same run through the playground's Gradio API (`/generate`, via gradio_client, against
+    `app.py` launched as a subprocess on a free local port) against the bare run; `ui_overhead_ratio` = client
+    round-trip seconds / bare seconds. The app's own engine clock splits the gap into engine and HTTP/queue time.
+(c) diffusion vs autoregressive decoding of the same weights (`engine.ar_baseline`): bare `generate()` with the
+    checkpoint's recommended settings against greedy token-by-token decoding through the encoder with a KV cache,
+    producing as many tokens as the diffusion run did.
+(d) tokens per forward, forwards per block, time to first frame, peak memory.
+(e) scaling: tokens/s at 1, 2, 4 and 8 output blocks (adaptive stopping off, so every canvas runs all its steps)
+    and at prompt lengths from 16 to 2048 tokens (one block).
+
+Tokens counted: generated tokens up to and including the first EOS; the prompt and the pads after EOS are never
+counted. Seconds include prompt encoding and prefill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .ar_baseline import ar_generate
+from .engine import DiffusionEngine
+from .generator import _strip_after_eos
+from .loading import DEFAULT_MODEL, DEVICES, DTYPES, REPO_ROOT, load_model
+from .settings import DiffusionSettings
+
+TOKENS_COUNTED = ("generated tokens up to and including the first EOS; prompt and pad tokens are never counted; "
+                  "seconds include prompt encoding and prefill")
+SCALING_TEXT = (
+    "The quick brown fox jumps over the lazy dog while the farmer counts his sheep in the morning light. "
+    "Rain fell on the old town, and the river carried leaves past the mill, the bridge and the quiet church. "
+)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How much to measure: repetitions, seeds, canvases per run and the scaling grid."""
+
+    repeats: int
+    seeds: tuple[int, ...]
+    blocks: int                    # canvases per run in (a), (b) and (c)
+    ui_repeats: int
+    ar_repeats: int
+    scaling_repeats: int
+    output_blocks: tuple[int, ...]
+    prompt_lengths: tuple[int, ...]
+
+
+QUICK = Mode(repeats=2, seeds=(0, 1), blocks=2, ui_repeats=2, ar_repeats=1, scaling_repeats=1,
+             output_blocks=(1, 2, 4, 8), prompt_lengths=(16, 256, 2048))
+FULL = Mode(repeats=3, seeds=(0, 1, 2), blocks=4, ui_repeats=3, ar_repeats=3, scaling_repeats=3,
+            output_blocks=(1, 2, 4, 8), prompt_lengths=(16, 64, 256, 1024, 2048))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One timed generation: wall `seconds` around the whole call, the generated `token_ids` (up to EOS), the
+    decoder `forwards`, and for engine runs `time_to_first_frame_s` and `forwards_per_block` (else None)."""
+
+    seconds: float
+    token_ids: list[int]
+    forwards: int | None = None
+    time_to_first_frame_s: float | None = None
+    forwards_per_block: list[int] | None = None
+    engine_seconds: float | None = None
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def spread(values: list[float], digits: int = 4) -> dict:
+    """{"median", "min", "max"} of `values`, rounded."""
+    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
+            "max": round(max(values), digits)}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def counted_ids(engine: DiffusionEngine, generated: list[int]) -> list[int]:
+    """The generated ids that count as output: up to and including the first EOS, pads dropped."""
+    config = engine.model.generation_config
+    ids = _strip_after_eos(generated, config.eos_token_id, config.pad_token_id)
+    return [t for t in ids if t != config.pad_token_id]
+
+
+# -- one run of each path ----------------------------------------------------------------------------------------
+def run_bare(engine: DiffusionEngine, input_ids: torch.Tensor, settings: DiffusionSettings, seed: int) -> Run:
+    """`torch.manual_seed(seed); model.generate(input_ids, **settings.generate_kwargs())`, timed."""
+    synchronize(engine.device)
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    output = engine.model.generate(input_ids, **settings.generate_kwargs())
+    synchronize(engine.device)
+    seconds = time.perf_counter() - start
+    sequences = getattr(output, "sequences", output)
+    return Run(seconds, counted_ids(engine, sequences[0, input_ids.shape[1]:].tolist()))
+
+
+def run_engine(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings, seed: int, raw: bool) -> Run:
+    """Consume every frame of `engine.frames(prompt, ...)`, timed (prompt encoding included)."""
+    start = time.perf_counter()
+    frames, last = 0, None
+    for last in engine.frames(prompt, settings, raw=raw, seed=seed):
+        frames += 1
+    seconds = time.perf_counter() - start
+    return Run(seconds, counted_ids(engine, list(last.committed_ids)), frames, last.time_to_first_frame_s,
+               list(last.forwards_per_block), last.elapsed_s)
+
+
+def run_client(engine: DiffusionEngine, client, prompt: str, settings: DiffusionSettings, seed: int, raw: bool) -> Run:
+    """One `/generate` call through gradio_client, timed on the client; the app's engine clock kept beside."""
+    start = time.perf_counter()
+    _, summary = client.predict(
+        prompt, raw, settings.max_new_tokens, settings.max_denoising_steps, settings.entropy_bound, settings.t_min,
+        settings.t_max, settings.stability_threshold, settings.confidence_threshold, settings.adaptive_stopping,
+        seed, api_name="/generate",
+    )
+    seconds = time.perf_counter() - start
+    return Run(seconds, counted_ids(engine, summary["token_ids"]), summary["forwards"],
+               summary["time_to_first_frame_s"], summary["forwards_per_block"], summary["seconds"])
+
+
+def run_ar(engine: DiffusionEngine, input_ids: torch.Tensor, new_tokens: int) -> Run:
+    """Greedy autoregressive decoding of `new_tokens` tokens with the same weights (`engine.ar_baseline`)."""
+    result = ar_generate(engine.model, input_ids, new_tokens)
+    return Run(result.seconds, result.token_ids, result.forwards)
+
+
+def interleave(paths: dict[str, Callable[[int], Run]], seeds: tuple[int, ...], repeats: int,
+               warmup: bool = True) -> dict[str, list[Run]]:
+    """Warm each path up once (seed 12345, discarded), then run `repeats` rounds over `seeds`, alternating which
+    path goes first; returns the runs of each path in the same order (run k of every path used the same seed)."""
+    for run in paths.values() if warmup else ():
+        run(12345)
+    runs: dict[str, list[Run]] = {name: [] for name in paths}
+    names = list(paths)
+    for round_index in range(repeats):
+        for i, seed in enumerate(seeds):
+            for name in names if (round_index + i) % 2 == 0 else names[::-1]:
+                runs[name].append(paths[name](seed))
+    return runs
+
+
+def path_summary(runs: list[Run]) -> dict:
+    """tokens/s, seconds and tokens of a list of runs."""
+    return {"tokens_per_second": spread([r.tokens_per_second for r in runs], 2),
+            "seconds": spread([r.seconds for r in runs]), "tokens": spread([r.tokens for r in runs], 1)}
+
+
+def ratio(slow: list[Run], fast: list[Run]) -> dict:
+    """Run-by-run `slow.seconds / fast.seconds` (the runs pair up by position: same seed, same round)."""
+    return spread([s.seconds / f.seconds for s, f in zip(slow, fast)])
+
+
+def same_tokens(a: list[Run], b: list[Run]) -> bool:
+    return all(x.token_ids == y.token_ids for x, y in zip(a, b))
+
+
+# -- the measurements --------------------------------------------------------------------------------------------
+def measure_engine_overhead(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings, mode: Mode,
+                            raw: bool = True) -> dict:
+    """(a) bare `generate()` against the engine yielding every frame; `engine_overhead_ratio` (target <= 1.03)."""
+    input_ids = engine.encode_prompt(prompt, raw=raw)
+    runs = interleave({
+        "bare": lambda seed: run_bare(engine, input_ids, settings, seed),
+        "engine": lambda seed: run_engine(engine, prompt, settings, seed, raw),
+    }, mode.seeds, mode.repeats)
+    engine_runs = runs["engine"]
+    return {
+        "bare_generate": path_summary(runs["bare"]),
+        "engine_frames": path_summary(engine_runs),
+        "engine_overhead_ratio": ratio(engine_runs, runs["bare"]),
+        "same_tokens": same_tokens(runs["bare"], engine_runs),
+        "runs": len(engine_runs),
+        "tokens_per_forward": spread([r.tokens / r.forwards for r in engine_runs], 3),
+        "forwards_per_block": sorted({f for r in engine_runs for f in r.forwards_per_block}),
+        "time_to_first_frame_s": spread([r.time_to_first_frame_s for r in engine_runs]),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def launched_app(model: str, device: str, dtype: str, threads: int, timeout_s: float = 240.0) -> Iterator[tuple]:
+    """Run `app.py` on a free local port in a subprocess (torch limited to `threads` threads); yields
+    (url, process) once the page answers, and stops the process afterwards."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    env.pop("DIFFGEMMA_SHARE", None)
+    command = [sys.executable, str(REPO_ROOT / "app.py"), "--model", str(model), "--device", device, "--dtype",
+               dtype, "--host", "127.0.0.1", "--port", str(port), "--no-share"]
+    log = open(os.devnull, "w")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"app.py exited with status {process.returncode} before serving")
+            try:
+                with urllib.request.urlopen(url, timeout=5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"app.py did not answer on {url} within {timeout_s:.0f} s") from None
+                time.sleep(0.5)
+        yield url, process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """A process's peak resident memory (VmHWM) in MiB, where /proc has it."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def measure_ui_overhead(engine: DiffusionEngine, url: str, prompt: str, settings: DiffusionSettings, mode: Mode,
+                        raw: bool = True) -> dict:
+    """(b) the same runs through the app at `url` (its `/generate` API, via gradio_client) against bare
+    `generate()`; `ui_overhead_ratio` (target <= 1.05) = client round trip / bare seconds, run by run."""
+    from gradio_client import Client
+
+    input_ids = engine.encode_prompt(prompt, raw=raw)
+    client = Client(url, verbose=False)
+    runs = interleave({
+        "bare": lambda seed: run_bare(engine, input_ids, settings, seed),
+        "client": lambda seed: run_client(engine, client, prompt, settings, seed, raw),
+    }, mode.seeds, mode.ui_repeats)
+    client_runs = runs["client"]
+    return {
+        "bare_generate": path_summary(runs["bare"]),
+        "gradio_client": path_summary(client_runs),
+        "ui_overhead_ratio": ratio(client_runs, runs["bare"]),
+        "app_engine_over_bare": spread([c.engine_seconds / b.seconds for c, b in zip(client_runs, runs["bare"])]),
+        "http_and_queue_s": spread([c.seconds - c.engine_seconds for c in client_runs]),
+        "same_tokens": same_tokens(runs["bare"], client_runs),
+        "runs": len(client_runs),
+    }
+
+
+def measure_diffusion_vs_ar(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings, mode: Mode,
+                            raw: bool = True) -> dict:
+    """(c) bare diffusion `generate()` against greedy AR decoding of as many tokens with the same weights."""
+    input_ids = engine.encode_prompt(prompt, raw=raw)
+    lengths = {seed: max(1, run_bare(engine, input_ids, settings, seed).tokens) for seed in (*mode.seeds, 12345)}
+    runs = interleave({
+        "diffusion": lambda seed: run_bare(engine, input_ids, settings, seed),
+        "ar": lambda seed: run_ar(engine, input_ids, lengths[seed]),
+    }, mode.seeds, mode.ar_repeats)
+    speedups = [a.seconds / d.seconds for d, a in zip(runs["diffusion"], runs["ar"])]
+    return {
+        "diffusion": path_summary(runs["diffusion"]),
+        "autoregressive": path_summary(runs["ar"]),
+        "speedup": spread(speedups, 3),
+        "runs": len(speedups),
+    }
+
+
+def scaling_prompt(engine: DiffusionEngine, length: int) -> str:
+    """A raw prompt of about `length` tokens, special tokens the tokenizer adds included (English text repeated and
+    cut; the benchmark reports the exact count it encodes to)."""
+    tokenizer = engine.tokenizer
+    added = len(tokenizer("a").input_ids) - len(tokenizer("a", add_special_tokens=False).input_ids)
+    text = SCALING_TEXT * (length // 20 + 2)
+    return tokenizer.decode(tokenizer(text, add_special_tokens=False).input_ids[: max(1, length - added)])
+
+
+def measure_output_scaling(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings, mode: Mode) -> list:
+    """(e) engine tokens/s at 1, 2, 4, 8 output blocks, adaptive stopping off."""
+    rows = []
+    for blocks in mode.output_blocks:
+        fixed = settings.replace(max_new_tokens=blocks * engine.canvas_length, adaptive_stopping=False)
+        runs = interleave({"engine": lambda seed: run_engine(engine, prompt, fixed, seed, True)},
+                          mode.seeds[:1], mode.scaling_repeats, warmup=False)["engine"]
+        rows.append({"blocks": blocks, "max_new_tokens": fixed.max_new_tokens, **path_summary(runs),
+                     "forwards": runs[0].forwards, "time_to_first_frame_s": spread([r.time_to_first_frame_s for r in runs])})
+    return rows
+
+
+def measure_prompt_scaling(engine: DiffusionEngine, settings: DiffusionSettings, mode: Mode) -> list:
+    """(e) engine tokens/s and time to first frame at growing prompt lengths, one block, adaptive stopping off."""
+    fixed = settings.replace(max_new_tokens=engine.canvas_length, adaptive_stopping=False)
+    rows = []
+    for length in mode.prompt_lengths:
+        prompt = scaling_prompt(engine, length)
+        runs = interleave({"engine": lambda seed: run_engine(engine, prompt, fixed, seed, True)},
+                          mode.seeds[:1], mode.scaling_repeats, warmup=False)["engine"]
+        rows.append({"prompt_tokens": int(engine.encode_prompt(prompt, raw=True).shape[1]), **path_summary(runs),
+                     "time_to_first_frame_s": spread([r.time_to_first_frame_s for r in runs])})
+    return rows
+
+
+def memory_summary(device: torch.device) -> dict:
+    """Peak resident memory of this process (and peak CUDA memory allocated on a GPU)."""
+    summary = {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    if device.type == "cuda":
+        summary["peak_gpu_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return summary
+
+
+# -- the whole benchmark -----------------------------------------------------------------------------------------
+def machine_description(engine: DiffusionEngine) -> dict:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    described = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                 "device": str(engine.device), "dtype": str(engine.model.dtype).removeprefix("torch."),
+                 "torch": torch.__version__, "python": platform.python_version()}
+    if engine.device.type == "cuda":
+        described["gpu"] = torch.cuda.get_device_name()
+    return described
+
+
+def run_benchmark(engine: DiffusionEngine, *, model: str, mode: Mode, prompt: str, threads: int,
+                  ui: bool = True, report: Callable[[str], None] = lambda _: None) -> dict:
+    """Every measurement in order; `report` hears each section's name as it starts. A UI failure is recorded in
+    `results["ui"]["error"]`, not raised."""
+    fixed = engine.recommended.replace(max_new_tokens=mode.blocks * engine.canvas_length, adaptive_stopping=False)
+    recommended = engine.recommended.replace(max_new_tokens=mode.blocks * engine.canvas_length)
+    parameters = sum(p.numel() for p in engine.model.parameters())
+    results = {
+        "model": str(model), "parameters": parameters, "canvas_length": engine.canvas_length,
+        "machine": machine_description(engine), "tokens_counted": TOKENS_COUNTED, "prompt": prompt,
+        "fixed_settings": fixed.__dict__, "recommended_settings": recommended.__dict__,
+    }
+    report("(a) engine overhead")
+    results["engine"] = measure_engine_overhead(engine, prompt, fixed, mode)
+    if ui:
+        report("(b) UI overhead (launching app.py)")
+        try:
+            dtype = str(engine.model.dtype).removeprefix("torch.")
+            with launched_app(model, engine.device.type, dtype, threads) as (url, process):
+                results["ui"] = measure_ui_overhead(engine, url, prompt, fixed, mode)
+                results["ui"]["app_peak_rss_mb"] = peak_rss_mb(process.pid)
+        except Exception as error:  # noqa: BLE001 - recorded and reported, the rest still runs
+            results["ui"] = {"error": f"{type(error).__name__}: {error}"}
+    report("(c) diffusion vs autoregressive")
+    results["diffusion_vs_ar"] = measure_diffusion_vs_ar(engine, prompt, recommended, mode)
+    report("(e) scaling with output length")
+    results["output_scaling"] = measure_output_scaling(engine, prompt, engine.recommended, mode)
+    report("(e) scaling with prompt length")
+    results["prompt_scaling"] = measure_prompt_scaling(engine, engine.recommended, mode)
+    results["memory"] = memory_summary(engine.device)
+    return results
+
+
+def _cell(s: dict, digits: int = 1) -> str:
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}..{s['max']:.{digits}f}]"
+
+
+def format_table(results: dict) -> str:
+    """The human-readable report: medians with [min..max]."""
+    m, e = results["machine"], results["engine"]
+    fixed = results["fixed_settings"]
+    lines = [
+        f"model {results['model']} ({results['parameters'] / 1e6:.1f}M params, canvas {results['canvas_length']})",
+        f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} with {m['torch_threads']} threads, "
+        f"{m['device']} {m['dtype']}" + (f", {m['gpu']}" if "gpu" in m else ""),
+        f"tokens counted: {results['tokens_counted']}",
+        f"fixed runs: {fixed['max_new_tokens']} new tokens, {fixed['max_denoising_steps']} steps per canvas, "
+        f"adaptive stopping off; median [min..max] over {e['runs']} runs per path",
+        "",
+        "(a) engine overhead                    tokens/s               seconds",
+        f"    bare model.generate()             {_cell(e['bare_generate']['tokens_per_second']):<22} "
+        f"{_cell(e['bare_generate']['seconds'], 3)}",
+        f"    engine.frames(), every frame      {_cell(e['engine_frames']['tokens_per_second']):<22} "
+        f"{_cell(e['engine_frames']['seconds'], 3)}",
+        f"    engine_overhead_ratio             {_cell(e['engine_overhead_ratio'], 3)}  (target <= 1.03; "
+        f"same tokens: {e['same_tokens']})",
+    ]
+    ui = results.get("ui")
+    if ui is None:
+        lines.append("(b) UI overhead: skipped (--no-ui)")
+    elif "error" in ui:
+        lines.append(f"(b) UI overhead: FAILED: {ui['error']}")
+    else:
+        lines += [
+            "(b) UI overhead",
+            f"    bare model.generate()             {_cell(ui['bare_generate']['tokens_per_second']):<22} "
+            f"{_cell(ui['bare_generate']['seconds'], 3)}",
+            f"    gradio_client /generate           {_cell(ui['gradio_client']['tokens_per_second']):<22} "
+            f"{_cell(ui['gradio_client']['seconds'], 3)}",
+            f"    ui_overhead_ratio                 {_cell(ui['ui_overhead_ratio'], 3)}  (target <= 1.05; "
+            f"same tokens: {ui['same_tokens']})",
+            f"    of which HTTP + queue             {_cell(ui['http_and_queue_s'], 3)} s per call; app engine "
+            f"clock / bare {_cell(ui['app_engine_over_bare'], 3)}",
+        ]
+    ar = results["diffusion_vs_ar"]
+    rec = results["recommended_settings"]
+    lines += [
+        f"(c) diffusion vs autoregressive, same weights (recommended settings: {rec['max_denoising_steps']} steps, "
+        f"entropy bound {rec['entropy_bound']}, adaptive stopping on; AR makes as many tokens as diffusion did)",
+        f"    diffusion generate()              {_cell(ar['diffusion']['tokens_per_second']):<22} "
+        f"{_cell(ar['diffusion']['seconds'], 3)}   tokens {_cell(ar['diffusion']['tokens'], 0)}",
+        f"    greedy AR with KV cache           {_cell(ar['autoregressive']['tokens_per_second']):<22} "
+        f"{_cell(ar['autoregressive']['seconds'], 3)}",
+        f"    diffusion speedup over AR         {_cell(ar['speedup'], 2)}x",
+        "(d) per run (engine, fixed runs)",
+        f"    tokens per forward {_cell(e['tokens_per_forward'], 2)}; forwards per block {e['forwards_per_block']}; "
+        f"time to first frame {_cell(e['time_to_first_frame_s'], 3)} s",
+        f"    peak RSS {results['memory']['peak_rss_mb']} MiB (bench process)"
+        + (f", app process {ui['app_peak_rss_mb']} MiB" if ui and ui.get("app_peak_rss_mb") else "")
+        + (f", peak GPU {results['memory']['peak_gpu_allocated_mb']} MiB" if "peak_gpu_allocated_mb" in results["memory"] else ""),
+        "(e) scaling, engine, adaptive stopping off",
+        "    output blocks  new tokens  tokens/s               seconds              forwards",
+    ]
+    for row in results["output_scaling"]:
+        lines.append(f"    {row['blocks']:>13}  {row['tokens']['median']:>10.0f}  {_cell(row['tokens_per_second']):<22} "
+                     f"{_cell(row['seconds'], 3):<20} {row['forwards']}")
+    lines.append("    prompt tokens  new tokens  tokens/s               time to first frame s")
+    for row in results["prompt_scaling"]:
+        lines.append(f"    {row['prompt_tokens']:>13}  {row['tokens']['median']:>10.0f}  "
+                     f"{_cell(row['tokens_per_second']):<22} {_cell(row['time_to_first_frame_s'], 3)}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions and a smaller grid (about 2 min)")
+    parser.add_argument("--model", default=str(DEFAULT_MODEL), help="local folder or hub id (default: embedded)")
+    parser.add_argument("--device", default="auto", choices=DEVICES)
+    parser.add_argument("--dtype", default="auto", choices=DTYPES)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for this process and the app (default: torch's own choice)")
+    parser.add_argument("--prompt", default="In the beginning", help="raw prompt of (a), (b), (c) and output scaling")
+    parser.add_argument("--no-ui", dest="ui", action="store_false", help="skip (b), the app round trip")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            print("error: --threads must be at least 1", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    engine = DiffusionEngine(load_model(args.model, args.device, args.dtype))
+    started = time.perf_counter()
+    results = run_benchmark(
+        engine, model=args.model, mode=QUICK if args.quick else FULL, prompt=args.prompt, threads=threads,
+        ui=args.ui, report=lambda section: print(f"[{time.perf_counter() - started:6.1f} s] {section}",
+                                                 file=sys.stderr, flush=True),
+    )
+    results["mode"] = "quick" if args.quick else "full"
+    results["bench_seconds"] = round(time.perf_counter() - started, 1)
+    print(json.dumps(results) if args.json else format_table(results) + f"\n({results['bench_seconds']} s)")
+    return 1 if "error" in results.get("ui", {}) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""`python -m engine generate`: the JSON output, the text output, and clear errors for bad settings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.cli import main
+from engine.loading import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+SMALL = ["--prompt", "In the beginning", "--raw", "--seed", "3", "--max-new-tokens", "64", "--steps", "4", "--device",
+         "cpu"]
+JSON_KEYS = {"token_ids", "text", "frames", "forwards", "tokens_per_second", "tokens_per_forward", "seconds"}
+
+
+def run_json(capsys, *extra: str) -> dict:
+    assert main(["generate", *SMALL, "--json", *extra]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1, "--json prints exactly one line"
+    return json.loads(out)
+
+
+def test_json_output_has_the_documented_fields(capsys):
+    result = run_json(capsys)
+    assert JSON_KEYS <= result.keys()
+    assert isinstance(result["text"], str)
+    assert all(isinstance(t, int) for t in result["token_ids"])
+    assert 0 < len(result["token_ids"]) <= 64
+    assert result["frames"] == result["forwards"] == sum(result["forwards_per_block"])
+    assert 1 <= result["forwards"] <= 4
+    assert result["seconds"] > 0
+    assert result["seed"] == 3
+    counted = sum(1 for t in result["token_ids"] if t != 0)
+    assert result["tokens_per_forward"] == pytest.approx(counted / result["forwards"])
+    assert result["tokens_per_second"] == pytest.approx(counted / result["seconds"], rel=1e-6)
+    assert result["stop_reason"] in ("eos", "max_new_tokens")
+
+
+def test_same_seed_same_tokens(capsys):
+    first, second = run_json(capsys), run_json(capsys)
+    assert first["token_ids"] == second["token_ids"]
+    assert first["text"] == second["text"]
+
+
+def test_no_adaptive_stopping_runs_every_step(capsys):
+    result = run_json(capsys, "--no-adaptive-stopping")
+    assert result["forwards_per_block"] == [4]
+
+
+def test_text_output_prints_text_and_a_summary_line(capsys):
+    assert main(["generate", *SMALL]) == 0
+    captured = capsys.readouterr()
+    assert "tokens/s" in captured.err and "seed 3" in captured.err
+    assert not captured.out.startswith("{")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--steps", "0"], "max_denoising_steps must be in [1, 512], got 0"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be in [1, 4096], got 0"),
+    (["--entropy-bound", "-1"], "entropy_bound must be in (0.0, 1000.0]"),
+    (["--t-min", "0.9", "--t-max", "0.5"], "t_min must be below t_max"),
+    (["--seed", "-5"], "seed must be an integer in [0, "),
+    (["--model", "/nonexistent/model"], "does not exist"),
+])
+def test_bad_setting_fails_with_a_clear_message(capsys, extra, message):
+    assert main(["generate", *SMALL, *extra]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    last_line = captured.err.strip().splitlines()[-1]  # after transformers' "Loading weights" progress bar
+    assert last_line.startswith("error: ") and message in last_line
+    assert "Traceback" not in captured.err
+
+
+def test_module_entry_point_exits_non_zero_on_a_bad_setting():
+    process = subprocess.run(
+        [sys.executable, "-m", "engine", "generate", *SMALL, "--steps", "0", "--json"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert process.returncode == 2
+    assert process.stdout == ""
+    assert "error: max_denoising_steps must be in [1, 512], got 0" in process.stderr
+    assert "Traceback" not in process.stderr
+
+
+def test_unparseable_number_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", *SMALL, "--steps", "many"])
+    assert exit_info.value.code == 2
+    assert "--steps: invalid int value: 'many'" in capsys.readouterr().err
