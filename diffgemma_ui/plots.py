@@ -11,6 +11,7 @@ in hover texts go through `escape_plotly` (Plotly renders a subset of HTML in la
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 
 from engine import Frame
@@ -80,7 +81,7 @@ def empty_figure(title: str, message: str = "Waiting for a run") -> FigureSpec:
 
 def _block_title(frames: Sequence[Frame], what: str) -> str:
     last = frames[-1]
-    state = "" if last.block_done else " (denoising)"
+    state = "" if last.block_done else " \u00b7 live"
     return f"{what} \u00b7 block {last.block_index + 1}{state}"
 
 
@@ -205,7 +206,8 @@ def unmasking_order(frame: Frame | None) -> FigureSpec:
     return FigureSpec(data=data, layout=_layout(
         title,
         xaxis=_axis("position", range=[-0.5, n - 0.5]),
-        yaxis=_axis("first accepted at step", range=[0, min(steps, max(last, 1)) + 0.5]),
+        yaxis=_axis("first accepted at step", range=[0, min(steps, max(last, 1)) + 0.5],
+                    dtick=max(1, math.ceil(min(steps, max(last, 1)) / 6))),
         bargap=0.15,
     ))
 

@@ -61,10 +61,15 @@ class RunRecord:
         """Append one frame (frames of a block arrive in order; a new `block_index` opens a new block)."""
         with self._lock:
             if self.keep_history:
-                if self._current and frame.block_index != self._current[-1].block_index:
+                if (frame.stop_reason == "cancelled" and self._current
+                        and self._current[-1].forward_index == frame.forward_index):
+                    # The engine repeats the last forward's frame, marked cancelled: replace, do not add a step
+                    self._current[-1] = frame
+                elif self._current and frame.block_index != self._current[-1].block_index:
                     self._frozen = self._frozen + (tuple(self._current),)
-                    self._current = []
-                self._current.append(frame)
+                    self._current = [frame]
+                else:
+                    self._current.append(frame)
             self._latest = frame
             self._count += 1
 

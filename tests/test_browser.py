@@ -1,0 +1,122 @@
+"""End to end in headless Chromium: type a prompt, press Generate, watch the canvas denoise, Stop, close the tab."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPO / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+# Records every distinct canvas state (its newest forward index) the page shows
+WATCH_CANVAS = """() => {
+  window.__forwards = [];
+  const root = document.querySelector('#dg-canvas');
+  const note = () => {
+    const el = root.querySelector('.dg-canvas');
+    const f = el ? el.getAttribute('data-forward') : null;
+    if (f !== null && window.__forwards[window.__forwards.length - 1] !== f) window.__forwards.push(f);
+  };
+  new MutationObserver(note).observe(root, {subtree: true, childList: true, attributes: true});
+}"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip("no Chromium at /usr/bin/chromium")
+    with playwright_api.sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield instance
+        instance.close()
+
+
+def open_page(browser, url, width=1280, height=900):
+    page = browser.new_page(viewport={"width": width, "height": height})
+    problems = []
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
+    page.goto(url)
+    page.wait_for_selector("#dg-generate")
+    return page, problems
+
+
+def set_number(page, label, value):
+    box = page.locator(f"input[aria-label='number input for {label}']")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def test_generate_shows_live_canvas_final_text_and_speed(browser, served_app):
+    _, url = served_app
+    page, problems = open_page(browser, url)
+    page.fill("#dg-prompt textarea", "The Lord is my shepherd <img src=x onerror=alert(1)> \U0001f600")
+    page.check("#dg-raw input[type=checkbox]")
+    set_number(page, "Max new tokens", 128)
+    set_number(page, "Max denoising steps", 4)
+    page.evaluate(WATCH_CANVAS)
+    page.click("#dg-generate")
+    page.wait_for_selector(".dg-meter[data-state='done']", timeout=120_000)
+    page.wait_for_function("document.querySelector('#dg-text textarea').value.length > 0", timeout=10_000)
+    forwards = page.evaluate("window.__forwards")
+    assert len(forwards) >= 3, forwards  # the canvas changed at least twice while the run went on
+    assert page.locator(".dg-block-done").count() == 2
+    assert page.locator("#dg-canvas .dg-chip[title]").count() == 128
+    tps = float(page.get_attribute(".dg-meter", "data-tps"))
+    assert tps > 0
+    assert page.locator("#dg-heatmap .js-plotly-plot").count() == 1
+    assert page.locator("#dg-stop").is_disabled() and page.locator("#dg-generate").is_enabled()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "browser_generate.png"), full_page=True)
+    assert not problems, problems
+    page.close()
+
+
+def test_stop_button_and_phone_width(browser, served_app):
+    _, url = served_app
+    page, problems = open_page(browser, url, width=390, height=844)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # no sideways scrolling on a phone
+    set_number(page, "Max new tokens", 1024)
+    set_number(page, "Max denoising steps", 64)
+    page.click("#dg-generate")
+    page.wait_for_selector(".dg-meter[data-state='running']", timeout=60_000)
+    started = time.monotonic()
+    page.click("#dg-stop")
+    page.wait_for_selector(".dg-meter[data-state='done']", timeout=30_000)
+    assert time.monotonic() - started < 20
+    assert "stopped" in page.inner_text(".dg-meter").lower()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "browser_phone.png"), full_page=True)
+    assert not problems, problems
+    page.close()
+
+
+def test_closing_the_tab_frees_the_worker(browser, served_app):
+    app, url = served_app
+    page, _ = open_page(browser, url)
+    set_number(page, "Max new tokens", 1024)
+    set_number(page, "Max denoising steps", 64)
+    page.click("#dg-generate")
+    page.wait_for_selector(".dg-meter[data-state='running']", timeout=60_000)
+    assert app.playground.registry.active() == 1
+    closed = time.monotonic()
+    page.close()
+    deadline = closed + 45
+    while (app.playground.registry.active() or run_threads()) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert app.playground.registry.active() == 0 and not run_threads()
+    print(f"worker freed {time.monotonic() - closed:.1f} s after the tab closed")
+
+
+def run_threads():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "diffgemma-run" and t.is_alive()]

@@ -1,0 +1,127 @@
+"""The `/generate` API through `gradio_client` against the in-process app, and the `app.py` command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+# prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
+# confidence_threshold, adaptive_stopping, seed
+SMALL = ("In the beginning", True, 64, 3, 0.5, 0.4, 0.8, 1, 0.05, True, 11)
+
+
+@pytest.fixture(scope="module")
+def client(served_app):
+    from gradio_client import Client
+
+    return Client(served_app[1], verbose=False)
+
+
+def test_api_is_named_generate_with_the_documented_parameters(client):
+    api = client.view_api(return_format="dict", print_info=False)
+    endpoint = api["named_endpoints"]["/generate"]
+    names = [p["parameter_name"] for p in endpoint["parameters"]]
+    assert names == ["prompt", "raw", "max_new_tokens", "max_denoising_steps", "entropy_bound", "t_min", "t_max",
+                     "stability_threshold", "confidence_threshold", "adaptive_stopping", "seed"]
+    assert len(endpoint["returns"]) == 2
+    assert set(api["named_endpoints"]) == {"/generate"}  # the UI's own events are private
+
+
+def test_generate_returns_text_and_a_sane_summary_reproducibly(client, engine):
+    text, summary = client.predict(*SMALL, api_name="/generate")
+    assert isinstance(text, str)
+    assert summary["seed"] == 11 and summary["stop_reason"] in ("eos", "max_new_tokens")
+    assert summary["frames"] == summary["forwards"] == sum(summary["forwards_per_block"]) >= 1
+    assert all(1 <= f <= 3 for f in summary["forwards_per_block"])
+    assert 0 < len(summary["token_ids"]) <= 64
+    assert summary["seconds"] > 0 and summary["tokens_per_second"] > 0
+    assert summary["time_to_first_frame_s"] <= summary["seconds"]
+    assert summary["tokens_per_forward"] == pytest.approx(len(summary["token_ids"]) / summary["forwards"], rel=0.2)
+    again_text, again = client.predict(*SMALL, api_name="/generate")
+    assert again["token_ids"] == summary["token_ids"] and again_text == text
+    # and the same tokens as the engine itself, for the same settings and seed
+    from diffgemma_ui.validation import build_request
+
+    request = build_request(SMALL[0], SMALL[1], dict(zip(
+        ("max_new_tokens", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
+         "confidence_threshold", "adaptive_stopping"), SMALL[2:10])), SMALL[10])
+    direct = engine.generate(request.prompt, request.settings, raw=True, seed=11)
+    assert direct.token_ids == summary["token_ids"]
+
+
+def test_random_seed_and_keyword_call(client):
+    _, summary = client.predict(prompt="Blessed are the", raw=True, max_new_tokens=8, max_denoising_steps=2,
+                                seed=-1, api_name="/generate")
+    assert isinstance(summary["seed"], int) and summary["seed"] >= 0
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({0: "   "}, "prompt is empty"),
+    ({5: 0.9}, "t_min must be below t_max"),
+    ({4: -1.0}, "entropy_bound"),
+    ({3: 0}, "max_denoising_steps"),
+    ({2: "lots"}, "max_new_tokens must be a number"),
+    ({10: -7}, "seed"),
+    ({1: "maybe"}, "raw must be true or false"),
+])
+def test_bad_input_is_a_clear_error(client, changes, message):
+    from gradio_client.exceptions import AppError
+
+    args = list(SMALL)
+    for index, value in changes.items():
+        args[index] = value
+    with pytest.raises(AppError, match=message) as info:
+        client.predict(*args, api_name="/generate")
+    assert "Traceback" not in str(info.value)
+
+
+# -- app.py ----------------------------------------------------------------------------------------------------------
+def run_app(*args, env=None, timeout=120):
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, str(REPO / "app.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=REPO)
+
+
+def test_app_help_lists_every_option():
+    result = run_app("--help")
+    assert result.returncode == 0
+    for option in ("--model", "--device", "--dtype", "--quantization", "--host", "--port", "--share",
+                   "DIFFGEMMA_MODEL", "GRADIO_SERVER_NAME"):
+        assert option in result.stdout
+
+
+def test_app_model_load_failure_is_one_clear_line():
+    result = run_app("--model", "/nonexistent/model-folder", "--device", "cpu")
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "does not exist" in errors[0]
+
+
+def test_app_environment_defaults():
+    sys.path.insert(0, str(REPO))
+    import app
+
+    env = {"DIFFGEMMA_DEVICE": "cpu", "GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SERVER_PORT": "7999",
+           "DIFFGEMMA_SHARE": "1"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        args = app.build_parser().parse_args([])
+        assert (args.device, args.host, args.port, args.share) == ("cpu", "0.0.0.0", 7999, True)
+        os.environ["DIFFGEMMA_HOST"] = "127.0.0.2"
+        assert app.build_parser().parse_args([]).host == "127.0.0.2"
+        assert app.build_parser().parse_args(["--port", "8000", "--no-share"]).port == 8000
+    finally:
+        os.environ.pop("DIFFGEMMA_HOST", None)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

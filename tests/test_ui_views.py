@@ -1,0 +1,548 @@
+"""Unit tests of the UI's pure parts from synthetic frames: escaping, canvas, plots, meter, validation, worker."""
+
+from __future__ import annotations
+
+import copy
+import html
+import json
+import math
+import threading
+import time
+from html.parser import HTMLParser
+
+import gradio as gr
+import pytest
+
+from diffgemma_ui import canvas_view, meter, plots
+from diffgemma_ui.handlers import Playground
+from diffgemma_ui.record import RunRecord
+from diffgemma_ui.session import SessionState
+from diffgemma_ui.text import escape_html, escape_plotly, token_html, visible_token
+from diffgemma_ui.validation import (
+    MAX_PROMPT_CHARS,
+    build_request,
+    build_settings,
+    check_prompt,
+    check_ui_seed,
+    preset_values,
+)
+from diffgemma_ui.worker import RunWorker
+from engine import DiffusionSettings, Frame
+
+HOSTILE = [
+    "<script>alert(1)</script>",
+    "<img src=x onerror=alert(1)>",
+    '" onmouseover="alert(1)',
+    "' onclick='alert(2)",
+    "${alert(3)}",
+    "{{value}}",
+    "`x`",
+    "&amp;",
+    "\U0001f600\U0001f3b2",
+    "\u05e9\u05dc\u05d5\u05dd",  # Hebrew (RTL)
+    "\u202eevil\u202c",  # right-to-left override
+    "\n",
+    " the",
+    "\t",
+    "",
+    "\x00\x07\x1b",
+    "a\u200bb",
+    "<a href=javascript:alert(1)>x</a>",
+    "<b>bold</b><br>",
+]
+N = 16  # canvas length of synthetic frames
+
+
+def make_frame(step=0, block=0, tokens=None, accepted=None, done=False, block_done=False, committed=None, **kw):
+    """A synthetic `Frame` of an N-position canvas; tokens default to the hostile strings."""
+    tokens = tokens or [HOSTILE[i % len(HOSTILE)] for i in range(N)]
+    accepted = accepted if accepted is not None else [i % 3 == 0 for i in range(N)]
+    fields = dict(
+        block_index=block, step_index=step, forward_index=block * 10 + step, canvas_length=N,
+        max_denoising_steps=8, temperature=0.8 - 0.05 * step,
+        input_ids=list(range(100, 100 + N)), draft_ids=list(range(N)), accepted=accepted,
+        confidence=[(i + 1) / N for i in range(N)], entropy=[0.1 * i for i in range(N)],
+        first_accepted_step=[(step if a else -1) for a in accepted],
+        input_tokens=[f"noise<{i}>" for i in range(N)], draft_tokens=tokens,
+        block_done=block_done, block_stopped_early=False, done=done,
+        committed_ids=committed if committed is not None else [], committed_tokens=len(committed or []),
+        forwards_per_block=[], elapsed_s=1.5 + step, time_to_first_frame_s=0.25,
+        tokens_per_second=12.5, tokens_per_forward=2.0, prompt_tokens=5, seed=42, stop_reason="",
+    )
+    fields.update(kw)
+    return Frame(**fields)
+
+
+class TagCollector(HTMLParser):
+    """Every start tag and attribute of an HTML fragment, plus the decoded text of `title` attributes."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(fragment: str) -> TagCollector:
+    collector = TagCollector()
+    collector.feed(fragment)
+    collector.close()
+    return collector
+
+
+ALLOWED_TAGS = {"div", "section", "header", "span", "p", "b", "wbr"}
+ALLOWED_ATTRS = {"class", "title", "style", "data-forward", "data-block", "data-state", "data-tps", "aria-hidden"}
+
+
+def assert_safe_html(fragment: str):
+    """Only the view's own tags and attributes; no markup from tokens survives."""
+    collected = parse(fragment)
+    for tag, attrs in collected.tags:
+        assert tag in ALLOWED_TAGS, tag
+        assert set(attrs) <= ALLOWED_ATTRS, attrs  # no on* handlers, no href/src
+    for bad in ("<script", "<img", "<a ", "${", "{{"):
+        assert bad not in fragment
+    return collected
+
+
+# -- text ------------------------------------------------------------------------------------------------------------
+def test_visible_token_marks_whitespace_and_invisible_characters():
+    assert visible_token(" the") == "\u00b7the"
+    assert visible_token("\n") == "\u21b5"
+    assert visible_token("\t") == "\u21e5"
+    assert visible_token("") == "\u2205"
+    assert visible_token("\x00\x1b") == "\u2400\u241b"
+    assert visible_token("\u202eevil") == "\u27e8U+202E\u27e9evil"
+    assert visible_token("a\u200bb") == "a\u27e8U+200B\u27e9b"
+    assert visible_token("\U0001f600") == "\U0001f600"
+    assert visible_token("\u05e9\u05dc\u05d5\u05dd") == "\u05e9\u05dc\u05d5\u05dd"
+    assert visible_token(42) == "42"
+
+
+@pytest.mark.parametrize("token", HOSTILE)
+def test_token_html_escapes_everything(token):
+    out = token_html(token)
+    assert "<" not in out and ">" not in out and '"' not in out and "'" not in out
+    assert "$" not in out and "{" not in out and "`" not in out
+    assert html.unescape(out) == visible_token(token)
+
+
+def test_escape_helpers():
+    assert escape_html('<a b="c">') == "&lt;a b=&quot;c&quot;&gt;"
+    assert escape_plotly("<br>") == "&lt;br&gt;"
+    assert escape_plotly("a b") == "a b"
+
+
+# -- canvas ----------------------------------------------------------------------------------------------------------
+def test_canvas_escapes_hostile_tokens_in_text_and_tooltips():
+    live = make_frame(step=3)
+    out = canvas_view.canvas_html([], live)
+    collected = assert_safe_html(out)
+    chips = [a for t, a in collected.tags if t == "span" and "dg-chip" in a.get("class", "") and "title" in a]
+    assert len(chips) == N
+    titles = "\n".join(a["title"] for a in chips)
+    # tooltips carry token, confidence, entropy and first-accepted step, decoded back to the visible token
+    assert "\u201c<script>alert(1)</script>\u201d" in titles
+    assert "confidence" in titles and "entropy" in titles and "first accepted" in titles
+    text = "".join(collected.text)
+    assert "<script>alert(1)</script>" in text  # shown literally, as text
+
+
+def test_canvas_accepted_vs_noisy_chips():
+    live = make_frame(step=2)
+    collected = parse(canvas_view.block_html(live, live=True))
+    chips = [a for t, a in collected.tags if t == "span" and "dg-chip" in a.get("class", "")]
+    accepted = [a for a in chips if "dg-accepted" in a["class"]]
+    noisy = [a for a in chips if "dg-noisy" in a["class"]]
+    assert len(accepted) == sum(live.accepted) and len(noisy) == N - sum(live.accepted)
+    assert all("background:#" in a["style"] for a in accepted)
+    assert all("style" not in a for a in noisy)
+    assert all("noise" in a["title"] and "current guess" in a["title"] for a in noisy)
+    # noisy chips show the noisy input token, accepted chips the draft token
+    html_out = canvas_view.block_html(live, live=True)
+    assert "noise&lt;1&gt;" in html_out and "noise&lt;0&gt;" not in html_out
+
+
+def test_canvas_stacks_finished_blocks_above_live_and_fades_after_eos():
+    first = make_frame(step=5, block=0, block_done=True, committed=list(range(N)))
+    second = make_frame(step=4, block=1, block_done=True, committed=list(range(N + 5)))
+    live = make_frame(step=1, block=2)
+    out = canvas_view.canvas_html([first, second], live)
+    assert_safe_html(out)
+    blocks = [a["data-block"] for t, a in parse(out).tags if t == "section"]
+    assert blocks == ["0", "1", "2"]
+    assert out.index('data-block="1"') < out.index("dg-block-live")
+    second_html = canvas_view.block_html(second, live=False)
+    assert second_html.count("dg-committed") == 5 and second_html.count("dg-pad") == N - 5
+    assert 'data-forward="' + str(live.forward_index) + '"' in out
+
+
+def test_canvas_cache_matches_and_empty_state():
+    finished = [make_frame(step=3, block_done=True, committed=list(range(N)))]
+    cached = [canvas_view.block_html(f, live=False) for f in finished]
+    assert canvas_view.canvas_html(finished, None) == canvas_view.canvas_html(finished, None, finished_html=cached)
+    assert canvas_view.canvas_html([], None) == canvas_view.EMPTY_CANVAS_HTML
+    status = canvas_view.canvas_html(finished, None, status="<b>done</b>")
+    assert "&lt;b&gt;done&lt;/b&gt;" in status
+
+
+def test_chip_rejects_unknown_kind():
+    with pytest.raises(ValueError):
+        canvas_view.chip_html("x", kind="bogus", position=0, confidence=0.5, entropy=0.1, first_accepted_step=-1)
+
+
+# -- plots -----------------------------------------------------------------------------------------------------------
+def _all_strings(obj):
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _all_strings(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _all_strings(v)
+
+
+def _hostile_block(steps=4):
+    return [make_frame(step=s, accepted=[(i + s) % 2 == 0 for i in range(N)]) for s in range(steps)]
+
+
+@pytest.mark.parametrize("builder", ["heatmap", "heatmap_live", "order", "entropy"])
+def test_plots_escape_hover_texts_and_titles(builder):
+    frames = _hostile_block()
+    fig = {
+        "heatmap": lambda: plots.confidence_heatmap(frames, animate=True),
+        "heatmap_live": lambda: plots.confidence_heatmap(frames, animate=False),
+        "order": lambda: plots.unmasking_order(frames[-1]),
+        "entropy": lambda: plots.entropy_and_acceptance(frames),
+    }[builder]()
+    fig.to_plotly()  # valid Plotly schema
+    text = fig.to_json()
+    json.loads(text)
+    for s in _all_strings(fig):
+        for bad in ("<script", "<img", "<a ", "<b>", "\u202e", "\n"):
+            assert bad not in s, (bad, s)
+    if builder != "entropy":
+        hover = "".join(_all_strings(fig["data"][0].get("hovertext")))
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hover
+        assert "&lt;img\u00b7src=x\u00b7onerror=alert(1)&gt;" in hover  # spaces made visible
+        assert "\U0001f600" in hover and "\u27e8U+202E\u27e9" in hover
+
+
+def test_heatmap_animation_has_slider_play_button_and_one_frame_per_step():
+    frames = _hostile_block(steps=5)
+    fig = plots.confidence_heatmap(frames, animate=True)
+    slider = fig["layout"]["sliders"][0]
+    assert len(slider["steps"]) == 5
+    for k, step in enumerate(slider["steps"]):
+        (frame_obj,), options = step["args"]
+        shape = frame_obj["layout"]["shapes"][0]
+        assert shape["visible"] == (k < 4) and shape["y0"] == k + 1.5
+        assert step["method"] == "animate" and options["mode"] == "immediate"
+    play, pause = fig["layout"]["updatemenus"][0]["buttons"]
+    assert play["method"] == "animate" and len(play["args"][0]) == 5
+    assert pause["args"][0] == [None]
+    assert len(fig["data"][0]["z"]) == 5 and len(fig["data"][0]["z"][0]) == N
+    assert "sliders" not in plots.confidence_heatmap(frames, animate=False)["layout"]
+
+
+def test_unmasking_order_and_entropy_values():
+    frames = _hostile_block(steps=3)
+    order = plots.unmasking_order(frames[-1])
+    ys = order["data"][0]["y"]
+    for pos, step in enumerate(frames[-1].first_accepted_step):
+        assert ys[pos] == (step + 1 if step >= 0 else 0.3)
+    entropy = plots.entropy_and_acceptance(frames)
+    assert entropy["data"][0]["y"] == [f.accepted_count for f in frames]
+    assert entropy["data"][1]["y"] == [round(f.mean_entropy, 3) for f in frames]
+
+
+def test_empty_figures_and_gradio_accepts_figure_specs():
+    for fig in (plots.confidence_heatmap([]), plots.unmasking_order(None), plots.entropy_and_acceptance([])):
+        fig.to_plotly()
+        data = gr.Plot().postprocess(fig)
+        assert data.type == "plotly" and json.loads(data.plot)["layout"]
+
+
+# -- meter -----------------------------------------------------------------------------------------------------------
+def test_meter_uses_engine_clock_fields_only():
+    frame = make_frame(step=2, forwards_per_block=[4, 6], committed_tokens=10, tokens_per_second=123.456,
+                       tokens_per_forward=1.25, elapsed_s=2.5, time_to_first_frame_s=0.0312)
+    values = meter.meter_values(frame)
+    assert values["tokens/s"] == "123.5" and values["tokens/forward"] == "1.25"
+    assert values["forwards/block"] == "5.0" and values["elapsed"] == "2.50 s"
+    assert values["first frame"] == "31 ms" and values["tokens"] == "10"
+    out = meter.meter_html(frame)
+    assert 'data-tps="123.456"' in out and 'data-state="running"' in out
+    assert_safe_html(out)
+    time.sleep(0.01)
+    assert meter.meter_html(frame) == out  # the wall clock plays no part
+
+
+def test_meter_before_a_run_and_at_the_end():
+    idle = meter.meter_html(None)
+    assert 'data-tps="0"' in idle and 'data-state="idle"' in idle
+    done = make_frame(done=True, stop_reason="eos", tokens_per_second=float("nan"))
+    out = meter.meter_html(done)
+    assert 'data-state="done"' in out and "end-of-sequence" in out and 'data-tps="0"' in out
+
+
+# -- validation ------------------------------------------------------------------------------------------------------
+GOOD = dict(max_new_tokens=64, max_denoising_steps=8, entropy_bound=0.5, t_min=0.4, t_max=0.8,
+            stability_threshold=1, confidence_threshold=0.05, adaptive_stopping=True)
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ("", "empty"), ("   \n\t", "empty"), (None, "empty"), (123, "must be text"),
+    ("x" * (MAX_PROMPT_CHARS + 1), "limit"),
+])
+def test_bad_prompts(prompt, message):
+    with pytest.raises(ValueError, match=message):
+        check_prompt(prompt)
+
+
+@pytest.mark.parametrize("prompt", ["\U0001f600 hello", "\u05e9\u05dc\u05d5\u05dd", "a\x00b\x1b[31m", "\u202eabc"])
+def test_unusual_prompts_are_accepted(prompt):
+    assert check_prompt(prompt) == prompt
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("entropy_bound", float("nan"), "finite"),
+    ("t_max", float("inf"), "finite"),
+    ("max_new_tokens", -5, "max_new_tokens"),
+    ("max_denoising_steps", "abc", "must be a number"),
+    ("max_denoising_steps", None, "missing"),
+    ("confidence_threshold", 0, "confidence_threshold"),
+    ("t_min", 0.9, "t_min must be below t_max"),
+    ("max_new_tokens", 5000, "max_new_tokens"),
+    ("max_denoising_steps", 500, "at most 128 here"),
+    ("stability_threshold", 1.5, "integer"),
+    ("adaptive_stopping", "maybe", "true or false"),
+    ("entropy_bound", True, "must be a number"),
+])
+def test_bad_settings(name, value, message):
+    with pytest.raises(ValueError, match=message):
+        build_settings({**GOOD, name: value})
+
+
+def test_settings_accept_numeric_strings_and_api_limits():
+    settings = build_settings({**GOOD, "max_new_tokens": "128", "t_min": "0.2"})
+    assert settings.max_new_tokens == 128 and settings.t_min == 0.2
+    assert build_settings({**GOOD, "max_denoising_steps": 300}, ui_limits=False).max_denoising_steps == 300
+
+
+@pytest.mark.parametrize("seed, expected", [(-1, None), (None, None), ("", None), ("-1", None), (0, 0),
+                                            (7.0, 7), ("12", 12), (2**63 - 1, 2**63 - 1)])
+def test_seeds(seed, expected):
+    assert check_ui_seed(seed) == expected
+
+
+@pytest.mark.parametrize("seed", [-2, 1.5, float("nan"), float("inf"), 2**63, "abc", True])
+def test_bad_seeds(seed):
+    with pytest.raises(ValueError, match="seed"):
+        check_ui_seed(seed)
+
+
+def test_presets():
+    recommended = DiffusionSettings(max_denoising_steps=32, entropy_bound=0.5)
+    assert preset_values("recommended", recommended)["max_denoising_steps"] == 32
+    assert preset_values("fast", recommended)["entropy_bound"] == 2.5
+    with pytest.raises(ValueError, match="unknown preset"):
+        preset_values("turbo", recommended)
+
+
+def test_build_request_checks_prompt_first_and_raw_flag():
+    with pytest.raises(ValueError, match="prompt is empty"):
+        build_request(" ", "nope", {**GOOD, "t_min": 5}, "bad")
+    with pytest.raises(ValueError, match="raw must be true or false"):
+        build_request("hi", "nope", GOOD, 0)
+    request = build_request("hi", False, GOOD, -1)
+    assert request.seed is None and request.settings.max_new_tokens == 64
+
+
+# -- worker, record, session -----------------------------------------------------------------------------------------
+def fake_source(n_frames, delay=0.0, steps_per_block=4):
+    """A frame source like `DiffusionEngine.frames`: honours the stop event with a final cancelled frame."""
+
+    def source(stop_event):
+        last = None
+        for i in range(n_frames):
+            if stop_event is not None and stop_event.is_set():
+                yield Frame(**{**last.to_dict(), "done": True, "stop_reason": "cancelled"})
+                return
+            if delay:
+                time.sleep(delay)
+            block, step = divmod(i, steps_per_block)
+            final = i == n_frames - 1
+            last = make_frame(step=step, block=block, forward_index=i, block_done=step == steps_per_block - 1 or final,
+                              done=final, stop_reason="max_new_tokens" if final else "")
+            yield last
+
+    return source
+
+
+def test_worker_coalesces_to_max_fps_and_always_delivers_the_final_frame():
+    worker = RunWorker(fake_source(400, delay=0.002)).start()
+    start = time.monotonic()
+    snaps = list(worker.updates(max_fps=15))
+    elapsed = time.monotonic() - start
+    assert snaps[-1].finished and snaps[-1].latest.done and snaps[-1].frames_seen == 400
+    assert len(snaps) <= math.ceil(elapsed * 15) + 2
+    counts = [s.frames_seen for s in snaps]
+    assert counts == sorted(set(counts))  # each render newer than the last
+    assert sum(len(b) for b in snaps[-1].blocks) == 400 and len(snaps[-1].blocks) == 100
+    assert worker.join(2)
+
+
+def test_worker_renders_every_frame_when_slow_and_reports_errors():
+    snaps = list(RunWorker(fake_source(5, delay=0.1)).start().updates(max_fps=100))
+    assert [s.latest.forward_index for s in snaps if s.latest] == [0, 1, 2, 3, 4]
+
+    def failing(stop_event):
+        raise ValueError("prompt is empty")
+        yield  # pragma: no cover
+
+    snap = RunWorker(failing).start().wait(5)
+    assert snap.finished and isinstance(snap.error, ValueError) and snap.latest is None
+
+
+def test_worker_stop_ends_within_a_frame_and_abandoned_runs_stop_themselves():
+    worker = RunWorker(fake_source(10_000, delay=0.01)).start()
+    time.sleep(0.1)
+    worker.stop()
+    snap = worker.wait(5)
+    assert snap.finished and snap.latest.stop_reason == "cancelled" and snap.frames_seen < 100
+    forwards = [f.forward_index for block in snap.blocks for f in block]
+    assert len(forwards) == len(set(forwards)) == snap.frames_seen - 1  # the cancelled repeat replaces, not adds
+    abandoned = RunWorker(fake_source(10_000, delay=0.01), abandon_after_s=0.2).start()
+    assert abandoned.join(5) and abandoned.stop_event.is_set()
+
+
+def test_worker_closes_a_source_that_ignores_stop():
+    closed = threading.Event()
+
+    def stubborn(stop_event):
+        try:
+            for i in range(10_000):
+                time.sleep(0.005)
+                yield make_frame(step=i % 4, forward_index=i)
+        finally:
+            closed.set()
+
+    worker = RunWorker(stubborn).start()
+    time.sleep(0.05)
+    worker.stop()
+    assert worker.join(5) and closed.is_set()
+
+
+def test_record_snapshots_are_immutable_views():
+    record = RunRecord()
+    record.add(make_frame(step=0))
+    snap = record.snapshot()
+    record.add(make_frame(step=1))
+    assert snap.frames_seen == 1 and len(snap.block_frames()) == 1
+    assert record.snapshot().block_frames(99) == record.snapshot().block_frames(0)
+    assert RunRecord(keep_history=False).snapshot().block_frames() == ()
+
+
+def test_session_state_copies_are_fresh():
+    session = SessionState()
+    session.worker = RunWorker(fake_source(1))
+    assert copy.deepcopy(session).worker is None
+
+
+# -- handlers (with a fake engine: no model) -------------------------------------------------------------------------
+class FakeEngine:
+    """Duck-typed stand-in for `DiffusionEngine` (the public API the UI uses)."""
+
+    canvas_length = N
+    recommended = DiffusionSettings(max_new_tokens=64, max_denoising_steps=8, entropy_bound=0.5)
+    source = "fake/<model>"
+
+    class device:  # noqa: N801
+        type = "cpu"
+
+    def __init__(self, frames=12, delay=0.01):
+        self.n, self.delay = frames, delay
+
+    def encode_prompt(self, prompt, raw=False):
+        import torch
+
+        return torch.zeros((1, 3), dtype=torch.long)
+
+    def check_budget(self, prompt_tokens, settings):
+        if settings.max_new_tokens > 512:
+            raise ValueError("over the model's context")
+
+    def frames(self, prompt, settings=None, *, raw=False, seed=None, stop_event=None):
+        return fake_source(self.n, self.delay)(stop_event)
+
+    def summarize(self, last, frames):
+        from engine import GenerationResult
+
+        return GenerationResult(
+            token_ids=list(last.committed_ids), text="<b>text</b>", frames=frames,
+            forwards_per_block=list(last.forwards_per_block), seconds=last.elapsed_s,
+            tokens_per_second=last.tokens_per_second, tokens_per_forward=last.tokens_per_forward,
+            time_to_first_frame_s=last.time_to_first_frame_s, prompt_tokens=3, seed=last.seed,
+            stop_reason=last.stop_reason,
+        )
+
+
+ARGS = ("In the beginning", True, 64, 8, 0.5, 0.4, 0.8, 1, 0.05, True, 3)
+
+
+def test_generate_stream_renders_live_then_final_and_frees_the_worker_when_closed():
+    playground = Playground(FakeEngine(frames=12), max_fps=1000)
+    session = SessionState()
+    outputs = list(playground.generate_stream(session, *ARGS))
+    first, last = outputs[0], outputs[-1]
+    assert first[-2]["interactive"] is False and first[-1]["interactive"] is True  # Generate off, Stop on
+    assert last[-2]["interactive"] is True and last[-1]["interactive"] is False
+    assert "Done" in last[0] and last[2] == "<b>text</b>"  # plain text for a Textbox
+    assert isinstance(last[3], plots.FigureSpec) and "sliders" in last[3]["layout"]
+    assert not session.worker.running
+
+    slow = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
+    session = SessionState()
+    stream = slow.generate_stream(session, *ARGS)
+    next(stream), next(stream)
+    stream.close()  # what Gradio does when the tab closes or the event is cancelled
+    assert session.worker.stop_event.is_set() and session.worker.join(5)
+    assert slow.registry.active() == 0
+
+
+def test_generate_stream_stop_button_and_bad_input():
+    playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
+    session = SessionState()
+    stream = playground.generate_stream(session, *ARGS)
+    next(stream)
+    playground.stop(session)
+    final = list(stream)[-1]
+    assert "Stopped" in final[0] and "stopped" in final[1]
+    with pytest.raises(gr.Error, match="t_min must be below t_max"):
+        next(playground.generate_stream(SessionState(), "hi", True, 64, 8, 0.5, 0.9, 0.8, 1, 0.05, True, 3))
+    with pytest.raises(gr.Error, match="context"):
+        next(playground.generate_stream(SessionState(), "hi", True, 1000, 8, 0.5, 0.4, 0.8, 1, 0.05, True, 3))
+
+
+def test_api_handler_and_block_selection():
+    playground = Playground(FakeEngine(frames=9))
+    text, summary = playground.generate_api(*ARGS)
+    assert text == "<b>text</b>" and summary["frames"] == summary["forwards"] == 9
+    assert summary["stop_reason"] == "max_new_tokens" and summary["seed"] == 42
+    for bad, message in [(("",), "empty"), ((" ", True), "empty")]:
+        with pytest.raises(gr.Error, match=message):
+            playground.generate_api(*bad, *ARGS[len(bad):])
+    with pytest.raises(gr.Error, match="seed"):
+        playground.generate_api(*ARGS[:-1], 2.5)
+    session = SessionState()
+    list(Playground(FakeEngine(frames=12), max_fps=1000).generate_stream(session, *ARGS))
+    heat, order, entropy = playground.select_block(session, 2)
+    assert "block 2" in heat["layout"]["title"]["text"] and "block 2" in order["layout"]["title"]["text"]
+    assert playground.select_block(SessionState(), 1)[0]["data"] == []
