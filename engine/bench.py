@@ -361,11 +361,13 @@ def machine_description(engine: DiffusionEngine) -> dict:
 
 
 def run_benchmark(engine: DiffusionEngine, *, model: str, mode: Mode, prompt: str, threads: int,
-                  ui: bool = True, report: Callable[[str], None] = lambda _: None) -> dict:
-    """Every measurement in order; `report` hears each section's name as it starts. A UI failure is recorded in
-    `results["ui"]["error"]`, not raised."""
-    fixed = engine.recommended.replace(max_new_tokens=mode.blocks * engine.canvas_length, adaptive_stopping=False)
-    recommended = engine.recommended.replace(max_new_tokens=mode.blocks * engine.canvas_length)
+                  ui: bool = True, base: DiffusionSettings | None = None,
+                  report: Callable[[str], None] = lambda _: None) -> dict:
+    """Every measurement in order, from the checkpoint's recommended settings (or `base`); `report` hears each
+    section's name as it starts. A UI failure is recorded in `results["ui"]["error"]`, not raised."""
+    base = base or engine.recommended
+    fixed = base.replace(max_new_tokens=mode.blocks * engine.canvas_length, adaptive_stopping=False)
+    recommended = base.replace(max_new_tokens=mode.blocks * engine.canvas_length)
     parameters = sum(p.numel() for p in engine.model.parameters())
     results = {
         "model": str(model), "parameters": parameters, "canvas_length": engine.canvas_length,
@@ -386,9 +388,9 @@ def run_benchmark(engine: DiffusionEngine, *, model: str, mode: Mode, prompt: st
     report("(c) diffusion vs autoregressive")
     results["diffusion_vs_ar"] = measure_diffusion_vs_ar(engine, prompt, recommended, mode)
     report("(e) scaling with output length")
-    results["output_scaling"] = measure_output_scaling(engine, prompt, engine.recommended, mode)
+    results["output_scaling"] = measure_output_scaling(engine, prompt, base, mode)
     report("(e) scaling with prompt length")
-    results["prompt_scaling"] = measure_prompt_scaling(engine, engine.recommended, mode)
+    results["prompt_scaling"] = measure_prompt_scaling(engine, base, mode)
     results["memory"] = memory_summary(engine.device)
     return results
 

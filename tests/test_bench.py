@@ -1,0 +1,210 @@
+"""`engine.bench`, `engine.ar_baseline` and the pure parts of `benchmarks/gpu_full_scale.py` on tiny settings.
+
+Fast and free of timing assertions: the numbers only have to be sane (positive, consistent with each other, the
+same tokens on every path).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import urllib.request
+
+import pytest
+import torch
+
+from engine import bench
+from engine.ar_baseline import ar_generate, next_token_logits
+from engine.loading import REPO_ROOT
+
+TINY = bench.Mode(repeats=1, seeds=(0,), blocks=1, ui_repeats=1, ar_repeats=1, scaling_repeats=1,
+                  output_blocks=(1, 2), prompt_lengths=(16, 64))
+STEPS = 3
+PROMPT = "In the beginning"
+
+
+@pytest.fixture(scope="module")
+def fixed(engine):
+    """One canvas, three steps, adaptive stopping off."""
+    return engine.recommended.replace(max_new_tokens=engine.canvas_length, max_denoising_steps=STEPS,
+                                      adaptive_stopping=False)
+
+
+@pytest.fixture(scope="module")
+def results(engine, fixed):
+    """The whole benchmark (UI part aside) once, on the tiny setting."""
+    return bench.run_benchmark(engine, model="embedded", mode=TINY, prompt=PROMPT, threads=1, ui=False, base=fixed)
+
+
+def load_gpu_script():
+    """benchmarks/gpu_full_scale.py as a module (benchmarks/ is a folder of scripts, not a package)."""
+    if "gpu_full_scale" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("gpu_full_scale", REPO_ROOT / "benchmarks" / "gpu_full_scale.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["gpu_full_scale"]
+
+
+def test_counted_ids_stop_at_the_first_eos_and_drop_pads(engine):
+    eos = engine.model.generation_config.eos_token_id
+    eos = eos[0] if isinstance(eos, list) else eos
+    pad = engine.model.generation_config.pad_token_id
+    assert bench.counted_ids(engine, [10, pad, 11, eos, 12, pad, pad]) == [10, 11, eos]
+    assert bench.counted_ids(engine, [10, 11]) == [10, 11]
+
+
+def test_spread_and_ratio():
+    assert bench.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
+    slow, fast = [bench.Run(2.0, [1]), bench.Run(3.0, [1])], [bench.Run(1.0, [1]), bench.Run(2.0, [1])]
+    assert bench.ratio(slow, fast) == {"median": 1.75, "min": 1.5, "max": 2.0}
+
+
+@pytest.mark.slow
+def test_engine_overhead_on_a_tiny_setting(engine, results):
+    result = results["engine"]
+    assert result["same_tokens"] is True
+    assert result["runs"] == 1
+    assert result["engine_overhead_ratio"]["median"] > 0
+    for path in ("bare_generate", "engine_frames"):
+        assert result[path]["tokens_per_second"]["median"] > 0
+        assert 0 < result[path]["tokens"]["median"] <= engine.canvas_length
+    assert result["forwards_per_block"] == [STEPS]
+    tokens = result["engine_frames"]["tokens"]["median"]
+    assert result["tokens_per_forward"]["median"] == pytest.approx(tokens / STEPS, abs=1e-3)
+    assert 0 < result["time_to_first_frame_s"]["median"] <= result["engine_frames"]["seconds"]["median"]
+
+
+@pytest.mark.slow
+def test_ui_path_gives_the_same_tokens_as_bare_generate(engine, fixed, served_app):
+    _, url = served_app
+    result = bench.measure_ui_overhead(engine, url, PROMPT, fixed, TINY)
+    assert result["same_tokens"] is True
+    assert result["ui_overhead_ratio"]["median"] > 0
+    assert result["http_and_queue_s"]["median"] > 0  # the client waits longer than the engine computes
+    assert result["gradio_client"]["tokens"] == result["bare_generate"]["tokens"]
+
+
+@pytest.mark.slow
+def test_diffusion_vs_ar_on_a_tiny_setting(results):
+    result = results["diffusion_vs_ar"]
+    assert result["speedup"]["median"] > 0
+    assert result["autoregressive"]["tokens"] == result["diffusion"]["tokens"]
+    assert result["autoregressive"]["tokens_per_second"]["median"] > 0
+
+
+@pytest.mark.slow
+def test_ar_baseline_equals_greedy_decoding_without_a_cache(engine):
+    model = engine.model
+    input_ids = engine.encode_prompt(PROMPT, raw=True)
+    result = ar_generate(model, input_ids, 6)
+    sequence, expected = input_ids, []
+    with torch.no_grad():
+        for _ in range(6):
+            logits = next_token_logits(model, model.model.encoder(input_ids=sequence).last_hidden_state)
+            token = logits.argmax(dim=-1, keepdim=True)
+            expected.append(token.item())
+            sequence = torch.cat([sequence, token], dim=-1)
+    assert result.token_ids == expected
+    assert result.forwards == 6 and result.seconds > 0 and result.tokens_per_second > 0
+
+
+def test_ar_baseline_rejects_bad_input(engine):
+    with pytest.raises(ValueError, match="new_tokens"):
+        ar_generate(engine.model, torch.tensor([[2, 5]]), 0)
+    with pytest.raises(ValueError, match="shape"):
+        ar_generate(engine.model, torch.tensor([[2, 5], [2, 6]]), 3)
+
+
+@pytest.mark.slow
+def test_scaling_rows(results):
+    outputs = results["output_scaling"]
+    assert [row["blocks"] for row in outputs] == [1, 2]
+    assert [row["max_new_tokens"] for row in outputs] == [64, 128]
+    for row in outputs:
+        assert 0 < row["tokens"]["median"] <= row["max_new_tokens"]
+        assert STEPS <= row["forwards"] <= row["blocks"] * STEPS
+    prompts = results["prompt_scaling"]
+    assert [row["prompt_tokens"] for row in prompts] == [16, 64]
+    assert all(row["tokens_per_second"]["median"] > 0 for row in prompts)
+
+
+@pytest.mark.slow
+def test_whole_benchmark_table_and_json(results):
+    json.dumps(results)  # one JSON object, as --json prints
+    table = bench.format_table(results)
+    for text in ("engine_overhead_ratio", "tokens counted", "never counted", "(b) UI overhead: skipped",
+                 "diffusion speedup over AR", "peak RSS", "output blocks", "prompt tokens"):
+        assert text in table
+    assert results["memory"]["peak_rss_mb"] > 0
+
+
+def test_bad_thread_count_is_refused(capsys):
+    assert bench.main(["--threads", "0"]) == 2
+    assert "--threads must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_launched_app_serves_and_stops(engine):
+    with bench.launched_app(str(REPO_ROOT / "assets" / "models" / "diffgemma-tiny"), "cpu", "float32", 1) as (url, process):
+        with urllib.request.urlopen(url, timeout=10) as page:
+            assert page.status == 200
+        assert bench.peak_rss_mb(process.pid) is None or bench.peak_rss_mb(process.pid) > 0
+    assert process.poll() is not None
+
+
+# -- benchmarks/gpu_full_scale.py: what can be checked without a GPU ---------------------------------------------
+def test_full_scale_config_matches_the_published_parameter_counts():
+    gpu = load_gpu_script()
+    census = gpu.meta_census(gpu.build_config())
+    assert census.text_total == pytest.approx(25.2e9, rel=0.01)       # "26B" total, 25.2B without vision
+    assert census.active_per_token == pytest.approx(3.8e9, rel=0.02)  # "A4B": ~3.8B active
+    assert (census.num_experts, census.top_k) == (128, 8)
+    config = gpu.build_config()
+    assert config.canvas_length == 256 and config.text_config.hidden_size == 2816
+    assert config.text_config.layer_types.count("full_attention") == 5
+
+
+def test_bandwidth_bound_arithmetic():
+    gpu = load_gpu_script()
+    census = gpu.WeightCensus(dense=100, experts=800, vocab_matrix=50, self_conditioning=10, num_experts=8, top_k=2)
+    assert census.text_total == 960 and census.active_per_token == 100 + 200 + 50
+    active = gpu.bytes_per_pass(census, canvas_length=4, bytes_per_param=2, routing="active")
+    assert active["decoder_forward"] == (100 + 200 + 10 + 2 * 50) * 2
+    assert active["encoder_pass"] == (100 + 200) * 2
+    assert gpu.expected_experts_hit(8, 2, 1) == pytest.approx(2.0)
+    assert gpu.expected_experts_hit(128, 8, 256) == pytest.approx(128, abs=0.01)
+    expected = gpu.bytes_per_pass(census, canvas_length=256, bytes_per_param=2, routing="expected")
+    assert expected["decoder_forward"] == pytest.approx((100 + 800 + 10 + 100) * 2, rel=1e-6)
+    # 16 forwards of 1 GB and one encoder pass of 0.5 GB at 1 GB/s: 16.5 s per 256-token canvas
+    assert gpu.bandwidth_bound_tokens_per_second(1e9, 0.5e9, 16, 256, 1e9) == pytest.approx(256 / 16.5)
+    with pytest.raises(ValueError, match="routing"):
+        gpu.bytes_per_pass(census, 4, 2, "all")
+
+
+def test_full_scale_bounds_next_to_published_figures(capsys):
+    gpu = load_gpu_script()
+    assert gpu.main(["--bounds-only"]) == 0
+    out = capsys.readouterr().out
+    assert "H200 4.8 TB/s" in out and "published FP8 1288" in out and "H100 3.35 TB/s" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_full_scale_without_cuda_skips_cleanly(capsys):
+    assert load_gpu_script().main([]) == 0
+    assert "no CUDA GPU here; nothing measured" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_full_scale_measurement_runs_on_a_tiny_variant():
+    gpu = load_gpu_script()
+    args = gpu.build_parser().parse_args(["--tiny", "--device", "cpu", "--steps", "2", "--blocks", "2", "--repeats",
+                                          "1", "--prompt-tokens", "16", "--no-compile"])
+    results = gpu.run(args)
+    assert results["config"] == "tiny" and results["skipped"] == []
+    (variant,) = results["variants"]
+    assert variant["cache_implementation"] == "dynamic" and variant["same_tokens"] is True
+    assert 0 < variant["bare_generate"]["tokens"]["median"] <= 2 * 16  # no EOS: full canvases (pads dropped)
+    assert variant["engine_overhead_ratio"]["median"] > 0
+    assert "tiny on cpu" in gpu.format_report(results)
