@@ -149,6 +149,10 @@ def main() -> None:
     print(f"{n_params / 1e6:.2f}M parameters, device {device}, starting at step {start_step}/{args.steps}")
 
     log_path = args.out / "log.csv"
+    if start_step and log_path.exists():  # drop rows logged after the checkpoint we resume from
+        rows = log_path.read_text().splitlines()
+        kept = [r for r in rows if not r[:1].isdigit() or int(r.split(",")[0]) <= start_step]
+        log_path.write_text("\n".join(kept) + "\n")
     with open(log_path, "a", newline="") as log_file:
         log = csv.writer(log_file)
         if start_step == 0:

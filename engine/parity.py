@@ -1,0 +1,88 @@
+"""Parity check: the engine's committed tokens equal `model.generate()`'s for the same seed and settings.
+
+`python -m engine.parity [--model PATH]` runs `PARITY_CASES` and prints one line per case and a summary; it exits
+non-zero on any mismatch. The test suite runs the same cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from .engine import DiffusionEngine
+from .generator import _strip_after_eos
+from .loading import DEFAULT_MODEL, load_model
+
+
+@dataclass(frozen=True)
+class ParityCase:
+    """One comparison: a prompt (raw or chat), a seed, and settings changes relative to the checkpoint's."""
+
+    seed: int
+    prompt: str
+    raw: bool = False
+    changes: tuple = ()
+
+    def label(self) -> str:
+        changed = ", ".join(f"{k}={v}" for k, v in self.changes) or "recommended"
+        return f"seed={self.seed} raw={self.raw} {changed}"
+
+
+PARITY_CASES: list[ParityCase] = [
+    ParityCase(0, "In the beginning", raw=True),
+    ParityCase(1, "The Lord is my shepherd"),
+    ParityCase(2, "Blessed are the", raw=True, changes=(("max_new_tokens", 256),)),
+    ParityCase(3, "And God said", raw=True, changes=(("adaptive_stopping", False), ("max_denoising_steps", 6))),
+    ParityCase(4, "Love is patient", changes=(("adaptive_stopping", False), ("max_new_tokens", 200))),
+    ParityCase(5, "x", raw=True, changes=(("max_new_tokens", 1),)),
+    ParityCase(6, "Then Jesus said", changes=(("max_new_tokens", 512), ("max_denoising_steps", 4))),
+    ParityCase(7, "In the beginning", raw=True, changes=(("max_denoising_steps", 1),)),
+    ParityCase(8, "Praise the Lord", changes=(("entropy_bound", 1e-6), ("max_denoising_steps", 5))),
+    ParityCase(9, "Praise the Lord", changes=(("entropy_bound", 1000.0),)),
+    ParityCase(10, "The heavens declare", changes=(("t_min", 0.0), ("t_max", 0.01))),
+    ParityCase(11, "The heavens declare", changes=(("t_min", 5.0), ("t_max", 10.0), ("max_denoising_steps", 4))),
+    ParityCase(12, "Let there be light", raw=True, changes=(("stability_threshold", 0),)),
+    ParityCase(13, "Let there be light", raw=True, changes=(("stability_threshold", 64), ("max_denoising_steps", 8))),
+    ParityCase(14, "Who is my neighbor?", changes=(("confidence_threshold", 100.0),)),
+    ParityCase(15, "Who is my neighbor?", changes=(("confidence_threshold", 1e-9), ("max_denoising_steps", 6))),
+    ParityCase(16, "🙂 שלום <script>", changes=(("max_new_tokens", 128),)),
+    ParityCase(17, "Now the serpent", raw=True, changes=(("entropy_bound", 2.0), ("max_new_tokens", 384), ("max_denoising_steps", 8))),
+    ParityCase(18, "He said to them", changes=(("max_denoising_steps", 96), ("max_new_tokens", 64))),
+    ParityCase(19, "Give thanks", raw=True, changes=(("t_min", 0.1), ("t_max", 1.5))),
+    ParityCase(123456789, "A wise son", changes=(("max_new_tokens", 128),)),
+    ParityCase(2**63 - 1, "Hear, O Israel", raw=True, changes=(("max_new_tokens", 64),)),
+]
+
+
+def run_case(engine: DiffusionEngine, case: ParityCase) -> tuple[list[int], list[int], str]:
+    """Return (generate() ids, engine ids, engine stop reason): generated ids up to and including the first EOS."""
+    settings = engine.recommended.replace(**dict(case.changes))
+    input_ids = engine.encode_prompt(case.prompt, raw=case.raw)
+    torch.manual_seed(case.seed)
+    sequences = engine.model.generate(input_ids, **settings.generate_kwargs()).sequences
+    config = engine.model.generation_config
+    expected = _strip_after_eos(sequences[0, input_ids.shape[1] :].tolist(), config.eos_token_id, config.pad_token_id)
+    result = engine.generate(case.prompt, settings, raw=case.raw, seed=case.seed)
+    return expected, result.token_ids, result.stop_reason
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    args = parser.parse_args()
+    engine = DiffusionEngine(load_model(args.model))
+    failures = 0
+    for case in PARITY_CASES:
+        expected, got, stop_reason = run_case(engine, case)
+        same = expected == got
+        failures += not same
+        print(f"{'ok  ' if same else 'FAIL'} {len(got):4d} tokens  stop={stop_reason:<14} {case.label()}")
+    print(f"{len(PARITY_CASES) - failures}/{len(PARITY_CASES)} cases identical to model.generate()")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The step-by-step generator: frame contents, parity with model.generate(), cancellation, run isolation."""
+
+import threading
+
+import pytest
+import torch
+
+from engine.parity import PARITY_CASES, run_case
+from engine.settings import DiffusionSettings
+
+pytestmark = pytest.mark.slow
+
+
+def short(engine, **changes) -> DiffusionSettings:
+    return engine.recommended.replace(**{"max_new_tokens": 128, "max_denoising_steps": 8, **changes})
+
+
+@pytest.mark.parametrize("case", PARITY_CASES, ids=lambda c: c.label())
+def test_final_tokens_equal_generate(engine, case):
+    expected, got, _ = run_case(engine, case)
+    assert got == expected
+
+
+def test_frames_describe_every_forward(engine):
+    settings = short(engine, adaptive_stopping=False, max_denoising_steps=5)
+    frames = list(engine.frames("In the beginning", settings, raw=True, seed=11))
+    canvas = engine.canvas_length
+    assert [f.forward_index for f in frames] == list(range(len(frames)))
+    for f in frames:
+        for field in (f.input_ids, f.draft_ids, f.accepted, f.confidence, f.entropy, f.first_accepted_step,
+                      f.input_tokens, f.draft_tokens):
+            assert len(field) == canvas
+        assert all(0.0 <= c <= 1.0 + 1e-6 for c in f.confidence)
+        assert all(e >= -1e-5 for e in f.entropy)
+        assert all(-1 <= s <= f.step_index for s in f.first_accepted_step)
+        # a position accepted in this forward has a first-accepted step
+        assert all(s >= 0 for s, a in zip(f.first_accepted_step, f.accepted) if a)
+        assert settings.t_min < f.temperature <= settings.t_max + 1e-9
+    # adaptive stopping off: every canvas takes all its steps, and there are two canvases of 64 in 128 tokens
+    last = frames[-1]
+    if last.stop_reason == "max_new_tokens":
+        assert last.forwards_per_block == [5] * (128 // canvas) and len(frames) == 5 * (128 // canvas)
+    assert last.done and sum(f.done for f in frames) == 1
+    assert last.tokens_per_forward == pytest.approx(last.committed_tokens / len(frames))
+    assert last.tokens_per_second == pytest.approx(last.committed_tokens / last.elapsed_s)
+    assert 0 < last.time_to_first_frame_s <= last.elapsed_s
+    # the first forward reads the random initial canvas; later ones keep accepted tokens from the previous step
+    for prev, cur in zip(frames, frames[1:]):
+        if cur.block_index == prev.block_index:
+            kept = [i for i, a in enumerate(prev.accepted) if a]
+            assert all(cur.input_ids[i] != -1 for i in kept)
+    # display strings decode the ids
+    assert frames[0].draft_tokens[0] == engine.tokenizer.decode([frames[0].draft_ids[0]])
+
+
+def test_first_accepted_step_is_monotone_within_a_block(engine):
+    frames = list(engine.frames("The Lord is my shepherd", short(engine), seed=5))
+    for prev, cur in zip(frames, frames[1:]):
+        if cur.block_index == prev.block_index:
+            for a, b in zip(prev.first_accepted_step, cur.first_accepted_step):
+                assert a == -1 or a == b
+
+
+def test_stop_event_ends_within_one_forward(engine):
+    stop = threading.Event()
+    settings = short(engine, adaptive_stopping=False, max_denoising_steps=50, max_new_tokens=256)
+    seen = []
+    for frame in engine.frames("And God said", settings, raw=True, seed=1, stop_event=stop):
+        seen.append(frame)
+        if len(seen) == 3:
+            stop.set()
+    assert len(seen) == 4  # three frames, then one final "cancelled" frame repeating the third
+    assert seen[-1].done and seen[-1].stop_reason == "cancelled" and seen[-1].forward_index == 2
+
+
+def test_closing_the_generator_stops_work(engine):
+    frames = engine.frames("And God said", short(engine, adaptive_stopping=False), raw=True, seed=1)
+    next(frames)
+    frames.close()
+    with pytest.raises(StopIteration):
+        next(frames)
+
+
+def test_same_seed_same_tokens_and_unseeded_runs_report_their_seed(engine):
+    s = short(engine)
+    a = engine.generate("Blessed are the", s, raw=True, seed=99)
+    b = engine.generate("Blessed are the", s, raw=True, seed=99)
+    assert a.token_ids == b.token_ids and a.seed == 99
+    c = engine.generate("Blessed are the", s, raw=True)
+    replay = engine.generate("Blessed are the", s, raw=True, seed=c.seed)
+    assert replay.token_ids == c.token_ids
+
+
+def test_engine_leaves_the_global_rng_alone(engine):
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    engine.generate("Blessed are the", short(engine), raw=True, seed=4)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_concurrent_runs_equal_solo_runs(engine):
+    s = short(engine)
+    prompts = [("In the beginning", 1), ("Hear, O Israel", 2), ("Praise the Lord", 3), ("And God said", 4)]
+    solo = {seed: engine.generate(p, s, raw=True, seed=seed).token_ids for p, seed in prompts}
+    results = {}
+
+    def run(prompt, seed):
+        results[seed] = engine.generate(prompt, s, raw=True, seed=seed).token_ids
+
+    threads = [threading.Thread(target=run, args=item) for item in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == solo
+
+
+def test_raw_prompt_ids_are_exactly_the_tokenizer_ids(engine):
+    ids = engine.encode_prompt("In the beginning", raw=True)
+    assert ids.tolist() == engine.tokenizer("In the beginning", return_tensors="pt").input_ids.tolist()
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n\t", "x" * 100_001])
+def test_bad_prompts_are_refused_before_work(engine, prompt):
+    with pytest.raises(ValueError, match="prompt"):
+        engine.frames(prompt)
+
+
+def test_context_budget_counts_whole_canvases(engine):
+    long_prompt = "word " * (engine.context_limit - 10)
+    with pytest.raises(ValueError, match="context"):
+        engine.frames(long_prompt, raw=True)
+
+
+def test_hostile_and_unusual_text_is_accepted(engine):
+    result = engine.generate("<script>alert(1)</script> 🙂 مرحبا \x00\x1b[31m \ud800", short(engine), seed=3)
+    assert isinstance(result.text, str) and result.frames > 0
