@@ -353,6 +353,7 @@ def machine_description(engine: DiffusionEngine) -> dict:
         with open("/proc/cpuinfo") as info:
             cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
     described = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                 "load_average_1min": round(os.getloadavg()[0], 2),
                  "device": str(engine.device), "dtype": str(engine.model.dtype).removeprefix("torch."),
                  "torch": torch.__version__, "python": platform.python_version()}
     if engine.device.type == "cuda":
@@ -406,7 +407,8 @@ def format_table(results: dict) -> str:
     lines = [
         f"model {results['model']} ({results['parameters'] / 1e6:.1f}M params, canvas {results['canvas_length']})",
         f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} with {m['torch_threads']} threads, "
-        f"{m['device']} {m['dtype']}" + (f", {m['gpu']}" if "gpu" in m else ""),
+        f"{m['device']} {m['dtype']}" + (f", {m['gpu']}" if "gpu" in m else "")
+        + f"; 1-min load average at start {m['load_average_1min']} on {m['cores']} cores",
         f"tokens counted: {results['tokens_counted']}",
         f"fixed runs: {fixed['max_new_tokens']} new tokens, {fixed['max_denoising_steps']} steps per canvas, "
         f"adaptive stopping off; median [min..max] over {e['runs']} runs per path",
