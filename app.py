@@ -25,6 +25,11 @@ def _env(name: str, default: str) -> str:
     return value or default
 
 
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line (library messages, e.g. transformers' or the hub's, span several)."""
+    return " ".join(str(error).split())
+
+
 def _port(text: str) -> int:
     try:
         port = int(text)
@@ -74,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
     except ModelLoadError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {_one_line(error)}", file=sys.stderr)
         return 2
     except Exception as error:  # noqa: BLE001 - one clear line, never a traceback
-        print(f"error: could not load the model: {type(error).__name__}: {error}", file=sys.stderr)
+        print(f"error: could not load the model: {type(error).__name__}: {_one_line(error)}", file=sys.stderr)
         return 2
 
     from diffgemma_ui import build_app

@@ -157,7 +157,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = 15.0, abandon_after_s
                       api_visibility="private", concurrency_limit=None, show_progress="hidden")
         app.unload(playground.unload)
 
-        def generate_api(
+        async def generate_api(
             prompt: str,
             raw: bool = False,
             max_new_tokens: int = rec.max_new_tokens,
@@ -169,10 +169,13 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = 15.0, abandon_after_s
             confidence_threshold: float = rec.confidence_threshold,
             adaptive_stopping: bool = rec.adaptive_stopping,
             seed: int = -1,
+            request: gr.Request = None,
         ) -> tuple[str, dict]:
             """Generate text for a prompt; returns (text, summary). seed -1 draws a random seed."""
-            return playground.generate_api(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
-                                           t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed)
+            # Served asynchronously so that a cancelled or disconnected job stops its run (see generate_api_served)
+            return await playground.generate_api_served(
+                prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
+                confidence_threshold, adaptive_stopping, seed, request=request)
 
         gr.api(generate_api, api_name="generate", concurrency_id="engine")
 

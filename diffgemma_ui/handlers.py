@@ -7,6 +7,7 @@ events; they only use the engine's public API (`frames`, `summarize`, `encode_pr
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -26,7 +27,7 @@ from .record import RunSnapshot
 from .session import SessionState
 from .text import plain_text
 from .validation import SETTING_NAMES, RunRequest, build_request, preset_values
-from .worker import DEFAULT_MAX_FPS, RunRegistry, RunWorker
+from .worker import DEFAULT_MAX_FPS, RunRegistry, RunWorker, is_out_of_memory
 
 PLOT_INTERVAL_S = 0.25  # live plots re-render at most 4 times a second; the canvas and meter up to DEFAULT_MAX_FPS
 API_SUMMARY_KEYS = (
@@ -54,16 +55,33 @@ class StreamOutputs:
                 self.generate_button, self.stop_button)
 
 
+API_POLL_S = 0.02  # how often the served /generate checks its run (and notices a cancelled job)
+
+
+def describe_error(error: BaseException) -> str:
+    """The user-facing message for an error that ended a run or rejected a request (never a traceback).
+
+    Validation errors (ValueError) keep their message; running out of memory says so and what to change; anything
+    else names the error type, so an engine failure is recognisable without showing internals.
+    """
+    if isinstance(error, (ValueError, gr.Error)):
+        return str(error) or type(error).__name__
+    if is_out_of_memory(error):
+        return ("out of memory during this run: lower max_new_tokens or max_denoising_steps, or shorten the prompt "
+                "(the run's memory has been freed; the server is fine)")
+    detail = " ".join(str(error).split())
+    return f"the engine failed ({type(error).__name__}{': ' + detail if detail else ''}); please try again"
+
+
 def _user_error(error: BaseException) -> gr.Error:
     """A `gr.Error` carrying only the message (no traceback reaches the user)."""
-    message = str(error) or type(error).__name__
-    return gr.Error(message, print_exception=False)
+    return gr.Error(describe_error(error), print_exception=False)
 
 
 def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
     """The one-line status under the canvas when a run is over."""
     if error is not None:
-        return f"The run failed: {error}"
+        return f"The run failed: {describe_error(error)}"
     if frame is None:
         return "Stopped before the first forward."
     reason = STOP_REASONS.get(frame.stop_reason, frame.stop_reason)
@@ -234,17 +252,51 @@ class Playground:
         Raises:
             gr.Error: invalid input, with the validation message.
         """
-        try:
-            run = self.parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                             stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=False)
-            self.check_request(run)
-        except ValueError as error:
-            raise _user_error(error) from None
-        worker = self.start_run(run, keep_history=False)
+        worker = self._start_api_run(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+                                     stability_threshold, confidence_threshold, adaptive_stopping, seed)
         try:
             snap = worker.wait()
         finally:
             worker.stop()
+        return self._api_result(snap)
+
+    async def generate_api_served(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
+                                  t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                                  request: gr.Request = None) -> tuple[str, dict]:
+        """`/generate` as the server runs it: `generate_api`, but a job that goes away stops its run.
+
+        The run is watched from the event loop, so a cancelled job (gradio_client's `Job.cancel()`, Gradio's
+        `/cancel`) stops it at once, and it is registered under the caller's session (`<session_hash>:api:<n>`), so
+        a client that disconnects (its heartbeat closes: `Client.close()`, a dead process) stops it through `unload`.
+        Either way the engine ends within one decoder forward and the concurrency slot is free for the next job.
+        """
+        worker = await asyncio.to_thread(
+            self._start_api_run, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+            stability_threshold, confidence_threshold, adaptive_stopping, seed)
+        session = getattr(request, "session_hash", None)
+        key = f"{session or 'anon'}:api:{id(worker)}"
+        self.registry.register(key, worker)
+        try:
+            snap = worker.snapshot()
+            while not snap.finished:
+                await asyncio.sleep(API_POLL_S)
+                snap = worker.snapshot()
+        finally:
+            worker.stop()
+            self.registry.unregister(key, worker)
+        return self._api_result(snap)
+
+    def _start_api_run(self, *inputs) -> RunWorker:
+        """Validate the eleven API inputs (API limits, not the UI's) and start the run; raises gr.Error."""
+        try:
+            run = self.parse(*inputs, ui_limits=False)
+            self.check_request(run)
+        except ValueError as error:
+            raise _user_error(error) from None
+        return self.start_run(run, keep_history=False)
+
+    def _api_result(self, snap: RunSnapshot) -> tuple[str, dict]:
+        """(text, summary) of a finished API run; raises gr.Error with a clear message if it failed."""
         if snap.error is not None:
             raise _user_error(snap.error)
         if snap.latest is None:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from engine import PRESET_NAMES, DiffusionSettings, check_seed, preset
+from engine.settings import MAX_SEED, RANGES
 
 MAX_PROMPT_CHARS = 20_000
 # The live UI keeps every frame of a run for its plots; these bounds keep that (and a shared queue) reasonable.
@@ -20,6 +21,15 @@ SETTING_NAMES = (
     "max_new_tokens", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
     "confidence_threshold",
 )
+
+
+SHOWN_CHARS = 40  # an echoed bad value is cut to this many characters: the message stays one readable line
+
+
+def shown(value) -> str:
+    """`repr(value)` for an error message, cut to `SHOWN_CHARS` characters (a request may carry megabytes)."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "\u2026"
 
 
 @dataclass(frozen=True)
@@ -56,7 +66,7 @@ def check_flag(name: str, value) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    raise ValueError(f"{name} must be true or false, got {value!r}")
+    raise ValueError(f"{name} must be true or false, got {shown(value)}")
 
 
 def check_ui_seed(seed) -> int | None:
@@ -68,16 +78,16 @@ def check_ui_seed(seed) -> int | None:
     if seed is None or (isinstance(seed, str) and not seed.strip()):
         return None
     if isinstance(seed, bool):
-        raise ValueError(f"seed must be an integer (-1 for random), got {seed!r}")
+        raise ValueError(f"seed must be an integer (-1 for random), got {shown(seed)}")
     try:
         if float(str(seed).strip() if isinstance(seed, str) else seed) == -1:
             return None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer too large for a float
         pass
     try:
         return check_seed(seed)
-    except ValueError as error:
-        raise ValueError(f"{error} (or -1 for a random seed)") from None
+    except ValueError:
+        raise ValueError(f"seed must be an integer in [0, {MAX_SEED}] (or -1 for a random seed), got {shown(seed)}") from None
 
 
 def _number(name: str, value):
@@ -85,14 +95,17 @@ def _number(name: str, value):
     if value is None or (isinstance(value, str) and not value.strip()):
         raise ValueError(f"{name} is missing: enter a number")
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise ValueError(f"{name} must be a number, got {shown(value)}")
     if isinstance(value, str):
         try:
             value = float(value.strip())
         except ValueError:
-            raise ValueError(f"{name} must be a number, got {value!r}") from None
+            raise ValueError(f"{name} must be a number, got {shown(value)}") from None
     if not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number, got {type(value).__name__}")
+    if isinstance(value, int) and abs(value) > 2**53:  # beyond any range here, and maybe beyond a float's
+        low, high, low_inclusive, _ = RANGES[name]
+        raise ValueError(f"{name} must be in {'[' if low_inclusive else '('}{low}, {high}], got {shown(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     if isinstance(value, float) and value.is_integer() and name in ("max_new_tokens", "max_denoising_steps",

@@ -9,6 +9,8 @@ never keep the device busy.
 
 from __future__ import annotations
 
+import gc
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +21,37 @@ from .record import RunRecord, RunSnapshot
 
 FrameSource = Callable[[threading.Event], Iterator[Frame]]
 DEFAULT_MAX_FPS = 15.0
+LOG = logging.getLogger(__name__)
+
+
+def is_out_of_memory(error: BaseException | None) -> bool:
+    """Whether `error` is the device (`torch.OutOfMemoryError`) or the host (`MemoryError`) running out of memory."""
+    import torch  # noqa: PLC0415 - already loaded by the engine
+
+    return isinstance(error, (MemoryError, torch.OutOfMemoryError))
+
+
+def release_memory() -> None:
+    """Collect garbage and hand cached accelerator memory back (after an out-of-memory run)."""
+    import torch  # noqa: PLC0415
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        torch.mps.empty_cache()
+
+
+def _without_tracebacks(error: BaseException) -> BaseException:
+    """`error` with the tracebacks of it and its causes dropped: a traceback keeps the failed run's frames, and with
+    them its tensors (KV cache, logits), alive for as long as the error is kept (in the record, for the reader)."""
+    seen = set()
+    current = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.__traceback__ = None
+        current = current.__cause__ or current.__context__
+    return error
 
 
 class RunWorker:
@@ -89,7 +122,9 @@ class RunWorker:
                     if after_stop >= 2:
                         break
         except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
-            error = exc
+            if not isinstance(exc, ValueError):  # the operator gets the traceback; the user only the message
+                LOG.error("run failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+            error = _without_tracebacks(exc)
         finally:
             close = getattr(iterator, "close", None)
             if close is not None:
@@ -97,6 +132,9 @@ class RunWorker:
                     close()
                 except Exception:  # noqa: BLE001
                     pass
+            iterator = close = None
+            if is_out_of_memory(error):
+                release_memory()
             self.record.finish(error)
             with self._changed:
                 self._changed.notify_all()
@@ -177,13 +215,14 @@ class RunRegistry:
                 del self._runs[key]
 
     def stop(self, key: str) -> bool:
-        """Stop session `key`'s run; returns whether there was one."""
+        """Stop session `key`'s runs: its live run and its API runs (registered as `key:...`); returns whether there
+        were any."""
         with self._lock:
-            worker = self._runs.pop(key, None)
-        if worker is None:
-            return False
-        worker.stop()
-        return True
+            keys = [k for k in self._runs if k == key or k.startswith(f"{key}:")]
+            workers = [self._runs.pop(k) for k in keys]
+        for worker in workers:
+            worker.stop()
+        return bool(workers)
 
     def active(self) -> int:
         """Runs whose thread is still alive."""
