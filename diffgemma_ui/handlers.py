@@ -8,6 +8,7 @@ events; they only use the engine's public API (`frames`, `summarize`, `encode_pr
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import threading
 import time
@@ -56,6 +57,7 @@ class StreamOutputs:
 
 
 API_POLL_S = 0.02  # how often the served /generate checks its run (and notices a cancelled job)
+LOG = logging.getLogger(__name__)
 
 
 def describe_error(error: BaseException) -> str:
@@ -76,6 +78,14 @@ def describe_error(error: BaseException) -> str:
 def _user_error(error: BaseException) -> gr.Error:
     """A `gr.Error` carrying only the message (no traceback reaches the user)."""
     return gr.Error(describe_error(error), print_exception=False)
+
+
+def _rejected(error: BaseException) -> gr.Error:
+    """`_user_error` for a request that failed before its run started; unexpected errors (not ValueError) are logged
+    with their traceback for the operator."""
+    if not isinstance(error, ValueError):
+        LOG.error("request failed: %s: %s", type(error).__name__, error, exc_info=error)
+    return _user_error(error)
 
 
 def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
@@ -178,8 +188,8 @@ class Playground:
             run = self.parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                              stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True)
             self.check_request(run)
-        except ValueError as error:
-            raise _user_error(error) from None
+        except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
+            raise _rejected(error) from None
         if session is None:
             session = SessionState()
         key = getattr(request, "session_hash", None) or f"anon-{id(session)}"
@@ -291,8 +301,8 @@ class Playground:
         try:
             run = self.parse(*inputs, ui_limits=False)
             self.check_request(run)
-        except ValueError as error:
-            raise _user_error(error) from None
+        except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
+            raise _rejected(error) from None
         return self.start_run(run, keep_history=False)
 
     def _api_result(self, snap: RunSnapshot) -> tuple[str, dict]:
