@@ -8,7 +8,7 @@ import gradio as gr
 
 from engine import PRESET_NAMES, DiffusionEngine
 
-from .canvas_view import EMPTY_CANVAS_HTML
+from .canvas_view import EMPTY_CANVAS_HTML, legend_html
 from .handlers import Playground, initial_outputs
 from .meter import meter_html
 from .session import SessionState
@@ -125,7 +125,10 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = 15.0, abandon_after_s
                             example_labels=[f"{p}  \u00b7  {'raw' if r else 'chat'}" for p, r in examples])
             with gr.Column(min_width=0, elem_id="dg-output"):
                 meter = gr.HTML(meter_html(None), elem_id="dg-meter")
-                canvas = gr.HTML(EMPTY_CANVAS_HTML, elem_id="dg-canvas")
+                with gr.Column(min_width=0, elem_id="dg-canvas-wrap"):  # one card: legend, finished, live
+                    gr.HTML(legend_html(), elem_id="dg-legend")
+                    stack = gr.HTML("", elem_id="dg-stack")  # finished blocks: re-sent only when one finishes
+                    canvas = gr.HTML(EMPTY_CANVAS_HTML, elem_id="dg-canvas")  # the block being denoised
                 text = gr.Textbox(label="Generated text", lines=3, max_lines=12, interactive=False,
                                   buttons=["copy"], elem_id="dg-text")
                 block = gr.Slider(1, 2, value=1, step=1, label="Block to plot", visible=False,
@@ -139,7 +142,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = 15.0, abandon_after_s
 
         settings_inputs = [max_new_tokens, steps, entropy_bound, t_min, t_max, stability, confidence, adaptive]
         run_inputs = [prompt, raw, *settings_inputs[:7], adaptive, seed]
-        stream_outputs = [canvas, meter, text, heatmap, order, entropy, block, generate, stop]
+        stream_outputs = [stack, canvas, meter, text, heatmap, order, entropy, block, generate, stop]
         run_event = dict(
             fn=playground.generate_stream, inputs=[session, *run_inputs], outputs=stream_outputs,
             api_visibility="private", concurrency_id="engine", show_progress="minimal",

@@ -149,6 +149,43 @@ def legend_html() -> str:
     )
 
 
+def stack_html(finished: Sequence[Frame], *, finished_html: Sequence[str] | None = None) -> str:
+    """The finished blocks, stacked in block order ("" when there are none).
+
+    Args:
+        finished: the last frame of each finished block, in block order.
+        finished_html: optional pre-rendered `block_html(f, live=False)` strings for `finished` (a cache: same
+            result, less work for long runs); ignored unless it matches `finished` one to one.
+    """
+    if not finished:
+        return ""
+    if finished_html is None or len(finished_html) != len(finished):
+        finished_html = [block_html(f, live=False) for f in finished]
+    return f'<div class="dg-stack" data-blocks="{len(finished)}">{"".join(finished_html)}</div>'
+
+
+def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = "") -> str:
+    """The canvas being denoised, plus an optional status line (the colour legend is `legend_html`).
+
+    Args:
+        live: the newest frame of the block being denoised, or None (no block in progress). A frame with
+            `block_done` is finished and not drawn here (it belongs to `stack_html`).
+        newest: the run's newest frame (for `data-forward` when `live` is None).
+        status: a short plain-text status line (escaped here), e.g. the stop reason.
+
+    Returns:
+        HTML text; the outer element carries `data-forward` (newest forward index, -1 if none) so tests and
+        scripts can tell frames apart. `EMPTY_CANVAS_HTML` when there is nothing at all to show.
+    """
+    newest = newest if newest is not None else live
+    if newest is None and not status:
+        return EMPTY_CANVAS_HTML
+    block = block_html(live, live=True) if live is not None and not live.block_done else ""
+    forward = newest.forward_index if newest is not None else -1
+    status_html = f'<p class="dg-status">{escape_html(status)}</p>' if status else ""
+    return f'<div class="dg-canvas" data-forward="{forward}">{block}{status_html}</div>'
+
+
 def canvas_html(
     finished: Sequence[Frame],
     live: Frame | None,
@@ -156,31 +193,13 @@ def canvas_html(
     finished_html: Sequence[str] | None = None,
     status: str = "",
 ) -> str:
-    """The whole canvas view.
+    """The whole canvas view in one string: the legend, `stack_html` (finished blocks) above `live_html`.
 
-    Args:
-        finished: the last frame of each finished block, in block order (stacked on top).
-        live: the newest frame of the block being denoised, or None (between blocks / after the run). A frame
-            with `block_done` is drawn as finished, not live.
-        finished_html: optional pre-rendered `block_html(f, live=False)` strings for `finished` (a cache: same
-            result, less work for long runs); must match `finished` one to one.
-        status: a short plain-text status line (escaped here), e.g. the stop reason.
-
-    Returns:
-        HTML text. The outer element carries `data-forward` (newest forward index, -1 if none) so tests and
-        scripts can tell frames apart.
+    The app shows the three parts in three components, so a new frame only re-sends the live block; this function
+    is the same view for other uses (tests, exports). Arguments as in `stack_html` and `live_html`.
     """
-    if finished_html is None or len(finished_html) != len(finished):
-        finished_html = [block_html(f, live=False) for f in finished]
-    parts = list(finished_html)
     newest = live if live is not None else (finished[-1] if finished else None)
-    if live is not None and not live.block_done:
-        parts.append(block_html(live, live=True))
-    if not parts:
+    if newest is None and not status:
         return EMPTY_CANVAS_HTML
-    forward = newest.forward_index if newest is not None else -1
-    status_html = f'<p class="dg-status">{escape_html(status)}</p>' if status else ""
-    return (
-        f'<div class="dg-canvas" data-forward="{forward}">{legend_html()}'
-        f'{"".join(parts)}{status_html}</div>'
-    )
+    return (legend_html() + stack_html(finished, finished_html=finished_html)
+            + live_html(live, newest=newest, status=status))

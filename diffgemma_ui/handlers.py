@@ -21,7 +21,7 @@ from engine import DiffusionEngine, DiffusionSettings, Frame
 from engine.settings import MAX_SEED
 
 from . import plots
-from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, canvas_html
+from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html
 from .gpu import on_gpu_if_spaces, spaces_available
 from .meter import meter_html
 from .record import RunSnapshot
@@ -30,7 +30,9 @@ from .text import plain_text
 from .validation import SETTING_NAMES, RunRequest, build_request, preset_values
 from .worker import DEFAULT_MAX_FPS, RunRegistry, RunWorker, is_out_of_memory
 
-PLOT_INTERVAL_S = 0.25  # live plots re-render at most 4 times a second; the canvas and meter up to DEFAULT_MAX_FPS
+# Live plots re-render at most once a second (each Plotly redraw costs the browser ~0.1 s of CPU); the canvas and
+# meter follow every frame, up to DEFAULT_MAX_FPS; the final render always has everything.
+PLOT_INTERVAL_S = 1.0
 API_SUMMARY_KEYS = (
     "frames", "forwards", "tokens_per_second", "tokens_per_forward", "seconds", "seed", "token_ids", "stop_reason",
     "forwards_per_block", "time_to_first_frame_s", "prompt_tokens",
@@ -39,8 +41,9 @@ API_SUMMARY_KEYS = (
 
 @dataclass(frozen=True)
 class StreamOutputs:
-    """One render of the live view, in the order of `blocks.STREAM_OUTPUTS`."""
+    """One render of the live view, in the order of the outputs `blocks.build_app` wires (see `as_tuple`)."""
 
+    stack: object
     canvas: object
     meter: object
     text: object
@@ -52,7 +55,7 @@ class StreamOutputs:
     stop_button: object
 
     def as_tuple(self) -> tuple:
-        return (self.canvas, self.meter, self.text, self.heatmap, self.order, self.entropy, self.block,
+        return (self.stack, self.canvas, self.meter, self.text, self.heatmap, self.order, self.entropy, self.block,
                 self.generate_button, self.stop_button)
 
 
@@ -146,7 +149,12 @@ class Playground:
 
     # -- rendering -----------------------------------------------------------------------------------------------
     def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool) -> StreamOutputs:
-        """The view of `snap`. Finished blocks' HTML is cached in `session` (they never change)."""
+        """The view of `snap`.
+
+        Finished blocks never change: their HTML is cached in `session` and the stack component is only re-sent
+        when a block finishes, so a new frame re-sends just the live block. Live plots have no hover text (cheaper
+        to draw many times); the final render has full hover text and the heatmap's step slider and play button.
+        """
         finished = snap.finished_blocks()
         for frame in finished[len(session.finished_html):]:
             session.finished_html.append(block_html(frame, live=False))
@@ -154,22 +162,25 @@ class Playground:
         live = latest if latest is not None and not latest.block_done else None
         status = status_text(latest, snap.error) if final else ""
         if latest is None and not final:
-            canvas = canvas_html([], None, status="Encoding the prompt\u2026")
-        else:
-            canvas = canvas_html(finished, live, finished_html=session.finished_html, status=status)
+            status = "Encoding the prompt\u2026"
+        stack = gr.skip()
+        if len(finished) != session.stacked_blocks or final:
+            stack = stack_html(finished, finished_html=session.finished_html)
+            session.stacked_blocks = len(finished)
+        canvas = live_html(live, newest=latest, status=status)
         text = plain_text(self.engine.summarize(latest, snap.frames_seen).text) if latest is not None else ""
         skip = gr.skip()
         heatmap = order = entropy = skip
         if plots_due or final:
             frames = snap.block_frames()
-            heatmap = plots.confidence_heatmap(frames, animate=final)
+            heatmap = plots.confidence_heatmap(frames, animate=final, hover=final)
             order = plots.unmasking_order(frames[-1] if frames else None)
             entropy = plots.entropy_and_acceptance(frames)
         blocks = snap.block_count
         # A slider needs minimum < maximum: with one block it stays hidden
         block = gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1) if final else skip
         return StreamOutputs(
-            canvas=canvas, meter=meter_html(latest), text=text, heatmap=heatmap, order=order, entropy=entropy,
+            stack=stack, canvas=canvas, meter=meter_html(latest), text=text, heatmap=heatmap, order=order, entropy=entropy,
             block=block,
             generate_button=gr.update(interactive=final),
             stop_button=gr.update(interactive=not final),
@@ -318,7 +329,7 @@ class Playground:
 def initial_outputs() -> StreamOutputs:
     """What the live view shows before any run."""
     return StreamOutputs(
-        canvas=EMPTY_CANVAS_HTML, meter=meter_html(None), text="",
+        stack="", canvas=EMPTY_CANVAS_HTML, meter=meter_html(None), text="",
         heatmap=plots.confidence_heatmap([]), order=plots.unmasking_order(None),
         entropy=plots.entropy_and_acceptance([]), block=gr.update(visible=False),
         generate_button=gr.update(interactive=True), stop_button=gr.update(interactive=False),

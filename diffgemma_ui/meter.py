@@ -54,7 +54,8 @@ def meter_values(frame: Frame | None) -> dict[str, str]:
 def meter_html(frame: Frame | None) -> str:
     """The meter as HTML: one card per figure of `meter_values(frame)`; progress, seed and counts in a note below.
 
-    `data-tps` on the outer element holds the raw tokens/s (for tests and benchmarks; "0" before a frame).
+    `data-tps` and `data-ttff` on the outer element hold the raw tokens/s and time to first frame in seconds (for
+    tests and benchmarks; "0" before a frame).
     """
     values = meter_values(frame)
     progress = values.pop("progress")
@@ -66,6 +67,9 @@ def meter_html(frame: Frame | None) -> str:
     tps = 0.0 if frame is None else float(frame.tokens_per_second)
     if not math.isfinite(tps):
         tps = 0.0
+    ttff = 0.0 if frame is None else float(frame.time_to_first_frame_s)
+    if not math.isfinite(ttff):
+        ttff = 0.0
     state = "idle" if frame is None else ("done" if frame.done else "running")
     footer = '<div class="dg-meter-note">engine clock \u00b7 press Generate to start</div>'
     if frame is not None:
@@ -74,4 +78,7 @@ def meter_html(frame: Frame | None) -> str:
             f" \u00b7 seed {escape_html(str(frame.seed))} \u00b7 prompt {frame.prompt_tokens:,} tokens \u00b7 "
             f"{frame.forward_index + 1:,} forwards</div>"
         )
-    return f'<div class="dg-meter" data-state="{state}" data-tps="{tps:.6g}">{cards}{footer}</div>'
+    return (
+        f'<div class="dg-meter" data-state="{state}" data-tps="{tps:.6g}" data-ttff="{ttff:.6g}">'
+        f"{cards}{footer}</div>"
+    )

@@ -85,7 +85,7 @@ def _block_title(frames: Sequence[Frame], what: str) -> str:
     return f"{what} \u00b7 block {last.block_index + 1}{state}"
 
 
-def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True) -> FigureSpec:
+def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
     """Confidence of the draft token per (step, position) of one block.
 
     Args:
@@ -93,6 +93,7 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True) -> Figu
         animate: add a step slider and a play/pause button. Their animation frames are Plotly frame objects
             inlined in the slider and button arguments (Gradio's plot component drops a figure's `frames` list):
             step k reveals rows 0..k and hides the later rows under a cover.
+        hover: per-cell hover text with the token (False: numbers only, a lighter figure for live updates).
 
     Returns:
         A `FigureSpec`: a heatmap (z in [0, 1], viridis) plus dots on the cells accepted at that step; hover text
@@ -102,26 +103,30 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True) -> Figu
         return empty_figure("Confidence per step and position")
     n = frames[0].canvas_length
     steps = len(frames)
-    z, hover, dots_x, dots_y = [], [], [], []
+    z, hover_text, dots_x, dots_y = [], [], [], []
     for row, frame in enumerate(frames):
         z.append([_round(c) for c in frame.confidence])
+        for pos in range(n):
+            if frame.accepted[pos]:
+                dots_x.append(pos)
+                dots_y.append(row + 1)
+        if not hover:
+            continue
         hover_row = []
         for pos in range(n):
             accepted = bool(frame.accepted[pos])
-            if accepted:
-                dots_x.append(pos)
-                dots_y.append(row + 1)
             hover_row.append(
                 f"step {row + 1} \u00b7 position {pos}<br>"
                 f"\u201c{token_plotly(frame.draft_tokens[pos])}\u201d {'accepted' if accepted else 'renoised'}<br>"
                 f"confidence {frame.confidence[pos]:.3f} \u00b7 entropy {frame.entropy[pos]:.3f} nats"
             )
-        hover.append(hover_row)
+        hover_text.append(hover_row)
     y = list(range(1, steps + 1))
     data = [
         {
-            "type": "heatmap", "z": z, "x": list(range(n)), "y": y, "hovertext": hover,
-            "hovertemplate": "%{hovertext}<extra></extra>", "hoverongaps": False,
+            "type": "heatmap", "z": z, "x": list(range(n)), "y": y, "hoverongaps": False,
+            **({"hovertext": hover_text, "hovertemplate": "%{hovertext}<extra></extra>"} if hover
+               else {"hovertemplate": "step %{y} \u00b7 position %{x}<br>confidence %{z:.3f}<extra></extra>"}),
             "colorscale": PLOTLY_SCALE, "zmin": 0, "zmax": 1, "xgap": 1, "ygap": 1,
             "colorbar": {"title": {"text": "conf."}, "thickness": 10, "len": 0.9, "outlinewidth": 0},
         },

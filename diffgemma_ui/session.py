@@ -13,6 +13,7 @@ class SessionState:
         worker: the session's current (or last) run, or None.
         snapshot: the last rendered snapshot (for re-rendering the plots of another block after the run).
         finished_html: rendered HTML of the current run's finished blocks (a cache; blocks never change once done).
+        stacked_blocks: how many finished blocks the page's stack component shows (-1: none sent this run).
 
     Gradio deep-copies a `gr.State`'s initial value for each new session; a copy is always a fresh, empty state
     (a run's thread and events cannot and must not be shared between sessions).
@@ -22,6 +23,7 @@ class SessionState:
         self.worker: RunWorker | None = None
         self.snapshot: RunSnapshot | None = None
         self.finished_html: list[str] = []
+        self.stacked_blocks = -1  # finished blocks shown in the stack component (-1: not rendered this run)
 
     def __deepcopy__(self, memo) -> "SessionState":
         return SessionState()
@@ -32,6 +34,7 @@ class SessionState:
         self.worker = worker
         self.snapshot = None
         self.finished_html = []
+        self.stacked_blocks = -1
 
     def stop(self) -> bool:
         """Stop the session's run if it is running; returns whether there was one."""

@@ -7,6 +7,7 @@ through these helpers before a string reaches HTML or a Plotly label.
 
 from __future__ import annotations
 
+import functools
 import html
 import unicodedata
 
@@ -24,17 +25,8 @@ _SHOW_AS_CODE.update(range(0x2066, 0x206A))
 EMPTY_TOKEN = "\u2205"  # empty set: a token that decodes to nothing
 
 
-def visible_token(token: str) -> str:
-    """Return `token` with whitespace and invisible characters replaced by visible marks (still unescaped).
-
-    Spaces become "·", newlines "↵", tabs "⇥", C0/C1 control characters their Unicode control picture or
-    `⟨U+XXXX⟩`, bidi overrides/isolates and zero-width characters `⟨U+XXXX⟩`. Emoji and right-to-left letters are
-    kept as they are. An empty string becomes "∅". Non-strings are converted with `str()` first.
-    """
-    if not isinstance(token, str):
-        token = str(token)
-    if token == "":
-        return EMPTY_TOKEN
+@functools.lru_cache(maxsize=65536)
+def _visible(token: str) -> str:
     out = []
     for char in token:
         code = ord(char)
@@ -49,6 +41,20 @@ def visible_token(token: str) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+def visible_token(token: str) -> str:
+    """Return `token` with whitespace and invisible characters replaced by visible marks (still unescaped).
+
+    Spaces become "·", newlines "↵", tabs "⇥", C0/C1 control characters their Unicode control picture or
+    `⟨U+XXXX⟩`, bidi overrides/isolates and zero-width characters `⟨U+XXXX⟩`. Emoji and right-to-left letters are
+    kept as they are. An empty string becomes "∅". Non-strings are converted with `str()` first.
+    """
+    if not isinstance(token, str):
+        token = str(token)
+    if token == "":
+        return EMPTY_TOKEN
+    return _visible(token)
 
 
 def escape_html(text: str) -> str:
@@ -68,8 +74,9 @@ def escape_html(text: str) -> str:
     )
 
 
+@functools.lru_cache(maxsize=65536)
 def token_html(token: str) -> str:
-    """A raw token as safe HTML text: `visible_token` then `escape_html`."""
+    """A raw token as safe HTML text: `visible_token` then `escape_html` (cached: vocabularies repeat)."""
     return escape_html(visible_token(token))
 
 
@@ -84,8 +91,9 @@ def escape_plotly(text: str) -> str:
     return html.escape(text, quote=True)
 
 
+@functools.lru_cache(maxsize=65536)
 def token_plotly(token: str) -> str:
-    """A raw token for a Plotly label: `visible_token` then `escape_plotly`."""
+    """A raw token for a Plotly label: `visible_token` then `escape_plotly` (cached: vocabularies repeat)."""
     return escape_plotly(visible_token(token))
 
 

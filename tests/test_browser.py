@@ -68,7 +68,8 @@ def test_generate_shows_live_canvas_final_text_and_speed(browser, served_app):
     forwards = page.evaluate("window.__forwards")
     assert len(forwards) >= 3, forwards  # the canvas changed at least twice while the run went on
     assert page.locator(".dg-block-done").count() == 2
-    assert page.locator("#dg-canvas .dg-chip[title]").count() == 128
+    assert page.locator("#dg-stack .dg-chip[title]").count() == 128
+    assert page.locator("#dg-canvas .dg-block").count() == 0  # nothing live after the run
     tps = float(page.get_attribute(".dg-meter", "data-tps"))
     assert tps > 0
     assert page.locator("#dg-heatmap .js-plotly-plot").count() == 1

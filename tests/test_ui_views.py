@@ -96,7 +96,8 @@ def parse(fragment: str) -> TagCollector:
 
 
 ALLOWED_TAGS = {"div", "section", "header", "span", "p", "b", "wbr"}
-ALLOWED_ATTRS = {"class", "title", "style", "data-forward", "data-block", "data-state", "data-tps", "aria-hidden"}
+ALLOWED_ATTRS = {"class", "title", "style", "data-forward", "data-block", "data-blocks", "data-state", "data-tps",
+                 "data-ttff", "aria-hidden"}
 
 
 def assert_safe_html(fragment: str):
@@ -278,7 +279,7 @@ def test_meter_uses_engine_clock_fields_only():
     assert values["forwards/block"] == "5.0" and values["elapsed"] == "2.50 s"
     assert values["first frame"] == "31 ms" and values["tokens"] == "10"
     out = meter.meter_html(frame)
-    assert 'data-tps="123.456"' in out and 'data-state="running"' in out
+    assert 'data-tps="123.456"' in out and 'data-state="running"' in out and 'data-ttff="0.0312"' in out
     assert_safe_html(out)
     time.sleep(0.01)
     assert meter.meter_html(frame) == out  # the wall clock plays no part
@@ -504,8 +505,11 @@ def test_generate_stream_renders_live_then_final_and_frees_the_worker_when_close
     first, last = outputs[0], outputs[-1]
     assert first[-2]["interactive"] is False and first[-1]["interactive"] is True  # Generate off, Stop on
     assert last[-2]["interactive"] is True and last[-1]["interactive"] is False
-    assert "Done" in last[0] and last[2] == "<b>text</b>"  # plain text for a Textbox
-    assert isinstance(last[3], plots.FigureSpec) and "sliders" in last[3]["layout"]
+    assert "Done" in last[1] and last[3] == "<b>text</b>"  # plain text for a Textbox
+    assert 'data-blocks="3"' in last[0]  # 12 frames of 4 steps: 3 finished blocks stacked
+    assert isinstance(last[4], plots.FigureSpec) and "sliders" in last[4]["layout"]
+    stacks = [o[0] for o in outputs if isinstance(o[0], str)]
+    assert stacks[0] == "" and len(stacks) <= 5  # the stack is only re-sent when a block finishes
     assert not session.worker.running
 
     slow = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
@@ -524,7 +528,7 @@ def test_generate_stream_stop_button_and_bad_input():
     next(stream)
     playground.stop(session)
     final = list(stream)[-1]
-    assert "Stopped" in final[0] and "stopped" in final[1]
+    assert "Stopped" in final[1] and "stopped" in final[2]
     with pytest.raises(gr.Error, match="t_min must be below t_max"):
         next(playground.generate_stream(SessionState(), "hi", True, 64, 8, 0.5, 0.9, 0.8, 1, 0.05, True, 3))
     with pytest.raises(gr.Error, match="context"):

@@ -1,0 +1,222 @@
+"""UI latency and overhead, measured in a real headless browser.
+
+    PYTHONPATH=. python benchmarks/ui_latency.py [--runs 5] [--max-new-tokens 128] [--steps 8] [--seed 0] [--json]
+
+Serves the playground in-process on the embedded model (or --model) and drives it with Playwright + Chromium:
+
+- first frame: time from pressing Generate (a click dispatched in the page, timed with `performance.now()`) to the
+  first canvas frame in the DOM (the canvas's `data-forward` becomes >= 0), median over --runs. Reported next to
+  the engine's own time to first frame (prompt encoding + first decoder forward, engine clock) of the same run,
+  read from the meter; the difference is what the UI adds (queue, worker start, render, transport, DOM update).
+- tokens/s: the UI's final reported tokens/s (engine clock, read from the meter) versus `engine.generate()` run
+  bare in this process with the same prompt, settings and seed, interleaved run by run; ratio of the medians.
+  The bare run happens in a fresh thread, as the UI's worker does (torch's CPU thread pool behaves differently in
+  the main thread; `--bare-in-main-thread` measures that instead).
+
+Targets: first frame < 300 ms after pressing Generate; UI/bare tokens/s ratio >= 0.95. Chromium must be at
+/usr/bin/chromium (never downloaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+CLICK_AND_TIME = """() => new Promise((resolve) => {
+  const root = document.querySelector('#dg-canvas');
+  const meter = document.querySelector('#dg-meter');
+  const result = {first_frame_ms: null};
+  let t0 = 0;
+  const check = () => {
+    const el = root.querySelector('.dg-canvas');
+    const f = el ? Number(el.getAttribute('data-forward')) : -1;
+    if (result.first_frame_ms === null && f >= 0) result.first_frame_ms = performance.now() - t0;
+  };
+  const done = () => {
+    const m = meter.querySelector('.dg-meter');
+    if (m && m.getAttribute('data-state') === 'done' && result.first_frame_ms !== null) {
+      result.ui_tps = Number(m.getAttribute('data-tps'));
+      result.ui_ttff_ms = Number(m.getAttribute('data-ttff')) * 1000;
+      result.total_ms = performance.now() - t0;
+      observer.disconnect();
+      resolve(result);
+    }
+  };
+  const observer = new MutationObserver(() => { check(); done(); });
+  observer.observe(root, {subtree: true, childList: true, attributes: true});
+  observer.observe(meter, {subtree: true, childList: true, attributes: true});
+  t0 = performance.now();
+  document.querySelector('#dg-generate').click();
+})"""
+
+
+def chromium_cpu_s() -> float:
+    """CPU seconds used so far by all Chromium processes (Linux /proc; NaN elsewhere)."""
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if "chrom" in stat[stat.index("(") + 1 : stat.rindex(")")]:
+                fields = stat[stat.rindex(")") + 2 :].split()
+                total += int(fields[11]) + int(fields[12])
+        return total / tick
+    except (OSError, ValueError, AttributeError):
+        return float("nan")
+
+
+def generate_in_thread(engine, prompt, settings, seed):
+    """`engine.generate()` in a fresh thread, as the UI's worker runs it (torch's CPU threading differs between the
+    main thread and other threads: on a busy CPU the main thread can be several times slower)."""
+    out = {}
+
+    def run():
+        out["result"] = engine.generate(prompt, settings, raw=True, seed=seed)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return out["result"]
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="model folder or hub id (default: embedded diffgemma-tiny)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--prompt", default="In the beginning")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=8, help="max denoising steps")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bare-in-main-thread", action="store_true",
+                        help="run the bare engine.generate() in the main thread instead of a fresh thread")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = parser.parse_args(argv)
+
+    from playwright.sync_api import sync_playwright
+
+    from diffgemma_ui import build_app
+    from engine import DiffusionEngine, load_model
+    from engine.loading import DEFAULT_MODEL
+
+    engine = DiffusionEngine(load_model(args.model or DEFAULT_MODEL, args.device))
+    settings = engine.recommended.replace(max_new_tokens=args.max_new_tokens, max_denoising_steps=args.steps)
+    app = build_app(engine)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    _, url, _ = app.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    generate_in_thread(engine, args.prompt, settings, args.seed)  # warm-up (allocator, caches)
+
+    rows = {"page_load_ms": [], "first_frame_ms": [], "engine_ttff_ms": [], "bare_ttff_ms": [], "ui_tps": [],
+            "bare_tps": [], "ui_total_ms": [], "browser_cpu_pct": []}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            for run in range(args.runs + 1):  # run 0 warms the browser and the server up, not counted
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                start = time.perf_counter()
+                page.goto(url)
+                page.wait_for_selector("#dg-generate")
+                load_ms = (time.perf_counter() - start) * 1000
+                page.fill("#dg-prompt textarea", args.prompt)
+                page.check("#dg-raw input[type=checkbox]")
+                for selector, value in (("input[aria-label='number input for Max new tokens']", args.max_new_tokens),
+                                        ("input[aria-label='number input for Max denoising steps']", args.steps),
+                                        ("#dg-seed input", args.seed)):
+                    box = page.locator(selector)
+                    box.fill(str(value))
+                    box.press("Enter")
+                time.sleep(0.3)
+                cpu_before = chromium_cpu_s()
+                measured = page.evaluate(CLICK_AND_TIME)
+                browser_cpu = chromium_cpu_s() - cpu_before
+                page.close()
+                time.sleep(0.5)
+                # right after, under the same load, in a thread like the UI's worker (unless asked otherwise)
+                if args.bare_in_main_thread:
+                    bare = engine.generate(args.prompt, settings, raw=True, seed=args.seed)
+                else:
+                    bare = generate_in_thread(engine, args.prompt, settings, args.seed)
+                if run == 0:
+                    continue
+                rows["page_load_ms"].append(load_ms)
+                rows["first_frame_ms"].append(measured["first_frame_ms"])
+                rows["ui_total_ms"].append(measured["total_ms"])
+                rows["browser_cpu_pct"].append(100 * browser_cpu / (measured["total_ms"] / 1000))
+                rows["ui_tps"].append(measured["ui_tps"])
+                rows["bare_tps"].append(bare.tokens_per_second)
+                rows["engine_ttff_ms"].append(measured["ui_ttff_ms"])
+                rows["bare_ttff_ms"].append(bare.time_to_first_frame_s * 1000)
+            browser.close()
+    finally:
+        app.close()
+
+    summary = {key: {"median": median(v), "min": min(v), "max": max(v), "runs": v} for key, v in rows.items()}
+    ratio = median(rows["ui_tps"]) / median(rows["bare_tps"])
+    paired = median([u / b for u, b in zip(rows["ui_tps"], rows["bare_tps"]) if b > 0])
+    overhead = median([f - e for f, e in zip(rows["first_frame_ms"], rows["engine_ttff_ms"])])
+    result = {
+        "settings": {"prompt": args.prompt, "raw": True, "max_new_tokens": args.max_new_tokens,
+                     "max_denoising_steps": args.steps, "seed": args.seed, "runs": args.runs,
+                     "bare_in": "main thread" if args.bare_in_main_thread else "worker thread",
+                     "device": str(engine.device)},
+        "metrics": summary,
+        "ui_overhead_to_first_frame_ms": overhead,
+        "tps_ratio_ui_over_bare": ratio,
+        "tps_ratio_median_of_pairs": paired,
+        "targets": {"first_frame_ms_below": 300, "tps_ratio_at_least": 0.95},
+        "first_frame_target_met": summary["first_frame_ms"]["median"] < 300,
+        "tps_ratio_target_met": ratio >= 0.95,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"UI latency on {engine.device}: prompt {args.prompt!r}, {args.max_new_tokens} tokens, {args.steps} steps, "
+          f"seed {args.seed}, {args.runs} runs (+1 warm-up)")
+    print(f"{'metric':44} {'median':>9} {'min':>9} {'max':>9}  target")
+    labels = [
+        ("page_load_ms", "page load (goto -> Generate visible), ms", ""),
+        ("first_frame_ms", "press Generate -> first canvas frame, ms", "< 300"),
+        ("engine_ttff_ms", "  of which engine time to first frame, ms", ""),
+        ("bare_ttff_ms", "engine.generate() time to first frame, ms", ""),
+        ("ui_total_ms", "press Generate -> final frame shown, ms", ""),
+        ("browser_cpu_pct", "browser CPU during the UI run, % of a core", ""),
+        ("ui_tps", "UI-reported tokens/s (engine clock)", ""),
+        ("bare_tps", "engine.generate() tokens/s", ""),
+    ]
+    for key, label, target in labels:
+        s = summary[key]
+        print(f"{label:44} {s['median']:9.1f} {s['min']:9.1f} {s['max']:9.1f}  {target}")
+    print(f"{'UI overhead to first frame (median diff), ms':44} {overhead:9.1f}")
+    print(f"{'tokens/s ratio UI / bare (medians)':44} {ratio:9.3f} {'':9} {'':9}  >= 0.95")
+    print(f"{'tokens/s ratio UI / bare (median of pairs)':44} {paired:9.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
