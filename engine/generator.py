@@ -239,7 +239,7 @@ def denoise(
                         canvas_length=canvas_length, eos_tensor=eos_tensor,
                     )
                     progress.forwards_per_block.append(step_index + 1)
-                    progress.committed_ids = _strip_after_eos(
+                    progress.committed_ids = strip_after_eos(
                         input_ids[0, prompt_length:].tolist(), generation_config.eos_token_id, pad_id
                     )
                     progress.committed_tokens = sum(1 for t in progress.committed_ids if t != pad_id)
@@ -267,7 +267,7 @@ def denoise(
             )
 
 
-def _strip_after_eos(token_ids: list[int], eos_token_id, pad_id) -> list[int]:
+def strip_after_eos(token_ids: list[int], eos_token_id: int | list[int] | None, pad_id: int | None) -> list[int]:
     """Generated ids up to and including the first EOS (the pads `_finalize_canvas` put after it dropped)."""
     eos_ids = set(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]) if eos_token_id is not None else set()
     for i, token in enumerate(token_ids):
