@@ -180,8 +180,8 @@ class Playground:
         # A slider needs minimum < maximum: with one block it stays hidden
         block = gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1) if final else skip
         return StreamOutputs(
-            stack=stack, canvas=canvas, meter=meter_html(latest), text=text, heatmap=heatmap, order=order, entropy=entropy,
-            block=block,
+            stack=stack, canvas=canvas, meter=meter_html(latest), text=text, heatmap=heatmap, order=order,
+            entropy=entropy, block=block,
             generate_button=gr.update(interactive=final),
             stop_button=gr.update(interactive=not final),
         )

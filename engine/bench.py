@@ -110,7 +110,7 @@ def synchronize(device: torch.device) -> None:
 def counted_ids(engine: DiffusionEngine, generated: list[int]) -> list[int]:
     """The generated ids that count as output: up to and including the first EOS, pads dropped."""
     config = engine.model.generation_config
-    ids = strip_after_eos(generated, config.eos_token_id, config.pad_token_id)
+    ids = strip_after_eos(generated, config.eos_token_id)
     return [t for t in ids if t != config.pad_token_id]
 
 

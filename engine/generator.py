@@ -240,7 +240,7 @@ def denoise(
                     )
                     progress.forwards_per_block.append(step_index + 1)
                     progress.committed_ids = strip_after_eos(
-                        input_ids[0, prompt_length:].tolist(), generation_config.eos_token_id, pad_id
+                        input_ids[0, prompt_length:].tolist(), generation_config.eos_token_id
                     )
                     progress.committed_tokens = sum(1 for t in progress.committed_ids if t != pad_id)
                     if bool(finished_sequences.all()):
@@ -267,9 +267,11 @@ def denoise(
             )
 
 
-def strip_after_eos(token_ids: list[int], eos_token_id: int | list[int] | None, pad_id: int | None) -> list[int]:
+def strip_after_eos(token_ids: list[int], eos_token_id: int | list[int] | None) -> list[int]:
     """Generated ids up to and including the first EOS (the pads `_finalize_canvas` put after it dropped)."""
-    eos_ids = set(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]) if eos_token_id is not None else set()
+    if eos_token_id is None:
+        return token_ids
+    eos_ids = set(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
     for i, token in enumerate(token_ids):
         if token in eos_ids:
             return token_ids[: i + 1]

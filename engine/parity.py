@@ -64,7 +64,7 @@ def run_case(engine: DiffusionEngine, case: ParityCase) -> tuple[list[int], list
     torch.manual_seed(case.seed)
     sequences = engine.model.generate(input_ids, **settings.generate_kwargs()).sequences
     config = engine.model.generation_config
-    expected = strip_after_eos(sequences[0, input_ids.shape[1] :].tolist(), config.eos_token_id, config.pad_token_id)
+    expected = strip_after_eos(sequences[0, input_ids.shape[1] :].tolist(), config.eos_token_id)
     result = engine.generate(case.prompt, settings, raw=case.raw, seed=case.seed)
     return expected, result.token_ids, result.stop_reason
 
