@@ -103,11 +103,11 @@ def _number(name: str, value):
             raise ValueError(f"{name} must be a number, got {shown(value)}") from None
     if not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number, got {type(value).__name__}")
-    if isinstance(value, int) and abs(value) > 2**53:  # beyond any range here, and maybe beyond a float's
-        low, high, low_inclusive, _ = RANGES[name]
-        raise ValueError(f"{name} must be in {'[' if low_inclusive else '('}{low}, {high}], got {shown(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if abs(value) > 2**53:  # beyond any range here (and an int maybe beyond a float's): say so briefly
+        low, high, low_inclusive, _ = RANGES[name]
+        raise ValueError(f"{name} must be in {'[' if low_inclusive else '('}{low}, {high}], got {shown(value)}")
     if isinstance(value, float) and value.is_integer() and name in ("max_new_tokens", "max_denoising_steps",
                                                                      "stability_threshold"):
         value = int(value)
