@@ -13,6 +13,7 @@ import gc
 import logging
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 
 from engine import Frame
@@ -123,7 +124,8 @@ class RunWorker:
                         break
         except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
             if not isinstance(exc, ValueError):  # the operator gets the traceback; the user only the message
-                LOG.error("run failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+                # As text: a log record holding the traceback object would keep the failed run's tensors alive
+                LOG.error("run failed: %s", "".join(traceback.format_exception(exc)).rstrip())
             error = _without_tracebacks(exc)
         finally:
             close = getattr(iterator, "close", None)
