@@ -145,7 +145,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = 15.0, abandon_after_s
         stream_outputs = [stack, canvas, meter, text, heatmap, order, entropy, block, generate, stop]
         run_event = dict(
             fn=playground.generate_stream, inputs=[session, *run_inputs], outputs=stream_outputs,
-            api_visibility="private", concurrency_id="engine", show_progress="minimal",
+            api_visibility="private", concurrency_id="engine", show_progress="full",
             show_progress_on=[canvas], trigger_mode="once",
         )
         generate.click(**run_event)

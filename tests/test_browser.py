@@ -121,3 +121,27 @@ def run_threads():
     import threading
 
     return [t for t in threading.enumerate() if t.name == "diffgemma-run" and t.is_alive()]
+
+
+def test_preset_fills_the_sliders_and_dice_draws_a_seed(browser, served_app, engine):
+    from engine import preset
+
+    _, url = served_app
+    page, problems = open_page(browser, url)
+    steps = page.locator("input[aria-label='number input for Max denoising steps']")
+    assert int(steps.input_value()) == engine.recommended.max_denoising_steps
+    page.click("#dg-preset input")
+    page.locator("ul[role=listbox] li", has_text="fast").first.click()
+    fast = preset("fast", engine.recommended)
+    page.wait_for_function(
+        f"document.querySelector(\"input[aria-label='number input for Max denoising steps']\").value == "
+        f"'{fast.max_denoising_steps}'", timeout=10_000)
+    bound = page.locator("input[aria-label='number input for Entropy bound']").input_value()
+    assert float(bound) == pytest.approx(fast.entropy_bound)
+    seed = page.locator("#dg-seed input")
+    before = seed.input_value()
+    page.click("#dg-dice")
+    page.wait_for_function(f"document.querySelector('#dg-seed input').value !== '{before}'", timeout=10_000)
+    assert int(seed.input_value()) >= 0
+    assert not problems, problems
+    page.close()
