@@ -120,6 +120,14 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(where, **common)
     except Exception as error:  # noqa: BLE001
         raise ModelLoadError(f"cannot load weights or tokenizer from {source!r}: {type(error).__name__}: {error}") from error
+    vocab_size = getattr(getattr(network.config, "text_config", network.config), "vocab_size", None)
+    if vocab_size and len(tokenizer) < vocab_size // 2:
+        # Without tokenizer.json (or its equivalent) transformers builds an empty tokenizer that maps every prompt
+        # to <unk>: the app would run, on garbage
+        raise ModelLoadError(
+            f"the tokenizer in {source!r} has {len(tokenizer):,} tokens for a model of {vocab_size:,}: its tokenizer "
+            "files (tokenizer.json) are missing or wrong"
+        )
     if torch_device.type != "cuda":
         network = network.to(torch_device)
     else:
