@@ -72,6 +72,8 @@ def broken_models(tmp_path: Path) -> dict[str, tuple[str, str]]:
         "truncated weights": (str(model_copy(tmp_path, "truncated", replace={
             "model.safetensors": weights[: len(weights) // 3]})), "cannot load weights"),
         "no weights": (str(model_copy(tmp_path, "noweights", drop=["model.safetensors"])), "cannot load weights"),
+        "no tokenizer": (str(model_copy(tmp_path, "notokenizer", drop=["tokenizer.json", "tokenizer_config.json"])),
+                         "tokenizer files (tokenizer.json) are missing"),
         "another architecture": (str(model_copy(tmp_path, "llama", replace={
             "config.json": config_with(model_type="llama")})), "is a 'llama' model"),
         "unknown architecture": (str(model_copy(tmp_path, "unknown", replace={
