@@ -139,7 +139,8 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
     layout = _layout(
         _block_title(frames, "Confidence per step and position"),
         xaxis=_axis("position", range=[-0.5, n - 0.5], showgrid=False),
-        yaxis=_axis("step", range=[steps + 0.5, 0.5], autorange=False, showgrid=False),
+        yaxis=_axis("step", range=[steps + 0.5, 0.5], autorange=False, showgrid=False,
+                    dtick=max(1, math.ceil(steps / 8))),
     )
     if animate and steps > 1:
         def cover(k: int) -> list[dict]:
