@@ -130,7 +130,9 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = 15.0, abandon_after_s
                     stack = gr.HTML("", elem_id="dg-stack")  # finished blocks: re-sent only when one finishes
                     canvas = gr.HTML(EMPTY_CANVAS_HTML, elem_id="dg-canvas")  # the block being denoised
                 text = gr.Textbox(label="Generated text", lines=3, max_lines=12, interactive=False,
-                                  buttons=["copy"], elem_id="dg-text")
+                                  buttons=["copy"], elem_id="dg-text",
+                                  placeholder="The committed text appears here, block by block (special tokens "
+                                              "such as end-of-turn are not shown).")
                 block = gr.Slider(1, 2, value=1, step=1, label="Block to plot", visible=False,
                                   elem_id="dg-block")
                 heatmap = gr.Plot(start.heatmap, show_label=False, elem_id="dg-heatmap")

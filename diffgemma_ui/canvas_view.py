@@ -119,7 +119,7 @@ def block_html(frame: Frame, *, live: bool) -> str:
         header_bits.append(f"{forwards} forward{'s' if forwards != 1 else ''}")
         header_bits.append("stopped early (stable)" if frame.block_stopped_early else "all steps")
         if kept < n:
-            header_bits.append(f"{kept} tokens kept, end-of-sequence")
+            header_bits.append(f"{kept} token{'s' if kept != 1 else ''} kept, end-of-sequence")
         for pos in range(n):
             chips.append(chip_html(
                 frame.draft_tokens[pos],
