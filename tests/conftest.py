@@ -24,10 +24,10 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def engine():
-    """A `DiffusionEngine` on the embedded diffgemma-tiny model, on CPU (loaded once per test session)."""
-    from engine import DiffusionEngine, load_model
+    """A `DiffusionEngine` on the embedded diffgemma-tiny model (or DIFFGEMMA_TEST_MODEL), on CPU, loaded once."""
+    from engine import DEFAULT_MODEL, DiffusionEngine, load_model
 
-    return DiffusionEngine(load_model(device="cpu"))
+    return DiffusionEngine(load_model(os.environ.get("DIFFGEMMA_TEST_MODEL") or DEFAULT_MODEL, device="cpu"))
 
 
 @pytest.fixture(scope="session")

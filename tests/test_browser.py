@@ -54,21 +54,29 @@ def set_number(page, label, value):
     box.press("Enter")
 
 
-def test_generate_shows_live_canvas_final_text_and_speed(browser, served_app):
+def test_generate_shows_live_canvas_final_text_and_speed(browser, served_app, engine):
     _, url = served_app
+    prompt = "The Lord is my shepherd <img src=x onerror=alert(1)> \U0001f600"
+    # What the engine itself makes of the same request (same seed): the page must show exactly this text
+    settings = engine.recommended.replace(max_new_tokens=128, max_denoising_steps=4, adaptive_stopping=False)
+    expected = engine.generate(prompt, settings, raw=True, seed=0)
     page, problems = open_page(browser, url)
-    page.fill("#dg-prompt textarea", "The Lord is my shepherd <img src=x onerror=alert(1)> \U0001f600")
+    page.fill("#dg-prompt textarea", prompt)
     page.check("#dg-raw input[type=checkbox]")
+    page.uncheck("#dg-settings input[type=checkbox]")  # adaptive stopping off: every block runs all 4 steps
     set_number(page, "Max new tokens", 128)
     set_number(page, "Max denoising steps", 4)
+    assert page.locator("#dg-seed input").input_value() == "0"
     page.evaluate(WATCH_CANVAS)
     page.click("#dg-generate")
     page.wait_for_selector(".dg-meter[data-state='done']", timeout=120_000)
-    page.wait_for_function("document.querySelector('#dg-text textarea').value.length > 0", timeout=10_000)
+    page.wait_for_function(
+        "(text) => document.querySelector('#dg-text textarea').value === text", arg=expected.text, timeout=10_000)
     forwards = page.evaluate("window.__forwards")
     assert len(forwards) >= 3, forwards  # the canvas changed at least twice while the run went on
-    assert page.locator(".dg-block-done").count() == 2
-    assert page.locator("#dg-stack .dg-chip[title]").count() == 128
+    blocks = len(expected.forwards_per_block)
+    assert page.locator(".dg-block-done").count() == blocks
+    assert page.locator("#dg-stack .dg-chip[title]").count() == 64 * blocks
     assert page.locator("#dg-canvas .dg-block").count() == 0  # nothing live after the run
     tps = float(page.get_attribute(".dg-meter", "data-tps"))
     assert tps > 0
