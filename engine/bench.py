@@ -39,6 +39,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 from .ar_baseline import ar_generate
@@ -78,7 +79,9 @@ FULL = Mode(repeats=3, seeds=(0, 1, 2), blocks=4, ui_repeats=3, ar_repeats=3, sc
 @dataclass(frozen=True)
 class Run:
     """One timed generation: wall `seconds` around the whole call, the generated `token_ids` (up to EOS), the
-    decoder `forwards`, and for engine runs `time_to_first_frame_s` and `forwards_per_block` (else None)."""
+    decoder `forwards`, and for engine runs `time_to_first_frame_s` and `forwards_per_block` (else None).
+    `cpu_seconds`: CPU time the call used in every process involved (this one, and the app's for API calls); unlike
+    wall time it barely moves when other programs compete for the cores."""
 
     seconds: float
     token_ids: list[int]
@@ -86,6 +89,7 @@ class Run:
     time_to_first_frame_s: float | None = None
     forwards_per_block: list[int] | None = None
     engine_seconds: float | None = None
+    cpu_seconds: float | None = None
 
     @property
     def tokens(self) -> int:
@@ -100,6 +104,25 @@ def spread(values: list[float], digits: int = 4) -> dict:
     """{"median", "min", "max"} of `values`, rounded."""
     return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
             "max": round(max(values), digits)}
+
+
+class Stopwatch:
+    """Wall time (perf_counter) and CPU time (this process, plus `other` processes given by pid) of a block."""
+
+    def __init__(self, *other_pids: int):
+        self._others = [psutil.Process(pid) for pid in other_pids]
+
+    def _cpu(self) -> float:
+        return time.process_time() + sum(sum(p.cpu_times()[:2]) for p in self._others)
+
+    def __enter__(self):
+        self._cpu_start, self._start = self._cpu(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self._start
+        self.cpu_seconds = self._cpu() - self._cpu_start
+        return False
 
 
 def synchronize(device: torch.device) -> None:
@@ -118,43 +141,44 @@ def counted_ids(engine: DiffusionEngine, generated: list[int]) -> list[int]:
 def run_bare(engine: DiffusionEngine, input_ids: torch.Tensor, settings: DiffusionSettings, seed: int) -> Run:
     """`torch.manual_seed(seed); model.generate(input_ids, **settings.generate_kwargs())`, timed."""
     synchronize(engine.device)
-    start = time.perf_counter()
-    torch.manual_seed(seed)
-    output = engine.model.generate(input_ids, **settings.generate_kwargs())
-    synchronize(engine.device)
-    seconds = time.perf_counter() - start
+    with Stopwatch() as watch:
+        torch.manual_seed(seed)
+        output = engine.model.generate(input_ids, **settings.generate_kwargs())
+        synchronize(engine.device)
     sequences = getattr(output, "sequences", output)
-    return Run(seconds, counted_ids(engine, sequences[0, input_ids.shape[1]:].tolist()))
+    return Run(watch.seconds, counted_ids(engine, sequences[0, input_ids.shape[1]:].tolist()),
+               cpu_seconds=watch.cpu_seconds)
 
 
 def run_engine(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings, seed: int, raw: bool) -> Run:
     """Consume every frame of `engine.frames(prompt, ...)`, timed (prompt encoding included)."""
-    start = time.perf_counter()
     frames, last = 0, None
-    for last in engine.frames(prompt, settings, raw=raw, seed=seed):
-        frames += 1
-    seconds = time.perf_counter() - start
-    return Run(seconds, counted_ids(engine, list(last.committed_ids)), frames, last.time_to_first_frame_s,
-               list(last.forwards_per_block), last.elapsed_s)
+    with Stopwatch() as watch:
+        for last in engine.frames(prompt, settings, raw=raw, seed=seed):
+            frames += 1
+    return Run(watch.seconds, counted_ids(engine, list(last.committed_ids)), frames, last.time_to_first_frame_s,
+               list(last.forwards_per_block), last.elapsed_s, watch.cpu_seconds)
 
 
-def run_client(engine: DiffusionEngine, client, prompt: str, settings: DiffusionSettings, seed: int, raw: bool) -> Run:
-    """One `/generate` call through gradio_client, timed on the client; the app's engine clock kept beside."""
-    start = time.perf_counter()
-    _, summary = client.predict(
-        prompt, raw, settings.max_new_tokens, settings.max_denoising_steps, settings.entropy_bound, settings.t_min,
-        settings.t_max, settings.stability_threshold, settings.confidence_threshold, settings.adaptive_stopping,
-        seed, api_name="/generate",
-    )
-    seconds = time.perf_counter() - start
-    return Run(seconds, counted_ids(engine, summary["token_ids"]), summary["forwards"],
-               summary["time_to_first_frame_s"], summary["forwards_per_block"], summary["seconds"])
+def run_client(engine: DiffusionEngine, client, prompt: str, settings: DiffusionSettings, seed: int, raw: bool,
+               app_pid: int | None = None) -> Run:
+    """One `/generate` call through gradio_client, timed on the client; the app's engine clock kept beside. CPU time
+    counts this process and the app's (`app_pid`; None: the app is served in this process)."""
+    with Stopwatch(*([app_pid] if app_pid else [])) as watch:
+        _, summary = client.predict(
+            prompt, raw, settings.max_new_tokens, settings.max_denoising_steps, settings.entropy_bound,
+            settings.t_min, settings.t_max, settings.stability_threshold, settings.confidence_threshold,
+            settings.adaptive_stopping, seed, api_name="/generate",
+        )
+    return Run(watch.seconds, counted_ids(engine, summary["token_ids"]), summary["forwards"],
+               summary["time_to_first_frame_s"], summary["forwards_per_block"], summary["seconds"], watch.cpu_seconds)
 
 
 def run_ar(engine: DiffusionEngine, input_ids: torch.Tensor, new_tokens: int) -> Run:
     """Greedy autoregressive decoding of `new_tokens` tokens with the same weights (`engine.ar_baseline`)."""
-    result = ar_generate(engine.model, input_ids, new_tokens)
-    return Run(result.seconds, result.token_ids, result.forwards)
+    with Stopwatch() as watch:
+        result = ar_generate(engine.model, input_ids, new_tokens)
+    return Run(result.seconds, result.token_ids, result.forwards, cpu_seconds=watch.cpu_seconds)
 
 
 def interleave(paths: dict[str, Callable[[int], Run]], seeds: tuple[int, ...], repeats: int,
@@ -178,9 +202,10 @@ def path_summary(runs: list[Run]) -> dict:
             "seconds": spread([r.seconds for r in runs]), "tokens": spread([r.tokens for r in runs], 1)}
 
 
-def ratio(slow: list[Run], fast: list[Run]) -> dict:
-    """Run-by-run `slow.seconds / fast.seconds` (the runs pair up by position: same seed, same round)."""
-    return spread([s.seconds / f.seconds for s, f in zip(slow, fast)])
+def ratio(slow: list[Run], fast: list[Run], clock: str = "seconds") -> dict:
+    """Run-by-run `slow / fast` time on `clock` ("seconds": wall, "cpu_seconds": CPU); the runs pair up by
+    position (same seed, same round)."""
+    return spread([getattr(s, clock) / getattr(f, clock) for s, f in zip(slow, fast)])
 
 
 def same_tokens(a: list[Run], b: list[Run]) -> bool:
@@ -201,6 +226,7 @@ def measure_engine_overhead(engine: DiffusionEngine, prompt: str, settings: Diff
         "bare_generate": path_summary(runs["bare"]),
         "engine_frames": path_summary(engine_runs),
         "engine_overhead_ratio": ratio(engine_runs, runs["bare"]),
+        "engine_overhead_ratio_cpu": ratio(engine_runs, runs["bare"], "cpu_seconds"),
         "same_tokens": same_tokens(runs["bare"], engine_runs),
         "runs": len(engine_runs),
         "tokens_per_forward": spread([r.tokens / r.forwards for r in engine_runs], 3),
@@ -263,22 +289,24 @@ def peak_rss_mb(pid: int) -> float | None:
 
 
 def measure_ui_overhead(engine: DiffusionEngine, url: str, prompt: str, settings: DiffusionSettings, mode: Mode,
-                        raw: bool = True) -> dict:
+                        raw: bool = True, app_pid: int | None = None) -> dict:
     """(b) the same runs through the app at `url` (its `/generate` API, via gradio_client) against bare
-    `generate()`; `ui_overhead_ratio` (target <= 1.05) = client round trip / bare seconds, run by run."""
+    `generate()`; `ui_overhead_ratio` (target <= 1.05) = client round trip / bare seconds, run by run.
+    `app_pid`: the app's process, whose CPU time counts too (None: the app runs in this process)."""
     from gradio_client import Client
 
     input_ids = engine.encode_prompt(prompt, raw=raw)
     client = Client(url, verbose=False)
     runs = interleave({
         "bare": lambda seed: run_bare(engine, input_ids, settings, seed),
-        "client": lambda seed: run_client(engine, client, prompt, settings, seed, raw),
+        "client": lambda seed: run_client(engine, client, prompt, settings, seed, raw, app_pid),
     }, mode.seeds, mode.ui_repeats)
     client_runs = runs["client"]
     return {
         "bare_generate": path_summary(runs["bare"]),
         "gradio_client": path_summary(client_runs),
         "ui_overhead_ratio": ratio(client_runs, runs["bare"]),
+        "ui_overhead_ratio_cpu": ratio(client_runs, runs["bare"], "cpu_seconds"),
         "app_engine_over_bare": spread([c.engine_seconds / b.seconds for c, b in zip(client_runs, runs["bare"])]),
         "http_and_queue_s": spread([c.seconds - c.engine_seconds for c in client_runs]),
         "same_tokens": same_tokens(runs["bare"], client_runs),
@@ -295,12 +323,12 @@ def measure_diffusion_vs_ar(engine: DiffusionEngine, prompt: str, settings: Diff
         "diffusion": lambda seed: run_bare(engine, input_ids, settings, seed),
         "ar": lambda seed: run_ar(engine, input_ids, lengths[seed]),
     }, mode.seeds, mode.ar_repeats)
-    speedups = [a.seconds / d.seconds for d, a in zip(runs["diffusion"], runs["ar"])]
     return {
         "diffusion": path_summary(runs["diffusion"]),
         "autoregressive": path_summary(runs["ar"]),
-        "speedup": spread(speedups, 3),
-        "runs": len(speedups),
+        "speedup": ratio(runs["ar"], runs["diffusion"]),
+        "speedup_cpu": ratio(runs["ar"], runs["diffusion"], "cpu_seconds"),
+        "runs": len(runs["ar"]),
     }
 
 
@@ -382,7 +410,7 @@ def run_benchmark(engine: DiffusionEngine, *, model: str, mode: Mode, prompt: st
         try:
             dtype = str(engine.model.dtype).removeprefix("torch.")
             with launched_app(model, engine.device.type, dtype, threads) as (url, process):
-                results["ui"] = measure_ui_overhead(engine, url, prompt, fixed, mode)
+                results["ui"] = measure_ui_overhead(engine, url, prompt, fixed, mode, app_pid=process.pid)
                 results["ui"]["app_peak_rss_mb"] = peak_rss_mb(process.pid)
         except Exception as error:  # noqa: BLE001 - recorded and reported, the rest still runs
             results["ui"] = {"error": f"{type(error).__name__}: {error}"}
@@ -420,6 +448,7 @@ def format_table(results: dict) -> str:
         f"{_cell(e['engine_frames']['seconds'], 3)}",
         f"    engine_overhead_ratio             {_cell(e['engine_overhead_ratio'], 3)}  (target <= 1.03; "
         f"same tokens: {e['same_tokens']})",
+        f"      same on CPU time                {_cell(e['engine_overhead_ratio_cpu'], 3)}",
     ]
     ui = results.get("ui")
     if ui is None:
@@ -435,6 +464,7 @@ def format_table(results: dict) -> str:
             f"{_cell(ui['gradio_client']['seconds'], 3)}",
             f"    ui_overhead_ratio                 {_cell(ui['ui_overhead_ratio'], 3)}  (target <= 1.05; "
             f"same tokens: {ui['same_tokens']})",
+            f"      same on CPU time (client + app) {_cell(ui['ui_overhead_ratio_cpu'], 3)}",
             f"    of which HTTP + queue             {_cell(ui['http_and_queue_s'], 3)} s per call; app engine "
             f"clock / bare {_cell(ui['app_engine_over_bare'], 3)}",
         ]
@@ -447,7 +477,7 @@ def format_table(results: dict) -> str:
         f"{_cell(ar['diffusion']['seconds'], 3)}   tokens {_cell(ar['diffusion']['tokens'], 0)}",
         f"    greedy AR with KV cache           {_cell(ar['autoregressive']['tokens_per_second']):<22} "
         f"{_cell(ar['autoregressive']['seconds'], 3)}",
-        f"    diffusion speedup over AR         {_cell(ar['speedup'], 2)}x",
+        f"    diffusion speedup over AR         {_cell(ar['speedup'], 2)}x (on CPU time {_cell(ar['speedup_cpu'], 2)}x)",
         "(d) per run (engine, fixed runs)",
         f"    tokens per forward {_cell(e['tokens_per_forward'], 2)}; forwards per block {e['forwards_per_block']}; "
         f"time to first frame {_cell(e['time_to_first_frame_s'], 3)} s",

@@ -57,8 +57,21 @@ def test_counted_ids_stop_at_the_first_eos_and_drop_pads(engine):
 
 def test_spread_and_ratio():
     assert bench.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
-    slow, fast = [bench.Run(2.0, [1]), bench.Run(3.0, [1])], [bench.Run(1.0, [1]), bench.Run(2.0, [1])]
+    slow = [bench.Run(2.0, [1], cpu_seconds=1.0), bench.Run(3.0, [1], cpu_seconds=3.0)]
+    fast = [bench.Run(1.0, [1], cpu_seconds=1.0), bench.Run(2.0, [1], cpu_seconds=1.0)]
     assert bench.ratio(slow, fast) == {"median": 1.75, "min": 1.5, "max": 2.0}
+    assert bench.ratio(slow, fast, "cpu_seconds") == {"median": 2.0, "min": 1.0, "max": 3.0}
+
+
+def test_stopwatch_counts_cpu_time_of_other_processes():
+    import os
+    import time as clock
+
+    with bench.Stopwatch(os.getpid()) as watch:  # this process twice: its CPU time counts twice
+        end = clock.process_time() + 0.05
+        while clock.process_time() < end:
+            pass
+    assert watch.seconds >= 0.05 * 0.5 and watch.cpu_seconds >= 2 * 0.05 * 0.9
 
 
 @pytest.mark.slow
@@ -67,6 +80,7 @@ def test_engine_overhead_on_a_tiny_setting(engine, results):
     assert result["same_tokens"] is True
     assert result["runs"] == 1
     assert result["engine_overhead_ratio"]["median"] > 0
+    assert result["engine_overhead_ratio_cpu"]["median"] > 0
     for path in ("bare_generate", "engine_frames"):
         assert result[path]["tokens_per_second"]["median"] > 0
         assert 0 < result[path]["tokens"]["median"] <= engine.canvas_length
@@ -82,6 +96,7 @@ def test_ui_path_gives_the_same_tokens_as_bare_generate(engine, fixed, served_ap
     result = bench.measure_ui_overhead(engine, url, PROMPT, fixed, TINY)
     assert result["same_tokens"] is True
     assert result["ui_overhead_ratio"]["median"] > 0
+    assert result["ui_overhead_ratio_cpu"]["median"] > 0  # the app runs in this process: its CPU time counts here
     assert result["http_and_queue_s"]["median"] > 0  # the client waits longer than the engine computes
     assert result["gradio_client"]["tokens"] == result["bare_generate"]["tokens"]
 
@@ -89,7 +104,7 @@ def test_ui_path_gives_the_same_tokens_as_bare_generate(engine, fixed, served_ap
 @pytest.mark.slow
 def test_diffusion_vs_ar_on_a_tiny_setting(results):
     result = results["diffusion_vs_ar"]
-    assert result["speedup"]["median"] > 0
+    assert result["speedup"]["median"] > 0 and result["speedup_cpu"]["median"] > 0
     assert result["autoregressive"]["tokens"] == result["diffusion"]["tokens"]
     assert result["autoregressive"]["tokens_per_second"]["median"] > 0
 
@@ -134,7 +149,7 @@ def test_scaling_rows(results):
 def test_whole_benchmark_table_and_json(results):
     json.dumps(results)  # one JSON object, as --json prints
     table = bench.format_table(results)
-    for text in ("engine_overhead_ratio", "tokens counted", "never counted", "(b) UI overhead: skipped",
+    for text in ("engine_overhead_ratio", "same on CPU time", "tokens counted", "never counted", "(b) UI overhead: skipped",
                  "diffusion speedup over AR", "peak RSS", "output blocks", "prompt tokens"):
         assert text in table
     assert results["memory"]["peak_rss_mb"] > 0
