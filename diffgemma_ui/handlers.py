@@ -204,10 +204,12 @@ class Playground:
         if session is None:
             session = SessionState()
         key = getattr(request, "session_hash", None) or f"anon-{id(session)}"
+        # The plots still show placeholders on a session's first run: leave them until there is a block to draw, so
+        # the browser is not busy redrawing empty figures while the first decoder forward runs
+        last_plots = 0.0 if session.snapshot is not None else time.monotonic()
         worker = self.start_run(run)
         session.begin(worker)
         self.registry.register(key, worker)
-        last_plots = 0.0
         try:
             for snap in worker.updates(self.max_fps):
                 session.snapshot = snap
