@@ -154,6 +154,35 @@ def reference_dictionary_rate(corpus_dir: Path, dictionary: set[str]) -> float:
     return dictionary_rate(texts, dictionary)
 
 
+def canvas_length_costs(lengths=(32, 64, 128, 256), steps: int = 8, repeats: int = 3) -> list[dict]:
+    """Seconds per decoder forward of the diffgemma-tiny architecture (random weights) at each canvas length.
+
+    Each measurement is one block of `steps` forwards (adaptive stopping off) after a 32-token prompt; the median of
+    `repeats` runs after a warm-up. The per-token cost tells which canvas keeps a CPU answer within seconds.
+    """
+    from ..settings import DiffusionSettings
+    from .model_config import tiny_config
+    from transformers import DiffusionGemmaForBlockDiffusion
+    import statistics
+    import time
+
+    rows = []
+    for length in lengths:
+        model = DiffusionGemmaForBlockDiffusion(tiny_config(canvas_length=length)).eval()
+        kwargs = DiffusionSettings(max_new_tokens=length, max_denoising_steps=steps, adaptive_stopping=False).generate_kwargs()
+        ids = torch.randint(5, 4096, (1, 32))
+        times = []
+        for run in range(repeats + 1):
+            start = time.perf_counter()
+            model.generate(ids, **kwargs)
+            if run:
+                times.append((time.perf_counter() - start) / steps)
+        per_forward = statistics.median(times)
+        rows.append({"canvas_length": length, "ms_per_forward": per_forward * 1000,
+                     "ms_per_forward_per_position": per_forward * 1000 / length})
+    return rows
+
+
 SWEEP = [
     {},
     {"entropy_bound": 0.1, "max_denoising_steps": 48, "confidence_threshold": 0.005},
@@ -170,8 +199,14 @@ def main() -> None:
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     parser.add_argument("--sweep", action="store_true", help="compare sampling settings instead of the full report")
+    parser.add_argument("--canvas-costs", action="store_true", help="time decoder forwards at canvas 32..256")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
+    if args.canvas_costs:
+        for row in canvas_length_costs():
+            print(f"canvas {row['canvas_length']:4d}: {row['ms_per_forward']:6.1f} ms per decoder forward, "
+                  f"{row['ms_per_forward_per_position']:.3f} ms per canvas position")
+        return
     engine = DiffusionEngine(load_model(args.model, device="cpu"))
     dictionary = load_dictionary()
 
