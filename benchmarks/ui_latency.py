@@ -24,6 +24,7 @@ Targets: first frame < 300 ms after pressing Generate; UI/bare tokens/s ratio >=
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -203,7 +204,8 @@ def main(argv=None) -> int:
                 rows["bare_ttff_ms"].append(bare.time_to_first_frame_s * 1000)
             browser.close()
     finally:
-        app.close()
+        with contextlib.redirect_stdout(sys.stderr):  # Gradio says "Closing server..." on stdout; keep it JSON-clean
+            app.close()
 
     summary = {key: {"median": median(v), "min": min(v), "max": max(v), "runs": v} for key, v in rows.items()}
     ratio = median(rows["ui_tps"]) / median(rows["bare_tps"])
