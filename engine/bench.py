@@ -494,6 +494,10 @@ def format_table(results: dict) -> str:
     for row in results["prompt_scaling"]:
         lines.append(f"    {row['prompt_tokens']:>13}  {row['tokens']['median']:>10.0f}  "
                      f"{_cell(row['tokens_per_second']):<22} {_cell(row['time_to_first_frame_s'], 3)}")
+    mismatched = [name for name, section in (("(a)", e), ("(b)", ui or {})) if section.get("same_tokens") is False]
+    if mismatched:
+        lines.append(f"WARNING: in {', '.join(mismatched)} the paths produced different tokens (a model changed on "
+                     "disk mid-run?): those ratios compare different work")
     return "\n".join(lines)
 
 
