@@ -157,7 +157,7 @@ def denoise(
             temperature=temperature,
             input_ids=input_list,
             draft_ids=draft_list,
-            accepted=sampler.accepted_token_mask[0].tolist(),
+            accepted=_accepted_mask(sampler)[0].tolist(),
             confidence=confidence.tolist(),
             entropy=entropy.tolist(),
             first_accepted_step=first_accepted.tolist(),
@@ -225,7 +225,7 @@ def denoise(
                         diffusion_stopping_criteria=diffusion_stopping_criteria, **model_kwargs,
                     )
                 )
-                newly = sampler.accepted_token_mask[0] & (first_accepted < 0)
+                newly = _accepted_mask(sampler)[0] & (first_accepted < 0)
                 first_accepted[newly] = step_index
                 stopped_early = bool(finished_denoising.all())
                 block_done = stopped_early or cur_step == 1
@@ -265,6 +265,16 @@ def denoise(
                     decoder_position_ids=decoder_position_ids, canvas_length=canvas_length, cur_len=cur_len,
                 )
             )
+
+
+def _accepted_mask(sampler) -> torch.BoolTensor:
+    """The sampler's accepted-token mask `[1, canvas_length]` of the last step.
+
+    With a static cache, `generate()` swaps in `torch.compile`d `accept_canvas`, compiled once from the first
+    sampler's bound method; that method then writes the mask onto the first sampler, so it is read from there.
+    """
+    accept = getattr(sampler.accept_canvas, "_torchdynamo_orig_callable", sampler.accept_canvas)
+    return getattr(accept, "__self__", sampler).accepted_token_mask
 
 
 def strip_after_eos(token_ids: list[int], eos_token_id: int | list[int] | None) -> list[int]:
