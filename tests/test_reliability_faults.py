@@ -253,7 +253,8 @@ def test_out_of_memory_in_the_live_ui_releases_the_runs_tensors(engine, referenc
 
 CRASHES = {
     "decoder forward": (lambda e: (e.model, "forward"), RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED"), 2),
-    "encoder": (lambda e: (e.model.model.encoder, "forward"), KeyError("layer_3"), 2),  # the second canvas
+    # the prompt prefill: a later canvas exists only if the model has not ended at EOS, which depends on the weights
+    "encoder": (lambda e: (e.model.model.encoder, "forward"), KeyError("layer_3"), 1),
     "token rendering": (lambda e: (e, "token_text"), IndexError("token id 4096 out of range"), 5),
     "SystemExit in the engine": (lambda e: (e.model, "forward"), SystemExit("bye"), 1),
 }
