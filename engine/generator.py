@@ -38,6 +38,10 @@ class EngineClock:
         self._start = time.perf_counter()
         return self
 
+    def now(self) -> float:
+        """Seconds counted so far, the open section included (call inside `with clock:`)."""
+        return self.seconds + (time.perf_counter() - self._start)
+
     def __exit__(self, *exc):
         if self._sync:
             torch.cuda.synchronize()
@@ -145,7 +149,7 @@ def denoise(
                    block_done, stopped_early, done, stop_reason) -> Frame:
         confidence, entropy = canvas_statistics(processed_logits[0], argmax_canvas[0])
         input_list, draft_list = input_canvas[0].tolist(), argmax_canvas[0].tolist()
-        elapsed = clock.seconds + (time.perf_counter() - clock._start)
+        elapsed = clock.now()
         if progress.forwards == 1:
             progress.first_frame_s = elapsed
         return Frame(

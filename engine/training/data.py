@@ -52,7 +52,6 @@ class ExampleSampler:
         self.user_open = tokenizer("<start_of_turn>user\n", add_special_tokens=False).input_ids
         self.model_open = tokenizer("<end_of_turn>\n<start_of_turn>model\n", add_special_tokens=False).input_ids
 
-
     def raw_example(self) -> tuple[list[int], list[int]]:
         chapter = self.rng.choice(self.chapters)
         doc = [BOS_ID] + [t for verse in chapter for t in verse] + [EOS_ID]
