@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from engine import PRESET_NAMES, DiffusionSettings, check_seed, preset
+from engine.engine import check_prompt as engine_check_prompt
 from engine.settings import MAX_SEED, RANGES
 
 MAX_PROMPT_CHARS = 20_000
@@ -43,19 +44,8 @@ class RunRequest:
 
 
 def check_prompt(prompt) -> str:
-    """Return the prompt if it is non-empty text of at most `MAX_PROMPT_CHARS` characters; else raise ValueError.
-
-    Emoji, right-to-left text and control characters are accepted as they are.
-    """
-    if prompt is None:
-        raise ValueError("prompt is empty: type something for the model to continue")
-    if not isinstance(prompt, str):
-        raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
-    if not prompt.strip():
-        raise ValueError("prompt is empty: type something for the model to continue")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise ValueError(f"prompt is {len(prompt):,} characters; the limit here is {MAX_PROMPT_CHARS:,}")
-    return prompt
+    """The engine's prompt check (`engine.engine.check_prompt`) with the UI's tighter `MAX_PROMPT_CHARS` limit."""
+    return engine_check_prompt(prompt, MAX_PROMPT_CHARS)
 
 
 def check_flag(name: str, value) -> bool:

@@ -19,6 +19,25 @@ from .tokens import TokenText
 MAX_PROMPT_CHARS = 100_000
 
 
+def check_prompt(prompt, max_chars: int = MAX_PROMPT_CHARS) -> str:
+    """Return `prompt` if it is non-empty text of at most `max_chars` characters.
+
+    Emoji, right-to-left text and control characters are accepted as they are.
+
+    Raises:
+        ValueError: None, not a string, empty or whitespace only, or too long (the message gives the limit).
+    """
+    if prompt is None:
+        raise ValueError("prompt is empty: type something for the model to continue")
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
+    if not prompt.strip():
+        raise ValueError("prompt is empty: type something for the model to continue")
+    if len(prompt) > max_chars:
+        raise ValueError(f"prompt is {len(prompt):,} characters; the limit here is {max_chars:,}")
+    return prompt
+
+
 @dataclass(frozen=True)
 class GenerationResult:
     """Summary of one finished run.
@@ -81,12 +100,7 @@ class DiffusionEngine:
         Raises:
             ValueError: not a string, empty or whitespace only, longer than `MAX_PROMPT_CHARS` characters.
         """
-        if not isinstance(prompt, str):
-            raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
-        if not prompt.strip():
-            raise ValueError("prompt is empty: type something for the model to continue")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise ValueError(f"prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
+        prompt = check_prompt(prompt)
         prompt = prompt.encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates become U+FFFD
         if raw:
             ids = self.tokenizer(prompt, return_tensors="pt").input_ids
