@@ -1,10 +1,10 @@
 """DiffGemma Playground: the Gradio app (Hugging Face Spaces entry point).
 
     python app.py [--model PATH_OR_HUB_ID] [--device auto|cpu|cuda|mps] [--dtype auto|float32|bfloat16|float16]
-                  [--quantization none|4bit|8bit] [--host HOST] [--port PORT] [--share]
+                  [--quantization none|4bit|8bit] [--threads N] [--host HOST] [--port PORT] [--share]
 
 Every option has an environment variable default (DIFFGEMMA_MODEL, DIFFGEMMA_DEVICE, DIFFGEMMA_DTYPE,
-DIFFGEMMA_QUANTIZATION, DIFFGEMMA_HOST, DIFFGEMMA_PORT, DIFFGEMMA_SHARE); the host and port also honour
+DIFFGEMMA_QUANTIZATION, DIFFGEMMA_THREADS, DIFFGEMMA_HOST, DIFFGEMMA_PORT, DIFFGEMMA_SHARE); the host and port also honour
 GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, which Hugging Face Spaces sets. The model is chosen here, by whoever runs
 the server; web users cannot change it.
 """
@@ -40,6 +40,18 @@ def _port(text: str) -> int:
     return port
 
 
+def _threads(text: str) -> int | None:
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        threads = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"threads must be 'auto' or an integer >= 1, got {text!r}") from None
+    if threads < 1:
+        raise argparse.ArgumentTypeError(f"threads must be 'auto' or an integer >= 1, got {threads}")
+    return threads
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line; defaults read from the environment at call time."""
     default_host = _env("DIFFGEMMA_HOST", _env("GRADIO_SERVER_NAME", "127.0.0.1"))
@@ -48,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="app.py",
         description="DiffGemma Playground: watch block diffusion denoise text, live in the browser.",
         epilog="Environment variables give the defaults: DIFFGEMMA_MODEL, DIFFGEMMA_DEVICE, DIFFGEMMA_DTYPE, "
-        "DIFFGEMMA_QUANTIZATION, DIFFGEMMA_HOST (else GRADIO_SERVER_NAME), DIFFGEMMA_PORT (else "
+        "DIFFGEMMA_QUANTIZATION, DIFFGEMMA_THREADS, DIFFGEMMA_HOST (else GRADIO_SERVER_NAME), DIFFGEMMA_PORT (else "
         "GRADIO_SERVER_PORT), DIFFGEMMA_SHARE.",
     )
     parser.add_argument("--model", default=_env("DIFFGEMMA_MODEL", str(DEFAULT_MODEL)),
@@ -59,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="weight dtype (default: auto = bf16 on CUDA, fp32 elsewhere; env DIFFGEMMA_DTYPE)")
     parser.add_argument("--quantization", default=_env("DIFFGEMMA_QUANTIZATION", "none"), choices=QUANTIZATIONS,
                         help="bitsandbytes quantization, CUDA only (default: none; env DIFFGEMMA_QUANTIZATION)")
+    parser.add_argument("--threads", type=_threads, default=_env("DIFFGEMMA_THREADS", "auto"),
+                        help="torch CPU threads (default: auto = CPUs - 1 on CPU, leaving one for the web server; "
+                             "env DIFFGEMMA_THREADS)")
     parser.add_argument("--host", default=default_host,
                         help="address to listen on (default: 127.0.0.1, or GRADIO_SERVER_NAME; env DIFFGEMMA_HOST)")
     parser.add_argument("--port", type=_port, default=default_port,
@@ -86,10 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from diffgemma_ui import build_app
+    from engine.loading import set_serving_threads
 
+    threads = set_serving_threads(engine.device, args.threads)
     app = build_app(engine)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    print(f"DiffGemma Playground on {engine.device}: local URL http://{shown_host}:{args.port}", flush=True)
+    print(f"DiffGemma Playground on {engine.device} ({threads} CPU threads): local URL http://{shown_host}:{args.port}", flush=True)
     app.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False)
     return 0
 

@@ -1,8 +1,10 @@
 """UI latency and overhead, measured in a real headless browser.
 
-    PYTHONPATH=. python benchmarks/ui_latency.py [--runs 5] [--max-new-tokens 128] [--steps 8] [--seed 0] [--json]
+    PYTHONPATH=. python benchmarks/ui_latency.py [--runs 5] [--max-new-tokens N] [--steps N] [--seed 0]
+                                                 [--max-fps F] [--browser-cpu N] [--json]
 
-Serves the playground in-process on the embedded model (or --model) and drives it with Playwright + Chromium:
+Serves the playground in-process on the embedded model (or --model), with the app's torch threads and the
+checkpoint's recommended settings unless told otherwise, and drives it with Playwright + Chromium:
 
 - first frame: time from pressing Generate (a click dispatched in the page, timed with `performance.now()`) to the
   first canvas frame in the DOM (the canvas's `data-forward` becomes >= 0), median over --runs. Reported next to
@@ -16,6 +18,11 @@ Serves the playground in-process on the embedded model (or --model) and drives i
   separates the server-side cost from a browser competing for the same CPU.
 - CPU cost: CPU seconds of this process (engine + server + rendering) during the UI run over those of the bare run,
   with and without the browser's CPU; unlike tokens/s, these ratios hold up on a machine shared with other work.
+
+Placement: by default the browser, the server and the engine share every CPU, as on a laptop running a local demo;
+on a 2-core machine the browser's work then slows the engine through the shared core and memory bandwidth, which
+is not what a served playground sees (the browser is on the user's machine). `--browser-cpu N` pins Chromium to
+CPU N and this process (server, engine, bare runs) to the rest, a stand-in for that.
 
 Targets: first frame < 300 ms after pressing Generate; UI/bare tokens/s ratio >= 0.95. Chromium must be at
 /usr/bin/chromium (never downloaded).
@@ -121,6 +128,13 @@ def stream_in_process(playground, prompt, settings, seed) -> float:
     return float(re.search(r'data-tps="([^"]+)"', meter).group(1))
 
 
+def pin_own_threads(cpus: set[int]) -> None:
+    """Pin every thread of this process to `cpus` (Linux); threads started later inherit it from their creator."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(tid), cpus)
+
+
 def median(values):
     return statistics.median(values) if values else float("nan")
 
@@ -131,23 +145,31 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--prompt", default="In the beginning")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=8, help="max denoising steps")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the checkpoint's recommended")
+    parser.add_argument("--steps", type=int, default=None, help="max denoising steps (default: recommended)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bare-in-main-thread", action="store_true",
                         help="run the bare engine.generate() in the main thread instead of a fresh thread")
+    parser.add_argument("--max-fps", type=float, default=None, help="the UI's live renders per second (default: the app's)")
+    parser.add_argument("--browser-cpu", type=int, default=None, metavar="N",
+                        help="pin Chromium to CPU N and this process (server, engine, bare runs) to the other CPUs, "
+                             "with that many torch threads: the browser then stands in for a user's own machine")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
 
+    import torch
     from playwright.sync_api import sync_playwright
 
     from diffgemma_ui import build_app
     from engine import DiffusionEngine, load_model
-    from engine.loading import DEFAULT_MODEL
+    from engine.loading import DEFAULT_MODEL, set_serving_threads
 
     engine = DiffusionEngine(load_model(args.model or DEFAULT_MODEL, args.device))
-    settings = engine.recommended.replace(max_new_tokens=args.max_new_tokens, max_denoising_steps=args.steps)
-    app = build_app(engine)
+    set_serving_threads(engine.device)  # as app.py does
+    settings = engine.recommended.replace(
+        max_new_tokens=args.max_new_tokens or engine.recommended.max_new_tokens,
+        max_denoising_steps=args.steps or engine.recommended.max_denoising_steps)
+    app = build_app(engine) if args.max_fps is None else build_app(engine, max_fps=args.max_fps)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -157,9 +179,19 @@ def main(argv=None) -> int:
     rows = {"page_load_ms": [], "first_frame_ms": [], "engine_ttff_ms": [], "bare_ttff_ms": [], "ui_tps": [],
             "bare_tps": [], "stream_tps": [], "ui_total_ms": [], "browser_cpu_pct": [], "cpu_ratio_server": [],
             "cpu_ratio_total": []}
+    server_cpus = None
+    if args.browser_cpu is not None:
+        server_cpus = set(os.sched_getaffinity(0)) - {args.browser_cpu}
+        if args.browser_cpu not in os.sched_getaffinity(0) or not server_cpus:
+            parser.error(f"--browser-cpu {args.browser_cpu}: needs that CPU and at least one other")
+        os.sched_setaffinity(0, {args.browser_cpu})  # this thread only: the driver and Chromium inherit it
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            if server_cpus is not None:
+                pin_own_threads(server_cpus)
+                torch.set_num_threads(len(server_cpus))
+                generate_in_thread(engine, args.prompt, settings, args.seed)
             for run in range(args.runs + 1):  # run 0 warms the browser and the server up, not counted
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
                 start = time.perf_counter()
@@ -168,8 +200,9 @@ def main(argv=None) -> int:
                 load_ms = (time.perf_counter() - start) * 1000
                 page.fill("#dg-prompt textarea", args.prompt)
                 page.check("#dg-raw input[type=checkbox]")
-                for selector, value in (("input[aria-label='number input for Max new tokens']", args.max_new_tokens),
-                                        ("input[aria-label='number input for Max denoising steps']", args.steps),
+                for selector, value in (("input[aria-label='number input for Max new tokens']", settings.max_new_tokens),
+                                        ("input[aria-label='number input for Max denoising steps']",
+                                         settings.max_denoising_steps),
                                         ("#dg-seed input", args.seed)):
                     box = page.locator(selector)
                     box.fill(str(value))
@@ -207,15 +240,20 @@ def main(argv=None) -> int:
         with contextlib.redirect_stdout(sys.stderr):  # Gradio says "Closing server..." on stdout; keep it JSON-clean
             app.close()
 
+    placement = (f"shared CPUs: browser, server and engine compete ({torch.get_num_threads()} torch threads)"
+                 if server_cpus is None else
+                 f"browser on CPU {args.browser_cpu}, server and engine on CPUs {sorted(server_cpus)} "
+                 f"({len(server_cpus)} torch threads)")
     summary = {key: {"median": median(v), "min": min(v), "max": max(v), "runs": v} for key, v in rows.items()}
     ratio = median(rows["ui_tps"]) / median(rows["bare_tps"])
     paired = median([u / b for u, b in zip(rows["ui_tps"], rows["bare_tps"]) if b > 0])
     server_ratio = median(rows["stream_tps"]) / median(rows["bare_tps"])
     overhead = median([f - e for f, e in zip(rows["first_frame_ms"], rows["engine_ttff_ms"])])
     result = {
-        "settings": {"prompt": args.prompt, "raw": True, "max_new_tokens": args.max_new_tokens,
-                     "max_denoising_steps": args.steps, "seed": args.seed, "runs": args.runs,
-                     "bare_in": "main thread" if args.bare_in_main_thread else "worker thread",
+        "placement": placement,
+        "settings": {"prompt": args.prompt, "raw": True, "max_new_tokens": settings.max_new_tokens,
+                     "max_denoising_steps": settings.max_denoising_steps, "seed": args.seed, "runs": args.runs,
+                     "bare_in": "main thread" if args.bare_in_main_thread else "worker thread", "max_fps": args.max_fps or "app default",
                      "device": str(engine.device)},
         "metrics": summary,
         "ui_overhead_to_first_frame_ms": overhead,
@@ -229,8 +267,9 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"UI latency on {engine.device}: prompt {args.prompt!r}, {args.max_new_tokens} tokens, {args.steps} steps, "
-          f"seed {args.seed}, {args.runs} runs (+1 warm-up)")
+    print(f"UI latency on {engine.device}: prompt {args.prompt!r}, {settings.max_new_tokens} tokens, "
+          f"{settings.max_denoising_steps} steps, "
+          f"seed {args.seed}, {args.runs} runs (+1 warm-up); {placement}")
     print(f"{'metric':44} {'median':>9} {'min':>9} {'max':>9}  target")
     labels = [
         ("page_load_ms", "page load (goto -> Generate visible), ms", ""),

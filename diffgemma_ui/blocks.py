@@ -14,6 +14,7 @@ from .meter import meter_html
 from .session import SessionState
 from .text import escape_html
 from .validation import MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS, UI_MAX_NEW_TOKENS
+from .worker import DEFAULT_MAX_FPS, DEFAULT_READER_BUDGET
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 ASSETS_DIR = PACKAGE_DIR.parent / "assets"
@@ -61,18 +62,19 @@ def header_html(engine: DiffusionEngine) -> str:
     )
 
 
-def build_app(engine: DiffusionEngine, *, max_fps: float = 15.0, abandon_after_s: float = 30.0) -> gr.Blocks:
+def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
+              reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0) -> gr.Blocks:
     """Build the playground for a loaded engine (the model is fixed: web users cannot choose it or any file).
 
     Args:
         engine: the `DiffusionEngine` every session shares (each run has its own random state and stop event).
-        max_fps: most live renders per second; abandon_after_s: see `Playground`.
+        max_fps, reader_budget, abandon_after_s: see `Playground`.
 
     Returns:
         A `gr.Blocks` with its queue configured (1 run at a time on CUDA, 4 on CPU); `launch()` applies the theme
         and CSS. The handlers object is available as `app.playground` (for tests).
     """
-    playground = Playground(engine, max_fps=max_fps, abandon_after_s=abandon_after_s)
+    playground = Playground(engine, max_fps=max_fps, reader_budget=reader_budget, abandon_after_s=abandon_after_s)
     rec = engine.recommended
     start = initial_outputs()
 

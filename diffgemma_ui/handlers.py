@@ -28,7 +28,7 @@ from .record import RunSnapshot
 from .session import SessionState
 from .text import plain_text
 from .validation import SETTING_NAMES, RunRequest, build_request, preset_values
-from .worker import DEFAULT_MAX_FPS, RunRegistry, RunWorker, is_out_of_memory
+from .worker import DEFAULT_MAX_FPS, DEFAULT_READER_BUDGET, RunRegistry, RunWorker, is_out_of_memory
 
 # Live plots re-render at most once a second (each Plotly redraw costs the browser ~0.1 s of CPU); the canvas and
 # meter follow every frame, up to DEFAULT_MAX_FPS; the final render always has everything.
@@ -107,12 +107,16 @@ class Playground:
     Args:
         engine: a loaded `DiffusionEngine`.
         max_fps: most live renders per second (the newest frame each time; the final frame always).
+        reader_budget: most share of wall time the live view's rendering and sending may take (see
+            `RunWorker.updates`); None: only `max_fps` limits.
         abandon_after_s: a run whose reader stops polling for this long stops itself (closed tab).
     """
 
-    def __init__(self, engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS, abandon_after_s: float = 30.0):
+    def __init__(self, engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
+                 reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0):
         self.engine = engine
         self.max_fps = max_fps
+        self.reader_budget = reader_budget
         self.abandon_after_s = abandon_after_s
         self.registry = RunRegistry()
         self._zero_gpu = spaces_available()
@@ -148,12 +152,15 @@ class Playground:
         return build_request(prompt, raw, values, seed, ui_limits=ui_limits)
 
     # -- rendering -----------------------------------------------------------------------------------------------
-    def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool) -> StreamOutputs:
-        """The view of `snap`.
+    def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool,
+               first: bool = True) -> StreamOutputs:
+        """The view of `snap`; `first` is the run's first render, `final` its last.
 
         Finished blocks never change: their HTML is cached in `session` and the stack component is only re-sent
         when a block finishes, so a new frame re-sends just the live block. Live plots have no hover text (cheaper
         to draw many times); the final render has full hover text and the heatmap's step slider and play button.
+        The buttons are only updated on the first and final renders (each `gr.update` of a component costs the
+        server a config rebuild, on the same CPU as the engine).
         """
         finished = snap.finished_blocks()
         for frame in finished[len(session.finished_html):]:
@@ -182,8 +189,8 @@ class Playground:
         return StreamOutputs(
             stack=stack, canvas=canvas, meter=meter_html(latest), text=text, heatmap=heatmap, order=order,
             entropy=entropy, block=block,
-            generate_button=gr.update(interactive=final),
-            stop_button=gr.update(interactive=not final),
+            generate_button=gr.update(interactive=final) if first or final else skip,
+            stop_button=gr.update(interactive=not final) if first or final else skip,
         )
 
     # -- events --------------------------------------------------------------------------------------------------
@@ -211,13 +218,13 @@ class Playground:
         session.begin(worker)
         self.registry.register(key, worker)
         try:
-            for snap in worker.updates(self.max_fps):
+            for index, snap in enumerate(worker.updates(self.max_fps, reader_budget=self.reader_budget)):
                 session.snapshot = snap
                 now = time.monotonic()
                 plots_due = now - last_plots >= PLOT_INTERVAL_S
                 if plots_due:
                     last_plots = now
-                outputs = self.render(session, snap, final=snap.finished, plots_due=plots_due)
+                outputs = self.render(session, snap, final=snap.finished, plots_due=plots_due, first=index == 0)
                 yield outputs.as_tuple()
                 if snap.finished and snap.error is not None:
                     raise _user_error(snap.error)

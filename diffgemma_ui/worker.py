@@ -22,6 +22,7 @@ from .record import RunRecord, RunSnapshot
 
 FrameSource = Callable[[threading.Event], Iterator[Frame]]
 DEFAULT_MAX_FPS = 15.0
+DEFAULT_READER_BUDGET = 0.05  # the UI may take at most 5% of wall time: the meter's target is >= 95% of bare speed
 LOG = logging.getLogger(__name__)
 
 
@@ -147,16 +148,22 @@ class RunWorker:
         self._last_poll = time.monotonic()
         return self.record.snapshot()
 
-    def updates(self, max_fps: float = DEFAULT_MAX_FPS, poll_s: float = 0.2) -> Iterator[RunSnapshot]:
+    def updates(self, max_fps: float = DEFAULT_MAX_FPS, poll_s: float = 0.2,
+                reader_budget: float | None = DEFAULT_READER_BUDGET) -> Iterator[RunSnapshot]:
         """Coalesced snapshots: at most `max_fps` per second, each with the newest frame, the final one always.
 
         Frames that arrive between two snapshots are not lost (they are in the record), only not rendered one by
-        one. Ends after yielding the snapshot with `finished=True`. Waiting here counts as polling, so a run is only
-        abandoned when its reader stops iterating.
+        one. `reader_budget` caps the share of wall time the reader spends on snapshots (rendering, and in the app
+        Gradio's postprocessing and sending, measured from each `yield` to the next request, smoothed): the gap
+        between snapshots stretches to `reader_time / reader_budget`, so on a small CPU the UI's work cannot slow
+        the engine, which shares the CPU, by more than that share (None: only `max_fps` limits). Ends after
+        yielding the snapshot with `finished=True`; neither it nor the first frame is ever held back. Waiting here counts as polling, so a
+        run is only abandoned when its reader stops iterating.
         """
         interval = 1.0 / max_fps if max_fps and max_fps > 0 else 0.0
         seen = -1
         next_allowed = 0.0
+        reader_s = None  # smoothed seconds the reader spends per snapshot
         while True:
             with self._changed:
                 while self.record.count == seen and not self.record.finished:
@@ -173,11 +180,17 @@ class RunWorker:
             if snap.frames_seen == seen and not snap.finished:
                 continue
             seen = snap.frames_seen
-            next_allowed = time.monotonic() + interval
+            yielded_at = time.monotonic()
             yield snap
-            self._last_poll = time.monotonic()
+            self._last_poll = now = time.monotonic()
             if snap.finished:
                 return
+            if snap.latest is None:  # the "encoding the prompt" view: never hold the first frame back
+                continue
+            spent = now - yielded_at
+            reader_s = spent if reader_s is None else 0.7 * reader_s + 0.3 * spent
+            gap = max(interval, reader_s / reader_budget) if reader_budget else interval
+            next_allowed = yielded_at + gap
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> RunSnapshot:
         """Block until the run is over (or `timeout` seconds pass) and return the snapshot."""

@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 
-from .engine import DiffusionEngine
+from .engine import DiffusionEngine, check_prompt
 from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model
+from .settings import check_seed, check_setting
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,14 +33,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2: bad input or a model that does not load)."""
     args = build_parser().parse_args(argv)
+    changes = {
+        "max_new_tokens": args.max_new_tokens, "max_denoising_steps": args.steps,
+        "entropy_bound": args.entropy_bound, "t_min": args.t_min, "t_max": args.t_max,
+    }
+    changes = {k: v for k, v in changes.items() if v is not None}
     try:
+        # Everything that can be checked without the model first: a typo must not cost a load of the 26B model
+        check_prompt(args.prompt)
+        check_seed(args.seed)
+        for name, value in changes.items():
+            check_setting(name, value)
         engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
-        changes = {
-            "max_new_tokens": args.max_new_tokens, "max_denoising_steps": args.steps,
-            "entropy_bound": args.entropy_bound, "t_min": args.t_min, "t_max": args.t_max,
-        }
-        settings = engine.recommended.replace(**{k: v for k, v in changes.items() if v is not None})
+        settings = engine.recommended.replace(**changes)
         if args.no_adaptive_stopping:
             settings = settings.replace(adaptive_stopping=False)
         result = engine.generate(args.prompt, settings, raw=args.raw, seed=args.seed)

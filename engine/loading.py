@@ -5,6 +5,7 @@ The default is the embedded diffgemma-tiny model shipped in `assets/models/diffg
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,35 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, dtype)
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity where the OS reports one, else `os.cpu_count()`), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def set_serving_threads(device: torch.device, threads: int | None = None) -> int:
+    """Set torch's intra-op CPU threads for serving the model beside a web server, and return the count.
+
+    On CPU the default (`threads=None`) is one fewer than `available_cpus()` (at least 1): the model's OpenMP team
+    then never waits for a thread that the server (or a browser on the same machine) has preempted. Measured on the
+    2-core development CPU with the embedded model: 1 thread runs it as fast as 2 (about 65 tokens/s at 256 tokens,
+    32 steps), while 2 threads next to the playground and a browser fell to 27 tokens/s (`benchmarks/ui_latency.py`).
+    On CUDA/MPS the default leaves torch's own setting (the CPU only launches kernels).
+
+    Raises:
+        ValueError: `threads` is given and below 1.
+    """
+    if threads is not None:
+        if isinstance(threads, bool) or int(threads) != threads or threads < 1:
+            raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
+        torch.set_num_threads(int(threads))
+    elif device.type == "cpu":
+        torch.set_num_threads(max(1, available_cpus() - 1))
+    return torch.get_num_threads()
 
 
 def load_model(

@@ -34,8 +34,9 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
 }
 
 
-def _check_number(name: str, value) -> int | float:
-    """Return `value` as the setting's type, or raise `ValueError` naming the setting and its range."""
+def check_setting(name: str, value) -> int | float:
+    """Return `value` as setting `name`'s type (int or float), or raise `ValueError` naming the setting and its range
+    (`RANGES`); a bare value check, without the cross-field rule t_min < t_max."""
     low, high, low_inclusive, integer = RANGES[name]
     opening = "[" if low_inclusive else "("
     span = f"{opening}{low}, {high}]"
@@ -106,7 +107,7 @@ class DiffusionSettings:
 
     def __post_init__(self):
         for name in RANGES:
-            object.__setattr__(self, name, _check_number(name, getattr(self, name)))
+            object.__setattr__(self, name, check_setting(name, getattr(self, name)))
         if self.t_min >= self.t_max:
             raise ValueError(f"t_min must be below t_max, got t_min={self.t_min} and t_max={self.t_max}")
         if not isinstance(self.adaptive_stopping, bool):

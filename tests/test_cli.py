@@ -65,6 +65,7 @@ def test_text_output_prints_text_and_a_summary_line(capsys):
     (["--t-min", "0.9", "--t-max", "0.5"], "t_min must be below t_max"),
     (["--seed", "-5"], "seed must be an integer in [0, "),
     (["--model", "/nonexistent/model"], "does not exist"),
+    (["--prompt", "   "], "prompt is empty"),
 ])
 def test_bad_setting_fails_with_a_clear_message(capsys, extra, message):
     assert main(["generate", *SMALL, *extra]) == 2
@@ -73,6 +74,12 @@ def test_bad_setting_fails_with_a_clear_message(capsys, extra, message):
     last_line = captured.err.strip().splitlines()[-1]  # after transformers' "Loading weights" progress bar
     assert last_line.startswith("error: ") and message in last_line
     assert "Traceback" not in captured.err
+
+
+def test_settings_are_checked_before_the_model_loads(capsys):
+    # A bad flag beside a model that cannot load: the flag's message, so nothing was loaded first
+    assert main(["generate", *SMALL, "--steps", "0", "--model", "/nonexistent/model"]) == 2
+    assert "max_denoising_steps must be in [1, 512], got 0" in capsys.readouterr().err
 
 
 def test_module_entry_point_exits_non_zero_on_a_bad_setting():

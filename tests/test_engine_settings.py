@@ -90,3 +90,21 @@ def test_presets_are_valid_and_differ():
     assert made["fast"].max_denoising_steps < recommended.max_denoising_steps < made["careful"].max_denoising_steps
     with pytest.raises(ValueError, match="unknown preset"):
         preset("turbo", recommended)
+
+
+def test_serving_threads_leave_one_cpu_for_the_server_on_cpu():
+    import torch
+
+    from engine.loading import available_cpus, set_serving_threads
+
+    before = torch.get_num_threads()
+    try:
+        assert set_serving_threads(torch.device("cpu")) == max(1, available_cpus() - 1)
+        assert set_serving_threads(torch.device("cpu"), 1) == 1 == torch.get_num_threads()
+        torch.set_num_threads(2)
+        assert set_serving_threads(torch.device("cuda")) == 2  # the GPU default leaves torch's setting alone
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(ValueError, match="threads must be a whole number >= 1"):
+                set_serving_threads(torch.device("cpu"), bad)
+    finally:
+        torch.set_num_threads(before)

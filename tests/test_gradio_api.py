@@ -92,8 +92,8 @@ def run_app(*args, env=None, timeout=120):
 def test_app_help_lists_every_option():
     result = run_app("--help")
     assert result.returncode == 0
-    for option in ("--model", "--device", "--dtype", "--quantization", "--host", "--port", "--share",
-                   "DIFFGEMMA_MODEL", "GRADIO_SERVER_NAME"):
+    for option in ("--model", "--device", "--dtype", "--quantization", "--threads", "--host", "--port", "--share",
+                   "DIFFGEMMA_MODEL", "DIFFGEMMA_THREADS", "GRADIO_SERVER_NAME"):
         assert option in result.stdout
 
 
@@ -103,6 +103,13 @@ def test_app_model_load_failure_is_one_clear_line():
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "does not exist" in errors[0]
+
+
+def test_app_rejects_bad_thread_counts_before_loading():
+    for bad in ("0", "-2", "many"):
+        result = run_app("--threads", bad)
+        assert result.returncode == 2 and "threads must be 'auto' or an integer >= 1" in result.stderr
+        assert "Loading" not in result.stdout
 
 
 def test_app_environment_defaults():
@@ -119,8 +126,13 @@ def test_app_environment_defaults():
         os.environ["DIFFGEMMA_HOST"] = "127.0.0.2"
         assert app.build_parser().parse_args([]).host == "127.0.0.2"
         assert app.build_parser().parse_args(["--port", "8000", "--no-share"]).port == 8000
+        assert args.threads is None  # auto
+        assert app.build_parser().parse_args(["--threads", "3"]).threads == 3
+        os.environ["DIFFGEMMA_THREADS"] = "2"
+        assert app.build_parser().parse_args([]).threads == 2
     finally:
         os.environ.pop("DIFFGEMMA_HOST", None)
+        os.environ.pop("DIFFGEMMA_THREADS", None)
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)

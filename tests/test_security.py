@@ -19,7 +19,6 @@ import re
 import sys
 import threading
 import uuid
-from html.parser import HTMLParser
 from pathlib import Path
 
 import httpx
@@ -32,6 +31,7 @@ from diffgemma_ui.record import RunRecord
 from diffgemma_ui.session import SessionState
 from diffgemma_ui.text import plain_text, visible_token
 from engine import DEFAULT_MODEL, Frame, GenerationResult, ModelLoadError, load_model
+from synthetic import parse_html, synthetic_frame
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -239,41 +239,12 @@ def test_the_audit_hook_sees_opens():
 
 
 # -- every model-produced string is escaped --------------------------------------------------------------------------
-def hostile_frame(step=0, block=0, *, accepted=None, block_done=False, done=False, stop_reason="", **changes) -> Frame:
+def hostile_frame(step=0, block=0, *, accepted=None, **changes) -> Frame:
     """A synthetic frame whose every token (input and draft) is hostile text."""
     accepted = accepted if accepted is not None else [i % 2 == 0 for i in range(N)]
-    fields = dict(
-        block_index=block, step_index=step, forward_index=block * 4 + step, canvas_length=N, max_denoising_steps=4,
-        temperature=0.7, input_ids=list(range(N)), draft_ids=list(range(N)), accepted=accepted,
-        confidence=[(i + 1) / N for i in range(N)], entropy=[0.05 * i for i in range(N)],
-        first_accepted_step=[step if a else -1 for a in accepted],
-        input_tokens=list(reversed(HOSTILE)), draft_tokens=list(HOSTILE),
-        block_done=block_done, block_stopped_early=False, done=done, committed_ids=list(range(N * block + N // 2)),
-        committed_tokens=N * block + N // 2, forwards_per_block=[4] * block, elapsed_s=1.0 + step,
-        time_to_first_frame_s=0.1, tokens_per_second=8.0, tokens_per_forward=1.5, prompt_tokens=4, seed=7,
-        stop_reason=stop_reason,
-    )
-    fields.update(changes)
-    return Frame(**fields)
-
-
-class Collector(HTMLParser):
-    """Start tags with their attributes, and all decoded text (element text and attribute values)."""
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.tags: list[tuple[str, dict]] = []
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
-        self.text.extend(value or "" for _, value in attrs)
-
-    def handle_startendtag(self, tag, attrs):
-        self.handle_starttag(tag, attrs)
-
-    def handle_data(self, data):
-        self.text.append(data)
+    return synthetic_frame(
+        N, list(HOSTILE), step=step, block=block, accepted=accepted, input_tokens=list(reversed(HOSTILE)),
+        committed=list(range(N * block + N // 2)), max_denoising_steps=4, forwards_per_block=[4] * block, **changes)
 
 
 def assert_inert_html(fragment: str, *, shows: list[str] = ()) -> None:
@@ -282,16 +253,14 @@ def assert_inert_html(fragment: str, *, shows: list[str] = ()) -> None:
     lower = fragment.lower()
     for raw in ("<script", "<img", "<svg", "<iframe", "<a ", "<style", "<extra", "${", "{{"):
         assert raw not in lower, (raw, fragment[:300])
-    collected = Collector()
-    collected.feed(fragment)
-    collected.close()
+    collected = parse_html(fragment)
     for tag, attrs in collected.tags:
         assert tag in VIEW_TAGS, (tag, attrs)
         for name, value in attrs.items():
             assert not name.startswith("on") and name not in URL_ATTRIBUTES, (tag, name, value)
             if name == "style":
                 assert re.fullmatch(r"[\w\s:;#(),.%-]*", value or "") and "url(" not in value, value
-    text = "".join(collected.text)
+    text = "".join(collected.text + collected.attribute_values)
     for token in shows:
         assert visible_token(token) in text, token
 

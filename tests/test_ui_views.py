@@ -8,7 +8,6 @@ import json
 import math
 import threading
 import time
-from html.parser import HTMLParser
 
 import gradio as gr
 import pytest
@@ -28,6 +27,7 @@ from diffgemma_ui.validation import (
 )
 from diffgemma_ui.worker import RunWorker
 from engine import DiffusionSettings, Frame
+from synthetic import parse_html, synthetic_frame
 
 HOSTILE = [
     "<script>alert(1)</script>",
@@ -56,43 +56,8 @@ N = 16  # canvas length of synthetic frames
 def make_frame(step=0, block=0, tokens=None, accepted=None, done=False, block_done=False, committed=None, **kw):
     """A synthetic `Frame` of an N-position canvas; tokens default to the hostile strings."""
     tokens = tokens or [HOSTILE[i % len(HOSTILE)] for i in range(N)]
-    accepted = accepted if accepted is not None else [i % 3 == 0 for i in range(N)]
-    fields = dict(
-        block_index=block, step_index=step, forward_index=block * 10 + step, canvas_length=N,
-        max_denoising_steps=8, temperature=0.8 - 0.05 * step,
-        input_ids=list(range(100, 100 + N)), draft_ids=list(range(N)), accepted=accepted,
-        confidence=[(i + 1) / N for i in range(N)], entropy=[0.1 * i for i in range(N)],
-        first_accepted_step=[(step if a else -1) for a in accepted],
-        input_tokens=[f"noise<{i}>" for i in range(N)], draft_tokens=tokens,
-        block_done=block_done, block_stopped_early=False, done=done,
-        committed_ids=committed if committed is not None else [], committed_tokens=len(committed or []),
-        forwards_per_block=[], elapsed_s=1.5 + step, time_to_first_frame_s=0.25,
-        tokens_per_second=12.5, tokens_per_forward=2.0, prompt_tokens=5, seed=42, stop_reason="",
-    )
-    fields.update(kw)
-    return Frame(**fields)
-
-
-class TagCollector(HTMLParser):
-    """Every start tag and attribute of an HTML fragment, plus the decoded text of `title` attributes."""
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.tags: list[tuple[str, dict]] = []
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
-
-    def handle_data(self, data):
-        self.text.append(data)
-
-
-def parse(fragment: str) -> TagCollector:
-    collector = TagCollector()
-    collector.feed(fragment)
-    collector.close()
-    return collector
+    return synthetic_frame(N, tokens, step=step, block=block, accepted=accepted, committed=committed, done=done,
+                           block_done=block_done, **kw)
 
 
 ALLOWED_TAGS = {"div", "section", "header", "span", "p", "b", "wbr"}
@@ -102,7 +67,7 @@ ALLOWED_ATTRS = {"class", "title", "style", "data-forward", "data-block", "data-
 
 def assert_safe_html(fragment: str):
     """Only the view's own tags and attributes; no markup from tokens survives."""
-    collected = parse(fragment)
+    collected = parse_html(fragment)
     for tag, attrs in collected.tags:
         assert tag in ALLOWED_TAGS, tag
         assert set(attrs) <= ALLOWED_ATTRS, attrs  # no on* handlers, no href/src
@@ -156,7 +121,7 @@ def test_canvas_escapes_hostile_tokens_in_text_and_tooltips():
 
 def test_canvas_accepted_vs_noisy_chips():
     live = make_frame(step=2)
-    collected = parse(canvas_view.block_html(live, live=True))
+    collected = parse_html(canvas_view.block_html(live, live=True))
     chips = [a for t, a in collected.tags if t == "span" and "dg-chip" in a.get("class", "")]
     accepted = [a for a in chips if "dg-accepted" in a["class"]]
     noisy = [a for a in chips if "dg-noisy" in a["class"]]
@@ -175,7 +140,7 @@ def test_canvas_stacks_finished_blocks_above_live_and_fades_after_eos():
     live = make_frame(step=1, block=2)
     out = canvas_view.canvas_html([first, second], live)
     assert_safe_html(out)
-    blocks = [a["data-block"] for t, a in parse(out).tags if t == "section"]
+    blocks = [a["data-block"] for t, a in parse_html(out).tags if t == "section"]
     assert blocks == ["0", "1", "2"]
     assert out.index('data-block="1"') < out.index("dg-block-live")
     second_html = canvas_view.block_html(second, live=False)
@@ -398,6 +363,27 @@ def test_worker_coalesces_to_max_fps_and_always_delivers_the_final_frame():
     assert counts == sorted(set(counts))  # each render newer than the last
     assert sum(len(b) for b in snaps[-1].blocks) == 400 and len(snaps[-1].blocks) == 100
     assert worker.join(2)
+
+
+def test_worker_stretches_the_gap_so_a_slow_reader_keeps_to_its_budget():
+    def read(budget):
+        worker = RunWorker(fake_source(200, delay=0.005)).start()
+        start = time.monotonic()
+        snaps, first_frame_at = [], None
+        for snap in worker.updates(max_fps=1000, reader_budget=budget):
+            if snap.latest is not None and first_frame_at is None:
+                first_frame_at = time.monotonic() - start
+            snaps.append(snap)
+            time.sleep(0.01)  # a reader that spends 10 ms on each snapshot
+        assert snaps[-1].finished and snaps[-1].frames_seen == 200
+        return snaps, time.monotonic() - start, first_frame_at
+
+    snaps, elapsed, first_frame_at = read(0.05)
+    # 10 ms of reading per snapshot at a 5% budget: a gap of at least 0.2 s between snapshots
+    assert len(snaps) <= math.ceil(elapsed / 0.2) + 3
+    assert first_frame_at < 0.1  # the first frame is never held back
+    unlimited, _, _ = read(None)
+    assert len(unlimited) > 3 * len(snaps)
 
 
 def test_worker_renders_every_frame_when_slow_and_reports_errors():
