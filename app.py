@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse options, load the model, serve the app. Returns the exit status (2: bad model or options)."""
+    """Parse options, load the model, warm it up, serve the app. Returns the exit status (2: bad model or options)."""
     args = build_parser().parse_args(argv)
     from engine import DiffusionEngine, ModelLoadError, load_model
 
@@ -101,12 +101,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from diffgemma_ui import build_app
+    from diffgemma_ui.gpu import spaces_available
     from engine.loading import set_serving_threads
 
     threads = set_serving_threads(engine.device, args.threads)
+    if not spaces_available():  # on ZeroGPU the GPU exists only inside a request, so its first run stays cold
+        try:
+            print(f"Warming up: {engine.warm_up():.1f} s", flush=True)
+        except Exception as error:  # noqa: BLE001 - a model that loads but cannot generate: one clear line
+            print(f"error: the model loaded but failed a first generation: {type(error).__name__}: "
+                  f"{_one_line(error)}", file=sys.stderr)
+            return 2
     app = build_app(engine)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    print(f"DiffGemma Playground on {engine.device} ({threads} CPU threads): local URL http://{shown_host}:{args.port}", flush=True)
+    threads_text = f"{threads} CPU thread{'s' * (threads != 1)}"
+    print(f"DiffGemma Playground on {engine.device} ({threads_text}): local URL http://{shown_host}:{args.port}",
+          flush=True)
     app.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False)
     return 0
 

@@ -240,10 +240,10 @@ def main(argv=None) -> int:
         with contextlib.redirect_stdout(sys.stderr):  # Gradio says "Closing server..." on stdout; keep it JSON-clean
             app.close()
 
-    placement = (f"shared CPUs: browser, server and engine compete ({torch.get_num_threads()} torch threads)"
+    placement = (f"shared CPUs: browser, server and engine compete (torch threads: {torch.get_num_threads()})"
                  if server_cpus is None else
                  f"browser on CPU {args.browser_cpu}, server and engine on CPUs {sorted(server_cpus)} "
-                 f"({len(server_cpus)} torch threads)")
+                 f"(torch threads: {len(server_cpus)})")
     summary = {key: {"median": median(v), "min": min(v), "max": max(v), "runs": v} for key, v in rows.items()}
     ratio = median(rows["ui_tps"]) / median(rows["bare_tps"])
     paired = median([u / b for u, b in zip(rows["ui_tps"], rows["bare_tps"]) if b > 0])

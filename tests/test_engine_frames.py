@@ -99,6 +99,21 @@ def test_engine_leaves_the_global_rng_alone(engine):
     assert torch.equal(torch.rand(3), expected)
 
 
+def test_warm_up_runs_both_prompt_paths_and_changes_no_result(engine, monkeypatch):
+    before = engine.generate("Blessed are the", short(engine), raw=True, seed=5)
+    calls = []
+    original = engine.generate
+    monkeypatch.setattr(engine, "generate", lambda *a, **k: calls.append(k) or original(*a, **k))
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    assert engine.warm_up() > 0
+    assert torch.equal(torch.rand(3), expected)
+    assert sorted(call["raw"] for call in calls) == [False, True]
+    monkeypatch.undo()
+    assert engine.generate("Blessed are the", short(engine), raw=True, seed=5).token_ids == before.token_ids
+
+
 def test_concurrent_runs_equal_solo_runs(engine):
     s = short(engine)
     prompts = [("In the beginning", 1), ("Hear, O Israel", 2), ("Praise the Lord", 3), ("And God said", 4)]
