@@ -22,7 +22,7 @@ from .record import RunRecord, RunSnapshot
 
 FrameSource = Callable[[threading.Event], Iterator[Frame]]
 DEFAULT_MAX_FPS = 15.0
-DEFAULT_READER_BUDGET = 0.05  # the UI may take at most 5% of wall time: the meter's target is >= 95% of bare speed
+DEFAULT_READER_BUDGET = 0.05  # the UI may take at most 5% of wall time: the meter must show >= 95% of bare speed
 LOG = logging.getLogger(__name__)
 
 
