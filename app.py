@@ -1,11 +1,12 @@
 """DiffGemma Playground: the Gradio app (Hugging Face Spaces entry point).
 
     python app.py [--model PATH_OR_HUB_ID] [--device auto|cpu|cuda|mps] [--dtype auto|float32|bfloat16|float16]
-                  [--quantization none|4bit|8bit] [--threads N] [--host HOST] [--port PORT] [--share]
+                  [--quantization none|4bit|8bit] [--threads N] [--max-run-seconds S]
+                  [--host HOST] [--port PORT] [--share]
 
 Every option has an environment variable default (DIFFGEMMA_MODEL, DIFFGEMMA_DEVICE, DIFFGEMMA_DTYPE,
-DIFFGEMMA_QUANTIZATION, DIFFGEMMA_THREADS, DIFFGEMMA_HOST, DIFFGEMMA_PORT, DIFFGEMMA_SHARE); the host and port also honour
-GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, which Hugging Face Spaces sets. The model is chosen here, by whoever runs
+DIFFGEMMA_QUANTIZATION, DIFFGEMMA_THREADS, DIFFGEMMA_MAX_RUN_SECONDS, DIFFGEMMA_HOST, DIFFGEMMA_PORT,
+DIFFGEMMA_SHARE); the host and port also honour GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, which Hugging Face Spaces sets. The model is chosen here, by whoever runs
 the server; web users cannot change it.
 """
 
@@ -52,6 +53,16 @@ def _threads(text: str) -> int | None:
     return threads
 
 
+def _seconds(text: str) -> float | None:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"max run seconds must be a number >= 0, got {text!r}") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"max run seconds must be a number >= 0, got {text!r}")
+    return seconds or None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line; defaults read from the environment at call time."""
     default_host = _env("DIFFGEMMA_HOST", _env("GRADIO_SERVER_NAME", "127.0.0.1"))
@@ -60,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="app.py",
         description="DiffGemma Playground: watch block diffusion denoise text, live in the browser.",
         epilog="Environment variables give the defaults: DIFFGEMMA_MODEL, DIFFGEMMA_DEVICE, DIFFGEMMA_DTYPE, "
-        "DIFFGEMMA_QUANTIZATION, DIFFGEMMA_THREADS, DIFFGEMMA_HOST (else GRADIO_SERVER_NAME), DIFFGEMMA_PORT (else "
+        "DIFFGEMMA_QUANTIZATION, DIFFGEMMA_THREADS, DIFFGEMMA_MAX_RUN_SECONDS, DIFFGEMMA_HOST (else "
+        "GRADIO_SERVER_NAME), DIFFGEMMA_PORT (else "
         "GRADIO_SERVER_PORT), DIFFGEMMA_SHARE.",
     )
     parser.add_argument("--model", default=_env("DIFFGEMMA_MODEL", str(DEFAULT_MODEL)),
@@ -74,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=_threads, default=_env("DIFFGEMMA_THREADS", "auto"),
                         help="torch CPU threads (default: auto = CPUs - 1 on CPU, leaving one for the web server; "
                              "env DIFFGEMMA_THREADS)")
+    parser.add_argument("--max-run-seconds", type=_seconds, default=_env("DIFFGEMMA_MAX_RUN_SECONDS", "300"),
+                        help="stop any run (page or API) after this many seconds with a clear message; 0: no limit "
+                             "(default: 300; env DIFFGEMMA_MAX_RUN_SECONDS)")
     parser.add_argument("--host", default=default_host,
                         help="address to listen on (default: 127.0.0.1, or GRADIO_SERVER_NAME; env DIFFGEMMA_HOST)")
     parser.add_argument("--port", type=_port, default=default_port,
@@ -112,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: the model loaded but failed a first generation: {type(error).__name__}: "
                   f"{_one_line(error)}", file=sys.stderr)
             return 2
-    app = build_app(engine)
+    app = build_app(engine, max_run_s=args.max_run_seconds)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     threads_text = f"{threads} CPU thread{'s' * (threads != 1)}"
     print(f"DiffGemma Playground on {engine.device} ({threads_text}): local URL http://{shown_host}:{args.port}",

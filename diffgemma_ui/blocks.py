@@ -9,7 +9,7 @@ import gradio as gr
 from engine import PRESET_NAMES, DiffusionEngine
 
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
-from .handlers import Playground, initial_outputs
+from .handlers import DEFAULT_MAX_RUN_S, Playground, initial_outputs
 from .meter import meter_html
 from .session import SessionState
 from .text import escape_html
@@ -63,18 +63,20 @@ def header_html(engine: DiffusionEngine) -> str:
 
 
 def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
-              reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0) -> gr.Blocks:
+              reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
+              max_run_s: float | None = DEFAULT_MAX_RUN_S) -> gr.Blocks:
     """Build the playground for a loaded engine (the model is fixed: web users cannot choose it or any file).
 
     Args:
         engine: the `DiffusionEngine` every session shares (each run has its own random state and stop event).
-        max_fps, reader_budget, abandon_after_s: see `Playground`.
+        max_fps, reader_budget, abandon_after_s, max_run_s: see `Playground`.
 
     Returns:
         A `gr.Blocks` with its queue configured (1 run at a time on CUDA, 4 on CPU); `launch()` applies the theme
         and CSS. The handlers object is available as `app.playground` (for tests).
     """
-    playground = Playground(engine, max_fps=max_fps, reader_budget=reader_budget, abandon_after_s=abandon_after_s)
+    playground = Playground(engine, max_fps=max_fps, reader_budget=reader_budget, abandon_after_s=abandon_after_s,
+                            max_run_s=max_run_s)
     rec = engine.recommended
     start = initial_outputs()
 

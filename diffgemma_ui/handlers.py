@@ -28,7 +28,14 @@ from .record import RunSnapshot
 from .session import SessionState
 from .text import plain_text
 from .validation import SETTING_NAMES, RunRequest, build_request, preset_values
-from .worker import DEFAULT_MAX_FPS, DEFAULT_READER_BUDGET, RunRegistry, RunWorker, is_out_of_memory
+from .worker import (
+    DEFAULT_MAX_FPS,
+    DEFAULT_READER_BUDGET,
+    RunRegistry,
+    RunTimeLimitExceeded,
+    RunWorker,
+    is_out_of_memory,
+)
 
 # Live plots re-render at most once a second (each Plotly redraw costs the browser ~0.1 s of CPU); the canvas and
 # meter follow every frame, up to DEFAULT_MAX_FPS; the final render always has everything.
@@ -59,6 +66,7 @@ class StreamOutputs:
                 self.generate_button, self.stop_button)
 
 
+DEFAULT_MAX_RUN_S = 300.0  # no single run (UI or API) holds the engine for longer
 API_POLL_S = 0.02  # how often the served /generate checks its run (and notices a cancelled job)
 LOG = logging.getLogger(__name__)
 
@@ -69,7 +77,7 @@ def describe_error(error: BaseException) -> str:
     Validation errors (ValueError) keep their message; running out of memory says so and what to change; anything
     else names the error type, so an engine failure is recognisable without showing internals.
     """
-    if isinstance(error, (ValueError, gr.Error)):
+    if isinstance(error, (ValueError, gr.Error, RunTimeLimitExceeded)):
         return str(error) or type(error).__name__
     if is_out_of_memory(error):
         return ("out of memory during this run: lower max_new_tokens or max_denoising_steps, or shorten the prompt "
@@ -110,11 +118,14 @@ class Playground:
         reader_budget: most share of wall time the live view's rendering and sending may take (see
             `RunWorker.updates`); None: only `max_fps` limits.
         abandon_after_s: a run whose reader stops polling for this long stops itself (closed tab).
+        max_run_s: a run (UI or API) that lasts longer is stopped with a clear error (None: no limit).
     """
 
     def __init__(self, engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
-                 reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0):
+                 reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
+                 max_run_s: float | None = DEFAULT_MAX_RUN_S):
         self.engine = engine
+        self.max_run_s = max_run_s
         self.max_fps = max_fps
         self.reader_budget = reader_budget
         self.abandon_after_s = abandon_after_s
@@ -140,7 +151,8 @@ class Playground:
             event = None if self._zero_gpu else stop_event
             return self._gpu_frames(request.prompt, request.settings, request.raw, request.seed, event)
 
-        return RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s).start()
+        return RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
+                         time_limit_s=self.max_run_s).start()
 
     @staticmethod
     def parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,

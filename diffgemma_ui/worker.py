@@ -26,6 +26,10 @@ DEFAULT_READER_BUDGET = 0.05  # the UI may take at most 5% of wall time: the met
 LOG = logging.getLogger(__name__)
 
 
+class RunTimeLimitExceeded(RuntimeError):
+    """A run went past the server's time limit per run and was stopped; the blocks it committed are kept."""
+
+
 def is_out_of_memory(error: BaseException | None) -> bool:
     """Whether `error` is the device (`torch.OutOfMemoryError`) or the host (`MemoryError`) running out of memory."""
     import torch  # noqa: PLC0415 - already loaded by the engine
@@ -64,12 +68,16 @@ class RunWorker:
             it raises (e.g. ValueError for a bad prompt) end the run and are reported in the final snapshot.
         keep_history: keep every frame (for the plots); False keeps only the newest (for the API).
         abandon_after_s: stop the run when no reader has polled for this many seconds (None: never).
+        time_limit_s: stop the run once it has run this many seconds (None: never); it then ends with a
+            `RunTimeLimitExceeded` error saying so, after the engine's final frame.
     """
 
-    def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0):
+    def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0,
+                 time_limit_s: float | None = None):
         self.stop_event = threading.Event()
         self.record = RunRecord(keep_history=keep_history)
         self.abandon_after_s = abandon_after_s
+        self.time_limit_s = time_limit_s
         self._source = source
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -107,6 +115,8 @@ class RunWorker:
         error: BaseException | None = None
         iterator = None
         after_stop = 0
+        started = time.monotonic()
+        timed_out = False
         try:
             iterator = self._source(self.stop_event)
             for frame in iterator:
@@ -116,6 +126,9 @@ class RunWorker:
                 if frame.done:
                     break
                 if self.abandon_after_s is not None and time.monotonic() - self._last_poll > self.abandon_after_s:
+                    self.stop_event.set()
+                if self.time_limit_s is not None and time.monotonic() - started > self.time_limit_s:
+                    timed_out = True
                     self.stop_event.set()
                 if self.stop_event.is_set():
                     # The engine yields one more frame (cancelled) at most one forward later; a source that ignores
@@ -136,6 +149,11 @@ class RunWorker:
                 except Exception:  # noqa: BLE001
                     pass
             iterator = close = None
+            if timed_out and error is None:
+                error = RunTimeLimitExceeded(
+                    f"the run reached this server's limit of {self.time_limit_s:g} s per run and was stopped "
+                    f"after {self.record.count} decoder forwards (finished blocks are kept): lower max_new_tokens or "
+                    "max_denoising_steps")
             if is_out_of_memory(error):
                 release_memory()
             self.record.finish(error)

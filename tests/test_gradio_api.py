@@ -92,8 +92,9 @@ def run_app(*args, env=None, timeout=120):
 def test_app_help_lists_every_option():
     result = run_app("--help")
     assert result.returncode == 0
-    for option in ("--model", "--device", "--dtype", "--quantization", "--threads", "--host", "--port", "--share",
-                   "DIFFGEMMA_MODEL", "DIFFGEMMA_THREADS", "GRADIO_SERVER_NAME"):
+    for option in ("--model", "--device", "--dtype", "--quantization", "--threads", "--max-run-seconds", "--host",
+                   "--port", "--share", "DIFFGEMMA_MODEL", "DIFFGEMMA_THREADS", "DIFFGEMMA_MAX_RUN_SECONDS",
+                   "GRADIO_SERVER_NAME"):
         assert option in result.stdout
 
 
@@ -105,11 +106,14 @@ def test_app_model_load_failure_is_one_clear_line():
     assert len(errors) == 1 and "does not exist" in errors[0]
 
 
-def test_app_rejects_bad_thread_counts_before_loading():
+def test_app_rejects_bad_thread_counts_and_time_limits_before_loading():
     for bad in ("0", "-2", "many"):
         result = run_app("--threads", bad)
         assert result.returncode == 2 and "threads must be 'auto' or an integer >= 1" in result.stderr
         assert "Loading" not in result.stdout
+    for bad in ("-1", "nan", "inf", "soon"):
+        result = run_app("--max-run-seconds", bad)
+        assert result.returncode == 2 and "max run seconds must be a number >= 0" in result.stderr
 
 
 def test_app_environment_defaults():
@@ -127,6 +131,8 @@ def test_app_environment_defaults():
         assert app.build_parser().parse_args([]).host == "127.0.0.2"
         assert app.build_parser().parse_args(["--port", "8000", "--no-share"]).port == 8000
         assert args.threads is None  # auto
+        assert args.max_run_seconds == 300
+        assert app.build_parser().parse_args(["--max-run-seconds", "0"]).max_run_seconds is None  # no limit
         assert app.build_parser().parse_args(["--threads", "3"]).threads == 3
         os.environ["DIFFGEMMA_THREADS"] = "2"
         assert app.build_parser().parse_args([]).threads == 2

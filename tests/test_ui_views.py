@@ -25,7 +25,7 @@ from diffgemma_ui.validation import (
     check_ui_seed,
     preset_values,
 )
-from diffgemma_ui.worker import RunWorker
+from diffgemma_ui.worker import RunTimeLimitExceeded, RunWorker
 from engine import DiffusionSettings, Frame
 from synthetic import parse_html, synthetic_frame
 
@@ -519,6 +519,25 @@ def test_generate_stream_stop_button_and_bad_input():
         next(playground.generate_stream(SessionState(), "hi", True, 64, 8, 0.5, 0.9, 0.8, 1, 0.05, True, 3))
     with pytest.raises(gr.Error, match="context"):
         next(playground.generate_stream(SessionState(), "hi", True, 1000, 8, 0.5, 0.4, 0.8, 1, 0.05, True, 3))
+
+
+def test_runs_past_the_time_limit_stop_with_a_clear_message_and_keep_finished_blocks():
+    worker = RunWorker(fake_source(100_000, delay=0.01), time_limit_s=0.3).start()
+    snap = worker.wait(10)
+    assert snap.finished and isinstance(snap.error, RunTimeLimitExceeded)
+    assert "limit of 0.3 s per run" in str(snap.error) and snap.latest.stop_reason == "cancelled"
+    assert 4 < snap.frames_seen < 100 and snap.finished_blocks()  # stopped within a forward, blocks kept
+
+    playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_run_s=0.3)
+    with pytest.raises(gr.Error, match="limit of 0.3 s per run"):
+        playground.generate_api(*ARGS)
+    session = SessionState()
+    with pytest.raises(gr.Error, match="limit of 0.3 s per run"):
+        for outputs in playground.generate_stream(session, *ARGS):
+            last = outputs
+    assert "The run failed: the run reached this server's limit" in html.unescape(last[1])
+    assert 'data-blocks="' in last[0]  # the finished blocks stay on the page
+    assert playground.registry.active() == 0
 
 
 def test_api_handler_and_block_selection():

@@ -188,6 +188,9 @@ SWEEP = [
     {"t_min": 0.2, "t_max": 0.5},
     {"entropy_bound": 0.1},
     {"entropy_bound": 0.1, "t_min": 0.2, "t_max": 0.5},
+    {"confidence_threshold": 0.3},  # adaptive stopping that a small model can reach
+    {"confidence_threshold": 0.3, "entropy_bound": 1.0},
+    {"entropy_bound": 2.5, "max_denoising_steps": 10},  # the "fast" preset
 ]
 
 
