@@ -6,8 +6,8 @@
 
 Every option has an environment variable default (DIFFGEMMA_MODEL, DIFFGEMMA_DEVICE, DIFFGEMMA_DTYPE,
 DIFFGEMMA_QUANTIZATION, DIFFGEMMA_THREADS, DIFFGEMMA_MAX_RUN_SECONDS, DIFFGEMMA_HOST, DIFFGEMMA_PORT,
-DIFFGEMMA_SHARE); the host and port also honour GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, which Hugging Face Spaces sets. The model is chosen here, by whoever runs
-the server; web users cannot change it.
+DIFFGEMMA_SHARE); the host and port also honour GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, which Hugging Face Spaces
+sets. The model is chosen here, by whoever runs the server; web users cannot change it.
 """
 
 from __future__ import annotations
@@ -72,8 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="DiffGemma Playground: watch block diffusion denoise text, live in the browser.",
         epilog="Environment variables give the defaults: DIFFGEMMA_MODEL, DIFFGEMMA_DEVICE, DIFFGEMMA_DTYPE, "
         "DIFFGEMMA_QUANTIZATION, DIFFGEMMA_THREADS, DIFFGEMMA_MAX_RUN_SECONDS, DIFFGEMMA_HOST (else "
-        "GRADIO_SERVER_NAME), DIFFGEMMA_PORT (else "
-        "GRADIO_SERVER_PORT), DIFFGEMMA_SHARE.",
+        "GRADIO_SERVER_NAME), DIFFGEMMA_PORT (else GRADIO_SERVER_PORT), DIFFGEMMA_SHARE.",
     )
     parser.add_argument("--model", default=_env("DIFFGEMMA_MODEL", str(DEFAULT_MODEL)),
                         help="local model folder or hub id (default: the embedded diffgemma-tiny; env DIFFGEMMA_MODEL)")

@@ -175,8 +175,8 @@ class RunWorker:
         Gradio's postprocessing and sending, measured from each `yield` to the next request, smoothed): the gap
         between snapshots stretches to `reader_time / reader_budget`, so on a small CPU the UI's work cannot slow
         the engine, which shares the CPU, by more than that share (None: only `max_fps` limits). Ends after
-        yielding the snapshot with `finished=True`; neither it nor the first frame is ever held back. Waiting here counts as polling, so a
-        run is only abandoned when its reader stops iterating.
+        yielding the snapshot with `finished=True`; neither it nor the first frame is ever held back. Waiting here
+        counts as polling, so a run is only abandoned when its reader stops iterating.
         """
         interval = 1.0 / max_fps if max_fps and max_fps > 0 else 0.0
         seen = -1

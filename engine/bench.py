@@ -250,7 +250,8 @@ def launched_app(model: str, device: str, dtype: str, threads: int, timeout_s: f
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     env.pop("DIFFGEMMA_SHARE", None)
     command = [sys.executable, str(REPO_ROOT / "app.py"), "--model", str(model), "--device", device, "--dtype",
-               dtype, "--host", "127.0.0.1", "--port", str(port), "--no-share"]
+               dtype, "--threads", str(threads), "--max-run-seconds", "0", "--host", "127.0.0.1", "--port", str(port),
+               "--no-share"]
     log = open(os.devnull, "w")  # noqa: SIM115 - closed below
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
