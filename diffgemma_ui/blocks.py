@@ -13,9 +13,10 @@ from .handlers import DEFAULT_MAX_RUN_S, Playground, initial_outputs
 from .meter import meter_html
 from .session import SessionState
 from .text import escape_html
-from .validation import MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS, UI_MAX_NEW_TOKENS
+from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS, UI_MAX_NEW_TOKENS
 from .worker import DEFAULT_MAX_FPS, DEFAULT_READER_BUDGET
 
+DEFAULT_PROMPT = "Tell me what happened after the flood."  # a chat prompt, as the raw box starts unticked
 PACKAGE_DIR = Path(__file__).resolve().parent
 ASSETS_DIR = PACKAGE_DIR.parent / "assets"
 CSS_PATH = ASSETS_DIR / "style.css"
@@ -89,7 +90,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
             with gr.Column(min_width=0, elem_id="dg-controls"):
                 prompt = gr.Textbox(
                     label="Prompt", lines=3, max_lines=8, max_length=MAX_PROMPT_CHARS, elem_id="dg-prompt",
-                    placeholder="In the beginning", value="In the beginning",
+                    placeholder="Type a prompt, or pick an example", value=DEFAULT_PROMPT,
                 )
                 raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)", value=False,
                                   elem_id="dg-raw")
@@ -97,7 +98,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                     generate = gr.Button("Generate", variant="primary", elem_id="dg-generate", scale=3)
                     stop = gr.Button("Stop", variant="stop", elem_id="dg-stop", interactive=False, scale=1)
                 with gr.Row(elem_id="dg-preset-row", equal_height=True):
-                    preset_box = gr.Dropdown(list(PRESET_NAMES), value="recommended", label="Preset",
+                    preset_box = gr.Dropdown([*PRESET_NAMES, CUSTOM_PRESET], value="recommended", label="Preset",
                                              elem_id="dg-preset", scale=3, min_width=140)
                     seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random", elem_id="dg-seed",
                                      scale=2, min_width=100)
@@ -154,14 +155,21 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
             api_visibility="private", concurrency_id="engine", show_progress="full",
             show_progress_on=[canvas], trigger_mode="once",
         )
-        generate.click(**run_event)
-        prompt.submit(**run_event)
+        # Inputs are checked in a step of their own first: a refused request then shows its message without marking
+        # the canvas (where the run's progress is shown) with an error badge
+        check_event = dict(fn=playground.check_inputs, inputs=run_inputs, outputs=None, api_visibility="private",
+                           concurrency_limit=None, show_progress="hidden", trigger_mode="once")
+        generate.click(**check_event).success(**run_event)
+        prompt.submit(**check_event).success(**run_event)
         stop.click(playground.stop, inputs=[session], outputs=None, api_visibility="private",
                    concurrency_limit=None, show_progress="hidden")
         dice.click(playground.random_seed, inputs=None, outputs=[seed], api_visibility="private",
                    concurrency_limit=None, show_progress="hidden")
-        preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs,
+        preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs[1:],
                           api_visibility="private", concurrency_limit=None, show_progress="hidden")
+        for setting in settings_inputs[1:]:  # edited by hand: the settings are no longer a named preset
+            setting.input(None, None, preset_box, js=f"() => {json.dumps(CUSTOM_PRESET)}", api_visibility="private",
+                          show_progress="hidden")
         block.release(playground.select_block, inputs=[session, block], outputs=[heatmap, order, entropy],
                       api_visibility="private", concurrency_limit=None, show_progress="hidden")
         app.unload(playground.unload)

@@ -27,7 +27,7 @@ from .meter import meter_html
 from .record import RunSnapshot
 from .session import SessionState
 from .text import plain_text
-from .validation import SETTING_NAMES, RunRequest, build_request, preset_values
+from .validation import CUSTOM_PRESET, PRESET_FIELDS, SETTING_NAMES, RunRequest, build_request, preset_values
 from .worker import (
     DEFAULT_MAX_FPS,
     DEFAULT_READER_BUDGET,
@@ -143,6 +143,29 @@ class Playground:
         prompt_ids = self.engine.encode_prompt(request.prompt, raw=request.raw)
         self.engine.check_budget(int(prompt_ids.shape[1]), request.settings)
 
+    def check_inputs(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+                     stability_threshold, confidence_threshold, adaptive_stopping, seed) -> None:
+        """The Generate button's first step: the UI's checks of the eleven inputs, nothing run.
+
+        Raises:
+            gr.Error: the message of the first check that fails (the run step repeats the checks).
+        """
+        self.checked_request(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+                             stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True)
+
+    def checked_request(self, *inputs, ui_limits: bool) -> RunRequest:
+        """`parse` then `check_request` of the eleven inputs (the API's order), before anything runs.
+
+        Raises:
+            gr.Error: the first failing check's message (unexpected failures are logged with their traceback).
+        """
+        try:
+            run = self.parse(*inputs, ui_limits=ui_limits)
+            self.check_request(run)
+        except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
+            raise _rejected(error) from None
+        return run
+
     def start_run(self, request: RunRequest, *, keep_history: bool = True) -> RunWorker:
         """Start `request` in a background `RunWorker` and return it."""
 
@@ -214,12 +237,8 @@ class Playground:
         Raises:
             gr.Error: invalid input (before anything runs) or an engine failure during the run.
         """
-        try:
-            run = self.parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                             stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True)
-            self.check_request(run)
-        except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
-            raise _rejected(error) from None
+        run = self.checked_request(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+                                   stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True)
         if session is None:
             session = SessionState()
         key = getattr(request, "session_hash", None) or f"anon-{id(session)}"
@@ -271,13 +290,16 @@ class Playground:
                 plots.entropy_and_acceptance(frames))
 
     def apply_preset(self, name) -> tuple:
-        """The preset dropdown: slider values for preset `name` (a gr.Warning and no change if unknown)."""
+        """The preset dropdown: the values of `PRESET_FIELDS` for preset `name`; no change for "custom" (a setting
+        was edited by hand), and a gr.Warning and no change for an unknown name."""
+        if name == CUSTOM_PRESET:
+            return tuple(gr.skip() for _ in PRESET_FIELDS)
         try:
             values = preset_values(name, self.engine.recommended)
         except ValueError as error:
             gr.Warning(str(error))
-            return tuple(gr.skip() for _ in range(len(SETTING_NAMES) + 1))
-        return tuple(values[n] for n in (*SETTING_NAMES, "adaptive_stopping"))
+            return tuple(gr.skip() for _ in PRESET_FIELDS)
+        return tuple(values[field] for field in PRESET_FIELDS)
 
     @staticmethod
     def random_seed() -> int:
@@ -330,12 +352,7 @@ class Playground:
 
     def _start_api_run(self, *inputs) -> RunWorker:
         """Validate the eleven API inputs (API limits, not the UI's) and start the run; raises gr.Error."""
-        try:
-            run = self.parse(*inputs, ui_limits=False)
-            self.check_request(run)
-        except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
-            raise _rejected(error) from None
-        return self.start_run(run, keep_history=False)
+        return self.start_run(self.checked_request(*inputs, ui_limits=False), keep_history=False)
 
     def _api_result(self, snap: RunSnapshot) -> tuple[str, dict]:
         """(text, summary) of a finished API run; raises gr.Error with a clear message if it failed."""

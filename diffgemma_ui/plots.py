@@ -69,7 +69,7 @@ def _round(value: float, digits: int = 3) -> float:
     return round(value, digits) if value == value else 0.0  # NaN -> 0
 
 
-def empty_figure(title: str, message: str = "Waiting for a run") -> FigureSpec:
+def empty_figure(title: str, message: str = "Fills in as the canvas denoises") -> FigureSpec:
     """A placeholder figure: no data, `message` in the middle (escaped)."""
     return FigureSpec(data=[], layout=_layout(
         title,
@@ -81,7 +81,7 @@ def empty_figure(title: str, message: str = "Waiting for a run") -> FigureSpec:
 
 def _block_title(frames: Sequence[Frame], what: str) -> str:
     last = frames[-1]
-    state = "" if last.block_done else " \u00b7 live"
+    state = "" if last.block_done else " \u00b7 stopped" if last.done else " \u00b7 live"
     return f"{what} \u00b7 block {last.block_index + 1}{state}"
 
 
@@ -156,7 +156,8 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
         layout["sliders"] = [{
             "active": steps - 1,
             "currentvalue": {"prefix": "step ", "font": {"size": 12}, "xanchor": "right"},
-            "pad": {"t": 50, "b": 4}, "len": 0.84, "x": 0.16, "y": 0, "ticklen": 3, "minorticklen": 0,
+            # in a row of its own under the play/pause buttons: side by side they overlap on a phone
+            "pad": {"t": 92, "b": 4}, "len": 1.0, "x": 0.0, "y": 0, "ticklen": 3, "minorticklen": 0,
             "font": {"size": 10},
             "steps": [
                 {"label": str(k + 1), "method": "animate", "args": [[frame_objects[k]], instant]}
@@ -176,8 +177,8 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
                                    "transition": {"duration": 0}}]},
             ],
         }]
-        layout["height"] = HEIGHT + 70
-        layout["margin"] = {**layout["margin"], "b": 110}
+        layout["height"] = HEIGHT + 110
+        layout["margin"] = {**layout["margin"], "b": 150}
     return FigureSpec(data=data, layout=layout)
 
 

@@ -22,6 +22,9 @@ SETTING_NAMES = (
     "max_new_tokens", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
     "confidence_threshold",
 )
+# What a preset sets: how the model denoises, never how long the answer is (max_new_tokens stays the user's)
+PRESET_FIELDS = (*SETTING_NAMES[1:], "adaptive_stopping")
+CUSTOM_PRESET = "custom"  # what the preset box shows once a setting is changed by hand
 
 
 SHOWN_CHARS = 40  # an echoed bad value is cut to this many characters: the message stays one readable line
@@ -138,8 +141,9 @@ def build_request(prompt, raw, values: dict, seed, *, ui_limits: bool = True) ->
 
 
 def preset_values(name, recommended: DiffusionSettings) -> dict:
-    """The slider values of preset `name` (see `engine.preset`); raises ValueError for an unknown name."""
+    """The values of `PRESET_FIELDS` for preset `name` (see `engine.preset`); raises ValueError for an unknown
+    name."""
     if name not in PRESET_NAMES:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")
     settings = preset(name, recommended)
-    return {name: getattr(settings, name) for name in (*SETTING_NAMES, "adaptive_stopping")}
+    return {field: getattr(settings, field) for field in PRESET_FIELDS}

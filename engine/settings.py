@@ -162,13 +162,13 @@ def preset(name: str, recommended: DiffusionSettings) -> DiffusionSettings:
         return recommended
     if name == "fast":
         return recommended.replace(
-            entropy_bound=min(RANGES["entropy_bound"][1], recommended.entropy_bound * 5),
+            entropy_bound=round(min(RANGES["entropy_bound"][1], recommended.entropy_bound * 5), 6),
             max_denoising_steps=max(4, recommended.max_denoising_steps // 3),
         )
     if name == "careful":
         return recommended.replace(
-            entropy_bound=recommended.entropy_bound / 4,
+            entropy_bound=round(recommended.entropy_bound / 4, 6),
             max_denoising_steps=min(MAX_DENOISING_STEPS_LIMIT, recommended.max_denoising_steps * 2),
-            t_max=max(recommended.t_min + 0.05, recommended.t_max * 0.75),
+            t_max=round(max(recommended.t_min + 0.05, recommended.t_max * 0.75), 6),  # 0.6, not 0.6000000000000001
         )
     raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")

@@ -153,3 +153,27 @@ def test_preset_fills_the_sliders_and_dice_draws_a_seed(browser, served_app, eng
     assert int(seed.input_value()) >= 0
     assert not problems, problems
     page.close()
+
+
+def test_refused_prompt_leaves_the_canvas_clean_and_hand_edits_make_the_preset_custom(browser, served_app):
+    _, url = served_app
+    page, problems = open_page(browser, url)
+    page.fill("#dg-prompt textarea", "   ")
+    page.click("#dg-generate")
+    page.wait_for_selector("text=prompt is empty", timeout=10_000)  # the message, as a toast
+    time.sleep(0.5)
+    assert "Error" not in page.locator("#dg-canvas").inner_text()  # no error badge on the canvas
+    assert page.locator("#dg-generate").is_enabled()
+
+    preset_box = page.locator("#dg-preset input")
+    set_number(page, "Entropy bound", 1.5)
+    page.wait_for_function("document.querySelector('#dg-preset input').value === 'custom'", timeout=10_000)
+    set_number(page, "Max new tokens", 64)
+    preset_box.click()
+    page.locator("ul[role=listbox] li", has_text="careful").first.click()
+    page.wait_for_function(
+        "document.querySelector(\"input[aria-label='number input for t_max']\").value === '0.6'", timeout=10_000)
+    assert page.locator("input[aria-label='number input for Max new tokens']").input_value() == "64"
+    assert preset_box.input_value() == "careful"
+    assert not problems, problems
+    page.close()

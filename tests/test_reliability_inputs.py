@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from diffgemma_ui.handlers import Playground
 from diffgemma_ui.validation import (
     MAX_PROMPT_CHARS,
+    PRESET_FIELDS,
     SETTING_NAMES,
     UI_MAX_DENOISING_STEPS,
     UI_MAX_NEW_TOKENS,
@@ -217,11 +218,13 @@ def test_unknown_presets_are_rejected_and_the_ui_keeps_its_sliders(engine):
         assert all(p in str(info.value) for p in PRESET_NAMES)
         with pytest.warns(UserWarning, match="unknown preset"):  # gr.Warning outside a request warns
             outputs = playground.apply_preset(name)
-        assert len(outputs) == len(SETTING_NAMES) + 1
+        assert len(outputs) == len(PRESET_FIELDS)
         assert all(isinstance(o, dict) and o.get("__type__") == "update" and len(o) == 1 for o in outputs), outputs
     for name in PRESET_NAMES:
         values = preset_values(name, engine.recommended)
-        assert build_settings(values) is not None
+        assert build_settings({"max_new_tokens": 64, **values}) is not None
+        assert "max_new_tokens" not in values  # a preset never changes the answer's length
+    assert all(isinstance(o, dict) and o.get("__type__") == "update" for o in playground.apply_preset("custom"))
 
 
 UNUSUAL_PROMPTS = [
