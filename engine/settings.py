@@ -148,6 +148,11 @@ class DiffusionSettings:
 PRESET_NAMES = ("recommended", "fast", "careful")
 
 
+def _tidy(value: float) -> float:
+    """`value` to 6 significant digits: 0.6, not 0.6000000000000001, in a slider; never rounds a small value to 0."""
+    return float(f"{value:.6g}")
+
+
 def preset(name: str, recommended: DiffusionSettings) -> DiffusionSettings:
     """Return a named preset relative to the checkpoint's `recommended` settings.
 
@@ -162,13 +167,13 @@ def preset(name: str, recommended: DiffusionSettings) -> DiffusionSettings:
         return recommended
     if name == "fast":
         return recommended.replace(
-            entropy_bound=round(min(RANGES["entropy_bound"][1], recommended.entropy_bound * 5), 6),
+            entropy_bound=_tidy(min(RANGES["entropy_bound"][1], recommended.entropy_bound * 5)),
             max_denoising_steps=max(4, recommended.max_denoising_steps // 3),
         )
     if name == "careful":
         return recommended.replace(
-            entropy_bound=round(recommended.entropy_bound / 4, 6),
+            entropy_bound=_tidy(recommended.entropy_bound / 4),
             max_denoising_steps=min(MAX_DENOISING_STEPS_LIMIT, recommended.max_denoising_steps * 2),
-            t_max=round(max(recommended.t_min + 0.05, recommended.t_max * 0.75), 6),  # 0.6, not 0.6000000000000001
+            t_max=_tidy(max(recommended.t_min + 0.05, recommended.t_max * 0.75)),
         )
     raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")

@@ -108,3 +108,9 @@ def test_serving_threads_leave_one_cpu_for_the_server_on_cpu():
                 set_serving_threads(torch.device("cpu"), bad)
     finally:
         torch.set_num_threads(before)
+
+
+def test_preset_values_are_tidy_and_tiny_bounds_stay_positive():
+    careful = preset("careful", DiffusionSettings(t_min=0.4, t_max=0.8, entropy_bound=0.5))
+    assert careful.t_max == 0.6 and careful.entropy_bound == 0.125
+    assert preset("careful", DiffusionSettings(entropy_bound=2e-6)).entropy_bound == pytest.approx(5e-7)
