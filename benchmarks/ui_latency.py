@@ -152,7 +152,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bare-in-main-thread", action="store_true",
                         help="run the bare engine.generate() in the main thread instead of a fresh thread")
-    parser.add_argument("--max-fps", type=float, default=None, help="the UI's live renders per second (default: the app's)")
+    parser.add_argument("--max-fps", type=float, default=None,
+                        help="the UI's live renders per second at most (default: the app's)")
     parser.add_argument("--browser-cpu", type=int, default=None, metavar="N",
                         help="pin Chromium to CPU N and this process (server, engine, bare runs) to the other CPUs, "
                              "with that many torch threads: the browser then stands in for a user's own machine")
@@ -179,8 +180,8 @@ def main(argv=None) -> int:
     generate_in_thread(engine, args.prompt, settings, args.seed)  # warm-up (allocator, caches)
 
     rows = {"page_load_ms": [], "first_frame_ms": [], "engine_ttff_ms": [], "bare_ttff_ms": [], "ui_tps": [],
-            "bare_tps": [], "stream_tps": [], "ui_total_ms": [], "browser_cpu_pct": [], "renders_per_s": [], "cpu_ratio_server": [],
-            "cpu_ratio_total": []}
+            "bare_tps": [], "stream_tps": [], "ui_total_ms": [], "browser_cpu_pct": [], "renders_per_s": [],
+            "cpu_ratio_server": [], "cpu_ratio_total": []}
     server_cpus = None
     if args.browser_cpu is not None:
         server_cpus = set(os.sched_getaffinity(0)) - {args.browser_cpu}
@@ -202,10 +203,11 @@ def main(argv=None) -> int:
                 load_ms = (time.perf_counter() - start) * 1000
                 page.fill("#dg-prompt textarea", args.prompt)
                 page.check("#dg-raw input[type=checkbox]")
-                for selector, value in (("input[aria-label='number input for Max new tokens']", settings.max_new_tokens),
-                                        ("input[aria-label='number input for Max denoising steps']",
-                                         settings.max_denoising_steps),
-                                        ("#dg-seed input", args.seed)):
+                for selector, value in (
+                    ("input[aria-label='number input for Max new tokens']", settings.max_new_tokens),
+                    ("input[aria-label='number input for Max denoising steps']", settings.max_denoising_steps),
+                    ("#dg-seed input", args.seed),
+                ):
                     box = page.locator(selector)
                     box.fill(str(value))
                     box.press("Enter")
