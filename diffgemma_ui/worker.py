@@ -1,10 +1,11 @@
 """Background runs: the engine iterates in a worker thread; the UI reads coalesced snapshots.
 
 `RunWorker` owns one run: a daemon thread pulls frames from a frame source (normally `DiffusionEngine.frames`) into
-a `RunRecord`; `updates()` yields snapshots at most `max_fps` times a second, always the newest frame and always
-the final one. Stopping sets the run's `stop_event` (the engine ends within one decoder forward). A run whose
-reader goes away (no `updates()`/`wait()` poll for `abandon_after_s`) stops itself, so a closed browser tab can
-never keep the device busy.
+a `RunRecord`; `updates()` yields snapshots at most `max_fps` times a second and spaced so that reading them takes
+at most `reader_budget` of wall time, always the newest frame and always the final one. Stopping sets the run's
+`stop_event` (the engine ends within one decoder forward). A run whose reader goes away (no `updates()`/`wait()`
+poll for `abandon_after_s`) stops itself, so a closed browser tab can never keep the device busy; a run past
+`time_limit_s` stops itself with `RunTimeLimitExceeded`.
 """
 
 from __future__ import annotations
