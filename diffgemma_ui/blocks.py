@@ -89,7 +89,8 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
         with gr.Row(equal_height=False, elem_id="dg-main"):
             with gr.Column(min_width=0, elem_id="dg-controls"):
                 prompt = gr.Textbox(
-                    label="Prompt", lines=3, max_lines=8, max_length=MAX_PROMPT_CHARS, elem_id="dg-prompt",
+                    label="Prompt", info="Shift+Enter generates; Enter adds a line", lines=3, max_lines=8,
+                    max_length=MAX_PROMPT_CHARS, elem_id="dg-prompt",
                     placeholder="Type a prompt, or pick an example", value=DEFAULT_PROMPT,
                 )
                 raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)", value=False,
@@ -170,8 +171,10 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
         for setting in settings_inputs[1:]:  # edited by hand: the settings are no longer a named preset
             setting.input(None, None, preset_box, js=f"() => {json.dumps(CUSTOM_PRESET)}", api_visibility="private",
                           show_progress="hidden")
-        block.release(playground.select_block, inputs=[session, block], outputs=[heatmap, order, entropy],
-                      api_visibility="private", concurrency_limit=None, show_progress="hidden")
+        # `input`: mouse drags, arrow keys and typed values alike (not the run's own update of the slider)
+        block.input(playground.select_block, inputs=[session, block], outputs=[heatmap, order, entropy],
+                    api_visibility="private", concurrency_limit=None, show_progress="hidden",
+                    trigger_mode="always_last")
         app.unload(playground.unload)
 
         async def generate_api(

@@ -231,7 +231,7 @@ def denoise(
                 )
                 newly = _accepted_mask(sampler)[0] & (first_accepted < 0)
                 first_accepted[newly] = step_index
-                stopped_early = bool(finished_denoising.all())
+                stopped_early = cur_step > 1 and bool(finished_denoising.all())  # before its last step
                 block_done = stopped_early or cur_step == 1
                 done, stop_reason = False, ""
                 if block_done:

@@ -177,3 +177,22 @@ def test_refused_prompt_leaves_the_canvas_clean_and_hand_edits_make_the_preset_c
     assert preset_box.input_value() == "careful"
     assert not problems, problems
     page.close()
+
+
+def test_shift_enter_runs_and_the_block_slider_follows_the_keyboard(browser, served_app):
+    _, url = served_app
+    page, problems = open_page(browser, url)
+    page.fill("#dg-prompt textarea", "In the beginning")
+    page.check("#dg-raw input[type=checkbox]")
+    set_number(page, "Max new tokens", 128)
+    page.fill("#dg-seed input", "0")
+    page.press("#dg-prompt textarea", "Shift+Enter")
+    page.wait_for_selector(".dg-meter[data-state='done']", timeout=60_000)
+    title = page.locator("#dg-heatmap .gtitle")
+    assert "block 2" in title.text_content()  # the last block is plotted after the run
+    page.locator("#dg-block input[type=range]").focus()
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function(
+        "document.querySelector('#dg-heatmap .gtitle').textContent.includes('block 1')", timeout=10_000)
+    assert not problems, problems
+    page.close()

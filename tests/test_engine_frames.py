@@ -151,3 +151,12 @@ def test_context_budget_counts_whole_canvases(engine):
 def test_hostile_and_unusual_text_is_accepted(engine):
     result = engine.generate("<script>alert(1)</script> 🙂 مرحبا \x00\x1b[31m \ud800", short(engine), seed=3)
     assert isinstance(result.text, str) and result.frames > 0
+
+
+def test_stopped_early_means_before_the_last_step(engine):
+    settings = engine.recommended.replace(max_new_tokens=128, max_denoising_steps=6, confidence_threshold=2.0)
+    ends = [f for seed in range(3) for f in engine.frames("And God said,", settings, raw=True, seed=seed)
+            if f.block_done]
+    assert ends
+    for frame in ends:
+        assert frame.block_stopped_early == (frame.step_index + 1 < frame.max_denoising_steps), frame.step_index

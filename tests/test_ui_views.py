@@ -556,3 +556,14 @@ def test_api_handler_and_block_selection():
     heat, order, entropy = playground.select_block(session, 2)
     assert "block 2" in heat["layout"]["title"]["text"] and "block 2" in order["layout"]["title"]["text"]
     assert playground.select_block(SessionState(), 1)[0]["data"] == []
+
+
+def test_meter_says_counting_until_the_first_block_is_committed():
+    first_block = make_frame(step=15, tokens_per_second=0.0, tokens_per_forward=0.0, committed_tokens=0)
+    values = meter.meter_values(first_block)
+    assert values["tokens/s"] == values["tokens/forward"] == "counting\u2026"
+    assert values["forwards/block"] == "\u2265 16"
+    later = make_frame(step=3, forwards_per_block=[32], tokens_per_second=50.0, tokens_per_forward=2.0)
+    assert meter.meter_values(later)["tokens/s"] == "50.0"
+    ended = make_frame(done=True, stop_reason="cancelled", tokens_per_second=0.0)  # stopped in block 1: a real 0
+    assert meter.meter_values(ended)["tokens/s"] == "0.0"
