@@ -28,7 +28,8 @@ class Frame:
         forward_index: 0-based decoder forward over the whole generation.
         temperature: the schedule's temperature at this step.
         block_done: this is the block's last forward; block_stopped_early: it ended by adaptive stopping before its
-        last step (a block whose criteria are met only at its last step ran all its steps). done: the generation is over (EOS, token budget, or cancellation).
+        last step (a block whose criteria are met only at its last step ran all its steps). done: the generation
+        is over (EOS, token budget, or cancellation).
         committed_ids: generated tokens of finished blocks (EOS kept, pads after EOS dropped); on the last frame of
         a block it includes that block. committed_tokens: how many of them are not pad.
         forwards_per_block: decoder forwards used by each finished block.
