@@ -20,6 +20,7 @@ DEFAULT_PROMPT = "Tell me what happened after the flood."  # a chat prompt, as t
 PACKAGE_DIR = Path(__file__).resolve().parent
 ASSETS_DIR = PACKAGE_DIR.parent / "assets"
 CSS_PATH = ASSETS_DIR / "style.css"
+HEAD_PATH = ASSETS_DIR / "head.html"
 EXAMPLES_PATH = ASSETS_DIR / "examples.json"
 EXPLAINER_PATH = PACKAGE_DIR / "explainer.md"
 # A CPU serves a few small runs at once; one GPU is best used by one run at a time.
@@ -27,11 +28,13 @@ CONCURRENCY = {"cuda": 1, "cpu": 4}
 
 
 class PlaygroundBlocks(gr.Blocks):
-    """`gr.Blocks` whose `launch()` defaults to the playground's theme and CSS (Gradio 6 takes them in launch)."""
+    """`gr.Blocks` whose `launch()` defaults to the playground's theme, CSS and head script (Gradio 6 takes them in
+    launch)."""
 
     def launch(self, *args, **kwargs):
         kwargs.setdefault("theme", playground_theme())
         kwargs.setdefault("css_paths", [CSS_PATH])
+        kwargs.setdefault("head_paths", [HEAD_PATH])
         return super().launch(*args, **kwargs)
 
 

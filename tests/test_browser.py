@@ -196,3 +196,20 @@ def test_shift_enter_runs_and_the_block_slider_follows_the_keyboard(browser, ser
         "document.querySelector('#dg-heatmap .gtitle').textContent.includes('block 1')", timeout=10_000)
     assert not problems, problems
     page.close()
+
+
+def test_interrupting_the_heatmap_replay_is_not_a_page_error(browser, served_app):
+    _, url = served_app
+    page, problems = open_page(browser, url)
+    set_number(page, "Max new tokens", 64)
+    page.click("#dg-generate")
+    page.wait_for_selector(".dg-meter[data-state='done']", timeout=60_000)
+    page.wait_for_selector("#dg-heatmap .updatemenu-button")
+    buttons = page.locator("#dg-heatmap .updatemenu-button")
+    play, pause = buttons.nth(0), buttons.nth(1)
+    for button in (play, pause, play, play):  # each click interrupts the running animation
+        button.click()
+        time.sleep(0.3)
+    time.sleep(1.5)
+    assert not problems, problems
+    page.close()
