@@ -28,23 +28,25 @@ def meter_values(frame: Frame | None) -> dict[str, str]:
     """The meter's figures as display strings (unescaped), keyed by label.
 
     Tokens/s and tokens/forward count generated non-pad tokens of finished blocks only (up to EOS; never the
-    prompt), so until the first block is committed they show "counting…" rather than a misleading 0; forwards/block
-    is the mean over finished blocks ("≥ n" while the first block runs: n forwards so far). Returns dashes for every
-    figure when `frame` is None.
+    prompt), so until the first block is committed they show "…" rather than a misleading 0 (and the progress note
+    says why); forwards/block is the mean over finished blocks ("≥ n" while the first block runs: n forwards so
+    far). Returns dashes for every figure when `frame` is None.
     """
     if frame is None:
         return {label: "\u2013" for label in (
             "tokens/s", "tokens/forward", "forwards/block", "elapsed", "first frame", "tokens", "progress")}
     fpb = frame.forwards_per_block
-    forwards_per_block = _fmt(sum(fpb) / len(fpb), 1) if fpb else f"\u2265 {frame.step_index + 1}"
     counting = not fpb and not frame.done  # nothing committed yet: no rate to show
+    forwards_per_block = _fmt(sum(fpb) / len(fpb), 1) if fpb else f"\u2265 {frame.step_index + 1}"
     if frame.done:
         progress = STOP_REASONS.get(frame.stop_reason, frame.stop_reason) or "done"
     else:
         progress = f"block {frame.block_index + 1} \u00b7 step {frame.step_index + 1}/{frame.max_denoising_steps}"
+        if counting:
+            progress += " \u00b7 tokens/s from the first committed block"
     return {
-        "tokens/s": "counting\u2026" if counting else _fmt(frame.tokens_per_second, 1),
-        "tokens/forward": "counting\u2026" if counting else _fmt(frame.tokens_per_forward, 2),
+        "tokens/s": "\u2026" if counting else _fmt(frame.tokens_per_second, 1),
+        "tokens/forward": "\u2026" if counting else _fmt(frame.tokens_per_forward, 2),
         "forwards/block": forwards_per_block,
         "elapsed": _fmt(frame.elapsed_s, 2, " s"),
         "first frame": _fmt(frame.time_to_first_frame_s * 1000, 0, " ms"),

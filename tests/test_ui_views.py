@@ -561,7 +561,8 @@ def test_api_handler_and_block_selection():
 def test_meter_says_counting_until_the_first_block_is_committed():
     first_block = make_frame(step=15, tokens_per_second=0.0, tokens_per_forward=0.0, committed_tokens=0)
     values = meter.meter_values(first_block)
-    assert values["tokens/s"] == values["tokens/forward"] == "counting\u2026"
+    assert values["tokens/s"] == values["tokens/forward"] == "\u2026"
+    assert "tokens/s from the first committed block" in values["progress"]
     assert values["forwards/block"] == "\u2265 16"
     later = make_frame(step=3, forwards_per_block=[32], tokens_per_second=50.0, tokens_per_forward=2.0)
     assert meter.meter_values(later)["tokens/s"] == "50.0"
