@@ -54,6 +54,16 @@ def set_number(page, label, value):
     box.press("Enter")
 
 
+def set_up_a_long_run(page):
+    """A run of many seconds that cannot end early: a raw prompt, 1024 tokens, 64 steps, adaptive stopping off (the
+    default chat prompt often ends at EOS within its first block)."""
+    page.fill("#dg-prompt textarea", "In the beginning")
+    page.check("#dg-raw input[type=checkbox]")
+    page.get_by_label("Adaptive stopping").uncheck()
+    set_number(page, "Max new tokens", 1024)
+    set_number(page, "Max denoising steps", 64)
+
+
 def test_generate_shows_live_canvas_final_text_and_speed(browser, served_app, engine):
     _, url = served_app
     prompt = "The Lord is my shepherd <img src=x onerror=alert(1)> \U0001f600"
@@ -92,8 +102,7 @@ def test_stop_button_and_phone_width(browser, served_app):
     _, url = served_app
     page, problems = open_page(browser, url, width=390, height=844)
     assert page.evaluate("document.documentElement.scrollWidth") <= 390  # no sideways scrolling on a phone
-    set_number(page, "Max new tokens", 1024)
-    set_number(page, "Max denoising steps", 64)
+    set_up_a_long_run(page)
     page.click("#dg-generate")
     page.wait_for_selector(".dg-meter[data-state='running']", timeout=60_000)
     started = time.monotonic()
@@ -111,8 +120,7 @@ def test_stop_button_and_phone_width(browser, served_app):
 def test_closing_the_tab_frees_the_worker(browser, served_app):
     app, url = served_app
     page, _ = open_page(browser, url)
-    set_number(page, "Max new tokens", 1024)
-    set_number(page, "Max denoising steps", 64)
+    set_up_a_long_run(page)
     page.click("#dg-generate")
     page.wait_for_selector(".dg-meter[data-state='running']", timeout=60_000)
     assert app.playground.registry.active() == 1

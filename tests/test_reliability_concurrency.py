@@ -274,6 +274,10 @@ def test_closing_the_browser_page_frees_its_worker(app, served_app, forward_s):
             page = browser.new_page()
             page.goto(served_app[1])
             page.wait_for_selector("#dg-generate")
+            # a long run that cannot end early: raw prompt, adaptive stopping off
+            page.fill("#dg-prompt textarea", "In the beginning")
+            page.check("#dg-raw input[type=checkbox]")
+            page.get_by_label("Adaptive stopping").uncheck()
             for label, value in (("Max new tokens", 1024), ("Max denoising steps", 64)):
                 box = page.locator(f"input[aria-label='number input for {label}']")
                 box.fill(str(value))
