@@ -365,17 +365,21 @@ API_BAD = (
 )
 
 
-@pytest.mark.parametrize("field, value", API_BAD, ids=[f"{f}-{i}" for i, (f, _) in enumerate(API_BAD)])
-def test_api_rejects_bad_input_with_the_validation_message(client, served_app, field, value):
+def assert_api_refuses(client, playground: Playground, args) -> None:
+    """`/generate` called with `args` fails with exactly the validation message of the API's own checks, clear."""
     from gradio_client.exceptions import AppError
 
-    note_bad(field, value)
-    args = with_value(field, value)
-    expected = validation_message(served_app[0].playground, args)
+    expected = validation_message(playground, args)
     with pytest.raises(AppError) as info:
         client.predict(*args, api_name="/generate")
     assert str(info.value) == expected
     assert_clear(str(info.value))
+
+
+@pytest.mark.parametrize("field, value", API_BAD, ids=[f"{f}-{i}" for i, (f, _) in enumerate(API_BAD)])
+def test_api_rejects_bad_input_with_the_validation_message(client, served_app, field, value):
+    note_bad(field, value)
+    assert_api_refuses(client, served_app[0].playground, with_value(field, value))
 
 
 def test_api_rejects_a_prompt_over_the_context_with_the_limit(client, served_app, engine):
@@ -392,8 +396,6 @@ def test_api_rejects_a_prompt_over_the_context_with_the_limit(client, served_app
 @given(data=st.data())
 def test_api_bad_settings_space(client, served_app, data):
     """Hypothesis picks a setting and a value outside its range: the API answers with the validation message."""
-    from gradio_client.exceptions import AppError
-
     name = data.draw(st.sampled_from(SETTING_NAMES))
     low, high, low_inclusive, _ = RANGES[name]
     value = data.draw(st.one_of(
@@ -402,12 +404,7 @@ def test_api_bad_settings_space(client, served_app, data):
         st.text(alphabet="abcxyz!?<>&", min_size=1, max_size=12),
     ))
     note_bad(name, value)
-    args = with_value(name, value)
-    expected = validation_message(served_app[0].playground, args)
-    with pytest.raises(AppError) as info:
-        client.predict(*args, api_name="/generate")
-    assert str(info.value) == expected
-    assert_clear(str(info.value))
+    assert_api_refuses(client, served_app[0].playground, with_value(name, value))
 
 
 def call_raw(url: str, body: str, timeout: float = 120.0) -> tuple[str, object]:
