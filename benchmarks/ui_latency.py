@@ -35,7 +35,6 @@ import contextlib
 import json
 import os
 import re
-import socket
 import statistics
 import sys
 import threading
@@ -165,6 +164,7 @@ def main(argv=None) -> int:
 
     from diffgemma_ui import build_app
     from engine import DiffusionEngine, load_model
+    from engine.bench import free_port
     from engine.loading import DEFAULT_MODEL, set_serving_threads
 
     engine = DiffusionEngine(load_model(args.model or DEFAULT_MODEL, args.device))
@@ -173,10 +173,7 @@ def main(argv=None) -> int:
         max_new_tokens=args.max_new_tokens or engine.recommended.max_new_tokens,
         max_denoising_steps=args.steps or engine.recommended.max_denoising_steps)
     app = build_app(engine) if args.max_fps is None else build_app(engine, max_fps=args.max_fps)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    _, url, _ = app.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    _, url, _ = app.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
     generate_in_thread(engine, args.prompt, settings, args.seed)  # warm-up (allocator, caches)
 
     rows = {"page_load_ms": [], "first_frame_ms": [], "engine_ttff_ms": [], "bare_ttff_ms": [], "ui_tps": [],

@@ -236,6 +236,7 @@ def measure_engine_overhead(engine: DiffusionEngine, prompt: str, settings: Diff
 
 
 def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

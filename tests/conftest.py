@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import socket
+from pathlib import Path
 
 import pytest
 
@@ -15,11 +15,19 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: runs the embedded model or a browser (seconds, not milliseconds)")
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian Chromium (`pages.CHROMIUM`, never a downloaded browser), one per test module; the test is
+    skipped when Playwright or Chromium is missing."""
+    from pages import CHROMIUM, CHROMIUM_ARGS
+
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    with playwright_api.sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield instance
+        instance.close()
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +42,7 @@ def engine():
 def served_app(engine):
     """The playground launched in-process: yields (app, url). Closed at the end of the session."""
     from diffgemma_ui import build_app
+    from engine.bench import free_port
 
     app = build_app(engine)
     _, url, _ = app.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)

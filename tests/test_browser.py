@@ -6,13 +6,11 @@ import time
 from pathlib import Path
 
 import pytest
+from pages import open_page, set_number, set_up_a_long_run
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
 # Records every distinct canvas state (its newest forward index) the page shows
 WATCH_CANVAS = """() => {
   window.__forwards = [];
@@ -24,44 +22,6 @@ WATCH_CANVAS = """() => {
   };
   new MutationObserver(note).observe(root, {subtree: true, childList: true, attributes: true});
 }"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no Chromium at /usr/bin/chromium")
-    with playwright_api.sync_playwright() as p:
-        instance = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield instance
-        instance.close()
-
-
-def open_page(browser, url, width=1280, height=900):
-    page = browser.new_page(viewport={"width": width, "height": height})
-    problems = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
-    page.goto(url)
-    page.wait_for_selector("#dg-generate")
-    return page, problems
-
-
-def set_number(page, label, value):
-    box = page.locator(f"input[aria-label='number input for {label}']")
-    box.fill(str(value))
-    box.press("Enter")
-
-
-def set_up_a_long_run(page):
-    """A run of many seconds that cannot end early: a raw prompt, 1024 tokens, 64 steps, adaptive stopping off (the
-    default chat prompt often ends at EOS within its first block)."""
-    page.fill("#dg-prompt textarea", "In the beginning")
-    page.check("#dg-raw input[type=checkbox]")
-    page.get_by_label("Adaptive stopping").uncheck()
-    set_number(page, "Max new tokens", 1024)
-    set_number(page, "Max denoising steps", 64)
 
 
 def test_generate_shows_live_canvas_final_text_and_speed(browser, served_app, engine):

@@ -20,10 +20,10 @@ import pytest
 
 from diffgemma_ui.blocks import CONCURRENCY
 from diffgemma_ui.handlers import Playground
+from pages import open_page, set_up_a_long_run
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
 # raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold, confidence_threshold,
 # adaptive_stopping (seed follows)
 SMALL = (True, 128, 3, 0.5, 0.4, 0.8, 1, 0.05, True)
@@ -263,34 +263,16 @@ def test_a_killed_client_process_frees_its_worker(app, served_app, forward_s):
             process.wait(10)
 
 
-def test_closing_the_browser_page_frees_its_worker(app, served_app, forward_s):
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no Chromium at /usr/bin/chromium")
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        try:
-            page = browser.new_page()
-            page.goto(served_app[1])
-            page.wait_for_selector("#dg-generate")
-            # a long run that cannot end early: raw prompt, adaptive stopping off
-            page.fill("#dg-prompt textarea", "In the beginning")
-            page.check("#dg-raw input[type=checkbox]")
-            page.get_by_label("Adaptive stopping").uncheck()
-            for label, value in (("Max new tokens", 1024), ("Max denoising steps", 64)):
-                box = page.locator(f"input[aria-label='number input for {label}']")
-                box.fill(str(value))
-                box.press("Enter")
-            page.click("#dg-generate")
-            page.wait_for_selector(".dg-meter[data-state='running']", timeout=60_000)
-            assert app.playground.registry.active() == 1
-            thread = run_threads()[0]
-            closed = time.monotonic()
-            page.close()
-            assert_freed(app, thread, closed, 2.0 + freed_bound(forward_s), "browser page closed")
-        finally:
-            browser.close()
+def test_closing_the_browser_page_frees_its_worker(app, served_app, forward_s, browser):
+    page, _ = open_page(browser, served_app[1])
+    set_up_a_long_run(page)
+    page.click("#dg-generate")
+    page.wait_for_selector(".dg-meter[data-state='running']", timeout=60_000)
+    assert app.playground.registry.active() == 1
+    thread = run_threads()[0]
+    closed = time.monotonic()
+    page.close()
+    assert_freed(app, thread, closed, 2.0 + freed_bound(forward_s), "browser page closed")
 
 
 def load_test_module():

@@ -31,10 +31,10 @@ from diffgemma_ui.record import RunRecord
 from diffgemma_ui.session import SessionState
 from diffgemma_ui.text import plain_text, visible_token
 from engine import DEFAULT_MODEL, Frame, GenerationResult, ModelLoadError, load_model
+from pages import set_number
 from synthetic import parse_html, synthetic_frame
 
 REPO = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
 HOSTILE = [
     "<script>alert(1)</script>",
     "<img src=x onerror=alert(1)>",
@@ -385,54 +385,46 @@ def test_the_live_render_of_a_hostile_run_is_inert(served_app):
 
 
 @pytest.mark.slow
-def test_hostile_tokens_stay_text_in_the_browser(served_app, engine, monkeypatch):
+def test_hostile_tokens_stay_text_in_the_browser(served_app, engine, monkeypatch, browser):
     """The real page, with every token the model produces rendered as hostile text: nothing runs, no element is
     injected, and the strings are visible as text."""
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no Chromium at /usr/bin/chromium")
     monkeypatch.setattr(engine, "token_text", lambda token_id: HOSTILE[token_id % N])
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.add_init_script("window.__alerts = []; for (const f of ['alert', 'confirm', 'prompt']) "
-                                 "window[f] = (m) => { window.__alerts.push(String(m)); };")
-            problems = []
-            page.on("dialog", lambda d: (problems.append(d.message), d.dismiss()))
-            page.on("pageerror", lambda e: problems.append(str(e)))
-            page.goto(served_app[1])
-            page.wait_for_selector("#dg-generate")
-            page.check("#dg-raw input[type=checkbox]")
-            for label, value in (("Max new tokens", 128), ("Max denoising steps", 3)):
-                box = page.locator(f"input[aria-label='number input for {label}']")
-                box.fill(str(value))
-                box.press("Enter")
-            page.click("#dg-generate")
-            page.wait_for_selector(".dg-meter[data-state='done']", timeout=120_000)
-            page.hover("#dg-heatmap .nsewdrag", timeout=10_000)  # a Plotly hover label with a hostile token
-            page.wait_for_timeout(300)
-            injected = page.evaluate("""() => {
-                const views = ['.dg-canvas', '.dg-stack', '.dg-meter', '.dg-header'];  // the views' own roots
-                const within = (roots, tags) => roots.flatMap(r => tags.map(t => `${r} ${t}`)).join(', ');
-                const bad = ['script', 'img', 'iframe', 'svg', 'a[href]', 'style', 'object', 'embed'];
-                const found = [...document.querySelectorAll(within(views, bad))].map(e => e.outerHTML);
-                // Plotly's hover labels and titles (its modebar has a link of its own)
-                const plotLayers = ['.js-plotly-plot .hoverlayer', '.js-plotly-plot .infolayer'];
-                const plots = [...document.querySelectorAll(within(plotLayers,
-                    ['script', 'img', 'iframe', 'foreignObject', 'a[href]']))].map(e => e.outerHTML);
-                const handlers = [...document.querySelectorAll('.dg-canvas *, .dg-stack *, .dg-meter *')].filter(
-                    e => [...e.attributes].some(a => a.name.startsWith('on'))).map(e => e.outerHTML);
-                return {found, plots, handlers, alerts: window.__alerts};
-            }""")
-            chips = " ".join(page.locator(".dg-chip").all_inner_texts())
-            titles = " ".join(t or "" for t in page.locator(".dg-chip").evaluate_all(
-                "els => els.map(e => e.getAttribute('title'))"))
-            hover = " ".join(page.locator("#dg-heatmap .hovertext").evaluate_all(
-                "els => els.map(e => e.textContent || '')"))
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        page.add_init_script("window.__alerts = []; for (const f of ['alert', 'confirm', 'prompt']) "
+                             "window[f] = (m) => { window.__alerts.push(String(m)); };")
+        problems = []
+        page.on("dialog", lambda d: (problems.append(d.message), d.dismiss()))
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.goto(served_app[1])
+        page.wait_for_selector("#dg-generate")
+        page.check("#dg-raw input[type=checkbox]")
+        set_number(page, "Max new tokens", 128)
+        set_number(page, "Max denoising steps", 3)
+        page.click("#dg-generate")
+        page.wait_for_selector(".dg-meter[data-state='done']", timeout=120_000)
+        page.hover("#dg-heatmap .nsewdrag", timeout=10_000)  # a Plotly hover label with a hostile token
+        page.wait_for_timeout(300)
+        injected = page.evaluate("""() => {
+            const views = ['.dg-canvas', '.dg-stack', '.dg-meter', '.dg-header'];  // the views' own roots
+            const within = (roots, tags) => roots.flatMap(r => tags.map(t => `${r} ${t}`)).join(', ');
+            const bad = ['script', 'img', 'iframe', 'svg', 'a[href]', 'style', 'object', 'embed'];
+            const found = [...document.querySelectorAll(within(views, bad))].map(e => e.outerHTML);
+            // Plotly's hover labels and titles (its modebar has a link of its own)
+            const plotLayers = ['.js-plotly-plot .hoverlayer', '.js-plotly-plot .infolayer'];
+            const plots = [...document.querySelectorAll(within(plotLayers,
+                ['script', 'img', 'iframe', 'foreignObject', 'a[href]']))].map(e => e.outerHTML);
+            const handlers = [...document.querySelectorAll('.dg-canvas *, .dg-stack *, .dg-meter *')].filter(
+                e => [...e.attributes].some(a => a.name.startsWith('on'))).map(e => e.outerHTML);
+            return {found, plots, handlers, alerts: window.__alerts};
+        }""")
+        chips = " ".join(page.locator(".dg-chip").all_inner_texts())
+        titles = " ".join(t or "" for t in page.locator(".dg-chip").evaluate_all(
+            "els => els.map(e => e.getAttribute('title'))"))
+        hover = " ".join(page.locator("#dg-heatmap .hovertext").evaluate_all(
+            "els => els.map(e => e.textContent || '')"))
+    finally:
+        page.close()
     print(f"\n[security] Plotly hover label under the pointer: {hover[:100]!r}")
     assert not problems, problems
     assert injected == {"found": [], "plots": [], "handlers": [], "alerts": []}, injected

@@ -1,0 +1,41 @@
+"""Driving the playground's page in headless Chromium: shared by the browser, concurrency and security tests.
+
+The browser is Debian's Chromium at `CHROMIUM`, launched by the `browser` fixture in `conftest.py`; Playwright never
+downloads one.
+"""
+
+from __future__ import annotations
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+
+
+def open_page(browser, url, width=1280, height=900):
+    """A new page on `url` once Generate is shown; returns (page, problems), the console errors, page errors and
+    dialogs seen on it."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    problems = []
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
+    page.goto(url)
+    page.wait_for_selector("#dg-generate")
+    return page, problems
+
+
+def set_number(page, label, value):
+    """Type `value` into the number box of the slider labelled `label` and press Enter."""
+    box = page.locator(f"input[aria-label='number input for {label}']")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def set_up_a_long_run(page):
+    """A run of many seconds that cannot end early: a raw prompt, 1024 tokens, 64 steps, adaptive stopping off (the
+    default chat prompt often ends at EOS within its first block)."""
+    page.fill("#dg-prompt textarea", "In the beginning")
+    page.check("#dg-raw input[type=checkbox]")
+    page.get_by_label("Adaptive stopping").uncheck()
+    set_number(page, "Max new tokens", 1024)
+    set_number(page, "Max denoising steps", 64)
