@@ -7,7 +7,7 @@ those files directly, strips the markup and footnotes, and writes one JSON line 
 `{"book": ..., "chapter": ..., "verses": [...]}`. Chapters are split into train and validation sets by a seeded
 hash of their name, so the split is stable when the corpus is rebuilt.
 
-Run: `python -m engine.training.corpus --out data/corpus` (needs `apt-get install sword-text-web`).
+Run: `python -m training.corpus --out data/corpus` (needs `apt-get install sword-text-web`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Package a training checkpoint as a shippable model folder: safetensors weights, config, tokenizer, generation config.
 
-Run: `python -m engine.training.export --checkpoint data/run/checkpoint --out assets/models/diffgemma-tiny`
+Run: `python -m training.export --checkpoint data/run/checkpoint --out assets/models/diffgemma-tiny`
 (add `--random-init` to export an untrained model with the same architecture, for tests of the plumbing).
 """
 
@@ -18,7 +18,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
 
 from .model_config import BOS_ID, END_OF_TURN_ID, EOS_ID, PAD_ID, tiny_config
 
-# Shipped sampling settings for diffgemma-tiny; chosen with `python -m engine.training.evaluate --sweep`.
+# Shipped sampling settings for diffgemma-tiny; chosen with `python -m training.evaluate --sweep`.
 SHIPPED_SETTINGS = {
     "max_new_tokens": 256,
     "max_denoising_steps": 32,

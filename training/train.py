@@ -1,6 +1,6 @@
 """Train diffgemma-tiny from scratch with DiffusionGemma's objective, on CPU or CUDA.
 
-Per step, for a batch of (prefix, clean canvas) examples (`engine.training.data`):
+Per step, for a batch of (prefix, clean canvas) examples (`training.data`):
 1. the causal encoder reads the prefix (prompt and earlier blocks), filling the KV cache; its hidden states also give
    a next-token loss, so the same weights decode autoregressively (the honest same-weights AR baseline);
 2. uniform-state corruption: each canvas token is replaced by a uniformly random token with probability t,
@@ -10,7 +10,7 @@ Per step, for a batch of (prefix, clean canvas) examples (`engine.training.data`
 4. loss = cross-entropy of the second pass on the clean canvas + `encoder_loss_weight` x encoder next-token loss.
 The network is transformers' `DiffusionGemmaForBlockDiffusion`; nothing here re-implements it.
 
-Run: `python -m engine.training.train --out data/run` (resumes from `data/run/checkpoint` when present).
+Run: `python -m training.train --out data/run` (resumes from `data/run/checkpoint` when present).
 """
 
 from __future__ import annotations

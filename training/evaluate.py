@@ -10,7 +10,7 @@ Figures printed (and written as JSON with `--json-out`):
   canvas against the maximum, and the same dictionary rate for real validation text as a reference;
 - speed on this machine: tokens/s, tokens per forward, peak RSS.
 
-Run: `python -m engine.training.evaluate --model assets/models/diffgemma-tiny` (`--sweep` compares settings).
+Run: `python -m training.evaluate --model assets/models/diffgemma-tiny` (`--sweep` compares settings).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from ..engine import DiffusionEngine
-from ..loading import DEFAULT_MODEL, load_model
+from engine.engine import DiffusionEngine
+from engine.loading import DEFAULT_MODEL, load_model
 from .data import ExampleSampler
 from .train import losses
 
@@ -160,7 +160,7 @@ def canvas_length_costs(lengths=(32, 64, 128, 256), steps: int = 8, repeats: int
     Each measurement is one block of `steps` forwards (adaptive stopping off) after a 32-token prompt; the median of
     `repeats` runs after a warm-up. The per-token cost tells which canvas keeps a CPU answer within seconds.
     """
-    from ..settings import DiffusionSettings
+    from engine.settings import DiffusionSettings
     from .model_config import tiny_config
     from transformers import DiffusionGemmaForBlockDiffusion
     import statistics

@@ -4,7 +4,7 @@ Special tokens use the ids DiffusionGemma's config expects (pad 0, eos 1, bos 2)
 `<start_of_turn>` (3) and `<end_of_turn>` (4); `<end_of_turn>` also ends generation (an EOS id in the generation
 config). The chat template is Gemma's: `<bos><start_of_turn>user\n{text}<end_of_turn>\n<start_of_turn>model\n`.
 
-Run: `python -m engine.training.tokenizer --corpus data/corpus --out data/tokenizer --vocab-size 4096`.
+Run: `python -m training.tokenizer --corpus data/corpus --out data/tokenizer --vocab-size 4096`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ CHAT_TEMPLATE = (
 
 
 def chapter_texts(corpus_file: Path):
-    """Yield one plain-text string per chapter of a corpus JSONL file (see `engine.training.corpus`)."""
+    """Yield one plain-text string per chapter of a corpus JSONL file (see `training.corpus`)."""
     with open(corpus_file, encoding="utf-8") as f:
         for line in f:
             yield " ".join(json.loads(line)["verses"])

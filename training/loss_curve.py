@@ -1,6 +1,6 @@
-"""Plot a training log (`log.csv` from `engine.training.train`) as a PNG loss curve.
+"""Plot a training log (`log.csv` from `training.train`) as a PNG loss curve.
 
-Run: `python -m engine.training.loss_curve data/run/log.csv assets/models/diffgemma-tiny/loss_curve.png`.
+Run: `python -m training.loss_curve data/run/log.csv assets/models/diffgemma-tiny/loss_curve.png`.
 """
 
 from __future__ import annotations
