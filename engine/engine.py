@@ -39,6 +39,21 @@ def check_prompt(prompt, max_chars: int = MAX_PROMPT_CHARS) -> str:
     return prompt
 
 
+def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device) -> torch.LongTensor:
+    """Token ids `[1, prompt_length]` of `prompt` on `device`: as is (`raw`) or as one chat user turn with the
+    generation prompt (the tokenizer's chat template). Raises ValueError for a bad prompt (`check_prompt`)."""
+    prompt = check_prompt(prompt)
+    prompt = prompt.encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates become U+FFFD
+    if raw:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+    else:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True,
+            return_tensors="pt", return_dict=True,
+        )["input_ids"]
+    return ids.to(device)
+
+
 @dataclass(frozen=True)
 class GenerationResult:
     """Summary of one finished run.
@@ -101,16 +116,7 @@ class DiffusionEngine:
         Raises:
             ValueError: not a string, empty or whitespace only, longer than `MAX_PROMPT_CHARS` characters.
         """
-        prompt = check_prompt(prompt)
-        prompt = prompt.encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates become U+FFFD
-        if raw:
-            ids = self.tokenizer(prompt, return_tensors="pt").input_ids
-        else:
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True,
-                return_tensors="pt", return_dict=True,
-            )["input_ids"]
-        return ids.to(self.device)
+        return encode_text(self.tokenizer, prompt, raw, self.device)
 
     def check_budget(self, prompt_tokens: int, settings: DiffusionSettings) -> None:
         """Raise `ValueError` when the prompt plus whole canvases for `max_new_tokens` exceed the context window."""

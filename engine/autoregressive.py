@@ -1,0 +1,292 @@
+"""Autoregressive decoding, one token per forward: the side block diffusion is raced against.
+
+By default it decodes with DiffusionGemma's own weights. The model's encoder is a causal language model that shares
+every text weight with the diffusion decoder; with the tied `lm_head` and the final logit softcap it predicts the
+next token. Decoding it token by token with a KV cache is the "same-size autoregressive model" of the field's speed
+claims, on the very same weights:
+
+    prefill the prompt -> logits of the last position -> pick a token -> feed that one token -> ...
+
+An operator may instead name a separate causal LM (`AutoModelForCausalLM`, e.g. a Gemma model of the same size):
+`AutoregressiveDecoder.load`. Token picking follows `GenerationMixin._sample` (transformers 5.23): greedy is the
+argmax; sampling applies `TemperatureLogitsWarper`, a softmax and `torch.multinomial`, drawing from the run's own
+random state (`RunRandomState`, so a seed gives the same tokens whatever else runs). Tokens are counted as the
+diffusion side counts them: generated tokens up to and including the first EOS, pad ids never.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+from transformers.generation.logits_process import TemperatureLogitsWarper
+
+from .generator import EngineClock
+from .random_state import RunRandomState
+from .settings import MAX_NEW_TOKENS_LIMIT, check_seed, check_setting
+from .tokens import TokenText
+
+MAX_TEMPERATURE = 10.0
+
+
+def check_temperature(value) -> float:
+    """`value` as a sampling temperature in [0, 10] (0: greedy); raises `ValueError` naming `ar_temperature`."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"ar_temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0: greedy), got {value!r}")
+    try:
+        value = float(str(value).strip()) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"ar_temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0: greedy), "
+                         f"got {value!r}") from None
+    if not math.isfinite(value) or not 0.0 <= value <= MAX_TEMPERATURE:
+        raise ValueError(f"ar_temperature must be in [0, {MAX_TEMPERATURE:g}] (0: greedy), got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class TokenFrame:
+    """The state right after one autoregressive forward: the token it chose.
+
+    forward_index: 0-based forward (forward 0 is the prompt's prefill and chooses the first token);
+    token_id / token: the chosen token and its display string (raw model text: escape before rendering);
+    committed_ids: every generated id so far, this one included (up to and including EOS);
+    committed_tokens: how many of them are not pad; temperature: 0 for greedy;
+    done / stop_reason ("eos", "max_new_tokens", "cancelled" on the last frame, else "");
+    elapsed_s: engine-clock seconds since the run started (prefill included; time the consumer spends between
+    frames is not counted); time_to_first_token_s: elapsed_s of forward 0;
+    tokens_per_second = committed_tokens / elapsed_s; tokens_per_forward = committed_tokens / forwards (1 until a
+    pad is chosen); prompt_tokens; seed (the seed in force, drawn when none was given).
+    """
+
+    forward_index: int
+    token_id: int
+    token: str
+    committed_ids: list[int]
+    committed_tokens: int
+    temperature: float
+    done: bool
+    stop_reason: str
+    elapsed_s: float
+    time_to_first_token_s: float
+    tokens_per_second: float
+    tokens_per_forward: float
+    prompt_tokens: int
+    seed: int
+
+    @property
+    def forwards(self) -> int:
+        """Forwards so far."""
+        return self.forward_index + 1
+
+    def to_dict(self) -> dict:
+        """A JSON-serializable dict of every field."""
+        return asdict(self)
+
+
+def eos_ids(generation_config) -> set[int]:
+    """The EOS ids of a generation config (`eos_token_id` may be an int, a list such as [1, 106, 50], or None)."""
+    eos = getattr(generation_config, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+def softcapped_logits(model, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Float32 logits `[batch, vocab]` of the last position of `hidden_states` `[batch, length, hidden]`:
+    `tanh(lm_head(h) / cap) * cap`, exactly as `DiffusionGemmaForBlockDiffusion.forward` turns hidden states into
+    logits."""
+    logits = model.lm_head(hidden_states[:, -1]).float()
+    cap = model.final_logit_softcapping
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+class AutoregressiveDecoder:
+    """Token-by-token decoding with a KV cache, one `TokenFrame` per forward.
+
+    Args:
+        model: a `DiffusionGemmaForBlockDiffusion` (its encoder and `lm_head` decode: `shared_weights=True`) or any
+            transformers causal LM (`shared_weights=False`).
+        tokenizer: the model's tokenizer (chat prompts go through its chat template).
+        source: where the model came from (shown on the page); device: where it runs.
+
+    Use `from_diffusion` for the same-weights decoder and `load` for a separate checkpoint. Several runs may iterate
+    from different threads at once; each has its own random state and cache.
+    """
+
+    def __init__(self, model, tokenizer, *, source: str, device: torch.device, shared_weights: bool):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.source = source
+        self.device = device
+        self.shared_weights = shared_weights
+        self.token_text = TokenText(tokenizer)
+        self.eos_token_ids = eos_ids(model.generation_config)
+        self.pad_token_id = getattr(model.generation_config, "pad_token_id", None)
+        config = model.config.get_text_config(decoder=True)
+        self.context_limit = getattr(config, "max_position_embeddings", None)
+
+    @classmethod
+    def from_diffusion(cls, engine) -> "AutoregressiveDecoder":
+        """The decoder on a `DiffusionEngine`'s own weights (its encoder, `lm_head` and tokenizer)."""
+        return cls(engine.model, engine.tokenizer, source=f"{engine.source} (its causal encoder)",
+                   device=engine.device, shared_weights=True)
+
+    @classmethod
+    def load(cls, model_id: str, device: torch.device, dtype: torch.dtype) -> "AutoregressiveDecoder":
+        """Load a separate causal LM (`AutoModelForCausalLM`, no remote code) and its tokenizer onto `device`.
+
+        Raises:
+            ModelLoadError: the checkpoint or its tokenizer cannot be loaded.
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from .loading import ModelLoadError
+
+        local = Path(str(model_id)).expanduser()
+        common = {"trust_remote_code": False, "local_files_only": local.exists()}
+        where = str(local) if local.exists() else str(model_id)
+        kwargs = {"dtype": dtype, **common}
+        if device.type == "cuda":
+            kwargs["device_map"] = {"": device.index or 0}
+        try:
+            model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(where, **common)
+        except Exception as error:  # noqa: BLE001 - one clear message
+            raise ModelLoadError(f"cannot load the autoregressive model {model_id!r}: {type(error).__name__}: "
+                                 f"{error}") from error
+        if device.type != "cuda":
+            model = model.to(device)
+        model.eval()
+        return cls(model, tokenizer, source=str(model_id), device=device, shared_weights=False)
+
+    # -- one forward -------------------------------------------------------------------------------------------------
+    def new_cache(self) -> DynamicCache:
+        """An empty KV cache for one run."""
+        return DynamicCache(config=self.model.config.get_text_config(decoder=True))
+
+    def next_token_logits(self, step_ids: torch.LongTensor, cache: DynamicCache, position: int) -> torch.Tensor:
+        """One forward over `step_ids` `[1, n]` (the prompt, then one token at a time) at positions
+        `position..position+n-1`, appending to `cache`; returns float32 logits `[1, vocab]` of the last position."""
+        positions = torch.arange(position, position + step_ids.shape[1], device=step_ids.device).unsqueeze(0)
+        if self.shared_weights:
+            hidden = self.model.model.encoder(input_ids=step_ids, past_key_values=cache,
+                                              position_ids=positions).last_hidden_state
+            return softcapped_logits(self.model, hidden)
+        output = self.model(input_ids=step_ids, past_key_values=cache, position_ids=positions, use_cache=True,
+                            logits_to_keep=1)
+        return output.logits[:, -1].float()
+
+    # -- a run -------------------------------------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str, raw: bool = False) -> torch.LongTensor:
+        """Prompt ids `[1, prompt_length]` on the device, encoded as `DiffusionEngine.encode_prompt` does (raises
+        ValueError for a bad prompt)."""
+        from .engine import encode_text
+
+        return encode_text(self.tokenizer, prompt, raw, self.device)
+
+    def check_budget(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Raise `ValueError` when the prompt plus `max_new_tokens` exceed the model's context window."""
+        if self.context_limit and prompt_tokens + max_new_tokens > self.context_limit:
+            raise ValueError(
+                f"prompt is {prompt_tokens:,} tokens and {max_new_tokens:,} new tokens are asked for; together over "
+                f"the autoregressive model's context of {self.context_limit:,} tokens: shorten the prompt or lower "
+                "max_new_tokens")
+
+    def frames(self, prompt: str, max_new_tokens: int, *, raw: bool = False, temperature: float = 0.0,
+               seed: int | None = None, stop_event: threading.Event | None = None) -> Iterator[TokenFrame]:
+        """Validate and encode `prompt`, then yield one `TokenFrame` per forward (see `decode`).
+
+        Raises:
+            ValueError: bad prompt, max_new_tokens, temperature, seed or budget (before any work is done).
+        """
+        max_new_tokens = check_setting("max_new_tokens", max_new_tokens)
+        temperature = check_temperature(temperature)
+        seed = check_seed(seed)
+        input_ids = self.encode_prompt(prompt, raw=raw)
+        self.check_budget(input_ids.shape[1], max_new_tokens)
+        return self.decode(input_ids, max_new_tokens, temperature=temperature, random_state=RunRandomState(seed),
+                           stop_event=stop_event)
+
+    @torch.no_grad()
+    def decode(self, input_ids: torch.LongTensor, max_new_tokens: int, *, temperature: float = 0.0,
+               random_state: RunRandomState | None = None,
+               stop_event: threading.Event | None = None) -> Iterator[TokenFrame]:
+        """Decode after `input_ids` `[1, prompt_length]` until EOS or `max_new_tokens` tokens, one forward per token.
+
+        Args:
+            temperature: 0 picks the argmax (greedy); above 0 samples from softmax(logits / temperature).
+            random_state: the run's random state (default: a fresh seed); only sampling draws from it.
+            stop_event: when set, the run ends before the next forward with a final frame marked "cancelled".
+
+        Yields:
+            one `TokenFrame` per forward; the last has `done=True`.
+
+        Raises:
+            ValueError: batch size other than 1, or `max_new_tokens` < 1.
+        """
+        if input_ids.ndim != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"input_ids must have shape [1, prompt_length], got {tuple(input_ids.shape)}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        rng = random_state or RunRandomState(None)
+        warper = TemperatureLogitsWarper(temperature) if temperature > 0 else None
+        clock = EngineClock(input_ids.device)
+        prompt_tokens = int(input_ids.shape[1])
+        committed: list[int] = []
+        counted, first_token_s = 0, 0.0
+        cache = self.new_cache()
+        step_ids, position = input_ids, 0
+        frame = None
+        for forward in range(max_new_tokens):
+            if stop_event is not None and stop_event.is_set():
+                if frame is not None:
+                    yield dataclasses.replace(frame, done=True, stop_reason="cancelled")
+                return
+            with clock:
+                logits = self.next_token_logits(step_ids, cache, position)
+                position += step_ids.shape[1]
+                if warper is None:
+                    token = logits.argmax(dim=-1, keepdim=True)
+                else:
+                    with rng.active():
+                        probs = torch.softmax(warper(None, logits), dim=-1)
+                        token = torch.multinomial(probs, num_samples=1)
+                token_id = int(token.item())
+                step_ids = token
+                committed = [*committed, token_id]
+                counted += token_id != self.pad_token_id
+                stop_reason = ""
+                if token_id in self.eos_token_ids:
+                    stop_reason = "eos"
+                elif forward == max_new_tokens - 1:
+                    stop_reason = "max_new_tokens"
+                elapsed = clock.now()
+                if forward == 0:
+                    first_token_s = elapsed
+                frame = TokenFrame(
+                    forward_index=forward, token_id=token_id, token=self.token_text(token_id), committed_ids=committed,
+                    committed_tokens=counted, temperature=temperature, done=bool(stop_reason),
+                    stop_reason=stop_reason, elapsed_s=elapsed, time_to_first_token_s=first_token_s,
+                    tokens_per_second=counted / elapsed if elapsed > 0 else 0.0,
+                    tokens_per_forward=counted / (forward + 1), prompt_tokens=prompt_tokens, seed=rng.seed,
+                )
+            yield frame
+            if frame.done:
+                return
+
+    def text(self, token_ids: list[int]) -> str:
+        """Decoded text of generated ids, special tokens skipped (raw model text)."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def warm_up(self) -> float:
+        """Pay first-run costs (kernel selection, allocator growth) with a short greedy run; returns seconds."""
+        last = None
+        for last in self.frames("Warm-up.", 4, raw=True, seed=0):
+            pass
+        return last.elapsed_s if last is not None else 0.0
