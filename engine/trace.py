@@ -1,0 +1,486 @@
+"""Traces: a whole generation kept as one JSON document, to replay it later without the model.
+
+A trace holds where the run came from (model name and revision, device, dtype), its settings, seed and prompt (text
+and ids), the display string of every token id that appears, and every frame in compact form. `docs/trace.md` is
+the schema; `TRACE_VERSION` is its version. Compact means: per-position lists of ids, 0/1 accepted flags,
+confidence and entropy rounded to 3 decimals, elapsed time to the microsecond; everything a `Frame` holds beside
+that (token strings, first accepted step, forwards per block, rates, temperature) is derived on load.
+
+`Trace.from_frames(...)` builds a trace and `Trace.frames` are then exactly the frames `load_trace` gives back from
+its JSON, so "export then load gives identical frames" holds by construction (and is tested). Loading never trusts
+the document: `load_trace` refuses anything malformed, oversized or inconsistent with one `TraceError` message.
+Token strings are kept as they are (a vocabulary may well contain `<script>`); views escape them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from .engine import MAX_PROMPT_CHARS, DiffusionEngine
+from .frames import Frame
+from .settings import MAX_SEED, DiffusionSettings
+
+TRACE_FORMAT = "diffgemma-trace"
+TRACE_VERSION = 1
+MAX_TRACE_BYTES = 20 * 1024 * 1024
+MAX_CANVAS_LENGTH = 4096
+MAX_FRAMES = 20_000
+MAX_TOKEN_ID = 2**31 - 1
+MAX_TOKEN_CHARS = 1000
+MAX_ENTROPY_NATS = 100.0  # ln(vocabulary) is ~12.5 for 262,144 tokens
+MAX_LABEL_CHARS = 300
+FLOAT_DIGITS = 3
+TIME_DIGITS = 6
+SETTING_KEYS = ("max_new_tokens", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
+                "confidence_threshold", "adaptive_stopping")
+STOP_REASONS = ("eos", "max_new_tokens", "cancelled")
+
+
+class TraceError(ValueError):
+    """A trace that cannot be loaded; the message names the first problem found."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Where a run came from: `name` (hub id, or a local folder's name, never its full path), `revision` (the hub
+    commit when known, else ""), `device` ("cpu", "cuda", ...), `dtype` ("float32", ...), `canvas_length`
+    (positions per canvas)."""
+
+    name: str
+    revision: str
+    device: str
+    dtype: str
+    canvas_length: int
+
+    @classmethod
+    def of(cls, engine: DiffusionEngine) -> "ModelInfo":
+        """The `ModelInfo` of a loaded engine."""
+        source = str(engine.source)
+        local = Path(source).expanduser()
+        name = local.name if local.exists() else source
+        revision = getattr(engine.model.config, "_commit_hash", None) or ""
+        dtype = str(getattr(engine.model, "dtype", "")).removeprefix("torch.")
+        return cls(name=name, revision=str(revision), device=str(engine.device), dtype=dtype,
+                   canvas_length=int(engine.canvas_length))
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One generation, as a trace.
+
+    Attributes:
+        model: `ModelInfo`. settings: the run's `DiffusionSettings`. seed: the seed in force.
+        prompt: the prompt text; raw: True if it was tokenized as is (no chat template);
+        prompt_ids: the prompt's token ids, `[prompt_length]`.
+        tokens: display string of every id in the prompt and the frames (raw model strings: escape them).
+        text: the final generated text (special tokens skipped), as the engine decoded it.
+        frames: one `Frame` per decoder forward, as loaded from the compact form (see the module docstring).
+    """
+
+    model: ModelInfo
+    settings: DiffusionSettings
+    seed: int
+    prompt: str
+    raw: bool
+    prompt_ids: tuple[int, ...]
+    tokens: dict[int, str]
+    text: str
+    frames: tuple[Frame, ...]
+
+    @classmethod
+    def from_frames(cls, frames, *, model: ModelInfo, settings: DiffusionSettings, prompt: str, raw: bool,
+                    prompt_ids, token_text, text: str) -> "Trace":
+        """The trace of a run from its frames (as the engine yielded them) and its context.
+
+        A trailing "cancelled" frame that repeats the previous forward (see `engine.generator.denoise`) replaces
+        it. `token_text(id) -> str` gives the display strings. The returned trace's frames are the compact ones
+        (what `load_trace(trace.to_json())` gives back).
+
+        Raises:
+            TraceError: no frames, or frames that do not form one run.
+        """
+        kept: list[Frame] = []
+        for frame in frames:
+            if kept and frame.stop_reason == "cancelled" and frame.forward_index == kept[-1].forward_index:
+                kept[-1] = frame
+            else:
+                kept.append(frame)
+        if not kept:
+            raise TraceError("the run produced no frames (it ended before its first decoder forward)")
+        ids = set(int(i) for i in prompt_ids)
+        for frame in kept:
+            ids.update(frame.input_ids)
+            ids.update(frame.draft_ids)
+        ids.update(kept[-1].committed_ids)
+        document = {
+            "format": TRACE_FORMAT,
+            "version": TRACE_VERSION,
+            "model": model.__dict__,
+            "settings": {key: getattr(settings, key) for key in SETTING_KEYS},
+            "seed": int(kept[-1].seed),
+            "prompt": {"text": prompt, "raw": bool(raw), "ids": [int(i) for i in prompt_ids]},
+            "text": text,
+            "tokens": {str(i): token_text(i) for i in sorted(ids)},
+            "frames": [_compact(frame) for frame in kept],
+        }
+        return parse_trace(document)
+
+    def to_dict(self) -> dict:
+        """The trace as a JSON-ready dict in the schema of `docs/trace.md`."""
+        return {
+            "format": TRACE_FORMAT,
+            "version": TRACE_VERSION,
+            "model": dict(self.model.__dict__),
+            "settings": {key: getattr(self.settings, key) for key in SETTING_KEYS},
+            "seed": self.seed,
+            "prompt": {"text": self.prompt, "raw": self.raw, "ids": list(self.prompt_ids)},
+            "text": self.text,
+            "tokens": {str(i): s for i, s in sorted(self.tokens.items())},
+            "frames": [_compact(frame) for frame in self.frames],
+        }
+
+    def to_json(self) -> str:
+        """The trace as compact JSON text (UTF-8 safe: non-ASCII kept, no NaN)."""
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+    def save(self, path) -> Path:
+        """Write `to_json()` to `path` (UTF-8) and return the path."""
+        path = Path(path)
+        path.write_text(self.to_json(), encoding="utf-8")
+        return path
+
+    @property
+    def blocks(self) -> list[tuple[Frame, ...]]:
+        """The frames grouped by block, block 0 first."""
+        grouped: list[list[Frame]] = []
+        for frame in self.frames:
+            if not grouped or grouped[-1][-1].block_index != frame.block_index:
+                grouped.append([])
+            grouped[-1].append(frame)
+        return [tuple(group) for group in grouped]
+
+
+def record_trace(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings | None = None, *,
+                 raw: bool = False, seed: int | None = None, stop_event: threading.Event | None = None) -> Trace:
+    """Run `prompt` to the end on `engine` and return its `Trace` (arguments as `DiffusionEngine.frames`).
+
+    Raises:
+        ValueError: bad prompt, seed or budget (before any work is done).
+    """
+    settings = settings or engine.recommended
+    frames = list(engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop_event))
+    return trace_of_run(engine, frames, prompt=prompt, settings=settings, raw=raw)
+
+
+def trace_of_run(engine: DiffusionEngine, frames, *, prompt: str, settings: DiffusionSettings, raw: bool) -> Trace:
+    """The `Trace` of frames `engine` produced for `prompt` (re-encodes the prompt for its ids).
+
+    Raises:
+        TraceError: no frames.
+    """
+    frames = list(frames)
+    if not frames:
+        raise TraceError("the run produced no frames (it ended before its first decoder forward)")
+    prompt_ids = engine.encode_prompt(prompt, raw=raw)[0].tolist()
+    text = engine.summarize(frames[-1], len(frames)).text
+    return Trace.from_frames(frames, model=ModelInfo.of(engine), settings=settings, prompt=prompt, raw=raw,
+                             prompt_ids=prompt_ids, token_text=engine.token_text, text=text)
+
+
+def _compact(frame: Frame) -> dict:
+    """A frame's compact form (the schema's frame object)."""
+    compact = {
+        "block": frame.block_index,
+        "step": frame.step_index,
+        "input_ids": list(frame.input_ids),
+        "draft_ids": list(frame.draft_ids),
+        "accepted": [1 if a else 0 for a in frame.accepted],
+        "confidence": [_rounded(c, FLOAT_DIGITS) for c in frame.confidence],
+        "entropy": [_rounded(e, FLOAT_DIGITS) for e in frame.entropy],
+        "elapsed_s": _rounded(frame.elapsed_s, TIME_DIGITS),
+        "block_done": bool(frame.block_done),
+        "stopped_early": bool(frame.block_stopped_early),
+        "done": bool(frame.done),
+    }
+    if frame.block_done:
+        compact["committed_ids"] = list(frame.committed_ids)
+        compact["committed_tokens"] = int(frame.committed_tokens)
+    if frame.stop_reason:
+        compact["stop_reason"] = frame.stop_reason
+    return compact
+
+
+def _rounded(value: float, digits: int) -> float:
+    value = round(float(value), digits)
+    return value if math.isfinite(value) else 0.0
+
+
+# -- loading ------------------------------------------------------------------------------------------------------
+
+def load_trace(source) -> Trace:
+    """Load and check a trace from JSON text, UTF-8 bytes, or a file path (`pathlib.Path`).
+
+    Raises:
+        TraceError: over `MAX_TRACE_BYTES`, not UTF-8 JSON, or anything `parse_trace` refuses; one message each.
+    """
+    if isinstance(source, Path):
+        try:
+            size = source.stat().st_size
+        except OSError as error:
+            raise TraceError(f"cannot read the trace file: {error.strerror or error}") from None
+        _check_size(size)
+        source = source.read_bytes()
+    if isinstance(source, str):
+        source = source.encode("utf-8", errors="surrogatepass")
+    if not isinstance(source, (bytes, bytearray)):
+        raise TraceError(f"a trace is JSON text, got {type(source).__name__}")
+    _check_size(len(source))
+    try:
+        text = bytes(source).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise TraceError(f"the trace is not UTF-8 text (byte {error.start})") from None
+    try:
+        document = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as error:
+        raise TraceError(f"the trace is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}") \
+            from None
+    except (ValueError, RecursionError) as error:
+        raise TraceError(f"the trace is not valid JSON: {str(error)[:120]}") from None
+    return parse_trace(document)
+
+
+def _check_size(size: int) -> None:
+    if size > MAX_TRACE_BYTES:
+        raise TraceError(f"the trace is {size / 2**20:.1f} MB; the limit is {MAX_TRACE_BYTES // 2**20} MB")
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a trace may hold")
+
+
+def parse_trace(document) -> Trace:
+    """Check a decoded trace document (the schema of `docs/trace.md`) and build its `Trace`.
+
+    Checks: format and version (a trace of another version is refused: see the compatibility rule in the docs),
+    types and ranges of every field, sizes (canvas at most `MAX_CANVAS_LENGTH`, at most `MAX_FRAMES` frames, token
+    strings at most `MAX_TOKEN_CHARS`), per-position lists of exactly `canvas_length` entries, every id present in
+    `tokens`, and frames that form one run (steps counting up from 0 within a block, blocks from 0, a new block
+    only after a finished one, `done` only on the last frame). Unknown keys are ignored.
+
+    Raises:
+        TraceError: the first problem, named with its place (e.g. "frame 3: confidence has 63 entries ...").
+    """
+    doc = _object(document, "the trace")
+    if doc.get("format") != TRACE_FORMAT:
+        raise TraceError(f"not a DiffGemma trace: 'format' must be {TRACE_FORMAT!r}, got {_shown(doc.get('format'))}")
+    version = doc.get("version")
+    if version != TRACE_VERSION or isinstance(version, bool):
+        raise TraceError(f"trace version {_shown(version)} is not supported: this playground reads version "
+                         f"{TRACE_VERSION} (a newer trace needs a newer playground)")
+    model_doc = _object(doc.get("model"), "model")
+    canvas = _int(model_doc.get("canvas_length"), "model.canvas_length", 1, MAX_CANVAS_LENGTH)
+    model = ModelInfo(
+        name=_label(model_doc.get("name"), "model.name"),
+        revision=_label(model_doc.get("revision", ""), "model.revision"),
+        device=_label(model_doc.get("device"), "model.device"),
+        dtype=_label(model_doc.get("dtype"), "model.dtype"),
+        canvas_length=canvas,
+    )
+    settings_doc = _object(doc.get("settings"), "settings")
+    missing = [key for key in SETTING_KEYS if key not in settings_doc]
+    if missing:
+        raise TraceError(f"settings: missing {', '.join(missing)}")
+    try:
+        settings = DiffusionSettings(**{key: settings_doc[key] for key in SETTING_KEYS})
+    except (TypeError, ValueError) as error:
+        raise TraceError(f"settings: {error}") from None
+    seed = _int(doc.get("seed"), "seed", 0, MAX_SEED)
+    prompt_doc = _object(doc.get("prompt"), "prompt")
+    prompt = _string(prompt_doc.get("text"), "prompt.text", MAX_PROMPT_CHARS)
+    raw = prompt_doc.get("raw")
+    if not isinstance(raw, bool):
+        raise TraceError(f"prompt.raw must be true or false, got {_shown(raw)}")
+    prompt_ids = _ids(prompt_doc.get("ids"), "prompt.ids", None)
+    text = _string(doc.get("text"), "text", MAX_TRACE_BYTES)
+    tokens = _token_table(doc.get("tokens"))
+    _known(prompt_ids, tokens, "prompt.ids")
+    frame_docs = doc.get("frames")
+    if not isinstance(frame_docs, list) or not frame_docs:
+        raise TraceError("frames must be a non-empty list")
+    if len(frame_docs) > MAX_FRAMES:
+        raise TraceError(f"the trace has {len(frame_docs):,} frames; the limit is {MAX_FRAMES:,}")
+    frames = _frames(frame_docs, canvas, settings, seed, len(prompt_ids), tokens)
+    return Trace(model=model, settings=settings, seed=seed, prompt=prompt, raw=raw, prompt_ids=tuple(prompt_ids),
+                 tokens=tokens, text=text, frames=tuple(frames))
+
+
+def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: int, prompt_tokens: int,
+            tokens: dict[int, str]) -> list[Frame]:
+    """Frames from their compact form, checked as one run (see `parse_trace`)."""
+    n_steps = settings.max_denoising_steps
+    frames: list[Frame] = []
+    committed: list[int] = []
+    committed_tokens = 0
+    forwards_per_block: list[int] = []
+    first_accepted: list[int] = []
+    previous_elapsed = 0.0
+    for index, item in enumerate(frame_docs):
+        where = f"frame {index}"
+        f = _object(item, where)
+        block = _int(f.get("block"), f"{where}: block", 0, MAX_FRAMES)
+        step = _int(f.get("step"), f"{where}: step", 0, n_steps - 1)
+        previous = frames[-1] if frames else None
+        if previous is None:
+            expected = (0, 0)
+        elif previous.block_done:
+            expected = (previous.block_index + 1, 0)
+        else:
+            expected = (previous.block_index, previous.step_index + 1)
+        if (block, step) != expected:
+            raise TraceError(f"{where}: block {block} step {step} does not follow the previous frame "
+                             f"(expected block {expected[0]} step {expected[1]})")
+        if previous is not None and previous.done:
+            raise TraceError(f"{where}: follows a frame marked done")
+        input_ids = _ids(f.get("input_ids"), f"{where}: input_ids", canvas)
+        draft_ids = _ids(f.get("draft_ids"), f"{where}: draft_ids", canvas)
+        _known(input_ids, tokens, f"{where}: input_ids")
+        _known(draft_ids, tokens, f"{where}: draft_ids")
+        accepted = _flags(f.get("accepted"), f"{where}: accepted", canvas)
+        confidence = _floats(f.get("confidence"), f"{where}: confidence", canvas, 1.0)
+        entropy = _floats(f.get("entropy"), f"{where}: entropy", canvas, MAX_ENTROPY_NATS)
+        elapsed = f.get("elapsed_s")
+        if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)) or not math.isfinite(elapsed) \
+                or not previous_elapsed <= elapsed <= 1e7:
+            raise TraceError(f"{where}: elapsed_s must be seconds counting up from the previous frame's "
+                             f"({previous_elapsed}), got {_shown(elapsed)}")
+        previous_elapsed = elapsed = float(elapsed)
+        block_done, stopped_early, done = (_bool(f.get(key), f"{where}: {key}")
+                                           for key in ("block_done", "stopped_early", "done"))
+        stop_reason = f.get("stop_reason", "")
+        if stop_reason not in ("", *STOP_REASONS):
+            raise TraceError(f"{where}: stop_reason must be one of {', '.join(STOP_REASONS)}, got {_shown(stop_reason)}")
+        if done != bool(stop_reason):
+            raise TraceError(f"{where}: a frame is done exactly when it has a stop_reason")
+        if done and index != len(frame_docs) - 1:
+            raise TraceError(f"{where}: marked done but more frames follow")
+        if stopped_early and not block_done:
+            raise TraceError(f"{where}: stopped_early needs block_done")
+        if step == n_steps - 1 and not block_done and stop_reason != "cancelled":
+            raise TraceError(f"{where}: the block's last step ({n_steps}) must finish the block")
+        if block_done:
+            committed = _ids(f.get("committed_ids"), f"{where}: committed_ids", None)
+            _known(committed, tokens, f"{where}: committed_ids")
+            if len(committed) > (block + 1) * canvas:
+                raise TraceError(f"{where}: committed_ids has {len(committed):,} ids, more than {block + 1} "
+                                 f"canvas(es) of {canvas}")
+            committed_tokens = _int(f.get("committed_tokens"), f"{where}: committed_tokens", 0, len(committed))
+            forwards_per_block = forwards_per_block + [step + 1]
+        if step == 0:
+            first_accepted = [-1] * canvas
+        first_accepted = [step if (a and s < 0) else s for a, s in zip(accepted, first_accepted)]
+        forwards = index + 1
+        cur_step = n_steps - step
+        first_frame_s = frames[0].elapsed_s if frames else elapsed
+        frames.append(Frame(
+            block_index=block, step_index=step, forward_index=index, canvas_length=canvas,
+            max_denoising_steps=n_steps,
+            temperature=settings.t_min + (settings.t_max - settings.t_min) * cur_step / n_steps,
+            input_ids=input_ids, draft_ids=draft_ids, accepted=accepted, confidence=confidence, entropy=entropy,
+            first_accepted_step=list(first_accepted),
+            input_tokens=[tokens[i] for i in input_ids], draft_tokens=[tokens[i] for i in draft_ids],
+            block_done=block_done, block_stopped_early=stopped_early, done=done,
+            committed_ids=list(committed), committed_tokens=committed_tokens,
+            forwards_per_block=list(forwards_per_block), elapsed_s=elapsed, time_to_first_frame_s=first_frame_s,
+            tokens_per_second=committed_tokens / elapsed if elapsed > 0 else 0.0,
+            tokens_per_forward=committed_tokens / forwards, prompt_tokens=prompt_tokens, seed=seed,
+            stop_reason=stop_reason,
+        ))
+    return frames
+
+
+def _shown(value) -> str:
+    """A short printable form of an untrusted value for an error message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _object(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise TraceError(f"{where} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _int(value, where: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise TraceError(f"{where} must be an integer in [{low}, {high}], got {_shown(value)}")
+    return value
+
+
+def _bool(value, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise TraceError(f"{where} must be true or false, got {_shown(value)}")
+    return value
+
+
+def _string(value, where: str, limit: int) -> str:
+    if not isinstance(value, str):
+        raise TraceError(f"{where} must be a string, got {type(value).__name__}")
+    if len(value) > limit:
+        raise TraceError(f"{where} is {len(value):,} characters; the limit is {limit:,}")
+    return value
+
+
+def _label(value, where: str) -> str:
+    return _string(value, where, MAX_LABEL_CHARS)
+
+
+def _list(value, where: str, length: int | None) -> list:
+    if not isinstance(value, list):
+        raise TraceError(f"{where} must be a list, got {type(value).__name__}")
+    if length is not None and len(value) != length:
+        raise TraceError(f"{where} has {len(value):,} entries; the canvas has {length:,} positions")
+    return value
+
+
+def _ids(value, where: str, length: int | None) -> list[int]:
+    values = _list(value, where, length)
+    for item in values:
+        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= MAX_TOKEN_ID:
+            raise TraceError(f"{where}: token ids are integers in [0, {MAX_TOKEN_ID}], got {_shown(item)}")
+    return list(values)
+
+
+def _flags(value, where: str, length: int) -> list[bool]:
+    values = _list(value, where, length)
+    if any(item not in (0, 1) or isinstance(item, float) for item in values):
+        raise TraceError(f"{where}: entries are 0 or 1")
+    return [bool(item) for item in values]
+
+
+def _floats(value, where: str, length: int, high: float) -> list[float]:
+    values = _list(value, where, length)
+    for item in values:
+        if isinstance(item, bool) or not isinstance(item, (int, float)) or not 0.0 <= item <= high:
+            raise TraceError(f"{where}: entries are numbers in [0, {high:g}], got {_shown(item)}")
+    return [float(item) for item in values]
+
+
+def _token_table(value) -> dict[int, str]:
+    table = _object(value, "tokens")
+    tokens: dict[int, str] = {}
+    for key, text in table.items():
+        if not (key.isascii() and key.isdigit()) or len(key) > 10 or int(key) > MAX_TOKEN_ID:
+            raise TraceError(f"tokens: keys are token ids in [0, {MAX_TOKEN_ID}] as decimal strings, got {_shown(key)}")
+        tokens[int(key)] = _string(text, f"tokens[{key}]", MAX_TOKEN_CHARS)
+    return tokens
+
+
+def _known(ids, tokens: dict[int, str], where: str) -> None:
+    for token_id in ids:
+        if token_id not in tokens:
+            raise TraceError(f"{where}: token id {token_id} has no string in tokens")
+
