@@ -1,14 +1,18 @@
-"""Command line: `python -m engine generate --prompt TEXT [options]` prints the text, or one JSON object."""
+"""Command line: `python -m engine generate --prompt TEXT [options]` prints the text, or one JSON object (and with
+`--trace FILE` writes the run's trace); `python -m engine replay TRACE --html FILE` writes a trace's offline replay."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .engine import DiffusionEngine, check_prompt
 from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model
+from .race_cli import add_race_parser, race_command
 from .settings import check_seed, check_setting
+from .trace import TraceError, load_trace, trace_of_run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,12 +33,30 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="auto", choices=DTYPES)
     gen.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+    add_race_parser(commands)
+    gen.add_argument("--trace", type=Path, help="also write the run's trace here (JSON, see docs/trace.md)")
+    rep = commands.add_parser("replay", help="write the offline HTML replay of a trace")
+    rep.add_argument("trace", type=Path, help="a trace JSON file (python -m engine generate ... --trace FILE)")
+    rep.add_argument("--html", type=Path, required=True, help="where to write the self-contained HTML page")
+    mem = commands.add_parser("memory", help="bytes of every parameter and buffer by group, without running the model")
+    mem.add_argument("--model", default=str(DEFAULT_MODEL), help="checkpoint, or a folder with only config.json")
+    mem.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
+    mem.add_argument("--dtype", default="auto", choices=DTYPES, help="unquantized tensors' dtype (auto: bfloat16)")
+    mem.add_argument("--json", action="store_true", help='print {"total_bytes": N, "groups": {...}}')
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (2: bad input or a model that does not load)."""
     args = build_parser().parse_args(argv)
+    if args.command == "race":
+        return race_command(args)
+    if args.command == "memory":
+        from .memory import memory_command  # noqa: PLC0415
+
+        return memory_command(args.model, args.quantization, args.dtype, args.json)
+    if args.command == "replay":
+        return replay(args.trace, args.html)
     changes = {
         "max_new_tokens": args.max_new_tokens, "max_denoising_steps": args.steps,
         "entropy_bound": args.entropy_bound, "t_min": args.t_min, "t_max": args.t_max,
@@ -50,17 +72,46 @@ def main(argv: list[str] | None = None) -> int:
         settings = engine.recommended.replace(**changes)
         if args.no_adaptive_stopping:
             settings = settings.replace(adaptive_stopping=False)
-        result = engine.generate(args.prompt, settings, raw=args.raw, seed=args.seed)
+        if args.trace:
+            frames = list(engine.frames(args.prompt, settings, raw=args.raw, seed=args.seed))
+            result = engine.summarize(frames[-1], len(frames))
+            trace = trace_of_run(engine, frames, prompt=args.prompt, settings=settings, raw=args.raw)
+        else:
+            result = engine.generate(args.prompt, settings, raw=args.raw, seed=args.seed)
     except (ModelLoadError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.trace:
+        try:
+            trace.save(args.trace)
+        except OSError as error:
+            print(f"error: cannot write the trace to {args.trace}: {error.strerror or error}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
     else:
         print(result.text)
         print(
-            f"[{len(result.token_ids)} tokens, {result.forwards} forwards, {result.tokens_per_second:.1f} tokens/s, "
+            f"[{result.tokens} tokens, {result.forwards} forwards, {result.tokens_per_second:.1f} tokens/s, "
             f"{result.tokens_per_forward:.2f} tokens/forward, {result.seconds:.2f} s, seed {result.seed}]",
             file=sys.stderr,
         )
+    return 0
+
+
+def replay(trace_path: Path, html_path: Path) -> int:
+    """`python -m engine replay`: load and check the trace, write its offline HTML replay; 2 on a refused trace."""
+    from diffgemma_ui.replay_html import write_replay  # the page is a view: the engine only calls it from here
+
+    try:
+        trace = load_trace(trace_path)
+        write_replay(trace, html_path)
+    except TraceError as error:
+        print(f"error: {trace_path}: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"error: cannot write {html_path}: {error.strerror or error}", file=sys.stderr)
+        return 2
+    print(f"wrote {html_path} ({html_path.stat().st_size / 2**20:.2f} MiB, {len(trace.frames)} forwards)",
+          file=sys.stderr)
     return 0
