@@ -75,7 +75,8 @@ def describe_error(error: BaseException) -> str:
     """The user-facing message for an error that ended a run or rejected a request (never a traceback).
 
     Validation errors (ValueError) keep their message; running out of memory says so and what to change; anything
-    else names the error type, so an engine failure is recognisable without showing internals.
+    else names the error type, so an engine failure is recognisable without showing internals. No message invites a
+    retry: settings that fail deterministically are refused before the run (`DiffusionEngine.check_settings`).
     """
     if isinstance(error, (ValueError, gr.Error, RunTimeLimitExceeded)):
         return str(error) or type(error).__name__
@@ -83,7 +84,7 @@ def describe_error(error: BaseException) -> str:
         return ("out of memory during this run: lower max_new_tokens or max_denoising_steps, or shorten the prompt "
                 "(the run's memory has been freed; the server is fine)")
     detail = " ".join(str(error).split())
-    return f"the engine failed ({type(error).__name__}{': ' + detail if detail else ''}); please try again"
+    return f"the engine failed ({type(error).__name__}{': ' + detail if detail else ''}); the server log has details"
 
 
 def _user_error(error: BaseException) -> gr.Error:
@@ -136,6 +137,7 @@ class Playground:
     # -- running -------------------------------------------------------------------------------------------------
     def _frames_on_device(self, prompt: str, settings: DiffusionSettings, raw: bool, seed, stop_event) -> Iterator[Frame]:
         """The GPU-bound part: iterate the engine (under `spaces.GPU` on ZeroGPU Spaces)."""
+        self.engine.check_settings(request.settings)
         yield from self.engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop_event)
 
     def check_request(self, request: RunRequest) -> None:

@@ -13,6 +13,7 @@ import torch
 from .frames import Frame
 from .generator import denoise
 from .loading import LoadedModel
+from .numerics import check_temperature_schedule
 from .random_state import RunRandomState
 from .settings import DiffusionSettings, check_seed
 from .tokens import TokenText
@@ -133,6 +134,13 @@ class DiffusionEngine:
         prompt: str,
         settings: DiffusionSettings | None = None,
         *,
+    def check_settings(self, settings: DiffusionSettings) -> None:
+        """Raise `ValueError` (one line naming the setting) for settings this model's arithmetic cannot run, such as
+        a temperature schedule low enough to overflow its logits in its dtype (`engine.numerics`)."""
+        check_temperature_schedule(
+            settings, logit_cap=getattr(self.model.config.get_text_config(), "final_logit_softcapping", None),
+            feedback_dtype=self.model.model.decoder.embed_tokens.weight.dtype)
+
         raw: bool = False,
         seed: int | None = None,
         stop_event: threading.Event | None = None,
@@ -149,6 +157,7 @@ class DiffusionEngine:
         return denoise(
             self.model, input_ids, settings, token_text=self.token_text, stop_event=stop_event,
             random_state=RunRandomState(seed),
+        self.check_settings(settings)
         )
 
     def summarize(self, last: Frame, frames: int) -> GenerationResult:
