@@ -1,0 +1,321 @@
+"""ZeroGPU (Hugging Face Spaces' shared GPUs) done the way the platform works.
+
+On ZeroGPU (`deployment.zero_gpu()`: `SPACES_ZERO_GPU` is set) a function decorated with `spaces.GPU` runs in a
+forked child process that holds a GPU for at most the `duration` it asked for; its arguments and every frame it
+yields are pickled across (frames are plain dataclasses of lists), and the visitor's quota identity is the
+`gr.Request` in the calling context. So here:
+
+- the GPU function is first advanced in the event handler itself (`ZeroGpuPlayground.start_run`, called from the
+  Generate handler's generator and from `/generate`), where Gradio has put the visitor's request in context; the
+  platform schedules the GPU then, and the `RunWorker` thread only reads the frames that the child sends back;
+- the run's stop signal is a `StopFlag` (a file), which pickles: Stop, a closed tab, an abandoned API call and the
+  time limit all reach the engine in the child, which ends with its own "cancelled" frame, as everywhere else;
+- `duration` is computed from the request (`GpuBudget`: canvases x denoising steps x seconds per forward, plus
+  setup), a request whose cost exceeds the smallest daily quota is refused with a message before anything starts,
+  and the run stops itself before its granted time runs out;
+- the main process never touches CUDA: the model is loaded on the CPU and moved with `.to("cuda")` in the main
+  thread (`load_zero_gpu_model`), which `spaces` intercepts and packs; prompt checks use a CPU view of the engine;
+- each fresh GPU process warms the model up once before its first run, so the meter never shows a cold start.
+
+Off ZeroGPU nothing here is used (`make_playground` returns a plain `Playground`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import tempfile
+import traceback
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from engine import DiffusionEngine, DiffusionSettings, Frame
+
+from .deployment import zero_gpu
+from .handlers import Playground, describe_error
+from .validation import RunRequest
+from .worker import RunWorker
+
+LOG = logging.getLogger(__name__)
+GpuSize = str  # "large" (half a card) or "xlarge" (the whole card), as `spaces.GPU(size=...)` takes it
+# `spaces` 0.51.3 switches its own default to "xlarge" above this many bytes of packed weights (configs.json); the
+# 26B model in bf16 (about 52 GB) is above it, 4-bit below
+XLARGE_WEIGHTS_BYTES = 45_097_156_608
+
+
+# -- the stop signal ----------------------------------------------------------------------------------------------
+class StopFlag:
+    """A stop signal that works across processes: set when its file exists. Only the path is pickled.
+
+    Duck-types what `RunWorker` and the engine use of `threading.Event` (`set`, `is_set`). One `os.stat` per
+    decoder forward is the cost. `discard()` removes the file once the run is over.
+    """
+
+    def __init__(self, directory: str | os.PathLike | None = None):
+        folder = Path(directory) if directory is not None else _flag_dir()
+        self.path = str(folder / f"diffgemma-stop-{uuid.uuid4().hex}")
+
+    def set(self) -> None:
+        """Raise the flag (idempotent)."""
+        try:
+            Path(self.path).touch()
+        except OSError as error:  # a full or read-only disk must not turn Stop into a crash; the worker still ends
+            LOG.warning("could not raise the stop flag %s: %s", self.path, error)
+
+    def is_set(self) -> bool:
+        """Whether the flag is raised (from any process)."""
+        return os.path.exists(self.path)
+
+    def discard(self) -> None:
+        """Remove the flag's file (the run is over)."""
+        Path(self.path).unlink(missing_ok=True)
+
+
+def _flag_dir() -> Path:
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+# -- the GPU time a request needs ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GpuBudget:
+    """How much ZeroGPU time a request asks for, and which requests are refused up front.
+
+    Attributes:
+        seconds_per_forward: assumed seconds per decoder forward on the ZeroGPU card (an operator setting, not a
+            measurement: set it from the Space's own logs; env DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD).
+        setup_s: seconds allowed for the GPU process's start (weights to the GPU, the one-time warm-up, prefill;
+            env DIFFGEMMA_ZEROGPU_SETUP_SECONDS).
+        quota_s: the daily quota every request must fit (default 120 s, an unauthenticated visitor's: the smallest;
+            env DIFFGEMMA_ZEROGPU_QUOTA_SECONDS).
+        size: "large" or "xlarge"; ZeroGPU charges an xlarge second twice (`spaces.zero.client.schedule`).
+    """
+
+    seconds_per_forward: float = 0.1
+    setup_s: float = 20.0
+    quota_s: float = 120.0
+    size: GpuSize = "large"
+
+    def __post_init__(self):
+        if self.size not in ("large", "xlarge"):
+            raise ValueError(f"ZeroGPU size must be 'large' or 'xlarge', got {self.size!r}")
+        for name in ("seconds_per_forward", "setup_s", "quota_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"ZeroGPU {name} must be a number > 0, got {value!r}")
+
+    @classmethod
+    def from_environment(cls, size: GpuSize, environ: Mapping[str, str] | None = None) -> "GpuBudget":
+        """The budget from DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD, _SETUP_SECONDS and _QUOTA_SECONDS (defaults where
+        unset). Raises ValueError naming the variable when one is not a number > 0."""
+        env = os.environ if environ is None else environ
+        values = {}
+        for field, name in (("seconds_per_forward", "DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD"),
+                            ("setup_s", "DIFFGEMMA_ZEROGPU_SETUP_SECONDS"),
+                            ("quota_s", "DIFFGEMMA_ZEROGPU_QUOTA_SECONDS")):
+            text = env.get(name, "").strip()
+            if not text:
+                continue
+            try:
+                values[field] = float(text)
+            except ValueError:
+                raise ValueError(f"{name} must be a number > 0, got {text!r}") from None
+            if not (math.isfinite(values[field]) and values[field] > 0):
+                raise ValueError(f"{name} must be a number > 0, got {text!r}")
+        return cls(size=size, **values)
+
+    @staticmethod
+    def forwards(settings: DiffusionSettings, canvas_length: int) -> int:
+        """Decoder forwards a request may take at most: whole canvases x `max_denoising_steps` (adaptive stopping
+        only ever uses fewer)."""
+        return math.ceil(settings.max_new_tokens / canvas_length) * settings.max_denoising_steps
+
+    def duration_s(self, settings: DiffusionSettings, canvas_length: int) -> int:
+        """Seconds of GPU to ask for: `setup_s + forwards * seconds_per_forward`, rounded up."""
+        return math.ceil(self.setup_s + self.forwards(settings, canvas_length) * self.seconds_per_forward)
+
+    def quota_cost_s(self, duration_s: float) -> float:
+        """Quota seconds a `duration_s` request costs (an xlarge second counts twice)."""
+        return duration_s * (2 if self.size == "xlarge" else 1)
+
+    def check(self, settings: DiffusionSettings, canvas_length: int) -> None:
+        """Refuse a request that cannot fit the quota, naming what to lower.
+
+        Raises:
+            ValueError: the request's GPU time (as `quota_cost_s`) is over `quota_s`.
+        """
+        duration = self.duration_s(settings, canvas_length)
+        cost = self.quota_cost_s(duration)
+        if cost <= self.quota_s:
+            return
+        per_forward = self.seconds_per_forward * (2 if self.size == "xlarge" else 1)
+        most = max(0, int((self.quota_s - self.quota_cost_s(self.setup_s)) // per_forward))
+        raise ValueError(
+            f"this request may need {duration} s of GPU ({self.forwards(settings, canvas_length)} decoder forwards "
+            f"of {canvas_length}-token canvases), over what this ZeroGPU Space can ask for ({self.quota_s:g} s of "
+            f"quota{', an xlarge second counting twice' if self.size == 'xlarge' else ''}): lower max_new_tokens or "
+            f"max_denoising_steps (at most about {most} forwards in all)")
+
+
+def weight_bytes(model) -> int:
+    """Bytes of a model's parameters and buffers (quantized ones as stored)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:
+    """The ZeroGPU size to ask for: DIFFGEMMA_ZEROGPU_SIZE (large|xlarge) when set, else "xlarge" when the weights
+    take more than `XLARGE_WEIGHTS_BYTES` (the 26B model in bf16), else "large".
+
+    Raises:
+        ValueError: DIFFGEMMA_ZEROGPU_SIZE is set to something else.
+    """
+    env = os.environ if environ is None else environ
+    chosen = env.get("DIFFGEMMA_ZEROGPU_SIZE", "").strip().lower()
+    if chosen and chosen != "auto":
+        if chosen not in ("large", "xlarge"):
+            raise ValueError(f"DIFFGEMMA_ZEROGPU_SIZE must be auto, large or xlarge, got {chosen!r}")
+        return chosen
+    return "xlarge" if weight_bytes(model) > XLARGE_WEIGHTS_BYTES else "large"
+
+
+# -- loading --------------------------------------------------------------------------------------------------------
+def load_zero_gpu_model(model: str, dtype: str = "auto", quantization: str = "none"):
+    """Load a checkpoint for ZeroGPU: on the CPU, then `.to("cuda")` in this (the main) thread, where `spaces` has
+    patched torch: the weights become placeholders and are packed at launch, and the main process never initialises
+    CUDA. Returns the `LoadedModel` with `device` cuda. Call after `import spaces`.
+
+    Raises:
+        ModelLoadError: as `engine.load_model`, and for quantization (bitsandbytes needs a GPU while loading, which
+            the main process of a ZeroGPU Space never has: use bf16, which asks for an xlarge GPU).
+    """
+    import torch  # noqa: PLC0415
+
+    from engine.loading import ModelLoadError, load_model  # noqa: PLC0415
+
+    if quantization != "none":
+        raise ModelLoadError(f"{quantization} quantization is not available on ZeroGPU (bitsandbytes quantizes on a "
+                             "GPU while loading, and a ZeroGPU Space gets one only inside a request): use "
+                             "--quantization none (bf16 weights, an xlarge GPU)")
+    loaded = load_model(model, "cpu", "bfloat16" if dtype == "auto" else dtype, "none")
+    loaded.model.to("cuda")
+    loaded.device = torch.device("cuda")
+    return loaded
+
+
+def cpu_view(engine: DiffusionEngine) -> DiffusionEngine:
+    """A shallow copy of `engine` whose `device` is the CPU: the main process of a ZeroGPU Space encodes prompts and
+    checks budgets with it (the tokenizer and config are shared; its model is never run)."""
+    import torch  # noqa: PLC0415
+
+    view = copy.copy(engine)
+    view.device = torch.device("cpu")
+    return view
+
+
+# -- the playground ---------------------------------------------------------------------------------------------------
+_WARMED_PID: int | None = None  # the process whose model has been warmed up (a forked GPU process starts cold)
+
+
+class ZeroGpuPlayground(Playground):
+    """`Playground` whose runs execute under `spaces.GPU`, in the GPU process ZeroGPU forks.
+
+    Args:
+        engine: the engine whose model `load_zero_gpu_model` placed (device cuda on a real Space; any device in an
+            emulation).
+        budget: the `GpuBudget` (default: `GpuBudget.from_environment` with `gpu_size_for(engine.model)`).
+        spaces_module: the imported `spaces` package (default: imported here).
+        Other keyword arguments: as `Playground`.
+
+    `self.engine` is a CPU view of `engine` (checks, summaries); `self.gpu_engine` runs in the GPU process.
+    """
+
+    def __init__(self, engine: DiffusionEngine, *, budget: GpuBudget | None = None, spaces_module=None, **kwargs):
+        super().__init__(cpu_view(engine), **kwargs)
+        self.gpu_engine = engine
+        self.budget = budget or GpuBudget.from_environment(gpu_size_for(engine.model))
+        if spaces_module is None:
+            import spaces as spaces_module  # noqa: PLC0415 - only on ZeroGPU
+        self._gpu_frames = spaces_module.GPU(duration=self.gpu_seconds, size=self.budget.size)(self._frames_on_gpu)
+
+    # -- in the main process ---------------------------------------------------------------------------------------
+    def gpu_seconds(self, prompt: str, settings: DiffusionSettings, raw: bool, seed, stop: StopFlag) -> int:
+        """`spaces.GPU`'s `duration`: called with the GPU function's arguments, returns seconds to ask for."""
+        return self.budget.duration_s(settings, self.engine.canvas_length)
+
+    def check_request(self, request: RunRequest) -> None:
+        """`Playground.check_request` on the CPU view, then the GPU budget (raises ValueError)."""
+        super().check_request(request)
+        self.budget.check(request.settings, self.engine.canvas_length)
+
+    def start_run(self, request: RunRequest, *, keep_history: bool = True) -> RunWorker:
+        """Ask ZeroGPU for a GPU and start `request` there; returns the `RunWorker` reading its frames.
+
+        Must be called where Gradio has put the visitor's request in context (the handler, or a thread started with
+        a copy of its context, as `asyncio.to_thread` does): the first frame is pulled here, which is when `spaces`
+        schedules the GPU with the visitor's quota identity. Blocks until then (the platform's queue shows its own
+        notices).
+
+        Raises:
+            gr.Error: the platform refused (quota, no GPU) or the run failed before its first frame.
+        """
+        stop = StopFlag()
+        frames = self._gpu_frames(request.prompt, request.settings, request.raw, request.seed, stop)
+        try:
+            first = [next(frames)]
+        except StopIteration:
+            first = []
+        except BaseException as error:
+            stop.discard()
+            if isinstance(error, Exception) and not isinstance(error, gr.Error):
+                LOG.error("ZeroGPU run failed to start: %s", "".join(traceback.format_exception(error)).rstrip())
+                raise gr.Error(describe_error(error), print_exception=False) from None
+            raise
+        # The GPU process's set-up is over once the first frame is here: the run may take the forwards' share of the
+        # time it asked for, then stops itself, keeping its finished blocks, before the platform would abort it
+        granted = self.budget.duration_s(request.settings, self.engine.canvas_length)
+        left = max(1.0, granted - self.budget.setup_s)
+        limit = left if self.max_run_s is None else min(self.max_run_s, left)
+
+        def source(_stop) -> Iterator[Frame]:
+            try:
+                yield from first
+                yield from frames
+            finally:
+                frames.close()  # ends the GPU call: the child stops after its next frame, the GPU is released
+                stop.discard()
+
+        return RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
+                         time_limit_s=limit, stop_event=stop).start()
+
+    # -- in the GPU process ----------------------------------------------------------------------------------------
+    def _frames_on_gpu(self, prompt: str, settings: DiffusionSettings, raw: bool, seed, stop: StopFlag
+                       ) -> Iterator[Frame]:
+        """The function `spaces.GPU` runs in its forked process: warm up once per process, then the engine's frames.
+
+        Errors become `gr.Error` with the message every other path shows (`describe_error`): `spaces` passes only
+        a `gr.Error`'s message back, any other error arrives as its class name.
+        """
+        global _WARMED_PID
+        try:
+            if _WARMED_PID != os.getpid():
+                self.gpu_engine.warm_up()
+                _WARMED_PID = os.getpid()
+            yield from self.gpu_engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop)
+        except Exception as error:  # noqa: BLE001 - one clear message across the process boundary
+            if not isinstance(error, ValueError):
+                LOG.error("run failed on the GPU: %s", "".join(traceback.format_exception(error)).rstrip())
+            raise gr.Error(describe_error(error), print_exception=False) from None
+
+
+def make_playground(engine: DiffusionEngine, environ: Mapping[str, str] | None = None, **kwargs) -> Playground:
+    """`ZeroGpuPlayground` on ZeroGPU (`SPACES_ZERO_GPU` set), a plain `Playground` everywhere else."""
+    if zero_gpu(environ):
+        return ZeroGpuPlayground(engine, **kwargs)
+    return Playground(engine, **kwargs)

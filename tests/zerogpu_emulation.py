@@ -1,0 +1,100 @@
+"""A ZeroGPU Space emulated on this CPU machine, for tests/test_spaces.py (run as a script, in its own process).
+
+    SPACES_ZERO_GPU=true SPACES_ZERO_DEVICE_API_URL=http://127.0.0.1:<closed port> \
+        python tests/zerogpu_emulation.py PORT LOG
+
+Runs the real `spaces` package (its `spaces.GPU` fork-and-pickle wrapper, its Gradio hooks) around the playground,
+with only what needs a GPU or Hugging Face's device API replaced:
+- `client.schedule`, `client.release`, `client.allow`, `client.startup_report` (the device API) are stubs that log
+  each call (the visitor's request headers and session, the requested duration and size) to LOG, one JSON object a
+  line; any other call to the device API fails at the closed port;
+- `torch.init` / `torch.move` (CUDA set-up of the forked GPU process) do nothing, and `torch.version.cuda` is given a
+  value: a CPU torch has no CUDA, so the embedded model stays on the CPU, in the forked process as in the main one.
+The engine's `frames` logs the process that runs it, so a test can tell the child from the server. Prints
+"READY <url> <json of event ids>" once serving, then serves until killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+# CPU-torch shims: `spaces` reads the CUDA version and saves CUDA's low-level init at import
+torch.version.cuda = torch.version.cuda or "12.8"
+if not hasattr(torch._C, "_cuda_init"):
+    def _no_cuda_init():
+        raise RuntimeError("this torch has no CUDA")
+
+    torch._C._cuda_init = _no_cuda_init
+
+
+def _not_in_bad_fork() -> bool:
+    return False
+
+
+torch.cuda._is_in_bad_fork = _not_in_bad_fork  # CPU torch's is a lambda, which `spaces` cannot send to its check
+
+import spaces  # noqa: E402, F401 - before the app, as on a Space: patches torch for ZeroGPU
+from spaces.zero import client as zero_client  # noqa: E402
+from spaces.zero import torch as zero_torch  # noqa: E402
+from spaces.zero.api import ScheduleResponse  # noqa: E402
+
+LOG_LOCK = threading.Lock()
+
+
+def main(port: int, log_path: str) -> None:
+    def log(event: str, **data) -> None:
+        with LOG_LOCK, open(log_path, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"event": event, "pid": os.getpid(), **data}) + "\n")
+
+    def schedule(task_id, request=None, duration=None, gpu_size=None, _first_attempt=True):
+        headers = dict(getattr(request, "headers", None) or {})
+        log("schedule", token=headers.get("x-ip-token"), session=getattr(request, "session_hash", None),
+            has_request=request is not None, duration_s=None if duration is None else duration.total_seconds(),
+            size=gpu_size)
+        return ScheduleResponse(idle=True, nvidiaIndex=0, nvidiaUUID="emulated-gpu", allowToken=uuid.uuid4().hex)
+
+    def release(allow_token, *, fail=False, allow_404=False):
+        log("release", fail=fail)
+
+    zero_client.schedule = schedule
+    zero_client.release = release
+    zero_client.allow = lambda allow_token: log("allow")
+    zero_client.startup_report = lambda: log("startup_report")
+    zero_torch.init = lambda nvidia_uuid: None
+    zero_torch.move = lambda callback=None: None
+
+    from diffgemma_ui import build_app
+    from engine import DEFAULT_MODEL, DiffusionEngine, load_model
+
+    engine = DiffusionEngine(load_model(DEFAULT_MODEL, device="cpu"))
+    engine_frames = engine.frames
+
+    def frames(*args, **kwargs):
+        log("frames")
+        return engine_frames(*args, **kwargs)
+
+    engine.frames = frames
+    app = build_app(engine, abandon_after_s=5.0)
+    ids = {}
+    for fn in app.fns.values():
+        name = getattr(fn.fn, "__name__", "")
+        if name in ("generate_stream", "stop", "check_inputs") and name not in ids:
+            ids[name] = fn._id
+    ids["playground"] = type(app.playground).__name__
+    ids["budget"] = {"size": app.playground.budget.size}
+    _, url, _ = app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    print("READY", url, json.dumps(ids), flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2])
