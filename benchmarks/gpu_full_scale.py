@@ -38,8 +38,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench.py, beside this script
 
-from engine.bench import interleave, path_summary, ratio, run_bare, run_engine, same_tokens, scaling_prompt  # noqa: E402
+from bench import interleave, path_summary, ratio, run_bare, run_engine, same_tokens, scaling_prompt  # noqa: E402
 from engine.engine import DiffusionEngine  # noqa: E402
 from engine.loading import DEFAULT_MODEL, LoadedModel  # noqa: E402
 

@@ -164,7 +164,7 @@ def main(argv=None) -> int:
 
     from diffgemma_ui import build_app
     from engine import DiffusionEngine, load_model
-    from engine.bench import free_port
+    from bench import free_port
     from engine.loading import DEFAULT_MODEL, set_serving_threads
 
     engine = DiffusionEngine(load_model(args.model or DEFAULT_MODEL, args.device))

@@ -14,7 +14,8 @@ from .canvas_view import STOP_REASONS
 from .text import escape_html
 
 
-def _fmt(value: float, digits: int = 1, unit: str = "") -> str:
+def format_number(value: float, digits: int = 1, unit: str = "") -> str:
+    """`value` with `digits` decimals, thousands separated, and `unit`; "–" for a missing or non-finite value."""
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -37,7 +38,7 @@ def meter_values(frame: Frame | None) -> dict[str, str]:
             "tokens/s", "tokens/forward", "forwards/block", "elapsed", "first frame", "tokens", "progress")}
     fpb = frame.forwards_per_block
     counting = not fpb and not frame.done  # nothing committed yet: no rate to show
-    forwards_per_block = _fmt(sum(fpb) / len(fpb), 1) if fpb else f"\u2265 {frame.step_index + 1}"
+    forwards_per_block = format_number(sum(fpb) / len(fpb), 1) if fpb else f"\u2265 {frame.step_index + 1}"
     if frame.done:
         progress = STOP_REASONS.get(frame.stop_reason, frame.stop_reason) or "done"
     else:
@@ -45,14 +46,23 @@ def meter_values(frame: Frame | None) -> dict[str, str]:
         if counting:
             progress += " \u00b7 tokens/s from the first committed block"
     return {
-        "tokens/s": "\u2026" if counting else _fmt(frame.tokens_per_second, 1),
-        "tokens/forward": "\u2026" if counting else _fmt(frame.tokens_per_forward, 2),
+        "tokens/s": "\u2026" if counting else format_number(frame.tokens_per_second, 1),
+        "tokens/forward": "\u2026" if counting else format_number(frame.tokens_per_forward, 2),
         "forwards/block": forwards_per_block,
-        "elapsed": _fmt(frame.elapsed_s, 2, " s"),
-        "first frame": _fmt(frame.time_to_first_frame_s * 1000, 0, " ms"),
+        "elapsed": format_number(frame.elapsed_s, 2, " s"),
+        "first frame": format_number(frame.time_to_first_frame_s * 1000, 0, " ms"),
         "tokens": f"{frame.committed_tokens:,}",
         "progress": progress,
     }
+
+
+def stat_cards_html(values: dict[str, str]) -> str:
+    """One stat card per `label: value` (both plain text, escaped here), as the meter shows them."""
+    return "".join(
+        f'<div class="dg-stat"><span class="dg-stat-value">{escape_html(v)}</span>'
+        f'<span class="dg-stat-label">{escape_html(k).replace("/", "/<wbr>")}</span></div>'
+        for k, v in values.items()
+    )
 
 
 def meter_html(frame: Frame | None) -> str:
@@ -63,11 +73,7 @@ def meter_html(frame: Frame | None) -> str:
     """
     values = meter_values(frame)
     progress = values.pop("progress")
-    cards = "".join(
-        f'<div class="dg-stat"><span class="dg-stat-value">{escape_html(v)}</span>'
-        f'<span class="dg-stat-label">{escape_html(k).replace("/", "/<wbr>")}</span></div>'
-        for k, v in values.items()
-    )
+    cards = stat_cards_html(values)
     tps = 0.0 if frame is None else float(frame.tokens_per_second)
     if not math.isfinite(tps):
         tps = 0.0

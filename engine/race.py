@@ -86,6 +86,12 @@ class SideResult:
     bandwidth_bound_s_per_forward: float | None = None
     bandwidth_bound_tokens_per_second: float | None = None
 
+    def line(self) -> str:
+        """One plain-text line: tokens, forwards, tokens/s, tokens/forward, seconds, cost per forward."""
+        return (f"{self.name}: {self.tokens} tokens, {self.forwards} forwards, {self.tokens_per_second:.1f} "
+                f"tokens/s, {self.tokens_per_forward:.2f} tokens/forward, {self.seconds:.2f} s, "
+                f"{self.seconds_per_forward * 1000:.2f} ms per forward, stop: {self.stop_reason}")
+
     def summary(self) -> dict:
         """JSON-ready dict of every field but the trace."""
         data = asdict(self)
@@ -97,7 +103,7 @@ class SideResult:
 class RaceResult:
     """A finished (or stopped) race: both sides, the speedup and the rules it ran under.
 
-    speedup: diffusion tokens/s / autoregressive tokens/s (None when a side made no tokens or did not run);
+    speedup: diffusion tokens/s / autoregressive tokens/s (None when a side made no tokens, or the race was stopped);
     order: the sides in the order they ran; seed; budget: the token budget of both sides; canvas_length: positions
     a canvas forward computes; length_rule and
     fairness: one sentence each; device; memory_bandwidth_gb_s: measured on a GPU (device-to-device copy), else None;
@@ -117,7 +123,7 @@ class RaceResult:
     @property
     def speedup(self) -> float | None:
         d, a = self.diffusion, self.autoregressive
-        if d is None or a is None or d.tokens_per_second <= 0 or a.tokens_per_second <= 0:
+        if self.cancelled or d is None or a is None or d.tokens_per_second <= 0 or a.tokens_per_second <= 0:
             return None
         return d.tokens_per_second / a.tokens_per_second
 

@@ -42,7 +42,7 @@ def engine():
 def served_app(engine):
     """The playground launched in-process: yields (app, url). Closed at the end of the session."""
     from diffgemma_ui import build_app
-    from engine.bench import free_port
+    from pages import free_port
 
     app = build_app(engine)
     _, url, _ = app.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)

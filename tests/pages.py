@@ -39,3 +39,12 @@ def set_up_a_long_run(page):
     page.get_by_label("Adaptive stopping").uncheck()
     set_number(page, "Max new tokens", 1024)
     set_number(page, "Max denoising steps", 64)
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1 (for serving the app in a test)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,4 +1,4 @@
-"""`engine.bench`, `engine.ar_baseline` and the pure parts of `benchmarks/gpu_full_scale.py` on tiny settings.
+"""`benchmarks/bench.py` and the pure parts of `benchmarks/gpu_full_scale.py` on tiny settings.
 
 Fast and free of timing assertions: the numbers only have to be sane (positive, consistent with each other, the
 same tokens on every path).
@@ -14,9 +14,20 @@ import urllib.request
 import pytest
 import torch
 
-from engine import bench
-from engine.ar_baseline import ar_generate, next_token_logits
 from engine.loading import REPO_ROOT
+
+
+def load_script(name: str):
+    """benchmarks/<name>.py as a module (benchmarks/ is a folder of scripts, not a package)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+bench = load_script("bench")
 
 TINY = bench.Mode(repeats=1, seeds=(0,), blocks=1, ui_repeats=1, ar_repeats=1, scaling_repeats=1,
                   output_blocks=(1, 2), prompt_lengths=(16, 64))
@@ -38,13 +49,8 @@ def results(engine, fixed):
 
 
 def load_gpu_script():
-    """benchmarks/gpu_full_scale.py as a module (benchmarks/ is a folder of scripts, not a package)."""
-    if "gpu_full_scale" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("gpu_full_scale", REPO_ROOT / "benchmarks" / "gpu_full_scale.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["gpu_full_scale"]
+    """benchmarks/gpu_full_scale.py as a module (it imports `bench`, loaded above under that name)."""
+    return load_script("gpu_full_scale")
 
 
 def test_counted_ids_stop_at_the_first_eos_and_drop_pads(engine):
@@ -102,34 +108,21 @@ def test_ui_path_gives_the_same_tokens_as_bare_generate(engine, fixed, served_ap
 
 
 @pytest.mark.slow
-def test_diffusion_vs_ar_on_a_tiny_setting(results):
-    result = results["diffusion_vs_ar"]
-    assert result["speedup"]["median"] > 0 and result["speedup_cpu"]["median"] > 0
-    assert result["autoregressive"]["tokens"] == result["diffusion"]["tokens"]
-    assert result["autoregressive"]["tokens_per_second"]["median"] > 0
-
-
-@pytest.mark.slow
-def test_ar_baseline_equals_greedy_decoding_without_a_cache(engine):
-    model = engine.model
-    input_ids = engine.encode_prompt(PROMPT, raw=True)
-    result = ar_generate(model, input_ids, 6)
-    sequence, expected = input_ids, []
-    with torch.no_grad():
-        for _ in range(6):
-            logits = next_token_logits(model, model.model.encoder(input_ids=sequence).last_hidden_state)
-            token = logits.argmax(dim=-1, keepdim=True)
-            expected.append(token.item())
-            sequence = torch.cat([sequence, token], dim=-1)
-    assert result.token_ids == expected
-    assert result.forwards == 6 and result.seconds > 0 and result.tokens_per_second > 0
-
-
-def test_ar_baseline_rejects_bad_input(engine):
-    with pytest.raises(ValueError, match="new_tokens"):
-        ar_generate(engine.model, torch.tensor([[2, 5]]), 0)
-    with pytest.raises(ValueError, match="shape"):
-        ar_generate(engine.model, torch.tensor([[2, 5], [2, 6]]), 3)
+def test_race_section_on_a_tiny_setting(engine, results):
+    race = results["race"]
+    assert list(race["presets"]) == ["recommended", "fast"]
+    for row in race["presets"].values():
+        assert row["races"] == 1 and row["speedup"]["median"] > 0
+        diffusion, ar = row["diffusion"], row["autoregressive"]
+        assert 0 < diffusion["tokens"]["median"] <= engine.canvas_length
+        assert 0 < ar["tokens"]["median"] <= engine.canvas_length  # the same budget: one canvas
+        assert ar["tokens_per_forward"]["median"] == pytest.approx(1.0)
+        assert diffusion["ms_per_forward"]["median"] > 0 and ar["ms_per_forward"]["median"] > 0
+        # the speedup is the ratio of the two sides' tokens/s, counted the same way
+        ratio = diffusion["tokens_per_second"]["median"] / ar["tokens_per_second"]["median"]
+        assert row["speedup"]["median"] == pytest.approx(ratio, rel=0.02)
+    assert race["presets"]["fast"]["settings"]["max_denoising_steps"] < race["presets"]["recommended"]["settings"][
+        "max_denoising_steps"]
 
 
 @pytest.mark.slow
@@ -150,7 +143,7 @@ def test_whole_benchmark_table_and_json(results):
     json.dumps(results)  # one JSON object, as --json prints
     table = bench.format_table(results)
     for text in ("engine_overhead_ratio", "same on CPU time", "tokens counted", "never counted", "(b) UI overhead: skipped",
-                 "diffusion speedup over AR", "peak RSS", "output blocks", "prompt tokens"):
+                 "(c) the race", "diffusion speedup", "fast preset", "peak RSS", "output blocks", "prompt tokens"):
         assert text in table
     assert results["memory"]["peak_rss_mb"] > 0
 

@@ -1,4 +1,4 @@
-"""Speed benchmarks of the playground: `python -m engine.bench [--quick] [--model PATH] [--json]`.
+"""Speed benchmarks of the playground: `python benchmarks/bench.py [--quick] [--race-only] [--model PATH] [--json]`.
 
 What it measures, on one model (the embedded diffgemma-tiny unless `--model`), each with a warm-up run first, then
 repetitions interleaved path by path (alternating which path goes first) over a few seeds, reported as the median
@@ -11,9 +11,10 @@ with min and max:
 (b) UI overhead: the same run through the playground's Gradio API (`/generate`, via gradio_client, against
     `app.py` launched as a subprocess on a free local port) against the bare run; `ui_overhead_ratio` = client
     round-trip seconds / bare seconds. The app's own engine clock splits the gap into engine and HTTP/queue time.
-(c) diffusion vs autoregressive decoding of the same weights (`engine.ar_baseline`): bare `generate()` with the
-    checkpoint's recommended settings against greedy token-by-token decoding through the encoder with a KV cache,
-    producing as many tokens as the diffusion run did.
+(c) the race, diffusion vs autoregressive decoding of the same weights (`engine.race.RaceRunner`, the Race tab's
+    engine): at the recommended and the fast preset, races over a few seeds, the order alternating, each side after
+    its warm-up; both sides stop at EOS within the same token budget; speedup = diffusion tokens/s / AR tokens/s,
+    with tokens per forward and the measured cost of one forward on each side (and the GPU bandwidth bound).
 (d) tokens per forward, forwards per block, time to first frame, peak memory.
 (e) scaling: tokens/s at 1, 2, 4 and 8 output blocks (adaptive stopping off, so every canvas runs all its steps)
     and at prompt lengths from 16 to 2048 tokens (one block).
@@ -39,17 +40,22 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from pathlib import Path
+
 import psutil
 import torch
 
-from .ar_baseline import ar_generate
-from .engine import DiffusionEngine
-from .generator import strip_after_eos
-from .loading import DEFAULT_MODEL, DEVICES, DTYPES, REPO_ROOT, load_model
-from .settings import DiffusionSettings
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.engine import DiffusionEngine  # noqa: E402
+from engine.generator import strip_after_eos  # noqa: E402
+from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, REPO_ROOT, load_model  # noqa: E402
+from engine.race import RaceResult, RaceRunner  # noqa: E402
+from engine.settings import DiffusionSettings, preset  # noqa: E402
 
 TOKENS_COUNTED = ("generated tokens up to and including the first EOS; prompt and pad tokens are never counted; "
                   "seconds include prompt encoding and prefill")
+DEFAULT_RACE_PROMPT = "Tell me what happened after the flood."  # the Race tab's default (a chat prompt)
 SCALING_TEXT = (
     "The quick brown fox jumps over the lazy dog while the farmer counts his sheep in the morning light. "
     "Rain fell on the old town, and the river carried leaves past the mill, the bridge and the quiet church. "
@@ -172,13 +178,6 @@ def run_client(engine: DiffusionEngine, client, prompt: str, settings: Diffusion
         )
     return Run(watch.seconds, counted_ids(engine, summary["token_ids"]), summary["forwards"],
                summary["time_to_first_frame_s"], summary["forwards_per_block"], summary["seconds"], watch.cpu_seconds)
-
-
-def run_ar(engine: DiffusionEngine, input_ids: torch.Tensor, new_tokens: int) -> Run:
-    """Greedy autoregressive decoding of `new_tokens` tokens with the same weights (`engine.ar_baseline`)."""
-    with Stopwatch() as watch:
-        result = ar_generate(engine.model, input_ids, new_tokens)
-    return Run(result.seconds, result.token_ids, result.forwards, cpu_seconds=watch.cpu_seconds)
 
 
 def interleave(paths: dict[str, Callable[[int], Run]], seeds: tuple[int, ...], repeats: int,
@@ -316,22 +315,38 @@ def measure_ui_overhead(engine: DiffusionEngine, url: str, prompt: str, settings
     }
 
 
-def measure_diffusion_vs_ar(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings, mode: Mode,
-                            raw: bool = True) -> dict:
-    """(c) bare diffusion `generate()` against greedy AR decoding of as many tokens with the same weights."""
-    input_ids = engine.encode_prompt(prompt, raw=raw)
-    lengths = {seed: max(1, run_bare(engine, input_ids, settings, seed).tokens) for seed in (*mode.seeds, 12345)}
-    runs = interleave({
-        "diffusion": lambda seed: run_bare(engine, input_ids, settings, seed),
-        "ar": lambda seed: run_ar(engine, input_ids, lengths[seed]),
-    }, mode.seeds, mode.ar_repeats)
-    return {
-        "diffusion": path_summary(runs["diffusion"]),
-        "autoregressive": path_summary(runs["ar"]),
-        "speedup": ratio(runs["ar"], runs["diffusion"]),
-        "speedup_cpu": ratio(runs["ar"], runs["diffusion"], "cpu_seconds"),
-        "runs": len(runs["ar"]),
-    }
+RACE_PRESETS = ("recommended", "fast")
+
+
+def measure_race(engine: DiffusionEngine, prompt: str, base: DiffusionSettings, mode: Mode, raw: bool = True,
+                 presets: tuple[str, ...] = RACE_PRESETS) -> dict:
+    """(c) races (`RaceRunner`, the order alternating) at each preset of `presets` applied to `base`, over
+    `mode.seeds` x `mode.ar_repeats`; per preset: the speedup and each side's tokens/s, tokens, tokens per forward
+    and cost per forward (ms), as median [min..max], and on a GPU the bandwidth bound of each side."""
+    runner = RaceRunner(engine)
+    rows = {}
+    for name in presets:
+        settings = preset(name, engine.recommended).replace(max_new_tokens=base.max_new_tokens)
+        races: list[RaceResult] = [runner.run(prompt, settings, raw=raw, seed=seed)
+                                   for _ in range(mode.ar_repeats) for seed in mode.seeds]
+        row = {"settings": settings.__dict__, "races": len(races),
+               "speedup": spread([r.speedup or 0.0 for r in races], 3)}
+        for side in ("diffusion", "autoregressive"):
+            results = [getattr(r, side) for r in races]
+            row[side] = {
+                "tokens_per_second": spread([s.tokens_per_second for s in results], 2),
+                "tokens": spread([s.tokens for s in results], 1),
+                "tokens_per_forward": spread([s.tokens_per_forward for s in results], 3),
+                "ms_per_forward": spread([s.seconds_per_forward * 1000 for s in results], 3),
+                "time_to_first_token_ms": spread([(s.time_to_first_token_s or 0.0) * 1000 for s in results], 1),
+                "stop_reasons": sorted({s.stop_reason for s in results}),
+            }
+            if results[0].bandwidth_bound_s_per_forward:
+                row[side]["bandwidth_bound_ms_per_forward"] = round(results[0].bandwidth_bound_s_per_forward * 1000, 4)
+                row[side]["weights_bytes_per_forward"] = results[0].weights_bytes_per_forward
+        row["memory_bandwidth_gb_s"] = races[0].memory_bandwidth_gb_s
+        rows[name] = row
+    return {"presets": rows, "length_rule": races[0].length_rule, "prompt": prompt, "raw": raw}
 
 
 def scaling_prompt(engine: DiffusionEngine, length: int) -> str:
@@ -392,10 +407,12 @@ def machine_description(engine: DiffusionEngine) -> dict:
 
 
 def run_benchmark(engine: DiffusionEngine, *, model: str, mode: Mode, prompt: str, threads: int,
-                  ui: bool = True, base: DiffusionSettings | None = None,
+                  ui: bool = True, base: DiffusionSettings | None = None, race_prompt: str = DEFAULT_RACE_PROMPT,
+                  race_raw: bool = False, race_only: bool = False,
                   report: Callable[[str], None] = lambda _: None) -> dict:
     """Every measurement in order, from the checkpoint's recommended settings (or `base`); `report` hears each
-    section's name as it starts. A UI failure is recorded in `results["ui"]["error"]`, not raised."""
+    section's name as it starts. A UI failure is recorded in `results["ui"]["error"]`, not raised. `race_only`:
+    (c) alone, on `race_prompt` (a chat prompt unless `race_raw`)."""
     base = base or engine.recommended
     fixed = base.replace(max_new_tokens=mode.blocks * engine.canvas_length, adaptive_stopping=False)
     recommended = base.replace(max_new_tokens=mode.blocks * engine.canvas_length)
@@ -405,6 +422,10 @@ def run_benchmark(engine: DiffusionEngine, *, model: str, mode: Mode, prompt: st
         "machine": machine_description(engine), "tokens_counted": TOKENS_COUNTED, "prompt": prompt,
         "fixed_settings": fixed.__dict__, "recommended_settings": recommended.__dict__,
     }
+    if race_only:
+        report("(c) the race: diffusion vs autoregressive")
+        results["race"] = measure_race(engine, race_prompt, recommended, mode, raw=race_raw)
+        return results
     report("(a) engine overhead")
     results["engine"] = measure_engine_overhead(engine, prompt, fixed, mode)
     if ui:
@@ -416,8 +437,8 @@ def run_benchmark(engine: DiffusionEngine, *, model: str, mode: Mode, prompt: st
                 results["ui"]["app_peak_rss_mb"] = peak_rss_mb(process.pid)
         except Exception as error:  # noqa: BLE001 - recorded and reported, the rest still runs
             results["ui"] = {"error": f"{type(error).__name__}: {error}"}
-    report("(c) diffusion vs autoregressive")
-    results["diffusion_vs_ar"] = measure_diffusion_vs_ar(engine, prompt, recommended, mode)
+    report("(c) the race: diffusion vs autoregressive")
+    results["race"] = measure_race(engine, race_prompt, recommended, mode, raw=race_raw)
     report("(e) scaling with output length")
     results["output_scaling"] = measure_output_scaling(engine, prompt, base, mode)
     report("(e) scaling with prompt length")
@@ -430,16 +451,46 @@ def _cell(s: dict, digits: int = 1) -> str:
     return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}..{s['max']:.{digits}f}]"
 
 
+def format_race(race: dict) -> list[str]:
+    """The (c) lines of the report: per preset, the speedup and each side's figures."""
+    kind = "raw" if race["raw"] else "chat"
+    lines = [f"(c) the race, same weights ({kind} prompt {race['prompt']!r}; {race['length_rule']})"]
+    for name, row in race["presets"].items():
+        settings = row["settings"]
+        lines += [
+            f"    {name} preset ({settings['max_denoising_steps']} steps, entropy bound {settings['entropy_bound']}, "
+            f"{row['races']} races): diffusion speedup {_cell(row['speedup'], 2)}x",
+            "      side            tokens/s               tokens        tokens/forward     ms/forward"
+            "             first token ms",
+        ]
+        for side in ("diffusion", "autoregressive"):
+            r = row[side]
+            bound = (f"  bound {r['bandwidth_bound_ms_per_forward']:.3f} ms/forward"
+                     if "bandwidth_bound_ms_per_forward" in r else "")
+            lines.append(
+                f"      {side:<15} {_cell(r['tokens_per_second']):<22} {_cell(r['tokens'], 0):<13} "
+                f"{_cell(r['tokens_per_forward'], 2):<18} {_cell(r['ms_per_forward'], 2):<22} "
+                f"{_cell(r['time_to_first_token_ms'], 0)}  stop {','.join(r['stop_reasons'])}{bound}")
+        if row.get("memory_bandwidth_gb_s"):
+            lines.append(f"      measured memory bandwidth {row['memory_bandwidth_gb_s']} GB/s")
+    return lines
+
+
 def format_table(results: dict) -> str:
     """The human-readable report: medians with [min..max]."""
-    m, e = results["machine"], results["engine"]
+    m = results["machine"]
     fixed = results["fixed_settings"]
-    lines = [
+    header = [
         f"model {results['model']} ({results['parameters'] / 1e6:.1f}M params, canvas {results['canvas_length']})",
         f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} with {m['torch_threads']} threads, "
         f"{m['device']} {m['dtype']}" + (f", {m['gpu']}" if "gpu" in m else "")
         + f"; 1-min load average at start {m['load_average_1min']} on {m['cores']} cores",
         f"tokens counted: {results['tokens_counted']}",
+    ]
+    if "engine" not in results:  # --race-only
+        return "\n".join(header + format_race(results["race"]))
+    e = results["engine"]
+    lines = header + [
         f"fixed runs: {fixed['max_new_tokens']} new tokens, {fixed['max_denoising_steps']} steps per canvas, "
         f"adaptive stopping off; median [min..max] over {e['runs']} runs per path",
         "",
@@ -470,16 +521,8 @@ def format_table(results: dict) -> str:
             f"    of which HTTP + queue             {_cell(ui['http_and_queue_s'], 3)} s per call; app engine "
             f"clock / bare {_cell(ui['app_engine_over_bare'], 3)}",
         ]
-    ar = results["diffusion_vs_ar"]
-    rec = results["recommended_settings"]
+    lines += format_race(results["race"])
     lines += [
-        f"(c) diffusion vs autoregressive, same weights (recommended settings: {rec['max_denoising_steps']} steps, "
-        f"entropy bound {rec['entropy_bound']}, adaptive stopping on; AR makes as many tokens as diffusion did)",
-        f"    diffusion generate()              {_cell(ar['diffusion']['tokens_per_second']):<22} "
-        f"{_cell(ar['diffusion']['seconds'], 3)}   tokens {_cell(ar['diffusion']['tokens'], 0)}",
-        f"    greedy AR with KV cache           {_cell(ar['autoregressive']['tokens_per_second']):<22} "
-        f"{_cell(ar['autoregressive']['seconds'], 3)}",
-        f"    diffusion speedup over AR         {_cell(ar['speedup'], 2)}x (on CPU time {_cell(ar['speedup_cpu'], 2)}x)",
         "(d) per run (engine, fixed runs)",
         f"    tokens per forward {_cell(e['tokens_per_forward'], 2)}; forwards per block {e['forwards_per_block']}; "
         f"time to first frame {_cell(e['time_to_first_frame_s'], 3)} s",
@@ -504,7 +547,7 @@ def format_table(results: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python benchmarks/bench.py", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and a smaller grid (about 2 min)")
     parser.add_argument("--model", default=str(DEFAULT_MODEL), help="local folder or hub id (default: embedded)")
     parser.add_argument("--device", default="auto", choices=DEVICES)
@@ -513,6 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="torch CPU threads for this process and the app (default: torch's own choice)")
     parser.add_argument("--prompt", default="In the beginning", help="raw prompt of (a), (b), (c) and output scaling")
     parser.add_argument("--no-ui", dest="ui", action="store_false", help="skip (b), the app round trip")
+    parser.add_argument("--race-only", action="store_true", help="only (c), the race")
+    parser.add_argument("--race-prompt", default=DEFAULT_RACE_PROMPT, help="prompt of (c) (the Race tab's default)")
+    parser.add_argument("--race-raw", action="store_true", help="(c)'s prompt without the chat template")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     return parser
 
@@ -529,8 +575,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results = run_benchmark(
         engine, model=args.model, mode=QUICK if args.quick else FULL, prompt=args.prompt, threads=threads,
-        ui=args.ui, report=lambda section: print(f"[{time.perf_counter() - started:6.1f} s] {section}",
-                                                 file=sys.stderr, flush=True),
+        ui=args.ui, race_prompt=args.race_prompt, race_raw=args.race_raw, race_only=args.race_only,
+        report=lambda section: print(f"[{time.perf_counter() - started:6.1f} s] {section}", file=sys.stderr,
+                                     flush=True),
     )
     results["mode"] = "quick" if args.quick else "full"
     results["bench_seconds"] = round(time.perf_counter() - started, 1)

@@ -1,0 +1,268 @@
+"""The Race tab's event handlers: validation, running a race in a background thread, live view, replay, the API.
+
+A race runs in a thread (`engine.race.RaceRunner.run`: one side, then the other, each after a warm-up). While it
+runs, the panel of the side that is running follows it live; once both are done the handler replays both traces
+side by side on the engine clock (time 0 = each side's start), then shows the result card.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gradio as gr
+
+from engine.race import SIDES, RaceResult, RaceRunner, check_order, explanation
+
+from .handlers import DEFAULT_MAX_RUN_S, Playground, describe_error
+from .race_view import frame_at, panel_html, result_html
+from .text import plain_text
+from .validation import RunRequest, build_request, preset_values
+
+LIVE_INTERVAL_S = 0.25  # live panels re-render at most 4 times a second: the engine shares the CPU
+REPLAY_FPS = 12.0
+
+
+def model_name(source) -> str:
+    """A model's name for the page: the folder name of a local path, a hub id (org/name) unchanged."""
+    text = str(source)
+    return Path(text).name if Path(text).expanduser().exists() else text
+
+
+@dataclass
+class RaceProgress:
+    """What the race thread has produced so far (written by that thread, read by the handler).
+
+    frames: per side, every frame in order; first_token_s: per side, engine seconds of its first committed token;
+    result / error: set when the race is over; done: the thread has ended.
+    """
+
+    frames: dict = field(default_factory=lambda: {side: [] for side in SIDES})
+    first_token_s: dict = field(default_factory=dict)
+    order: list = field(default_factory=list)
+    result: RaceResult | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+    def add(self, side: str, frame) -> None:
+        """The race's `on_frame` callback."""
+        if side not in self.order:
+            self.order.append(side)
+        if side not in self.first_token_s and frame.committed_tokens > 0:
+            self.first_token_s[side] = frame.elapsed_s
+        self.frames[side].append(frame)
+
+    def running_side(self) -> str | None:
+        """The side whose frames arrive now (None before the first frame or once the race is over)."""
+        return None if self.done or not self.order else self.order[-1]
+
+
+class RaceSession:
+    """One browser session's race state (a `gr.State` value): the stop event of its race in progress."""
+
+    def __init__(self):
+        self.stop_event: threading.Event | None = None
+
+    def stop(self) -> None:
+        if self.stop_event is not None:
+            self.stop_event.set()
+
+
+@dataclass(frozen=True)
+class RaceRequest:
+    """A validated race: the run request (prompt, raw, diffusion settings, seed) plus the AR side's temperature and
+    the order."""
+
+    run: RunRequest
+    ar_temperature: float
+    order: str
+
+
+class RaceTab:
+    """Handlers of the Race tab and the `/race` API around one `RaceRunner`.
+
+    Args:
+        runner: the race runner (the playground's engine and its autoregressive side).
+        max_run_s: a race (both sides) still going after this many seconds is stopped with a message.
+    """
+
+    def __init__(self, runner: RaceRunner, *, max_run_s: float | None = DEFAULT_MAX_RUN_S):
+        self.runner = runner
+        self.max_run_s = max_run_s
+        self._texts: dict = {}
+
+    @property
+    def models(self) -> dict[str, str]:
+        """Each side's model as the page names it: a local folder by its name, a hub id as it is."""
+        ar = self.runner.ar
+        diffusion = model_name(self.runner.engine.source)
+        return {"diffusion": diffusion,
+                "autoregressive": f"{diffusion}'s causal encoder" if ar.shared_weights else model_name(ar.source)}
+
+    # -- validation ------------------------------------------------------------------------------------------------
+    def check(self, run: RunRequest, ar_temperature, order) -> RaceRequest:
+        """Race-level checks of a validated run request (budgets of both models, temperature, order).
+
+        Raises:
+            gr.Error: the first problem, in words.
+        """
+        try:
+            check_order(order)
+            self.runner.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
+                              seed=run.seed)
+            from engine.autoregressive import check_temperature
+
+            return RaceRequest(run=run, ar_temperature=check_temperature(ar_temperature), order=order)
+        except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
+            raise gr.Error(describe_error(error), print_exception=False) from None
+
+    def ui_request(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> RaceRequest:
+        """The tab's inputs (a preset for the denoising settings) validated with the UI's limits; raises gr.Error."""
+        try:
+            values = dict(preset_values(preset_name, self.runner.engine.recommended), max_new_tokens=max_new_tokens)
+            run = build_request(prompt, raw, values, seed, ui_limits=True)
+        except Exception as error:  # noqa: BLE001
+            raise gr.Error(describe_error(error), print_exception=False) from None
+        return self.check(run, ar_temperature, order)
+
+    def check_inputs(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> None:
+        """The Race button's first step: every check, nothing run (raises gr.Error)."""
+        self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
+
+    # -- running ---------------------------------------------------------------------------------------------------
+    def start(self, request: RaceRequest) -> tuple[RaceProgress, threading.Event, threading.Thread]:
+        """Start the race in a daemon thread; returns (progress, stop event, thread). Past `max_run_s` the stop
+        event is set and the race ends with an error saying so."""
+        progress, stop = RaceProgress(), threading.Event()
+        run = request.run
+
+        def target():
+            timer = threading.Timer(self.max_run_s, stop.set) if self.max_run_s else None
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            try:
+                progress.result = self.runner.run(
+                    run.prompt, run.settings, raw=run.raw, seed=run.seed, ar_temperature=request.ar_temperature,
+                    order=request.order, on_frame=progress.add, stop_event=stop)
+                if progress.result.cancelled and timer is not None and not timer.is_alive():
+                    progress.error = TimeoutError(
+                        f"the race reached this server's limit of {self.max_run_s:g} s and was stopped: lower "
+                        "max_new_tokens")
+            except BaseException as error:  # noqa: BLE001 - reported to the reader
+                progress.error = error
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                progress.done = True
+
+        thread = threading.Thread(target=target, name="diffgemma-race", daemon=True)
+        thread.start()
+        return progress, stop, thread
+
+    # -- rendering -------------------------------------------------------------------------------------------------
+    def side_text(self, side: str, frame) -> str:
+        """The decoded answer of `frame` (special tokens skipped), cached per side and length."""
+        if frame is None:
+            return ""
+        ids = frame.committed_ids
+        key = (side, len(ids), ids[-1] if ids else None)
+        text = self._texts.get(key)
+        if text is None:
+            if side == "diffusion":
+                text = self.runner.engine.tokenizer.decode(ids, skip_special_tokens=True)
+            else:
+                text = self.runner.ar.text(ids)
+            if len(self._texts) > 4096:
+                self._texts.clear()
+            self._texts[key] = text
+        return text
+
+    def panel(self, progress: RaceProgress, side: str, state: str, t: float | None = None) -> str:
+        """One side's panel: `state` as in `race_view.panel_html`; `t`: replay time (None: its newest frame)."""
+        frames = progress.frames[side]
+        frame = frame_at(frames, t) if t is not None else (frames[-1] if frames else None)
+        position = progress.order.index(side) + 1 if side in progress.order else None
+        return panel_html(side, frame, text=self.side_text(side, frame), model=self.models[side], position=position,
+                          state=state, t=t, first_token_s=progress.first_token_s.get(side))
+
+    def live_panels(self, progress: RaceProgress) -> tuple[str, str]:
+        running = progress.running_side()
+        states = {side: ("running" if side == running else "done" if progress.frames[side] else "waiting")
+                  for side in SIDES}
+        return tuple(self.panel(progress, side, states[side]) for side in SIDES)
+
+    def replay_panels(self, progress: RaceProgress, t: float) -> tuple[str, str]:
+        return tuple(self.panel(progress, side, "replay", t) for side in SIDES)
+
+    # -- events ----------------------------------------------------------------------------------------------------
+    def race_stream(self, session: RaceSession, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature,
+                    order) -> Iterator[tuple]:
+        """The Race button: validate, run the race (panels follow the running side), replay both on the engine
+        clock, then show the result. Yields (diffusion panel, autoregressive panel, result, Race button, Stop
+        button).
+
+        Raises:
+            gr.Error: bad input (before anything runs) or a failure during the race.
+        """
+        request = self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
+        progress, stop, thread = self.start(request)
+        busy = (gr.update(interactive=False), gr.update(interactive=True))
+        if session is not None:
+            session.stop()  # one race per session
+            session.stop_event = stop
+        try:
+            yield (*self.live_panels(progress), result_html(None), *busy)
+            while thread.is_alive():
+                thread.join(LIVE_INTERVAL_S)
+                yield (*self.live_panels(progress), gr.skip(), gr.skip(), gr.skip())
+            if progress.error is not None:
+                raise gr.Error(describe_error(progress.error), print_exception=False)
+            result = progress.result
+            if not result.cancelled:
+                total = max(side.seconds for side in (result.diffusion, result.autoregressive))
+                start = time.monotonic()
+                while (t := time.monotonic() - start) < total:
+                    yield (*self.replay_panels(progress, t), gr.skip(), gr.skip(), gr.skip())
+                    time.sleep(1.0 / REPLAY_FPS)
+            yield (*self.replay_panels(progress, float("inf")), result_html(result, explanation=explanation(result)),
+                   gr.update(interactive=True), gr.update(interactive=False))
+        finally:
+            stop.set()  # on a normal end, on Stop, and when Gradio closes this generator (tab closed)
+
+    @staticmethod
+    def stop(session: RaceSession) -> None:
+        """The Stop button: stop this session's race (the running side ends within one forward; the other side
+        does not start)."""
+        if session is not None:
+            session.stop()
+
+    def race_api(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+                 stability_threshold, confidence_threshold, adaptive_stopping, seed, ar_temperature,
+                 order) -> tuple[str, str, dict]:
+        """`/race`: the eleven `/generate` inputs (same checks, the API's limits), the AR temperature and the
+        order; runs the race and returns (diffusion text, autoregressive text, summary).
+
+        Raises:
+            gr.Error: invalid input (the same messages as `/generate`) or a failure during the race.
+        """
+        try:
+            run = Playground.parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+                                   stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                                   ui_limits=False)
+        except Exception as error:  # noqa: BLE001
+            raise gr.Error(describe_error(error), print_exception=False) from None
+        progress, stop, thread = self.start(self.check(run, ar_temperature, order))
+        try:
+            thread.join()
+        finally:
+            stop.set()
+        if progress.error is not None:
+            raise gr.Error(describe_error(progress.error), print_exception=False)
+        result = progress.result
+        texts = [plain_text(side.text) if side is not None else "" for side in (result.diffusion,
+                                                                                  result.autoregressive)]
+        return texts[0], texts[1], result.summary()

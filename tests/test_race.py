@@ -1,0 +1,283 @@
+"""The race: autoregressive decoding as an engine feature, the race runner, its view, the `/race` API and the CLI."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+from engine.autoregressive import AutoregressiveDecoder, TokenFrame, check_temperature, eos_ids
+from engine.race import ORDERS, RaceResult, RaceRunner, SideResult, explanation, weights_bytes_per_forward
+
+PROMPTS = [("In the beginning", True), ("Blessed are the", True), ("Tell me what happened after the flood.", False)]
+
+
+@pytest.fixture(scope="module")
+def ar(engine):
+    return AutoregressiveDecoder.from_diffusion(engine)
+
+
+@pytest.fixture(scope="module")
+def small(engine):
+    """One canvas, three denoising steps: a race of a few seconds on the embedded model."""
+    return engine.recommended.replace(max_new_tokens=engine.canvas_length, max_denoising_steps=3)
+
+
+def reference_loop(model, input_ids, new_tokens, eos, temperature=0.0, seed=None):
+    """Token by token with a full re-encode of the whole sequence each step (no cache): the encoder, the tied
+    lm_head and the softcap written out as `DiffusionGemmaForBlockDiffusion.forward` does; sampling as
+    `GenerationMixin._sample` does, after `torch.manual_seed(seed)`."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    sequence, tokens = input_ids, []
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            hidden = model.model.encoder(input_ids=sequence).last_hidden_state
+            logits = model.lm_head(hidden[:, -1]).to(torch.float32)
+            cap = model.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+            if temperature > 0:
+                token = torch.multinomial(torch.softmax(logits / temperature, dim=-1), num_samples=1)
+            else:
+                token = logits.argmax(dim=-1, keepdim=True)
+            tokens.append(int(token))
+            sequence = torch.cat([sequence, token], dim=-1)
+            if tokens[-1] in eos:
+                break
+    return tokens
+
+
+# -- the autoregressive side ---------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt,raw", PROMPTS)
+def test_greedy_tokens_equal_a_full_re_encode_loop(engine, ar, prompt, raw):
+    input_ids = engine.encode_prompt(prompt, raw=raw)
+    frames = list(ar.decode(input_ids, 12))
+    expected = reference_loop(engine.model, input_ids, 12, ar.eos_token_ids)
+    assert frames[-1].committed_ids == expected
+    assert [f.token_id for f in frames] == expected  # one frame per forward, one token each
+    assert len(frames) == len(expected) and frames[-1].done
+    assert frames[-1].stop_reason == ("eos" if expected[-1] in ar.eos_token_ids else "max_new_tokens")
+
+
+@pytest.mark.slow
+def test_sampled_tokens_are_reproducible_for_a_seed_and_match_the_sampling_loop(engine, ar):
+    input_ids = engine.encode_prompt("In the beginning", raw=True)
+
+    def sampled(seed):
+        return list(ar.frames("In the beginning", 10, raw=True, temperature=1.0, seed=seed))[-1].committed_ids
+
+    first = sampled(5)
+    torch.manual_seed(999)  # the global RNG in any state: the run keeps its own
+    assert sampled(5) == first
+    assert first == reference_loop(engine.model, input_ids, 10, ar.eos_token_ids, temperature=1.0, seed=5)
+    assert any(sampled(seed) != first for seed in (6, 7, 8))
+
+
+@pytest.mark.slow
+def test_token_frames_count_like_the_diffusion_side(engine, ar):
+    frames = list(ar.frames("In the beginning", 8, raw=True, seed=0))
+    for i, frame in enumerate(frames):
+        assert isinstance(frame, TokenFrame) and frame.forward_index == i and frame.forwards == i + 1
+        assert len(frame.committed_ids) == i + 1 and frame.committed_tokens == i + 1  # no pads here
+        assert frame.tokens_per_forward == pytest.approx(1.0)
+        assert frame.tokens_per_second == pytest.approx(frame.committed_tokens / frame.elapsed_s)
+        assert frame.time_to_first_token_s == frames[0].elapsed_s
+        assert frame.seed == 0 and frame.prompt_tokens == engine.encode_prompt("In the beginning", raw=True).shape[1]
+    assert [f.elapsed_s for f in frames] == sorted(f.elapsed_s for f in frames)
+    json.dumps(frames[-1].to_dict())
+
+
+@pytest.mark.slow
+def test_eos_list_ends_the_run_with_the_eos_counted(engine):
+    decoder = AutoregressiveDecoder.from_diffusion(engine)
+    greedy = list(decoder.frames("In the beginning", 8, raw=True))[-1].committed_ids
+    decoder.eos_token_ids = {1, 106, greedy[2]}  # like the real checkpoint's [1, 106, 50]
+    frames = list(decoder.frames("In the beginning", 8, raw=True))
+    stop = greedy.index(greedy[2]) + 1
+    assert frames[-1].committed_ids == greedy[:stop] and frames[-1].stop_reason == "eos"
+    assert frames[-1].committed_tokens == stop and len(frames) == stop
+
+
+def test_eos_ids_accept_an_int_a_list_or_none():
+    class Config:
+        eos_token_id = [1, 106, 50]
+
+    assert eos_ids(Config()) == {1, 106, 50}
+    Config.eos_token_id = 1
+    assert eos_ids(Config()) == {1}
+    Config.eos_token_id = None
+    assert eos_ids(Config()) == set()
+
+
+@pytest.mark.slow
+def test_stop_event_ends_the_run_with_a_cancelled_frame(ar):
+    stop = threading.Event()
+    frames = []
+    for frame in ar.frames("In the beginning", 50, raw=True, stop_event=stop):
+        frames.append(frame)
+        if len(frames) == 3:
+            stop.set()
+    assert len(frames) == 4 and frames[-1].stop_reason == "cancelled" and frames[-1].done
+    assert frames[-1].committed_ids == frames[-2].committed_ids
+
+
+def test_bad_autoregressive_inputs_are_refused(engine, ar):
+    for value in (-0.1, float("nan"), "warm", None, True, 11):
+        with pytest.raises(ValueError, match="ar_temperature"):
+            check_temperature(value)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        ar.frames("In the beginning", 0)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        ar.frames("   ", 4)
+    with pytest.raises(ValueError, match="seed"):
+        ar.frames("x", 4, seed=-5)
+    with pytest.raises(ValueError, match="shape"):
+        next(ar.decode(torch.tensor([[2, 5], [2, 6]]), 3))
+
+
+# -- the race runner -----------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_race_counts_are_consistent_and_the_sides_take_turns(engine, small):
+    runner = RaceRunner(engine)
+    seen = []
+    result = runner.run("Tell me what happened after the flood.", small, seed=3, order="autoregressive first",
+                        on_frame=lambda side, frame: seen.append(side))
+    assert result.order == ("autoregressive", "diffusion")
+    assert seen == ["autoregressive"] * result.autoregressive.forwards + ["diffusion"] * result.diffusion.forwards
+    assert result.budget == engine.canvas_length and not result.cancelled
+    for side in (result.diffusion, result.autoregressive):
+        assert side.forwards == len(side.trace) and side.seconds == side.trace[-1][0]
+        assert side.tokens == side.trace[-1][1] > 0
+        assert side.tokens == sum(1 for t in side.token_ids if t != engine.model.generation_config.pad_token_id)
+        assert side.tokens_per_second == pytest.approx(side.tokens / side.seconds)
+        assert side.tokens_per_forward == pytest.approx(side.tokens / side.forwards)
+        assert side.seconds_per_forward * side.forwards == pytest.approx(side.seconds)
+        assert 0 < side.time_to_first_token_s <= side.seconds
+        assert side.stop_reason in ("eos", "max_new_tokens") and side.warm_up_s > 0
+    assert result.autoregressive.tokens_per_forward == pytest.approx(1.0)
+    assert result.diffusion.forwards <= 3  # one canvas of at most three steps
+    assert result.speedup == pytest.approx(result.diffusion.tokens_per_second
+                                           / result.autoregressive.tokens_per_second)
+    assert result.autoregressive.position == 1 and result.diffusion.position == 2
+    # the diffusion side's answer is the engine's own for that seed and settings
+    assert result.diffusion.token_ids == engine.generate("Tell me what happened after the flood.", small,
+                                                         seed=3).token_ids
+    summary = result.summary()
+    json.dumps(summary)
+    assert summary["speedup"] == result.speedup and "trace" not in summary["diffusion"]
+    assert "ms per canvas forward" in summary["explanation"] and summary["fairness"]
+
+
+@pytest.mark.slow
+def test_alternate_order_alternates(engine, small):
+    runner = RaceRunner(engine)
+    orders = [runner.run("In the beginning", small, raw=True, seed=1, warm_up=False).order for _ in range(2)]
+    assert orders[0] != orders[1] and set(orders[0]) == set(orders[1])
+
+
+@pytest.mark.slow
+def test_a_stopped_race_does_not_start_its_second_side(engine, small):
+    stop = threading.Event()
+    result = RaceRunner(engine).run("In the beginning", small, raw=True, seed=1, order="diffusion first",
+                                    on_frame=lambda side, frame: stop.set(), stop_event=stop, warm_up=False)
+    assert result.cancelled and result.autoregressive is None and result.speedup is None
+    assert result.diffusion.stop_reason == "cancelled"
+
+
+def test_race_refuses_bad_inputs_before_running(engine, small):
+    runner = RaceRunner(engine)
+    with pytest.raises(ValueError, match="order must be one of"):
+        runner.run("x", small, order="sideways")
+    with pytest.raises(ValueError, match="ar_temperature"):
+        runner.run("x", small, ar_temperature=-1)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        runner.run("", small)
+    with pytest.raises(ValueError, match="context"):
+        runner.run("word " * 9000, small, raw=True)
+    assert ORDERS[0] == "alternate"
+
+
+def test_weights_bytes_count_shared_tensors_once_and_scale_experts():
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dense = torch.nn.Linear(4, 4, bias=False)  # 16 float32 = 64 bytes
+            self.experts = torch.nn.Module()
+            self.experts.down_proj = torch.nn.Parameter(torch.zeros(8, 4))  # 32 float32 = 128 bytes
+
+    layer = Layer()
+
+    class Config:
+        num_experts, top_k_experts = 8, 2
+
+    assert weights_bytes_per_forward([layer, layer.dense], Config, positions=1) == 64 + 128 * 2 // 8
+    assert weights_bytes_per_forward([layer], Config, positions=10_000) == 64 + 128
+    assert weights_bytes_per_forward([layer], object(), positions=1) == 64 + 128  # dense config: all of it
+
+
+# -- the view ------------------------------------------------------------------------------------------------------
+def side_result(name, **changes):
+    values = dict(name=name, model="m", text="<script>alert(1)</script>", token_ids=[5, 6], tokens=2, forwards=2,
+                  seconds=0.5, tokens_per_second=4.0, tokens_per_forward=1.0, time_to_first_token_s=0.25,
+                  seconds_per_forward=0.25, seconds_per_token=0.25, stop_reason="eos", prompt_tokens=3, position=1,
+                  warm_up_s=0.1, trace=[(0.25, 1), (0.5, 2)])
+    values.update(changes)
+    return SideResult(**values)
+
+
+def test_result_card_escapes_and_explains_either_winner():
+    from diffgemma_ui.race_view import result_html
+
+    slow = RaceResult(side_result("diffusion", tokens_per_second=2.0, seconds_per_forward=1.0,
+                                  tokens_per_forward=2.0, seconds_per_token=0.5),
+                      side_result("autoregressive", position=2), ("diffusion", "autoregressive"), 7, 64, 64, "cpu",
+                      None)
+    assert slow.speedup == pytest.approx(0.5)
+    text = explanation(slow)
+    assert text.startswith("Autoregressive decoding wins") and "1000.00 ms per canvas forward" in text
+    assert "compute-bound" in text
+    html = result_html(slow, explanation=text)
+    assert 'data-speedup="0.5"' in html and "2.0x slower" in html and "<script" not in html
+    fast = RaceResult(side_result("diffusion", tokens_per_second=12.0, tokens_per_forward=3.0),
+                      side_result("autoregressive"), ("autoregressive", "diffusion"), 7, 64, 256, "cuda:0", 3000.0)
+    assert explanation(fast).startswith("Diffusion wins") and "reading the weights" in explanation(fast)
+
+
+def test_panels_escape_model_text_and_follow_the_replay_clock():
+    from diffgemma_ui.race_view import frame_at, panel_html
+
+    frames = [TokenFrame(i, 7, "<b>", [7] * (i + 1), i + 1, 0.0, i == 2, "eos" if i == 2 else "", 0.1 * (i + 1),
+                         0.1, (i + 1) / (0.1 * (i + 1)), 1.0, 3, 0) for i in range(3)]
+    assert frame_at(frames, 0.05) is None and frame_at(frames, 0.25) is frames[1] and frame_at(frames, 9) is frames[2]
+    html = panel_html("autoregressive", frame_at(frames, 0.25), text="<img src=x onerror=alert(1)>", model="<m>",
+                      position=2, state="replay", t=0.25, first_token_s=0.1)
+    assert "<img" not in html and "&lt;img" in html and "&lt;m&gt;" in html
+    assert 'data-tokens="2"' in html and "8.0" in html  # 2 tokens at 0.25 s on the replay clock
+    waiting = panel_html("diffusion", None, text="", model="m", position=2, state="waiting")
+    assert 'data-state="waiting"' in waiting and "waits its turn" in waiting
+
+
+# -- the CLI -------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_cli_race_prints_one_json_object(capsys):
+    from engine.cli import main
+
+    assert main(["race", "--prompt", "In the beginning", "--raw", "--seed", "2", "--max-new-tokens", "64",
+                 "--steps", "2", "--device", "cpu", "--order", "diffusion-first", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["order"] == ["diffusion", "autoregressive"] and summary["seed"] == 2
+    for side in ("diffusion", "autoregressive"):
+        assert summary[side]["tokens"] > 0 and isinstance(summary[side]["text"], str)
+    assert summary["diffusion"]["forwards"] <= 2
+
+
+def test_cli_race_refuses_bad_input_before_loading(capsys):
+    from engine.cli import main
+
+    assert main(["race", "--prompt", " "]) == 2
+    assert "prompt is empty" in capsys.readouterr().err
+    assert main(["race", "--prompt", "x", "--ar-temperature", "-2"]) == 2
+    assert "ar_temperature" in capsys.readouterr().err
