@@ -1,13 +1,13 @@
 """DiffGemma Playground: the Gradio app (Hugging Face Spaces entry point).
 
     python app.py [--model PATH_OR_HUB_ID] [--device auto|cpu|cuda|mps] [--dtype auto|float32|bfloat16|float16]
-                  [--quantization none|4bit|8bit] [--threads N] [--max-run-seconds S]
+                  [--quantization none|4bit|8bit] [--ar-model ID] [--threads N] [--max-run-seconds S]
                   [--host HOST] [--port PORT] [--share]
 
 Every option has an environment variable default (DIFFGEMMA_MODEL, DIFFGEMMA_DEVICE, DIFFGEMMA_DTYPE,
-DIFFGEMMA_QUANTIZATION, DIFFGEMMA_THREADS, DIFFGEMMA_MAX_RUN_SECONDS, DIFFGEMMA_HOST, DIFFGEMMA_PORT,
-DIFFGEMMA_SHARE); the host and port also honour GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, which Hugging Face Spaces
-sets. The model is chosen here, by whoever runs the server; web users cannot change it.
+DIFFGEMMA_QUANTIZATION, DIFFGEMMA_AR_MODEL, DIFFGEMMA_THREADS, DIFFGEMMA_MAX_RUN_SECONDS, DIFFGEMMA_HOST,
+DIFFGEMMA_PORT, DIFFGEMMA_SHARE); the host and port also honour GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, which
+Hugging Face Spaces sets. The model is chosen here, by whoever runs the server; web users cannot change it.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="app.py",
         description="DiffGemma Playground: watch block diffusion denoise text, live in the browser.",
         epilog="Environment variables give the defaults: DIFFGEMMA_MODEL, DIFFGEMMA_DEVICE, DIFFGEMMA_DTYPE, "
-        "DIFFGEMMA_QUANTIZATION, DIFFGEMMA_THREADS, DIFFGEMMA_MAX_RUN_SECONDS, DIFFGEMMA_HOST (else "
+        "DIFFGEMMA_QUANTIZATION, DIFFGEMMA_AR_MODEL, DIFFGEMMA_THREADS, DIFFGEMMA_MAX_RUN_SECONDS, "
+        "DIFFGEMMA_HOST (else "
         "GRADIO_SERVER_NAME), DIFFGEMMA_PORT (else GRADIO_SERVER_PORT), DIFFGEMMA_SHARE.",
     )
     parser.add_argument("--model", default=_env("DIFFGEMMA_MODEL", str(DEFAULT_MODEL)),
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="weight dtype (default: auto = bf16 on CUDA, fp32 elsewhere; env DIFFGEMMA_DTYPE)")
     parser.add_argument("--quantization", default=_env("DIFFGEMMA_QUANTIZATION", "none"), choices=QUANTIZATIONS,
                         help="bitsandbytes quantization, CUDA only (default: none; env DIFFGEMMA_QUANTIZATION)")
+    parser.add_argument("--ar-model", default=_env("DIFFGEMMA_AR_MODEL", "") or None,
+                        help="separate causal LM for the Race tab's autoregressive side (default: the diffusion "
+                             "model's own causal encoder; env DIFFGEMMA_AR_MODEL); refused when it does not fit")
     parser.add_argument("--threads", type=_threads, default=_env("DIFFGEMMA_THREADS", "auto"),
                         help="torch CPU threads (default: auto = CPUs - 1 on CPU, leaving one for the web server; "
                              "env DIFFGEMMA_THREADS)")
@@ -126,7 +130,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: the model loaded but failed a first generation: {type(error).__name__}: "
                   f"{_one_line(error)}", file=sys.stderr)
             return 2
-    app = build_app(engine, max_run_s=args.max_run_seconds)
+    race = None
+    if args.ar_model:
+        from engine.race_memory import race_runner  # noqa: PLC0415
+
+        try:
+            race = race_runner(engine, args.ar_model)
+        except ModelLoadError as error:
+            print(f"error: {_one_line(error)}", file=sys.stderr)
+            return 2
+    app = build_app(engine, max_run_s=args.max_run_seconds, race=race)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     threads_text = f"{threads} CPU thread{'s' * (threads != 1)}"
     print(f"DiffGemma Playground on {engine.device} ({threads_text}): local URL http://{shown_host}:{args.port}",

@@ -7,10 +7,13 @@ from pathlib import Path
 import gradio as gr
 
 from engine import PRESET_NAMES, DiffusionEngine
+from engine.race import RaceRunner
 
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
 from .handlers import DEFAULT_MAX_RUN_S, Playground, initial_outputs
 from .meter import meter_html
+from .race_blocks import build_race_tab, register_race_api
+from .race_handlers import RaceTab
 from .session import SessionState
 from .text import escape_html
 from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS, UI_MAX_NEW_TOKENS
@@ -68,12 +71,13 @@ def header_html(engine: DiffusionEngine) -> str:
 
 def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
               reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
-              max_run_s: float | None = DEFAULT_MAX_RUN_S) -> gr.Blocks:
+              max_run_s: float | None = DEFAULT_MAX_RUN_S, race: RaceRunner | None = None) -> gr.Blocks:
     """Build the playground for a loaded engine (the model is fixed: web users cannot choose it or any file).
 
     Args:
         engine: the `DiffusionEngine` every session shares (each run has its own random state and stop event).
         max_fps, reader_budget, abandon_after_s, max_run_s: see `Playground`.
+        race: the Race tab's runner (default: the engine against its own causal encoder).
 
     Returns:
         A `gr.Blocks` with its queue configured (1 run at a time on CUDA, 4 on CPU); `launch()` applies the theme
@@ -81,6 +85,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
     """
     playground = Playground(engine, max_fps=max_fps, reader_budget=reader_budget, abandon_after_s=abandon_after_s,
                             max_run_s=max_run_s)
+    race_tab = RaceTab(race or RaceRunner(engine), max_run_s=max_run_s)
     rec = engine.recommended
     start = initial_outputs()
 
@@ -89,67 +94,73 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
         gr.HTML(header_html(engine), elem_id="dg-header-block")
         # Three areas; assets/style.css lays them out as a grid: controls above settings on the left and the
         # live view on the right; on a phone: controls, live view, settings.
-        with gr.Row(equal_height=False, elem_id="dg-main"):
-            with gr.Column(min_width=0, elem_id="dg-controls"):
-                prompt = gr.Textbox(
-                    label="Prompt", info="Shift+Enter generates; Enter adds a line", lines=3, max_lines=8,
-                    max_length=MAX_PROMPT_CHARS, elem_id="dg-prompt",
-                    placeholder="Type a prompt, or pick an example", value=DEFAULT_PROMPT,
-                )
-                raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)", value=False,
-                                  elem_id="dg-raw")
-                with gr.Row(elem_id="dg-buttons"):
-                    generate = gr.Button("Generate", variant="primary", elem_id="dg-generate", scale=3)
-                    stop = gr.Button("Stop", variant="stop", elem_id="dg-stop", interactive=False, scale=1)
-                with gr.Row(elem_id="dg-preset-row", equal_height=True):
-                    preset_box = gr.Dropdown([*PRESET_NAMES, CUSTOM_PRESET], value="recommended", label="Preset",
-                                             elem_id="dg-preset", scale=3, min_width=140)
-                    seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random", elem_id="dg-seed",
-                                     scale=2, min_width=100)
-                    dice = gr.Button("\U0001f3b2", elem_id="dg-dice", scale=0, min_width=44)
-            with gr.Column(min_width=0, elem_id="dg-settings-col"):
-                with gr.Accordion("Denoising settings", open=True, elem_id="dg-settings"):
-                    max_new_tokens = gr.Slider(1, UI_MAX_NEW_TOKENS, value=rec.max_new_tokens, step=1,
-                                               label="Max new tokens", info="rounded up to whole canvases")
-                    steps = gr.Slider(1, UI_MAX_DENOISING_STEPS, value=rec.max_denoising_steps, step=1,
-                                      label="Max denoising steps", info="decoder forwards per canvas, at most")
-                    entropy_bound = gr.Slider(0.01, 5.0, value=rec.entropy_bound, step=0.01, label="Entropy bound",
-                                              info="nats: higher accepts more positions per step")
-                    with gr.Row():
-                        t_min = gr.Slider(0.0, 2.0, value=rec.t_min, step=0.01, label="t_min", min_width=120,
-                                          info="last step")
-                        t_max = gr.Slider(0.01, 2.0, value=rec.t_max, step=0.01, label="t_max", min_width=120,
-                                          info="first step")
-                    adaptive = gr.Checkbox(value=rec.adaptive_stopping, label="Adaptive stopping",
-                                           info="end a canvas early once it is stable and confident")
-                    with gr.Row():
-                        stability = gr.Slider(0, 16, value=rec.stability_threshold, step=1,
-                                              label="Stability threshold", info="steps unchanged", min_width=120)
-                        confidence = gr.Slider(0.001, 2.0, value=rec.confidence_threshold, step=0.001,
-                                               label="Confidence threshold", info="mean entropy, nats",
-                                               min_width=120)
-                examples = load_examples()
-                gr.Examples(examples, inputs=[prompt, raw], label="Examples: click one to fill the prompt",
-                            examples_per_page=len(examples),
-                            example_labels=[f"{p}  \u00b7  {'raw' if r else 'chat'}" for p, r in examples])
-            with gr.Column(min_width=0, elem_id="dg-output"):
-                meter = gr.HTML(meter_html(None), elem_id="dg-meter")
-                with gr.Column(min_width=0, elem_id="dg-canvas-wrap"):  # one card: legend, finished, live
-                    gr.HTML(legend_html(), elem_id="dg-legend")
-                    stack = gr.HTML("", elem_id="dg-stack")  # finished blocks: re-sent only when one finishes
-                    canvas = gr.HTML(EMPTY_CANVAS_HTML, elem_id="dg-canvas")  # the block being denoised
-                text = gr.Textbox(label="Generated text", lines=3, max_lines=12, interactive=False,
-                                  buttons=["copy"], elem_id="dg-text",
-                                  placeholder="The committed text appears here, block by block (special tokens "
-                                              "such as end-of-turn are not shown).")
-                block = gr.Slider(1, 2, value=1, step=1, label="Block to plot", visible=False,
-                                  elem_id="dg-block")
-                heatmap = gr.Plot(start.heatmap, show_label=False, elem_id="dg-heatmap")
-                with gr.Row(elem_id="dg-plot-row"):
-                    order = gr.Plot(start.order, show_label=False, elem_id="dg-order", min_width=280)
-                    entropy = gr.Plot(start.entropy, show_label=False, elem_id="dg-entropy", min_width=280)
-        with gr.Accordion("How it works", open=False, elem_id="dg-explainer"):
-            gr.Markdown(EXPLAINER_PATH.read_text(encoding="utf-8"))
+        with gr.Tabs(elem_id="dg-tabs"):
+            with gr.Tab("Playground", id="playground", elem_id="dg-tab-playground"):
+                with gr.Row(equal_height=False, elem_id="dg-main"):
+                    with gr.Column(min_width=0, elem_id="dg-controls"):
+                        prompt = gr.Textbox(
+                            label="Prompt", info="Shift+Enter generates; Enter adds a line", lines=3, max_lines=8,
+                            max_length=MAX_PROMPT_CHARS, elem_id="dg-prompt",
+                            placeholder="Type a prompt, or pick an example", value=DEFAULT_PROMPT,
+                        )
+                        raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)",
+                                          value=False, elem_id="dg-raw")
+                        with gr.Row(elem_id="dg-buttons"):
+                            generate = gr.Button("Generate", variant="primary", elem_id="dg-generate", scale=3)
+                            stop = gr.Button("Stop", variant="stop", elem_id="dg-stop", interactive=False, scale=1)
+                        with gr.Row(elem_id="dg-preset-row", equal_height=True):
+                            preset_box = gr.Dropdown([*PRESET_NAMES, CUSTOM_PRESET], value="recommended",
+                                                     label="Preset", elem_id="dg-preset", scale=3, min_width=140)
+                            seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random", elem_id="dg-seed",
+                                             scale=2, min_width=100)
+                            dice = gr.Button("\U0001f3b2", elem_id="dg-dice", scale=0, min_width=44)
+                    with gr.Column(min_width=0, elem_id="dg-settings-col"):
+                        with gr.Accordion("Denoising settings", open=True, elem_id="dg-settings"):
+                            max_new_tokens = gr.Slider(1, UI_MAX_NEW_TOKENS, value=rec.max_new_tokens, step=1,
+                                                       label="Max new tokens", info="rounded up to whole canvases")
+                            steps = gr.Slider(1, UI_MAX_DENOISING_STEPS, value=rec.max_denoising_steps, step=1,
+                                              label="Max denoising steps", info="decoder forwards per canvas, at most")
+                            entropy_bound = gr.Slider(0.01, 5.0, value=rec.entropy_bound, step=0.01,
+                                                      label="Entropy bound",
+                                                      info="nats: higher accepts more positions per step")
+                            with gr.Row():
+                                t_min = gr.Slider(0.0, 2.0, value=rec.t_min, step=0.01, label="t_min", min_width=120,
+                                                  info="last step")
+                                t_max = gr.Slider(0.01, 2.0, value=rec.t_max, step=0.01, label="t_max", min_width=120,
+                                                  info="first step")
+                            adaptive = gr.Checkbox(value=rec.adaptive_stopping, label="Adaptive stopping",
+                                                   info="end a canvas early once it is stable and confident")
+                            with gr.Row():
+                                stability = gr.Slider(0, 16, value=rec.stability_threshold, step=1,
+                                                      label="Stability threshold", info="steps unchanged",
+                                                      min_width=120)
+                                confidence = gr.Slider(0.001, 2.0, value=rec.confidence_threshold, step=0.001,
+                                                       label="Confidence threshold", info="mean entropy, nats",
+                                                       min_width=120)
+                        examples = load_examples()
+                        gr.Examples(examples, inputs=[prompt, raw], label="Examples: click one to fill the prompt",
+                                    examples_per_page=len(examples),
+                                    example_labels=[f"{p}  \u00b7  {'raw' if r else 'chat'}" for p, r in examples])
+                    with gr.Column(min_width=0, elem_id="dg-output"):
+                        meter = gr.HTML(meter_html(None), elem_id="dg-meter")
+                        with gr.Column(min_width=0, elem_id="dg-canvas-wrap"):  # one card: legend, finished, live
+                            gr.HTML(legend_html(), elem_id="dg-legend")
+                            stack = gr.HTML("", elem_id="dg-stack")  # finished blocks: re-sent only when one finishes
+                            canvas = gr.HTML(EMPTY_CANVAS_HTML, elem_id="dg-canvas")  # the block being denoised
+                        text = gr.Textbox(label="Generated text", lines=3, max_lines=12, interactive=False,
+                                          buttons=["copy"], elem_id="dg-text",
+                                          placeholder="The committed text appears here, block by block (special tokens "
+                                                      "such as end-of-turn are not shown).")
+                        block = gr.Slider(1, 2, value=1, step=1, label="Block to plot", visible=False,
+                                          elem_id="dg-block")
+                        heatmap = gr.Plot(start.heatmap, show_label=False, elem_id="dg-heatmap")
+                        with gr.Row(elem_id="dg-plot-row"):
+                            order = gr.Plot(start.order, show_label=False, elem_id="dg-order", min_width=280)
+                            entropy = gr.Plot(start.entropy, show_label=False, elem_id="dg-entropy", min_width=280)
+                with gr.Accordion("How it works", open=False, elem_id="dg-explainer"):
+                    gr.Markdown(EXPLAINER_PATH.read_text(encoding="utf-8"))
+            with gr.Tab("Race: diffusion vs autoregressive", id="race", elem_id="dg-tab-race"):
+                build_race_tab(race_tab)
 
         settings_inputs = [max_new_tokens, steps, entropy_bound, t_min, t_max, stability, confidence, adaptive]
         run_inputs = [prompt, raw, *settings_inputs[:7], adaptive, seed]
@@ -201,7 +212,9 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                 confidence_threshold, adaptive_stopping, seed, request=request)
 
         gr.api(generate_api, api_name="generate", concurrency_id="engine")
+        register_race_api(race_tab)
 
     app.queue(default_concurrency_limit=CONCURRENCY["cuda" if engine.device.type == "cuda" else "cpu"])
     app.playground = playground
+    app.race = race_tab
     return app
