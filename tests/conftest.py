@@ -39,6 +39,24 @@ def engine():
 
 
 @pytest.fixture(scope="session")
+def standin_path():
+    """The stand-in for google/diffusiongemma-26B-A4B-it (`standin.ensure_standin`): built once into data/standin
+    (about a minute), then reused across sessions while its generator's inputs are unchanged."""
+    from standin import ensure_standin
+
+    return ensure_standin()
+
+
+@pytest.fixture(scope="session")
+def standin_engine(standin_path):
+    """A `DiffusionEngine` on the stand-in, on CPU (float32), loaded once. Each decoder forward at its 262,144-token
+    vocabulary costs seconds here: use 1-3 denoising steps."""
+    from engine import DiffusionEngine, load_model
+
+    return DiffusionEngine(load_model(standin_path, device="cpu"))
+
+
+@pytest.fixture(scope="session")
 def served_app(engine):
     """The playground launched in-process: yields (app, url). Closed at the end of the session."""
     from diffgemma_ui import build_app
