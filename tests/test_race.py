@@ -281,3 +281,148 @@ def test_cli_race_refuses_bad_input_before_loading(capsys):
     assert "prompt is empty" in capsys.readouterr().err
     assert main(["race", "--prompt", "x", "--ar-temperature", "-2"]) == 2
     assert "ar_temperature" in capsys.readouterr().err
+
+
+# -- the /race API -------------------------------------------------------------------------------------------------
+# prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
+# confidence_threshold, adaptive_stopping, seed (the /generate inputs), then ar_temperature and order
+RACE_ARGS = ("In the beginning", True, 64, 3, 0.5, 0.4, 0.8, 1, 0.05, True, 4, 0.0, "diffusion first")
+
+
+@pytest.fixture(scope="module")
+def client(served_app):
+    from gradio_client import Client
+
+    return Client(served_app[1], verbose=False)
+
+
+@pytest.mark.slow
+def test_race_api_returns_both_texts_and_consistent_summaries(client, engine):
+    api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/race"]
+    assert [p["parameter_name"] for p in api["parameters"]][-2:] == ["ar_temperature", "order"]
+    diffusion_text, ar_text, summary = client.predict(*RACE_ARGS, api_name="/race")
+    assert summary["order"] == ["diffusion", "autoregressive"] and summary["seed"] == 4 and summary["budget"] == 64
+    for name, text in (("diffusion", diffusion_text), ("autoregressive", ar_text)):
+        side = summary[name]
+        assert side["text"] == text and side["tokens"] > 0 and side["forwards"] > 0
+        assert side["tokens"] == sum(1 for t in side["token_ids"] if t != engine.model.generation_config.pad_token_id)
+        assert side["tokens_per_second"] == pytest.approx(side["tokens"] / side["seconds"])
+        assert side["tokens_per_forward"] == pytest.approx(side["tokens"] / side["forwards"])
+        assert side["seconds_per_forward"] == pytest.approx(side["seconds"] / side["forwards"])
+        assert 0 < side["time_to_first_token_s"] <= side["seconds"]
+    assert summary["diffusion"]["forwards"] <= 3 and summary["autoregressive"]["tokens_per_forward"] == 1.0
+    assert summary["speedup"] == pytest.approx(summary["diffusion"]["tokens_per_second"]
+                                               / summary["autoregressive"]["tokens_per_second"])
+    # the diffusion side is the /generate run of the same inputs
+    _, generated = client.predict(*RACE_ARGS[:11], api_name="/generate")
+    assert generated["token_ids"] == summary["diffusion"]["token_ids"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index,value", [(0, ""), (2, 0), (3, 10_000), (4, "many"), (5, 0.9), (10, 1.5),
+                                         (9, "maybe")])
+def test_race_api_refuses_bad_inputs_as_generate_does(client, index, value):
+    from gradio_client.exceptions import AppError
+
+    args = list(RACE_ARGS)
+    args[index] = value
+    with pytest.raises(AppError) as generate_error:
+        client.predict(*args[:11], api_name="/generate")
+    with pytest.raises(AppError) as race_error:
+        client.predict(*args, api_name="/race")
+    assert str(race_error.value) == str(generate_error.value) and str(race_error.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index,value,message", [(11, -1, "ar_temperature"), (11, "hot", "ar_temperature"),
+                                                 (12, "sideways", "order must be one of")])
+def test_race_api_refuses_bad_race_inputs(client, index, value, message):
+    from gradio_client.exceptions import AppError
+
+    args = list(RACE_ARGS)
+    args[index] = value
+    with pytest.raises(AppError, match=message):
+        client.predict(*args, api_name="/race")
+
+
+# -- the page ------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_browser_race_fills_both_panels_and_shows_the_speedup(browser, served_app, tmp_path):
+    from pages import open_page, set_number
+
+    page, problems = open_page(browser, served_app[1])
+    page.get_by_role("tab", name="Race: diffusion vs autoregressive").click()
+    page.fill("#dg-race-prompt textarea", "In the beginning")
+    page.check("#dg-race-raw input[type=checkbox]")
+    set_number(page, "Token budget", 64)
+    page.locator("#dg-race-preset input").fill("fast")
+    page.locator("#dg-race-preset input").press("Enter")
+    page.click("#dg-race-start")
+    page.wait_for_selector(".dg-race-result[data-state='done']", timeout=120_000)
+    for side in ("diffusion", "autoregressive"):
+        panel = page.locator(f".dg-race-panel[data-side='{side}']")
+        assert int(panel.get_attribute("data-tokens")) > 0
+        assert panel.locator(".dg-race-answer").inner_text().strip()
+    assert float(page.locator(".dg-race-result").get_attribute("data-speedup")) > 0
+    assert "the autoregressive speed" in page.locator(".dg-race-speedup").inner_text()
+    assert "never at once" in page.locator(".dg-race-rules").inner_text()
+    assert page.locator(".dg-race-costs tr").count() == 3
+    page.screenshot(path=str(tmp_path / "race.png"), full_page=True)
+    assert not problems, problems
+    page.close()
+
+
+# -- a separate autoregressive checkpoint ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def causal_lm(engine, tmp_path_factory):
+    """A tiny random Gemma 3 causal LM with the embedded model's tokenizer, saved as a checkpoint folder."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    folder = tmp_path_factory.mktemp("ar-model")
+    config = Gemma3TextConfig(vocab_size=len(engine.tokenizer), hidden_size=32, intermediate_size=64,
+                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                              max_position_embeddings=512, sliding_window=64, eos_token_id=[1, 4], pad_token_id=0,
+                              bos_token_id=2)
+    torch.manual_seed(0)
+    Gemma3ForCausalLM(config).save_pretrained(folder)
+    engine.tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_a_separate_causal_lm_races_against_the_diffusion_model(engine, small, causal_lm):
+    from engine.race_memory import race_runner
+
+    runner = race_runner(engine, str(causal_lm))
+    assert not runner.ar.shared_weights and runner.ar.eos_token_ids == {1, 4}
+    result = runner.run("In the beginning", small, raw=True, seed=0, order="autoregressive first")
+    assert result.autoregressive.model == str(causal_lm) and result.autoregressive.tokens > 0
+    # greedy: the tokens of the checkpoint's own generate()
+    input_ids = runner.ar.encode_prompt("In the beginning", raw=True)
+    expected = runner.ar.model.generate(input_ids, max_new_tokens=result.budget, do_sample=False)[0, input_ids.shape[1]:]
+    assert result.autoregressive.token_ids == expected.tolist()[: len(result.autoregressive.token_ids)]
+
+
+def test_an_ar_model_that_does_not_fit_is_refused_with_both_needs(engine, causal_lm):
+    from engine.loading import ModelLoadError
+    from engine.race_memory import causal_lm_bytes, check_fit
+
+    needed = causal_lm_bytes(str(causal_lm), torch.float32)
+    assert needed > 0
+    with pytest.raises(ModelLoadError) as info:
+        check_fit(engine, str(causal_lm), torch.float32, free=needed // 2)
+    message = str(info.value)
+    assert "\n" not in message and "needs about" in message and "diffusion model's" in message
+    assert "free" in message and "without --ar-model" in message
+    assert check_fit(engine, str(causal_lm), torch.float32, free=10 * needed) == needed
+
+
+@pytest.mark.slow
+def test_app_refuses_an_ar_model_that_does_not_fit_at_start(causal_lm, monkeypatch, capsys):
+    import app
+    import engine.race_memory
+
+    monkeypatch.setattr(engine.race_memory, "free_bytes", lambda device: 1000)
+    assert app.main(["--device", "cpu", "--ar-model", str(causal_lm), "--port", "7999"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "needs about" in lines[0] and "GiB free" in lines[0]
