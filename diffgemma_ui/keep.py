@@ -1,0 +1,222 @@
+"""Keeping runs: the trace and offline-replay downloads after a run, replaying an uploaded trace without the model,
+and the `/export` API (run, return the trace).
+
+`KeepHandlers` holds the event handlers; `keep_blocks` lays out their components and wires them. A replayed trace
+is drawn with the same pure view builders as a live run (`canvas_view`, `meter`, `plots`), from the trace's frames
+and token strings only: the loaded model's tokenizer is never asked about a trace's ids (it may be another model's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import gradio as gr
+
+from engine.trace import MAX_TRACE_BYTES, Trace, TraceError, load_trace, trace_of_run
+
+from . import plots
+from .canvas_view import live_html, stack_html
+from .handlers import API_POLL_S, StreamOutputs, status_text
+from .meter import meter_html
+from .record import RunSnapshot
+from .replay_html import write_replay
+from .session import SessionState
+from .text import plain_text
+
+# A trace keeps every frame: ~40 bytes per canvas position per decoder forward (ids, flags, two rounded floats).
+MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40
+PLAY_INTERVAL_S = 0.25
+
+
+def check_traceable(settings, canvas_length: int) -> None:
+    """Raise `ValueError` when a run of `settings` could need a trace over the load limit (`MAX_TRACE_BYTES`):
+    at most `MAX_TRACE_CELLS` canvas positions x decoder forwards."""
+    canvases = -(-settings.max_new_tokens // canvas_length)
+    cells = canvases * canvas_length * settings.max_denoising_steps
+    if cells > MAX_TRACE_CELLS:
+        raise ValueError(
+            f"a trace keeps every decoder forward: {canvases} canvas(es) of {canvas_length} positions x "
+            f"{settings.max_denoising_steps} steps could exceed the {MAX_TRACE_BYTES // 2**20} MB trace limit; "
+            "lower max_new_tokens or max_denoising_steps")
+
+
+def snapshot_upto(trace: Trace, count: int) -> RunSnapshot:
+    """A finished `RunSnapshot` of the first `count` frames of `trace` (at least 1, at most all)."""
+    count = max(1, min(int(count), len(trace.frames)))
+    blocks: list[list] = []
+    for frame in trace.frames[:count]:
+        if not blocks or blocks[-1][-1].block_index != frame.block_index:
+            blocks.append([])
+        blocks[-1].append(frame)
+    return RunSnapshot(frames_seen=count, latest=trace.frames[count - 1],
+                       blocks=tuple(tuple(b) for b in blocks), finished=True)
+
+
+def committed_text(trace: Trace, count: int) -> str:
+    """The text of the first `count` frames: the run's decoded text once its last frame is reached, before that
+    the committed tokens' display strings joined (special tokens included)."""
+    if count >= len(trace.frames):
+        return plain_text(trace.text)
+    ids = trace.frames[max(0, count - 1)].committed_ids
+    return plain_text("".join(trace.tokens.get(i, "") for i in ids))
+
+
+def render_trace(trace: Trace, count: int) -> StreamOutputs:
+    """The playground's view of `trace` after its first `count` frames (what the live view showed then), buttons
+    untouched; the block slider points at the newest block."""
+    snap = snapshot_upto(trace, count)
+    latest = snap.latest
+    finished = snap.finished_blocks()
+    live = latest if not latest.block_done else None
+    prompt = " ".join(trace.prompt.split())
+    prompt = prompt if len(prompt) <= 60 else prompt[:59] + "\u2026"
+    status = (f"Replay of a trace ({trace.model.name}, seed {trace.seed}, prompt \u201c{prompt}\u201d) \u00b7 "
+              f"forward {snap.frames_seen}/{len(trace.frames)}")
+    if snap.frames_seen == len(trace.frames):
+        status = f"{status} \u00b7 {status_text(latest)}"
+    frames = snap.block_frames()
+    blocks = snap.block_count
+    return StreamOutputs(
+        stack=stack_html(finished), canvas=live_html(live, newest=latest, status=status),
+        meter=meter_html(latest), text=committed_text(trace, count),
+        heatmap=plots.confidence_heatmap(frames, animate=True, hover=True),
+        order=plots.unmasking_order(frames[-1]), entropy=plots.entropy_and_acceptance(frames),
+        block=gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1),
+        generate_button=gr.skip(), stop_button=gr.skip(),
+    )
+
+
+class KeepHandlers:
+    """Event handlers for keeping and replaying runs, bound to a `handlers.Playground`.
+
+    Session state used: `session.request` (the `RunRequest` of the session's last run, set by the Generate handler),
+    `session.snapshot`, `session.trace` (the trace being replayed) and `session.keep_dir` (this session's download
+    folder: replaced at each export, so old files do not pile up).
+    """
+
+    def __init__(self, playground):
+        self.playground = playground
+        self.engine = playground.engine
+
+    # -- downloads after a run -----------------------------------------------------------------------------------
+    def export_files(self, session: SessionState) -> tuple:
+        """After a run: write its trace and offline replay; returns the two download buttons' updates (emptied when
+        there is nothing to keep: no frame, a failed run, or a run too long for a trace), then the replay slider's
+        (hidden: the view now shows the run, not a replay)."""
+        hidden = (gr.update(value=None, interactive=False), gr.update(value=None, interactive=False),
+                  gr.update(visible=False))
+        snap = getattr(session, "snapshot", None)
+        request = getattr(session, "request", None)
+        if snap is None or request is None or snap.latest is None or snap.error is not None or not snap.finished:
+            return hidden
+        if snap.latest.max_denoising_steps != request.settings.max_denoising_steps:
+            return hidden  # not this request's run (a newer one replaced it meanwhile)
+        try:
+            check_traceable(request.settings, self.engine.canvas_length)
+            frames = [frame for block in snap.blocks for frame in block]
+            trace = trace_of_run(self.engine, frames, prompt=request.prompt, settings=request.settings,
+                                 raw=request.raw)
+        except (TraceError, ValueError) as error:
+            gr.Warning(f"This run cannot be kept: {error}")
+            return hidden
+        return (*self._files(session, trace), gr.update(visible=False))
+
+    def _files(self, session: SessionState, trace: Trace) -> tuple:
+        old = getattr(session, "keep_dir", None)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+        folder = Path(tempfile.mkdtemp(prefix="diffgemma-keep-"))
+        session.keep_dir = str(folder)
+        name = f"diffgemma-seed{trace.seed}"
+        trace_path = trace.save(folder / f"{name}.trace.json")
+        html_path = write_replay(trace, folder / f"{name}.replay.html")
+        return (gr.update(value=str(trace_path), interactive=True), gr.update(value=str(html_path), interactive=True))
+
+    # -- replaying an uploaded trace -----------------------------------------------------------------------------
+    def load_upload(self, session: SessionState, path) -> tuple:
+        """The trace upload: check the file, show the whole run, and set up the replay slider.
+
+        Returns the stream outputs (see `StreamOutputs.as_tuple`), then the replay slider's and the two download
+        buttons' updates (a loaded trace can be downloaded again, as JSON and as an offline page).
+
+        Raises:
+            gr.Error: a run is in progress, or the trace is refused (`engine.trace.load_trace`'s message).
+        """
+        if path is None:
+            return (*(gr.skip() for _ in range(10)), gr.skip(), gr.skip(), gr.skip())
+        if session is None:
+            session = SessionState()
+        if session.worker is not None and session.worker.running:
+            raise gr.Error("A run is in progress: stop it before replaying a trace.", print_exception=False)
+        try:
+            trace = load_trace(Path(path))
+        except TraceError as error:
+            raise gr.Error(f"This trace cannot be replayed: {error}", print_exception=False) from None
+        session.trace, session.request = trace, None
+        session.finished_html, session.stacked_blocks = [], -1  # the live view's caches belong to the last run
+        count = len(trace.frames)
+        session.snapshot = snapshot_upto(trace, count)
+        slider = gr.update(minimum=1, maximum=max(2, count), value=count, visible=True, interactive=count > 1)
+        return (*render_trace(trace, count).as_tuple(), slider, *self._files(session, trace))
+
+    def replay_step(self, session: SessionState, count) -> tuple:
+        """The replay slider: the view after `count` decoder forwards of the trace being replayed."""
+        trace = getattr(session, "trace", None)
+        if trace is None:
+            return tuple(gr.skip() for _ in range(10))
+        try:
+            count = int(count)
+        except (TypeError, ValueError):
+            count = len(trace.frames)
+        session.snapshot = snapshot_upto(trace, count)
+        return render_trace(trace, count).as_tuple()
+
+    def replay_play(self, session: SessionState, count) -> Iterator[tuple]:
+        """The replay's play button: step from `count` (from the start when at the end) to the last forward, one
+        render every `PLAY_INTERVAL_S` seconds; yields the stream outputs then the slider's value."""
+        trace = getattr(session, "trace", None)
+        if trace is None:
+            raise gr.Error("Upload a trace first: there is nothing to replay.", print_exception=False)
+        start = 1 if int(count or 1) >= len(trace.frames) else int(count)
+        for k in range(start, len(trace.frames) + 1):
+            session.snapshot = snapshot_upto(trace, k)
+            yield (*render_trace(trace, k).as_tuple(), k)
+            time.sleep(PLAY_INTERVAL_S)
+
+    # -- /export -------------------------------------------------------------------------------------------------
+    async def export_served(self, *inputs, request: gr.Request = None) -> dict:
+        """`/export`: validate the eleven `/generate` inputs (API limits), run to the end, return the trace as a
+        dict (`docs/trace.md`). A cancelled or disconnected job stops its run, as for `/generate`.
+
+        Raises:
+            gr.Error: invalid input, a run too long to keep as a trace, or an engine failure.
+        """
+        def start():
+            run = self.playground.checked_request(*inputs, ui_limits=False)
+            try:
+                check_traceable(run.settings, self.engine.canvas_length)
+            except ValueError as error:
+                raise gr.Error(str(error), print_exception=False) from None
+            return run, self.playground.start_run(run, keep_history=True)
+
+        run, worker = await asyncio.to_thread(start)
+        key = f"{getattr(request, 'session_hash', None) or 'anon'}:export:{id(worker)}"
+        self.playground.registry.register(key, worker)
+        try:
+            snap = worker.snapshot()
+            while not snap.finished:
+                await asyncio.sleep(API_POLL_S)
+                snap = worker.snapshot()
+        finally:
+            worker.stop()
+            self.playground.registry.unregister(key, worker)
+        self.playground._api_result(snap)  # raises gr.Error for a failed run
+        frames = [frame for block in snap.blocks for frame in block]
+        trace = await asyncio.to_thread(trace_of_run, self.engine, frames, prompt=run.prompt, settings=run.settings,
+                                        raw=run.raw)
+        return trace.to_dict()

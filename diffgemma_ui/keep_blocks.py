@@ -1,0 +1,91 @@
+"""Layout and wiring of the "Keep or replay a run" controls (handlers: `keep.KeepHandlers`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from engine.trace import MAX_TRACE_BYTES
+
+from .keep import KeepHandlers
+
+KEEP_HELP = (
+    "After each run: its **trace** (JSON: settings, seed, prompt, every decoder forward; see `docs/trace.md`) and an "
+    "**offline replay** (one HTML file that plays the run with no model and no network). Upload a trace to replay "
+    "it here without running the model."
+)
+
+
+@dataclass
+class KeepControls:
+    """The components `build_keep_controls` creates."""
+
+    trace_button: gr.DownloadButton
+    html_button: gr.DownloadButton
+    upload: gr.File
+    replay_slider: gr.Slider
+    play: gr.Button
+
+
+def build_keep_controls() -> KeepControls:
+    """Create the controls in the current Blocks context (an accordion, closed)."""
+    with gr.Accordion("Keep or replay a run", open=False, elem_id="dg-keep"):
+        gr.Markdown(KEEP_HELP)
+        with gr.Row():
+            trace_button = gr.DownloadButton("Download trace (JSON)", interactive=False, elem_id="dg-download-trace")
+            html_button = gr.DownloadButton("Download offline replay (HTML)", interactive=False,
+                                            elem_id="dg-download-html")
+        upload = gr.File(label=f"Replay a trace (.json, up to {MAX_TRACE_BYTES // 2**20} MB)", file_types=[".json"],
+                         type="filepath", file_count="single", elem_id="dg-upload-trace", height=110)
+        with gr.Row(equal_height=True):
+            replay_slider = gr.Slider(1, 2, value=1, step=1, label="Replay: decoder forward", visible=False,
+                                      elem_id="dg-replay-step", scale=4)
+            play = gr.Button("\u25b6 Play the replay", elem_id="dg-replay-play", scale=1, min_width=120)
+    return KeepControls(trace_button, html_button, upload, replay_slider, play)
+
+
+def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_outputs: list, run_events) -> None:
+    """Wire the controls: downloads after each run event in `run_events` (Gradio dependencies of the Generate run),
+    the upload, the replay slider and its play button. `stream_outputs` are the live view's components, in
+    `StreamOutputs.as_tuple` order."""
+    private = dict(api_visibility="private", show_progress="hidden")
+    for event in run_events:
+        event.then(keep.export_files, inputs=[session],
+                   outputs=[controls.trace_button, controls.html_button, controls.replay_slider],
+                   concurrency_limit=2, **private)
+    controls.upload.upload(keep.load_upload, inputs=[session, controls.upload],
+                           outputs=[*stream_outputs, controls.replay_slider, controls.trace_button,
+                                    controls.html_button],
+                           concurrency_limit=2, api_visibility="private", show_progress="minimal")
+    controls.replay_slider.input(keep.replay_step, inputs=[session, controls.replay_slider], outputs=stream_outputs,
+                                 concurrency_limit=None, trigger_mode="always_last", **private)
+    controls.play.click(keep.replay_play, inputs=[session, controls.replay_slider],
+                        outputs=[*stream_outputs, controls.replay_slider], concurrency_limit=None,
+                        trigger_mode="once", **private)
+
+
+def register_export_api(keep: KeepHandlers, rec) -> None:
+    """`/export`: the `/generate` inputs, returns the run's trace (a dict in the schema of `docs/trace.md`).
+    `rec`: the engine's recommended settings (the defaults)."""
+
+    async def export_api(
+        prompt: str,
+        raw: bool = False,
+        max_new_tokens: int = rec.max_new_tokens,
+        max_denoising_steps: int = rec.max_denoising_steps,
+        entropy_bound: float = rec.entropy_bound,
+        t_min: float = rec.t_min,
+        t_max: float = rec.t_max,
+        stability_threshold: int = rec.stability_threshold,
+        confidence_threshold: float = rec.confidence_threshold,
+        adaptive_stopping: bool = rec.adaptive_stopping,
+        seed: int = -1,
+        request: gr.Request = None,
+    ) -> dict:
+        """Generate text for a prompt and return the run's trace (docs/trace.md). seed -1 draws a random seed."""
+        return await keep.export_served(
+            prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
+            confidence_threshold, adaptive_stopping, seed, request=request)
+
+    gr.api(export_api, api_name="export", concurrency_id="engine")
