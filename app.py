@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default=_env("DIFFGEMMA_DTYPE", "auto"), choices=DTYPES,
                         help="weight dtype (default: auto = bf16 on CUDA, fp32 elsewhere; env DIFFGEMMA_DTYPE)")
     parser.add_argument("--quantization", default=_env("DIFFGEMMA_QUANTIZATION", "none"), choices=QUANTIZATIONS,
-                        help="bitsandbytes quantization, CUDA only (default: none; env DIFFGEMMA_QUANTIZATION)")
+                        help="quantize the weights, experts included: 4bit (NF4) or 8bit, bitsandbytes, on CUDA or CPU "
+                             "(default: none; env DIFFGEMMA_QUANTIZATION)")
     parser.add_argument("--ar-model", default=_env("DIFFGEMMA_AR_MODEL", "") or None,
                         help="separate causal LM for the Race tab's autoregressive side (default: the diffusion "
                              "model's own causal encoder; env DIFFGEMMA_AR_MODEL); refused when it does not fit")

@@ -7,6 +7,7 @@ from pathlib import Path
 import gradio as gr
 
 from engine import PRESET_NAMES, DiffusionEngine
+from engine.memory import memory_report
 from engine.race import RaceRunner
 
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
@@ -56,8 +57,14 @@ def load_examples(path: Path = EXAMPLES_PATH) -> list[list]:
     return [[str(e["prompt"]), bool(e.get("raw", False))] for e in data["examples"]]
 
 
+def weights_gb(model) -> float:
+    """Device memory the loaded weights take, in GB (10^9 bytes): every parameter and buffer as stored, quantized
+    ones by their packed bytes (`engine.memory.memory_report`)."""
+    return memory_report(model)["total_bytes"] / 1e9
+
+
 def header_html(engine: DiffusionEngine) -> str:
-    """The page header: title, one-line description, model name and device (escaped)."""
+    """The page header: title, one-line description, model name, device, canvas and weights' memory (escaped)."""
     model = escape_html(Path(str(engine.source)).name or str(engine.source))
     device = escape_html(str(engine.device))
     return (
@@ -65,7 +72,9 @@ def header_html(engine: DiffusionEngine) -> str:
         "<p>Watch a block-diffusion language model turn random tokens into text, one canvas at a time.</p></div>"
         f'<div class="dg-badges"><span class="dg-badge">model: {model}</span>'
         f'<span class="dg-badge">device: {device}</span>'
-        f'<span class="dg-badge">canvas: {int(engine.canvas_length)} tokens</span></div></div>'
+        f'<span class="dg-badge">canvas: {int(engine.canvas_length)} tokens</span>'
+        f'<span class="dg-badge" title="memory the weights take on the device, as stored (quantized or not)">'
+        f'weights: {weights_gb(engine.model):.2f} GB</span></div></div>'
     )
 
 

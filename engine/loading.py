@@ -11,11 +11,12 @@ from pathlib import Path
 
 import torch
 
+from .quantization import QUANTIZATIONS  # re-exported for the CLI and app.py
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO_ROOT / "assets" / "models" / "diffgemma-tiny"
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "4bit", "8bit")
 
 
 class ModelLoadError(RuntimeError):
@@ -89,6 +90,49 @@ def set_serving_threads(device: torch.device, threads: int | None = None) -> int
     return torch.get_num_threads()
 
 
+def check_quantization(quantization: str, device: torch.device) -> None:
+    """Refuse, with one line, a quantization the device cannot run: bitsandbytes' 4-bit and 8-bit kernels used
+    here exist for CUDA and the CPU, not for Apple's MPS."""
+    if quantization != "none" and device.type not in ("cuda", "cpu"):
+        raise ModelLoadError(f"{quantization} quantization runs on CUDA or the CPU (bitsandbytes), not on {device.type}: "
+                             "use --device cuda, --device cpu or --quantization none")
+
+
+def model_location(model: str | Path) -> tuple[str, dict]:
+    """(where to load from, common `from_pretrained` options) for a local folder or a hub id.
+
+    Raises:
+        ModelLoadError: a path that does not exist and is not a hub id like 'org/name'.
+    """
+    source = str(model)
+    local = Path(source).expanduser()
+    is_local = local.exists()
+    if not is_local and (source.startswith((".", "/", "~")) or source.count("/") != 1):
+        raise ModelLoadError(f"model folder {source!r} does not exist (and it is not a hub id like 'org/name')")
+    return (str(local) if is_local else source), {"trust_remote_code": False, "local_files_only": is_local}
+
+
+def read_config(model: str | Path):
+    """The `DiffusionGemmaConfig` of `model` (a folder that may hold only config.json, or a hub id).
+
+    Raises:
+        ModelLoadError: no readable config, or not a DiffusionGemma one.
+    """
+    from transformers import AutoConfig  # noqa: PLC0415
+
+    where, common = model_location(model)
+    try:
+        config = AutoConfig.from_pretrained(where, **common)
+    except Exception as error:  # noqa: BLE001 - every failure becomes one clear message
+        raise ModelLoadError(f"cannot read a model config from {str(model)!r}: {error}") from error
+    if getattr(config, "model_type", None) != "diffusion_gemma":
+        raise ModelLoadError(
+            f"{str(model)!r} is a {getattr(config, 'model_type', 'unknown')!r} model; this playground runs "
+            "DiffusionGemma checkpoints (model_type 'diffusion_gemma')"
+        )
+    return config
+
+
 def load_model(
     model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto", quantization: str = "none"
 ) -> LoadedModel:
@@ -98,51 +142,30 @@ def load_model(
         model: a local folder, or a hub id such as `google/diffusiongemma-26B-A4B-it` (needs network or cache).
         device: `auto|cpu|cuda|mps`; on CUDA weights are placed by accelerate (`device_map="auto"`).
         dtype: `auto|float32|bfloat16|float16` (`auto`: bf16 on CUDA, fp32 elsewhere).
-        quantization: `none|4bit|8bit`, through bitsandbytes' `BitsAndBytesConfig`; CUDA only.
+        quantization: `none|4bit|8bit` (engine/quantization.py: experts and tied linears too), on CUDA or CPU;
+            quantized while moving to the device, one tensor at a time.
 
     Raises:
         ModelLoadError: missing folder, not a DiffusionGemma checkpoint, unreadable or corrupt weights, bad
-            device/dtype/quantization, quantization off CUDA or without bitsandbytes.
+            device/dtype/quantization, quantization on MPS or without bitsandbytes.
     """
-    from transformers import AutoConfig, AutoTokenizer, DiffusionGemmaForBlockDiffusion
+    from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    check_quantization(quantization, torch_device)
     source = str(model)
-    local = Path(source).expanduser()
-    is_local = local.exists()
-    if not is_local and (source.startswith((".", "/", "~")) or source.count("/") != 1):
-        raise ModelLoadError(f"model folder {source!r} does not exist (and it is not a hub id like 'org/name')")
-    where = str(local) if is_local else source
-    common = {"trust_remote_code": False, "local_files_only": is_local}
-
-    try:
-        config = AutoConfig.from_pretrained(where, **common)
-    except Exception as error:  # noqa: BLE001 - every failure becomes one clear message
-        raise ModelLoadError(f"cannot read a model config from {source!r}: {error}") from error
-    if getattr(config, "model_type", None) != "diffusion_gemma":
-        raise ModelLoadError(
-            f"{source!r} is a {getattr(config, 'model_type', 'unknown')!r} model; this playground runs DiffusionGemma "
-            "checkpoints (model_type 'diffusion_gemma')"
-        )
+    where, common = model_location(model)
+    read_config(model)
 
     kwargs = {"dtype": torch_dtype, **common}
     if quantization != "none":
-        if torch_device.type != "cuda":
-            raise ModelLoadError(f"{quantization} quantization needs a CUDA GPU (bitsandbytes); device is {torch_device}")
-        try:
-            from transformers import BitsAndBytesConfig
-            import bitsandbytes  # noqa: F401
-        except ImportError as error:
-            raise ModelLoadError("quantization needs bitsandbytes: pip install bitsandbytes") from error
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=quantization == "4bit",
-            load_in_8bit=quantization == "8bit",
-            bnb_4bit_compute_dtype=torch_dtype,
-        )
-    if torch_device.type == "cuda":
+        # Loaded onto the CPU first (a checkpoint already in `dtype` is memory-mapped, not copied), then quantized
+        # onto the device one tensor at a time (engine/quantization.py): the GPU never holds the bf16 model
+        kwargs["device_map"] = "cpu"
+    elif torch_device.type == "cuda":
         kwargs["device_map"] = "auto"
 
     try:
@@ -158,9 +181,13 @@ def load_model(
             f"the tokenizer in {source!r} has {len(tokenizer):,} tokens for a model of {vocab_size:,}: its tokenizer "
             "files (tokenizer.json) are missing or wrong"
         )
-    if torch_device.type != "cuda":
+    if quantization != "none":
+        from .quantization import quantize_model  # noqa: PLC0415
+
+        network = quantize_model(network, quantization, torch_device)
+    elif torch_device.type != "cuda":
         network = network.to(torch_device)
-    else:
+    if torch_device.type == "cuda":
         torch.cuda.init()
     network.eval()
     return LoadedModel(model=network, tokenizer=tokenizer, source=source, device=torch_device, dtype=torch_dtype)

@@ -329,6 +329,7 @@ def test_meter_and_header_are_inert():
         source = "/models/" + HOSTILE[1]
         device = HOSTILE[0]
         canvas_length = 64
+        model = __import__("torch").nn.Linear(4, 4)  # the header shows its weights' memory
 
     assert_inert_html(header_html(HostileEngine()), shows=[HOSTILE[0]])
 

@@ -1,0 +1,165 @@
+"""Quantization (engine/quantization.py) and the memory report (engine/memory.py), on the CPU.
+
+Each choice loads the embedded model and a scaled stand-in of the real 26B config (its structure: 5 sliding : 1
+full attention layers with their own head sizes, tied encoder/decoder, a vision tower; widths cut down), and the
+expert tensors must end up stored as packed bytes, shared by encoder and decoder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.nn.utils import parametrize
+
+from engine import DEFAULT_MODEL, DiffusionEngine, ModelLoadError, load_model
+from engine.cli import main as cli_main
+from engine.loading import REPO_ROOT, check_quantization
+from engine.memory import GROUPS, memory_report, meta_model
+from engine.quantization import QUANTIZATIONS, is_experts, quantized_nbytes
+
+REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
+CHOICES = [q for q in QUANTIZATIONS if q != "none"]
+STORED_BYTES_PER_WEIGHT = {"4bit": 0.5, "8bit": 1.0}  # packed codes, scales aside
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    """The real config scaled down (hidden 64, 16 experts of 32, one sliding and one full layer, vocabulary of the
+    embedded tokenizer), random bf16 weights, saved with the embedded model's tokenizer files."""
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    folder = tmp_path_factory.mktemp("standin")
+    real = json.loads((REAL_CONFIG / "config.json").read_text())
+    text = dict(real["text_config"], hidden_size=64, intermediate_size=48, num_attention_heads=2,
+                num_key_value_heads=2, head_dim=16, moe_intermediate_size=32, num_experts=16, top_k_experts=4,
+                num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], vocab_size=4096,
+                per_layer_config={"1": {"head_dim": 32, "num_key_value_heads": 1}}, sliding_window=64)
+    vision = dict(real["vision_config"], hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=2, head_dim=16, position_embedding_size=64)
+    config = DiffusionGemmaConfig(**dict(real, text_config=text, vision_config=vision, canvas_length=32))
+    torch.manual_seed(0)
+    DiffusionGemmaForBlockDiffusion._from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(DEFAULT_MODEL / name, folder / name)
+    return folder
+
+
+def experts_modules(model):
+    return [m for m in model.modules() if is_experts(m)]
+
+
+def check_quantized(model, quantization: str) -> None:
+    """Every experts tensor and text-layer linear is stored packed (uint8, the bytes the scheme gives), and encoder
+    and decoder layers share the quantized module."""
+    experts = experts_modules(model)
+    assert experts
+    for module in experts:
+        for name in ("gate_up_proj", "down_proj"):
+            assert parametrize.is_parametrized(module, name), name
+            stored = module.parametrizations[name].original
+            read = getattr(module, name)
+            assert stored.dtype == torch.uint8 and read.dtype == torch.float32 and read.dim() == 3
+            assert stored.numel() == math.ceil(read.numel() * STORED_BYTES_PER_WEIGHT[quantization])
+    inner = model.model
+    for encoder_layer, decoder_layer in zip(inner.encoder.language_model.layers, inner.decoder.layers):
+        assert encoder_layer.experts is decoder_layer.experts
+        assert encoder_layer.self_attn.q_proj is decoder_layer.self_attn.q_proj
+        assert parametrize.is_parametrized(decoder_layer.self_attn.q_proj, "weight")
+        assert parametrize.is_parametrized(decoder_layer.mlp.down_proj, "weight")
+        assert not parametrize.is_parametrized(decoder_layer.router.proj)  # routing stays in full precision
+
+
+@pytest.mark.parametrize("quantization", CHOICES)
+def test_embedded_model_quantizes_experts_and_generates_reproducibly(quantization):
+    plain = load_model(device="cpu")
+    loaded = load_model(device="cpu", quantization=quantization)
+    check_quantized(loaded.model, quantization)
+    before, after = memory_report(plain.model)["groups"], memory_report(loaded.model)["groups"]
+    # fp32 experts (4 bytes a weight) stored at 0.5625 (4bit) or 1.0156 (8bit) bytes a weight
+    ratio = after["experts"] / before["experts"]
+    assert ratio == pytest.approx({"4bit": 0.5625 / 4, "8bit": 1.015625 / 4}[quantization], rel=0.01)
+    assert after["embeddings"] == before["embeddings"]  # the tied vocabulary matrix stays as it is
+    engine = DiffusionEngine(loaded)
+    settings = engine.recommended.replace(max_new_tokens=64, max_denoising_steps=8)
+    first = engine.generate("In the beginning", settings, raw=True, seed=7)
+    second = engine.generate("In the beginning", settings, raw=True, seed=7)
+    assert first.token_ids and first.token_ids == second.token_ids
+
+
+@pytest.mark.parametrize("quantization", CHOICES)
+def test_scaled_standin_of_the_real_config_quantizes_and_generates(standin, quantization):
+    loaded = load_model(standin, device="cpu", quantization=quantization)
+    check_quantized(loaded.model, quantization)
+    assert len(loaded.model.model.decoder.layers) == 2
+    engine = DiffusionEngine(loaded)
+    settings = engine.recommended.replace(max_new_tokens=32, max_denoising_steps=2)
+    runs = [engine.generate("Hello", settings, raw=True, seed=3).token_ids for _ in range(2)]
+    assert runs[0] and runs[0] == runs[1]
+
+
+def test_quantized_logits_stay_close_to_full_precision():
+    """4-bit and 8-bit change the decoder's output a little, 8-bit less than 4-bit (same inputs)."""
+    ids = torch.arange(5, 69).unsqueeze(0)
+    logits = {}
+    for quantization in QUANTIZATIONS:
+        model = load_model(device="cpu", quantization=quantization).model
+        with torch.no_grad():
+            out = model.model.encoder.language_model(input_ids=ids).last_hidden_state
+            logits[quantization] = model.lm_head(out).log_softmax(-1)
+
+    def kl(q):
+        per_position = torch.nn.functional.kl_div(logits[q], logits["none"], log_target=True, reduction="none")
+        return per_position.sum(-1).mean().item()  # mean KL(full || quantized) per position, nats
+
+    assert 0 < kl("8bit") < kl("4bit") < 0.1
+
+
+def test_memory_report_equals_the_tensors_bytes():
+    """Unquantized: the report's total is the bytes of every distinct parameter and buffer. Quantized: the report
+    computed on the meta device (from the config alone) equals the report of the model quantized for real, group by
+    group, and the experts group equals the packed codes plus their bitsandbytes scales and code tables."""
+    model = load_model(device="cpu").model
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
+    report = memory_report(model)
+    assert set(report["groups"]) == set(GROUPS)
+    assert report["total_bytes"] == sum(t.numel() * t.element_size() for t in tensors) == sum(report["groups"].values())
+    for quantization in CHOICES:
+        quantized = load_model(device="cpu", quantization=quantization).model
+        real = memory_report(quantized)
+        assert memory_report(meta_model(DEFAULT_MODEL, torch.float32), quantization) == real
+        experts_bytes = 0
+        for module in experts_modules(quantized):
+            for name in ("gate_up_proj", "down_proj"):
+                plist = module.parametrizations[name]
+                state = plist[0].quant_state
+                experts_bytes += sum(t.numel() * t.element_size() for t in (plist.original, state.absmax, state.code))
+        assert real["groups"]["experts"] == experts_bytes
+
+
+def test_memory_command_reads_a_config_only_folder_on_the_meta_device(capsys):
+    """The full 26B config: 25.8B parameters, bf16 about 51.6 GB; 4-bit under 18 GB and 8-bit under 30 GB."""
+    assert cli_main(["memory", "--model", str(REAL_CONFIG), "--quantization", "4bit", "--json"]) == 0
+    four = json.loads(capsys.readouterr().out)
+    assert set(four) == {"total_bytes", "groups"} and set(four["groups"]) == set(GROUPS)
+    model = meta_model(REAL_CONFIG)
+    assert sum(p.numel() for p in model.parameters()) == 25_823_778_864
+    full, eight = memory_report(model), memory_report(model, "8bit")
+    assert full["groups"]["experts"] == 2 * 30 * 128 * 3 * 704 * 2816  # gate_up [128, 1408, 2816] + down, bf16
+    assert four["groups"]["experts"] == 30 * sum(quantized_nbytes(128 * n * 704 * 2816, "4bit") for n in (2, 1))
+    assert four["total_bytes"] < 18e9 < eight["total_bytes"] < 30e9 < full["total_bytes"]
+
+
+def test_refusals_are_one_clear_line(tmp_path):
+    with pytest.raises(ModelLoadError, match="^4bit quantization runs on CUDA or the CPU .*not on mps") as info:
+        check_quantization("4bit", torch.device("mps"))
+    assert "\n" not in str(info.value)
+    check_quantization("8bit", torch.device("cpu"))  # accepted
+    out = subprocess.run([sys.executable, "-m", "engine", "memory", "--model", str(tmp_path / "missing")],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert out.returncode == 2 and out.stderr.startswith("error: model folder") and out.stderr.count("\n") == 1
