@@ -43,21 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     mem.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
     mem.add_argument("--dtype", default="auto", choices=DTYPES, help="unquantized tensors' dtype (auto: bfloat16)")
     mem.add_argument("--json", action="store_true", help='print {"total_bytes": N, "groups": {...}}')
-    mem = commands.add_parser("memory", help="bytes of every parameter and buffer by group, without running the model")
-    mem.add_argument("--model", default=str(DEFAULT_MODEL), help="checkpoint, or a folder with only config.json")
-    mem.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
-    mem.add_argument("--dtype", default="auto", choices=DTYPES, help="unquantized tensors' dtype (auto: bfloat16)")
-    mem.add_argument("--json", action="store_true", help='print {"total_bytes": N, "groups": {...}}')
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (2: bad input or a model that does not load)."""
     args = build_parser().parse_args(argv)
-    if args.command == "memory":
-        from .memory import memory_command  # noqa: PLC0415
-
-        return memory_command(args.model, args.quantization, args.dtype, args.json)
     if args.command == "race":
         return race_command(args)
     if args.command == "memory":
