@@ -2,9 +2,13 @@
 
 Two kinds of example, mixed half and half, both aligned the way `generate()` lays out blocks:
 - raw continuation: prefix = `<bos>` + the start of a chapter (at most `max_prefix` tokens kept), canvas = the next
-  `canvas_length` tokens; a chapter ends in `<eos>`, after which the canvas is `<pad>`.
+  `canvas_length` tokens; a chapter ends in `<eos>`.
 - chat: the chat template around one or two verses as the user turn, then one to five following verses as the model
   turn, ended by `<end_of_turn>`; canvases start at the model turn and every `canvas_length` tokens after it.
+After the end token (`<eos>` or `<end_of_turn>`) the rest of the canvas is filled with that same end token
+(`after_end="end"`, v2) or with `<pad>` (`after_end="pad"`, v1). `generate()` keeps the first end token of a canvas
+and replaces what follows by `<pad>` itself, so the model never needs to write `<pad>`; with v1's pad targets it
+learnt `<pad>` as the likeliest canvas token and, at low temperature, wrote canvases of pads without ending.
 Tokenized chapters are cached as a list of verses, each a list of token ids with a leading space; the user turn
 is tokenized as typed (no leading space), as a playground user's prompt would be.
 """
@@ -34,7 +38,11 @@ class Batch:
 class ExampleSampler:
     """Draws (prefix, canvas) examples from tokenized chapters; seeded and independent of torch's global RNG."""
 
-    def __init__(self, tokenizer, corpus_file: Path, canvas_length: int, max_prefix: int, seed: int):
+    def __init__(self, tokenizer, corpus_file: Path, canvas_length: int, max_prefix: int, seed: int,
+                 after_end: str = "end"):
+        if after_end not in ("end", "pad"):
+            raise ValueError(f"after_end must be 'end' or 'pad', got {after_end!r}")
+        self.after_end = after_end
         self.canvas_length = canvas_length
         self.max_prefix = max_prefix
         self.rng = random.Random(seed)
@@ -56,7 +64,13 @@ class ExampleSampler:
         chapter = self.rng.choice(self.chapters)
         doc = [BOS_ID] + [t for verse in chapter for t in verse] + [EOS_ID]
         start = self.rng.randrange(1, len(doc))
-        return doc[max(0, start - self.max_prefix) : start], doc[start : start + self.canvas_length]
+        return doc[max(0, start - self.max_prefix) : start], self._fill(doc[start : start + self.canvas_length])
+
+    def _fill(self, canvas: list[int]) -> list[int]:
+        """Complete a canvas cut short by the end of its text: repeat the end token (or leave `<pad>` to `batch`)."""
+        if self.after_end == "end" and len(canvas) < self.canvas_length:
+            canvas = canvas + [canvas[-1]] * (self.canvas_length - len(canvas))
+        return canvas
 
     def chat_example(self) -> tuple[list[int], list[int]]:
         index = self.rng.randrange(len(self.chapters))
@@ -71,7 +85,7 @@ class ExampleSampler:
         doc += reply + [END_OF_TURN_ID]
         n_blocks = -(-(len(doc) - reply_start) // self.canvas_length)
         start = reply_start + self.canvas_length * self.rng.randrange(n_blocks)
-        return doc[max(0, start - self.max_prefix) : start], doc[start : start + self.canvas_length]
+        return doc[max(0, start - self.max_prefix) : start], self._fill(doc[start : start + self.canvas_length])
 
     def batch(self, size: int) -> Batch:
         """Return `size` examples, half raw and half chat on average, left-padded to a common prefix length."""

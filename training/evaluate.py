@@ -1,22 +1,27 @@
-"""Evaluate diffgemma-tiny: validation losses against a unigram baseline, sample quality, denoising and speed.
+"""Evaluate diffgemma-tiny: validation losses, sample quality on unseen prompts, denoising, speed against AR, pads.
 
 Figures printed (and written as JSON with `--json-out`):
 - validation denoising cross-entropy (nats/token) at fixed corruption t = 0.25, 0.5, 0.75 (no self-conditioning,
   as at a canvas's first step), encoder next-token perplexity, and the unigram baseline's cross-entropy/perplexity
-  (token frequencies of training canvases, pads included, add-one smoothed);
-- on `EVAL_PROMPTS` (20 fixed prompts, seed = prompt index) at the shipped settings: share of generated words found in
-  Debian wamerican's /usr/share/dict/words (case-insensitive, punctuation stripped), distinct-2 (distinct word bigrams
-  / all word bigrams, over all samples, as in Li et al. 2016; also the per-sample mean), mean decoder forwards per
-  canvas against the maximum, and the same dictionary rate for real validation text as a reference;
-- speed on this machine: tokens/s, tokens per forward, peak RSS.
+  (token frequencies of training canvases, add-one smoothed); canvases are built as training builds them (`--after-end`:
+  v2 fills a canvas after the end of a text with the end token, v1 with `<pad>`; pass `--after-end pad` for v1);
+- on `EVAL_PROMPTS` (20 prompts, none of which occurs in the training text: checked at start, seed = prompt index) at
+  the checkpoint's recommended settings: share of generated words found in Debian wamerican's /usr/share/dict/words
+  (case-insensitive, punctuation stripped), distinct-2 (distinct word bigrams / all word bigrams over all samples, as
+  in Li et al. 2016; also the per-sample mean), decoder forwards per canvas, tokens per forward (non-pad generated
+  tokens / decoder forwards, as `generate()` counts them), `<pad>` written as content, answers ended by an EOS id;
+- speed on this machine: diffusion tokens/s against greedy autoregressive decoding with the same weights
+  (`engine.autoregressive.AutoregressiveDecoder.from_diffusion`: the causal encoder, one forward per token) on the
+  same prompts and token budget, prompts alternating which side runs first; peak RSS;
+- a low-temperature sweep (`TEMPERATURES`): `<pad>` written as content and EOS endings at each temperature.
 
-Run: `python -m training.evaluate --model assets/models/diffgemma-tiny` (`--sweep` compares settings).
+Run: `python -m training.evaluate --model assets/models/diffgemma-tiny` (`--sweep` compares sampler settings,
+`--canvas-costs` times decoder forwards at canvas 32..256).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import re
@@ -25,35 +30,47 @@ from pathlib import Path
 
 import torch
 
+from engine.autoregressive import AutoregressiveDecoder
 from engine.engine import DiffusionEngine
 from engine.loading import DEFAULT_MODEL, load_model
 from .data import ExampleSampler
 from .train import losses
 
 DICTIONARY = Path("/usr/share/dict/words")
+# (prompt, raw): raw prompts are continued as text, the others go through the chat template. None occurs in the
+# training text (`unseen_check`); v1's card used prompts quoted from the Bible instead.
 EVAL_PROMPTS = [
-    ("In the beginning", True),
-    ("The Lord is my shepherd", True),
-    ("Blessed are the", True),
-    ("And God said", True),
-    ("Then Jesus said to his disciples", True),
-    ("The king of Israel", True),
-    ("Now the serpent was", True),
-    ("Hear, O Israel", True),
-    ("Love is patient and kind", True),
-    ("A wise son makes", True),
-    ("Tell me about David.", False),
-    ("Who was Moses?", False),
-    ("Sing a song of praise.", False),
-    ("What is love?", False),
-    ("Continue: And the earth was without form", False),
-    ("Write a prayer for the morning.", False),
-    ("Give me a proverb about wisdom.", False),
-    ("The people of Israel cried out to the Lord.", False),
-    ("Describe the city of Jerusalem.", False),
-    ("What did the prophet say?", False),
+    ("The shepherd counted his sheep", True),
+    ("In the days of the old king", True),
+    ("The river ran past the city", True),
+    ("When the morning came, the women", True),
+    ("A stranger came to the gate and", True),
+    ("The children of the village", True),
+    ("After the harvest, the farmers", True),
+    ("The lamp burned all night while", True),
+    ("At the edge of the desert", True),
+    ("The merchant sold his", True),
+    ("Tell me about the sea.", False),
+    ("Who built the first city?", False),
+    ("Write a blessing for a journey.", False),
+    ("What is wisdom?", False),
+    ("Describe a storm at night.", False),
+    ("Give me advice about anger.", False),
+    ("Why do people pray?", False),
+    ("What happened at the river?", False),
+    ("Tell a story about a lost sheep.", False),
+    ("What should a king do?", False),
 ]
+# (t_min, t_max) of the low-temperature sweep; v1 wrote whole canvases of <pad> at the coldest of these
+TEMPERATURES = [(0.01, 0.02), (0.05, 0.1), (0.1, 0.2), (0.2, 0.4)]
 _WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?")
+
+
+def unseen_check(prompts, corpus_dir: Path) -> list[str]:
+    """Prompts of `prompts` whose text (final punctuation dropped, case-insensitive) occurs in the training split."""
+    with open(corpus_dir / "train.jsonl", encoding="utf-8") as f:
+        text = " ".join(" ".join(json.loads(line)["verses"]) for line in f).lower()
+    return [p for p, _ in prompts if p.lower().rstrip(".?!") in text]
 
 
 def load_dictionary(path: Path = DICTIONARY) -> set[str]:
@@ -86,12 +103,15 @@ def distinct_2(texts: list[str]) -> tuple[float, float]:
 
 
 @torch.no_grad()
-def validation_losses(model, tokenizer, corpus_dir: Path, batches: int = 40, batch_size: int = 16) -> dict:
-    """Validation denoising CE at t in {0.25, 0.5, 0.75}, encoder CE/perplexity, and the unigram baseline."""
+def validation_losses(model, tokenizer, corpus_dir: Path, batches: int = 40, batch_size: int = 16,
+                      after_end: str = "end") -> dict:
+    """Validation denoising CE at t in {0.25, 0.5, 0.75}, encoder CE/perplexity, and the unigram baseline.
+
+    Canvases are built with `after_end` ("end" or "pad", see `training.data`); the encoder's figures do not depend
+    on it (prefixes never reach past the end of a text)."""
     canvas_length = model.config.canvas_length
     vocab = model.config.text_config.vocab_size
-    # Unigram baseline over the same kind of positions the model is scored on: training canvases, pads included
-    train = ExampleSampler(tokenizer, corpus_dir / "train.jsonl", canvas_length, 96, seed=0)
+    train = ExampleSampler(tokenizer, corpus_dir / "train.jsonl", canvas_length, 96, seed=0, after_end=after_end)
     counts = torch.ones(vocab)
     for _ in range(400):
         counts += torch.bincount(train.batch(16).canvas.flatten(), minlength=vocab)[:vocab]
@@ -100,7 +120,7 @@ def validation_losses(model, tokenizer, corpus_dir: Path, batches: int = 40, bat
     model.eval()
     results = {}
     for t in (0.25, 0.5, 0.75):
-        val = ExampleSampler(tokenizer, corpus_dir / "val.jsonl", canvas_length, 96, seed=1)
+        val = ExampleSampler(tokenizer, corpus_dir / "val.jsonl", canvas_length, 96, seed=1, after_end=after_end)
         generator = torch.Generator().manual_seed(1)
         diff_total, enc_total, unigram_total = 0.0, 0.0, 0.0
         for _ in range(batches):
@@ -121,8 +141,13 @@ def validation_losses(model, tokenizer, corpus_dir: Path, batches: int = 40, bat
 
 
 def sample_quality(engine: DiffusionEngine, settings, dictionary: set[str], prompts=EVAL_PROMPTS) -> dict:
-    """Generate for every prompt of `prompts` (seed = index) and measure words, diversity, denoising and speed."""
-    texts, samples, forwards, tokens, seconds, canvases = [], [], 0, 0, 0.0, 0
+    """Generate for every prompt of `prompts` (seed = index); measure words, diversity, denoising, pads and speed.
+
+    `pads_as_content` counts `<pad>` ids among the generated tokens (the engine drops the pads `generate()` writes
+    after an EOS, so any left were written by the model mid-answer); `eos_endings` counts answers that stopped at an
+    EOS id rather than at `max_new_tokens`."""
+    texts, samples, forwards, tokens, seconds, canvases, pads, eos = [], [], 0, 0, 0.0, 0, 0, 0
+    pad_id = engine.model.generation_config.pad_token_id
     for seed, (prompt, raw) in enumerate(prompts):
         result = engine.generate(prompt, settings, raw=raw, seed=seed)
         texts.append(result.text)
@@ -130,8 +155,10 @@ def sample_quality(engine: DiffusionEngine, settings, dictionary: set[str], prom
                         "tokens_per_forward": round(result.tokens_per_forward, 2)})
         forwards += result.forwards
         canvases += len(result.forwards_per_block)
-        tokens += sum(1 for t in result.token_ids if t != engine.model.generation_config.pad_token_id)
+        tokens += result.tokens
         seconds += result.seconds
+        pads += sum(t == pad_id for t in result.token_ids)
+        eos += result.stop_reason == "eos"
     corpus_d2, mean_d2 = distinct_2(texts)
     return {
         "dictionary_word_rate": dictionary_rate(texts, dictionary),
@@ -143,8 +170,50 @@ def sample_quality(engine: DiffusionEngine, settings, dictionary: set[str], prom
         "tokens_per_forward": tokens / forwards,
         "mean_generated_tokens": tokens / len(prompts),
         "mean_seconds_per_answer": seconds / len(prompts),
+        "pads_as_content": pads,
+        "eos_endings": eos,
+        "answers": len(prompts),
         "samples": samples,
     }
+
+
+def speed_against_ar(engine: DiffusionEngine, settings, prompts=EVAL_PROMPTS) -> dict:
+    """Diffusion tokens/s against greedy same-weights autoregressive tokens/s on `prompts`, same token budget.
+
+    Both sides are warmed up first; each prompt runs both sides, alternating which goes first. Tokens/s of a side =
+    all its non-pad generated tokens (up to and including EOS) / all its seconds (prefill included)."""
+    ar = AutoregressiveDecoder.from_diffusion(engine)
+    ar.warm_up()
+    engine.generate("Warm-up.", settings.replace(max_new_tokens=engine.canvas_length), raw=True, seed=0)
+    totals = {"diffusion": [0, 0.0], "autoregressive": [0, 0.0]}
+    for seed, (prompt, raw) in enumerate(prompts):
+        for side in (("diffusion", "autoregressive") if seed % 2 == 0 else ("autoregressive", "diffusion")):
+            if side == "diffusion":
+                result = engine.generate(prompt, settings, raw=raw, seed=seed)
+                tokens, seconds = result.tokens, result.seconds
+            else:
+                last = None
+                for last in ar.frames(prompt, settings.max_new_tokens, raw=raw, temperature=0.0, seed=seed):
+                    pass
+                tokens, seconds = last.committed_tokens, last.elapsed_s
+            totals[side][0] += tokens
+            totals[side][1] += seconds
+    diffusion, autoregressive = (totals[s][0] / totals[s][1] for s in ("diffusion", "autoregressive"))
+    return {"diffusion_tokens_per_second": diffusion, "ar_tokens_per_second": autoregressive,
+            "diffusion_over_ar": diffusion / autoregressive,
+            "diffusion_tokens": totals["diffusion"][0], "ar_tokens": totals["autoregressive"][0]}
+
+
+def temperature_sweep(engine: DiffusionEngine, dictionary: set[str], prompts=EVAL_PROMPTS[::2]) -> list[dict]:
+    """At each (t_min, t_max) of `TEMPERATURES` (other settings recommended): pads written as content, EOS endings,
+    dictionary words, forwards per canvas."""
+    rows = []
+    for t_min, t_max in TEMPERATURES:
+        q = sample_quality(engine, engine.recommended.replace(t_min=t_min, t_max=t_max), dictionary, prompts)
+        rows.append({"t_min": t_min, "t_max": t_max, **{k: q[k] for k in (
+            "pads_as_content", "eos_endings", "answers", "dictionary_word_rate", "mean_forwards_per_canvas",
+            "mean_generated_tokens")}})
+    return rows
 
 
 def reference_dictionary_rate(corpus_dir: Path, dictionary: set[str]) -> float:
@@ -160,11 +229,13 @@ def canvas_length_costs(lengths=(32, 64, 128, 256), steps: int = 8, repeats: int
     Each measurement is one block of `steps` forwards (adaptive stopping off) after a 32-token prompt; the median of
     `repeats` runs after a warm-up. The per-token cost tells which canvas keeps a CPU answer within seconds.
     """
-    from engine.settings import DiffusionSettings
-    from .model_config import tiny_config
-    from transformers import DiffusionGemmaForBlockDiffusion
     import statistics
     import time
+
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    from engine.settings import DiffusionSettings
+    from .model_config import tiny_config
 
     rows = []
     for length in lengths:
@@ -183,21 +254,37 @@ def canvas_length_costs(lengths=(32, 64, 128, 256), steps: int = 8, repeats: int
     return rows
 
 
+# Changes to the recommended settings compared by `--sweep`
 SWEEP = [
     {},
-    {"t_min": 0.2, "t_max": 0.5},
-    {"entropy_bound": 0.1},
-    {"entropy_bound": 0.1, "t_min": 0.2, "t_max": 0.5},
-    {"confidence_threshold": 0.3},  # adaptive stopping that a small model can reach
-    {"confidence_threshold": 0.3, "entropy_bound": 1.0},
-    {"entropy_bound": 2.5, "max_denoising_steps": 10},  # the "fast" preset
+    {"entropy_bound": 0.5, "max_denoising_steps": 32},
+    {"entropy_bound": 1.0},
+    {"entropy_bound": 2.0},
+    {"entropy_bound": 4.0},
+    {"max_denoising_steps": 8},
+    {"t_min": 0.1, "t_max": 0.3},
+    {"t_min": 0.4, "t_max": 0.8},
+    {"confidence_threshold": 0.01},
+    {"confidence_threshold": 0.2},
 ]
+
+
+def print_sweep(engine: DiffusionEngine, dictionary: set[str]) -> None:
+    """Print the `SWEEP` table on every other prompt."""
+    print(f"{'changes':<50} {'dict':>6} {'d2':>6} {'fwd/canvas':>10} {'TPF':>6} {'tok/s':>7} {'pads':>5}")
+    for changes in SWEEP:
+        q = sample_quality(engine, engine.recommended.replace(**changes), dictionary, EVAL_PROMPTS[::2])
+        print(f"{json.dumps(changes):<50} {q['dictionary_word_rate']:6.3f} {q['distinct_2']:6.3f} "
+              f"{q['mean_forwards_per_canvas']:10.1f} {q['tokens_per_forward']:6.2f} {q['tokens_per_second']:7.1f} "
+              f"{q['pads_as_content']:5d}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    parser.add_argument("--after-end", choices=("end", "pad"), default="end",
+                        help="validation canvases after a text's end, as the model was trained (v1: pad)")
     parser.add_argument("--sweep", action="store_true", help="compare sampling settings on every other prompt")
     parser.add_argument("--canvas-costs", action="store_true", help="time decoder forwards at canvas 32..256")
     parser.add_argument("--validation-only", action="store_true", help="only the validation losses")
@@ -208,38 +295,44 @@ def main() -> None:
             print(f"canvas {row['canvas_length']:4d}: {row['ms_per_forward']:6.1f} ms per decoder forward, "
                   f"{row['ms_per_forward_per_position']:.3f} ms per canvas position")
         return
+    seen = unseen_check(EVAL_PROMPTS, args.corpus)
+    if seen:
+        raise SystemExit(f"evaluation prompts found in the training text: {seen}")
     engine = DiffusionEngine(load_model(args.model, device="cpu"))
     dictionary = load_dictionary()
-
     if args.sweep:
-        print(f"{'changes':<60} {'dict':>6} {'d2':>6} {'fwd/canvas':>10} {'TPF':>6} {'tok/s':>7}")
-        for changes in SWEEP:
-            q = sample_quality(engine, engine.recommended.replace(**changes), dictionary, EVAL_PROMPTS[::2])
-            print(f"{json.dumps(changes):<60} {q['dictionary_word_rate']:6.3f} {q['distinct_2']:6.3f} "
-                  f"{q['mean_forwards_per_canvas']:10.1f} {q['tokens_per_forward']:6.2f} {q['tokens_per_second']:7.1f}")
+        print_sweep(engine, dictionary)
         return
 
-    report = {"settings": engine.recommended.__dict__}
-    report["validation"] = validation_losses(engine.model, engine.tokenizer, args.corpus)
-    if args.validation_only:
-        print(json.dumps(report["validation"], indent=1))
-        return
-    report["reference_dictionary_word_rate"] = reference_dictionary_rate(args.corpus, dictionary)
-    report["quality"] = sample_quality(engine, engine.recommended, dictionary)
-    report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    v, q = report["validation"], report["quality"]
-    print("validation (World English Bible held-out chapters):")
+    report = {"model": args.model, "settings": engine.recommended.__dict__}
+    report["validation"] = validation_losses(engine.model, engine.tokenizer, args.corpus, after_end=args.after_end)
+    v = report["validation"]
+    print(f"validation (World English Bible held-out chapters, canvases after the end: {args.after_end}):")
     for t in (0.25, 0.5, 0.75):
         print(f"  denoising CE at t={t}: {v[f'diffusion_ce_t{t}']:.3f} nats/token (unigram baseline {v['unigram_ce']:.3f})")
     print(f"  encoder next-token perplexity: {v['encoder_perplexity']:.1f} (unigram baseline {v['unigram_perplexity']:.1f})")
-    print(f"samples on {len(EVAL_PROMPTS)} fixed prompts at the shipped settings:")
+    if args.validation_only:
+        return
+    report["reference_dictionary_word_rate"] = reference_dictionary_rate(args.corpus, dictionary)
+    report["quality"] = q = sample_quality(engine, engine.recommended, dictionary)
+    print(f"samples on {len(EVAL_PROMPTS)} prompts not in the training text, recommended settings:")
     print(f"  dictionary words: {q['dictionary_word_rate']:.1%} (real validation text: "
           f"{report['reference_dictionary_word_rate']:.1%})")
     print(f"  distinct-2: {q['distinct_2']:.3f} over all samples, {q['distinct_2_per_sample']:.3f} per sample")
-    print(f"  decoder forwards per canvas: {q['mean_forwards_per_canvas']:.1f} of at most {q['max_denoising_steps']}")
-    print(f"speed on this machine: {q['tokens_per_second']:.1f} tokens/s, {q['tokens_per_forward']:.2f} tokens/forward, "
-          f"{q['mean_seconds_per_answer']:.2f} s per answer ({q['mean_generated_tokens']:.0f} tokens), "
-          f"peak RSS {report['peak_rss_mib']:.0f} MiB")
+    print(f"  decoder forwards per canvas: {q['mean_forwards_per_canvas']:.1f} of at most {q['max_denoising_steps']}; "
+          f"{q['tokens_per_forward']:.2f} tokens per forward; {q['mean_generated_tokens']:.0f} tokens per answer")
+    print(f"  <pad> written as content: {q['pads_as_content']}; answers ended by EOS: {q['eos_endings']}/{q['answers']}")
+    report["speed"] = s = speed_against_ar(engine, engine.recommended)
+    print(f"speed on this machine: diffusion {s['diffusion_tokens_per_second']:.1f} tokens/s, same-weights greedy AR "
+          f"{s['ar_tokens_per_second']:.1f} tokens/s: {s['diffusion_over_ar']:.2f}x")
+    report["temperature_sweep"] = rows = temperature_sweep(engine, dictionary)
+    print("low-temperature sweep (10 prompts):")
+    for row in rows:
+        print(f"  t {row['t_max']} -> {row['t_min']}: <pad> as content {row['pads_as_content']}, EOS endings "
+              f"{row['eos_endings']}/{row['answers']}, dictionary words {row['dictionary_word_rate']:.1%}, "
+              f"{row['mean_forwards_per_canvas']:.1f} forwards per canvas, {row['mean_generated_tokens']:.0f} tokens")
+    report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS {report['peak_rss_mib']:.0f} MiB")
     if args.json_out:
         args.json_out.write_text(json.dumps(report, indent=1, ensure_ascii=False))
 

@@ -4,13 +4,15 @@ Per step, for a batch of (prefix, clean canvas) examples (`training.data`):
 1. the causal encoder reads the prefix (prompt and earlier blocks), filling the KV cache; its hidden states also give
    a next-token loss, so the same weights decode autoregressively (the honest same-weights AR baseline);
 2. uniform-state corruption: each canvas token is replaced by a uniformly random token with probability t,
-   t ~ U(0, 1) per example (there is no mask token, as in the released model);
+   t = u ** noise_power with u ~ U(0, 1) per example (there is no mask token, as in the released model);
+   noise_power > 1 skews training to low noise, where a sampler's last steps decide what a canvas settles on;
 3. self-conditioning: a first decoder pass without gradient gives logits that a second pass receives as
    `self_conditioning_logits`, enabled for a random half of the examples through `self_conditioning_mask`;
 4. loss = cross-entropy of the second pass on the clean canvas + `encoder_loss_weight` x encoder next-token loss.
 The network is transformers' `DiffusionGemmaForBlockDiffusion`; nothing here re-implements it.
 
-Run: `python -m training.train --out data/run` (resumes from `data/run/checkpoint` when present).
+Run: `python -m training.train --out data/run` (resumes from `data/run/checkpoint` when present; `--init FOLDER`
+starts from trained weights, e.g. to continue v1 with a new objective).
 """
 
 from __future__ import annotations
@@ -40,10 +42,10 @@ def softcapped_logits(model: DiffusionGemmaForBlockDiffusion, hidden: torch.Tens
     return torch.tanh(model.lm_head(hidden).float() / cap) * cap
 
 
-def corrupt(canvas: torch.LongTensor, vocab_size: int, generator: torch.Generator) -> torch.LongTensor:
-    """Uniform-state corruption: with probability t ~ U(0,1) (one t per row) replace each token by a uniform one.
-    Shape `[batch, canvas_length]` in and out."""
-    t = torch.rand(canvas.shape[0], 1, generator=generator, device=canvas.device)
+def corrupt(canvas: torch.LongTensor, vocab_size: int, generator: torch.Generator, noise_power: float = 1.0) -> torch.LongTensor:
+    """Uniform-state corruption: with probability t = u ** noise_power, u ~ U(0,1) (one t per row), replace each token
+    by a uniform one. Shape `[batch, canvas_length]` in and out."""
+    t = torch.rand(canvas.shape[0], 1, generator=generator, device=canvas.device) ** noise_power
     replace = torch.rand(canvas.shape, generator=generator, device=canvas.device) < t
     noise = torch.randint(0, vocab_size, canvas.shape, generator=generator, device=canvas.device)
     return torch.where(replace, noise, canvas)
@@ -115,8 +117,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--encoder-loss-weight", type=float, default=0.5)
+    parser.add_argument("--noise-power", type=float, default=1.0, help="t = u ** power; > 1 favours low noise")
+    parser.add_argument("--after-end", choices=("end", "pad"), default="end", help="canvas targets after the text ends")
+    parser.add_argument("--minutes", type=float, default=0.0, help="stop (with a checkpoint) after this wall time")
     parser.add_argument("--checkpoint-every", type=int, default=250)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init", type=Path, help="start from these weights (a model folder) instead of random ones")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (CPUs with AVX512-BF16/AMX, or CUDA)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
@@ -125,7 +131,9 @@ def main() -> None:
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    sampler = ExampleSampler(tokenizer, args.corpus / "train.jsonl", args.canvas_length, args.max_prefix, args.seed)
+    sampler = ExampleSampler(
+        tokenizer, args.corpus / "train.jsonl", args.canvas_length, args.max_prefix, args.seed, args.after_end
+    )
     generator = torch.Generator(device=device).manual_seed(args.seed)
     checkpoint = args.out / "checkpoint"
     args.out.mkdir(parents=True, exist_ok=True)
@@ -134,6 +142,9 @@ def main() -> None:
         model = DiffusionGemmaForBlockDiffusion.from_pretrained(checkpoint).to(device)
         state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
         start_step = state["step"]
+    elif args.init:
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.init).to(device)
+        state, start_step = None, 0
     else:
         config = tiny_config(len(tokenizer), args.canvas_length, args.hidden_size, args.layers)
         model = DiffusionGemmaForBlockDiffusion(config).to(device)
@@ -166,7 +177,7 @@ def main() -> None:
             t0 = time.perf_counter()
             batch = sampler.batch(args.batch_size)
             batch = Batch(*(x.to(device) for x in (batch.prefix, batch.prefix_mask, batch.canvas)))
-            noisy = corrupt(batch.canvas, model.config.text_config.vocab_size, generator)
+            noisy = corrupt(batch.canvas, model.config.text_config.vocab_size, generator, args.noise_power)
             sc_mask = torch.rand(args.batch_size, generator=generator, device=device) < 0.5
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
                 diffusion_ce, encoder_ce = losses(model, batch, noisy, sc_mask)
@@ -180,9 +191,12 @@ def main() -> None:
             log.writerow([step + 1, f"{time.perf_counter() - started:.1f}", f"{lr:.2e}",
                           f"{diffusion_ce.item():.4f}", f"{encoder_ce.item():.4f}", f"{tps:.0f}"])
             progress.set_postfix(diff=f"{diffusion_ce.item():.3f}", enc=f"{encoder_ce.item():.3f}", tps=f"{tps:.0f}")
-            if (step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps:
+            out_of_time = args.minutes and time.perf_counter() - started > 60 * args.minutes
+            if (step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps or out_of_time:
                 log_file.flush()
                 save_checkpoint(model, optimizer, step + 1, sampler, generator, checkpoint)
+            if out_of_time:
+                break
     print(f"done: {checkpoint}")
 
 
