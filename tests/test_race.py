@@ -426,3 +426,24 @@ def test_app_refuses_an_ar_model_that_does_not_fit_at_start(causal_lm, monkeypat
     assert app.main(["--device", "cpu", "--ar-model", str(causal_lm), "--port", "7999"]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "needs about" in lines[0] and "GiB free" in lines[0]
+
+
+@pytest.mark.slow
+def test_gpu_bandwidth_bound_fields_follow_from_bytes_and_bandwidth(engine, small, monkeypatch):
+    """The bound as a GPU run computes it (measured bandwidth stood in for: there is no GPU here)."""
+    from diffgemma_ui.race_view import result_html
+    from engine.race import side_weights_bytes
+
+    runner = RaceRunner(engine)
+    weights = side_weights_bytes(engine, runner.ar)
+    assert 0 < weights[1] <= weights[0]  # a one-token forward reads at most what a canvas forward reads
+    monkeypatch.setattr(runner, "_bandwidth_figures", lambda: (2e9, weights))
+    result = runner.run("In the beginning", small, raw=True, seed=0, warm_up=False)
+    assert result.memory_bandwidth_gb_s == 2.0
+    for side, bytes_per_forward in zip((result.diffusion, result.autoregressive), weights):
+        assert side.weights_bytes_per_forward == bytes_per_forward
+        assert side.bandwidth_bound_s_per_forward == pytest.approx(bytes_per_forward / 2e9)
+        assert side.bandwidth_bound_tokens_per_second == pytest.approx(
+            side.tokens_per_forward / side.bandwidth_bound_s_per_forward)
+    html = result_html(result, explanation=explanation(result))
+    assert "bandwidth bound per forward" in html and "2 GB/s" in html
