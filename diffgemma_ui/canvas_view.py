@@ -9,9 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine import Frame
+from engine.tokens import PAD
 
 from .colors import text_on, viridis
-from .text import escape_html, token_html, visible_token
+from .text import escape_html
+from .token_view import TokenCell, token_cells
+
+# Token styles drawn dimmed and labelled, without the confidence colour: control symbols, not text
+_CONTROL_STYLES = ("special", "pad", "eos")
 
 EMPTY_CANVAS_HTML = (
     '<div class="dg-canvas dg-empty" data-forward="-1">'
@@ -42,44 +47,55 @@ def chip_html(
     entropy: float,
     first_accepted_step: int,
     draft: str | None = None,
+    cell: TokenCell | None = None,
+    draft_cell: TokenCell | None = None,
 ) -> str:
     """One canvas position as a `<span>` chip.
 
     Args:
-        token: the raw token string to show (escaped here).
+        token: the raw token string to show (escaped here), read as text unless `cell` is given.
         kind: "accepted" (coloured by confidence), "noisy" (renoised position: dimmed and struck through),
             "committed" (finished block, coloured by confidence) or "pad" (after end-of-sequence, faded).
         position: 0-based position in the canvas.
         confidence: probability of the draft token, in [0, 1]; entropy: in nats.
         first_accepted_step: step the position was first accepted (-1: never).
         draft: for noisy chips, the decoder's current argmax guess (shown in the tooltip).
+        cell, draft_cell: how the token and the draft look (`token_view.token_cells`: special tokens labelled,
+            byte pieces grouped); default: plain text. A special-token cell (pad, EOS, markers) is drawn dimmed
+            and labelled (class `dg-tok-<style>`), without the confidence colour.
 
     Returns:
-        HTML text; the tooltip (`title`) lists token, confidence, entropy and first accepted step.
+        HTML text; the tooltip (`title`) lists token, what it is (special tokens, bytes), confidence, entropy and
+        first accepted step.
 
     Raises:
         ValueError: unknown `kind`.
     """
     if kind not in ("accepted", "noisy", "committed", "pad"):
         raise ValueError(f"unknown chip kind {kind!r}")
+    cell = cell or token_cells([token])[0]
     step = "not yet" if first_accepted_step is None or first_accepted_step < 0 else f"step {first_accepted_step}"
     lines = [
-        f"position {position}: \u201c{visible_token(token)}\u201d",
+        f"position {position}: \u201c{cell.text}\u201d",
         f"confidence {_number(confidence)} \u00b7 entropy {_number(entropy)} nats",
         f"first accepted: {step}",
     ]
     if kind == "noisy":
-        lines[0] = f"position {position}: noise \u201c{visible_token(token)}\u201d (renoised)"
+        lines[0] = f"position {position}: noise \u201c{cell.text}\u201d (renoised)"
         if draft is not None:
-            lines.append(f"current guess: \u201c{visible_token(draft)}\u201d")
+            guess = draft_cell or token_cells([draft])[0]
+            lines.append(f"current guess: \u201c{guess.text}\u201d" + (f" ({guess.detail})" if guess.detail else ""))
     elif kind == "pad":
         lines.append("after end-of-sequence: dropped")
+    if cell.detail:
+        lines.insert(1, cell.detail)
     title = "&#10;".join(escape_html(line) for line in lines)
     style = ""
-    if kind in ("accepted", "committed"):
+    if kind in ("accepted", "committed") and cell.style not in _CONTROL_STYLES:
         background = viridis(confidence)
         style = f' style="background:{background};color:{text_on(background)}"'
-    return f'<span class="dg-chip dg-{kind}" title="{title}"{style}>{token_html(token)}</span>'
+    classes = f"dg-chip dg-{kind}" + ("" if cell.style == "text" else f" dg-tok-{cell.style}")
+    return f'<span class="{classes}" title="{title}"{style}>{cell.html}</span>'
 
 
 def block_html(frame: Frame, *, live: bool) -> str:
@@ -87,11 +103,14 @@ def block_html(frame: Frame, *, live: bool) -> str:
 
     A live block shows accepted positions as their draft token coloured by confidence and every other position
     as the noisy input token, dimmed and struck through. A finished block (`live=False`, `frame.block_done`)
-    shows the committed argmax canvas; positions after end-of-sequence are faded.
+    shows the committed argmax canvas; positions after end-of-sequence are faded. Special tokens are labelled and
+    dimmed and byte pieces grouped (`token_view.token_cells`, from the frame's token kinds); a pad the model wrote
+    before end-of-sequence is not counted as a token (as in `generate()`), and the header says how many there are.
     """
     n = frame.canvas_length
     header_bits = [f"Block {frame.block_index + 1}"]
     chips = []
+    draft_kinds = frame.draft_kinds or None
     if live:
         accepted = sum(1 for a in frame.accepted if a)
         header_bits += [
@@ -101,16 +120,24 @@ def block_html(frame: Frame, *, live: bool) -> str:
         ]
         if frame.stop_reason == "cancelled":
             header_bits.append("stopped")
+        flags = [bool(a) for a in frame.accepted]
+        shown = [frame.draft_tokens[p] if flags[p] else frame.input_tokens[p] for p in range(n)]
+        kinds = None
+        if frame.draft_kinds and frame.input_kinds:
+            kinds = [frame.draft_kinds[p] if flags[p] else frame.input_kinds[p] for p in range(n)]
+        cells = token_cells(shown, kinds, groups=flags)
+        drafts = token_cells(frame.draft_tokens, draft_kinds)
         for pos in range(n):
-            is_accepted = bool(frame.accepted[pos])
             chips.append(chip_html(
-                frame.draft_tokens[pos] if is_accepted else frame.input_tokens[pos],
-                kind="accepted" if is_accepted else "noisy",
+                shown[pos],
+                kind="accepted" if flags[pos] else "noisy",
                 position=pos,
                 confidence=frame.confidence[pos],
                 entropy=frame.entropy[pos],
                 first_accepted_step=frame.first_accepted_step[pos],
-                draft=None if is_accepted else frame.draft_tokens[pos],
+                draft=None if flags[pos] else frame.draft_tokens[pos],
+                cell=cells[pos],
+                draft_cell=None if flags[pos] else drafts[pos],
             ))
     else:
         start = frame.block_index * n
@@ -118,8 +145,12 @@ def block_html(frame: Frame, *, live: bool) -> str:
         forwards = frame.step_index + 1
         header_bits.append(f"{forwards} forward{'s' if forwards != 1 else ''}")
         header_bits.append("stopped early (stable)" if frame.block_stopped_early else "all steps")
+        pads = sum(1 for k in (frame.draft_kinds or [])[:kept] if k == PAD)
         if kept < n:
-            header_bits.append(f"{kept} token{'s' if kept != 1 else ''} kept, end-of-sequence")
+            header_bits.append(f"{kept - pads} token{'s' if kept - pads != 1 else ''} kept, end-of-sequence")
+        if pads:
+            header_bits.append(f"{pads} pad{'s' if pads != 1 else ''} (not counted)")
+        cells = token_cells(frame.draft_tokens, draft_kinds, groups=[pos < kept for pos in range(n)])
         for pos in range(n):
             chips.append(chip_html(
                 frame.draft_tokens[pos],
@@ -128,6 +159,7 @@ def block_html(frame: Frame, *, live: bool) -> str:
                 confidence=frame.confidence[pos],
                 entropy=frame.entropy[pos],
                 first_accepted_step=frame.first_accepted_step[pos],
+                cell=cells[pos],
             ))
     state = "live" if live else "done"
     header = escape_html(" \u00b7 ".join(header_bits))
@@ -138,14 +170,17 @@ def block_html(frame: Frame, *, live: bool) -> str:
 
 
 def legend_html() -> str:
-    """The colour legend: confidence scale (viridis) and what a noisy chip looks like."""
+    """The colour legend: confidence scale (viridis), what a noisy chip, a special token and a byte look like."""
     stops = ", ".join(viridis(i / 10) for i in range(11))
     return (
         '<div class="dg-legend" aria-hidden="true">'
         '<span class="dg-chip dg-noisy">noise</span><span>renoised</span>'
         f'<span class="dg-scale" style="background:linear-gradient(90deg, {stops})"></span>'
         "<span>confidence 0 \u2192 1</span>"
-        '<span class="dg-ws">\u00b7 space \u21b5 newline</span></div>'
+        '<span class="dg-chip dg-committed dg-tok-special">eos</span><span>special token (not text)</span>'
+        '<span class="dg-chip dg-committed dg-tok-byte">0xE2</span><span>byte</span>'
+        '<span class="dg-ws"><span class="dg-sp">\u00b7</span> space '
+        '<span class="dg-sp">\u21b5</span> newline</span></div>'
     )
 
 

@@ -42,7 +42,7 @@ from .worker import (
 PLOT_INTERVAL_S = 1.0
 API_SUMMARY_KEYS = (
     "frames", "forwards", "tokens_per_second", "tokens_per_forward", "seconds", "seed", "token_ids", "stop_reason",
-    "forwards_per_block", "time_to_first_frame_s", "prompt_tokens",
+    "forwards_per_block", "time_to_first_frame_s", "prompt_tokens", "tokens", "thought",
 )
 
 
@@ -313,7 +313,8 @@ class Playground:
         """`/generate`: run to the end and return (text, summary dict).
 
         The summary has frames, forwards, tokens_per_second, tokens_per_forward, seconds (engine clock), seed,
-        token_ids, stop_reason, forwards_per_block, time_to_first_frame_s and prompt_tokens. `seed` -1 draws one.
+        token_ids, stop_reason, forwards_per_block, time_to_first_frame_s, prompt_tokens, tokens (non-pad generated
+        tokens: what both rates count) and thought (the thought channel's text, "" if none). `seed` -1 draws one.
 
         Raises:
             gr.Error: invalid input, with the validation message.

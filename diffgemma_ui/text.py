@@ -80,6 +80,19 @@ def token_html(token: str) -> str:
     return escape_html(visible_token(token))
 
 
+@functools.lru_cache(maxsize=65536)
+def marked_token_html(token: str) -> str:
+    """`token_html`, with each whitespace mark ("·" for a space, as a "▁" piece decodes; "↵", "⇥", "␍") wrapped
+    in `<span class="dg-sp">` so that CSS can show it as a subtle marker apart from the token's own characters."""
+    if not isinstance(token, str):
+        token = str(token)
+    if not any(char in _VISIBLE for char in token):
+        return token_html(token)
+    return "".join(
+        f'<span class="dg-sp">{_VISIBLE[char]}</span>' if char in _VISIBLE else token_html(char) for char in token
+    )
+
+
 def escape_plotly(text: str) -> str:
     """Escape `text` for Plotly hover labels, titles and tick labels (whitespace kept as is).
 

@@ -14,9 +14,10 @@ from .frames import Frame
 from .generator import denoise
 from .loading import LoadedModel
 from .numerics import check_temperature_schedule
+from .prompts import chat_prompt_ids, split_thought
 from .random_state import RunRandomState
 from .settings import DiffusionSettings, check_seed
-from .tokens import TokenText
+from .tokens import token_text_for
 
 MAX_PROMPT_CHARS = 100_000
 
@@ -42,16 +43,16 @@ def check_prompt(prompt, max_chars: int = MAX_PROMPT_CHARS) -> str:
 
 def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device) -> torch.LongTensor:
     """Token ids `[1, prompt_length]` of `prompt` on `device`: as is (`raw`) or as one chat user turn with the
-    generation prompt (the tokenizer's chat template). Raises ValueError for a bad prompt (`check_prompt`)."""
+    generation prompt (the tokenizer's chat template). In a chat prompt the user's text is text: special-token
+    strings typed in it (`<end_of_turn>`) are tokenized as plain pieces (`engine.prompts.chat_prompt_ids`); a raw
+    prompt is tokenized as is, so special tokens may be typed there on purpose. Raises ValueError for a bad prompt
+    (`check_prompt`)."""
     prompt = check_prompt(prompt)
     prompt = prompt.encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates become U+FFFD
     if raw:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
     else:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True,
-            return_tensors="pt", return_dict=True,
-        )["input_ids"]
+        ids = torch.tensor([chat_prompt_ids(tokenizer, prompt)], dtype=torch.long)
     return ids.to(device)
 
 
@@ -59,11 +60,15 @@ def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device) -> torc
 class GenerationResult:
     """Summary of one finished run.
 
-    token_ids: generated ids (EOS kept, pads after it dropped); text: their decoded text, special tokens skipped;
+    token_ids: generated ids (EOS kept, pads after it dropped); text: their decoded text, special tokens skipped
+    (the answer only when the model wrote a thought channel: see `thought`);
     frames: frames yielded (= decoder forwards); forwards_per_block: forwards each canvas used;
     seconds: engine time (prefill included); tokens_per_second: non-pad generated tokens / seconds;
     tokens_per_forward: non-pad generated tokens / forwards (as `generate()` computes it);
-    time_to_first_frame_s; prompt_tokens; seed; stop_reason ("eos", "max_new_tokens", "cancelled").
+    time_to_first_frame_s; prompt_tokens; seed; stop_reason ("eos", "max_new_tokens", "cancelled");
+    tokens: non-pad generated tokens, the count both rates use (EOS and other special tokens count, pads never:
+    `generate()`'s `_compute_tokens_per_forward`; a pad mid-canvas does not stop generation, only EOS ids do);
+    thought: the thought channel's text when the model wrote one (`engine.prompts.split_thought`), else "".
     """
 
     token_ids: list[int]
@@ -77,6 +82,8 @@ class GenerationResult:
     prompt_tokens: int
     seed: int
     stop_reason: str
+    tokens: int = 0
+    thought: str = ""
 
     @property
     def forwards(self) -> int:
@@ -103,7 +110,7 @@ class DiffusionEngine:
         self.tokenizer = loaded.tokenizer
         self.source = loaded.source
         self.device = loaded.device
-        self.token_text = TokenText(self.tokenizer)
+        self.token_text = token_text_for(self.tokenizer, self.model)
         self.recommended = DiffusionSettings.from_generation_config(self.model.generation_config)
         self.canvas_length = self.model.config.canvas_length
         self.context_limit = self.model.config.text_config.max_position_embeddings
@@ -129,11 +136,6 @@ class DiffusionEngine:
                 f"{self.context_limit:,} tokens: shorten the prompt or lower max_new_tokens"
             )
 
-    def frames(
-        self,
-        prompt: str,
-        settings: DiffusionSettings | None = None,
-        *,
     def check_settings(self, settings: DiffusionSettings) -> None:
         """Raise `ValueError` (one line naming the setting) for settings this model's arithmetic cannot run, such as
         a temperature schedule low enough to overflow its logits in its dtype (`engine.numerics`)."""
@@ -141,6 +143,11 @@ class DiffusionEngine:
             settings, logit_cap=getattr(self.model.config.get_text_config(), "final_logit_softcapping", None),
             feedback_dtype=self.model.model.decoder.embed_tokens.weight.dtype)
 
+    def frames(
+        self,
+        prompt: str,
+        settings: DiffusionSettings | None = None,
+        *,
         raw: bool = False,
         seed: int | None = None,
         stop_event: threading.Event | None = None,
@@ -148,23 +155,25 @@ class DiffusionEngine:
         """Validate, encode and denoise `prompt`, yielding one `Frame` per decoder forward (see `engine.generator`).
 
         Raises:
-            ValueError: bad prompt, seed or budget (before any work is done).
+            ValueError: bad prompt, seed, budget or settings (before any work is done).
         """
         settings = settings or self.recommended
         seed = check_seed(seed)
+        self.check_settings(settings)
         input_ids = self.encode_prompt(prompt, raw=raw)
         self.check_budget(input_ids.shape[1], settings)
         return denoise(
             self.model, input_ids, settings, token_text=self.token_text, stop_event=stop_event,
             random_state=RunRandomState(seed),
-        self.check_settings(settings)
         )
 
     def summarize(self, last: Frame, frames: int) -> GenerationResult:
         """The `GenerationResult` of a run whose last frame is `last`."""
+        thought, answer = split_thought(list(last.committed_ids), self.tokenizer)
         return GenerationResult(
             token_ids=list(last.committed_ids),
-            text=self.tokenizer.decode(last.committed_ids, skip_special_tokens=True),
+            text=answer,
+            thought=thought,
             frames=frames,
             forwards_per_block=list(last.forwards_per_block),
             seconds=last.elapsed_s,
@@ -174,6 +183,7 @@ class DiffusionEngine:
             prompt_tokens=last.prompt_tokens,
             seed=last.seed,
             stop_reason=last.stop_reason,
+            tokens=last.committed_tokens,
         )
 
     def warm_up(self) -> float:

@@ -6,6 +6,7 @@ serialize (`Frame.to_dict`) and render. Per-position fields all have length `can
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 
 
@@ -21,7 +22,10 @@ class Frame:
         entropy: entropy of the temperature-scaled distribution, in nats.
         first_accepted_step: the 0-based step at which the position was first accepted (-1: not yet): the
             unmasking order.
-        input_tokens, draft_tokens: the same ids as display strings (one token each, as decoded by the tokenizer).
+        input_tokens, draft_tokens: the same ids as display strings (one token each, see `engine.tokens.TokenText`:
+            decoded text, a special token's own piece such as `<pad>`, a byte piece's bytes as `<0xE2>`).
+        input_kinds, draft_kinds: each token's kind ("text", "byte", "pad", "eos", "special"; see
+            `engine.tokens.TokenText.kind`), or empty lists where the producer did not classify tokens.
 
     Progress fields:
         block_index: 0-based canvas (block) number; step_index: 0-based decoder forward within the block;
@@ -31,7 +35,9 @@ class Frame:
         last step (a block whose criteria are met only at its last step ran all its steps). done: the generation
         is over (EOS, token budget, or cancellation).
         committed_ids: generated tokens of finished blocks (EOS kept, pads after EOS dropped); on the last frame of
-        a block it includes that block. committed_tokens: how many of them are not pad.
+        a block it includes that block. committed_tokens: how many of them are not pad. As in `generate()`
+        (`_finalize_canvas`, `_compute_tokens_per_forward`), a pad the model draws mid-canvas does not end the
+        sequence (only EOS ids do) and is never counted; EOS and other special tokens count.
         forwards_per_block: decoder forwards used by each finished block.
 
     Speed fields (engine clock: time spent inside the generator only, so a slow consumer does not change it):
@@ -69,6 +75,8 @@ class Frame:
     prompt_tokens: int = 0
     seed: int = 0
     stop_reason: str = ""
+    input_kinds: list[str] = dataclasses.field(default_factory=list)
+    draft_kinds: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def accepted_count(self) -> int:

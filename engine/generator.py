@@ -144,6 +144,7 @@ def denoise(
         else:
             encoder_after_prefill, decoder_forward = model.model.encoder, model.forward
         n_steps = generation_config.max_denoising_steps
+    token_kind = getattr(token_text, "kind", None)  # `TokenText.kind`; plain callables give no kinds
 
     def make_frame(block, step_index, temperature, input_canvas, argmax_canvas, processed_logits, first_accepted,
                    block_done, stopped_early, done, stop_reason) -> Frame:
@@ -167,6 +168,8 @@ def denoise(
             first_accepted_step=first_accepted.tolist(),
             input_tokens=[token_text(i) for i in input_list],
             draft_tokens=[token_text(i) for i in draft_list],
+            input_kinds=[token_kind(i) for i in input_list] if token_kind else [],
+            draft_kinds=[token_kind(i) for i in draft_list] if token_kind else [],
             block_done=block_done,
             block_stopped_early=stopped_early,
             done=done,

@@ -1,26 +1,132 @@
-"""Display strings for single tokens, cached per id."""
+"""Display strings and kinds for single tokens, cached per id.
+
+A canvas position holds one token, and one token is not always text on its own: a byte-fallback piece (`<0xE2>`,
+Gemma's SentencePiece-style BPE) or a byte-level BPE piece may hold part of a UTF-8 character, and special tokens
+(pad, end-of-sequence, turn and channel markers, image markers, unused ids) are control symbols, not content.
+`TokenText` tells them apart so that a view can show each for what it is.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
+TEXT, BYTE, PAD, EOS, SPECIAL = "text", "byte", "pad", "eos", "special"
+TOKEN_KINDS = (TEXT, BYTE, PAD, EOS, SPECIAL)
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+# Gemma 4 markers: <|turn>, <turn|>, <|think|>, <|channel>, <|image> ... (never ordinary text, special flag or not)
+_PIPE_MARKER = re.compile(r"<\|[^<>\s]*>|<[^<>\s]*\|>")
+
+
+def byte_display(data: bytes) -> str:
+    """Bytes as byte-piece text, `<0xE2><0x80>`: the display string of a `byte` token (parse it back with
+    `parse_byte_display`)."""
+    return "".join(f"<0x{b:02X}>" for b in data)
+
+
+def parse_byte_display(text: str) -> bytes:
+    """The bytes of a `byte` token's display string (`<0xE2><0x80>` -> b"\\xe2\\x80"); b"" if it is not one."""
+    pieces = _BYTE_PIECE.findall(text)
+    if not pieces or "".join(f"<0x{p}>" for p in pieces) != text:
+        return b""
+    return bytes(int(p, 16) for p in pieces)
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, inverted: printable character -> byte (`bytes_to_unicode` in transformers)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {char: byte for byte, char in bytes_to_unicode().items()}
+
 
 class TokenText:
-    """Maps a token id to the text it stands for (`tokenizer.decode([id])`, special tokens kept), cached.
+    """Maps a token id to its display string and its kind, cached.
 
-    Ids the tokenizer does not know (the model's vocabulary can be larger than the tokenizer's) read `<id:N>`.
-    Strings are raw model output: escape them before rendering as HTML.
+    Kinds (`kind(id)`):
+        "pad": the pad id. "eos": an end-of-sequence id (the generation config's list, e.g. [1, 106, 50]).
+        "special": any other control symbol: the tokenizer's special tokens and added tokens flagged special (BOS,
+        turn, channel and tool markers, unused ids), Gemma 4 `<|x>` / `<x|>` markers, the ids in `special_ids`
+        (image markers from the model config), and ids the tokenizer does not know (the model's vocabulary can be
+        larger; their string reads `<id:N>`). "byte": a piece that is not valid UTF-8 on its own (a byte-fallback
+        `<0xE2>`, or a byte-level BPE piece holding part of a character); its string lists its bytes as
+        `<0xE2><0x80>` (see `parse_byte_display`), never U+FFFD. "text": everything else.
+    Strings (`__call__`): `tokenizer.decode([id])` for text tokens (a "▁" piece decodes to a leading space), the
+    token's own piece (`<|turn>`, `<pad>`) for pad, eos and special tokens. Strings are raw model output: escape them
+    before rendering as HTML.
+
+    Args:
+        tokenizer: a transformers tokenizer.
+        eos_token_ids: end-of-sequence id or ids (default: the tokenizer's `eos_token_id`).
+        pad_token_id: the pad id (default: the tokenizer's).
+        special_ids: more ids to treat as special (e.g. the config's `image_token_id`, `boi_token_id`).
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, *, eos_token_ids: int | Iterable[int] | None = None,
+                 pad_token_id: int | None = None, special_ids: Iterable[int] = ()):
         self._tokenizer = tokenizer
         self._size = len(tokenizer)
-        self._cache: dict[int, str] = {}
+        self._cache: dict[int, tuple[str, str]] = {}
+        if eos_token_ids is None:
+            eos_token_ids = tokenizer.eos_token_id
+        if isinstance(eos_token_ids, int):
+            eos_token_ids = [eos_token_ids]
+        self.eos_ids = frozenset(int(i) for i in (eos_token_ids or ()))
+        self.pad_id = tokenizer.pad_token_id if pad_token_id is None else pad_token_id
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        self._added = frozenset(added)
+        self.special_ids = frozenset(
+            {int(i) for i in tokenizer.all_special_ids}
+            | {int(i) for i, token in added.items() if getattr(token, "special", False)
+               or _PIPE_MARKER.fullmatch(str(token))}
+            | {int(i) for i in special_ids if i is not None}
+        )
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        decoder = getattr(backend, "decoder", None)
+        self._byte_level = _byte_level_decoder() if type(decoder).__name__ == "ByteLevel" else None
 
     def __call__(self, token_id: int) -> str:
-        text = self._cache.get(token_id)
-        if text is None:
-            if 0 <= token_id < self._size:
-                text = self._tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            else:
-                text = f"<id:{token_id}>"
-            self._cache[token_id] = text
-        return text
+        """The display string of `token_id` (see the class docstring)."""
+        return self.describe(token_id)[0]
+
+    def kind(self, token_id: int) -> str:
+        """The kind of `token_id`: one of `TOKEN_KINDS`."""
+        return self.describe(token_id)[1]
+
+    def describe(self, token_id: int) -> tuple[str, str]:
+        """(display string, kind) of `token_id`, cached."""
+        cached = self._cache.get(token_id)
+        if cached is None:
+            cached = self._cache[token_id] = self._describe(token_id)
+        return cached
+
+    def _describe(self, token_id: int) -> tuple[str, str]:
+        if not 0 <= token_id < self._size:
+            return f"<id:{token_id}>", SPECIAL
+        if token_id == self.pad_id or token_id in self.eos_ids or token_id in self.special_ids:
+            piece = self._tokenizer.convert_ids_to_tokens(token_id)
+            kind = PAD if token_id == self.pad_id else EOS if token_id in self.eos_ids else SPECIAL
+            return str(piece), kind
+        text = self._tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if token_id in self._added:
+            return text, TEXT
+        piece = self._tokenizer.convert_ids_to_tokens(token_id)
+        match = _BYTE_PIECE.fullmatch(piece or "")
+        if match:
+            return byte_display(bytes([int(match.group(1), 16)])), BYTE
+        if "\ufffd" in text and self._byte_level is not None and piece and all(c in self._byte_level for c in piece):
+            return byte_display(bytes(self._byte_level[c] for c in piece)), BYTE
+        return text, TEXT
+
+
+def token_text_for(tokenizer, model) -> TokenText:
+    """The `TokenText` of a loaded model: EOS ids and pad from its generation config (what stops generation),
+    and every `*_token_id` of its config (image, begin/end-of-image markers...) as special."""
+    generation = getattr(model, "generation_config", None)
+    eos = getattr(generation, "eos_token_id", None)
+    pad = getattr(generation, "pad_token_id", None)
+    config = getattr(model, "config", None)
+    marker_ids = []
+    for name, value in (config.to_dict() if config is not None else {}).items():
+        if name.endswith("_token_id") and isinstance(value, int):
+            marker_ids.append(value)
+    return TokenText(tokenizer, eos_token_ids=eos, pad_token_id=pad, special_ids=marker_ids)

@@ -1,0 +1,159 @@
+"""What one canvas position shows: a token's display text, its style and its tooltip line, by token kind.
+
+Pure functions over a row of (token string, kind) pairs as frames carry them (`Frame.draft_tokens`/`draft_kinds`,
+kinds from `engine.tokens.TokenText`):
+- text tokens show their text (spaces and newlines made visible by `diffgemma_ui.text`);
+- special tokens (pad, end-of-sequence, BOS, turn/channel/tool markers, image markers, unused ids) show a short
+  label ("pad", "turn start", "unused94"), dimmed, never their raw marker text;
+- byte pieces (`<0xE2>`, parts of a UTF-8 character) are read together with their neighbours: consecutive byte
+  positions that form characters show the characters on the position of each character's first byte, the positions
+  holding the rest show their bytes as "+80 94"; a byte that forms no character shows "0xE2". Never U+FFFD.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.tokens import BYTE, EOS, PAD, SPECIAL, TEXT, parse_byte_display
+
+from .text import escape_html, marked_token_html, visible_token
+
+# Chip styles a token kind can give (the `dg-tok-*` CSS classes)
+STYLES = ("text", "special", "pad", "eos", "bytes", "bytecont", "byte")
+_MARKER = re.compile(r"<(\|?)([^<>|]*)(\|?)>")
+_ID = re.compile(r"<id:(-?\d+)>")
+
+
+@dataclass(frozen=True)
+class TokenCell:
+    """One position's look: `text` (what the chip shows, whitespace made visible, unescaped: for tooltips),
+    `html` (the same, escaped, with whitespace marks in `<span class="dg-sp">`), `style` (one of `STYLES`) and
+    `detail` (a tooltip line saying what the token is, unescaped; "" for plain text)."""
+
+    text: str
+    html: str
+    style: str
+    detail: str = ""
+
+
+def _cell(text: str, style: str, detail: str = "") -> TokenCell:
+    """A cell showing the already visible `text` (a label or decoded bytes) verbatim."""
+    return TokenCell(text, escape_html(text), style, detail)
+
+
+def special_label(piece: str) -> str:
+    """A short label for a special token's piece: `<pad>` -> "pad", `<start_of_turn>` -> "start of turn",
+    `<|turn>` -> "turn start", `<turn|>` -> "turn end", `<|think|>` -> "think", `<id:N>` -> "id N"; other pieces
+    lose their brackets (`[multimodal]` -> "multimodal")."""
+    piece = str(piece)
+    match = _ID.fullmatch(piece)
+    if match:
+        return f"id {match.group(1)}"
+    match = _MARKER.fullmatch(piece)
+    if match:
+        opens, name, closes = match.groups()
+        name = name.replace("_", " ").strip() or "marker"
+        if opens and not closes:
+            return f"{name} start"
+        if closes and not opens:
+            return f"{name} end"
+        return name
+    return piece.strip("<>[]|") or "special"
+
+
+def _utf8_units(data: bytes) -> list[tuple[int, int, str | None]]:
+    """`data` split into UTF-8 characters: (start, end, character), or (i, i + 1, None) for a byte that starts no
+    complete character (a lone lead byte, a stray continuation byte, an invalid byte)."""
+    units, i = [], 0
+    while i < len(data):
+        lead = data[i]
+        size = 1 if lead < 0x80 else 2 if 0xC2 <= lead <= 0xDF else 3 if 0xE0 <= lead <= 0xEF else (
+            4 if 0xF0 <= lead <= 0xF4 else 0)
+        if size and i + size <= len(data):
+            try:
+                units.append((i, i + size, data[i:i + size].decode("utf-8")))
+                i += size
+                continue
+            except UnicodeDecodeError:
+                pass
+        units.append((i, i + 1, None))
+        i += 1
+    return units
+
+
+def _hex(data: bytes) -> str:
+    return " ".join(f"{b:02X}" for b in data)
+
+
+def _byte_run(pieces: list[bytes]) -> list[TokenCell]:
+    """The cells of consecutive byte positions, read as one UTF-8 byte string."""
+    data = b"".join(pieces)
+    owner, start = [], 0  # owner[byte offset] = index of the position holding that byte
+    for index, piece in enumerate(pieces):
+        owner.extend([index] * len(piece))
+        start += len(piece)
+    shown: list[list[str]] = [[] for _ in pieces]
+    notes: list[list[str]] = [[] for _ in pieces]
+    for begin, end, char in _utf8_units(data):
+        first, last = owner[begin], owner[end - 1]
+        if char is None:
+            shown[first].append(f"0x{data[begin]:02X}")
+            notes[first].append(f"byte 0x{data[begin]:02X}: not a whole UTF-8 character here")
+            continue
+        shown[first].append(visible_token(char))
+        if last == first:
+            notes[first].append(f"bytes {_hex(data[begin:end])} = \u201c{visible_token(char)}\u201d")
+        else:
+            notes[first].append(f"bytes {_hex(data[begin:end])} over {last - first + 1} positions = "
+                                f"\u201c{visible_token(char)}\u201d")
+            for index in range(first + 1, last + 1):
+                notes[index].append(f"continues \u201c{visible_token(char)}\u201d from {index - first} "
+                                    f"position{'s' if index - first != 1 else ''} before")
+    cells = []
+    for piece, texts, lines in zip(pieces, shown, notes):
+        if texts and all(t.startswith("0x") and len(t) == 4 for t in texts):
+            cells.append(_cell(" ".join(texts), "byte", "; ".join(lines)))
+        elif texts:
+            cells.append(_cell("".join(texts), "bytes", "; ".join(lines)))
+        else:
+            cells.append(_cell(f"+{_hex(piece)}", "bytecont", "; ".join(lines)))
+    return cells
+
+
+def token_cells(tokens: Sequence[str], kinds: Sequence[str] | None = None,
+                groups: Sequence[object] | None = None) -> list[TokenCell]:
+    """The look of each position of a row of tokens.
+
+    Args:
+        tokens: display strings, one per position (`Frame.draft_tokens` or a mix of draft and input tokens).
+        kinds: their kinds (`engine.tokens.TOKEN_KINDS`); None or empty: all text (frames that carry no kinds).
+        groups: optional key per position; byte positions are read together only within a run of equal keys (so
+            an accepted byte is never joined to a neighbouring noise byte).
+
+    Returns:
+        one `TokenCell` per position, same length as `tokens`.
+    """
+    n = len(tokens)
+    kinds = list(kinds) if kinds else [TEXT] * n
+    groups = list(groups) if groups is not None else [None] * n
+    cells: list[TokenCell | None] = [None] * n
+    pos = 0
+    while pos < n:
+        kind, token = kinds[pos], tokens[pos]
+        data = parse_byte_display(token) if kind == BYTE else b""
+        if kind == BYTE and data:
+            end = pos + 1
+            while end < n and kinds[end] == BYTE and groups[end] == groups[pos] and parse_byte_display(tokens[end]):
+                end += 1
+            cells[pos:end] = _byte_run([parse_byte_display(t) for t in tokens[pos:end]])
+            pos = end
+            continue
+        if kind in (PAD, EOS, SPECIAL):
+            what = {PAD: "pad", EOS: "end-of-sequence", SPECIAL: "special token"}[kind]
+            cells[pos] = _cell(special_label(token), kind, f"{what} {token}: a control symbol, not text")
+        else:
+            cells[pos] = TokenCell(visible_token(token), marked_token_html(token), "text")
+        pos += 1
+    return cells
