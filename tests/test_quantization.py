@@ -163,3 +163,22 @@ def test_refusals_are_one_clear_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "engine", "memory", "--model", str(tmp_path / "missing")],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert out.returncode == 2 and out.stderr.startswith("error: model folder") and out.stderr.count("\n") == 1
+
+
+def test_gpu_quantization_script_runs_every_choice_on_a_tiny_config(capsys):
+    """benchmarks/gpu_quantization.py's CPU-side logic (random tied model, load through quantize_model, fixed-step
+    generation), on the tiny variant on the CPU."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import gpu_quantization
+
+    model = gpu_quantization.random_cpu_model(gpu_quantization.build_config(tiny=True))
+    encoder, decoder = model.model.encoder.language_model.layers[1], model.model.decoder.layers[1]
+    assert encoder.experts.down_proj is decoder.experts.down_proj  # tied, so quantized once
+    assert gpu_quantization.main(["--tiny", "--device", "cpu", "--steps", "1,2", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    by_choice = {r["quantization"]: r for r in results["choices"]}
+    assert set(by_choice) == set(QUANTIZATIONS) and not any("error" in r for r in by_choice.values())
+    for r in by_choice.values():
+        assert [run["steps"] for run in r["runs"]] == [1, 2]
+        assert all(run["tokens"] == results["canvas_length"] and run["tokens_per_second"] > 0 for run in r["runs"])
+    assert by_choice["4bit"]["weights_bytes"] < by_choice["8bit"]["weights_bytes"] < by_choice["none"]["weights_bytes"]

@@ -1,0 +1,263 @@
+"""Quantization on the CPU: bytes and quality of each `--quantization` choice (engine/quantization.py).
+
+    python benchmarks/quantization.py [--layers 2] [--skip-full-width] [--skip-embedded] [--prompts 20] [--json]
+
+1. Bytes of the real 26B config (assets/configs/diffusiongemma-26B-A4B-it), by group, from the meta device
+   (`engine.memory`), for each choice.
+2. A full-width build of that config with `--layers` text layers (every real width, vocabulary 262,144, 128
+   experts of 704; the last layer full attention, the others sliding) and random bf16 weights (transformers'
+   initialisation, seed 0), saved to a temporary folder and loaded through the playground's loading path for each
+   choice (`from_pretrained(device_map="cpu")`, which memory-maps a bf16 checkpoint, then `quantize_model`), each
+   in a fresh process that reports its peak memory while loading. The vision tower is cut to one layer there (text
+   never runs it); its bytes come from step 1. Printed: bytes per sliding and full layer, embeddings, vision tower,
+   extrapolated to the real 25 sliding + 5 full layers; and one decoder forward's logits (a 64-token random prompt
+   and a random 256-token canvas, seed 0) against bf16's: mean KL(bf16 || quantized) per position in nats and the
+   share of positions whose argmax agrees.
+3. The embedded model at its recommended settings: dictionary-word rate (training/evaluate.py's measure, Debian's
+   /usr/share/dict/words) and tokens per forward over `--prompts` of training/evaluate.py's prompts, seed = index,
+   for each choice against the unquantized model.
+
+Runs on the CPU (bitsandbytes 0.50 quantizes there); about 15-25 minutes on a busy 2-core machine, 6 GB of memory
+and 5 GB of temporary disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from engine.loading import REPO_ROOT  # noqa: E402
+from engine.memory import memory_report, meta_model  # noqa: E402
+from engine.quantization import QUANTIZATIONS, quantize_model  # noqa: E402
+
+REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
+TINY_VISION = dict(num_hidden_layers=1)
+PROMPT_TOKENS, SEED = 64, 0
+
+
+def full_width_config(layers: int):
+    """The real config with `layers` text layers (the last full attention) and a one-layer vision tower."""
+    from transformers import DiffusionGemmaConfig
+
+    real = json.loads((REAL_CONFIG / "config.json").read_text())
+    full_index = layers - 1
+    full_overrides = real["text_config"]["per_layer_config"]["05"]
+    text = dict(real["text_config"], num_hidden_layers=layers,
+                layer_types=["sliding_attention"] * full_index + ["full_attention"],
+                per_layer_config={f"{full_index:02d}": full_overrides})
+    config_dict = dict(real, text_config=text, vision_config=dict(real["vision_config"], **TINY_VISION))
+    return DiffusionGemmaConfig(**config_dict)
+
+
+class PeakMemory:
+    """Samples this process's resident memory (anonymous and file-backed, MB) every 50 ms; `peak` holds the maxima."""
+
+    def __init__(self):
+        self.peak = {"RssAnon": 0, "RssFile": 0, "VmRSS": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> dict:
+        values = {}
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in self.peak:
+                values[key] = int(rest.split()[0]) // 1024
+        return values
+
+    def _run(self):
+        while not self._stop.is_set():
+            for key, value in self.sample().items():
+                self.peak[key] = max(self.peak[key], value)
+            time.sleep(0.05)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def decoder_inputs(config) -> dict:
+    """A random prompt and canvas (seed 0) for one decoder forward."""
+    generator = torch.Generator().manual_seed(SEED)
+    vocab = config.text_config.vocab_size
+    return {"input_ids": torch.randint(3, vocab, (1, PROMPT_TOKENS), generator=generator),
+            "decoder_input_ids": torch.randint(3, vocab, (1, config.canvas_length), generator=generator)}
+
+
+def layer_bytes(model, quantization: str) -> dict:
+    """Bytes of each decoder layer (shared with the encoder, so counted once) and the report groups."""
+    report = memory_report(model)
+    per_layer = []
+    for layer in model.model.decoder.layers:
+        tensors = {id(t): t for t in [*layer.parameters(), *layer.buffers()]}
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        for module in layer.modules():
+            for plist in getattr(module, "parametrizations", {}).values():
+                state = plist[0].quant_state
+                nbytes += sum(t.numel() * t.element_size() for t in (state.absmax, state.code))
+        per_layer.append(nbytes)
+    return {"quantization": quantization, "per_layer": per_layer, "groups": report["groups"],
+            "total_bytes": report["total_bytes"]}
+
+
+def one_choice(folder: Path, quantization: str, out: Path) -> None:
+    """(Child process) load `folder` through the loading path with `quantization`, save logits and figures."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    torch.set_num_threads(1)
+    with PeakMemory() as peak:
+        start = time.perf_counter()
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(folder, dtype=torch.bfloat16, device_map="cpu")
+        after_map = peak.sample()
+        model = quantize_model(model, quantization, "cpu").eval()
+        load_s = time.perf_counter() - start
+    figures = layer_bytes(model, quantization)
+    inputs = decoder_inputs(model.config)
+    start = time.perf_counter()
+    with torch.no_grad():
+        logits = model(**inputs).logits[0].float()
+    figures.update(load_seconds=round(load_s, 1), forward_seconds=round(time.perf_counter() - start, 1),
+                   memory_mb_after_from_pretrained=after_map, peak_memory_mb_while_loading=peak.peak)
+    torch.save(logits, out.with_suffix(".pt"))
+    out.write_text(json.dumps(figures))
+
+
+def compare(reference: torch.Tensor, logits: torch.Tensor) -> dict:
+    """Mean KL(reference || logits) per position (nats) and argmax agreement of [positions, vocab] logits."""
+    ref, other = reference.log_softmax(-1), logits.log_softmax(-1)
+    kl = torch.nn.functional.kl_div(other, ref, log_target=True, reduction="none").sum(-1)
+    return {"mean_kl_per_position": kl.mean().item(),
+            "argmax_agreement": (reference.argmax(-1) == logits.argmax(-1)).float().mean().item()}
+
+
+def full_width(layers: int) -> dict:
+    """Step 2: build, save, and measure each choice in a child process."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    config = full_width_config(layers)
+    work = Path(tempfile.mkdtemp(prefix="quant_bench_"))
+    try:
+        torch.manual_seed(SEED)
+        start = time.perf_counter()
+        DiffusionGemmaForBlockDiffusion._from_config(config, dtype=torch.bfloat16).save_pretrained(work / "model")
+        print(f"built and saved a {layers}-layer full-width model in {time.perf_counter() - start:.0f} s",
+              file=sys.stderr)
+        results = {}
+        for quantization in QUANTIZATIONS:
+            out = work / f"{quantization}.json"
+            subprocess.run([sys.executable, __file__, "--one-choice", quantization, "--folder", str(work / "model"),
+                            "--out", str(out)], check=True)
+            results[quantization] = json.loads(out.read_text())
+            results[quantization]["logits"] = torch.load(out.with_suffix(".pt"))
+            print(f"  {quantization}: loaded in {results[quantization]['load_seconds']} s", file=sys.stderr)
+        reference = results["none"]["logits"]
+        for quantization, figures in results.items():
+            figures.update(compare(reference, figures.pop("logits")))
+        return {"layers": layers, "layer_types": config.text_config.layer_types, "choices": results}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def extrapolate(measured: dict, real_report: dict, real_layer_types: list[str]) -> dict:
+    """Bytes of the real model from the measured build: per-layer bytes by type x the real layer count, plus the
+    measured embeddings and other non-layer tensors, plus the real vision tower (meta report)."""
+    layer_types = measured["layer_types"]
+    per_type = {t: measured["per_layer"][layer_types.index(t)] for t in set(layer_types)}
+    layers_measured = sum(measured["per_layer"])
+    outside_layers = measured["total_bytes"] - layers_measured - measured["groups"]["vision_tower"]
+    layers_real = sum(per_type[t] for t in real_layer_types)
+    return {"bytes_per_layer": per_type, "outside_layers": outside_layers,
+            "vision_tower": real_report["groups"]["vision_tower"],
+            "total_bytes": layers_real + outside_layers + real_report["groups"]["vision_tower"]}
+
+
+def embedded_quality(prompts: int) -> dict:
+    """Step 3: dictionary-word rate and tokens per forward of the embedded model per choice."""
+    from engine.engine import DiffusionEngine
+    from engine.loading import load_model
+    from training.evaluate import EVAL_PROMPTS, load_dictionary, sample_quality
+
+    dictionary = load_dictionary()
+    results = {}
+    for quantization in QUANTIZATIONS:
+        engine = DiffusionEngine(load_model(device="cpu", quantization=quantization))
+        quality = sample_quality(engine, engine.recommended, dictionary, EVAL_PROMPTS[:prompts])
+        results[quantization] = {k: quality[k] for k in ("dictionary_word_rate", "tokens_per_forward",
+                                                          "distinct_2", "tokens_per_second")}
+        print(f"  embedded {quantization}: {json.dumps(results[quantization])}", file=sys.stderr)
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=2, help="text layers of the full-width build (>= 2)")
+    parser.add_argument("--prompts", type=int, default=20, help="embedded-model prompts (training/evaluate.py)")
+    parser.add_argument("--skip-full-width", action="store_true")
+    parser.add_argument("--skip-embedded", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--one-choice", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one_choice:
+        one_choice(args.folder, args.one_choice, args.out)
+        return 0
+    if args.layers < 2:
+        parser.error("--layers must be at least 2 (one sliding and one full attention layer)")
+    torch.set_num_threads(1)
+    report = {"real_config": {}}
+    real_model = meta_model(REAL_CONFIG)
+    real_types = list(real_model.config.text_config.layer_types)
+    for quantization in QUANTIZATIONS:
+        report["real_config"][quantization] = memory_report(real_model, quantization)
+    print("Real 26B config, meta device (GB):")
+    for quantization, r in report["real_config"].items():
+        groups = "  ".join(f"{g} {b / 1e9:.3f}" for g, b in r["groups"].items())
+        print(f"  {quantization:<5} total {r['total_bytes'] / 1e9:7.3f}  {groups}")
+    if not args.skip_full_width:
+        measured = full_width(args.layers)
+        report["full_width"] = measured
+        print(f"\nFull-width build, {args.layers} layers ({', '.join(measured['layer_types'])}), random bf16 weights:")
+        print("  choice  sliding layer GB  full layer GB  embeddings GB  vision (real) GB  30-layer total GB  "
+              "KL/position  argmax agree  load s  peak RssAnon MB  peak RssFile MB")
+        for quantization, figures in measured["choices"].items():
+            extra = extrapolate(figures, report["real_config"][quantization], real_types)
+            figures["extrapolated"] = extra
+            per = extra["bytes_per_layer"]
+            print(f"  {quantization:<6}  {per['sliding_attention'] / 1e9:16.3f}  {per['full_attention'] / 1e9:13.3f}  "
+                  f"{figures['groups']['embeddings'] / 1e9:13.3f}  {extra['vision_tower'] / 1e9:16.3f}  "
+                  f"{extra['total_bytes'] / 1e9:17.3f}  {figures['mean_kl_per_position']:11.4f}  "
+                  f"{figures['argmax_agreement']:12.3f}  {figures['load_seconds']:6.0f}  "
+                  f"{figures['peak_memory_mb_while_loading']['RssAnon']:15d}  "
+                  f"{figures['peak_memory_mb_while_loading']['RssFile']:15d}")
+    if not args.skip_embedded:
+        quality = embedded_quality(args.prompts)
+        report["embedded"] = quality
+        print(f"\nEmbedded model, {args.prompts} prompts, recommended settings:")
+        print("  choice  dictionary words  tokens/forward  distinct-2")
+        for quantization, q in quality.items():
+            print(f"  {quantization:<6}  {q['dictionary_word_rate']:16.3f}  {q['tokens_per_forward']:14.2f}  "
+                  f"{q['distinct_2']:10.3f}")
+    if args.json:
+        print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
