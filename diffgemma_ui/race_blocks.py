@@ -49,7 +49,10 @@ def build_race_tab(race: RaceTab) -> None:
                  concurrency_limit=None, show_progress="hidden", trigger_mode="once")
     run = dict(fn=race.race_stream, inputs=[session, *inputs], outputs=[*panels, result, start, stop],
                api_visibility="private", concurrency_id="engine", show_progress="hidden", trigger_mode="once")
-    start.click(**check).success(**run)
+    # The replay needs no engine: it runs outside the engine's queue slot, so the next visitor's run can start
+    replay = dict(fn=race.replay_stream, inputs=[session], outputs=[*panels, result, start, stop],
+                  api_visibility="private", concurrency_limit=None, show_progress="hidden")
+    start.click(**check).success(**run).success(**replay)
     stop.click(race.stop, inputs=[session], outputs=None, api_visibility="private", concurrency_limit=None,
                show_progress="hidden")
 

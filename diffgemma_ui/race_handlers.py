@@ -21,7 +21,9 @@ from .handlers import DEFAULT_MAX_RUN_S, Playground, describe_error
 from .race_view import frame_at, panel_html, result_html
 from .text import plain_text
 from .validation import RunRequest, build_request, preset_values
+from .worker import RunTimeLimitExceeded
 
+IDLE_BUTTONS = (gr.update(interactive=True), gr.update(interactive=False))  # Race on, Stop off
 LIVE_INTERVAL_S = 0.25  # live panels re-render at most 4 times a second: the engine shares the CPU
 REPLAY_FPS = 12.0
 
@@ -61,10 +63,12 @@ class RaceProgress:
 
 
 class RaceSession:
-    """One browser session's race state (a `gr.State` value): the stop event of its race in progress."""
+    """One browser session's race state (a `gr.State` value): the stop event of its race in progress, and the
+    finished race's progress for the replay."""
 
     def __init__(self):
         self.stop_event: threading.Event | None = None
+        self.progress: RaceProgress | None = None
 
     def stop(self) -> None:
         if self.stop_event is not None:
@@ -149,7 +153,7 @@ class RaceTab:
                     run.prompt, run.settings, raw=run.raw, seed=run.seed, ar_temperature=request.ar_temperature,
                     order=request.order, on_frame=progress.add, stop_event=stop)
                 if progress.result.cancelled and timer is not None and not timer.is_alive():
-                    progress.error = TimeoutError(
+                    progress.error = RunTimeLimitExceeded(
                         f"the race reached this server's limit of {self.max_run_s:g} s and was stopped: lower "
                         "max_new_tokens")
             except BaseException as error:  # noqa: BLE001 - reported to the reader
@@ -201,37 +205,50 @@ class RaceTab:
     # -- events ----------------------------------------------------------------------------------------------------
     def race_stream(self, session: RaceSession, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature,
                     order) -> Iterator[tuple]:
-        """The Race button: validate, run the race (panels follow the running side), replay both on the engine
-        clock, then show the result. Yields (diffusion panel, autoregressive panel, result, Race button, Stop
-        button).
+        """The Race button: validate and run the race; the panel of the running side follows it live. Yields
+        (diffusion panel, autoregressive panel, result, Race button, Stop button). The finished race is kept in
+        `session` for `replay_stream`, which runs next without holding the engine's queue slot.
 
         Raises:
-            gr.Error: bad input (before anything runs) or a failure during the race.
+            gr.Error: bad input (before anything runs) or a failure during the race (the buttons are reset first).
         """
         request = self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
         progress, stop, thread = self.start(request)
-        busy = (gr.update(interactive=False), gr.update(interactive=True))
         if session is not None:
             session.stop()  # one race per session
-            session.stop_event = stop
+            session.stop_event, session.progress = stop, None
         try:
-            yield (*self.live_panels(progress), result_html(None), *busy)
+            yield (*self.live_panels(progress), result_html(None), gr.update(interactive=False),
+                   gr.update(interactive=True))
             while thread.is_alive():
                 thread.join(LIVE_INTERVAL_S)
                 yield (*self.live_panels(progress), gr.skip(), gr.skip(), gr.skip())
             if progress.error is not None:
+                yield (*self.live_panels(progress), gr.skip(), *IDLE_BUTTONS)
                 raise gr.Error(describe_error(progress.error), print_exception=False)
-            result = progress.result
-            if not result.cancelled:
-                total = max(side.seconds for side in (result.diffusion, result.autoregressive))
-                start = time.monotonic()
-                while (t := time.monotonic() - start) < total:
-                    yield (*self.replay_panels(progress, t), gr.skip(), gr.skip(), gr.skip())
-                    time.sleep(1.0 / REPLAY_FPS)
-            yield (*self.replay_panels(progress, float("inf")), result_html(result, explanation=explanation(result)),
-                   gr.update(interactive=True), gr.update(interactive=False))
+            if session is not None:
+                session.progress = progress
         finally:
-            stop.set()  # on a normal end, on Stop, and when Gradio closes this generator (tab closed)
+            if progress.error is not None or session is None or session.progress is not progress:
+                stop.set()  # stopped, failed, or Gradio closed this generator (tab closed)
+
+    def replay_stream(self, session: RaceSession) -> Iterator[tuple]:
+        """After the race: replay both sides together on the engine clock (time 0 = each side's start), at most
+        `REPLAY_FPS` renders a second, then show the result card. Stop ends the replay at once. Same outputs as
+        `race_stream`."""
+        progress = session.progress if session is not None else None
+        if progress is None or progress.result is None:
+            yield (gr.skip(), gr.skip(), gr.skip(), *IDLE_BUTTONS)
+            return
+        result, stop = progress.result, session.stop_event
+        if not result.cancelled:
+            total = max(side.seconds for side in (result.diffusion, result.autoregressive))
+            start = time.monotonic()
+            while (t := time.monotonic() - start) < total and not (stop is not None and stop.is_set()):
+                yield (*self.replay_panels(progress, t), gr.skip(), gr.skip(), gr.skip())
+                time.sleep(1.0 / REPLAY_FPS)
+        yield (*self.replay_panels(progress, float("inf")), result_html(result, explanation=explanation(result)),
+               *IDLE_BUTTONS)
 
     @staticmethod
     def stop(session: RaceSession) -> None:

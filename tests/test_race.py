@@ -447,3 +447,29 @@ def test_gpu_bandwidth_bound_fields_follow_from_bytes_and_bandwidth(engine, smal
             side.tokens_per_forward / side.bandwidth_bound_s_per_forward)
     html = result_html(result, explanation=explanation(result))
     assert "bandwidth bound per forward" in html and "2 GB/s" in html
+
+
+@pytest.mark.slow
+def test_race_tab_runs_then_replays_and_resets_buttons_on_failure(engine, monkeypatch):
+    import gradio as gr
+
+    from diffgemma_ui.race_handlers import RaceSession, RaceTab
+
+    tab, session = RaceTab(RaceRunner(engine)), RaceSession()
+    inputs = ("In the beginning", True, "fast", 64, 0, 0.0, "diffusion first")
+    live = list(tab.race_stream(session, *inputs))
+    assert live[0][3]["interactive"] is False and live[0][4]["interactive"] is True  # Race off, Stop on
+    assert session.progress is not None and session.progress.result is not None
+    replay = list(tab.replay_stream(session))
+    assert 'data-state="replay"' in replay[0][0] if len(replay) > 1 else True
+    final = replay[-1]
+    assert 'data-state="done"' in final[2] and final[3]["interactive"] is True and final[4]["interactive"] is False
+    tokens = session.progress.result.diffusion.tokens
+    assert f'data-tokens="{tokens}"' in final[0]
+
+    monkeypatch.setattr(tab.runner, "run", lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("boom")))
+    outputs = []
+    with pytest.raises(gr.Error, match="engine failed"):
+        for output in tab.race_stream(RaceSession(), *inputs):
+            outputs.append(output)
+    assert outputs[-1][3]["interactive"] is True and outputs[-1][4]["interactive"] is False
