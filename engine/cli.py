@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", default=str(DEFAULT_MODEL), help="local folder or hub id (default: embedded model)")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--raw", action="store_true", help="no chat template: tokenize the prompt as is")
+    gen.add_argument("--thinking", action="store_true",
+                     help="let the model think first (chat templates with enable_thinking, e.g. Gemma 4)")
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--max-new-tokens", type=int)
     gen.add_argument("--steps", type=int, help="max denoising steps per canvas")
@@ -73,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_adaptive_stopping:
             settings = settings.replace(adaptive_stopping=False)
         if args.trace:
-            frames = list(engine.frames(args.prompt, settings, raw=args.raw, seed=args.seed))
+            frames = list(engine.frames(args.prompt, settings, raw=args.raw, seed=args.seed, thinking=args.thinking))
             result = engine.summarize(frames[-1], len(frames))
-            trace = trace_of_run(engine, frames, prompt=args.prompt, settings=settings, raw=args.raw)
+            trace = trace_of_run(engine, frames, prompt=args.prompt, settings=settings, raw=args.raw,
+                                 thinking=args.thinking)
         else:
-            result = engine.generate(args.prompt, settings, raw=args.raw, seed=args.seed)
+            result = engine.generate(args.prompt, settings, raw=args.raw, seed=args.seed, thinking=args.thinking)
     except (ModelLoadError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ from .frames import Frame
 from .generator import denoise
 from .loading import LoadedModel
 from .numerics import check_temperature_schedule
-from .prompts import chat_prompt_ids, split_thought
+from .prompts import chat_prompt_ids, split_thought, supports_thinking
 from .random_state import RunRandomState
 from .settings import DiffusionSettings, check_seed
 from .tokens import token_text_for
@@ -41,18 +41,32 @@ def check_prompt(prompt, max_chars: int = MAX_PROMPT_CHARS) -> str:
     return prompt
 
 
-def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device) -> torch.LongTensor:
+def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinking: bool = False) -> torch.LongTensor:
     """Token ids `[1, prompt_length]` of `prompt` on `device`: as is (`raw`) or as one chat user turn with the
     generation prompt (the tokenizer's chat template). In a chat prompt the user's text is text: special-token
     strings typed in it (`<end_of_turn>`) are tokenized as plain pieces (`engine.prompts.chat_prompt_ids`); a raw
-    prompt is tokenized as is, so special tokens may be typed there on purpose. Raises ValueError for a bad prompt
-    (`check_prompt`)."""
+    prompt is tokenized as is, so special tokens may be typed there on purpose.
+
+    A raw prompt starts with `<bos>`: Gemma 4's instruction-tuned tokenizer adds none (its chat template writes it),
+    and Gemma output degrades without it, so it is prepended where the tokenizer left it out. `thinking` passes
+    `enable_thinking=True` to a chat template that takes it (Gemma 4: the model may think in a thought channel first).
+
+    Raises:
+        ValueError: a bad prompt (`check_prompt`); `thinking` with a raw prompt or a template without thinking.
+    """
     prompt = check_prompt(prompt)
     prompt = prompt.encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates become U+FFFD
+    if thinking and (raw or not supports_thinking(tokenizer)):
+        raise ValueError("thinking needs a chat prompt and a chat template with a thinking mode (enable_thinking); "
+                         + ("this prompt is raw" if raw else "this model's template has none"))
     if raw:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
+        bos = tokenizer.bos_token_id
+        if bos is not None and (ids.shape[1] == 0 or ids[0, 0].item() != bos):
+            ids = torch.cat([torch.tensor([[bos]], dtype=ids.dtype), ids], dim=1)
     else:
-        ids = torch.tensor([chat_prompt_ids(tokenizer, prompt)], dtype=torch.long)
+        template_kwargs = {"enable_thinking": thinking} if supports_thinking(tokenizer) else {}
+        ids = torch.tensor([chat_prompt_ids(tokenizer, prompt, **template_kwargs)], dtype=torch.long)
     return ids.to(device)
 
 
@@ -115,16 +129,23 @@ class DiffusionEngine:
         self.canvas_length = self.model.config.canvas_length
         self.context_limit = self.model.config.text_config.max_position_embeddings
 
-    def encode_prompt(self, prompt: str, raw: bool = False) -> torch.LongTensor:
-        """Token ids `[1, prompt_length]` on the model's device.
+    @property
+    def supports_thinking(self) -> bool:
+        """Whether this checkpoint's chat template has a thinking mode (`enable_thinking`, Gemma 4)."""
+        return supports_thinking(self.tokenizer)
 
-        Chat prompts go through the tokenizer's chat template as one user turn with the generation prompt; raw
-        prompts are exactly `tokenizer(prompt, return_tensors="pt").input_ids`.
+    def encode_prompt(self, prompt: str, raw: bool = False, thinking: bool = False) -> torch.LongTensor:
+        """Token ids `[1, prompt_length]` on the model's device (`encode_text`).
+
+        Chat prompts go through the tokenizer's chat template as one user turn with the generation prompt
+        (`enable_thinking=thinking` where the template takes it); raw prompts are
+        `tokenizer(prompt, return_tensors="pt").input_ids`, with `<bos>` prepended where the tokenizer left it out.
 
         Raises:
-            ValueError: not a string, empty or whitespace only, longer than `MAX_PROMPT_CHARS` characters.
+            ValueError: not a string, empty or whitespace only, longer than `MAX_PROMPT_CHARS` characters;
+                `thinking` with a raw prompt or without a template that supports it.
         """
-        return encode_text(self.tokenizer, prompt, raw, self.device)
+        return encode_text(self.tokenizer, prompt, raw, self.device, thinking=thinking)
 
     def check_budget(self, prompt_tokens: int, settings: DiffusionSettings) -> None:
         """Raise `ValueError` when the prompt plus whole canvases for `max_new_tokens` exceed the context window."""
@@ -151,16 +172,18 @@ class DiffusionEngine:
         raw: bool = False,
         seed: int | None = None,
         stop_event: threading.Event | None = None,
+        thinking: bool = False,
     ) -> Iterator[Frame]:
         """Validate, encode and denoise `prompt`, yielding one `Frame` per decoder forward (see `engine.generator`).
+        `thinking`: let a Gemma 4 checkpoint think first (see `encode_prompt`).
 
         Raises:
-            ValueError: bad prompt, seed, budget or settings (before any work is done).
+            ValueError: bad prompt, seed, budget, settings or thinking request (before any work is done).
         """
         settings = settings or self.recommended
         seed = check_seed(seed)
         self.check_settings(settings)
-        input_ids = self.encode_prompt(prompt, raw=raw)
+        input_ids = self.encode_prompt(prompt, raw=raw, thinking=thinking)
         self.check_budget(input_ids.shape[1], settings)
         return denoise(
             self.model, input_ids, settings, token_text=self.token_text, stop_event=stop_event,

@@ -176,8 +176,10 @@ def record_trace(engine: DiffusionEngine, prompt: str, settings: DiffusionSettin
     return trace_of_run(engine, frames, prompt=prompt, settings=settings, raw=raw)
 
 
-def trace_of_run(engine: DiffusionEngine, frames, *, prompt: str, settings: DiffusionSettings, raw: bool) -> Trace:
-    """The `Trace` of frames `engine` produced for `prompt` (re-encodes the prompt for its ids).
+def trace_of_run(engine: DiffusionEngine, frames, *, prompt: str, settings: DiffusionSettings, raw: bool,
+                 thinking: bool = False) -> Trace:
+    """The `Trace` of frames `engine` produced for `prompt` (re-encodes the prompt for its ids, with `thinking` as
+    the run had it).
 
     Raises:
         TraceError: no frames.
@@ -185,7 +187,7 @@ def trace_of_run(engine: DiffusionEngine, frames, *, prompt: str, settings: Diff
     frames = list(frames)
     if not frames:
         raise TraceError("the run produced no frames (it ended before its first decoder forward)")
-    prompt_ids = engine.encode_prompt(prompt, raw=raw)[0].tolist()
+    prompt_ids = engine.encode_prompt(prompt, raw=raw, thinking=thinking)[0].tolist()
     text = engine.summarize(frames[-1], len(frames)).text
     return Trace.from_frames(frames, model=ModelInfo.of(engine), settings=settings, prompt=prompt, raw=raw,
                              prompt_ids=prompt_ids, token_text=engine.token_text, text=text)
