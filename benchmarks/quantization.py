@@ -5,20 +5,20 @@
 1. Bytes of the real 26B config (assets/configs/diffusiongemma-26B-A4B-it), by group, from the meta device
    (`engine.memory`), for each choice.
 2. A full-width build of that config with `--layers` text layers (every real width, vocabulary 262,144, 128
-   experts of 704; the last layer full attention, the others sliding) and random bf16 weights (transformers'
-   initialisation, seed 0), saved to a temporary folder and loaded through the playground's loading path for each
-   choice (`from_pretrained(device_map="cpu")`, which memory-maps a bf16 checkpoint, then `quantize_model`), each
-   in a fresh process that reports its peak memory while loading. The vision tower is cut to one layer there (text
-   never runs it); its bytes come from step 1. Printed: bytes per sliding and full layer, embeddings, vision tower,
-   extrapolated to the real 25 sliding + 5 full layers; and one decoder forward's logits (a 64-token random prompt
-   and a random 256-token canvas, seed 0) against bf16's: mean KL(bf16 || quantized) per position in nats and the
-   share of positions whose argmax agrees.
+   experts of 704; the last layer full attention, the others sliding; the vision tower cut to one layer, its real
+   bytes come from step 1) with random bf16 weights (`gpu_quantization.random_cpu_model`: views of one seeded
+   N(0, 0.02) pool, the same weights for every choice), quantized on the CPU by `quantize_model` (what
+   `load_model` runs after its CPU load), each choice in a fresh process. Printed: bytes per sliding and full
+   layer, embeddings, vision tower, extrapolated to the real 25 sliding + 5 full layers; and one decoder forward's
+   logits (a 64-token random prompt and a random 256-token canvas, seed 0) against bf16's: mean KL(bf16 ||
+   quantized) per position in nats and the share of positions whose argmax agrees. Then the memory of the
+   loading path's first step (`from_pretrained(device_map="cpu")`) on a saved 1.1 GB bf16 checkpoint.
 3. The embedded model at its recommended settings: dictionary-word rate (training/evaluate.py's measure, Debian's
    /usr/share/dict/words) and tokens per forward over `--prompts` of training/evaluate.py's prompts, seed = index,
    for each choice against the unquantized model.
 
-Runs on the CPU (bitsandbytes 0.50 quantizes there); about 15-25 minutes on a busy 2-core machine, 6 GB of memory
-and 5 GB of temporary disk.
+Runs on the CPU (bitsandbytes 0.50 quantizes there); about 15-30 minutes on a busy 2-core machine, 6 GB of memory
+and 1 GB of temporary disk.
 """
 
 from __future__ import annotations
@@ -37,10 +37,12 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from engine.loading import REPO_ROOT  # noqa: E402
 from engine.memory import memory_report, meta_model  # noqa: E402
 from engine.quantization import QUANTIZATIONS, quantize_model  # noqa: E402
+from gpu_quantization import random_cpu_model  # noqa: E402  (benchmarks/, the script's own folder)
 
 REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
 TINY_VISION = dict(num_hidden_layers=1)
@@ -116,26 +118,51 @@ def layer_bytes(model, quantization: str) -> dict:
             "total_bytes": report["total_bytes"]}
 
 
-def one_choice(folder: Path, quantization: str, out: Path) -> None:
-    """(Child process) load `folder` through the loading path with `quantization`, save logits and figures."""
-    from transformers import DiffusionGemmaForBlockDiffusion
-
+def one_choice(layers: int, quantization: str, out: Path) -> None:
+    """(Child process) build the full-width model from the random pool, quantize it as `load_model` does after
+    its CPU load (`quantize_model`), save the figures and one decoder forward's logits."""
     torch.set_num_threads(1)
-    with PeakMemory() as peak:
-        start = time.perf_counter()
-        model = DiffusionGemmaForBlockDiffusion.from_pretrained(folder, dtype=torch.bfloat16, device_map="cpu")
-        after_map = peak.sample()
-        model = quantize_model(model, quantization, "cpu").eval()
-        load_s = time.perf_counter() - start
+    model = random_cpu_model(full_width_config(layers))
+    start = time.perf_counter()
+    model = quantize_model(model, quantization, "cpu").eval()
+    quantize_s = time.perf_counter() - start
     figures = layer_bytes(model, quantization)
     inputs = decoder_inputs(model.config)
     start = time.perf_counter()
     with torch.no_grad():
         logits = model(**inputs).logits[0].float()
-    figures.update(load_seconds=round(load_s, 1), forward_seconds=round(time.perf_counter() - start, 1),
-                   memory_mb_after_from_pretrained=after_map, peak_memory_mb_while_loading=peak.peak)
+    figures.update(quantize_seconds=round(quantize_s, 1), forward_seconds=round(time.perf_counter() - start, 1))
     torch.save(logits, out.with_suffix(".pt"))
     out.write_text(json.dumps(figures))
+
+
+def mapped_load_memory() -> dict:
+    """Memory (MB, this process) of the loading path's first step on a bf16 checkpoint: `from_pretrained(dtype=
+    bfloat16, device_map="cpu")` of a 2-layer model with 1.1 GB of weights, saved to a temporary folder."""
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    real = json.loads((REAL_CONFIG / "config.json").read_text())
+    text = dict(real["text_config"], num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
+                per_layer_config={"01": real["text_config"]["per_layer_config"]["05"]}, num_experts=32,
+                vocab_size=65_536)
+    config = DiffusionGemmaConfig(**dict(real, text_config=text, vision_config=dict(real["vision_config"], **TINY_VISION)))
+    work = Path(tempfile.mkdtemp(prefix="quant_bench_"))
+    try:
+        model = random_cpu_model(config)
+        for param in model.parameters():  # own storage for each (tied ones are one parameter): safetensors needs it
+            param.data = param.data.clone()
+        checkpoint_bytes = memory_report(model)["total_bytes"]
+        model.save_pretrained(work)
+        del model
+        peak = PeakMemory()
+        before = peak.sample()
+        with peak:
+            loaded = DiffusionGemmaForBlockDiffusion.from_pretrained(work, dtype=torch.bfloat16, device_map="cpu")
+        after = peak.sample()
+        del loaded
+        return {"checkpoint_bytes": checkpoint_bytes, "before": before, "after": after, "peak": peak.peak}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def compare(reference: torch.Tensor, logits: torch.Tensor) -> dict:
@@ -147,27 +174,20 @@ def compare(reference: torch.Tensor, logits: torch.Tensor) -> dict:
 
 
 def full_width(layers: int) -> dict:
-    """Step 2: build, save, and measure each choice in a child process."""
-    from transformers import DiffusionGemmaForBlockDiffusion
-
+    """Step 2: each choice in a child process (the same random weights: `random_cpu_model` is seeded)."""
     config = full_width_config(layers)
     work = Path(tempfile.mkdtemp(prefix="quant_bench_"))
     try:
-        torch.manual_seed(SEED)
-        start = time.perf_counter()
-        DiffusionGemmaForBlockDiffusion._from_config(config, dtype=torch.bfloat16).save_pretrained(work / "model")
-        print(f"built and saved a {layers}-layer full-width model in {time.perf_counter() - start:.0f} s",
-              file=sys.stderr)
         results = {}
         for quantization in QUANTIZATIONS:
             out = work / f"{quantization}.json"
-            subprocess.run([sys.executable, __file__, "--one-choice", quantization, "--folder", str(work / "model"),
+            subprocess.run([sys.executable, __file__, "--one-choice", quantization, "--layers", str(layers),
                             "--out", str(out)], check=True)
             results[quantization] = json.loads(out.read_text())
             results[quantization]["logits"] = torch.load(out.with_suffix(".pt"))
-            print(f"  {quantization}: loaded in {results[quantization]['load_seconds']} s", file=sys.stderr)
+            print(f"  {quantization}: quantized in {results[quantization]['quantize_seconds']} s", file=sys.stderr)
         reference = results["none"]["logits"]
-        for quantization, figures in results.items():
+        for figures in results.values():
             figures.update(compare(reference, figures.pop("logits")))
         return {"layers": layers, "layer_types": config.text_config.layer_types, "choices": results}
     finally:
@@ -212,11 +232,10 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-embedded", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--one-choice", help=argparse.SUPPRESS)
-    parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one_choice:
-        one_choice(args.folder, args.one_choice, args.out)
+        one_choice(args.layers, args.one_choice, args.out)
         return 0
     if args.layers < 2:
         parser.error("--layers must be at least 2 (one sliding and one full attention layer)")
@@ -235,7 +254,7 @@ def main(argv=None) -> int:
         report["full_width"] = measured
         print(f"\nFull-width build, {args.layers} layers ({', '.join(measured['layer_types'])}), random bf16 weights:")
         print("  choice  sliding layer GB  full layer GB  embeddings GB  vision (real) GB  30-layer total GB  "
-              "KL/position  argmax agree  load s  peak RssAnon MB  peak RssFile MB")
+              "KL/position  argmax agree  quantize s")
         for quantization, figures in measured["choices"].items():
             extra = extrapolate(figures, report["real_config"][quantization], real_types)
             figures["extrapolated"] = extra
@@ -243,9 +262,12 @@ def main(argv=None) -> int:
             print(f"  {quantization:<6}  {per['sliding_attention'] / 1e9:16.3f}  {per['full_attention'] / 1e9:13.3f}  "
                   f"{figures['groups']['embeddings'] / 1e9:13.3f}  {extra['vision_tower'] / 1e9:16.3f}  "
                   f"{extra['total_bytes'] / 1e9:17.3f}  {figures['mean_kl_per_position']:11.4f}  "
-                  f"{figures['argmax_agreement']:12.3f}  {figures['load_seconds']:6.0f}  "
-                  f"{figures['peak_memory_mb_while_loading']['RssAnon']:15d}  "
-                  f"{figures['peak_memory_mb_while_loading']['RssFile']:15d}")
+                  f"{figures['argmax_agreement']:12.3f}  {figures['quantize_seconds']:10.0f}")
+        mapped = mapped_load_memory()
+        report["mapped_load_memory"] = mapped
+        print(f"\nfrom_pretrained(device_map='cpu') of a {mapped['checkpoint_bytes'] / 1e9:.2f} GB bf16 checkpoint: "
+              f"anonymous memory {mapped['before']['RssAnon']} -> {mapped['after']['RssAnon']} MB (peak "
+              f"{mapped['peak']['RssAnon']}), file-backed {mapped['before']['RssFile']} -> {mapped['after']['RssFile']} MB")
     if not args.skip_embedded:
         quality = embedded_quality(args.prompts)
         report["embedded"] = quality
