@@ -9,6 +9,7 @@ and token strings only: the loaded model's tokenizer is never asked about a trac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -31,6 +32,7 @@ from .text import plain_text
 # A trace keeps every frame: ~40 bytes per canvas position per decoder forward (ids, flags, two rounded floats).
 MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40
 PLAY_INTERVAL_S = 0.25
+STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))  # components of the live view
 
 
 def check_traceable(settings, canvas_length: int) -> None:
@@ -138,6 +140,22 @@ class KeepHandlers:
         return (gr.update(value=str(trace_path), interactive=True), gr.update(value=str(html_path), interactive=True))
 
     # -- replaying an uploaded trace -----------------------------------------------------------------------------
+    def check_upload(self, session: SessionState, path) -> None:
+        """The upload's first step: check the trace (nothing shown), so a refused file shows its message without
+        marking the live view with error badges. Keeps the loaded trace for `load_upload` in the session.
+
+        Raises:
+            gr.Error: a run is in progress, or the trace is refused (`engine.trace.load_trace`'s message).
+        """
+        if path is None or session is None:
+            return
+        if session.worker is not None and session.worker.running:
+            raise gr.Error("A run is in progress: stop it before replaying a trace.", print_exception=False)
+        try:
+            session.checked_upload = (str(path), load_trace(Path(path)))
+        except TraceError as error:
+            raise gr.Error(f"This trace cannot be replayed: {error}", print_exception=False) from None
+
     def load_upload(self, session: SessionState, path) -> tuple:
         """The trace upload: check the file, show the whole run, and set up the replay slider.
 
@@ -148,15 +166,16 @@ class KeepHandlers:
             gr.Error: a run is in progress, or the trace is refused (`engine.trace.load_trace`'s message).
         """
         if path is None:
-            return (*(gr.skip() for _ in range(10)), gr.skip(), gr.skip(), gr.skip())
+            return tuple(gr.skip() for _ in range(STREAM_WIDTH + 3))
         if session is None:
             session = SessionState()
-        if session.worker is not None and session.worker.running:
-            raise gr.Error("A run is in progress: stop it before replaying a trace.", print_exception=False)
-        try:
-            trace = load_trace(Path(path))
-        except TraceError as error:
-            raise gr.Error(f"This trace cannot be replayed: {error}", print_exception=False) from None
+        checked = getattr(session, "checked_upload", None)
+        if checked is not None and checked[0] == str(path):
+            trace = checked[1]
+        else:
+            self.check_upload(session, path)
+            trace = session.checked_upload[1]
+        session.checked_upload = None
         session.trace, session.request = trace, None
         session.finished_html, session.stacked_blocks = [], -1  # the live view's caches belong to the last run
         count = len(trace.frames)
@@ -168,7 +187,7 @@ class KeepHandlers:
         """The replay slider: the view after `count` decoder forwards of the trace being replayed."""
         trace = getattr(session, "trace", None)
         if trace is None:
-            return tuple(gr.skip() for _ in range(10))
+            return tuple(gr.skip() for _ in range(STREAM_WIDTH))
         try:
             count = int(count)
         except (TypeError, ValueError):

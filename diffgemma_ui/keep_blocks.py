@@ -54,7 +54,9 @@ def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_output
         event.then(keep.export_files, inputs=[session],
                    outputs=[controls.trace_button, controls.html_button, controls.replay_slider],
                    concurrency_limit=2, **private)
-    controls.upload.upload(keep.load_upload, inputs=[session, controls.upload],
+    controls.upload.upload(keep.check_upload, inputs=[session, controls.upload], outputs=None,
+                           concurrency_limit=2, **private).success(
+                           keep.load_upload, inputs=[session, controls.upload],
                            outputs=[*stream_outputs, controls.replay_slider, controls.trace_button,
                                     controls.html_button],
                            concurrency_limit=2, api_visibility="private", show_progress="minimal")
@@ -89,3 +91,31 @@ def register_export_api(keep: KeepHandlers, rec) -> None:
             confidence_threshold, adaptive_stopping, seed, request=request)
 
     gr.api(export_api, api_name="export", concurrency_id="engine")
+
+
+@dataclass
+class StepControls:
+    """The components `build_step_controls` creates."""
+
+    next_step: gr.Button
+    run_to_end: gr.Button
+    note: gr.Markdown
+
+
+def build_step_controls() -> StepControls:
+    """Create the step-through buttons and their note in the current Blocks context."""
+    with gr.Row(elem_id="dg-step-buttons"):
+        next_step = gr.Button("Next step", elem_id="dg-next-step", size="sm", scale=1)
+        run_to_end = gr.Button("Run to end", elem_id="dg-run-to-end", size="sm", scale=1)
+    note = gr.Markdown("Step through a run: **Next step** runs one decoder forward (from the prompt and settings "
+                       "above), **Run to end** the rest.", elem_id="dg-step-note")
+    return StepControls(next_step, run_to_end, note)
+
+
+def wire_step_through(controls: StepControls, steps, session, run_inputs: list, stream_outputs: list) -> None:
+    """Wire "Next step" and "Run to end" (`step_through.StepThroughHandlers`); they share the engine's queue slot
+    with runs (concurrency_id "engine")."""
+    common = dict(inputs=[session, *run_inputs], outputs=[*stream_outputs, controls.note],
+                  api_visibility="private", concurrency_id="engine", show_progress="hidden")
+    controls.next_step.click(steps.next_step, trigger_mode="once", **common)
+    controls.run_to_end.click(steps.run_to_end, trigger_mode="once", **common)

@@ -1,0 +1,142 @@
+"""Step-through mode: one decoder forward per click ("Next step"), or the rest of the run ("Run to end").
+
+The session keeps the engine's frame generator between clicks (`DiffusionEngine.frames`: its KV cache and its own
+random state live in the generator), so stepping changes nothing about the run: its tokens are those of a normal run
+with the same prompt, settings and seed (tested). Each click renders with the playground's own `render`, and the
+positions the sampler accepted for the first time in this forward get an outline (`newly_accepted_style`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+import gradio as gr
+
+from engine import Frame
+
+from .handlers import PLOT_INTERVAL_S
+from .record import RunRecord
+from .session import SessionState
+
+NEW_OUTLINE = "#E69F00"  # the plots' accepted colour (Okabe-Ito orange)
+
+
+@dataclass
+class StepRun:
+    """One stepped run: its request, its frame generator, the frames so far and a lock (one forward at a time)."""
+
+    request: object
+    frames: Iterator[Frame]
+    record: RunRecord = field(default_factory=RunRecord)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: bool = False
+
+    def close(self) -> None:
+        """Stop the run and free its KV cache (closing the generator)."""
+        self.done = True
+        close = getattr(self.frames, "close", None)
+        if close is not None:
+            close()
+
+
+def newly_accepted_style(frame: Frame) -> str:
+    """A `<style>` element outlining the live canvas's chips first accepted in `frame`'s forward ("" when none or
+    when the block is finished). Chips are selected by position (`:nth-child`), so no model string is involved."""
+    if frame.block_done:
+        return ""
+    positions = [pos for pos, step in enumerate(frame.first_accepted_step) if step == frame.step_index]
+    if not positions:
+        return ""
+    selectors = ",".join(f":nth-child({pos + 1})" for pos in positions)
+    return (f"<style>#dg-canvas .dg-block-live .dg-chips>.dg-chip:is({selectors}){{outline:2px solid {NEW_OUTLINE};"
+            "outline-offset:1px}</style>")
+
+
+def step_note(frame: Frame) -> str:
+    """One line on what `frame`'s forward did (plain text)."""
+    new = sum(1 for step in frame.first_accepted_step if step == frame.step_index)
+    return (f"Step-through \u00b7 forward {frame.forward_index + 1}: block {frame.block_index + 1}, step "
+            f"{frame.step_index + 1}; {frame.accepted_count} positions accepted, {new} for the first time "
+            f"(outlined)")
+
+
+class StepThroughHandlers:
+    """"Next step" and "Run to end", bound to a `handlers.Playground` (its checks, engine and `render`).
+
+    Session state used: `session.step_run` (the `StepRun` in progress) and `session.request` (set to the stepped
+    run's request, so the run's trace can be kept like any other's).
+    """
+
+    def __init__(self, playground):
+        self.playground = playground
+
+    def _step_run(self, session: SessionState, inputs) -> StepRun:
+        """The session's stepped run, or a new one for `inputs` when there is none, it finished, or another run or
+        a replay has used the view since."""
+        run = getattr(session, "step_run", None)
+        if run is not None and not run.done and getattr(session, "request", None) is run.request:
+            return run
+        if session.worker is not None and session.worker.running:
+            raise gr.Error("A run is in progress: stop it before stepping through one.", print_exception=False)
+        if run is not None:
+            run.close()
+        request = self.playground.checked_request(*inputs, ui_limits=True)
+        frames = self.playground.engine.frames(request.prompt, request.settings, raw=request.raw,
+                                               seed=request.seed)
+        session.step_run = StepRun(request=request, frames=frames)
+        session.request, session.trace, session.snapshot = request, None, None
+        session.finished_html, session.stacked_blocks = [], -1
+        return session.step_run
+
+    def _advance(self, session: SessionState, run: StepRun, plots_due: bool = True) -> tuple:
+        """One decoder forward of `run`, rendered (the plots only when `plots_due` or at the end)."""
+        with run.lock:
+            if run.done:
+                return self._render(session, run, True)
+            try:
+                frame = next(run.frames)
+            except StopIteration:
+                run.done = True
+                return self._render(session, run, True)
+            except Exception as error:  # noqa: BLE001 - one clear message, the run is over
+                run.close()
+                raise gr.Error(f"The run failed: {type(error).__name__}: {error}", print_exception=False) from None
+            run.record.add(frame)
+            if frame.done:
+                run.done = True
+                run.record.finish()
+            return self._render(session, run, plots_due)
+
+    def _render(self, session: SessionState, run: StepRun, plots_due: bool) -> tuple:
+        """The stream outputs (Generate and Stop untouched: stepping is not a background run) and the note."""
+        snap = run.record.snapshot()
+        session.snapshot = snap
+        outputs = self.playground.render(session, snap, final=run.done, plots_due=plots_due, first=False)
+        outputs = replace(outputs, generate_button=gr.skip(), stop_button=gr.skip())
+        latest = snap.latest
+        if latest is not None and not run.done:
+            outputs = replace(outputs, canvas=newly_accepted_style(latest) + outputs.canvas)
+        return (*outputs.as_tuple(), step_note(latest) if latest is not None else "")
+
+    def next_step(self, session: SessionState, *inputs) -> tuple:
+        """"Next step": one decoder forward of the session's stepped run (started from `inputs`, the eleven run
+        inputs, when there is none). Returns the stream outputs (`StreamOutputs.as_tuple`) and the note.
+
+        Raises:
+            gr.Error: invalid inputs, a normal run in progress, or an engine failure.
+        """
+        return self._advance(session, self._step_run(session, inputs))
+
+    def run_to_end(self, session: SessionState, *inputs) -> Iterator[tuple]:
+        """"Run to end": the stepped run's remaining forwards (a new run when there is none), one render each
+        (the plots at most every `PLOT_INTERVAL_S` seconds, and at the end)."""
+        run = self._step_run(session, inputs)
+        last_plots = 0.0
+        while not run.done:
+            now = time.monotonic()
+            plots_due = now - last_plots >= PLOT_INTERVAL_S
+            last_plots = now if plots_due else last_plots
+            yield self._advance(session, run, plots_due)

@@ -1,0 +1,82 @@
+"""Step-through mode: stepped runs give a normal run's tokens, the newly accepted positions are outlined, and the
+page's Next step / Run to end buttons work. Screenshots go to artifacts/step/."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from diffgemma_ui.session import SessionState
+from diffgemma_ui.step_through import StepThroughHandlers, newly_accepted_style
+from synthetic import synthetic_frame
+
+pytestmark = pytest.mark.slow
+SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "step"
+# prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
+# confidence_threshold, adaptive_stopping, seed
+INPUTS = ("In the beginning", True, 128, 3, 0.5, 0.4, 0.8, 1, 0.05, True, 5)
+
+
+@pytest.fixture(scope="module")
+def steps(engine):
+    from diffgemma_ui.handlers import Playground
+
+    return StepThroughHandlers(Playground(engine))
+
+
+def test_newly_accepted_style_outlines_by_position_only():
+    frame = synthetic_frame(8, [f"<b>{i}" for i in range(8)], step=2,
+                            first_accepted_step=[2, -1, 0, 2, -1, -1, 1, 2])
+    style = newly_accepted_style(frame)
+    assert re.findall(r"nth-child\((\d+)\)", style) == ["1", "4", "8"]
+    assert "<b>" not in style
+    assert newly_accepted_style(synthetic_frame(8, ["x"] * 8, block_done=True)) == ""
+
+
+def test_stepping_gives_the_tokens_of_a_normal_run(steps, engine):
+    session = SessionState()
+    outputs = steps.next_step(session, *INPUTS)
+    assert 'data-forward="0"' in outputs[1] and "forward 1:" in outputs[-1]
+    outputs = steps.next_step(session, *INPUTS)
+    assert 'data-forward="1"' in outputs[1]
+    assert session.snapshot.frames_seen == 2 and session.request.seed == 5
+    renders = list(steps.run_to_end(session, *INPUTS))
+    last = session.snapshot.latest
+    assert last.done and session.snapshot.frames_seen == 2 + len(renders)
+    direct = engine.generate("In the beginning", session.request.settings, raw=True, seed=5)
+    assert last.committed_ids == direct.token_ids
+    assert session.snapshot.frames_seen == direct.forwards
+    again = steps.next_step(session, *INPUTS)  # a finished stepped run: the next click starts a new one
+    assert 'data-forward="0"' in again[1]
+
+
+def test_step_buttons_on_the_page(browser, served_app):
+    from pages import open_page, set_number
+
+    page, problems = open_page(browser, served_app[1])
+    try:
+        page.fill("#dg-prompt textarea", "In the beginning")
+        page.check("#dg-raw input[type=checkbox]")
+        set_number(page, "Max new tokens", 128)
+        set_number(page, "Max denoising steps", 6)
+        page.get_by_label("Adaptive stopping").uncheck()
+        page.click("#dg-next-step")
+        page.wait_for_selector("#dg-canvas .dg-canvas[data-forward='0']", timeout=60_000)
+        page.click("#dg-next-step")
+        page.wait_for_selector("#dg-canvas .dg-canvas[data-forward='1']", timeout=60_000)
+        assert "forward 2: block 1, step 2" in page.inner_text("#dg-step-note")
+        outlined = page.evaluate("""Array.from(document.querySelectorAll('#dg-canvas .dg-chip'))
+            .filter(c => getComputedStyle(c).outlineStyle === 'solid').length""")
+        note = page.inner_text("#dg-step-note")
+        assert outlined == int(re.search(r"(\d+) for the first time", note).group(1))
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "step2.png"), full_page=True)
+        page.click("#dg-run-to-end")
+        page.wait_for_selector("#dg-meter .dg-meter[data-state=done]", timeout=120_000)
+        assert page.locator("#dg-stack .dg-block").count() == 2
+        page.screenshot(path=str(SHOTS / "end.png"), full_page=True)
+        assert problems == []
+    finally:
+        page.close()
