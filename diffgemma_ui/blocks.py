@@ -168,7 +168,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                             entropy = gr.Plot(start.entropy, show_label=False, elem_id="dg-entropy", min_width=280)
                 with gr.Accordion("How it works", open=False, elem_id="dg-explainer"):
                     gr.Markdown(EXPLAINER_PATH.read_text(encoding="utf-8"))
-            with gr.Tab("Race: diffusion vs autoregressive", id="race", elem_id="dg-tab-race"):
+            with gr.Tab("Race", id="race", elem_id="dg-tab-race"):
                 build_race_tab(race_tab)
 
         settings_inputs = [max_new_tokens, steps, entropy_bound, t_min, t_max, stability, confidence, adaptive]

@@ -351,7 +351,7 @@ def test_browser_race_fills_both_panels_and_shows_the_speedup(browser, served_ap
     from pages import open_page, set_number
 
     page, problems = open_page(browser, served_app[1])
-    page.get_by_role("tab", name="Race: diffusion vs autoregressive").click()
+    page.get_by_role("tab", name="Race", exact=True).click()
     page.fill("#dg-race-prompt textarea", "In the beginning")
     page.check("#dg-race-raw input[type=checkbox]")
     set_number(page, "Token budget", 64)
