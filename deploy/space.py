@@ -188,8 +188,8 @@ def write_space(target_name: str, out: Path, *, model: str | None = None, quanti
     shutil.copytree(REPO_ROOT / "assets", out / "assets",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*", "models", "configs", "screenshot.png"))
     if target.ship_tiny_model:
-        shutil.copytree(REPO_ROOT / "assets" / "models" / "diffgemma-tiny", out / "assets" / "models" / "diffgemma-tiny",
-                        ignore=SKIPPED)
+        tiny = Path("assets", "models", "diffgemma-tiny")
+        shutil.copytree(REPO_ROOT / tiny, out / tiny, ignore=SKIPPED)
 
     variables = dict(target.variables)
     if model is not None:

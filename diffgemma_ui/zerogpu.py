@@ -47,6 +47,7 @@ GpuSize = str  # "large" (half a card) or "xlarge" (the whole card), as `spaces.
 # `spaces` 0.51.3 switches its own default to "xlarge" above this many bytes of packed weights (configs.json); the
 # 26B model in bf16 (about 52 GB) is above it, 4-bit below
 XLARGE_WEIGHTS_BYTES = 45_097_156_608
+MIN_RUN_S = 5.0  # the shortest time limit a run gets (its estimate may be a fraction of a second)
 
 
 # -- the stop signal ----------------------------------------------------------------------------------------------
@@ -280,7 +281,7 @@ class ZeroGpuPlayground(Playground):
         # The GPU process's set-up is over once the first frame is here: the run may take the forwards' share of the
         # time it asked for, then stops itself, keeping its finished blocks, before the platform would abort it
         granted = self.budget.duration_s(request.settings, self.engine.canvas_length)
-        left = max(1.0, granted - self.budget.setup_s)
+        left = max(MIN_RUN_S, granted - self.budget.setup_s)
         limit = left if self.max_run_s is None else min(self.max_run_s, left)
 
         def source(_stop) -> Iterator[Frame]:

@@ -10,8 +10,9 @@ with only what needs a GPU or Hugging Face's device API replaced:
   line; any other call to the device API fails at the closed port;
 - `torch.init` / `torch.move` (CUDA set-up of the forked GPU process) do nothing, and `torch.version.cuda` is given a
   value: a CPU torch has no CUDA, so the embedded model stays on the CPU, in the forked process as in the main one.
-The engine's `frames` logs the process that runs it, so a test can tell the child from the server. Prints
-"READY <url> <json of event ids>" once serving, then serves until killed.
+The engine's `frames` logs the process that runs it (so a test can tell the child from the server), and at its end
+how many frames it yielded and the last one's stop reason. Prints
+"READY <url> <json: event ids, the run step's inputs>" once serving, then serves until killed.
 """
 
 from __future__ import annotations
@@ -80,15 +81,24 @@ def main(port: int, log_path: str) -> None:
 
     def frames(*args, **kwargs):
         log("frames")
-        return engine_frames(*args, **kwargs)
+        count, last = 0, None
+        try:
+            for last in engine_frames(*args, **kwargs):
+                count += 1
+                yield last
+        finally:
+            log("frames_end", count=count, stop_reason=getattr(last, "stop_reason", None))
 
     engine.frames = frames
     app = build_app(engine, abandon_after_s=5.0)
-    ids = {}
-    for fn in app.fns.values():
-        name = getattr(fn.fn, "__name__", "")
-        if name in ("generate_stream", "stop", "check_inputs") and name not in ids:
-            ids[name] = fn._id
+    handlers = {"generate_stream": app.playground.generate_stream, "stop": app.playground.stop}
+    fns = {name: next(fn for fn in app.fns.values() if fn.fn == handler) for name, handler in handlers.items()}
+    ids = {name: fn._id for name, fn in fns.items()}
+    # The run step's inputs, for a client that joins the queue as the page does: label and default value of each
+    ids["generate_inputs"] = [
+        {"label": getattr(block, "label", None),
+         "value": block.value if isinstance(block.value, (str, int, float, bool, type(None))) else None}
+        for block in fns["generate_stream"].inputs]
     ids["playground"] = type(app.playground).__name__
     ids["budget"] = {"size": app.playground.budget.size}
     _, url, _ = app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
