@@ -1,0 +1,76 @@
+"""Layout and wiring of the Compare tab (handlers: `compare_handlers.CompareHandlers`)."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from engine import PRESET_NAMES, preset
+
+from . import plots
+from .compare_handlers import CompareHandlers
+from .compare_view import SIDES, side_html, verdict_html
+from .validation import UI_MAX_DENOISING_STEPS, UI_MAX_NEW_TOKENS
+
+INTRO = (
+    "One prompt, one seed, two settings: **A** runs to the end, then **B** (never both at once, so neither slows the "
+    "other). Compare the decoder forwards each needed, tokens per forward, tokens/s, the texts and the confidence "
+    "heatmaps of their first canvas."
+)
+DEFAULT_SIDES = {"A": "recommended", "B": "fast"}
+
+
+def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
+    """Create the Compare tab's components in the current Blocks context (inside a `gr.Tab`) and wire them."""
+    rec = compare.engine.recommended
+    gr.Markdown(INTRO)
+    with gr.Row(equal_height=False):
+        prompt = gr.Textbox(label="Prompt", value=default_prompt, lines=2, max_lines=6, scale=3,
+                            elem_id="dg-compare-prompt")
+        with gr.Column(scale=2, min_width=240):
+            raw = gr.Checkbox(label="Raw prompt (no chat template)", value=False, elem_id="dg-compare-raw")
+            with gr.Row():
+                seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random, one for both",
+                                 elem_id="dg-compare-seed", min_width=100)
+                max_new_tokens = gr.Slider(1, UI_MAX_NEW_TOKENS, value=rec.max_new_tokens, step=1,
+                                           label="Max new tokens", elem_id="dg-compare-max-new", min_width=160)
+    sides = {}
+    with gr.Row(equal_height=False):
+        for side in SIDES:
+            settings = preset(DEFAULT_SIDES[side], rec)
+            with gr.Column(min_width=260, elem_id=f"dg-compare-settings-{side}"):
+                name = gr.Dropdown(list(PRESET_NAMES), value=DEFAULT_SIDES[side], label=f"Settings {side}: preset",
+                                   elem_id=f"dg-compare-preset-{side}")
+                entropy_bound = gr.Slider(0.01, 5.0, value=settings.entropy_bound, step=0.01,
+                                          label=f"{side}: entropy bound", info="nats")
+                steps = gr.Slider(1, UI_MAX_DENOISING_STEPS, value=settings.max_denoising_steps, step=1,
+                                  label=f"{side}: max denoising steps")
+                adaptive = gr.Checkbox(value=settings.adaptive_stopping, label=f"{side}: adaptive stopping")
+            sides[side] = (name, entropy_bound, steps, adaptive)
+    run = gr.Button("Compare A and B", variant="primary", elem_id="dg-compare-run")
+    verdict = gr.HTML(verdict_html(None, None), elem_id="dg-compare-verdict")
+    outputs = {}
+    with gr.Row(equal_height=False):
+        for side in SIDES:
+            with gr.Column(min_width=300, elem_id=f"dg-compare-{side}"):
+                card = gr.HTML(side_html(side, None, None, "waiting"), elem_id=f"dg-compare-card-{side}")
+                text = gr.Textbox(label=f"Text {side}", lines=3, max_lines=10, interactive=False,
+                                  elem_id=f"dg-compare-text-{side}")
+                heatmap = gr.Plot(plots.confidence_heatmap([]), show_label=False, elem_id=f"dg-compare-heatmap-{side}")
+            outputs[side] = (card, text, heatmap)
+
+    private = dict(api_visibility="private", show_progress="hidden", concurrency_limit=None)
+    for side in SIDES:
+        name, entropy_bound, steps, adaptive = sides[side]
+
+        def apply(choice):
+            settings = preset(choice, rec)
+            return settings.entropy_bound, settings.max_denoising_steps, settings.adaptive_stopping
+
+        name.change(apply, inputs=[name], outputs=[entropy_bound, steps, adaptive], **private)
+    run.click(
+        compare.compare,
+        inputs=[prompt, raw, seed, max_new_tokens, *sides["A"][1:], *sides["B"][1:]],
+        outputs=[outputs["A"][0], outputs["B"][0], verdict, outputs["A"][1], outputs["B"][1], outputs["A"][2],
+                 outputs["B"][2]],
+        api_visibility="private", concurrency_id="engine", show_progress="minimal", trigger_mode="once",
+    )

@@ -1,0 +1,84 @@
+"""The Compare tab's handler: one prompt and seed, run under settings A, then under settings B, side by side.
+
+The two runs never share the device: B starts only once A has finished (they are one queued event, in the engine's
+concurrency slot). Runs go through the playground's checks and workers (`handlers.Playground`), so limits, time
+limits and ZeroGPU behave as for Generate.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+
+import gradio as gr
+
+from engine.settings import MAX_SEED
+
+from . import plots
+from .compare_view import side_html, verdict_html
+from .text import plain_text
+
+POLL_S = 0.5  # how often the tab redraws a running side
+
+
+class CompareHandlers:
+    """Event handlers of the Compare tab, bound to a `handlers.Playground`."""
+
+    def __init__(self, playground):
+        self.playground = playground
+        self.engine = playground.engine
+
+    def _request(self, prompt, raw, seed, max_new_tokens, entropy_bound, max_denoising_steps, adaptive_stopping):
+        rec = self.engine.recommended
+        return self.playground.checked_request(
+            prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, rec.t_min, rec.t_max,
+            rec.stability_threshold, rec.confidence_threshold, adaptive_stopping, seed, ui_limits=True)
+
+    def compare(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
+                b_steps, b_adaptive) -> Iterator[tuple]:
+        """Run A then B (same prompt, raw flag, seed and max_new_tokens; each side its entropy bound, max denoising
+        steps and adaptive stopping; t_min, t_max and the stopping thresholds are the checkpoint's).
+
+        Seed -1 (or empty) draws one seed for both. Yields (A card, B card, verdict, A text, B text, A heatmap,
+        B heatmap) while A runs, while B runs, and at the end.
+
+        Raises:
+            gr.Error: an invalid input on either side (before anything runs), or a run that failed.
+        """
+        if seed is None or (isinstance(seed, (int, float)) and seed < 0) or str(seed).strip() == "":
+            seed = random.SystemRandom().randrange(0, min(MAX_SEED, 2**31 - 1))
+        requests = [self._request(prompt, raw, seed, max_new_tokens, eb, steps, adaptive)
+                    for eb, steps, adaptive in ((a_entropy_bound, a_steps, a_adaptive),
+                                                (b_entropy_bound, b_steps, b_adaptive))]
+        lasts = [None, None]
+        heatmaps = [plots.confidence_heatmap([]), plots.confidence_heatmap([])]
+        texts = ["", ""]
+        states = ["waiting", "waiting"]
+
+        def view():
+            return (side_html("A", requests[0].settings, lasts[0], states[0]),
+                    side_html("B", requests[1].settings, lasts[1], states[1]),
+                    verdict_html(*lasts), texts[0], texts[1], heatmaps[0], heatmaps[1])
+
+        for side, request in enumerate(requests):
+            states[side] = "running"
+            worker = self.playground.start_run(request, keep_history=True)
+            try:
+                snap = worker.snapshot()
+                while not snap.finished:
+                    lasts[side] = snap.latest
+                    yield view()
+                    time.sleep(POLL_S)
+                    snap = worker.snapshot()
+            finally:
+                worker.stop()
+                worker.join(10.0)  # B must not start while A still holds the device
+            if snap.error is not None or snap.latest is None:
+                raise gr.Error(f"Run {'AB'[side]} failed: {snap.error or 'no decoder forward'}",
+                               print_exception=False)
+            lasts[side] = snap.latest
+            texts[side] = plain_text(self.engine.summarize(snap.latest, snap.frames_seen).text)
+            heatmaps[side] = plots.confidence_heatmap(snap.block_frames(0), animate=True, hover=True)
+            states[side] = "done"
+        yield view()

@@ -1,0 +1,92 @@
+"""The Compare tab: the verdict view, A and B run one after the other with one seed and give each setting's own
+tokens, and the tab in Chromium. Screenshots go to artifacts/compare/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diffgemma_ui.compare_handlers import CompareHandlers
+from diffgemma_ui.compare_view import side_html, verdict_html
+from engine import DiffusionSettings
+from synthetic import parse_html, synthetic_frame
+
+SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "compare"
+
+
+def finished(forwards: int, tokens: int, seconds: float, ids: list[int]):
+    return synthetic_frame(4, ["a"] * 4, forward_index=forwards - 1, done=True, block_done=True,
+                           committed_ids=ids, committed_tokens=tokens, elapsed_s=seconds,
+                           tokens_per_forward=tokens / forwards, tokens_per_second=tokens / seconds,
+                           stop_reason="eos")
+
+
+def test_verdict_compares_b_with_a():
+    a = finished(8, 16, 2.0, [5, 6, 7])
+    b = finished(4, 16, 0.5, [5, 9, 7])
+    html = verdict_html(a, b)
+    cells = [t.strip() for t in parse_html(html).text if t.strip()]
+    assert cells[cells.index("decoder forwards") + 1: cells.index("decoder forwards") + 4] == ["8", "4", "0.50×"]
+    assert cells[cells.index("tokens per forward") + 1: cells.index("tokens per forward") + 4] == ["2.00", "4.00",
+                                                                                                 "2.00×"]
+    assert 'data-same="false"' in html and "different tokens from token 2" in html
+    assert 'data-same="true"' in verdict_html(a, finished(3, 16, 1.0, [5, 6, 7]))
+    assert 'data-state="pending"' in verdict_html(a, None)
+    assert "entropy bound 0.5" in side_html("B", DiffusionSettings(entropy_bound=0.5), b, "done")
+
+
+@pytest.mark.slow
+def test_compare_runs_a_then_b_with_one_seed(engine):
+    from diffgemma_ui.handlers import Playground
+
+    playground = Playground(engine)
+    started = []
+    start_run = playground.start_run
+
+    def recording_start_run(request, **kwargs):
+        assert all(not worker.running for worker in started), "B started while A was running"
+        started.append(start_run(request, **kwargs))
+        return started[-1]
+
+    playground.start_run = recording_start_run
+    views = list(CompareHandlers(playground).compare("In the beginning", True, -1, 128, 0.5, 3, False, 2.0, 2, True))
+    assert len(started) == 2
+    card_a, card_b, verdict, text_a, text_b, heatmap_a, heatmap_b = views[-1]
+    assert 'data-state="done"' in card_a and 'data-state="done"' in card_b and 'data-state="done"' in verdict
+    seeds = {worker.snapshot().latest.seed for worker in started}
+    assert len(seeds) == 1  # one drawn seed for both
+    seed = seeds.pop()
+    rec = engine.recommended
+    for worker, (bound, steps, adaptive), text in zip(started, ((0.5, 3, False), (2.0, 2, True)), (text_a, text_b)):
+        settings = rec.replace(max_new_tokens=128, entropy_bound=bound, max_denoising_steps=steps,
+                               adaptive_stopping=adaptive)
+        direct = engine.generate("In the beginning", settings, raw=True, seed=seed)
+        assert worker.snapshot().latest.committed_ids == direct.token_ids
+        assert text == direct.text
+    assert started[0].snapshot().latest.forwards_per_block == [3, 3]  # A: adaptive stopping off
+    assert heatmap_a["data"] and heatmap_b["data"]
+
+
+@pytest.mark.slow
+def test_compare_tab_in_the_browser(browser, served_app):
+    from pages import open_page
+
+    page, problems = open_page(browser, served_app[1])
+    try:
+        page.click("#dg-tab-compare-button, button[role=tab]:has-text('Compare settings')")
+        page.fill("#dg-compare-prompt textarea", "In the beginning")
+        page.check("#dg-compare-raw input[type=checkbox]")
+        page.locator("#dg-compare-max-new input[type=number]").fill("64")
+        page.locator("#dg-compare-max-new input[type=number]").press("Enter")
+        page.click("#dg-compare-run")
+        page.wait_for_selector("#dg-compare-verdict [data-state=done]", timeout=180_000)
+        assert page.locator("#dg-compare-heatmap-A .main-svg").count() > 0
+        assert page.locator("#dg-compare-heatmap-B .main-svg").count() > 0
+        assert page.locator("#dg-compare-card-A .dg-compare-side[data-state=done]").count() == 1
+        assert page.input_value("#dg-compare-text-A textarea") != ""
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
+        assert problems == []
+    finally:
+        page.close()
