@@ -38,12 +38,14 @@ def shown(value) -> str:
 
 @dataclass(frozen=True)
 class RunRequest:
-    """A validated request: prompt text, `raw` (no chat template), settings, seed (None = draw one)."""
+    """A validated request: prompt text, `raw` (no chat template), settings, seed (None = draw one), `thinking`
+    (let a checkpoint whose chat template has a thinking mode think first; the engine checks it applies)."""
 
     prompt: str
     raw: bool
     settings: DiffusionSettings
     seed: int | None
+    thinking: bool = False
 
 
 def check_prompt(prompt) -> str:
@@ -130,13 +132,14 @@ def build_settings(values: dict, *, ui_limits: bool = True) -> DiffusionSettings
     return settings
 
 
-def build_request(prompt, raw, values: dict, seed, *, ui_limits: bool = True) -> RunRequest:
+def build_request(prompt, raw, values: dict, seed, *, ui_limits: bool = True, thinking=False) -> RunRequest:
     """Validate everything a run needs; raises ValueError with the first problem found (prompt first)."""
     return RunRequest(
         prompt=check_prompt(prompt),
         raw=check_flag("raw", raw),
         settings=build_settings(values, ui_limits=ui_limits),
         seed=check_ui_seed(seed),
+        thinking=check_flag("thinking", thinking),
     )
 
 

@@ -458,7 +458,7 @@ class FakeEngine:
     def __init__(self, frames=12, delay=0.01):
         self.n, self.delay = frames, delay
 
-    def encode_prompt(self, prompt, raw=False):
+    def encode_prompt(self, prompt, raw=False, thinking=False):
         import torch
 
         return torch.zeros((1, 3), dtype=torch.long)
@@ -467,7 +467,7 @@ class FakeEngine:
         if settings.max_new_tokens > 512:
             raise ValueError("over the model's context")
 
-    def frames(self, prompt, settings=None, *, raw=False, seed=None, stop_event=None):
+    def frames(self, prompt, settings=None, *, raw=False, seed=None, stop_event=None, thinking=False):
         return fake_source(self.n, self.delay)(stop_event)
 
     def summarize(self, last, frames):
