@@ -106,12 +106,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse options, load the model, warm it up, serve the app. Returns the exit status (2: bad model or options)."""
     args = build_parser().parse_args(argv)
+    from diffgemma_ui.deployment import default_threads, zero_gpu
+
+    on_zero_gpu = zero_gpu()  # what the platform says (SPACES_ZERO_GPU), not whether `spaces` imports
+    if on_zero_gpu:
+        import spaces  # noqa: F401, PLC0415 - before anything touches CUDA: it patches torch for ZeroGPU
     from engine import DiffusionEngine, ModelLoadError, load_model
 
     print(f"Loading {args.model} (device {args.device}, dtype {args.dtype}, quantization {args.quantization})...",
           flush=True)
     try:
-        engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
+        if on_zero_gpu:
+            if args.device not in ("auto", "cuda"):
+                raise ModelLoadError(f"on ZeroGPU the model runs on the GPU: device must be auto or cuda, got "
+                                     f"{args.device!r}")
+            from diffgemma_ui.zerogpu import load_zero_gpu_model
+
+            engine = DiffusionEngine(load_zero_gpu_model(args.model, args.dtype, args.quantization))
+        else:
+            engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
     except ModelLoadError as error:
         print(f"error: {_one_line(error)}", file=sys.stderr)
         return 2
@@ -120,11 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from diffgemma_ui import build_app
-    from diffgemma_ui.gpu import spaces_available
     from engine.loading import set_serving_threads
 
-    threads = set_serving_threads(engine.device, args.threads)
-    if not spaces_available():  # on ZeroGPU the GPU exists only inside a request, so its first run stays cold
+    threads = set_serving_threads(engine.device, args.threads if args.threads is not None else default_threads())
+    # On ZeroGPU the GPU exists only inside a request: each GPU process warms up before its first run instead
+    if not on_zero_gpu:
         try:
             print(f"Warming up: {engine.warm_up():.1f} s", flush=True)
         except Exception as error:  # noqa: BLE001 - a model that loads but cannot generate: one clear line

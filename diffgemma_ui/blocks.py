@@ -11,7 +11,8 @@ from engine.memory import memory_report
 from engine.race import RaceRunner
 
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
-from .handlers import DEFAULT_MAX_RUN_S, Playground, initial_outputs
+from .deployment import QUEUE_PLANS, queue_plan
+from .handlers import DEFAULT_MAX_RUN_S, initial_outputs
 from .meter import meter_html
 from .race_blocks import build_race_tab, register_race_api
 from .race_handlers import RaceTab
@@ -19,6 +20,7 @@ from .session import SessionState
 from .text import escape_html
 from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS, UI_MAX_NEW_TOKENS
 from .worker import DEFAULT_MAX_FPS, DEFAULT_READER_BUDGET
+from .zerogpu import make_playground
 
 DEFAULT_PROMPT = "Tell me what happened after the flood."  # a chat prompt, as the raw box starts unticked
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -27,8 +29,7 @@ CSS_PATH = ASSETS_DIR / "style.css"
 HEAD_PATH = ASSETS_DIR / "head.html"
 EXAMPLES_PATH = ASSETS_DIR / "examples.json"
 EXPLAINER_PATH = PACKAGE_DIR / "explainer.md"
-# A CPU serves a few small runs at once; one GPU is best used by one run at a time.
-CONCURRENCY = {"cuda": 1, "cpu": 4}
+CONCURRENCY = {kind: plan.concurrency for kind, plan in QUEUE_PLANS.items()}  # runs at once, per deployment
 
 
 class PlaygroundBlocks(gr.Blocks):
@@ -92,8 +93,8 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
         A `gr.Blocks` with its queue configured (1 run at a time on CUDA, 4 on CPU); `launch()` applies the theme
         and CSS. The handlers object is available as `app.playground` (for tests).
     """
-    playground = Playground(engine, max_fps=max_fps, reader_budget=reader_budget, abandon_after_s=abandon_after_s,
-                            max_run_s=max_run_s)
+    playground = make_playground(engine, max_fps=max_fps, reader_budget=reader_budget,
+                                 abandon_after_s=abandon_after_s, max_run_s=max_run_s)
     race_tab = RaceTab(race or RaceRunner(engine), max_run_s=max_run_s)
     rec = engine.recommended
     start = initial_outputs()
@@ -223,7 +224,8 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
         gr.api(generate_api, api_name="generate", concurrency_id="engine")
         register_race_api(race_tab)
 
-    app.queue(default_concurrency_limit=CONCURRENCY["cuda" if engine.device.type == "cuda" else "cpu"])
+    plan = queue_plan(engine.device.type)  # set on purpose on every path (see deployment.QUEUE_PLANS)
+    app.queue(default_concurrency_limit=plan.concurrency, max_size=plan.max_size)
     app.playground = playground
     app.race = race_tab
     return app

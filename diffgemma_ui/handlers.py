@@ -17,12 +17,11 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine import DiffusionEngine, DiffusionSettings, Frame
+from engine import DiffusionEngine, Frame
 from engine.settings import MAX_SEED
 
 from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html
-from .gpu import on_gpu_if_spaces, spaces_available
 from .meter import meter_html
 from .record import RunSnapshot
 from .session import SessionState
@@ -131,14 +130,8 @@ class Playground:
         self.reader_budget = reader_budget
         self.abandon_after_s = abandon_after_s
         self.registry = RunRegistry()
-        self._zero_gpu = spaces_available()
-        self._gpu_frames = on_gpu_if_spaces(self._frames_on_device)
 
     # -- running -------------------------------------------------------------------------------------------------
-    def _frames_on_device(self, prompt: str, settings: DiffusionSettings, raw: bool, seed, stop_event) -> Iterator[Frame]:
-        """The GPU-bound part: iterate the engine (under `spaces.GPU` on ZeroGPU Spaces)."""
-        self.engine.check_settings(request.settings)
-        yield from self.engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop_event)
 
     def check_request(self, request: RunRequest) -> None:
         """Engine-side checks before any work: prompt encoding and context budget (raises ValueError)."""
@@ -172,9 +165,9 @@ class Playground:
         """Start `request` in a background `RunWorker` and return it."""
 
         def source(stop_event: threading.Event) -> Iterator[Frame]:
-            # A ZeroGPU call runs in another process: the event cannot travel there, the worker closes it instead.
-            event = None if self._zero_gpu else stop_event
-            return self._gpu_frames(request.prompt, request.settings, request.raw, request.seed, event)
+            # The same on every deployment (ZeroGPU runs go through `zerogpu.ZeroGpuPlayground.start_run`)
+            return self.engine.frames(request.prompt, request.settings, raw=request.raw, seed=request.seed,
+                                      stop_event=stop_event)
 
         return RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
                          time_limit_s=self.max_run_s).start()

@@ -71,11 +71,13 @@ class RunWorker:
         abandon_after_s: stop the run when no reader has polled for this many seconds (None: never).
         time_limit_s: stop the run once it has run this many seconds (None: never); it then ends with a
             `RunTimeLimitExceeded` error saying so, after the engine's final frame.
+        stop_event: the run's stop signal (default: a new `threading.Event`); anything with `set()` and
+            `is_set()`, e.g. `zerogpu.StopFlag`, which also reaches a run in another process.
     """
 
     def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0,
-                 time_limit_s: float | None = None):
-        self.stop_event = threading.Event()
+                 time_limit_s: float | None = None, stop_event: threading.Event | None = None):
+        self.stop_event = threading.Event() if stop_event is None else stop_event
         self.record = RunRecord(keep_history=keep_history)
         self.abandon_after_s = abandon_after_s
         self.time_limit_s = time_limit_s
