@@ -23,6 +23,7 @@ from pathlib import Path
 from .engine import MAX_PROMPT_CHARS, DiffusionEngine
 from .frames import Frame
 from .settings import MAX_SEED, DiffusionSettings
+from .tokens import TEXT, TOKEN_KINDS
 
 TRACE_FORMAT = "diffgemma-trace"
 TRACE_VERSION = 1
@@ -77,6 +78,8 @@ class Trace:
         prompt: the prompt text; raw: True if it was tokenized as is (no chat template);
         prompt_ids: the prompt's token ids, `[prompt_length]`.
         tokens: display string of every id in the prompt and the frames (raw model strings: escape them).
+        kinds: the kind (`engine.tokens.TOKEN_KINDS`) of every canvas id that is not plain text, or None when the
+            frames carry no kinds (`Frame.input_kinds` empty).
         text: the final generated text (special tokens skipped), as the engine decoded it.
         frames: one `Frame` per decoder forward, as loaded from the compact form (see the module docstring).
     """
@@ -90,6 +93,7 @@ class Trace:
     tokens: dict[int, str]
     text: str
     frames: tuple[Frame, ...]
+    kinds: dict[int, str] | None = None
 
     @classmethod
     def from_frames(cls, frames, *, model: ModelInfo, settings: DiffusionSettings, prompt: str, raw: bool,
@@ -127,6 +131,9 @@ class Trace:
             "tokens": {str(i): token_text(i) for i in sorted(ids)},
             "frames": [_compact(frame) for frame in kept],
         }
+        kinds = _kinds_of(kept)
+        if kinds is not None:
+            document["kinds"] = kinds
         return parse_trace(document)
 
     def to_dict(self) -> dict:
@@ -141,6 +148,7 @@ class Trace:
             "text": self.text,
             "tokens": {str(i): s for i, s in sorted(self.tokens.items())},
             "frames": [_compact(frame) for frame in self.frames],
+            **({"kinds": {str(i): k for i, k in sorted(self.kinds.items())}} if self.kinds is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -191,6 +199,17 @@ def trace_of_run(engine: DiffusionEngine, frames, *, prompt: str, settings: Diff
     text = engine.summarize(frames[-1], len(frames)).text
     return Trace.from_frames(frames, model=ModelInfo.of(engine), settings=settings, prompt=prompt, raw=raw,
                              prompt_ids=prompt_ids, token_text=engine.token_text, text=text)
+
+
+def _kinds_of(frames: list[Frame]) -> dict[str, str] | None:
+    """The non-text kinds of the frames' canvas ids, or None when any frame carries no kinds."""
+    if not all(len(f.input_kinds) == len(f.input_ids) and len(f.draft_kinds) == len(f.draft_ids) for f in frames):
+        return None
+    kinds: dict[int, str] = {}
+    for frame in frames:
+        for ids, frame_kinds in ((frame.input_ids, frame.input_kinds), (frame.draft_ids, frame.draft_kinds)):
+            kinds.update((i, k) for i, k in zip(ids, frame_kinds) if k != TEXT)
+    return {str(i): k for i, k in sorted(kinds.items())}
 
 
 def _compact(frame: Frame) -> dict:
@@ -309,19 +328,20 @@ def parse_trace(document) -> Trace:
     prompt_ids = _ids(prompt_doc.get("ids"), "prompt.ids", None)
     text = _string(doc.get("text"), "text", MAX_TRACE_BYTES)
     tokens = _token_table(doc.get("tokens"))
+    kinds = _kind_table(doc["kinds"], tokens) if "kinds" in doc else None
     _known(prompt_ids, tokens, "prompt.ids")
     frame_docs = doc.get("frames")
     if not isinstance(frame_docs, list) or not frame_docs:
         raise TraceError("frames must be a non-empty list")
     if len(frame_docs) > MAX_FRAMES:
         raise TraceError(f"the trace has {len(frame_docs):,} frames; the limit is {MAX_FRAMES:,}")
-    frames = _frames(frame_docs, canvas, settings, seed, len(prompt_ids), tokens)
+    frames = _frames(frame_docs, canvas, settings, seed, len(prompt_ids), tokens, kinds)
     return Trace(model=model, settings=settings, seed=seed, prompt=prompt, raw=raw, prompt_ids=tuple(prompt_ids),
-                 tokens=tokens, text=text, frames=tuple(frames))
+                 tokens=tokens, text=text, frames=tuple(frames), kinds=kinds)
 
 
 def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: int, prompt_tokens: int,
-            tokens: dict[int, str]) -> list[Frame]:
+            tokens: dict[int, str], kinds: dict[int, str] | None) -> list[Frame]:
     """Frames from their compact form, checked as one run (see `parse_trace`)."""
     n_steps = settings.max_denoising_steps
     frames: list[Frame] = []
@@ -400,6 +420,8 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
             tokens_per_second=committed_tokens / elapsed if elapsed > 0 else 0.0,
             tokens_per_forward=committed_tokens / forwards, prompt_tokens=prompt_tokens, seed=seed,
             stop_reason=stop_reason,
+            input_kinds=[kinds.get(i, TEXT) for i in input_ids] if kinds is not None else [],
+            draft_kinds=[kinds.get(i, TEXT) for i in draft_ids] if kinds is not None else [],
         ))
     return frames
 
@@ -479,6 +501,18 @@ def _token_table(value) -> dict[int, str]:
             raise TraceError(f"tokens: keys are token ids in [0, {MAX_TOKEN_ID}] as decimal strings, got {_shown(key)}")
         tokens[int(key)] = _string(text, f"tokens[{key}]", MAX_TOKEN_CHARS)
     return tokens
+
+
+def _kind_table(value, tokens: dict[int, str]) -> dict[int, str]:
+    table = _object(value, "kinds")
+    kinds: dict[int, str] = {}
+    for key, kind in table.items():
+        if not (key.isascii() and key.isdigit()) or len(key) > 10 or int(key) not in tokens:
+            raise TraceError(f"kinds: keys are token ids listed in tokens, got {_shown(key)}")
+        if kind not in TOKEN_KINDS:
+            raise TraceError(f"kinds[{key}] must be one of {', '.join(TOKEN_KINDS)}, got {_shown(kind)}")
+        kinds[int(key)] = kind
+    return kinds
 
 
 def _known(ids, tokens: dict[int, str], where: str) -> None:

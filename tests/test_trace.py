@@ -20,7 +20,7 @@ from engine.trace import MAX_TRACE_BYTES, TRACE_VERSION, ModelInfo, Trace, Trace
 EXACT_FIELDS = ("block_index", "step_index", "forward_index", "canvas_length", "max_denoising_steps", "temperature",
                 "input_ids", "draft_ids", "accepted", "first_accepted_step", "input_tokens", "draft_tokens",
                 "block_done", "block_stopped_early", "done", "committed_ids", "committed_tokens",
-                "forwards_per_block", "prompt_tokens", "seed", "stop_reason")
+                "forwards_per_block", "prompt_tokens", "seed", "stop_reason", "input_kinds", "draft_kinds")
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,7 @@ def test_export_then_load_gives_identical_frames(engine):
     assert {int(k) for k in doc["tokens"]} == used
     assert all(len(str(c).split(".")[-1]) <= 3 for f in doc["frames"] for c in f["confidence"] + f["entropy"])
     assert loaded.text == engine.summarize(original[-1], len(original)).text
+    assert original[0].input_kinds and set(doc["kinds"].values()) <= {"pad", "eos", "special", "byte"}
 
 
 @pytest.mark.slow
@@ -136,6 +137,9 @@ REFUSED = {
     "missing setting": (lambda d: d["settings"].pop("entropy_bound"), "settings: missing entropy_bound"),
     "seed out of range": (_set("seed", -1), "seed must be an integer in [0,"),
     "no frames": (_set("frames", []), "frames must be a non-empty list"),
+    "unknown kind": (lambda d: d.__setitem__("kinds", {next(iter(d["tokens"])): "weird"}),
+                     "must be one of text, byte, pad, eos, special, got 'weird'"),
+    "kind of an unlisted id": (_set("kinds", {"999999": "eos"}), "kinds: keys are token ids listed in tokens"),
     "frames not objects": (_set("frames", [1, 2]), "frame 0 must be a JSON object, got int"),
     "too many frames": (_set("frames", [{}] * 20_001), "the trace has 20,001 frames; the limit is 20,000"),
     "prompt not text": (_set("prompt.text", ["<script>"]), "prompt.text must be a string, got list"),
