@@ -58,10 +58,11 @@ def load_examples(path: Path = EXAMPLES_PATH) -> list[list]:
     return [[str(e["prompt"]), bool(e.get("raw", False))] for e in data["examples"]]
 
 
-def weights_gb(model) -> float:
-    """Device memory the loaded weights take, in GB (10^9 bytes): every parameter and buffer as stored, quantized
-    ones by their packed bytes (`engine.memory.memory_report`)."""
-    return memory_report(model)["total_bytes"] / 1e9
+def weights_size(model) -> str:
+    """Device memory the loaded weights take, e.g. "15.6 GB" or "7.6 MB" (10^9 / 10^6 bytes): every parameter and
+    buffer as stored, quantized ones by their packed bytes (`engine.memory.memory_report`)."""
+    nbytes = memory_report(model)["total_bytes"]
+    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
 
 
 def header_html(engine: DiffusionEngine) -> str:
@@ -75,7 +76,7 @@ def header_html(engine: DiffusionEngine) -> str:
         f'<span class="dg-badge">device: {device}</span>'
         f'<span class="dg-badge">canvas: {int(engine.canvas_length)} tokens</span>'
         f'<span class="dg-badge" title="memory the weights take on the device, as stored (quantized or not)">'
-        f'weights: {weights_gb(engine.model):.2f} GB</span></div></div>'
+        f'weights: {weights_size(engine.model)}</span></div></div>'
     )
 
 

@@ -182,3 +182,12 @@ def test_gpu_quantization_script_runs_every_choice_on_a_tiny_config(capsys):
         assert [run["steps"] for run in r["runs"]] == [1, 2]
         assert all(run["tokens"] == results["canvas_length"] and run["tokens_per_second"] > 0 for run in r["runs"])
     assert by_choice["4bit"]["weights_bytes"] < by_choice["8bit"]["weights_bytes"] < by_choice["none"]["weights_bytes"]
+
+
+def test_header_shows_the_weights_memory_of_the_loaded_model():
+    from diffgemma_ui.blocks import header_html
+
+    for quantization in ("none", "4bit"):  # 27.7 MB and 7.6 MB
+        engine = DiffusionEngine(load_model(device="cpu", quantization=quantization))
+        expected = f"weights: {memory_report(engine.model)['total_bytes'] / 1e6:.1f} MB"
+        assert expected in header_html(engine)
