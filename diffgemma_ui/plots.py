@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from engine import Frame
 
 from .colors import PLOTLY_SCALE, viridis
-from .text import escape_plotly, token_plotly
+from .text import escape_plotly
+from .token_view import draft_labels
 
 HEIGHT = 330
 NOT_ACCEPTED_COLOUR = "rgba(140,140,140,0.45)"
@@ -113,11 +114,12 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
         if not hover:
             continue
         hover_row = []
+        labels = draft_labels(frame)
         for pos in range(n):
             accepted = bool(frame.accepted[pos])
             hover_row.append(
                 f"step {row + 1} \u00b7 position {pos}<br>"
-                f"\u201c{token_plotly(frame.draft_tokens[pos])}\u201d {'accepted' if accepted else 'renoised'}<br>"
+                f"\u201c{escape_plotly(labels[pos])}\u201d {'accepted' if accepted else 'renoised'}<br>"
                 f"confidence {frame.confidence[pos]:.3f} \u00b7 entropy {frame.entropy[pos]:.3f} nats"
             )
         hover_text.append(hover_row)
@@ -194,9 +196,10 @@ def unmasking_order(frame: Frame | None) -> FigureSpec:
     steps = max(1, frame.max_denoising_steps)
     last = max([s for s in frame.first_accepted_step if s >= 0], default=0) + 1
     y, colours, hover = [], [], []
+    labels = draft_labels(frame)
     for pos in range(n):
         step = frame.first_accepted_step[pos]
-        token = token_plotly(frame.draft_tokens[pos])
+        token = escape_plotly(labels[pos])
         if step is None or step < 0:
             y.append(0.3)
             colours.append(NOT_ACCEPTED_COLOUR)

@@ -157,3 +157,12 @@ def token_cells(tokens: Sequence[str], kinds: Sequence[str] | None = None,
             cells[pos] = TokenCell(visible_token(token), marked_token_html(token), "text")
         pos += 1
     return cells
+
+
+def draft_labels(frame) -> list[str]:
+    """What each position's draft token is, as one plain line per position (for hover labels; unescaped): the
+    visible text of a text or byte token, a special token's label with "(pad)", "(end-of-sequence)" or
+    "(special token)" after it, never its raw marker text."""
+    cells = token_cells(frame.draft_tokens, frame.draft_kinds or None)
+    suffix = {"pad": " (pad)", "eos": " (end-of-sequence)", "special": " (special token)"}
+    return [cell.text + suffix.get(cell.style, "") for cell in cells]

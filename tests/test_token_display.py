@@ -168,3 +168,16 @@ def test_noise_specials_in_the_live_block_are_labelled(token_text):
 ])
 def test_special_labels(piece, label):
     assert special_label(piece) == label
+
+
+def test_plot_hover_labels_name_special_tokens_never_raw_markers(token_text):
+    from diffgemma_ui import plots
+    from diffgemma_ui.token_view import draft_labels
+
+    ids = [494, 105, 0, 106, BYTE_BASE + 0xE2]
+    frame = frame_of(ids, token_text, done=True)
+    assert draft_labels(frame) == ["\u00b7t", "turn start (special token)", "pad (pad)", "turn end (end-of-sequence)",
+                                   "0xE2"]
+    hover = plots.confidence_heatmap([frame], hover=True).to_json() + (
+        plots.unmasking_order(frame).to_json())
+    assert "turn start (special token)" in hover and "&lt;|turn&gt;" not in hover and "<|turn>" not in hover
