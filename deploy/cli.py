@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"Wrote the {args.target} Space to {out}. Push it with:\n"
-          f"  hf upload <your-name>/<space-name> {out} . --repo-type space")
+    print(f"Wrote the {args.target} Space to {out}. Create the Space once and push the folder with:\n"
+          f"  hf repos create <your-name>/<space-name> --type space --sdk gradio\n"
+          f"  hf upload <your-name>/<space-name> {out} . --type space\n"
+          f"then choose its hardware (and any secret its README names) in the Space's settings.")
     return 0

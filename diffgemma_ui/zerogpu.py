@@ -193,17 +193,18 @@ def load_zero_gpu_model(model: str, dtype: str = "auto", quantization: str = "no
     CUDA. Returns the `LoadedModel` with `device` cuda. Call after `import spaces`.
 
     Raises:
-        ModelLoadError: as `engine.load_model`, and for quantization (bitsandbytes needs a GPU while loading, which
-            the main process of a ZeroGPU Space never has: use bf16, which asks for an xlarge GPU).
+        ModelLoadError: as `engine.load_model`, and for quantization (not offered on ZeroGPU: how the packed
+            bitsandbytes weights and their quantization state travel through ZeroGPU's CUDA emulation was never
+            checked; bf16 asks for an xlarge GPU instead).
     """
     import torch  # noqa: PLC0415
 
     from engine.loading import ModelLoadError, load_model  # noqa: PLC0415
 
     if quantization != "none":
-        raise ModelLoadError(f"{quantization} quantization is not available on ZeroGPU (bitsandbytes quantizes on a "
-                             "GPU while loading, and a ZeroGPU Space gets one only inside a request): use "
-                             "--quantization none (bf16 weights, an xlarge GPU)")
+        raise ModelLoadError(f"{quantization} quantization is not offered on ZeroGPU (its packed weights under "
+                             "ZeroGPU's CUDA emulation were never checked): use --quantization none (bf16 weights, an "
+                             "xlarge GPU)")
     loaded = load_model(model, "cpu", "bfloat16" if dtype == "auto" else dtype, "none")
     loaded.model.to("cuda")
     loaded.device = torch.device("cuda")
@@ -246,9 +247,9 @@ class ZeroGpuPlayground(Playground):
         self._gpu_frames = spaces_module.GPU(duration=self.gpu_seconds, size=self.budget.size)(self._frames_on_gpu)
 
     # -- in the main process ---------------------------------------------------------------------------------------
-    def gpu_seconds(self, prompt: str, settings: DiffusionSettings, raw: bool, seed, stop: StopFlag) -> int:
+    def gpu_seconds(self, request: RunRequest, stop: StopFlag) -> int:
         """`spaces.GPU`'s `duration`: called with the GPU function's arguments, returns seconds to ask for."""
-        return self.budget.duration_s(settings, self.engine.canvas_length)
+        return self.budget.duration_s(request.settings, self.engine.canvas_length)
 
     def check_request(self, request: RunRequest) -> None:
         """`Playground.check_request` on the CPU view, then the GPU budget (raises ValueError)."""
@@ -267,7 +268,7 @@ class ZeroGpuPlayground(Playground):
             gr.Error: the platform refused (quota, no GPU) or the run failed before its first frame.
         """
         stop = StopFlag()
-        frames = self._gpu_frames(request.prompt, request.settings, request.raw, request.seed, stop)
+        frames = self._gpu_frames(request, stop)  # a RunRequest (plain values) and a StopFlag: both pickle
         try:
             first = [next(frames)]
         except StopIteration:
@@ -296,8 +297,7 @@ class ZeroGpuPlayground(Playground):
                          time_limit_s=limit, stop_event=stop).start()
 
     # -- in the GPU process ----------------------------------------------------------------------------------------
-    def _frames_on_gpu(self, prompt: str, settings: DiffusionSettings, raw: bool, seed, stop: StopFlag
-                       ) -> Iterator[Frame]:
+    def _frames_on_gpu(self, request: RunRequest, stop: StopFlag) -> Iterator[Frame]:
         """The function `spaces.GPU` runs in its forked process: warm up once per process, then the engine's frames.
 
         Errors become `gr.Error` with the message every other path shows (`describe_error`): `spaces` passes only
@@ -308,7 +308,8 @@ class ZeroGpuPlayground(Playground):
             if _WARMED_PID != os.getpid():
                 self.gpu_engine.warm_up()
                 _WARMED_PID = os.getpid()
-            yield from self.gpu_engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop)
+            yield from self.gpu_engine.frames(request.prompt, request.settings, raw=request.raw, seed=request.seed,
+                                              stop_event=stop, thinking=request.thinking)
         except Exception as error:  # noqa: BLE001 - one clear message across the process boundary
             if not isinstance(error, ValueError):
                 LOG.error("run failed on the GPU: %s", "".join(traceback.format_exception(error)).rstrip())

@@ -241,13 +241,17 @@ def test_stop_flag_pickles_and_reaches_a_forked_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_frames_and_settings_pickle(engine):
+def test_what_crosses_to_the_gpu_process_pickles(engine):
+    """The GPU function's arguments (a RunRequest, a StopFlag) and what it yields (frames) pickle as they are."""
     from engine import DiffusionSettings
+    from diffgemma_ui.validation import RunRequest
 
-    settings = DiffusionSettings(max_new_tokens=8, max_denoising_steps=2)
-    frames = list(engine.frames("Hi", settings, raw=True, seed=0))
+    request = RunRequest(prompt="Hi", raw=True, settings=DiffusionSettings(max_new_tokens=8, max_denoising_steps=2),
+                         seed=0)
+    frames = list(engine.frames(request.prompt, request.settings, raw=request.raw, seed=request.seed))
     assert pickle.loads(pickle.dumps(frames)) == frames
-    assert pickle.loads(pickle.dumps(settings)) == settings
+    assert pickle.loads(pickle.dumps(request)) == request
+    assert pickle.loads(pickle.dumps(StopFlag())).path
 
 
 def test_gpu_budget_duration_and_refusal():
