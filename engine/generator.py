@@ -1,7 +1,8 @@
 """Step-by-step DiffusionGemma generation: the outer block loop of `generate()`, yielding one frame per forward.
 
 This mirrors `DiffusionGemmaGenerationMixin.generate` (transformers 5.23) phase by phase and calls the library's own
-pieces for each: `_prepare_generation_config`, the cache, `EntropyBoundSampler`,
+pieces for each: `_prepare_generation_config`, the cache, `EntropyBoundSampler` (as `_prepare_sampler` builds it,
+recording what frames show: `engine.sampling`),
 `LinearTemperatureScheduleLogitsProcessor`, the EOS/max-length stopping criteria,
 `StableAndConfidentStoppingCriteria`, `_prepare_encoder_inputs`, `_prepare_denoiser_inputs`, `_denoising_step`
 (decoder forward with self-conditioning, sampling, entropy-bound acceptance, renoising, adaptive stopping),
@@ -22,6 +23,7 @@ import torch
 
 from .frames import Frame
 from .random_state import RunRandomState
+from .sampling import RecordingEntropyBoundSampler, frame_statistics, sampler_state
 from .settings import DiffusionSettings
 
 
@@ -58,21 +60,6 @@ class _Progress:
     committed_ids: list = dataclasses.field(default_factory=list)
     committed_tokens: int = 0
     first_frame_s: float = 0.0
-
-
-def canvas_statistics(processed_logits: torch.Tensor, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-position confidence and entropy of one canvas.
-
-    Args:
-        processed_logits: temperature-scaled logits `[canvas_length, vocab]`.
-        draft_ids: argmax canvas `[canvas_length]`.
-    Returns:
-        (confidence `[canvas_length]`: probability of the draft token, entropy `[canvas_length]` in nats), float32.
-    """
-    log_probs = torch.log_softmax(processed_logits.float(), dim=-1)
-    entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
-    confidence = log_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1).exp()
-    return confidence, entropy
 
 
 @torch.no_grad()
@@ -131,7 +118,7 @@ def denoise(
         decoder_position_ids = decoder_position_ids.unsqueeze(0)
         attention_mask = torch.ones((1, cur_len), dtype=torch.bool, device=device)
         decoder_attention_mask = torch.nn.functional.pad(attention_mask, (0, canvas_length), value=True)
-        sampler = model._prepare_sampler(generation_config)
+        sampler = RecordingEntropyBoundSampler.of(model._prepare_sampler(generation_config))
         logits_processor = model._prepare_logits_processor(generation_config, None)
         stopping_criteria = model._prepare_ar_stopping_criteria(generation_config, None)
         diffusion_stopping_criteria = model._prepare_diffusion_stopping_criteria(generation_config)
@@ -148,8 +135,9 @@ def denoise(
 
     def make_frame(block, step_index, temperature, input_canvas, argmax_canvas, processed_logits, first_accepted,
                    block_done, stopped_early, done, stop_reason) -> Frame:
-        confidence, entropy = canvas_statistics(processed_logits[0], argmax_canvas[0])
-        input_list, draft_list = input_canvas[0].tolist(), argmax_canvas[0].tolist()
+        confidence, entropy = frame_statistics(sampler, processed_logits, argmax_canvas)
+        input_list, draft_list, accepted_list, first_list, confidence_list, entropy_list = host_lists(
+            input_canvas[0], argmax_canvas[0], _accepted_mask(sampler)[0], first_accepted, confidence, entropy)
         elapsed = clock.now()
         if progress.forwards == 1:
             progress.first_frame_s = elapsed
@@ -162,10 +150,10 @@ def denoise(
             temperature=temperature,
             input_ids=input_list,
             draft_ids=draft_list,
-            accepted=_accepted_mask(sampler)[0].tolist(),
-            confidence=confidence.tolist(),
-            entropy=entropy.tolist(),
-            first_accepted_step=first_accepted.tolist(),
+            accepted=accepted_list,
+            confidence=confidence_list,
+            entropy=entropy_list,
+            first_accepted_step=first_list,
             input_tokens=[token_text(i) for i in input_list],
             draft_tokens=[token_text(i) for i in draft_list],
             input_kinds=[token_kind(i) for i in input_list] if token_kind else [],
@@ -275,13 +263,21 @@ def denoise(
 
 
 def _accepted_mask(sampler) -> torch.BoolTensor:
-    """The sampler's accepted-token mask `[1, canvas_length]` of the last step.
+    """The sampler's accepted-token mask `[1, canvas_length]` of the last step (see `engine.sampling.sampler_state`
+    for where a compiled sampler keeps it)."""
+    return sampler_state(sampler).accepted_token_mask
 
-    With a static cache, `generate()` swaps in `torch.compile`d `accept_canvas`, compiled once from the first
-    sampler's bound method; that method then writes the mask onto the first sampler, so it is read from there.
-    """
-    accept = getattr(sampler.accept_canvas, "_torchdynamo_orig_callable", sampler.accept_canvas)
-    return getattr(accept, "__self__", sampler).accepted_token_mask
+
+def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entropy) -> tuple[list, ...]:
+    """A frame's per-position tensors (each `[canvas_length]`, on the model's device) as Python lists, moved to the
+    host in one transfer (one device synchronization instead of six): (input ids, draft ids, accepted flags,
+    first-accepted steps, confidence, entropy) as (int, int, bool, int, float, float) lists. float64 holds every
+    token id and float32 value exactly."""
+    rows = torch.stack([t.to(torch.float64) for t in (input_ids, draft_ids, accepted, first_accepted, confidence,
+                                                      entropy)]).tolist()
+    ids_in, ids_draft, flags, first, conf, ent = rows
+    return ([int(v) for v in ids_in], [int(v) for v in ids_draft], [v != 0.0 for v in flags],
+            [int(v) for v in first], conf, ent)
 
 
 def strip_after_eos(token_ids: list[int], eos_token_id: int | list[int] | None) -> list[int]:

@@ -1,0 +1,103 @@
+"""The per-position statistics a frame shows, taken from the sampler's own computation instead of a second pass.
+
+At the real vocabulary a canvas's logits are [256 x 262,144]: every pass over them is a quarter-gigabyte read on a
+GPU and a few hundred milliseconds on a CPU. transformers' `EntropyBoundSampler.accept_canvas` already normalizes
+the temperature-scaled logits and computes each position's entropy to decide what to accept;
+`RecordingEntropyBoundSampler` keeps that entropy and a reference to the normalized logits, from which a frame
+gathers the draft tokens' log-probabilities (256 values): frames cost no extra pass over the vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSampler
+
+
+class RecordingEntropyBoundSampler(EntropyBoundSampler):
+    """`EntropyBoundSampler` that also records, at every acceptance, what it computed the acceptance from.
+
+    After `accept_canvas(..., logits, ...)` (logits `[batch, canvas_length, vocab]`, temperature-scaled):
+        token_entropy: `[batch, canvas_length]`, each position's entropy in nats (the sampler's own numbers).
+        log_probs: `[batch, canvas_length, vocab]`, the normalized logits (log-probabilities) the entropy came from:
+            a reference to the sampler's own tensor, not a copy. `frame_statistics` reads it and lets it go, so it
+            lives only until the frame is built (one [canvas x vocab] buffer longer than the library keeps it).
+    Both in the logits' dtype (float32: the model returns float32 logits), on their device.
+
+    Acceptance is transformers 5.23's `EntropyBoundSampler.accept_canvas` line for line (the entropy bound of
+    https://arxiv.org/abs/2505.24857: accept the k lowest-entropy positions whose entropy sum minus its maximum stays
+    within the bound); renoising and canvas initialization are inherited unchanged.
+    """
+
+    token_entropy: torch.Tensor | None = None
+    log_probs: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, sampler: EntropyBoundSampler) -> "RecordingEntropyBoundSampler":
+        """A recording sampler with exactly the state of `sampler` (as `model._prepare_sampler` built it).
+
+        Raises:
+            TypeError: `sampler` is not an `EntropyBoundSampler` (another sampler needs its own recording twin).
+        """
+        if type(sampler) is not EntropyBoundSampler:
+            raise TypeError(f"cannot record statistics of a {type(sampler).__name__}; expected EntropyBoundSampler")
+        recording = cls.__new__(cls)
+        recording.__dict__.update(sampler.__dict__)
+        return recording
+
+    def accept_canvas(self, current_canvas, denoiser_canvas, logits, cur_step):
+        """Accept denoiser tokens within the entropy bound (see the class docstring); returns the accepted canvas
+        `[batch, canvas_length]` and sets `accepted_token_mask`, `token_entropy` and `log_probs`."""
+        dist = torch.distributions.Categorical(logits=logits)
+        token_entropy = dist.entropy()  # (batch_size, canvas_length)
+        self.token_entropy, self.log_probs = token_entropy, dist.logits
+        sorted_token_entropy, sorted_indices = torch.sort(token_entropy, dim=-1, descending=False)
+        cumulative_entropy = torch.cumsum(sorted_token_entropy, dim=-1)
+        sorted_selection_mask = cumulative_entropy - sorted_token_entropy <= self.entropy_bound
+        self.accepted_token_mask = torch.scatter(
+            input=torch.zeros_like(sorted_selection_mask), dim=-1, index=sorted_indices, src=sorted_selection_mask
+        )
+        return torch.where(self.accepted_token_mask, denoiser_canvas, current_canvas)
+
+
+def sampler_state(sampler):
+    """The object the sampler's last `accept_canvas` wrote to.
+
+    With a static cache, `generate()` swaps in a `torch.compile`d `accept_canvas`, compiled once per model from the
+    first sampler's bound method; that method then writes onto the first sampler, so its state is read from there.
+    """
+    accept = getattr(sampler.accept_canvas, "_torchdynamo_orig_callable", sampler.accept_canvas)
+    return getattr(accept, "__self__", sampler)
+
+
+def canvas_statistics(processed_logits: torch.Tensor, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-position confidence and entropy of one canvas, computed from the logits (when no recording is at hand).
+
+    Args:
+        processed_logits: temperature-scaled logits `[canvas_length, vocab]`.
+        draft_ids: argmax canvas `[canvas_length]`.
+    Returns:
+        (confidence `[canvas_length]`: probability of the draft token, entropy `[canvas_length]` in nats), float32.
+    """
+    log_probs = torch.log_softmax(processed_logits.float(), dim=-1)
+    entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
+    confidence = log_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1).exp()
+    return confidence, entropy
+
+
+def frame_statistics(sampler, processed_logits: torch.Tensor, draft_ids: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(confidence, entropy) `[canvas_length]`, float32, of the last step (batch item 0).
+
+    Args:
+        sampler: the run's sampler; a `RecordingEntropyBoundSampler` gives its own numbers (and drops its reference
+            to the log-probabilities), any other falls back to `canvas_statistics(processed_logits)`.
+        processed_logits: temperature-scaled logits `[1, canvas_length, vocab]` (read only by the fallback).
+        draft_ids: the argmax canvas `[1, canvas_length]`.
+    """
+    state = sampler_state(sampler)
+    entropy, log_probs = getattr(state, "token_entropy", None), getattr(state, "log_probs", None)
+    if entropy is None or log_probs is None:
+        return canvas_statistics(processed_logits[0], draft_ids[0])
+    state.log_probs = None
+    confidence = log_probs[0].gather(-1, draft_ids[0].unsqueeze(-1)).squeeze(-1).float().exp()
+    return confidence, entropy[0].float()

@@ -1,0 +1,67 @@
+"""The recording sampler accepts exactly what transformers' sampler accepts, and its statistics are the logits'."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+    EntropyBoundSampler,
+    EntropyBoundSamplerConfig,
+)
+
+from engine.generator import host_lists
+from engine.sampling import RecordingEntropyBoundSampler, canvas_statistics, frame_statistics
+
+
+def _samplers(entropy_bound: float, vocab: int = 500, canvas: int = 32):
+    library = EntropyBoundSampler(EntropyBoundSamplerConfig(entropy_bound=entropy_bound), canvas, vocab, 8)
+    return library, RecordingEntropyBoundSampler.of(library)
+
+
+@pytest.mark.parametrize("entropy_bound, scale", [(0.1, 1.0), (2.0, 3.0), (1000.0, 0.5), (1e-6, 8.0)])
+def test_recording_sampler_accepts_what_the_library_sampler_accepts(entropy_bound, scale):
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(1, 32, 500, generator=generator) * scale
+    logits[0, :5, 3] += 40  # a few confident positions, so that bounds accept different counts
+    current = torch.randint(0, 500, (1, 32), generator=generator)
+    denoiser = torch.randint(0, 500, (1, 32), generator=generator)
+    library, recording = _samplers(entropy_bound)
+    expected = library.accept_canvas(current, denoiser, logits, 3)
+    got = recording.accept_canvas(current, denoiser, logits, 3)
+    assert torch.equal(got, expected)
+    assert torch.equal(recording.accepted_token_mask, library.accepted_token_mask)
+
+    confidence, entropy = canvas_statistics(logits[0], logits[0].argmax(-1))
+    recorded_confidence, recorded_entropy = frame_statistics(recording, logits, logits.argmax(-1))
+    torch.testing.assert_close(recorded_entropy, entropy, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(recorded_confidence, confidence, rtol=1e-5, atol=1e-6)
+
+
+def test_frame_statistics_fall_back_to_the_logits_without_a_recording():
+    logits = torch.randn(1, 16, 100)
+    library, _ = _samplers(0.1, vocab=100, canvas=16)
+    confidence, entropy = frame_statistics(library, logits, logits.argmax(-1))
+    expected_confidence, expected_entropy = canvas_statistics(logits[0], logits[0].argmax(-1))
+    assert torch.equal(confidence, expected_confidence) and torch.equal(entropy, expected_entropy)
+
+
+def test_recording_sampler_refuses_other_samplers():
+    class OtherSampler(EntropyBoundSampler):
+        pass
+
+    other = OtherSampler(EntropyBoundSamplerConfig(entropy_bound=0.1), 4, 10, 2)
+    with pytest.raises(TypeError, match="OtherSampler"):
+        RecordingEntropyBoundSampler.of(other)
+
+
+def test_host_lists_keep_ids_flags_and_floats_exactly():
+    ids = torch.tensor([0, 1, 262_143, 258_880])
+    draft = torch.tensor([2, 106, 50, 7])
+    accepted = torch.tensor([True, False, True, False])
+    first = torch.tensor([-1, 0, 3, -1])
+    confidence = torch.tensor([0.1, 1e-30, 1.0, 0.33333334], dtype=torch.float32)
+    entropy = torch.tensor([12.476, 0.0, 3.5e-8, 1.0], dtype=torch.float32)
+    lists = host_lists(ids, draft, accepted, first, confidence, entropy)
+    assert lists == (ids.tolist(), draft.tolist(), accepted.tolist(), first.tolist(), confidence.tolist(),
+                     entropy.tolist())
+    assert [type(v) for v in (lists[0][0], lists[2][0], lists[4][0])] == [int, bool, float]
