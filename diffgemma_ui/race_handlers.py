@@ -39,7 +39,7 @@ class RaceProgress:
     """What the race thread has produced so far (written by that thread, read by the handler).
 
     frames: per side, every frame in order; first_token_s: per side, engine seconds of its first committed token;
-    result / error: set when the race is over; done: the thread has ended.
+    result / error: set when the race is over; done: the thread has ended; texts: decoded answers, cached.
     """
 
     frames: dict = field(default_factory=lambda: {side: [] for side in SIDES})
@@ -48,6 +48,7 @@ class RaceProgress:
     result: RaceResult | None = None
     error: BaseException | None = None
     done: bool = False
+    texts: dict = field(default_factory=dict)
 
     def add(self, side: str, frame) -> None:
         """The race's `on_frame` callback."""
@@ -96,7 +97,6 @@ class RaceTab:
     def __init__(self, runner: RaceRunner, *, max_run_s: float | None = DEFAULT_MAX_RUN_S):
         self.runner = runner
         self.max_run_s = max_run_s
-        self._texts: dict = {}
 
     @property
     def models(self) -> dict[str, str]:
@@ -168,21 +168,20 @@ class RaceTab:
         return progress, stop, thread
 
     # -- rendering -------------------------------------------------------------------------------------------------
-    def side_text(self, side: str, frame) -> str:
-        """The decoded answer of `frame` (special tokens skipped), cached per side and length."""
+    def side_text(self, progress: RaceProgress, side: str, frame) -> str:
+        """The decoded answer of `frame` (special tokens skipped), cached in the race's `progress` by side and
+        length (a side's committed ids only grow)."""
         if frame is None:
             return ""
         ids = frame.committed_ids
-        key = (side, len(ids), ids[-1] if ids else None)
-        text = self._texts.get(key)
+        key = (side, len(ids))
+        text = progress.texts.get(key)
         if text is None:
             if side == "diffusion":
                 text = self.runner.engine.tokenizer.decode(ids, skip_special_tokens=True)
             else:
                 text = self.runner.ar.text(ids)
-            if len(self._texts) > 4096:
-                self._texts.clear()
-            self._texts[key] = text
+            progress.texts[key] = text
         return text
 
     def panel(self, progress: RaceProgress, side: str, state: str, t: float | None = None) -> str:
@@ -190,7 +189,7 @@ class RaceTab:
         frames = progress.frames[side]
         frame = frame_at(frames, t) if t is not None else (frames[-1] if frames else None)
         position = progress.order.index(side) + 1 if side in progress.order else None
-        return panel_html(side, frame, text=self.side_text(side, frame), model=self.models[side], position=position,
+        return panel_html(side, frame, text=self.side_text(progress, side, frame), model=self.models[side], position=position,
                           state=state, t=t, first_token_s=progress.first_token_s.get(side))
 
     def live_panels(self, progress: RaceProgress) -> tuple[str, str]:

@@ -181,12 +181,16 @@ def explanation(result: RaceResult) -> str:
 # -- bandwidth -----------------------------------------------------------------------------------------------------
 def measure_memory_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 10) -> float | None:
     """Measured memory bandwidth of a CUDA device in bytes/s: a device-to-device copy of `megabytes` MiB timed over
-    `repeats` copies (each reads and writes every byte, so 2 x bytes move). None off CUDA."""
+    `repeats` copies (each reads and writes every byte, so 2 x bytes move). None off CUDA, or when the two buffers do
+    not fit in the free memory."""
     if device.type != "cuda":
         return None
     n = megabytes * 2**20
-    source = torch.empty(n, dtype=torch.uint8, device=device)
-    target = torch.empty_like(source)
+    try:
+        source = torch.empty(n, dtype=torch.uint8, device=device)
+        target = torch.empty_like(source)
+    except torch.OutOfMemoryError:  # a device filled by the model: no bound rather than a failed race
+        return None
     target.copy_(source)
     torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -249,6 +253,7 @@ class RaceRunner:
         self._lock = threading.Lock()
         self._races = 0
         self._bandwidth: float | None = None
+        self._measured = False
         self._weights: tuple[int, int] | None = None
 
     def budget(self, settings: DiffusionSettings) -> int:
@@ -294,7 +299,8 @@ class RaceRunner:
         """(measured bandwidth in bytes/s, weights bytes per forward of both sides) on a GPU, else (None, None)."""
         if self.engine.device.type != "cuda":
             return None, None
-        if self._bandwidth is None:
+        if not self._measured:
+            self._measured = True  # once per runner: the device does not change
             self._bandwidth = measure_memory_bandwidth(self.engine.device)
             self._weights = side_weights_bytes(self.engine, self.ar)
         return self._bandwidth, self._weights
