@@ -7,7 +7,7 @@ import gradio as gr
 from engine import PRESET_NAMES, preset
 
 from . import plots
-from .compare_handlers import CompareHandlers
+from .compare_handlers import ENGINE_SAMPLER, CompareHandlers, sampler_choices
 from .compare_view import SIDES, side_html, verdict_html
 from .validation import UI_MAX_DENOISING_STEPS, UI_MAX_NEW_TOKENS
 
@@ -45,6 +45,10 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
                 steps = gr.Slider(1, UI_MAX_DENOISING_STEPS, value=settings.max_denoising_steps, step=1,
                                   label=f"{side}: max denoising steps")
                 adaptive = gr.Checkbox(value=settings.adaptive_stopping, label=f"{side}: adaptive stopping")
+                if side == "B":
+                    sampler = gr.Dropdown(sampler_choices(), value=ENGINE_SAMPLER, label="B: sampler",
+                                          info="diffusers' schedulers run its DiffusionGemmaPipeline (chat prompts)",
+                                          elem_id="dg-compare-sampler")
             sides[side] = (name, entropy_bound, steps, adaptive)
     run = gr.Button("Compare A and B", variant="primary", elem_id="dg-compare-run")
     verdict = gr.HTML(verdict_html(None, None), elem_id="dg-compare-verdict")
@@ -69,7 +73,7 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
         name.change(apply, inputs=[name], outputs=[entropy_bound, steps, adaptive], **private)
     run.click(
         compare.compare,
-        inputs=[prompt, raw, seed, max_new_tokens, *sides["A"][1:], *sides["B"][1:]],
+        inputs=[prompt, raw, seed, max_new_tokens, *sides["A"][1:], *sides["B"][1:], sampler],
         outputs=[outputs["A"][0], outputs["B"][0], verdict, outputs["A"][1], outputs["B"][1], outputs["A"][2],
                  outputs["B"][2]],
         api_visibility="private", concurrency_id="engine", show_progress="minimal", trigger_mode="once",

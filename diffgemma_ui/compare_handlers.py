@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import gradio as gr
 
+from engine.diffusers_sampler import SCHEDULERS, diffusers_available, pipeline_frames
 from engine.settings import MAX_SEED
 
 from . import plots
@@ -20,6 +21,13 @@ from .compare_view import side_html, verdict_html
 from .text import plain_text
 
 POLL_S = 0.5  # how often the tab redraws a running side
+ENGINE_SAMPLER = "engine: entropy bound (transformers)"
+DIFFUSERS_PREFIX = "diffusers: "
+
+
+def sampler_choices() -> list[str]:
+    """The samplers side B offers: the engine's, and diffusers' schedulers when diffusers is installed."""
+    return [ENGINE_SAMPLER, *([DIFFUSERS_PREFIX + name for name in SCHEDULERS] if diffusers_available() else [])]
 
 
 class CompareHandlers:
@@ -36,9 +44,13 @@ class CompareHandlers:
             rec.stability_threshold, rec.confidence_threshold, adaptive_stopping, seed, ui_limits=True)
 
     def compare(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
-                b_steps, b_adaptive) -> Iterator[tuple]:
+                b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER) -> Iterator[tuple]:
         """Run A then B (same prompt, raw flag, seed and max_new_tokens; each side its entropy bound, max denoising
         steps and adaptive stopping; t_min, t_max and the stopping thresholds are the checkpoint's).
+
+        `b_sampler` (`sampler_choices`): B may run diffusers' `DiffusionGemmaPipeline` with one of its schedulers
+        instead of the engine (`engine.diffusers_sampler`: chat prompts only, its frames arrive when it ends, and its
+        random stream is the pipeline's generator seeded with the same seed, not the engine's).
 
         Seed -1 (or empty) draws one seed for both. Yields (A card, B card, verdict, A text, B text, A heatmap,
         B heatmap) while A runs, while B runs, and at the end.
@@ -51,6 +63,12 @@ class CompareHandlers:
         requests = [self._request(prompt, raw, seed, max_new_tokens, eb, steps, adaptive)
                     for eb, steps, adaptive in ((a_entropy_bound, a_steps, a_adaptive),
                                                 (b_entropy_bound, b_steps, b_adaptive))]
+        if b_sampler not in sampler_choices():
+            raise gr.Error(f"unknown sampler {str(b_sampler)[:60]!r}", print_exception=False)
+        scheduler = b_sampler[len(DIFFUSERS_PREFIX):] if b_sampler.startswith(DIFFUSERS_PREFIX) else None
+        if scheduler is not None and requests[1].raw:
+            raise gr.Error("diffusers' pipeline always applies the chat template: untick raw prompt to use it",
+                           print_exception=False)
         lasts = [None, None]
         heatmaps = [plots.confidence_heatmap([]), plots.confidence_heatmap([])]
         texts = ["", ""]
@@ -58,11 +76,19 @@ class CompareHandlers:
 
         def view():
             return (side_html("A", requests[0].settings, lasts[0], states[0]),
-                    side_html("B", requests[1].settings, lasts[1], states[1]),
+                    side_html("B", requests[1].settings, lasts[1], states[1], sampler=scheduler or ""),
                     verdict_html(*lasts), texts[0], texts[1], heatmaps[0], heatmaps[1])
 
         for side, request in enumerate(requests):
             states[side] = "running"
+            if side == 1 and scheduler is not None:
+                yield view()
+                frames = pipeline_frames(self.engine, request.prompt, request.settings, scheduler, request.seed)
+                lasts[side] = frames[-1]
+                texts[side] = plain_text(self.engine.summarize(frames[-1], len(frames)).text)
+                heatmaps[side] = plots.confidence_heatmap([f for f in frames if f.block_index == 0])
+                states[side] = "done"
+                continue
             worker = self.playground.start_run(request, keep_history=True)
             try:
                 snap = worker.snapshot()

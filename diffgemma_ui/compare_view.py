@@ -21,10 +21,12 @@ def settings_label(settings: DiffusionSettings) -> str:
             f"{'on' if settings.adaptive_stopping else 'off'}")
 
 
-def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None, state: str) -> str:
-    """One side's card: its name, settings, state ("waiting", "running", "done") and meter (from its newest
-    frame)."""
+def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None, state: str,
+              sampler: str = "") -> str:
+    """One side's card: its name, settings (and `sampler`, when not the engine's), state ("waiting", "running",
+    "done") and meter (from its newest frame)."""
     label = settings_label(settings) if settings is not None else ""
+    label = f"{sampler} \u00b7 {label}" if sampler else label
     return (f'<div class="dg-compare-side" data-side="{escape_html(side)}" data-state="{escape_html(state)}">'
             f'<h3>{escape_html(side)} \u00b7 {escape_html(state)}</h3><p class="dg-meter-note">{escape_html(label)}</p>'
             f"{meter_html(last)}</div>")

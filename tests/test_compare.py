@@ -90,3 +90,29 @@ def test_compare_tab_in_the_browser(browser, served_app):
         assert problems == []
     finally:
         page.close()
+
+
+@pytest.mark.slow
+def test_diffusers_scheduler_as_side_b(engine):
+    pytest.importorskip("diffusers")
+    from diffgemma_ui.compare_handlers import DIFFUSERS_PREFIX
+    from diffgemma_ui.handlers import Playground
+    from engine.diffusers_sampler import pipeline_frames
+
+    settings = engine.recommended.replace(max_new_tokens=128, max_denoising_steps=3)
+    frames = pipeline_frames(engine, "Tell me about the flood.", settings, "BlockRefinementScheduler", 4)
+    last = frames[-1]
+    assert last.done and len(frames) == sum(last.forwards_per_block) and all(1 <= f <= 3 for f in
+                                                                               last.forwards_per_block)
+    assert [f.forward_index for f in frames] == list(range(len(frames)))
+    assert all(len(f.draft_ids) == engine.canvas_length and len(f.accepted) == engine.canvas_length for f in frames)
+    again = pipeline_frames(engine, "Tell me about the flood.", settings, "BlockRefinementScheduler", 4)
+    assert again[-1].committed_ids == last.committed_ids  # the pipeline's generator is seeded
+    views = list(CompareHandlers(Playground(engine)).compare(
+        "Tell me about the flood.", False, 4, 128, 0.5, 3, True, 0.5, 3, True,
+        DIFFUSERS_PREFIX + "EntropyBoundScheduler"))
+    card_a, card_b, verdict, _, text_b, _, heatmap_b = views[-1]
+    assert "EntropyBoundScheduler" in card_b and 'data-state="done"' in verdict and heatmap_b["data"]
+    with pytest.raises(Exception, match="always applies the chat template"):
+        list(CompareHandlers(Playground(engine)).compare("In the beginning", True, 4, 64, 0.5, 3, True, 0.5, 3, True,
+                                                         DIFFUSERS_PREFIX + "DiscreteDDIMScheduler"))

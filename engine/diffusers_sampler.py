@@ -1,0 +1,146 @@
+"""diffusers' `DiffusionGemmaPipeline` as a second sampler: its schedulers' canvases turned into the engine's frames.
+
+diffusers (optional: `pip install diffusers==0.42.1`) ships the model's pipeline with three schedulers:
+`BlockRefinementScheduler` (commits the most confident positions), `DiscreteDDIMScheduler` (ancestral sampling) and
+`EntropyBoundScheduler` (the checkpoint's sampler). The pipeline's `callback_on_step_end` hands over the canvas
+after each denoising step and that step's denoiser logits; `pipeline_frames` records them and builds one `Frame`
+per decoder forward, so the playground's views draw them like the engine's own runs.
+
+What a frame means here: `input_ids` is the canvas the step read, `draft_ids` the argmax of the step's logits,
+`accepted` marks positions whose canvas token after the step is that argmax (committed or kept by the scheduler;
+renoised positions hold random tokens), `confidence` and `entropy` come from the softmax of the raw denoiser
+logits (the engine's frames use the temperature-scaled ones), and times are wall-clock seconds of the pipeline
+call (prefill included). The pipeline always applies the chat template (no raw prompts) and runs the whole
+generation in one call, so its frames arrive at the end.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .frames import Frame
+from .generator import strip_after_eos
+from .sampling import canvas_statistics
+from .settings import DiffusionSettings
+
+SCHEDULERS = ("BlockRefinementScheduler", "DiscreteDDIMScheduler", "EntropyBoundScheduler")
+
+
+def diffusers_available() -> bool:
+    """Whether diffusers with `DiffusionGemmaPipeline` can be imported."""
+    try:
+        from diffusers import DiffusionGemmaPipeline  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def make_scheduler(name: str, settings: DiffusionSettings):
+    """A diffusers scheduler by class name, configured from `settings` (entropy bound and temperatures for
+    `EntropyBoundScheduler`; the others keep their defaults). Raises `ValueError` for an unknown name and
+    `ImportError` without diffusers."""
+    if name not in SCHEDULERS:
+        raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {name!r}")
+    import diffusers
+
+    cls = getattr(diffusers, name)
+    if name == "EntropyBoundScheduler":
+        return cls(entropy_bound=settings.entropy_bound, t_max=settings.t_max, t_min=settings.t_min,
+                   num_inference_steps=settings.max_denoising_steps)
+    return cls(num_inference_steps=settings.max_denoising_steps)
+
+
+def pipeline_frames(engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int) -> list[Frame]:
+    """Run `DiffusionGemmaPipeline` with `scheduler` on the engine's model and return its frames (see the module
+    docstring). `settings`: max_new_tokens (the pipeline's `gen_length`), max_denoising_steps
+    (`num_inference_steps`), adaptive stopping (off: `confidence_threshold=None`), stability and confidence
+    thresholds; seed: the pipeline's `torch.Generator` seed.
+
+    Raises:
+        ValueError: bad prompt or scheduler name. ImportError: diffusers is not installed.
+    """
+    from diffusers import DiffusionGemmaPipeline
+
+    from .engine import check_prompt
+
+    prompt = check_prompt(prompt)
+    model, canvas_length = engine.model, engine.canvas_length
+    pipe = DiffusionGemmaPipeline(model=model, scheduler=make_scheduler(scheduler, settings),
+                                  processor=engine.tokenizer)
+    pipe.set_progress_bar_config(disable=True)
+    eos = model.generation_config.eos_token_id
+    eos_id = eos[0] if isinstance(eos, list) else eos
+    steps: list[dict] = []
+    previous = {"canvas": None}
+    start = time.perf_counter()
+
+    def record(pipeline, global_step, step_index, tensors):
+        canvas, logits = tensors["canvas"][0], tensors["logits"][0]
+        draft = logits.argmax(dim=-1)
+        confidence, entropy = canvas_statistics(logits, draft)
+        read = previous["canvas"] if step_index > 0 and previous["canvas"] is not None else None
+        steps.append({"step": step_index, "input": read, "draft": draft.tolist(), "accepted": (canvas == draft).tolist(),
+                      "confidence": confidence.tolist(), "entropy": entropy.tolist(), "canvas": canvas.tolist(),
+                      "elapsed": time.perf_counter() - start})
+        previous["canvas"] = canvas.tolist()
+        return {}
+
+    generator = torch.Generator(device=engine.device).manual_seed(int(seed))
+    output = pipe(prompt=prompt, gen_length=settings.max_new_tokens,
+                  num_inference_steps=settings.max_denoising_steps, eos_token_id=eos_id,
+                  stability_threshold=settings.stability_threshold,
+                  confidence_threshold=settings.confidence_threshold if settings.adaptive_stopping else None,
+                  generator=generator, output_type="seq", callback_on_step_end=record,
+                  callback_on_step_end_tensor_inputs=["canvas", "logits"])
+    sequence = output.sequences[0].tolist()
+    prompt_tokens = int(engine.encode_prompt(prompt).shape[1])
+    return _frames_of(steps, sequence, canvas_length, settings, eos, model.generation_config.pad_token_id,
+                      prompt_tokens, int(seed), engine.token_text)
+
+
+def _frames_of(steps: list[dict], sequence: list[int], canvas_length: int, settings: DiffusionSettings, eos,
+               pad_id, prompt_tokens: int, seed: int, token_text) -> list[Frame]:
+    """Frames from the recorded steps (a step with index 0 opens a block) and the pipeline's output sequence."""
+    kind = getattr(token_text, "kind", None)
+    frames: list[Frame] = []
+    block = -1
+    forwards_per_block: list[int] = []
+    committed: list[int] = []
+    first_accepted: list[int] = []
+    n_steps = settings.max_denoising_steps
+    for index, step in enumerate(steps):
+        if step["step"] == 0:
+            block += 1
+            first_accepted = [-1] * canvas_length
+        last_of_block = index == len(steps) - 1 or steps[index + 1]["step"] == 0
+        first_accepted = [step["step"] if a and f < 0 else f for a, f in zip(step["accepted"], first_accepted)]
+        input_ids = step["input"] if step["input"] is not None else step["canvas"]
+        done = index == len(steps) - 1
+        if last_of_block:
+            forwards_per_block = forwards_per_block + [step["step"] + 1]
+            committed = strip_after_eos(sequence[: (block + 1) * canvas_length], eos)
+        committed_tokens = sum(1 for t in committed if t != pad_id)
+        elapsed = step["elapsed"]
+        stop_reason = ""
+        if done:
+            eos_ids = set(eos if isinstance(eos, list) else [eos])
+            stop_reason = "eos" if committed and committed[-1] in eos_ids else "max_new_tokens"
+        frames.append(Frame(
+            block_index=block, step_index=step["step"], forward_index=index, canvas_length=canvas_length,
+            max_denoising_steps=n_steps, temperature=0.0, input_ids=list(input_ids), draft_ids=step["draft"],
+            accepted=step["accepted"], confidence=step["confidence"], entropy=step["entropy"],
+            first_accepted_step=list(first_accepted), input_tokens=[token_text(i) for i in input_ids],
+            draft_tokens=[token_text(i) for i in step["draft"]], block_done=last_of_block,
+            block_stopped_early=last_of_block and step["step"] + 1 < n_steps, done=done,
+            committed_ids=list(committed), committed_tokens=committed_tokens,
+            forwards_per_block=list(forwards_per_block), elapsed_s=elapsed,
+            time_to_first_frame_s=steps[0]["elapsed"],
+            tokens_per_second=committed_tokens / elapsed if elapsed > 0 else 0.0,
+            tokens_per_forward=committed_tokens / (index + 1), prompt_tokens=prompt_tokens, seed=seed,
+            stop_reason=stop_reason,
+            input_kinds=[kind(i) for i in input_ids] if kind else [],
+            draft_kinds=[kind(i) for i in step["draft"]] if kind else [],
+        ))
+    return frames
