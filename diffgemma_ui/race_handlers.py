@@ -7,15 +7,18 @@ side by side on the engine clock (time 0 = each side's start), then shows the re
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
 
-from engine.race import SIDES, RaceResult, RaceRunner, check_order, explanation
+from engine.autoregressive import check_temperature
+from engine.race import SIDES, RaceResult, RaceRunner, explanation
 
 from .handlers import DEFAULT_MAX_RUN_S, Playground, describe_error
 from .race_view import frame_at, panel_html, result_html
@@ -23,6 +26,7 @@ from .text import plain_text
 from .validation import RunRequest, build_request, preset_values
 from .worker import RunTimeLimitExceeded
 
+LOG = logging.getLogger(__name__)
 IDLE_BUTTONS = (gr.update(interactive=True), gr.update(interactive=False))  # Race on, Stop off
 LIVE_INTERVAL_S = 0.25  # live panels re-render at most 4 times a second: the engine shares the CPU
 REPLAY_FPS = 12.0
@@ -114,11 +118,8 @@ class RaceTab:
             gr.Error: the first problem, in words.
         """
         try:
-            check_order(order)
             self.runner.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
                               seed=run.seed)
-            from engine.autoregressive import check_temperature
-
             return RaceRequest(run=run, ar_temperature=check_temperature(ar_temperature), order=order)
         except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
             raise gr.Error(describe_error(error), print_exception=False) from None
@@ -157,6 +158,8 @@ class RaceTab:
                         f"the race reached this server's limit of {self.max_run_s:g} s and was stopped: lower "
                         "max_new_tokens")
             except BaseException as error:  # noqa: BLE001 - reported to the reader
+                if not isinstance(error, ValueError):  # the operator gets the traceback; the visitor the message
+                    LOG.error("race failed: %s", "".join(traceback.format_exception(error)).rstrip())
                 progress.error = error
             finally:
                 if timer is not None:
