@@ -176,19 +176,24 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
         settings_inputs = [max_new_tokens, steps, entropy_bound, t_min, t_max, stability, confidence, adaptive]
         run_inputs = [prompt, raw, *settings_inputs[:7], adaptive, seed]
         stream_outputs = [stack, canvas, meter, text, heatmap, order, entropy, block, generate, stop]
-        run_event = dict(
-            fn=playground.generate_stream, inputs=[session, *run_inputs], outputs=stream_outputs,
+        ticket = gr.Textbox(visible=False, elem_id="dg-ticket")  # which request of the session a run step serves
+        # Every trigger that starts a run goes through one chain (see diffgemma_ui/session.py): `request_run` checks
+        # the inputs in a step of its own (a refused request shows its message without an error badge on the
+        # canvas) and takes a ticket that stops the session's current run; the run step then serves only the
+        # newest ticket. "multiple": a trigger during a run is a restart, never silently dropped.
+        run_step = gr.on(
+            [generate.click, prompt.submit], playground.request_run, inputs=[session, *run_inputs],
+            outputs=[ticket, meter, generate, stop], api_visibility="private", concurrency_limit=None,
+            show_progress="hidden", trigger_mode="multiple",
+        ).success(
+            fn=playground.generate_stream, inputs=[session, *run_inputs, ticket], outputs=stream_outputs,
             api_visibility="private", concurrency_id="engine", show_progress="full",
-            show_progress_on=[canvas], trigger_mode="once",
+            show_progress_on=[canvas], trigger_mode="multiple",
         )
-        # Inputs are checked in a step of their own first: a refused request then shows its message without marking
-        # the canvas (where the run's progress is shown) with an error badge
-        check_event = dict(fn=playground.check_inputs, inputs=run_inputs, outputs=None, api_visibility="private",
-                           concurrency_limit=None, show_progress="hidden", trigger_mode="once")
-        generate.click(**check_event).success(**run_event)
-        prompt.submit(**check_event).success(**run_event)
-        stop.click(playground.stop, inputs=[session], outputs=None, api_visibility="private",
-                   concurrency_limit=None, show_progress="hidden")
+        # Stop also cancels the run step: a run still waiting in the queue leaves it; a running one is stopped and
+        # its final view rendered by `stop`
+        stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step],
+                   api_visibility="private", concurrency_limit=None, show_progress="hidden")
         dice.click(playground.random_seed, inputs=None, outputs=[seed], api_visibility="private",
                    concurrency_limit=None, show_progress="hidden")
         preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs[1:],

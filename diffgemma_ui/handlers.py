@@ -8,10 +8,12 @@ events; they only use the engine's public API (`frames`, `summarize`, `encode_pr
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -22,7 +24,7 @@ from engine.settings import MAX_SEED
 
 from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html
-from .meter import meter_html
+from .meter import meter_html, waiting_meter_html
 from .record import RunSnapshot
 from .session import SessionState
 from .text import plain_text
@@ -66,6 +68,7 @@ class StreamOutputs:
 
 
 DEFAULT_MAX_RUN_S = 300.0  # no single run (UI or API) holds the engine for longer
+STOP_WAIT_S = 10.0  # Stop waits this long at most for the run's last frame (one decoder forward)
 API_POLL_S = 0.02  # how often the served /generate checks its run (and notices a cancelled job)
 LOG = logging.getLogger(__name__)
 
@@ -99,6 +102,14 @@ def _rejected(error: BaseException) -> gr.Error:
     return _user_error(error)
 
 
+def parse_ticket(ticket) -> int | None:
+    """A run ticket from the page (a hidden textbox: text, exact), or None when there is none."""
+    try:
+        return int(str(ticket).strip()) if ticket not in (None, "") else None
+    except ValueError:
+        return None
+
+
 def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
     """The one-line status under the canvas when a run is over."""
     if error is not None:
@@ -130,6 +141,9 @@ class Playground:
         self.reader_budget = reader_budget
         self.abandon_after_s = abandon_after_s
         self.registry = RunRegistry()
+        # Live sessions by session hash, to release their state when their tab closes (Gradio itself keeps a
+        # closed session's gr.State for an hour); weak: a session Gradio dropped is not kept alive here
+        self.sessions: weakref.WeakValueDictionary[str, SessionState] = weakref.WeakValueDictionary()
 
     # -- running -------------------------------------------------------------------------------------------------
 
@@ -216,6 +230,8 @@ class Playground:
         blocks = snap.block_count
         # A slider needs minimum < maximum: with one block it stays hidden
         block = gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1) if final else skip
+        if first and not final:  # a new run: the previous run's block slider would plot this run's blocks
+            block = gr.update(visible=False)
         return StreamOutputs(
             stack=stack, canvas=canvas, meter=meter_html(latest), text=text, heatmap=heatmap, order=order,
             entropy=entropy, block=block,
@@ -224,10 +240,30 @@ class Playground:
         )
 
     # -- events --------------------------------------------------------------------------------------------------
+    def request_run(self, session: SessionState, *inputs) -> tuple:
+        """The first step of every trigger that starts a run (Generate, Shift+Enter): check the eleven inputs, then
+        take the session's next ticket, which stops its current run (see `session`), and show the run as waiting.
+
+        Returns:
+            (ticket, meter, Generate update, Stop update); the ticket travels with the run step's request.
+
+        Raises:
+            gr.Error: a refused request (the current run, if any, goes on).
+        """
+        self.check_inputs(*inputs)
+        if session is None:
+            return 0, gr.skip(), gr.skip(), gr.skip()
+        return (str(session.claim()), waiting_meter_html(), gr.update(interactive=False),
+                gr.update(interactive=True))
+
     def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
-                        t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                        t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed, ticket=None,
                         request: gr.Request = None) -> Iterator[tuple]:
-        """The Generate button: validate, start a worker, yield coalesced renders until the final frame.
+        """The run step: validate, start a worker, yield coalesced renders until the final frame.
+
+        `ticket` comes from `request_run` (None: claim one here). A request whose ticket went stale while it waited in
+        the queue (a later trigger, or Stop) yields nothing; a run whose ticket goes stale stops yielding, so only the
+        newest run of a session ever reaches the page.
 
         Raises:
             gr.Error: invalid input (before anything runs) or an engine failure during the run.
@@ -236,15 +272,23 @@ class Playground:
                                    stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True)
         if session is None:
             session = SessionState()
+        ticket = parse_ticket(ticket)
+        if ticket is not None and not session.is_current(ticket):
+            return
         key = getattr(request, "session_hash", None) or f"anon-{id(session)}"
         # The plots still show placeholders on a session's first run: leave them until there is a block to draw, so
         # the browser is not busy redrawing empty figures while the first decoder forward runs
         last_plots = 0.0 if session.snapshot is not None else time.monotonic()
         worker = self.start_run(run)
-        session.begin(worker)
+        if not session.begin(worker, ticket):
+            return
+        ticket = session.running_ticket
+        self.sessions[key] = session
         self.registry.register(key, worker)
         try:
             for index, snap in enumerate(worker.updates(self.max_fps, reader_budget=self.reader_budget)):
+                if not session.is_current(ticket):
+                    return  # a newer run or Stop owns the page now
                 session.snapshot = snap
                 now = time.monotonic()
                 plots_due = now - last_plots >= PLOT_INTERVAL_S
@@ -258,17 +302,36 @@ class Playground:
             # Runs on normal end, on Stop, and when Gradio closes or cancels this generator (tab closed)
             worker.stop()
             self.registry.unregister(key, worker)
+            session.end_stream(worker)
 
-    def stop(self, session: SessionState) -> None:
-        """The Stop button: stop this session's run (the final "stopped" frame is rendered by the run's stream)."""
-        if session is not None:
-            session.stop()
+    def stop(self, session: SessionState) -> tuple:
+        """The Stop button (wired to also cancel the run step, so a run still waiting in the queue leaves it): stop
+        the session's run, wait for its last frame (within one decoder forward) and render the final view; a run
+        that had not started yet shows that it left the queue."""
+        if session is None:
+            return initial_outputs().as_tuple()
+        _, worker = session.withdraw()
+        if worker is None:
+            left = initial_outputs()
+            return dataclasses.replace(
+                left, stack=gr.skip(), canvas=gr.skip(), text=gr.skip(), heatmap=gr.skip(), order=gr.skip(),
+                entropy=gr.skip(), block=gr.skip(), meter=meter_html(None, note="left the queue: nothing ran"),
+            ).as_tuple()
+        worker.join(STOP_WAIT_S)
+        snap = worker.snapshot()
+        session.snapshot = snap
+        final = self.render(session, snap, final=True, plots_due=True)
+        return dataclasses.replace(final, generate_button=gr.update(interactive=True),
+                                   stop_button=gr.update(interactive=False)).as_tuple()
 
     def unload(self, request: gr.Request) -> None:
-        """A browser tab closed: stop its session's run, if any."""
+        """A browser tab closed: stop its session's runs and release what the session held (frames, HTML)."""
         key = getattr(request, "session_hash", None)
         if key:
             self.registry.stop(key)
+            session = self.sessions.pop(key, None)
+            if session is not None:
+                session.release()
 
     def select_block(self, session: SessionState, block) -> tuple:
         """Re-render the three plots for block number `block` (1-based) of the session's last run."""

@@ -65,11 +65,12 @@ def stat_cards_html(values: dict[str, str]) -> str:
     )
 
 
-def meter_html(frame: Frame | None) -> str:
+def meter_html(frame: Frame | None, *, note: str | None = None, state: str | None = None) -> str:
     """The meter as HTML: one card per figure of `meter_values(frame)`; progress, seed and counts in a note below.
 
-    `data-tps` and `data-ttff` on the outer element hold the raw tokens/s and time to first frame in seconds (for
-    tests and benchmarks; "0" before a frame).
+    `note` replaces the idle note ("press Generate to start") when there is no frame; `state` overrides
+    `data-state` ("idle", "queued", "running", "done"). `data-tps` and `data-ttff` on the outer element hold the raw
+    tokens/s and time to first frame in seconds (for tests and benchmarks; "0" before a frame).
     """
     values = meter_values(frame)
     progress = values.pop("progress")
@@ -80,8 +81,8 @@ def meter_html(frame: Frame | None) -> str:
     ttff = 0.0 if frame is None else float(frame.time_to_first_frame_s)
     if not math.isfinite(ttff):
         ttff = 0.0
-    state = "idle" if frame is None else ("done" if frame.done else "running")
-    footer = '<div class="dg-meter-note">engine clock \u00b7 press Generate to start</div>'
+    state = state or ("idle" if frame is None else ("done" if frame.done else "running"))
+    footer = f'<div class="dg-meter-note">{escape_html(note or IDLE_NOTE)}</div>'
     if frame is not None:
         footer = (
             f'<div class="dg-meter-note"><span class="dg-progress">{escape_html(progress)}</span> engine clock'
@@ -92,3 +93,16 @@ def meter_html(frame: Frame | None) -> str:
         f'<div class="dg-meter" data-state="{state}" data-tps="{tps:.6g}" data-ttff="{ttff:.6g}">'
         f"{cards}{footer}</div>"
     )
+
+
+IDLE_NOTE = "engine clock \u00b7 press Generate to start"
+
+
+def waiting_meter_html() -> str:
+    """The meter of a run that was requested but has not started: it waits in the queue for a free engine slot.
+
+    The `.dg-queue-position` span is filled in the browser (assets/head.html) from Gradio's own queue status.
+    """
+    html = meter_html(None, note="\u0000", state="queued")
+    return html.replace("\u0000", 'Queued: <span class="dg-queue-position">waiting for a place</span> in the queue for '
+                        "the engine \u00b7 Stop leaves the queue")

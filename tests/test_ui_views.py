@@ -467,6 +467,9 @@ class FakeEngine:
         if settings.max_new_tokens > 512:
             raise ValueError("over the model's context")
 
+    def check_settings(self, settings):
+        pass
+
     def frames(self, prompt, settings=None, *, raw=False, seed=None, stop_event=None, thinking=False):
         return fake_source(self.n, self.delay)(stop_event)
 
@@ -513,13 +516,42 @@ def test_generate_stream_stop_button_and_bad_input():
     session = SessionState()
     stream = playground.generate_stream(session, *ARGS)
     next(stream)
-    playground.stop(session)
-    final = list(stream)[-1]
+    final = playground.stop(session)  # Stop renders the final view itself (the page cancels the stream)
     assert "Stopped" in final[1] and "stopped" in final[2]
+    assert final[8]["interactive"] is True and final[9]["interactive"] is False  # Generate on, Stop off
+    assert list(stream) == []  # the stopped stream sends nothing after Stop's view
+    assert not session.worker.running
     with pytest.raises(gr.Error, match="t_min must be below t_max"):
         next(playground.generate_stream(SessionState(), "hi", True, 64, 8, 0.5, 0.9, 0.8, 1, 0.05, True, 3))
     with pytest.raises(gr.Error, match="context"):
         next(playground.generate_stream(SessionState(), "hi", True, 1000, 8, 0.5, 0.4, 0.8, 1, 0.05, True, 3))
+
+
+def test_one_run_per_session_whatever_starts_it():
+    """A second trigger's ticket stops the first run, whose stream then sends nothing; a request whose ticket went
+    stale while queued never starts; Stop on a queued request says it left the queue."""
+    playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
+    session = SessionState()
+    first_ticket, *_ = playground.request_run(session, *ARGS)
+    first = playground.generate_stream(session, *ARGS, first_ticket)
+    next(first), next(first)
+    first_worker = session.worker
+    second_ticket, meter, generate, stop = playground.request_run(session, *ARGS)  # Shift+Enter during the run
+    assert 'data-state="queued"' in meter and generate["interactive"] is False and stop["interactive"] is True
+    assert first_worker.stop_event.is_set()
+    assert list(first) == []  # the superseded stream ends without a view (no final render, no button change)
+    stale = playground.generate_stream(session, *ARGS, first_ticket)  # a stale request that waited in the queue
+    assert list(stale) == [] and session.worker is first_worker
+    second = playground.generate_stream(session, *ARGS, second_ticket)
+    view = next(second)
+    assert session.worker is not first_worker and view[8]["interactive"] is False  # Generate off while it runs
+    final = playground.stop(session)
+    assert "Stopped" in final[1] and list(second) == [] and playground.registry.active() == 0
+
+    queued_ticket, *_ = playground.request_run(session, *ARGS)
+    left = playground.stop(session)  # Stop while the request waits in the queue
+    assert "left the queue" in left[2] and left[8]["interactive"] is True
+    assert list(playground.generate_stream(session, *ARGS, queued_ticket)) == []  # it never starts
 
 
 def test_runs_past_the_time_limit_stop_with_a_clear_message_and_keep_finished_blocks():
