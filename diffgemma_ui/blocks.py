@@ -11,12 +11,17 @@ from engine.memory import memory_report
 from engine.race import RaceRunner
 
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
+from .compare_blocks import build_compare_tab
+from .compare_handlers import CompareHandlers
 from .deployment import QUEUE_PLANS, queue_plan
 from .handlers import DEFAULT_MAX_RUN_S, initial_outputs
+from .keep import KeepHandlers
+from .keep_blocks import build_keep_controls, build_step_controls, register_export_api, wire_keep, wire_step_through
 from .meter import meter_html
 from .race_blocks import build_race_tab, register_race_api
 from .race_handlers import RaceTab
 from .session import SessionState
+from .step_through import StepThroughHandlers
 from .text import escape_html
 from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS, UI_MAX_NEW_TOKENS
 from .worker import DEFAULT_MAX_FPS, DEFAULT_READER_BUDGET
@@ -119,6 +124,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                         with gr.Row(elem_id="dg-buttons"):
                             generate = gr.Button("Generate", variant="primary", elem_id="dg-generate", scale=3)
                             stop = gr.Button("Stop", variant="stop", elem_id="dg-stop", interactive=False, scale=1)
+                        step_controls = build_step_controls()
                         with gr.Row(elem_id="dg-preset-row", equal_height=True):
                             preset_box = gr.Dropdown([*PRESET_NAMES, CUSTOM_PRESET], value="recommended",
                                                      label="Preset", elem_id="dg-preset", scale=3, min_width=140)
@@ -168,10 +174,13 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                         with gr.Row(elem_id="dg-plot-row"):
                             order = gr.Plot(start.order, show_label=False, elem_id="dg-order", min_width=280)
                             entropy = gr.Plot(start.entropy, show_label=False, elem_id="dg-entropy", min_width=280)
+                        keep_controls = build_keep_controls()
                 with gr.Accordion("How it works", open=False, elem_id="dg-explainer"):
                     gr.Markdown(EXPLAINER_PATH.read_text(encoding="utf-8"))
             with gr.Tab("Race", id="race", elem_id="dg-tab-race"):
                 build_race_tab(race_tab)
+            with gr.Tab("Compare settings", id="compare", elem_id="dg-tab-compare"):
+                build_compare_tab(CompareHandlers(playground), DEFAULT_PROMPT)
 
         settings_inputs = [max_new_tokens, steps, entropy_bound, t_min, t_max, stability, confidence, adaptive]
         run_inputs = [prompt, raw, *settings_inputs[:7], adaptive, seed]
@@ -194,6 +203,9 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
         # its final view rendered by `stop`
         stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step],
                    api_visibility="private", concurrency_limit=None, show_progress="hidden")
+        keep = KeepHandlers(playground)
+        wire_keep(keep_controls, keep, session, stream_outputs, [run_step])
+        wire_step_through(step_controls, StepThroughHandlers(playground), session, run_inputs, stream_outputs)
         dice.click(playground.random_seed, inputs=None, outputs=[seed], api_visibility="private",
                    concurrency_limit=None, show_progress="hidden")
         preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs[1:],
@@ -229,9 +241,11 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
 
         gr.api(generate_api, api_name="generate", concurrency_id="engine")
         register_race_api(race_tab)
+        register_export_api(keep, rec)
 
     plan = queue_plan(engine.device.type)  # set on purpose on every path (see deployment.QUEUE_PLANS)
     app.queue(default_concurrency_limit=plan.concurrency, max_size=plan.max_size)
     app.playground = playground
     app.race = race_tab
+    app.keep = keep
     return app

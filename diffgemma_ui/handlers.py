@@ -282,6 +282,7 @@ class Playground:
         worker = self.start_run(run)
         if not session.begin(worker, ticket):
             return
+        session.request, session.trace = run, None  # what `keep` exports as this run's trace; no replay shown
         ticket = session.running_ticket
         self.sessions[key] = session
         self.registry.register(key, worker)

@@ -122,7 +122,7 @@ class KeepHandlers:
             check_traceable(request.settings, self.engine.canvas_length)
             frames = [frame for block in snap.blocks for frame in block]
             trace = trace_of_run(self.engine, frames, prompt=request.prompt, settings=request.settings,
-                                 raw=request.raw)
+                                 raw=request.raw, thinking=getattr(request, "thinking", False))
         except (TraceError, ValueError) as error:
             gr.Warning(f"This run cannot be kept: {error}")
             return hidden
@@ -237,5 +237,5 @@ class KeepHandlers:
         self.playground._api_result(snap)  # raises gr.Error for a failed run
         frames = [frame for block in snap.blocks for frame in block]
         trace = await asyncio.to_thread(trace_of_run, self.engine, frames, prompt=run.prompt, settings=run.settings,
-                                        raw=run.raw)
+                                        raw=run.raw, thinking=getattr(run, "thinking", False))
         return trace.to_dict()

@@ -85,7 +85,7 @@ class StepThroughHandlers:
             run.close()
         request = self.playground.checked_request(*inputs, ui_limits=True)
         frames = self.playground.engine.frames(request.prompt, request.settings, raw=request.raw,
-                                               seed=request.seed)
+                                               seed=request.seed, thinking=getattr(request, "thinking", False))
         session.step_run = StepRun(request=request, frames=frames)
         session.request, session.trace, session.snapshot = request, None, None
         session.finished_html, session.stacked_blocks = [], -1

@@ -173,15 +173,16 @@ class Trace:
 
 
 def record_trace(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings | None = None, *,
-                 raw: bool = False, seed: int | None = None, stop_event: threading.Event | None = None) -> Trace:
+                 raw: bool = False, seed: int | None = None, stop_event: threading.Event | None = None,
+                 thinking: bool = False) -> Trace:
     """Run `prompt` to the end on `engine` and return its `Trace` (arguments as `DiffusionEngine.frames`).
 
     Raises:
         ValueError: bad prompt, seed or budget (before any work is done).
     """
     settings = settings or engine.recommended
-    frames = list(engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop_event))
-    return trace_of_run(engine, frames, prompt=prompt, settings=settings, raw=raw)
+    frames = list(engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop_event, thinking=thinking))
+    return trace_of_run(engine, frames, prompt=prompt, settings=settings, raw=raw, thinking=thinking)
 
 
 def trace_of_run(engine: DiffusionEngine, frames, *, prompt: str, settings: DiffusionSettings, raw: bool,
