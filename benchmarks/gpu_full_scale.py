@@ -11,11 +11,14 @@ bound. Speed does not depend on what the weights say, except through MoE routing
 over experts about uniformly, as a trained model roughly does. Runs only when asked (never in CI); without CUDA it
 says so and exits 0. `--tiny --device cpu` runs every step on a tiny variant, which the test suite does.
 
-Assumptions (the checkpoint's config.json could not be read here; the values are Gemma 4 26B-A4B's text config,
-which DiffusionGemma shares): 30 layers (5 sliding : 1 full), hidden 2816, 16 query heads, 8 KV heads of 256 on
-sliding layers and 2 of 512 on full layers (keys double as values there), dense MLP 2112, 128 experts of 704 with
-top-8 routing, vocabulary 262,144 (tied), sliding window 1024, canvas 256. That gives 25.2B text parameters, 3.8B
-active per token, as published. The vision tower is replaced by a tiny one: text generation never calls it.
+The model is built from the checkpoint's own config.json (`assets/configs/diffusiongemma-26B-A4B-it`, the published
+values as transformers 5.23 serializes them): 30 layers (5 sliding : 1 full), hidden 2816, 16 query heads, 8 KV heads
+of 256 on sliding layers and 2 of 512 on full layers (keys double as values there), dense MLP 2112, 128 experts of
+704 with top-8 routing, vocabulary 262,144 (tied), sliding window 1024, "vision" bidirectional attention, canvas 256,
+and the real 27-layer vision tower (text generation never calls it, but it takes its memory). That gives 25.2B text
+parameters, 3.8B active per token, 25.8B in all, as published. Prompts are encoded and tokens shown with the Gemma 4
+tokenizer of the stand-in (`standin/`, 262,144 ids; the embedded tokenizer when the stand-in's vocabulary package is
+not installed, which the report says).
 
 Bandwidth bound: at batch 1 every decoder forward reads its weights from HBM once. Per forward: every layer's
 attention, dense MLP and router; the experts its 256 canvas tokens are routed to; the self-conditioning MLP; and the
@@ -43,33 +46,52 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench.py, beside thi
 from bench import interleave, path_summary, ratio, run_bare, run_engine, same_tokens, scaling_prompt  # noqa: E402
 from engine.engine import DiffusionEngine  # noqa: E402
 from engine.loading import DEFAULT_MODEL, LoadedModel  # noqa: E402
+from standin.build import REAL_CONFIG_DIR  # noqa: E402
 
-FULL_SCALE_TEXT = dict(
-    hidden_size=2816, intermediate_size=2112, num_hidden_layers=30, num_attention_heads=16, num_key_value_heads=8,
-    head_dim=256, global_head_dim=512, num_global_key_value_heads=2, moe_intermediate_size=704, num_experts=128,
-    top_k_experts=8, sliding_window=1024, vocab_size=262_144, max_position_embeddings=262_144,
-)
-# A tiny variant with the same structure (for the CPU smoke test); vocabulary >= the embedded tokenizer's 4096
+# A tiny variant of the real config for the CPU smoke test: every structural choice kept, sizes shrunk, and a
+# vocabulary of 4096 so that the embedded tokenizer fits it
 TINY_TEXT = dict(
     hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-    head_dim=32, global_head_dim=32, num_global_key_value_heads=1, moe_intermediate_size=32, num_experts=8,
+    head_dim=32, global_head_dim=64, num_global_key_value_heads=1, moe_intermediate_size=32, num_experts=8,
     top_k_experts=2, sliding_window=32, vocab_size=4096, max_position_embeddings=8192,
     layer_types=["sliding_attention", "full_attention"],
 )
-TINY_VISION = dict(model_type="gemma4_vision", hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                   num_attention_heads=1, num_key_value_heads=1, head_dim=8, patch_size=2, position_embedding_size=4,
-                   pooling_kernel_size=1)
+TINY_VISION = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                   num_key_value_heads=2, head_dim=8)
 FULL_CANVAS, TINY_CANVAS = 256, 16
 # GPU name fragment -> (HBM bandwidth in bytes/s, published batch-1 tokens/s, FP8)
 GPUS = {"H200": (4.8e12, 1288), "H100": (3.35e12, 1008)}
 
 
 def build_config(tiny: bool = False):
-    """The `DiffusionGemmaConfig` of the 26B-A4B checkpoint (or of its tiny variant), with a tiny vision tower."""
+    """The `DiffusionGemmaConfig` of the 26B-A4B checkpoint, read from `REAL_CONFIG_DIR` (or its tiny variant:
+    `TINY_TEXT`, `TINY_VISION` and a 16-token canvas over the same config)."""
     from transformers import DiffusionGemmaConfig
 
-    return DiffusionGemmaConfig(text_config=dict(TINY_TEXT if tiny else FULL_SCALE_TEXT), vision_config=TINY_VISION,
-                                canvas_length=TINY_CANVAS if tiny else FULL_CANVAS)
+    real = json.loads((REAL_CONFIG_DIR / "config.json").read_text())
+    if not tiny:
+        return DiffusionGemmaConfig.from_dict(real)
+    text = {k: v for k, v in real["text_config"].items() if k != "per_layer_config"}  # re-derived from TINY_TEXT
+    top = {k: v for k, v in real.items() if k not in ("text_config", "vision_config", "transformers_version")}
+    return DiffusionGemmaConfig(**{**top, "canvas_length": TINY_CANVAS}, text_config={**text, **TINY_TEXT},
+                                vision_config={**real["vision_config"], **TINY_VISION})
+
+
+def load_tokenizer(tiny: bool) -> tuple[object, str]:
+    """(tokenizer, where it came from): the stand-in's Gemma 4 tokenizer for the full model, the embedded model's
+    for the tiny variant or when the stand-in cannot be built here (its vocabulary package is missing)."""
+    from transformers import AutoTokenizer
+
+    if not tiny:
+        try:
+            from standin import ensure_standin
+
+            path = ensure_standin()
+            return AutoTokenizer.from_pretrained(path), f"Gemma 4 (stand-in, {path.name})"
+        except RuntimeError as error:
+            print(f"gpu_full_scale: the stand-in's tokenizer is not available ({error}); using the embedded one",
+                  file=sys.stderr)
+    return AutoTokenizer.from_pretrained(DEFAULT_MODEL), "embedded diffgemma-tiny (4,096 ids)"
 
 
 @dataclass(frozen=True)
@@ -222,8 +244,6 @@ def measure_variant(engine: DiffusionEngine, prompt: str, repeats: int, cache_im
 
 def run(args) -> dict:
     """Build, census, measure each variant while the time budget lasts."""
-    from transformers import AutoTokenizer
-
     started = time.perf_counter()
     device = torch.device(args.device)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
@@ -231,13 +251,14 @@ def run(args) -> dict:
     model = build_model(config, device, dtype)
     canvas = config.canvas_length
     model.generation_config = fixed_generation_config(args.steps, args.blocks * canvas)
-    tokenizer = AutoTokenizer.from_pretrained(DEFAULT_MODEL)  # any tokenizer will do for random weights
+    tokenizer, tokenizer_source = load_tokenizer(args.tiny)
     engine = DiffusionEngine(LoadedModel(model, tokenizer, "random weights", device, dtype))
     census = weight_census(model)
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     bandwidth, published = next((v for k, v in GPUS.items() if k in gpu), (args.bandwidth_tb_s * 1e12, None))
     results = {
         "gpu": gpu, "config": "tiny" if args.tiny else "26B-A4B", "dtype": str(dtype).removeprefix("torch."),
+        "tokenizer": tokenizer_source, "parameters": sum(p.numel() for p in model.parameters()),
         "text_parameters": census.text_total, "active_parameters_per_token": census.active_per_token,
         "experts_implementation": model.config.text_config._experts_implementation,
         "attn_implementation": model.config._attn_implementation,
@@ -268,7 +289,8 @@ def format_report(results: dict) -> str:
     lines = [
         f"{results['config']} on {results['gpu']} ({results['dtype']}, experts {results['experts_implementation']}, "
         f"attention {results['attn_implementation']}): {results['text_parameters'] / 1e9:.2f}B text parameters, "
-        f"{results['active_parameters_per_token'] / 1e9:.2f}B active per token; built in {results['build_s']} s",
+        f"{results['active_parameters_per_token'] / 1e9:.2f}B active per token, {results['parameters'] / 1e9:.2f}B "
+        f"with the vision tower; built in {results['build_s']} s; tokenizer {results['tokenizer']}",
         f"fixed canvases: {results['blocks']} x {results['canvas_length']} tokens, {results['steps']} steps each, "
         f"prompt {results['prompt_tokens']} tokens; tokens counted: generated, never the prompt",
     ]
