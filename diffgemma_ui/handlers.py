@@ -24,6 +24,7 @@ from engine.settings import MAX_SEED
 
 from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html
+from .liveness import job_alive_check
 from .meter import meter_html, waiting_meter_html
 from .record import RunSnapshot
 from .session import SessionState
@@ -391,9 +392,11 @@ class Playground:
 
         The run is watched from the event loop, so a cancelled job (gradio_client's `Job.cancel()`, Gradio's
         `/cancel`) stops it at once, and it is registered under the caller's session (`<session_hash>:api:<n>`), so
-        a client that disconnects (its heartbeat closes: `Client.close()`, a dead process) stops it through `unload`.
-        Either way the engine ends within one decoder forward and the concurrency slot is free for the next job.
+        a client that disconnects (its heartbeat closes: `Client.close()`, a dead process) stops it through `unload`;
+        a job whose result stream was dropped (a REST caller gone) is noticed at the next poll (`liveness`). Either
+        way the engine ends within one decoder forward and the concurrency slot is free for the next job.
         """
+        client_alive = job_alive_check()
         worker = await asyncio.to_thread(
             self._start_api_run, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
             stability_threshold, confidence_threshold, adaptive_stopping, seed)
@@ -404,6 +407,8 @@ class Playground:
             snap = worker.snapshot()
             while not snap.finished:
                 await asyncio.sleep(API_POLL_S)
+                if not client_alive():
+                    raise gr.Error("the client went away: run stopped", print_exception=False)
                 snap = worker.snapshot()
         finally:
             worker.stop()
