@@ -325,7 +325,8 @@ def zerogpu_space(tmp_path_factory):
         ready = next((line for line in lines if line.startswith("READY ")), None)
         time.sleep(0.2)
     if ready is None:
-        os.killpg(server.pid, signal.SIGKILL)
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
         pytest.fail("the emulated ZeroGPU Space did not start:\n" + "".join(lines)[-4000:])
     _, url, ids = ready.split(" ", 2)
     try:

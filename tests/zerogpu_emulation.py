@@ -28,13 +28,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-# CPU-torch shims: `spaces` reads the CUDA version and saves CUDA's low-level init at import
+# CPU-torch shims: `spaces` reads the CUDA version and saves CUDA's low-level init at import; with CUDA reported
+# available, torch._dynamo (imported by diffusers) imports a CUDA stream getter by name
 torch.version.cuda = torch.version.cuda or "12.8"
-if not hasattr(torch._C, "_cuda_init"):
-    def _no_cuda_init():
-        raise RuntimeError("this torch has no CUDA")
 
-    torch._C._cuda_init = _no_cuda_init
+
+def _no_cuda(*args, **kwargs):
+    raise RuntimeError("this torch has no CUDA")
+
+
+for _name in ("_cuda_init", "_cuda_getCurrentRawStream"):  # imported by name by spaces and by torch._dynamo
+    if not hasattr(torch._C, _name):
+        setattr(torch._C, _name, _no_cuda)
 
 
 def _not_in_bad_fork() -> bool:
