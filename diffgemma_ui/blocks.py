@@ -28,6 +28,8 @@ from .worker import DEFAULT_MAX_FPS, DEFAULT_READER_BUDGET
 from .zerogpu import make_playground
 
 DEFAULT_PROMPT = "Tell me what happened after the flood."  # a chat prompt, as the raw box starts unticked
+RAW_INFO = ("chat: your text stays text, even <end_of_turn>; raw: special tokens you type (<bos>, <start_of_turn>) "
+            "are read as control tokens, on purpose")
 PACKAGE_DIR = Path(__file__).resolve().parent
 ASSETS_DIR = PACKAGE_DIR.parent / "assets"
 CSS_PATH = ASSETS_DIR / "style.css"
@@ -81,8 +83,16 @@ def header_html(engine: DiffusionEngine) -> str:
         f'<span class="dg-badge">device: {device}</span>'
         f'<span class="dg-badge">canvas: {int(engine.canvas_length)} tokens</span>'
         f'<span class="dg-badge" title="memory the weights take on the device, as stored (quantized or not)">'
-        f'weights: {weights_size(engine.model)}</span></div></div>'
+        f'weights: {weights_size(engine.model)}</span>{text_only_badge(engine)}</div></div>'
     )
+
+
+def text_only_badge(engine: DiffusionEngine) -> str:
+    """For a checkpoint with a vision tower: a badge saying the playground sends text only ("" otherwise)."""
+    if getattr(getattr(engine.model, "config", None), "vision_config", None) is None:
+        return ""
+    return ('<span class="dg-badge dg-text-only" title="this checkpoint also reads images; the playground sends '
+            'text prompts only">text only: the playground sends text</span>')
 
 
 def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
@@ -120,7 +130,10 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                             placeholder="Type a prompt, or pick an example", value=DEFAULT_PROMPT,
                         )
                         raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)",
-                                          value=False, elem_id="dg-raw")
+                                          value=False, elem_id="dg-raw", info=RAW_INFO)
+                        # Only for checkpoints whose chat template has a thinking mode (Gemma 4: enable_thinking)
+                        thinking = gr.Checkbox(label="Think first (the answer follows a thought, shown apart)",
+                                               value=False, visible=engine.supports_thinking, elem_id="dg-thinking")
                         with gr.Row(elem_id="dg-buttons"):
                             generate = gr.Button("Generate", variant="primary", elem_id="dg-generate", scale=3)
                             stop = gr.Button("Stop", variant="stop", elem_id="dg-stop", interactive=False, scale=1)
@@ -164,6 +177,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                             gr.HTML(legend_html(), elem_id="dg-legend")
                             stack = gr.HTML("", elem_id="dg-stack")  # finished blocks: re-sent only when one finishes
                             canvas = gr.HTML(EMPTY_CANVAS_HTML, elem_id="dg-canvas")  # the block being denoised
+                        thought = gr.HTML("", elem_id="dg-thought")  # the thought channel, collapsed (thinking)
                         text = gr.Textbox(label="Generated text", lines=3, max_lines=12, interactive=False,
                                           buttons=["copy"], elem_id="dg-text",
                                           placeholder="The committed text appears here, block by block (special tokens "
@@ -184,18 +198,18 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
 
         settings_inputs = [max_new_tokens, steps, entropy_bound, t_min, t_max, stability, confidence, adaptive]
         run_inputs = [prompt, raw, *settings_inputs[:7], adaptive, seed]
-        stream_outputs = [stack, canvas, meter, text, heatmap, order, entropy, block, generate, stop]
+        stream_outputs = [stack, canvas, meter, text, heatmap, order, entropy, block, generate, stop, thought]
         ticket = gr.Textbox(visible=False, elem_id="dg-ticket")  # which request of the session a run step serves
         # Every trigger that starts a run goes through one chain (see diffgemma_ui/session.py): `request_run` checks
         # the inputs in a step of its own (a refused request shows its message without an error badge on the
         # canvas) and takes a ticket that stops the session's current run; the run step then serves only the
         # newest ticket. "multiple": a trigger during a run is a restart, never silently dropped.
         run_step = gr.on(
-            [generate.click, prompt.submit], playground.request_run, inputs=[session, *run_inputs],
+            [generate.click, prompt.submit], playground.request_run, inputs=[session, *run_inputs, thinking],
             outputs=[ticket, meter, generate, stop], api_visibility="private", concurrency_limit=None,
             show_progress="hidden", trigger_mode="multiple",
         ).success(
-            fn=playground.generate_stream, inputs=[session, *run_inputs, ticket], outputs=stream_outputs,
+            fn=playground.generate_stream, inputs=[session, *run_inputs, ticket, thinking], outputs=stream_outputs,
             api_visibility="private", concurrency_id="engine", show_progress="full",
             show_progress_on=[canvas], trigger_mode="multiple",
         )
@@ -218,6 +232,11 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                     api_visibility="private", concurrency_limit=None, show_progress="hidden",
                     trigger_mode="always_last")
         app.unload(playground.unload)
+        if engine.supports_thinking:  # thinking needs the chat template: ticking Raw unticks it
+            raw.input(None, [raw, thinking], [thinking], js="(r, t) => (r ? false : t)", api_visibility="private",
+                      show_progress="hidden")
+            thinking.input(None, [raw, thinking], [raw], js="(r, t) => (t ? false : r)", api_visibility="private",
+                           show_progress="hidden")
 
         async def generate_api(
             prompt: str,

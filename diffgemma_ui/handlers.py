@@ -29,6 +29,7 @@ from .meter import meter_html, waiting_meter_html
 from .record import RunSnapshot
 from .session import SessionState
 from .text import plain_text
+from .thought_view import thought_html
 from .validation import CUSTOM_PRESET, PRESET_FIELDS, SETTING_NAMES, RunRequest, build_request, preset_values
 from .worker import (
     DEFAULT_MAX_FPS,
@@ -62,10 +63,11 @@ class StreamOutputs:
     block: object
     generate_button: object
     stop_button: object
+    thought: object = ""  # the thought channel (`thought_view.thought_html`); "" hides it
 
     def as_tuple(self) -> tuple:
         return (self.stack, self.canvas, self.meter, self.text, self.heatmap, self.order, self.entropy, self.block,
-                self.generate_button, self.stop_button)
+                self.generate_button, self.stop_button, self.thought)
 
 
 DEFAULT_MAX_RUN_S = 300.0  # no single run (UI or API) holds the engine for longer
@@ -150,27 +152,28 @@ class Playground:
 
     def check_request(self, request: RunRequest) -> None:
         """Engine-side checks before any work: prompt encoding and context budget (raises ValueError)."""
-        prompt_ids = self.engine.encode_prompt(request.prompt, raw=request.raw)
+        prompt_ids = self.engine.encode_prompt(request.prompt, raw=request.raw, thinking=request.thinking)
         self.engine.check_budget(int(prompt_ids.shape[1]), request.settings)
 
     def check_inputs(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                     stability_threshold, confidence_threshold, adaptive_stopping, seed) -> None:
-        """The Generate button's first step: the UI's checks of the eleven inputs, nothing run.
+                     stability_threshold, confidence_threshold, adaptive_stopping, seed, thinking=False) -> None:
+        """The Generate button's first step: the UI's checks of the eleven inputs (and `thinking`), nothing run.
 
         Raises:
             gr.Error: the message of the first check that fails (the run step repeats the checks).
         """
         self.checked_request(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                             stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True)
+                             stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True,
+                             thinking=thinking)
 
-    def checked_request(self, *inputs, ui_limits: bool) -> RunRequest:
+    def checked_request(self, *inputs, ui_limits: bool, thinking=False) -> RunRequest:
         """`parse` then `check_request` of the eleven inputs (the API's order), before anything runs.
 
         Raises:
             gr.Error: the first failing check's message (unexpected failures are logged with their traceback).
         """
         try:
-            run = self.parse(*inputs, ui_limits=ui_limits)
+            run = self.parse(*inputs, ui_limits=ui_limits, thinking=thinking)
             self.check_request(run)
         except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
             raise _rejected(error) from None
@@ -182,19 +185,19 @@ class Playground:
         def source(stop_event: threading.Event) -> Iterator[Frame]:
             # The same on every deployment (ZeroGPU runs go through `zerogpu.ZeroGpuPlayground.start_run`)
             return self.engine.frames(request.prompt, request.settings, raw=request.raw, seed=request.seed,
-                                      stop_event=stop_event)
+                                      stop_event=stop_event, thinking=request.thinking)
 
         return RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
                          time_limit_s=self.max_run_s).start()
 
     @staticmethod
     def parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
-              confidence_threshold, adaptive_stopping, seed, *, ui_limits: bool) -> RunRequest:
-        """Validate the eleven inputs (the API's order) into a `RunRequest` (raises ValueError)."""
+              confidence_threshold, adaptive_stopping, seed, *, ui_limits: bool, thinking=False) -> RunRequest:
+        """Validate the eleven inputs (the API's order) and `thinking` into a `RunRequest` (raises ValueError)."""
         values = dict(zip(SETTING_NAMES, (max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                                           stability_threshold, confidence_threshold)))
         values["adaptive_stopping"] = adaptive_stopping
-        return build_request(prompt, raw, values, seed, ui_limits=ui_limits)
+        return build_request(prompt, raw, values, seed, ui_limits=ui_limits, thinking=thinking)
 
     # -- rendering -----------------------------------------------------------------------------------------------
     def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool,
@@ -220,7 +223,10 @@ class Playground:
             stack = stack_html(finished, finished_html=session.finished_html)
             session.stacked_blocks = len(finished)
         canvas = live_html(live, newest=latest, status=status)
-        text = plain_text(self.engine.summarize(latest, snap.frames_seen).text) if latest is not None else ""
+        result = self.engine.summarize(latest, snap.frames_seen) if latest is not None else None
+        text = plain_text(result.text) if result is not None else ""
+        # The thought only changes when a block is committed: re-sent only then, with the stack
+        thought = thought_html(result.thought if result is not None else "") if isinstance(stack, str) else gr.skip()
         skip = gr.skip()
         heatmap = order = entropy = skip
         if plots_due or final:
@@ -237,7 +243,7 @@ class Playground:
             stack=stack, canvas=canvas, meter=meter_html(latest), text=text, heatmap=heatmap, order=order,
             entropy=entropy, block=block,
             generate_button=gr.update(interactive=final) if first or final else skip,
-            stop_button=gr.update(interactive=not final) if first or final else skip,
+            stop_button=gr.update(interactive=not final) if first or final else skip, thought=thought,
         )
 
     # -- events --------------------------------------------------------------------------------------------------
@@ -259,7 +265,7 @@ class Playground:
 
     def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
                         t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed, ticket=None,
-                        request: gr.Request = None) -> Iterator[tuple]:
+                        thinking=False, request: gr.Request = None) -> Iterator[tuple]:
         """The run step: validate, start a worker, yield coalesced renders until the final frame.
 
         `ticket` comes from `request_run` (None: claim one here). A request whose ticket went stale while it waited in
@@ -270,7 +276,8 @@ class Playground:
             gr.Error: invalid input (before anything runs) or an engine failure during the run.
         """
         run = self.checked_request(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                                   stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True)
+                                   stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True,
+                                   thinking=thinking)
         if session is None:
             session = SessionState()
         ticket = parse_ticket(ticket)
@@ -367,8 +374,10 @@ class Playground:
         return random.SystemRandom().randrange(0, min(MAX_SEED, 2**31 - 1))
 
     def generate_api(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                     stability_threshold, confidence_threshold, adaptive_stopping, seed) -> tuple[str, dict]:
-        """`/generate`: run to the end and return (text, summary dict).
+                     stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                     thinking=False) -> tuple[str, dict]:
+        """`/generate`: run to the end and return (text, summary dict). `thinking`: let a checkpoint whose chat
+        template has a thinking mode think first (chat prompts only); the text is then the answer alone.
 
         The summary has frames, forwards, tokens_per_second, tokens_per_forward, seconds (engine clock), seed,
         token_ids, stop_reason, forwards_per_block, time_to_first_frame_s, prompt_tokens, tokens (non-pad generated
@@ -378,7 +387,8 @@ class Playground:
             gr.Error: invalid input, with the validation message.
         """
         worker = self._start_api_run(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                                     stability_threshold, confidence_threshold, adaptive_stopping, seed)
+                                     stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                                     thinking=thinking)
         try:
             snap = worker.wait()
         finally:
@@ -387,7 +397,7 @@ class Playground:
 
     async def generate_api_served(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
                                   t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
-                                  request: gr.Request = None) -> tuple[str, dict]:
+                                  thinking=False, request: gr.Request = None) -> tuple[str, dict]:
         """`/generate` as the server runs it: `generate_api`, but a job that goes away stops its run.
 
         The run is watched from the event loop, so a cancelled job (gradio_client's `Job.cancel()`, Gradio's
@@ -399,7 +409,7 @@ class Playground:
         client_alive = job_alive_check()
         worker = await asyncio.to_thread(
             self._start_api_run, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-            stability_threshold, confidence_threshold, adaptive_stopping, seed)
+            stability_threshold, confidence_threshold, adaptive_stopping, seed, thinking=thinking)
         session = getattr(request, "session_hash", None)
         key = f"{session or 'anon'}:api:{id(worker)}"
         self.registry.register(key, worker)
@@ -415,9 +425,10 @@ class Playground:
             self.registry.unregister(key, worker)
         return self._api_result(snap)
 
-    def _start_api_run(self, *inputs) -> RunWorker:
-        """Validate the eleven API inputs (API limits, not the UI's) and start the run; raises gr.Error."""
-        return self.start_run(self.checked_request(*inputs, ui_limits=False), keep_history=False)
+    def _start_api_run(self, *inputs, thinking=False) -> RunWorker:
+        """Validate the eleven API inputs and `thinking` (API limits, not the UI's) and start the run; raises
+        gr.Error."""
+        return self.start_run(self.checked_request(*inputs, ui_limits=False, thinking=thinking), keep_history=False)
 
     def _api_result(self, snap: RunSnapshot) -> tuple[str, dict]:
         """(text, summary) of a finished API run; raises gr.Error with a clear message if it failed."""

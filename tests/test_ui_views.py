@@ -493,8 +493,8 @@ def test_generate_stream_renders_live_then_final_and_frees_the_worker_when_close
     session = SessionState()
     outputs = list(playground.generate_stream(session, *ARGS))
     first, last = outputs[0], outputs[-1]
-    assert first[-2]["interactive"] is False and first[-1]["interactive"] is True  # Generate off, Stop on
-    assert last[-2]["interactive"] is True and last[-1]["interactive"] is False
+    assert first[8]["interactive"] is False and first[9]["interactive"] is True  # Generate off, Stop on
+    assert last[8]["interactive"] is True and last[9]["interactive"] is False
     assert "Done" in last[1] and last[3] == "<b>text</b>"  # plain text for a Textbox
     assert 'data-blocks="3"' in last[0]  # 12 frames of 4 steps: 3 finished blocks stacked
     assert isinstance(last[4], plots.FigureSpec) and "sliders" in last[4]["layout"]
