@@ -23,7 +23,7 @@ import torch
 
 from .frames import Frame
 from .random_state import RunRandomState
-from .sampling import RecordingEntropyBoundSampler, frame_statistics, sampler_state
+from .sampling import frame_statistics, sampler_state, with_recording
 from .settings import DiffusionSettings
 
 
@@ -72,6 +72,7 @@ def denoise(
     seed: int | None = None,
     stop_event: threading.Event | None = None,
     random_state: RunRandomState | None = None,
+    past_key_values=None,
 ) -> Iterator[Frame]:
     """Run DiffusionGemma block diffusion on `input_ids` and yield a `Frame` after every decoder forward.
 
@@ -84,6 +85,10 @@ def denoise(
         stop_event: when set, generation ends before the next decoder forward with a final frame whose
             `stop_reason` is "cancelled". Closing the generator also ends it (and frees the KV cache).
         random_state: an explicit `RunRandomState` (overrides `seed`).
+        past_key_values: a transformers `Cache` already holding the encoder states of the tokens before
+            `input_ids` (a chat's earlier turns, `engine.chat`); `input_ids` then holds only the tokens after them
+            and positions continue from the cache's length, as `generate(past_key_values=...)` does. The cache is
+            updated in place. None: a fresh cache, as `generate()` prepares it.
 
     Yields:
         one `Frame` per decoder forward; the last has `done=True` and `stop_reason` in
@@ -104,21 +109,25 @@ def denoise(
         # Prepare exactly what generate() prepares, from the same library helpers
         generation_config, model_kwargs = model._prepare_generation_config(None, **settings.generate_kwargs())
         prompt_length = cur_len = input_ids.shape[1]
+        if past_key_values is not None:
+            cur_len += past_key_values.get_seq_length()
         max_length, max_new_tokens = model._prepare_generated_length(generation_config, cur_len)
         max_new_canvases = math.ceil(max_new_tokens / canvas_length)
-        past_key_values = model._prepare_cache_for_generation(generation_config, 1, max_length)
+        if past_key_values is None:
+            past_key_values = model._prepare_cache_for_generation(generation_config, 1, max_length)
         eos_tensor = (
             torch.tensor(generation_config.eos_token_id, device=device)
             if generation_config.eos_token_id is not None
             else None
         )
         pad_id = generation_config.pad_token_id
-        encoder_position_ids = torch.arange(0, cur_len, dtype=torch.int32, device=device).unsqueeze(0)
+        encoder_position_ids = torch.arange(cur_len - prompt_length, cur_len, dtype=torch.int32, device=device)
+        encoder_position_ids = encoder_position_ids.unsqueeze(0)
         decoder_position_ids = torch.arange(cur_len, cur_len + canvas_length, dtype=torch.int32, device=device)
         decoder_position_ids = decoder_position_ids.unsqueeze(0)
         attention_mask = torch.ones((1, cur_len), dtype=torch.bool, device=device)
         decoder_attention_mask = torch.nn.functional.pad(attention_mask, (0, canvas_length), value=True)
-        sampler = RecordingEntropyBoundSampler.of(model._prepare_sampler(generation_config))
+        sampler = with_recording(model._prepare_sampler(generation_config))
         logits_processor = model._prepare_logits_processor(generation_config, None)
         stopping_criteria = model._prepare_ar_stopping_criteria(generation_config, None)
         diffusion_stopping_criteria = model._prepare_diffusion_stopping_criteria(generation_config)

@@ -59,6 +59,12 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
         return torch.where(self.accepted_token_mask, denoiser_canvas, current_canvas)
 
 
+def with_recording(sampler):
+    """`RecordingEntropyBoundSampler.of(sampler)` for transformers' entropy-bound sampler; any other sampler as it is
+    (its frames then take their statistics from the logits: `frame_statistics`)."""
+    return RecordingEntropyBoundSampler.of(sampler) if type(sampler) is EntropyBoundSampler else sampler
+
+
 def sampler_state(sampler):
     """The object the sampler's last `accept_canvas` wrote to.
 

@@ -10,7 +10,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
 )
 
 from engine.generator import host_lists
-from engine.sampling import RecordingEntropyBoundSampler, canvas_statistics, frame_statistics
+from engine.sampling import RecordingEntropyBoundSampler, canvas_statistics, frame_statistics, with_recording
 
 
 def _samplers(entropy_bound: float, vocab: int = 500, canvas: int = 32):
@@ -52,6 +52,9 @@ def test_recording_sampler_refuses_other_samplers():
     other = OtherSampler(EntropyBoundSamplerConfig(entropy_bound=0.1), 4, 10, 2)
     with pytest.raises(TypeError, match="OtherSampler"):
         RecordingEntropyBoundSampler.of(other)
+    assert with_recording(other) is other  # the engine then runs it as it is, statistics from the logits
+    library = EntropyBoundSampler(EntropyBoundSamplerConfig(entropy_bound=0.1), 4, 10, 2)
+    assert type(with_recording(library)) is RecordingEntropyBoundSampler
 
 
 def test_host_lists_keep_ids_flags_and_floats_exactly():
