@@ -43,6 +43,9 @@ background:#fff;cursor:pointer}#dg-replay-controls button.primary{background:#7c
 #dg-replay-slider{flex:1;min-width:160px}#dg-replay-label{font-family:var(--font-mono);font-size:.85rem}
 .dg-plot-row{display:grid;grid-template-columns:1fr 1fr;gap:10px}@media(max-width:760px){.dg-plot-row{
 grid-template-columns:1fr}}#dg-replay-error{color:#b91c1c}"""
+# No network at all: only the page's own inline scripts (Plotly compiles some code) and styles, and data: URLs
+CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data:; "
+       "font-src data:")
 BOOT_JS = r"""
 (() => {
   const $ = (id) => document.getElementById(id);
@@ -186,13 +189,14 @@ def replay_html(trace: Trace, *, plotly_gz: Path = PLOTLY_GZ) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data:; font-src data:">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
 <title>DiffGemma replay · {escape_html(m.name)} · seed {trace.seed}</title>
 <style>{css}</style></head>
 <body data-ready="false" data-playing="false" data-forward="-1"><main>
 <div class="dg-header"><div><h1>DiffGemma replay</h1><p>{escape_html(_settings_line(trace))}</p></div>
 <div class="dg-badges">{badge_html}</div></div>
-<section class="dg-card"><h2>Prompt</h2><pre id="dg-replay-prompt">{escape_html(plain_text(trace.prompt))}</pre></section>
+<section class="dg-card"><h2>Prompt</h2>
+<pre id="dg-replay-prompt">{escape_html(plain_text(trace.prompt))}</pre></section>
 <div id="dg-replay-controls">
 <button id="dg-replay-prev" type="button" aria-label="previous step">&#9664;</button>
 <button id="dg-replay-play" type="button" class="primary" aria-label="play">&#9654;</button>
@@ -205,7 +209,8 @@ def replay_html(trace: Trace, *, plotly_gz: Path = PLOTLY_GZ) -> str:
 <section class="dg-card"><div id="dg-heatmap"></div></section>
 <div class="dg-plot-row"><section class="dg-card"><div id="dg-order"></div></section>
 <section class="dg-card"><div id="dg-entropy"></div></section></div>
-<section class="dg-card"><h2>Generated text</h2><pre id="dg-replay-text">{escape_html(plain_text(trace.text))}</pre></section>
+<section class="dg-card"><h2>Generated text</h2>
+<pre id="dg-replay-text">{escape_html(plain_text(trace.text))}</pre></section>
 <p class="dg-meter-note">Replayed from a DiffGemma Playground trace (format version {TRACE_VERSION}); \
 timings are the engine clock of the original run. Keys: &#8592; &#8594; step, Home/End, space plays or pauses.</p>
 </main>

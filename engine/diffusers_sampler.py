@@ -81,7 +81,8 @@ def pipeline_frames(engine, prompt: str, settings: DiffusionSettings, scheduler:
         draft = logits.argmax(dim=-1)
         confidence, entropy = canvas_statistics(logits, draft)
         read = previous["canvas"] if step_index > 0 and previous["canvas"] is not None else None
-        steps.append({"step": step_index, "input": read, "draft": draft.tolist(), "accepted": (canvas == draft).tolist(),
+        steps.append({"step": step_index, "input": read, "draft": draft.tolist(),
+                      "accepted": (canvas == draft).tolist(),
                       "confidence": confidence.tolist(), "entropy": entropy.tolist(), "canvas": canvas.tolist(),
                       "elapsed": time.perf_counter() - start})
         previous["canvas"] = canvas.tolist()

@@ -385,7 +385,8 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
                                            for key in ("block_done", "stopped_early", "done"))
         stop_reason = f.get("stop_reason", "")
         if stop_reason not in ("", *STOP_REASONS):
-            raise TraceError(f"{where}: stop_reason must be one of {', '.join(STOP_REASONS)}, got {_shown(stop_reason)}")
+            raise TraceError(f"{where}: stop_reason must be one of {', '.join(STOP_REASONS)}, "
+                             f"got {_shown(stop_reason)}")
         if done != bool(stop_reason):
             raise TraceError(f"{where}: a frame is done exactly when it has a stop_reason")
         if done and index != len(frame_docs) - 1:

@@ -15,7 +15,8 @@ import threading
 import pytest
 
 from benchmarks.replay_size import synthetic_trace
-from engine.trace import MAX_TRACE_BYTES, TRACE_VERSION, ModelInfo, Trace, TraceError, load_trace, record_trace, trace_of_run
+from engine.trace import (MAX_TRACE_BYTES, TRACE_VERSION, ModelInfo, Trace, TraceError, load_trace, record_trace,
+                          trace_of_run)
 
 EXACT_FIELDS = ("block_index", "step_index", "forward_index", "canvas_length", "max_denoising_steps", "temperature",
                 "input_ids", "draft_ids", "accepted", "first_accepted_step", "input_tokens", "draft_tokens",
@@ -122,7 +123,8 @@ REFUSED = {
     "negative id": (lambda d: d["frames"][1]["draft_ids"].__setitem__(0, -5), "token ids are integers in [0,"),
     "confidence above one": (lambda d: d["frames"][2]["confidence"].__setitem__(0, 7.5),
                              "frame 2: confidence: entries are numbers in [0, 1], got 7.5"),
-    "accepted not 0/1": (lambda d: d["frames"][2]["accepted"].__setitem__(0, 2), "frame 2: accepted: entries are 0 or 1"),
+    "accepted not 0/1": (lambda d: d["frames"][2]["accepted"].__setitem__(0, 2),
+                         "frame 2: accepted: entries are 0 or 1"),
     "token string too long": (lambda d: d["tokens"].__setitem__(next(iter(d["tokens"])), "x" * 5000),
                               "is 5,000 characters; the limit is 1,000"),
     "token key not an id": (lambda d: d["tokens"].__setitem__("<script>", "x"), "tokens: keys are token ids"),
