@@ -1,0 +1,245 @@
+"""Multi-turn chat whose earlier turns' encoder states are reused, not re-encoded.
+
+`generate(past_key_values=cache)` continues from a KV cache holding earlier tokens and encodes only the new ones;
+`ChatSession` does the same through `engine.generator.denoise(..., past_key_values=...)`. Each turn the conversation
+is rendered by the chat template (`engine.conversation.conversation_ids`, every message's text plain text) and the
+cache of the previous turn is reused for the longest part the new rendering starts with.
+
+What the cache keeps: the turn's prompt up to where the next turn's rendering stops agreeing with it (for Gemma 4,
+through `<|turn>model\\n`: the empty thought block of the generation prompt and the answer as the model wrote it are
+not what the template writes back in the next turn, where the answer is re-rendered from its text, thought channel
+removed). That prefix is snapshotted before the answer is generated, so Regenerate reuses it too. The encoder is
+causal over text, so states of an identical token prefix are the same states: reuse changes nothing but the time
+(up to floating-point differences of encoding in two parts instead of one; `tests/test_chat.py` checks the
+decoder logits).
+
+History that would not fit the model's context (prompt plus whole canvases for `max_new_tokens`) is cut from the
+oldest turn (a user message and its answer; a leading system message stays), and the turn's report says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .conversation import check_messages, conversation_ids
+from .engine import DiffusionEngine, GenerationResult, check_prompt
+from .frames import Frame
+from .generator import denoise
+from .prompts import split_thought
+from .random_state import RunRandomState
+from .settings import DiffusionSettings, check_seed
+
+_PROBE_ANSWER = "x"  # any text: only where the next turn's rendering starts to differ matters
+
+
+@dataclass(frozen=True)
+class TurnReport:
+    """What one chat turn encoded and what it reused.
+
+    prompt_tokens: the conversation's tokens before the answer (whole history plus the new user turn);
+    reused_tokens: those taken from the previous turn's KV cache (not re-encoded);
+    encoded_tokens: those the encoder ran on this turn (prompt_tokens - reused_tokens);
+    prefill_s: measured seconds of this turn's encoder prefill (all encoded_tokens);
+    prefill_saved_s: an estimate, reused_tokens x the session's last measured prefill seconds per encoded token
+        (attention makes true prefill cost grow faster than linearly, so this understates long histories);
+    dropped_turns: earlier turns cut to fit the context; note: a sentence for the visitor ("" when nothing to say).
+    """
+
+    prompt_tokens: int
+    reused_tokens: int
+    encoded_tokens: int
+    prefill_s: float
+    prefill_saved_s: float
+    dropped_turns: int = 0
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict."""
+        return dict(self.__dict__)
+
+
+def encode_into_cache(model, cache, ids: torch.LongTensor):
+    """Run the encoder on `ids` `[1, n]` after the `cache.get_seq_length()` tokens `cache` holds, adding their
+    states to `cache` (in place; also returned). The prefill step of `generate()` (`_prepare_encoder_inputs`, then
+    `model.model.encoder`) with positions continuing from the cache."""
+    start, n = cache.get_seq_length(), ids.shape[1]
+    position_ids = torch.arange(start, start + n, dtype=torch.int32, device=ids.device).unsqueeze(0)
+    attention_mask = torch.ones((1, start + n), dtype=torch.bool, device=ids.device)
+    unprocessed, masks = model._prepare_encoder_inputs(
+        input_ids=ids, attention_mask=attention_mask, encoder_position_ids=position_ids, past_key_values=cache,
+        is_prefill=True, canvas_length=model.config.canvas_length, batch_size=1)
+    return model.model.encoder(input_ids=unprocessed, attention_mask=masks, past_key_values=cache,
+                               position_ids=position_ids).past_key_values
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class ChatSession:
+    """One visitor's conversation with a `DiffusionEngine` and the KV cache of its previous turn.
+
+    Args:
+        engine: the engine (its model must have a chat template).
+        system: optional system message, kept through history cuts.
+
+    Not thread-safe: one turn at a time per session (a session belongs to one visitor).
+    `messages` holds the conversation as the template sees it: answers without their thought channel.
+    """
+
+    def __init__(self, engine: DiffusionEngine, system: str | None = None):
+        self.engine = engine
+        self.messages: list[dict] = check_messages([{"role": "system", "content": system}]) if system else []
+        self.thoughts: list[str] = []  # thought text of each answer, shown apart, never fed back
+        self.last_report: TurnReport | None = None
+        self.last_result: GenerationResult | None = None
+        self._cache = None  # KV cache holding exactly self._cache_ids
+        self._cache_ids: list[int] = []
+        self._prefill_s_per_token = 0.0  # the last measured encoder rate, for the saving estimate
+
+    def clear(self) -> None:
+        """Forget the conversation and its cache (the system message stays)."""
+        self.messages = [m for m in self.messages if m["role"] == "system"]
+        self.thoughts, self.last_report, self.last_result = [], None, None
+        self._cache, self._cache_ids = None, []
+
+    def _ids(self, messages, thinking: bool, **kwargs) -> list[int]:
+        extra = {"enable_thinking": thinking} if self.engine.supports_thinking else {}
+        return conversation_ids(self.engine.tokenizer, messages, **extra, **kwargs)
+
+    def _fit(self, messages: list[dict], thinking: bool, settings: DiffusionSettings) -> tuple[list, list[int], int]:
+        """(messages, ids, turns dropped) after cutting the oldest turns until prompt plus canvases fit."""
+        dropped = 0
+        while True:
+            ids = self._ids(messages, thinking)
+            try:
+                self.engine.check_budget(len(ids), settings)
+                return messages, ids, dropped
+            except ValueError:
+                first = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)
+                if first is None or first == len(messages) - 1:
+                    raise  # only the new user turn is left: it alone does not fit
+                end = first + 1
+                while end < len(messages) - 1 and messages[end]["role"] != "user":
+                    end += 1
+                messages = messages[:first] + messages[end:]
+                dropped += 1
+
+    def turn(self, text: str, settings: DiffusionSettings | None = None, *, seed: int | None = None,
+             thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
+        """Add the user's `text` and denoise the answer, yielding one `Frame` per decoder forward.
+
+        Frames' `prompt_tokens` is the whole conversation's length. When the last frame is done (not cancelled) the
+        user message and the answer join `messages`, and `last_report` (`TurnReport`) and `last_result`
+        (`GenerationResult`) describe the turn; a cancelled turn leaves the conversation as it was.
+
+        Raises:
+            ValueError: bad text, seed or settings; thinking on a template without it; a user turn that alone
+                does not fit the context (before any work is done).
+        """
+        text = check_prompt(text)
+        settings = settings or self.engine.recommended
+        random_state = RunRandomState(check_seed(seed))
+        self.engine.check_settings(settings)
+        if thinking and not self.engine.supports_thinking:
+            raise ValueError("thinking needs a chat template with a thinking mode (enable_thinking); this model's "
+                             "template has none")
+        messages, ids, dropped = self._fit(self.messages + [{"role": "user", "content": text}], thinking, settings)
+        probe = self._ids(messages + [{"role": "assistant", "content": _PROBE_ANSWER},
+                                      {"role": "user", "content": _PROBE_ANSWER}], thinking)
+        stable = min(_common_prefix(ids, probe), len(ids) - 1)  # denoise needs at least one token of its own
+        self.last_result = self.last_report = None
+        return self._run(messages, ids, stable, dropped, settings, random_state, thinking, stop_event)
+
+    def regenerate(self, settings: DiffusionSettings | None = None, *, seed: int | None = None,
+                   thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
+        """Answer the last user message again (a new seed unless given), replacing the last answer.
+
+        Raises:
+            ValueError: nothing to regenerate yet, or what `turn` raises.
+        """
+        if not self.messages or self.messages[-1]["role"] != "assistant":
+            raise ValueError("nothing to regenerate: the conversation has no answer yet")
+        text = self.messages[-2]["content"]
+        kept_messages, kept_thoughts = self.messages, self.thoughts
+        self.messages, self.thoughts = self.messages[:-2], self.thoughts[:-1]
+        try:
+            frames = self.turn(text, settings, seed=seed, thinking=thinking, stop_event=stop_event)
+        except ValueError:
+            self.messages, self.thoughts = kept_messages, kept_thoughts
+            raise
+        return self._restore_on_cancel(frames, kept_messages, kept_thoughts)
+
+    def _restore_on_cancel(self, frames, kept_messages, kept_thoughts):
+        done = False
+        for frame in frames:
+            done = frame.done and frame.stop_reason != "cancelled"
+            yield frame
+        if not done:
+            self.messages, self.thoughts = kept_messages, kept_thoughts
+
+    def _run(self, messages, ids, stable, dropped, settings, random_state, thinking, stop_event):
+        model, device = self.engine.model, self.engine.device
+        reused = _common_prefix(self._cache_ids, ids) if self._cache is not None else 0
+        if reused == len(self._cache_ids) and reused <= stable and self._cache is not None:
+            cache = copy.deepcopy(self._cache)
+        else:  # the history changed before the cached part's end (a cut, a thinking switch): encode it all
+            reused = 0
+            generation_config, _ = model._prepare_generation_config(None, **settings.generate_kwargs())
+            cache = model._prepare_cache_for_generation(generation_config, 1, len(ids) + settings.max_new_tokens)
+        tensor = torch.tensor([ids], dtype=torch.long, device=device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            if stable > reused:
+                cache = encode_into_cache(model, cache, tensor[:, reused:stable])
+            snapshot = copy.deepcopy(cache)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        prefill_s = time.perf_counter() - start
+        count, last = 0, None
+        for frame in denoise(model, tensor[:, stable:], settings, token_text=self.engine.token_text,
+                             stop_event=stop_event, random_state=random_state, past_key_values=cache):
+            count, last = count + 1, dataclasses.replace(frame, prompt_tokens=len(ids))
+            yield last
+        if last is None or not last.done or last.stop_reason == "cancelled":
+            return
+        result = self.engine.summarize(last, count)
+        encoded = len(ids) - reused
+        # the tokens denoise itself encoded are few (the generation prompt's tail); their time is in the frames
+        if stable > reused:
+            self._prefill_s_per_token = prefill_s / (stable - reused)
+        cut_note = (f"{dropped} oldest turn{'s' if dropped != 1 else ''} cut to fit the model's context of "
+                    f"{self.engine.context_limit:,} tokens" if dropped else "")
+        self.last_report = TurnReport(
+            prompt_tokens=len(ids), reused_tokens=reused, encoded_tokens=encoded, prefill_s=prefill_s,
+            prefill_saved_s=reused * self._prefill_s_per_token, dropped_turns=dropped, note=cut_note)
+        self.last_result = result
+        kept_thoughts = self.thoughts[len(self.thoughts) - (len([m for m in messages if m["role"] == "assistant"])):]
+        self.messages = messages + [{"role": "assistant", "content": result.text}]
+        self.thoughts = kept_thoughts + [result.thought]
+        self._cache, self._cache_ids = snapshot, ids[:stable]
+
+    def reply(self, text: str, settings: DiffusionSettings | None = None, **kwargs) -> tuple[GenerationResult,
+                                                                                          TurnReport]:
+        """Run a turn to the end; returns (result, report). Same arguments and errors as `turn`.
+
+        Raises:
+            RuntimeError: the turn was cancelled (through `stop_event`).
+        """
+        for _ in self.turn(text, settings, **kwargs):
+            pass
+        if self.last_result is None:
+            raise RuntimeError("the turn was cancelled")
+        return self.last_result, self.last_report
