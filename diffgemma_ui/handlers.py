@@ -154,6 +154,7 @@ class Playground:
         """Engine-side checks before any work: prompt encoding and context budget (raises ValueError)."""
         prompt_ids = self.engine.encode_prompt(request.prompt, raw=request.raw, thinking=request.thinking)
         self.engine.check_budget(int(prompt_ids.shape[1]), request.settings)
+        self.engine.check_settings(request.settings)
 
     def check_inputs(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                      stability_threshold, confidence_threshold, adaptive_stopping, seed, thinking=False) -> None:
