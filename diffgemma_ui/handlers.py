@@ -241,7 +241,7 @@ class Playground:
         if first and not final:  # a new run: the previous run's block slider would plot this run's blocks
             block = gr.update(visible=False)
         return StreamOutputs(
-            stack=stack, canvas=canvas, meter=meter_html(latest), text=text, heatmap=heatmap, order=order,
+            stack=stack, canvas=canvas, meter=meter_html(latest, committed=finished[-1] if finished else None), text=text, heatmap=heatmap, order=order,
             entropy=entropy, block=block,
             generate_button=gr.update(interactive=final) if first or final else skip,
             stop_button=gr.update(interactive=not final) if first or final else skip, thought=thought,

@@ -25,29 +25,52 @@ def format_number(value: float, digits: int = 1, unit: str = "") -> str:
     return f"{value:,.{digits}f}{unit}"
 
 
-def meter_values(frame: Frame | None) -> dict[str, str]:
+def format_count(value: float, digits: int = 1) -> str:
+    """A mean or count: an integral value as an integer ("32", not "32.0"), else with `digits` decimals."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return "\u2013"
+    if math.isfinite(value) and value == round(value):
+        return f"{int(round(value)):,}"
+    return format_number(value, digits)
+
+
+RATE_NOTE = "tokens/s and tokens/forward: committed blocks only (their tokens \u00f7 the engine time and forwards they took)"
+
+
+def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[str, str]:
     """The meter's figures as display strings (unescaped), keyed by label.
 
-    Tokens/s and tokens/forward count generated non-pad tokens of finished blocks only (up to EOS; never the
-    prompt), so until the first block is committed they show "…" rather than a misleading 0 (and the progress note
-    says why); forwards/block is the mean over finished blocks ("≥ n" while the first block runs: n forwards so
-    far). Returns dashes for every figure when `frame` is None.
+    Args:
+        frame: the run's newest frame (None: dashes everywhere).
+        committed: the last frame of the newest finished block (None: `frame` itself when it ends a block; else the
+            frame's own whole-run figures, for views that have no block history).
+
+    Tokens/s and tokens/forward are the committed blocks' (non-pad tokens up to EOS, never the prompt) over the
+    engine time and forwards up to their commit, so they hold still while a block is denoised and change only when
+    one is committed: the block in progress is shown as progress ("block 3 · step 19/32"), never as speed, and a
+    run stopped mid-block keeps the figure of its finished blocks. Until the first commit they show "…" ("–" once
+    the run is over). Forwards/block is the mean over finished blocks ("≥ n" while the first block runs).
     """
     if frame is None:
         return {label: "\u2013" for label in (
             "tokens/s", "tokens/forward", "forwards/block", "elapsed", "first frame", "tokens", "progress")}
     fpb = frame.forwards_per_block
-    counting = not fpb and not frame.done  # nothing committed yet: no rate to show
-    forwards_per_block = format_number(sum(fpb) / len(fpb), 1) if fpb else f"\u2265 {frame.step_index + 1}"
+    last = committed if committed is not None else (frame if frame.block_done or not fpb else None)
+    rates = last if last is not None else frame
+    counting = not fpb  # nothing committed yet: no rate to show
+    forwards_per_block = format_count(sum(fpb) / len(fpb), 1) if fpb else f"\u2265 {frame.step_index + 1}"
     if frame.done:
         progress = STOP_REASONS.get(frame.stop_reason, frame.stop_reason) or "done"
     else:
         progress = f"block {frame.block_index + 1} \u00b7 step {frame.step_index + 1}/{frame.max_denoising_steps}"
         if counting:
             progress += " \u00b7 tokens/s from the first committed block"
+    none = "\u2013" if frame.done else "\u2026"
     return {
-        "tokens/s": "\u2026" if counting else format_number(frame.tokens_per_second, 1),
-        "tokens/forward": "\u2026" if counting else format_number(frame.tokens_per_forward, 2),
+        "tokens/s": none if counting else format_number(rates.tokens_per_second, 1),
+        "tokens/forward": none if counting else format_number(rates.tokens_per_forward, 2),
         "forwards/block": forwards_per_block,
         "elapsed": format_number(frame.elapsed_s, 2, " s"),
         "first frame": format_number(frame.time_to_first_frame_s * 1000, 0, " ms"),
@@ -65,17 +88,20 @@ def stat_cards_html(values: dict[str, str]) -> str:
     )
 
 
-def meter_html(frame: Frame | None, *, note: str | None = None, state: str | None = None) -> str:
+def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str | None = None,
+               state: str | None = None) -> str:
     """The meter as HTML: one card per figure of `meter_values(frame)`; progress, seed and counts in a note below.
 
-    `note` replaces the idle note ("press Generate to start") when there is no frame; `state` overrides
+    `committed`: see `meter_values`. `note` replaces the idle note ("press Generate to start") when there is no frame; `state` overrides
     `data-state` ("idle", "queued", "running", "done"). `data-tps` and `data-ttff` on the outer element hold the raw
-    tokens/s and time to first frame in seconds (for tests and benchmarks; "0" before a frame).
+    tokens/s shown (committed blocks) and time to first frame in seconds (for tests and benchmarks; "0" before a
+    commit or a frame).
     """
-    values = meter_values(frame)
+    values = meter_values(frame, committed)
     progress = values.pop("progress")
     cards = stat_cards_html(values)
-    tps = 0.0 if frame is None else float(frame.tokens_per_second)
+    rates = committed if committed is not None else frame
+    tps = 0.0 if rates is None or not rates.forwards_per_block else float(rates.tokens_per_second)
     if not math.isfinite(tps):
         tps = 0.0
     ttff = 0.0 if frame is None else float(frame.time_to_first_frame_s)
@@ -87,7 +113,8 @@ def meter_html(frame: Frame | None, *, note: str | None = None, state: str | Non
         footer = (
             f'<div class="dg-meter-note"><span class="dg-progress">{escape_html(progress)}</span> engine clock'
             f" \u00b7 seed {escape_html(str(frame.seed))} \u00b7 prompt {frame.prompt_tokens:,} tokens \u00b7 "
-            f"{frame.forward_index + 1:,} forwards</div>"
+            f"{frame.forward_index + 1:,} forwards"
+            f' <span class="dg-rate-note">{escape_html(RATE_NOTE)}</span></div>'
         )
     return (
         f'<div class="dg-meter" data-state="{state}" data-tps="{tps:.6g}" data-ttff="{ttff:.6g}">'

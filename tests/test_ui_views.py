@@ -241,7 +241,7 @@ def test_meter_uses_engine_clock_fields_only():
                        tokens_per_forward=1.25, elapsed_s=2.5, time_to_first_frame_s=0.0312)
     values = meter.meter_values(frame)
     assert values["tokens/s"] == "123.5" and values["tokens/forward"] == "1.25"
-    assert values["forwards/block"] == "5.0" and values["elapsed"] == "2.50 s"
+    assert values["forwards/block"] == "5" and values["elapsed"] == "2.50 s"  # an integral mean as an integer
     assert values["first frame"] == "31 ms" and values["tokens"] == "10"
     out = meter.meter_html(frame)
     assert 'data-tps="123.456"' in out and 'data-state="running"' in out and 'data-ttff="0.0312"' in out
@@ -598,5 +598,25 @@ def test_meter_says_counting_until_the_first_block_is_committed():
     assert values["forwards/block"] == "\u2265 16"
     later = make_frame(step=3, forwards_per_block=[32], tokens_per_second=50.0, tokens_per_forward=2.0)
     assert meter.meter_values(later)["tokens/s"] == "50.0"
-    ended = make_frame(done=True, stop_reason="cancelled", tokens_per_second=0.0)  # stopped in block 1: a real 0
-    assert meter.meter_values(ended)["tokens/s"] == "0.0"
+    ended = make_frame(done=True, stop_reason="cancelled", tokens_per_second=0.0)  # stopped in block 1: no rate
+    assert meter.meter_values(ended)["tokens/s"] == "\u2013"
+
+
+def test_meter_speed_is_the_committed_blocks_and_holds_still_while_a_block_runs():
+    """Tokens/s is the committed blocks' tokens over the engine time up to their commit: frames of the block in
+    progress (whose own whole-run figure falls as its forwards add time) and a Stop do not move it."""
+    commit = make_frame(step=31, block_done=True, forwards_per_block=[32, 32], committed_tokens=128,
+                        tokens_per_second=16.6, tokens_per_forward=2.0, elapsed_s=7.71)
+    shown = set()
+    for step, elapsed in ((0, 7.9), (10, 8.6), (20, 9.3), (30, 10.0)):
+        running = make_frame(step=step, forwards_per_block=[32, 32], committed_tokens=128, elapsed_s=elapsed,
+                             tokens_per_second=128 / elapsed, tokens_per_forward=128 / (64 + step + 1))
+        values = meter.meter_values(running, committed=commit)
+        shown.add((values["tokens/s"], values["tokens/forward"]))
+        assert values["progress"].startswith(f"block 1 \u00b7 step {step + 1}/")  # the block in progress: progress
+    assert shown == {("16.6", "2.00")}
+    stopped = make_frame(step=12, done=True, stop_reason="cancelled", forwards_per_block=[32, 32],
+                         committed_tokens=128, elapsed_s=9.6, tokens_per_second=13.3)
+    assert meter.meter_values(stopped, committed=commit)["tokens/s"] == "16.6"
+    out = meter.meter_html(stopped, committed=commit)
+    assert 'data-tps="16.6"' in out and "committed blocks only" in out
