@@ -3,8 +3,9 @@
 Figures printed (and written as JSON with `--json-out`):
 - validation denoising cross-entropy (nats/token) at fixed corruption t = 0.25, 0.5, 0.75 (no self-conditioning,
   as at a canvas's first step), encoder next-token perplexity, and the unigram baseline's cross-entropy/perplexity
-  (token frequencies of training canvases, add-one smoothed); canvases are built as training builds them (`--after-end`:
-  v2 fills a canvas after the end of a text with the end token, v1 with `<pad>`; pass `--after-end pad` for v1);
+  (token frequencies of training canvases, add-one smoothed); the denoising CE scores text positions only (canvas
+  tokens up to and including the text's end token), which v1 and v2 share: v2 fills a canvas after the end with the
+  end token, v1 with `<pad>`;
 - on `EVAL_PROMPTS` (20 prompts, none of which occurs in the training text: checked at start, seed = prompt index) at
   the checkpoint's recommended settings: share of generated words found in Debian wamerican's /usr/share/dict/words
   (case-insensitive, punctuation stripped), distinct-2 (distinct word bigrams / all word bigrams over all samples, as
@@ -13,7 +14,7 @@ Figures printed (and written as JSON with `--json-out`):
 - speed on this machine: diffusion tokens/s against greedy autoregressive decoding with the same weights
   (`engine.autoregressive.AutoregressiveDecoder.from_diffusion`: the causal encoder, one forward per token) on the
   same prompts and token budget, prompts alternating which side runs first; peak RSS;
-- a low-temperature sweep (`TEMPERATURES`): `<pad>` written as content and EOS endings at each temperature.
+- a low-temperature sweep (`TEMPERATURES`, every fourth prompt): `<pad>` written as content and EOS endings.
 
 Run: `python -m training.evaluate --model assets/models/diffgemma-tiny` (`--sweep` compares sampler settings,
 `--canvas-costs` times decoder forwards at canvas 32..256).
@@ -34,6 +35,7 @@ from engine.autoregressive import AutoregressiveDecoder
 from engine.engine import DiffusionEngine
 from engine.loading import DEFAULT_MODEL, load_model
 from .data import ExampleSampler
+from .model_config import PAD_ID
 from .train import losses
 
 DICTIONARY = Path("/usr/share/dict/words")
@@ -107,31 +109,39 @@ def validation_losses(model, tokenizer, corpus_dir: Path, batches: int = 40, bat
                       after_end: str = "end") -> dict:
     """Validation denoising CE at t in {0.25, 0.5, 0.75}, encoder CE/perplexity, and the unigram baseline.
 
-    Canvases are built with `after_end` ("end" or "pad", see `training.data`); the encoder's figures do not depend
-    on it (prefixes never reach past the end of a text)."""
+    The denoising CE is scored on text positions only (canvas tokens up to and including a text's end token): what
+    fills a canvas after the end differs between v1 (`<pad>`) and v2 (the end token), the text does not. The corrupted
+    canvas the model reads is filled after the end as the model was trained (`after_end`, see `training.data`), with
+    the same corruption draws either way. The unigram baseline counts the same positions of training canvases."""
     canvas_length = model.config.canvas_length
     vocab = model.config.text_config.vocab_size
-    train = ExampleSampler(tokenizer, corpus_dir / "train.jsonl", canvas_length, 96, seed=0, after_end=after_end)
+    train = ExampleSampler(tokenizer, corpus_dir / "train.jsonl", canvas_length, 96, seed=0, after_end="pad")
     counts = torch.ones(vocab)
     for _ in range(400):
-        counts += torch.bincount(train.batch(16).canvas.flatten(), minlength=vocab)[:vocab]
+        canvas = train.batch(16).canvas.flatten()
+        counts += torch.bincount(canvas[canvas != PAD_ID], minlength=vocab)[:vocab]
     unigram_log_probs = (counts / counts.sum()).log()
 
     model.eval()
     results = {}
     for t in (0.25, 0.5, 0.75):
-        val = ExampleSampler(tokenizer, corpus_dir / "val.jsonl", canvas_length, 96, seed=1, after_end=after_end)
+        val = ExampleSampler(tokenizer, corpus_dir / "val.jsonl", canvas_length, 96, seed=1, after_end="pad")
         generator = torch.Generator().manual_seed(1)
         diff_total, enc_total, unigram_total = 0.0, 0.0, 0.0
         for _ in range(batches):
             batch = val.batch(batch_size)
             replace = torch.rand(batch.canvas.shape, generator=generator) < t
             noise = torch.randint(0, vocab, batch.canvas.shape, generator=generator)
-            noisy = torch.where(replace, noise, batch.canvas)
-            diffusion_ce, encoder_ce = losses(model, batch, noisy, None)
+            clean = batch.canvas
+            if after_end == "end":  # fill after the end token with that token, as v2 was trained
+                ends = clean.gather(1, (clean != PAD_ID).sum(1, keepdim=True) - 1)
+                clean = torch.where(clean == PAD_ID, ends, clean)
+            noisy = torch.where(replace, noise, clean)
+            diffusion_ce, encoder_ce = losses(model, batch, noisy, None, ignore_pad=True)
             diff_total += diffusion_ce.item()
             enc_total += encoder_ce.item()
-            unigram_total += -unigram_log_probs[batch.canvas].mean().item()
+            text = batch.canvas[batch.canvas != PAD_ID]
+            unigram_total += -unigram_log_probs[text].mean().item()
         results[f"diffusion_ce_t{t}"] = diff_total / batches
         results["encoder_ce"] = enc_total / batches
         results["unigram_ce"] = unigram_total / batches
@@ -151,8 +161,8 @@ def sample_quality(engine: DiffusionEngine, settings, dictionary: set[str], prom
     for seed, (prompt, raw) in enumerate(prompts):
         result = engine.generate(prompt, settings, raw=raw, seed=seed)
         texts.append(result.text)
-        samples.append({"prompt": prompt, "raw": raw, "seed": seed, "text": result.text,
-                        "tokens_per_forward": round(result.tokens_per_forward, 2)})
+        samples.append({"prompt": prompt, "raw": raw, "seed": seed, "text": result.text, "tokens": result.tokens,
+                        "forwards_per_block": list(result.forwards_per_block), "stop_reason": result.stop_reason})
         forwards += result.forwards
         canvases += len(result.forwards_per_block)
         tokens += result.tokens
@@ -177,7 +187,7 @@ def sample_quality(engine: DiffusionEngine, settings, dictionary: set[str], prom
     }
 
 
-def speed_against_ar(engine: DiffusionEngine, settings, prompts=EVAL_PROMPTS) -> dict:
+def speed_against_ar(engine: DiffusionEngine, settings, prompts=EVAL_PROMPTS[::2]) -> dict:
     """Diffusion tokens/s against greedy same-weights autoregressive tokens/s on `prompts`, same token budget.
 
     Both sides are warmed up first; each prompt runs both sides, alternating which goes first. Tokens/s of a side =
@@ -204,12 +214,14 @@ def speed_against_ar(engine: DiffusionEngine, settings, prompts=EVAL_PROMPTS) ->
             "diffusion_tokens": totals["diffusion"][0], "ar_tokens": totals["autoregressive"][0]}
 
 
-def temperature_sweep(engine: DiffusionEngine, dictionary: set[str], prompts=EVAL_PROMPTS[::2]) -> list[dict]:
-    """At each (t_min, t_max) of `TEMPERATURES` (other settings recommended): pads written as content, EOS endings,
-    dictionary words, forwards per canvas."""
+def temperature_sweep(engine: DiffusionEngine, dictionary: set[str], prompts=EVAL_PROMPTS[::4],
+                      max_new_tokens: int = 128) -> list[dict]:
+    """At each (t_min, t_max) of `TEMPERATURES` (other settings recommended, `max_new_tokens` at most): pads written
+    as content, EOS endings, dictionary words, forwards per canvas."""
     rows = []
     for t_min, t_max in TEMPERATURES:
-        q = sample_quality(engine, engine.recommended.replace(t_min=t_min, t_max=t_max), dictionary, prompts)
+        settings = engine.recommended.replace(t_min=t_min, t_max=t_max, max_new_tokens=max_new_tokens)
+        q = sample_quality(engine, settings, dictionary, prompts)
         rows.append({"t_min": t_min, "t_max": t_max, **{k: q[k] for k in (
             "pads_as_content", "eos_endings", "answers", "dictionary_word_rate", "mean_forwards_per_canvas",
             "mean_generated_tokens")}})
@@ -257,26 +269,25 @@ def canvas_length_costs(lengths=(32, 64, 128, 256), steps: int = 8, repeats: int
 # Changes to the recommended settings compared by `--sweep`
 SWEEP = [
     {},
-    {"entropy_bound": 0.5, "max_denoising_steps": 32},
     {"entropy_bound": 1.0},
-    {"entropy_bound": 2.0},
     {"entropy_bound": 4.0},
-    {"max_denoising_steps": 8},
+    {"max_denoising_steps": 12},
     {"t_min": 0.1, "t_max": 0.3},
-    {"t_min": 0.4, "t_max": 0.8},
-    {"confidence_threshold": 0.01},
+    {"t_min": 0.3, "t_max": 0.8},
     {"confidence_threshold": 0.2},
+    {"entropy_bound": 0.5, "max_denoising_steps": 32, "t_min": 0.4, "t_max": 0.8},  # v1's shipped settings
 ]
 
 
-def print_sweep(engine: DiffusionEngine, dictionary: set[str]) -> None:
-    """Print the `SWEEP` table on every other prompt."""
-    print(f"{'changes':<50} {'dict':>6} {'d2':>6} {'fwd/canvas':>10} {'TPF':>6} {'tok/s':>7} {'pads':>5}")
+def print_sweep(engine: DiffusionEngine, dictionary: set[str], max_new_tokens: int = 128) -> None:
+    """Print the `SWEEP` table on every other prompt (answers of at most `max_new_tokens`)."""
+    print(f"{'changes':<50} {'dict':>6} {'d2':>6} {'fwd/canvas':>10} {'TPF':>6} {'tok/s':>7} {'pads':>5} {'EOS':>4}")
     for changes in SWEEP:
-        q = sample_quality(engine, engine.recommended.replace(**changes), dictionary, EVAL_PROMPTS[::2])
+        settings = engine.recommended.replace(**{"max_new_tokens": max_new_tokens, **changes})
+        q = sample_quality(engine, settings, dictionary, EVAL_PROMPTS[::2])
         print(f"{json.dumps(changes):<50} {q['dictionary_word_rate']:6.3f} {q['distinct_2']:6.3f} "
               f"{q['mean_forwards_per_canvas']:10.1f} {q['tokens_per_forward']:6.2f} {q['tokens_per_second']:7.1f} "
-              f"{q['pads_as_content']:5d}")
+              f"{q['pads_as_content']:5d} {q['eos_endings']:4d}", flush=True)
 
 
 def main() -> None:
@@ -284,10 +295,11 @@ def main() -> None:
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     parser.add_argument("--after-end", choices=("end", "pad"), default="end",
-                        help="validation canvases after a text's end, as the model was trained (v1: pad)")
+                        help="what the model was trained to read after a text's end (v1: pad)")
     parser.add_argument("--sweep", action="store_true", help="compare sampling settings on every other prompt")
     parser.add_argument("--canvas-costs", action="store_true", help="time decoder forwards at canvas 32..256")
     parser.add_argument("--validation-only", action="store_true", help="only the validation losses")
+    parser.add_argument("--batches", type=int, default=20, help="validation batches of 16 per noise level")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
     if args.canvas_costs:
@@ -305,9 +317,11 @@ def main() -> None:
         return
 
     report = {"model": args.model, "settings": engine.recommended.__dict__}
-    report["validation"] = validation_losses(engine.model, engine.tokenizer, args.corpus, after_end=args.after_end)
+    report["validation"] = validation_losses(
+        engine.model, engine.tokenizer, args.corpus, batches=args.batches, after_end=args.after_end
+    )
     v = report["validation"]
-    print(f"validation (World English Bible held-out chapters, canvases after the end: {args.after_end}):")
+    print("validation (World English Bible held-out chapters; denoising CE on text positions):")
     for t in (0.25, 0.5, 0.75):
         print(f"  denoising CE at t={t}: {v[f'diffusion_ce_t{t}']:.3f} nats/token (unigram baseline {v['unigram_ce']:.3f})")
     print(f"  encoder next-token perplexity: {v['encoder_perplexity']:.1f} (unigram baseline {v['unigram_perplexity']:.1f})")
@@ -323,10 +337,10 @@ def main() -> None:
           f"{q['tokens_per_forward']:.2f} tokens per forward; {q['mean_generated_tokens']:.0f} tokens per answer")
     print(f"  <pad> written as content: {q['pads_as_content']}; answers ended by EOS: {q['eos_endings']}/{q['answers']}")
     report["speed"] = s = speed_against_ar(engine, engine.recommended)
-    print(f"speed on this machine: diffusion {s['diffusion_tokens_per_second']:.1f} tokens/s, same-weights greedy AR "
+    print(f"speed on this machine ({len(EVAL_PROMPTS[::2])} prompts): diffusion {s['diffusion_tokens_per_second']:.1f} tokens/s, same-weights greedy AR "
           f"{s['ar_tokens_per_second']:.1f} tokens/s: {s['diffusion_over_ar']:.2f}x")
     report["temperature_sweep"] = rows = temperature_sweep(engine, dictionary)
-    print("low-temperature sweep (10 prompts):")
+    print("low-temperature sweep (5 prompts, at most 128 tokens):")
     for row in rows:
         print(f"  t {row['t_max']} -> {row['t_min']}: <pad> as content {row['pads_as_content']}, EOS endings "
               f"{row['eos_endings']}/{row['answers']}, dictionary words {row['dictionary_word_rate']:.1%}, "

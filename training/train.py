@@ -32,7 +32,7 @@ from tqdm import tqdm
 from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion, DynamicCache
 
 from .data import Batch, ExampleSampler
-from .model_config import tiny_config
+from .model_config import PAD_ID, tiny_config
 
 
 def softcapped_logits(model: DiffusionGemmaForBlockDiffusion, hidden: torch.Tensor) -> torch.Tensor:
@@ -51,11 +51,13 @@ def corrupt(canvas: torch.LongTensor, vocab_size: int, generator: torch.Generato
     return torch.where(replace, noise, canvas)
 
 
-def losses(model, batch: Batch, noisy: torch.LongTensor, self_conditioning_mask: torch.BoolTensor | None):
+def losses(model, batch: Batch, noisy: torch.LongTensor, self_conditioning_mask: torch.BoolTensor | None,
+           ignore_pad: bool = False):
     """Return (diffusion CE, encoder next-token CE) for one batch; see the module docstring for the recipe.
 
     `noisy` is the corrupted canvas `[batch, canvas_length]`; `self_conditioning_mask` `[batch]` (None: no
-    self-conditioning pass at all, used by evaluation)."""
+    self-conditioning pass at all, used by evaluation); `ignore_pad` leaves `<pad>` targets out of the diffusion CE
+    (evaluation scores text positions only, which v1 and v2 share)."""
     prefix_len = batch.prefix.shape[1]
     canvas_length = batch.canvas.shape[1]
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
@@ -72,7 +74,7 @@ def losses(model, batch: Batch, noisy: torch.LongTensor, self_conditioning_mask:
     logits = model(
         **decoder_kwargs, self_conditioning_logits=self_conditioning_logits, self_conditioning_mask=self_conditioning_mask
     ).logits
-    diffusion_ce = F.cross_entropy(logits.flatten(0, 1), batch.canvas.flatten())
+    diffusion_ce = F.cross_entropy(logits.flatten(0, 1), batch.canvas.flatten(), ignore_index=PAD_ID if ignore_pad else -100)
 
     encoder_logits = softcapped_logits(model, encoder_out.last_hidden_state)
     targets = torch.cat([batch.prefix[:, 1:], batch.canvas[:, :1]], dim=1)
