@@ -20,6 +20,7 @@ import gradio as gr
 from engine.autoregressive import check_temperature
 from engine.race import SIDES, RaceResult, RaceRunner, explanation
 
+from .deployment import zero_gpu
 from .handlers import DEFAULT_MAX_RUN_S, Playground, describe_error
 from .race_view import frame_at, panel_html, result_html
 from .text import plain_text
@@ -27,6 +28,9 @@ from .validation import RunRequest, build_request, preset_values
 from .worker import RunTimeLimitExceeded
 
 LOG = logging.getLogger(__name__)
+# The race runs the model in this process, outside `spaces.GPU`, where ZeroGPU lends no GPU: refused, not failed
+ZERO_GPU_MESSAGE = ("the race is not available on ZeroGPU Spaces yet (it runs outside the GPU slot the platform "
+                    "lends per request); run the playground on a dedicated GPU or CPU Space, or locally")
 IDLE_BUTTONS = (gr.update(interactive=True), gr.update(interactive=False))  # Race on, Stop off
 LIVE_INTERVAL_S = 0.25  # live panels re-render at most 4 times a second: the engine shares the CPU
 REPLAY_FPS = 12.0
@@ -117,6 +121,8 @@ class RaceTab:
         Raises:
             gr.Error: the first problem, in words.
         """
+        if zero_gpu():
+            raise gr.Error(ZERO_GPU_MESSAGE, print_exception=False)
         try:
             self.runner.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
                               seed=run.seed)
