@@ -141,8 +141,9 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                         with gr.Row(elem_id="dg-preset-row", equal_height=True):
                             preset_box = gr.Dropdown([*PRESET_NAMES, CUSTOM_PRESET], value="recommended",
                                                      label="Preset", elem_id="dg-preset", scale=3, min_width=140)
-                            seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random", elem_id="dg-seed",
-                                             scale=2, min_width=100)
+                            # text, not a number box: a browser number holds integers exactly only below 2**53
+                            seed = gr.Textbox(value="0", label="Seed", info="-1 = random", elem_id="dg-seed",
+                                              max_lines=1, max_length=24, scale=2, min_width=224)
                             dice = gr.Button("\U0001f3b2", elem_id="dg-dice", scale=0, min_width=44)
                     with gr.Column(min_width=0, elem_id="dg-settings-col"):
                         with gr.Accordion("Denoising settings", open=True, elem_id="dg-settings"):

@@ -370,9 +370,9 @@ class Playground:
         return tuple(values[field] for field in PRESET_FIELDS)
 
     @staticmethod
-    def random_seed() -> int:
-        """The 🎲 button: a fresh seed in [0, 2**31 - 1] (small enough to read and retype)."""
-        return random.SystemRandom().randrange(0, min(MAX_SEED, 2**31 - 1))
+    def random_seed() -> str:
+        """The random-seed button: a fresh seed in [0, 2**31 - 1] (short enough to read and retype), as text."""
+        return str(random.SystemRandom().randrange(0, min(MAX_SEED, 2**31 - 1)))
 
     def generate_api(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                      stability_threshold, confidence_threshold, adaptive_stopping, seed,

@@ -20,7 +20,6 @@ gives that floor on a GPU: weights' bytes read per forward / measured memory ban
 from __future__ import annotations
 
 import math
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +29,7 @@ import torch
 
 from .autoregressive import AutoregressiveDecoder, TokenFrame, check_temperature
 from .engine import DiffusionEngine
-from .settings import DiffusionSettings, check_seed
+from .settings import DiffusionSettings, check_seed, draw_seed
 
 SIDES = ("diffusion", "autoregressive")
 ORDERS = ("alternate", "diffusion first", "autoregressive first")
@@ -325,7 +324,7 @@ class RaceRunner:
         """
         settings = settings or self.engine.recommended
         seed = check_seed(seed)
-        seed = secrets.randbits(63) if seed is None else seed
+        seed = draw_seed() if seed is None else seed
         ar_temperature = check_temperature(ar_temperature)
         self.check(prompt, settings, raw=raw, ar_temperature=ar_temperature, order=order, seed=seed)
         budget = self.budget(settings)

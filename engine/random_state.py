@@ -8,11 +8,12 @@ one process-wide lock, install the run's state, work, save it back, and restore 
 
 from __future__ import annotations
 
-import secrets
 import threading
 from contextlib import contextmanager
 
 import torch
+
+from .settings import draw_seed
 
 _GLOBAL_RNG_LOCK = threading.RLock()
 
@@ -25,7 +26,7 @@ class RunRandomState:
     """
 
     def __init__(self, seed: int | None):
-        self.seed = secrets.randbits(63) if seed is None else seed
+        self.seed = draw_seed() if seed is None else seed
         with _GLOBAL_RNG_LOCK:
             saved = self._capture()
             torch.manual_seed(self.seed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
 from dataclasses import dataclass
 
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
@@ -21,6 +22,14 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
 MAX_NEW_TOKENS_LIMIT = 4096
 MAX_DENOISING_STEPS_LIMIT = 512
 MAX_SEED = 2**63 - 1
+# Seeds this project draws stay below 2**53, so any client (a browser, JSON in JavaScript) holds them exactly and a
+# reported seed typed back in reproduces the run; seeds up to MAX_SEED are still accepted.
+DRAWN_SEED_BITS = 53
+
+
+def draw_seed() -> int:
+    """A fresh random seed in [0, 2**53 - 1] (exact as a JavaScript number)."""
+    return secrets.randbits(DRAWN_SEED_BITS)
 
 # setting -> (low, high, low inclusive, integer); high is always inclusive
 RANGES: dict[str, tuple[float, float, bool, bool]] = {

@@ -1,0 +1,53 @@
+"""Numbers that cross into the browser round-trip exactly (issue 13 item 2): a 63-bit seed typed in runs with that
+seed, and a drawn seed (-1) is shown, fits its box, and typed back in reproduces the run."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from pages import open_page, set_number
+
+from engine.settings import DRAWN_SEED_BITS, draw_seed
+
+pytestmark = pytest.mark.slow
+SEED_BOX = "#dg-seed input, #dg-seed textarea"
+BIG_SEED = 8329200678117864925  # the reported seed: 2**53 < it < 2**63; a browser number would round it
+
+
+def run_with_seed(page, seed: str) -> tuple[str, int]:
+    """Type `seed`, generate, and return (the text, the seed the meter reports)."""
+    page.fill(SEED_BOX, seed)
+    page.evaluate("document.querySelector('#dg-meter .dg-meter').dataset.state = 'stale'")  # not the last run's
+    page.click("#dg-generate")
+    page.wait_for_selector(".dg-meter[data-state='done']", timeout=120_000)
+    reported = int(re.search(r"seed (\d+)", page.inner_text(".dg-meter")).group(1))
+    return page.locator("#dg-text textarea").input_value(), reported
+
+
+def test_seeds_round_trip_exactly_and_fit_their_box(browser, served_app, engine):
+    _, url = served_app
+    page, problems = open_page(browser, url)
+    page.fill("#dg-prompt textarea", "In the beginning")
+    page.check("#dg-raw input[type=checkbox]")
+    page.get_by_label("Adaptive stopping").uncheck()
+    set_number(page, "Max new tokens", 64)
+    set_number(page, "Max denoising steps", 2)
+    settings = engine.recommended.replace(max_new_tokens=64, max_denoising_steps=2, adaptive_stopping=False)
+
+    text, reported = run_with_seed(page, str(BIG_SEED))
+    assert reported == BIG_SEED
+    assert text == engine.generate("In the beginning", settings, raw=True, seed=BIG_SEED).text
+    box = page.locator(SEED_BOX)
+    assert box.evaluate("el => el.scrollWidth <= el.clientWidth"), "a 19-digit seed does not fit its box"
+
+    drawn_text, drawn = run_with_seed(page, "-1")
+    assert 0 <= drawn < 2**DRAWN_SEED_BITS
+    again, reported = run_with_seed(page, str(drawn))  # the reported seed, typed back in
+    assert reported == drawn and again == drawn_text
+    assert not problems, problems
+    page.close()
+
+
+def test_drawn_seeds_fit_a_javascript_number():
+    assert all(0 <= draw_seed() < 2**53 for _ in range(1000))
