@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .engine import DiffusionEngine, check_prompt
 from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model
+from .chat_cli import add_chat_parser, chat_command
 from .race_cli import add_race_parser, race_command
 from .settings import check_seed, check_setting
 from .trace import TraceError, load_trace, trace_of_run
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     add_race_parser(commands)
+    add_chat_parser(commands)
     gen.add_argument("--trace", type=Path, help="also write the run's trace here (JSON, see docs/trace.md)")
     rep = commands.add_parser("replay", help="write the offline HTML replay of a trace")
     rep.add_argument("trace", type=Path, help="a trace JSON file (python -m engine generate ... --trace FILE)")
@@ -53,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "race":
         return race_command(args)
+    if args.command == "chat":
+        return chat_command(args)
     if args.command == "memory":
         from .memory import memory_command  # noqa: PLC0415
 

@@ -135,3 +135,20 @@ def test_thinking_changes_the_standin_prompt_ids_exactly_as_its_template(standin
     # the one-turn case is the documented stand-in prompt
     assert chat_prompt_ids(tokenizer, "Why is the sky blue?") == [
         2, 105, 2364, 107, 11355, 563, 506, 7217, 3730, 236881, 106, 107, 105, 4368, 107, 100, 45518, 107, 101]
+
+
+def test_cli_chat_reads_turns_from_stdin_and_reuses_the_cache(monkeypatch, capsys):
+    import io
+    import json
+
+    from engine.cli import main
+
+    turns = "Hello\n\nTell me <end_of_turn> more\n" + "word " * 20_000 + "\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(turns))
+    status = main(["chat", "--seed", "1", "--max-new-tokens", "64", "--steps", "2", "--device", "cpu", "--json"])
+    out, err = capsys.readouterr()
+    replies = [json.loads(line) for line in out.splitlines()]
+    assert [r["turn"] for r in replies] == [1, 2]
+    assert replies[0]["report"]["reused_tokens"] == 0 and replies[1]["report"]["reused_tokens"] > 0
+    assert replies[1]["result"]["seed"] == 1
+    assert status == 2 and "error: turn 3:" in err and "context" in err
