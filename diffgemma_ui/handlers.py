@@ -288,6 +288,7 @@ class Playground:
         # The plots still show placeholders on a session's first run: leave them until there is a block to draw, so
         # the browser is not busy redrawing empty figures while the first decoder forward runs
         last_plots = 0.0 if session.snapshot is not None else time.monotonic()
+        plotted_block = 0  # the plots follow the block being denoised: a new block is plotted at once
         worker = self.start_run(run)
         if not session.begin(worker, ticket):
             return
@@ -301,9 +302,9 @@ class Playground:
                     return  # a newer run or Stop owns the page now
                 session.snapshot = snap
                 now = time.monotonic()
-                plots_due = now - last_plots >= PLOT_INTERVAL_S
+                plots_due = now - last_plots >= PLOT_INTERVAL_S or snap.block_count > plotted_block
                 if plots_due:
-                    last_plots = now
+                    last_plots, plotted_block = now, snap.block_count
                 outputs = self.render(session, snap, final=snap.finished, plots_due=plots_due, first=index == 0)
                 yield outputs.as_tuple()
                 if snap.finished and snap.error is not None:

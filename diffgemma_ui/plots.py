@@ -81,9 +81,29 @@ def empty_figure(title: str, message: str = "Fills in as the canvas denoises") -
 
 
 def _block_title(frames: Sequence[Frame], what: str) -> str:
+    """`what · block b · step k/N · live` (or `· k steps` for a finished block, `· stopped at step k`): what the
+    figure shows, so a plot that updates less often than the canvas says which step it has reached."""
     last = frames[-1]
-    state = "" if last.block_done else " \u00b7 stopped" if last.done else " \u00b7 live"
+    steps = last.step_index + 1
+    if last.block_done:
+        state = f" \u00b7 {steps} step{'s' if steps != 1 else ''}"
+    elif last.done:
+        state = f" \u00b7 stopped at step {steps}"
+    else:
+        state = f" \u00b7 step {steps}/{last.max_denoising_steps} \u00b7 live"
     return f"{what} \u00b7 block {last.block_index + 1}{state}"
+
+
+def _legend_line(text: str) -> dict:
+    """A one-line legend under the title (plain text, escaped): what the marks of a figure mean."""
+    return {"text": escape_plotly(text), "showarrow": False, "xref": "paper", "yref": "paper", "x": 0, "y": 1.0,
+            "xanchor": "left", "yanchor": "bottom", "font": {"size": 11}}
+
+
+# Shown rows of a heatmap at least this many (a one-row heatmap would otherwise fill the figure as tall stripes)
+MIN_HEATMAP_ROWS = 8
+# Plotly's updatemenu buttons hover to a fixed near-white; dark text on a light button reads in both themes
+BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color": "#0f172a", "size": 12}}
 
 
 def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
@@ -124,6 +144,9 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
             )
         hover_text.append(hover_row)
     y = list(range(1, steps + 1))
+    # Rows keep their height as a block fills: a live block reserves its remaining steps, a short one a few rows
+    rows = steps if frames[-1].block_done or frames[-1].done else max(steps, frames[-1].max_denoising_steps)
+    rows = max(rows, min(MIN_HEATMAP_ROWS, frames[-1].max_denoising_steps))
     data = [
         {
             "type": "heatmap", "z": z, "x": list(range(n)), "y": y, "hoverongaps": False,
@@ -134,6 +157,7 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
         },
         {
             "type": "scatter", "mode": "markers", "x": dots_x, "y": dots_y, "hoverinfo": "skip",
+            "name": "accepted at this step",
             "marker": {"symbol": "circle", "size": 4, "color": "rgba(255,255,255,0.85)",
                        "line": {"width": 0.5, "color": "rgba(0,0,0,0.6)"}},
         },
@@ -141,8 +165,10 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
     layout = _layout(
         _block_title(frames, "Confidence per step and position"),
         xaxis=_axis("position", range=[-0.5, n - 0.5], showgrid=False),
-        yaxis=_axis("step", range=[steps + 0.5, 0.5], autorange=False, showgrid=False,
-                    dtick=max(1, math.ceil(steps / 8))),
+        yaxis=_axis("step", range=[rows + 0.5, 0.5], autorange=False, showgrid=False,
+                    dtick=max(1, math.ceil(rows / 8))),
+        annotations=[_legend_line("colour: confidence of the draft token \u00b7 white dot: accepted at that step")],
+        margin={"l": 48, "r": 16, "t": 58, "b": 40},
     )
     if animate and steps > 1:
         def cover(k: int) -> list[dict]:
@@ -168,7 +194,7 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
         }]
         layout["updatemenus"] = [{
             "type": "buttons", "direction": "left", "showactive": False, "x": 0.0, "y": 0, "xanchor": "left",
-            "yanchor": "top", "pad": {"t": 58, "r": 8},
+            "yanchor": "top", "pad": {"t": 58, "r": 8}, **BUTTON_STYLE,
             "buttons": [
                 {"label": "\u25b6", "method": "animate",
                  "args": [frame_objects, {"mode": "immediate", "fromcurrent": False,
@@ -212,13 +238,14 @@ def unmasking_order(frame: Frame | None) -> FigureSpec:
         "type": "bar", "x": list(range(n)), "y": y, "marker": {"color": colours, "line": {"width": 0}},
         "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>",
     }]
-    title = f"Unmasking order \u00b7 block {frame.block_index + 1}"
     return FigureSpec(data=data, layout=_layout(
-        title,
+        _block_title([frame], "Unmasking order"),
         xaxis=_axis("position", range=[-0.5, n - 0.5]),
         yaxis=_axis("first accepted at step", range=[0, min(steps, max(last, 1)) + 0.5],
                     dtick=max(1, math.ceil(min(steps, max(last, 1)) / 6))),
         bargap=0.15,
+        annotations=[_legend_line("bar height and colour: step first accepted \u00b7 short grey bar: not accepted yet")],
+        margin={"l": 48, "r": 16, "t": 58, "b": 40},
     ))
 
 

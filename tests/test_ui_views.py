@@ -6,6 +6,7 @@ import copy
 import html
 import json
 import math
+import re
 import threading
 import time
 
@@ -620,3 +621,35 @@ def test_meter_speed_is_the_committed_blocks_and_holds_still_while_a_block_runs(
     assert meter.meter_values(stopped, committed=commit)["tokens/s"] == "16.6"
     out = meter.meter_html(stopped, committed=commit)
     assert 'data-tps="16.6"' in out and "committed blocks only" in out
+
+
+# -- plots follow the live block and say what they show (issue 13 items 8 and 13) --------------------------------------
+def test_live_plots_follow_every_block_and_name_its_step(monkeypatch):
+    import diffgemma_ui.handlers as handlers
+
+    monkeypatch.setattr(handlers, "PLOT_INTERVAL_S", 1000.0)  # only block changes make plots due
+    playground = Playground(FakeEngine(frames=12, delay=0.02), max_fps=1000)
+    plotted = []
+    for outputs in playground.generate_stream(SessionState(), *ARGS):
+        if isinstance(outputs[4], dict) and outputs[4].get("data"):
+            plotted.append((outputs[4]["layout"]["title"]["text"], outputs[5]["layout"]["title"]["text"]))
+    titles = [heat for heat, _ in plotted]
+    for block in (1, 2, 3):  # 12 frames of 4 steps: every block is plotted, none skipped
+        assert any(f"block {block} \u00b7" in t for t in titles), titles
+    live = [t for t in titles if "live" in t]
+    assert live and all(re.search(r"block \d \u00b7 step \d+/\d+ \u00b7 live", t) for t in live), live
+    assert all("block" in order for _, order in plotted)
+
+
+def test_plot_legends_short_heatmaps_and_a_readable_play_button():
+    one_step = plots.confidence_heatmap([make_frame(step=0)], animate=False)
+    low, high = sorted(one_step["layout"]["yaxis"]["range"])
+    assert high - low >= min(plots.MIN_HEATMAP_ROWS, make_frame().max_denoising_steps)  # not one tall stripe
+    legend = one_step["layout"]["annotations"][0]["text"]
+    assert "white dot" in legend and "accepted" in legend
+    order = plots.unmasking_order(make_frame(step=1))
+    assert "grey" in order["layout"]["annotations"][0]["text"]
+    done = [make_frame(step=k, block_done=k == 2) for k in range(3)]
+    menu = plots.confidence_heatmap(done, animate=True)["layout"]["updatemenus"][0]
+    assert menu["font"]["color"] == "#0f172a"  # dark text: Plotly's hover fill is near-white in both themes
+    assert "3 steps" in plots.confidence_heatmap(done)["layout"]["title"]["text"]
