@@ -12,6 +12,7 @@ kinds from `engine.tokens.TokenText`):
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -150,13 +151,18 @@ def token_cells(tokens: Sequence[str], kinds: Sequence[str] | None = None,
             cells[pos:end] = _byte_run([parse_byte_display(t) for t in tokens[pos:end]])
             pos = end
             continue
-        if kind in (PAD, EOS, SPECIAL):
-            what = {PAD: "pad", EOS: "end-of-sequence", SPECIAL: "special token"}[kind]
-            cells[pos] = _cell(special_label(token), kind, f"{what} {token}: a control symbol, not text")
-        else:
-            cells[pos] = TokenCell(visible_token(token), marked_token_html(token), "text")
+        cells[pos] = _single_cell(token, kind)
         pos += 1
     return cells
+
+
+@functools.lru_cache(maxsize=65536)
+def _single_cell(token: str, kind: str) -> TokenCell:
+    """The cell of a token read on its own (text or special; cached: a canvas redraws the same tokens often)."""
+    if kind in (PAD, EOS, SPECIAL):
+        what = {PAD: "pad", EOS: "end-of-sequence", SPECIAL: "special token"}[kind]
+        return _cell(special_label(token), kind, f"{what} {token}: a control symbol, not text")
+    return TokenCell(visible_token(token), marked_token_html(token), "text")
 
 
 def draft_labels(frame) -> list[str]:
