@@ -69,6 +69,10 @@ class CompareHandlers:
         if scheduler is not None and requests[1].raw:
             raise gr.Error("diffusers' pipeline always applies the chat template: untick raw prompt to use it",
                            print_exception=False)
+        sampler_note = ""
+        if scheduler is not None:  # only the entropy-bound scheduler reads the entropy bound and temperatures
+            sampler_note = scheduler + ("" if scheduler == "EntropyBoundScheduler"
+                                        else " (its own defaults: the entropy bound and t do not apply)")
         lasts = [None, None]
         heatmaps = [plots.confidence_heatmap([]), plots.confidence_heatmap([])]
         texts = ["", ""]
@@ -76,7 +80,7 @@ class CompareHandlers:
 
         def view():
             return (side_html("A", requests[0].settings, lasts[0], states[0]),
-                    side_html("B", requests[1].settings, lasts[1], states[1], sampler=scheduler or ""),
+                    side_html("B", requests[1].settings, lasts[1], states[1], sampler=sampler_note),
                     verdict_html(*lasts), texts[0], texts[1], heatmaps[0], heatmaps[1])
 
         for side, request in enumerate(requests):
