@@ -11,6 +11,7 @@ from pathlib import Path
 from .engine import DiffusionEngine, check_prompt
 from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model
 from .chat_cli import add_chat_parser, chat_command
+from .infill_cli import add_infill_parser, infill_command
 from .race_cli import add_race_parser, race_command
 from .settings import check_seed, check_setting
 from .trace import TraceError, load_trace, trace_of_run
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     add_race_parser(commands)
     add_chat_parser(commands)
+    add_infill_parser(commands)
     gen.add_argument("--trace", type=Path, help="also write the run's trace here (JSON, see docs/trace.md)")
     rep = commands.add_parser("replay", help="write the offline HTML replay of a trace")
     rep.add_argument("trace", type=Path, help="a trace JSON file (python -m engine generate ... --trace FILE)")
@@ -57,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         return race_command(args)
     if args.command == "chat":
         return chat_command(args)
+    if args.command == "infill":
+        return infill_command(args)
     if args.command == "memory":
         from .memory import memory_command  # noqa: PLC0415
 

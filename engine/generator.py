@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+from transformers import LogitsProcessorList
 
 from .frames import Frame
 from .random_state import RunRandomState
@@ -73,6 +74,8 @@ def denoise(
     stop_event: threading.Event | None = None,
     random_state: RunRandomState | None = None,
     past_key_values=None,
+    logits_processors: list | None = None,
+    initial_canvas: torch.LongTensor | None = None,
 ) -> Iterator[Frame]:
     """Run DiffusionGemma block diffusion on `input_ids` and yield a `Frame` after every decoder forward.
 
@@ -89,6 +92,10 @@ def denoise(
             `input_ids` (a chat's earlier turns, `engine.chat`); `input_ids` then holds only the tokens after them
             and positions continue from the cache's length, as `generate(past_key_values=...)` does. The cache is
             updated in place. None: a fresh cache, as `generate()` prepares it.
+        logits_processors: transformers logits processors applied before the temperature schedule, as
+            `generate(logits_processor=...)` applies them (canvas infill, `engine.infill`).
+        initial_canvas: `[1, canvas_length]` ids the first canvas starts from instead of random tokens, as
+            `generate(decoder_input_ids=...)` takes it (the random canvas is still drawn, so draws stay in step).
 
     Yields:
         one `Frame` per decoder forward; the last has `done=True` and `stop_reason` in
@@ -128,7 +135,8 @@ def denoise(
         attention_mask = torch.ones((1, cur_len), dtype=torch.bool, device=device)
         decoder_attention_mask = torch.nn.functional.pad(attention_mask, (0, canvas_length), value=True)
         sampler = with_recording(model._prepare_sampler(generation_config))
-        logits_processor = model._prepare_logits_processor(generation_config, None)
+        logits_processor = model._prepare_logits_processor(
+            generation_config, LogitsProcessorList(logits_processors) if logits_processors else None)
         stopping_criteria = model._prepare_ar_stopping_criteria(generation_config, None)
         diffusion_stopping_criteria = model._prepare_diffusion_stopping_criteria(generation_config)
         finished_sequences = torch.zeros(1, dtype=torch.bool, device=device)
@@ -198,7 +206,9 @@ def denoise(
                 past_key_values=past_key_values, position_ids=encoder_position_ids, **model_kwargs,
             ).past_key_values
             is_prefill = False
-            # A fresh canvas of uniformly random tokens
+            # A fresh canvas of uniformly random tokens (or the caller's first canvas)
+            if block == 0 and initial_canvas is not None:
+                model_kwargs["decoder_input_ids"] = initial_canvas
             current_canvas, self_conditioning_logits, mask_mapping, finished_denoising = (
                 model._prepare_denoiser_inputs(
                     decoder_attention_mask=decoder_attention_mask, past_key_values=past_key_values,

@@ -1,0 +1,185 @@
+"""Canvas infill: a template's fixed text stays put in the canvas while the decoder fills its blanks.
+
+Template syntax: text with blanks, `[___]` for one token and `[___ 12]` for twelve (1 to the canvas length).
+Everything else is fixed text, tokenized as plain text (special-token strings stay text). The template must fit one
+canvas (`canvas_length` positions, 256 for DiffusionGemma, 64 for the embedded model); positions after it are fixed
+pads. The encoder sees `<bos>` (and an optional raw context prompt) before the canvas.
+
+How fixed positions are kept, with the library's own pieces: the first canvas starts with the fixed tokens in place
+(`decoder_input_ids`, as `generate()` takes it; blanks random as usual), and `FixedPositionsLogitsProcessor` (run
+before the temperature schedule, as `generate(logits_processor=...)` runs it) gives each fixed position all its
+probability on its own token. The sampled and argmax tokens there are then that token, its entropy is 0, so
+transformers' `EntropyBoundSampler` accepts it at every step (a zero-entropy position always fits the bound) and
+never renoises it. Blanks may not take an EOS or pad token (either would end the text or pad the fixed text after
+it when the canvas is committed).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from transformers import LogitsProcessor
+
+from .engine import DiffusionEngine, check_prompt, encode_text
+from .frames import Frame
+from .generator import denoise
+from .random_state import RunRandomState
+from .settings import DiffusionSettings, check_seed
+
+BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
+MAX_TEMPLATE_CHARS = 20_000
+
+
+@dataclass(frozen=True)
+class InfillLayout:
+    """Where a template puts its tokens in the canvas.
+
+    canvas_ids: `canvas_length` ids: fixed tokens (template text, then pads), blanks as -1;
+    fixed: `canvas_length` flags, True where the position is fixed; blanks: blank positions' indices in order;
+    template_positions: positions the template takes (fixed text plus blanks), the rest being pads.
+    """
+
+    canvas_ids: list[int]
+    fixed: list[bool]
+    blanks: list[int]
+    template_positions: int
+
+
+def parse_template(template: str, canvas_length: int) -> list[str | int]:
+    """The template as alternating parts: fixed text (str) and blank lengths (int, tokens).
+
+    Raises:
+        ValueError: not text, empty, too long, no blank, a blank of 0 or more than `canvas_length` tokens, or a
+            `[___` that is not a well-formed blank (names it and gives the syntax).
+    """
+    if not isinstance(template, str) or not template.strip():
+        raise ValueError("infill template is empty: write text with blanks such as [___] or [___ 12]")
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise ValueError(f"infill template is {len(template):,} characters; the limit is {MAX_TEMPLATE_CHARS:,}")
+    parts: list[str | int] = []
+    position = 0
+    for match in BLANK.finditer(template):
+        parts.append(template[position:match.start()])
+        size = int(match.group(1)) if match.group(1) else 1
+        if not 1 <= size <= canvas_length:
+            raise ValueError(f"blank {match.group(0)} asks for {size} tokens; a blank takes 1 to {canvas_length}")
+        parts.append(size)
+        position = match.end()
+    parts.append(template[position:])
+    for text in parts:
+        if isinstance(text, str) and "[___" in text:
+            bad = text[text.index("[___"):][:20]
+            raise ValueError(f"malformed blank {bad!r}: write [___] for one token or [___ 12] for twelve")
+    if not any(isinstance(p, int) for p in parts):
+        raise ValueError("infill template has no blank: mark what to fill with [___] (one token) or [___ 12]")
+    return [p for p in parts if p != ""]
+
+
+def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -> InfillLayout:
+    """Tokenize the template's text (plain text) and lay it out in one canvas.
+
+    Raises:
+        ValueError: what `parse_template` raises; a template that takes more positions than one canvas has
+            (the message gives both counts).
+    """
+    ids: list[int] = []
+    fixed: list[bool] = []
+    for part in parse_template(template, canvas_length):
+        if isinstance(part, int):
+            ids += [-1] * part
+            fixed += [False] * part
+        else:
+            tokens = tokenizer(part, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            ids += tokens
+            fixed += [True] * len(tokens)
+    if len(ids) > canvas_length:
+        blanks = fixed.count(False)
+        raise ValueError(f"the template takes {len(ids)} canvas positions ({len(ids) - blanks} fixed tokens and "
+                         f"{blanks} blank) but one canvas holds {canvas_length}: infill works inside one canvas, so "
+                         f"shorten the text or the blanks")
+    used = len(ids)
+    ids += [pad_id] * (canvas_length - used)
+    fixed += [True] * (canvas_length - used)
+    return InfillLayout(canvas_ids=ids, fixed=fixed, blanks=[i for i, f in enumerate(fixed) if not f],
+                        template_positions=used)
+
+
+class FixedPositionsLogitsProcessor(LogitsProcessor):
+    """Puts all probability of each fixed canvas position on its fixed token and forbids `banned` ids in blanks.
+
+    Args:
+        layout: the `InfillLayout`; banned: ids blanks may not take (EOS ids, pad); device: the logits' device.
+
+    Call: `(input_ids, scores [1, canvas_length, vocab]) -> scores` (a new tensor; fixed rows are 0 at the fixed
+    token and -inf elsewhere, so softmax, argmax and sampling all give the fixed token and its entropy is 0).
+    """
+
+    def __init__(self, layout: InfillLayout, banned: list[int], device: torch.device):
+        self.fixed = torch.tensor(layout.fixed, dtype=torch.bool, device=device)
+        self.fixed_ids = torch.tensor([max(i, 0) for i in layout.canvas_ids], dtype=torch.long, device=device)
+        self.banned = torch.tensor(sorted(set(banned)), dtype=torch.long, device=device)
+
+    def __call__(self, input_ids, scores):
+        forced = torch.full_like(scores, float("-inf"))
+        forced.scatter_(-1, self.fixed_ids.view(1, -1, 1).expand(scores.shape[0], -1, 1), 0.0)
+        scores = torch.where(self.fixed.view(1, -1, 1), forced, scores)
+        if self.banned.numel():
+            blank_rows = scores[:, ~self.fixed]
+            blank_rows[..., self.banned] = float("-inf")
+            scores[:, ~self.fixed] = blank_rows
+        return scores
+
+
+def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSettings | None = None, *,
+                  prompt: str | None = None, seed: int | None = None,
+                  stop_event: threading.Event | None = None) -> tuple[InfillLayout, Iterator[Frame]]:
+    """Lay out `template` and denoise its blanks: (layout, frames), one `Frame` per decoder forward of one canvas.
+
+    `prompt`: optional raw context the encoder reads before the canvas (default: `<bos>` only). `settings`'s
+    `max_new_tokens` is set to one canvas. Every frame's `input_ids` and `draft_ids` hold the fixed tokens at the
+    fixed positions.
+
+    Raises:
+        ValueError: bad template, prompt, seed or settings; a template that does not fit one canvas.
+    """
+    settings = (settings or engine.recommended).replace(max_new_tokens=engine.canvas_length)
+    engine.check_settings(settings)
+    random_state = RunRandomState(check_seed(seed))
+    generation_config = engine.model.generation_config
+    pad_id = generation_config.pad_token_id if generation_config.pad_token_id is not None else 0
+    layout = layout_template(engine.tokenizer, template, engine.canvas_length, pad_id)
+    if prompt is not None:
+        input_ids = encode_text(engine.tokenizer, check_prompt(prompt), True, engine.device)
+    else:
+        bos = engine.tokenizer.bos_token_id
+        input_ids = torch.tensor([[bos if bos is not None else pad_id]], dtype=torch.long, device=engine.device)
+    engine.check_budget(input_ids.shape[1], settings)
+    eos = generation_config.eos_token_id
+    banned = ([] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]) + [pad_id]
+    vocab = engine.model.config.text_config.vocab_size
+    with random_state.active():
+        noise = torch.randint(0, vocab, (1, engine.canvas_length), device=engine.device)
+    processor = FixedPositionsLogitsProcessor(layout, banned, engine.device)
+    canvas = torch.where(processor.fixed.view(1, -1), processor.fixed_ids.view(1, -1), noise)
+    frames = denoise(engine.model, input_ids, settings, token_text=engine.token_text, stop_event=stop_event,
+                     random_state=random_state, logits_processors=[processor], initial_canvas=canvas)
+    return layout, frames
+
+
+def filled_text(tokenizer, layout: InfillLayout, canvas_ids: list[int]) -> tuple[str, list[str]]:
+    """(the template with its blanks filled, the text of each run of adjacent blank positions) from a final
+    canvas's ids (pads after the template dropped, special tokens skipped)."""
+    ids = list(canvas_ids[:layout.template_positions])
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    fills, run = [], []
+    for i in range(layout.template_positions + 1):
+        if i < layout.template_positions and not layout.fixed[i]:
+            run.append(ids[i])
+        elif run:
+            fills.append(tokenizer.decode(run, skip_special_tokens=True))
+            run = []
+    return text, fills
