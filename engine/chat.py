@@ -47,8 +47,10 @@ class TurnReport:
     reused_tokens: those taken from the previous turn's KV cache (not re-encoded);
     encoded_tokens: those the encoder ran on this turn (prompt_tokens - reused_tokens);
     prefill_s: measured seconds of this turn's encoder prefill (all encoded_tokens);
-    prefill_saved_s: an estimate, reused_tokens x the session's last measured prefill seconds per encoded token
-        (attention makes true prefill cost grow faster than linearly, so this understates long histories);
+    prefill_saved_s: an estimate, reused_tokens x the session's last measured prefill seconds per encoded token.
+        Prefill is not proportional to tokens (each encoder call has a fixed cost; attention grows faster than
+        linearly): on the embedded model on the 2-core CPU it overstated the measured saving 2-4x
+        (`benchmarks/chat_reuse.py` measures the true figure by re-encoding);
     dropped_turns: earlier turns cut to fit the context; note: a sentence for the visitor ("" when nothing to say).
     """
 
