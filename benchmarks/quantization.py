@@ -194,10 +194,10 @@ def full_width(layers: int) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def extrapolate(measured: dict, real_report: dict, real_layer_types: list[str]) -> dict:
-    """Bytes of the real model from the measured build: per-layer bytes by type x the real layer count, plus the
-    measured embeddings and other non-layer tensors, plus the real vision tower (meta report)."""
-    layer_types = measured["layer_types"]
+def extrapolate(measured: dict, layer_types: list[str], real_report: dict, real_layer_types: list[str]) -> dict:
+    """Bytes of the real model from one choice's `measured` build (layers of `layer_types`): per-layer bytes by type
+    x the real layer count, plus the measured embeddings and other non-layer tensors, plus the real vision tower
+    (meta report)."""
     per_type = {t: measured["per_layer"][layer_types.index(t)] for t in set(layer_types)}
     layers_measured = sum(measured["per_layer"])
     outside_layers = measured["total_bytes"] - layers_measured - measured["groups"]["vision_tower"]
@@ -214,12 +214,16 @@ def embedded_quality(prompts: int) -> dict:
     from training.evaluate import EVAL_PROMPTS, load_dictionary, sample_quality
 
     dictionary = load_dictionary()
-    results = {}
+    results, reference = {}, None
     for quantization in QUANTIZATIONS:
         engine = DiffusionEngine(load_model(device="cpu", quantization=quantization))
-        quality = sample_quality(engine, engine.recommended, dictionary, EVAL_PROMPTS[:prompts])
+        with torch.no_grad():
+            logits = engine.model(**decoder_inputs(engine.model.config)).logits[0].float()
+        reference = logits if reference is None else reference  # "none" comes first
+        quality = sample_quality(engine, engine.recommended, dictionary, EVAL_PROMPTS[:prompts]) if prompts else {}
         results[quantization] = {k: quality[k] for k in ("dictionary_word_rate", "tokens_per_forward",
-                                                          "distinct_2", "tokens_per_second")}
+                                                          "distinct_2", "tokens_per_second") if k in quality}
+        results[quantization].update(compare(reference, logits))
         print(f"  embedded {quantization}: {json.dumps(results[quantization])}", file=sys.stderr)
     return results
 
@@ -227,7 +231,8 @@ def embedded_quality(prompts: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=2, help="text layers of the full-width build (>= 2)")
-    parser.add_argument("--prompts", type=int, default=20, help="embedded-model prompts (training/evaluate.py)")
+    parser.add_argument("--prompts", type=int, default=20,
+                        help="embedded-model prompts (training/evaluate.py); 0: logits comparison only")
     parser.add_argument("--skip-full-width", action="store_true")
     parser.add_argument("--skip-embedded", action="store_true")
     parser.add_argument("--json", action="store_true")
@@ -256,7 +261,7 @@ def main(argv=None) -> int:
         print("  choice  sliding layer GB  full layer GB  embeddings GB  vision (real) GB  30-layer total GB  "
               "KL/position  argmax agree  quantize s")
         for quantization, figures in measured["choices"].items():
-            extra = extrapolate(figures, report["real_config"][quantization], real_types)
+            extra = extrapolate(figures, measured["layer_types"], report["real_config"][quantization], real_types)
             figures["extrapolated"] = extra
             per = extra["bytes_per_layer"]
             print(f"  {quantization:<6}  {per['sliding_attention'] / 1e9:16.3f}  {per['full_attention'] / 1e9:13.3f}  "
@@ -272,10 +277,11 @@ def main(argv=None) -> int:
         quality = embedded_quality(args.prompts)
         report["embedded"] = quality
         print(f"\nEmbedded model, {args.prompts} prompts, recommended settings:")
-        print("  choice  dictionary words  tokens/forward  distinct-2")
+        print("  choice  dictionary words  tokens/forward  distinct-2  KL/position  argmax agree")
         for quantization, q in quality.items():
-            print(f"  {quantization:<6}  {q['dictionary_word_rate']:16.3f}  {q['tokens_per_forward']:14.2f}  "
-                  f"{q['distinct_2']:10.3f}")
+            words = (f"{q['dictionary_word_rate']:16.3f}  {q['tokens_per_forward']:14.2f}  {q['distinct_2']:10.3f}"
+                     if "distinct_2" in q else f"{'-':>16}  {'-':>14}  {'-':>10}")
+            print(f"  {quantization:<6}  {words}  {q['mean_kl_per_position']:11.4f}  {q['argmax_agreement']:12.3f}")
     if args.json:
         print(json.dumps(report))
     return 0
