@@ -195,21 +195,25 @@ class ChatSession:
     def _run(self, messages, ids, stable, dropped, settings, random_state, thinking, stop_event):
         model, device = self.engine.model, self.engine.device
         reused = _common_prefix(self._cache_ids, ids) if self._cache is not None else 0
-        if reused == len(self._cache_ids) and reused <= stable and self._cache is not None:
-            cache = copy.deepcopy(self._cache)
-        else:  # the history changed before the cached part's end (a cut, a thinking switch): encode it all
+        restarted = self._cache is not None and not (reused == len(self._cache_ids) and reused <= stable)
+        if self._cache is not None and not restarted:
+            base = self._cache  # extended in place: it keeps holding exactly self._cache_ids
+        else:  # no cache yet, or the history changed before its end (a cut, a thinking switch): encode it all
             reused = 0
             generation_config, _ = model._prepare_generation_config(None, **settings.generate_kwargs())
-            cache = model._prepare_cache_for_generation(generation_config, 1, len(ids) + settings.max_new_tokens)
+            base = model._prepare_cache_for_generation(generation_config, 1, len(ids) + settings.max_new_tokens)
         tensor = torch.tensor([ids], dtype=torch.long, device=device)
         start = time.perf_counter()
         with torch.no_grad():
             if stable > reused:
-                cache = encode_into_cache(model, cache, tensor[:, reused:stable])
-            snapshot = copy.deepcopy(cache)
+                base = encode_into_cache(model, base, tensor[:, reused:stable])
             if device.type == "cuda":
                 torch.cuda.synchronize()
         prefill_s = time.perf_counter() - start
+        # The cached prefix is kept whatever happens to the answer (Regenerate and a cancelled turn reuse it);
+        # denoise extends a copy with the answer's canvases
+        self._cache, self._cache_ids = base, ids[:stable]
+        cache = copy.deepcopy(base)
         count, last = 0, None
         for frame in denoise(model, tensor[:, stable:], settings, token_text=self.engine.token_text,
                              stop_event=stop_event, random_state=random_state, past_key_values=cache):
@@ -222,8 +226,11 @@ class ChatSession:
         # the tokens denoise itself encoded are few (the generation prompt's tail); their time is in the frames
         if stable > reused:
             self._prefill_s_per_token = prefill_s / (stable - reused)
-        cut_note = (f"{dropped} oldest turn{'s' if dropped != 1 else ''} cut to fit the model's context of "
-                    f"{self.engine.context_limit:,} tokens" if dropped else "")
+        notes = [f"{dropped} oldest turn{'s' if dropped != 1 else ''} cut to fit the model's context of "
+                 f"{self.engine.context_limit:,} tokens" if dropped else "",
+                 "the conversation's start changed (turns cut or thinking switched): encoded in full"
+                 if restarted else ""]
+        cut_note = "; ".join(n for n in notes if n)
         self.last_report = TurnReport(
             prompt_tokens=len(ids), reused_tokens=reused, encoded_tokens=encoded, prefill_s=prefill_s,
             prefill_saved_s=reused * self._prefill_s_per_token, dropped_turns=dropped, note=cut_note)
@@ -231,7 +238,6 @@ class ChatSession:
         kept_thoughts = self.thoughts[len(self.thoughts) - (len([m for m in messages if m["role"] == "assistant"])):]
         self.messages = messages + [{"role": "assistant", "content": result.text}]
         self.thoughts = kept_thoughts + [result.thought]
-        self._cache, self._cache_ids = snapshot, ids[:stable]
 
     def reply(self, text: str, settings: DiffusionSettings | None = None, **kwargs) -> tuple[GenerationResult,
                                                                                           TurnReport]:

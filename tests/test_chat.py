@@ -60,6 +60,16 @@ def test_regenerate_reuses_the_prompt_and_replaces_only_the_last_answer(engine):
     list(session.regenerate(settings, seed=2))
     assert session.messages[:-1] == before[:-1] and len(session.messages) == len(before)
     assert session.last_report.reused_tokens == session.last_report.prompt_tokens - 1  # all but denoise's own token
+    # a cancelled turn leaves the conversation as it was
+    import threading
+
+    stop = threading.Event()
+    after = list(session.messages)
+    for frame in session.turn("Cancel me", settings, seed=3, stop_event=stop):
+        stop.set()
+    assert frame.stop_reason == "cancelled" and session.messages == after and session.last_result is None
+    with pytest.raises(RuntimeError, match="cancelled"):
+        session.reply("Cancel me too", settings, stop_event=stop)
     with pytest.raises(ValueError, match="nothing to regenerate"):
         list(ChatSession(engine).regenerate(settings))
 
@@ -106,6 +116,7 @@ def test_huge_turn_is_refused_and_old_turns_are_cut_with_a_note(engine):
         session.reply(text, settings, seed=0)
     report = session.last_report
     assert report.dropped_turns >= 1 and "cut to fit" in report.note
+    assert report.reused_tokens == 0 and "encoded in full" in report.note
     assert session.messages[0]["role"] == "system"
     assert "first question" not in " ".join(m["content"] for m in session.messages)
     assert report.prompt_tokens + engine.canvas_length <= 160
