@@ -114,23 +114,24 @@ class FixedPositionsLogitsProcessor(LogitsProcessor):
     Args:
         layout: the `InfillLayout`; banned: ids blanks may not take (EOS ids, pad); device: the logits' device.
 
-    Call: `(input_ids, scores [1, canvas_length, vocab]) -> scores` (a new tensor; fixed rows are 0 at the fixed
-    token and -inf elsewhere, so softmax, argmax and sampling all give the fixed token and its entropy is 0).
+    Call: `(input_ids, scores [batch, canvas_length, vocab]) -> scores`, changed in place (the decoder's raw logits,
+    which nothing else reads; no second [canvas x vocab] buffer at the real 262,144 vocabulary): fixed rows become
+    0 at the fixed token and -inf elsewhere, so softmax, argmax and sampling all give the fixed token and its
+    entropy is 0; banned ids become -inf in blank rows.
     """
 
     def __init__(self, layout: InfillLayout, banned: list[int], device: torch.device):
         self.fixed = torch.tensor(layout.fixed, dtype=torch.bool, device=device)
         self.fixed_ids = torch.tensor([max(i, 0) for i in layout.canvas_ids], dtype=torch.long, device=device)
         self.banned = torch.tensor(sorted(set(banned)), dtype=torch.long, device=device)
+        self._fixed_at = self.fixed.nonzero().squeeze(1)
+        self._blank_at = (~self.fixed).nonzero().squeeze(1)
 
     def __call__(self, input_ids, scores):
-        forced = torch.full_like(scores, float("-inf"))
-        forced.scatter_(-1, self.fixed_ids.view(1, -1, 1).expand(scores.shape[0], -1, 1), 0.0)
-        scores = torch.where(self.fixed.view(1, -1, 1), forced, scores)
+        scores[:, self._fixed_at] = float("-inf")
+        scores[:, self._fixed_at, self.fixed_ids[self._fixed_at]] = 0.0
         if self.banned.numel():
-            blank_rows = scores[:, ~self.fixed]
-            blank_rows[..., self.banned] = float("-inf")
-            scores[:, ~self.fixed] = blank_rows
+            scores[:, self._blank_at.unsqueeze(1), self.banned.unsqueeze(0)] = float("-inf")
         return scores
 
 

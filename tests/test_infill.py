@@ -72,3 +72,16 @@ def test_cli_infill_prints_the_filled_template(capsys):
     assert len(out["blank_positions"]) == 2 and out["result"]["seed"] == 1
     assert main(["infill", "--template", "no blanks"]) == 2
     assert "no blank" in capsys.readouterr().err
+
+
+def test_fixed_positions_hold_at_the_real_vocabulary(standin_engine):
+    settings = standin_engine.recommended.replace(max_denoising_steps=2, adaptive_stopping=False)
+    layout, frames = infill_frames(standin_engine, "The sky is [___ 3] because of <turn|> [___ 10].", settings,
+                                   seed=1)
+    frames = list(frames)
+    assert len(frames) == 2 and layout.template_positions < standin_engine.canvas_length == 256
+    assert standin_engine.tokenizer.convert_tokens_to_ids("<turn|>") not in layout.canvas_ids
+    for frame in frames:
+        for i, fixed in enumerate(layout.fixed):
+            if fixed:
+                assert frame.input_ids[i] == frame.draft_ids[i] == layout.canvas_ids[i] and frame.accepted[i]
