@@ -1,0 +1,46 @@
+"""The block being denoised stays in view (issue 13 item 9): at 1280x900 with many finished blocks, and on a
+390 px phone right after pressing Generate. Screenshots go to artifacts/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pages import open_page, set_number, set_up_a_long_run
+
+pytestmark = pytest.mark.slow
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+LIVE = "#dg-canvas .dg-block-live"
+# true once six blocks are finished and the live block's top is inside the viewport (the page is not scrolled by
+# the test; on a phone the page itself scrolls the meter into view when the run starts)
+SIX_BLOCKS_AND_LIVE_IN_VIEW = """() => { const s = document.querySelector('#dg-stack .dg-stack');
+  const live = document.querySelector('#dg-canvas .dg-block-live');
+  if (!s || +s.dataset.blocks < 6 || !live) return false;
+  const r = live.getBoundingClientRect(); return r.top >= 0 && r.top < window.innerHeight - 40; }"""
+
+
+@pytest.mark.parametrize("width,height", [(1280, 900), (390, 844)])
+def test_the_live_block_stays_in_view(browser, served_app, width, height):
+    _, url = served_app
+    page, problems = open_page(browser, url, width=width, height=height)
+    set_up_a_long_run(page)
+    set_number(page, "Max denoising steps", 3)  # a block every 3 forwards; seed 0 runs all 16 blocks
+    page.evaluate("window.scrollTo(0, 0)")
+    page.click("#dg-generate")
+    try:
+        page.wait_for_function(SIX_BLOCKS_AND_LIVE_IN_VIEW, timeout=120_000, polling=100)
+    finally:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"browser_live_in_view_{width}_check.png"))
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"browser_live_in_view_{width}.png"))
+    stack = page.locator("#dg-stack .dg-stack")
+    at_bottom = stack.evaluate("s => s.scrollHeight <= s.clientHeight + 2 || s.scrollTop + s.clientHeight >= "
+                               "s.scrollHeight - 40")
+    assert at_bottom, "the newest finished block is not in view"
+    assert stack.evaluate("s => s.clientHeight") <= 0.4 * height  # bounded
+    if page.locator("#dg-stop").is_enabled():
+        page.click("#dg-stop")
+    page.wait_for_selector(".dg-meter[data-state='done']", timeout=30_000)
+    assert not problems, problems
+    page.close()
