@@ -158,7 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     threads_text = f"{threads} CPU thread{'s' * (threads != 1)}"
     print(f"DiffGemma Playground on {engine.device} ({threads_text}): local URL http://{shown_host}:{args.port}",
           flush=True)
-    app.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False)
+    if not args.share:
+        print("For a public gradio.live link, start it with --share (or DIFFGEMMA_SHARE=1).", flush=True)
+    # quiet unless sharing: Gradio's own startup lines would tell the visitor to "set share=True in launch()",
+    # which this app takes as --share; with --share they print the public link
+    app.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False,
+               quiet=not args.share)
     return 0
 
 

@@ -143,8 +143,10 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                                                      label="Preset", elem_id="dg-preset", scale=3, min_width=140)
                             # text, not a number box: a browser number holds integers exactly only below 2**53
                             seed = gr.Textbox(value="0", label="Seed", info="-1 = random", elem_id="dg-seed",
-                                              max_lines=1, max_length=24, scale=2, min_width=224)
-                            dice = gr.Button("\U0001f3b2", elem_id="dg-dice", scale=0, min_width=44)
+                                              max_lines=1, max_length=24, scale=2, min_width=200)
+                            # a word, not an emoji (a box without an emoji font); named "Random seed" for screen
+                            # readers by assets/head.html
+                            dice = gr.Button("Random", elem_id="dg-dice", scale=0, min_width=76)
                     with gr.Column(min_width=0, elem_id="dg-settings-col"):
                         with gr.Accordion("Denoising settings", open=True, elem_id="dg-settings"):
                             max_new_tokens = gr.Slider(1, UI_MAX_NEW_TOKENS, value=rec.max_new_tokens, step=1,

@@ -38,6 +38,7 @@ def test_seeds_round_trip_exactly_and_fit_their_box(browser, served_app, engine)
     text, reported = run_with_seed(page, str(BIG_SEED))
     assert reported == BIG_SEED
     assert text == engine.generate("In the beginning", settings, raw=True, seed=BIG_SEED).text
+    assert page.get_by_role("button", name="Random seed").count() == 1  # a name, not an emoji
     box = page.locator(SEED_BOX)
     assert box.evaluate("el => el.scrollWidth <= el.clientWidth"), "a 19-digit seed does not fit its box"
 
