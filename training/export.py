@@ -24,8 +24,8 @@ SHIPPED_SETTINGS = {
     "max_new_tokens": 256,
     "max_denoising_steps": 16,
     "entropy_bound": 2.0,
-    "t_min": 0.1,
-    "t_max": 0.3,
+    "t_min": 0.05,
+    "t_max": 0.1,
     "stability_threshold": 1,
     "confidence_threshold": 0.05,
 }
