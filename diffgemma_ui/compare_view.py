@@ -9,6 +9,8 @@ from __future__ import annotations
 from engine import DiffusionSettings, Frame
 
 from .meter import meter_html
+
+IDLE_NOTE = "engine clock \u00b7 press Compare A and B to start"
 from .text import escape_html
 
 SIDES = ("A", "B")
@@ -29,7 +31,7 @@ def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None,
     label = f"{sampler} \u00b7 {label}" if sampler else label
     return (f'<div class="dg-compare-side" data-side="{escape_html(side)}" data-state="{escape_html(state)}">'
             f'<h3>{escape_html(side)} \u00b7 {escape_html(state)}</h3><p class="dg-meter-note">{escape_html(label)}</p>'
-            f"{meter_html(last)}</div>")
+            f"{meter_html(last, note=IDLE_NOTE)}</div>")
 
 
 def _ratio(a: float, b: float) -> str:

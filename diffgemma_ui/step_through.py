@@ -17,11 +17,15 @@ import gradio as gr
 
 from engine import Frame
 
+from .deployment import zero_gpu
 from .handlers import PLOT_INTERVAL_S
 from .record import RunRecord
 from .session import SessionState
 
 NEW_OUTLINE = "#E69F00"  # the plots' accepted colour (Okabe-Ito orange)
+# A stepped run keeps its KV cache between clicks in this process; ZeroGPU lends a GPU per request, in another one
+ZERO_GPU_MESSAGE = ("step-through is not available on ZeroGPU Spaces (a stepped run keeps the model's cache between "
+                    "clicks, and ZeroGPU lends the GPU per request); use Generate, or a dedicated GPU or CPU Space")
 
 
 @dataclass
@@ -79,6 +83,8 @@ class StepThroughHandlers:
         run = getattr(session, "step_run", None)
         if run is not None and not run.done and getattr(session, "request", None) is run.request:
             return run
+        if zero_gpu():
+            raise gr.Error(ZERO_GPU_MESSAGE, print_exception=False)
         if session.worker is not None and session.worker.running:
             raise gr.Error("A run is in progress: stop it before stepping through one.", print_exception=False)
         if run is not None:

@@ -34,6 +34,8 @@ def test_verdict_compares_b_with_a():
     assert 'data-same="true"' in verdict_html(a, finished(3, 16, 1.0, [5, 6, 7]))
     assert 'data-state="pending"' in verdict_html(a, None)
     assert "entropy bound 0.5" in side_html("B", DiffusionSettings(entropy_bound=0.5), b, "done")
+    idle = side_html("A", None, None, "waiting")  # the tab's own button, not the playground's Generate
+    assert "press Compare A and B to start" in idle and "press Generate" not in idle
 
 
 @pytest.mark.slow

@@ -52,6 +52,16 @@ def test_stepping_gives_the_tokens_of_a_normal_run(steps, engine):
     assert 'data-forward="0"' in again[1]
 
 
+def test_stepping_is_refused_with_a_message_on_zero_gpu(steps, monkeypatch):
+    import gradio as gr
+
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    session = SessionState()
+    with pytest.raises(gr.Error, match="not available on ZeroGPU"):
+        steps.next_step(session, *INPUTS)
+    assert getattr(session, "step_run", None) is None
+
+
 def test_step_buttons_on_the_page(browser, served_app):
     from pages import open_page, set_number
 
