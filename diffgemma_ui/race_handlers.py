@@ -255,8 +255,8 @@ class RaceTab:
             while (t := time.monotonic() - start) < total and not (stop is not None and stop.is_set()):
                 yield (*self.replay_panels(progress, t), gr.skip(), gr.skip(), gr.skip())
                 time.sleep(1.0 / REPLAY_FPS)
-        yield (*self.replay_panels(progress, float("inf")), result_html(result, explanation=explanation(result)),
-               *IDLE_BUTTONS)
+        final = tuple(self.panel(progress, side, "done", float("inf")) for side in SIDES)  # no caret, no "replay"
+        yield (*final, result_html(result, explanation=explanation(result)), *IDLE_BUTTONS)
 
     @staticmethod
     def stop(session: RaceSession) -> None:

@@ -49,12 +49,14 @@ def side_figures(frame, *, t: float | None = None, first_token_s: float | None =
     forwards = frame.forward_index + 1
     tokens = frame.committed_tokens
     counting = tokens == 0 and not frame.done
+    none = tokens == 0 and frame.done  # stopped before its first token: no rate to show, not a rate of 0
     shown_first = first_token_s is not None and first_token_s <= elapsed
     return {
-        "tokens/s": "\u2026" if counting else format_number(tokens / elapsed if elapsed > 0 else 0.0, 1),
-        "tokens/forward": "\u2026" if counting else format_number(tokens / forwards, 2),
+        "tokens/s": "\u2026" if counting else "\u2013" if none else format_number(tokens / elapsed if elapsed > 0 else 0.0, 1),
+        "tokens/forward": "\u2026" if counting else "\u2013" if none else format_number(tokens / forwards, 2),
         "forwards": f"{forwards:,}",
-        "first token": format_number(first_token_s * 1000, 0, " ms") if shown_first else "\u2026",
+        "first token": (format_number(first_token_s * 1000, 0, " ms") if shown_first
+                        else "\u2013" if frame.done else "\u2026"),
         "time": format_number(elapsed, 2, " s"),
         "tokens": f"{tokens:,}",
     }
@@ -117,8 +119,8 @@ def cost_table_html(result: RaceResult) -> str:
         head += "<th>bandwidth bound per forward</th><th>bound tokens/s</th>"
     rows = []
     for side in sides:
-        cells = [TITLES[side.name], _ms(side.seconds_per_forward), format_number(side.tokens_per_forward, 2),
-                 _ms(side.seconds_per_token)]
+        cells = [TITLES[side.name], _ms(side.seconds_per_forward),
+                 format_number(side.tokens_per_forward, 2) if side.tokens else "\u2013", _ms(side.seconds_per_token)]
         if bound:
             cells += [_ms(side.bandwidth_bound_s_per_forward, 3),
                       format_number(side.bandwidth_bound_tokens_per_second, 0)]

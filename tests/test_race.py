@@ -260,6 +260,17 @@ def test_panels_escape_model_text_and_follow_the_replay_clock():
     assert 'data-state="waiting"' in waiting and "waits its turn" in waiting
 
 
+
+def test_a_side_stopped_before_its_first_token_shows_no_rate_and_no_replay_caret():
+    from diffgemma_ui.race_view import panel_html
+
+    stopped = TokenFrame(0, 7, "x", [], 0, 0.0, True, "cancelled", 0.4, 0.0, 0.0, 0.0, 3, 0)
+    html = panel_html("autoregressive", stopped, text="", model="m", position=1, state="done", t=float("inf"))
+    cards = html.split('class="dg-meter-note"')[0]
+    assert "0.0" not in cards and "\u2026" not in cards and cards.count("\u2013") >= 3  # tokens/s, per forward, first
+    assert "dg-race-caret" not in html and "replay" not in html
+
+
 # -- the CLI -------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_cli_race_prints_one_json_object(capsys):
