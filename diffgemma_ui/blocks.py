@@ -23,7 +23,8 @@ from .race_handlers import RaceTab
 from .session import SessionState
 from .step_through import StepThroughHandlers
 from .text import escape_html
-from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS, UI_MAX_NEW_TOKENS
+from .validation import (CUSTOM_PRESET, MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS, UI_MAX_ENTROPY_BOUND,
+                         UI_MAX_NEW_TOKENS)
 from .worker import DEFAULT_MAX_FPS, DEFAULT_READER_BUDGET
 from .zerogpu import make_playground
 
@@ -153,7 +154,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                                                        label="Max new tokens", info="rounded up to whole canvases")
                             steps = gr.Slider(1, UI_MAX_DENOISING_STEPS, value=rec.max_denoising_steps, step=1,
                                               label="Max denoising steps", info="decoder forwards per canvas, at most")
-                            entropy_bound = gr.Slider(0.01, 5.0, value=rec.entropy_bound, step=0.01,
+                            entropy_bound = gr.Slider(0.01, UI_MAX_ENTROPY_BOUND, value=rec.entropy_bound, step=0.01,
                                                       label="Entropy bound",
                                                       info="nats: higher accepts more positions per step")
                             with gr.Row():

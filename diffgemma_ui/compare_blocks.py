@@ -9,7 +9,7 @@ from engine import PRESET_NAMES, preset
 from . import plots
 from .compare_handlers import ENGINE_SAMPLER, CompareHandlers, sampler_choices
 from .compare_view import SIDES, side_html, verdict_html
-from .validation import UI_MAX_DENOISING_STEPS, UI_MAX_NEW_TOKENS
+from .validation import UI_MAX_DENOISING_STEPS, UI_MAX_ENTROPY_BOUND, UI_MAX_NEW_TOKENS
 
 INTRO = (
     "One prompt, one seed, two settings: **A** runs to the end, then **B** (never both at once, so neither slows the "
@@ -40,7 +40,7 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
             with gr.Column(min_width=260, elem_id=f"dg-compare-settings-{side}"):
                 name = gr.Dropdown(list(PRESET_NAMES), value=DEFAULT_SIDES[side], label=f"Settings {side}: preset",
                                    elem_id=f"dg-compare-preset-{side}")
-                entropy_bound = gr.Slider(0.01, 5.0, value=settings.entropy_bound, step=0.01,
+                entropy_bound = gr.Slider(0.01, UI_MAX_ENTROPY_BOUND, value=settings.entropy_bound, step=0.01,
                                           label=f"{side}: entropy bound", info="nats")
                 steps = gr.Slider(1, UI_MAX_DENOISING_STEPS, value=settings.max_denoising_steps, step=1,
                                   label=f"{side}: max denoising steps")

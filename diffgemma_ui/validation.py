@@ -18,6 +18,9 @@ MAX_PROMPT_CHARS = 20_000
 # The live UI keeps every frame of a run for its plots; these bounds keep that (and a shared queue) reasonable.
 UI_MAX_NEW_TOKENS = 1024
 UI_MAX_DENOISING_STEPS = 128
+# the entropy-bound sliders' top (nats, summed over the positions a step accepts): room for the fast preset's x5 of
+# the embedded model's recommended 2.0
+UI_MAX_ENTROPY_BOUND = 20.0
 SETTING_NAMES = (
     "max_new_tokens", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
     "confidence_threshold",

@@ -653,3 +653,14 @@ def test_plot_legends_short_heatmaps_and_a_readable_play_button():
     menu = plots.confidence_heatmap(done, animate=True)["layout"]["updatemenus"][0]
     assert menu["font"]["color"] == "#0f172a"  # dark text: Plotly's hover fill is near-white in both themes
     assert "3 steps" in plots.confidence_heatmap(done)["layout"]["title"]["text"]
+
+
+def test_every_preset_fits_the_page_sliders(engine):
+    """A preset the page offers must be a value its sliders accept (Gradio refuses a run past a slider's maximum)."""
+    from diffgemma_ui.validation import UI_MAX_DENOISING_STEPS, UI_MAX_ENTROPY_BOUND
+    from engine import PRESET_NAMES, preset
+
+    for name in PRESET_NAMES:
+        settings = preset(name, engine.recommended)
+        assert 0.01 <= settings.entropy_bound <= UI_MAX_ENTROPY_BOUND, name
+        assert settings.max_denoising_steps <= UI_MAX_DENOISING_STEPS, name
