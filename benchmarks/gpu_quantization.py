@@ -32,6 +32,9 @@ from engine.loading import REPO_ROOT  # noqa: E402
 from engine.memory import memory_report  # noqa: E402
 from engine.quantization import QUANTIZATIONS, quantize_model  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_full_scale.py, beside this script
+from gpu_full_scale import fixed_generation_config  # noqa: E402
+
 REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
 TINY_TEXT = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=32, moe_intermediate_size=32, num_experts=8, top_k_experts=2,
@@ -79,20 +82,6 @@ def random_cpu_model(config, seed: int = 0):
         for tied_module in [m for m in model.modules() if m._parameters.get(attribute) is param]:
             tied_module._parameters[attribute] = new
     return model.eval()
-
-
-def fixed_generation_config(steps: int, max_new_tokens: int):
-    """`steps` forwards per canvas, no adaptive stopping, no EOS: every canvas is full."""
-    from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
-        DiffusionGemmaGenerationConfig,
-        EntropyBoundSamplerConfig,
-    )
-
-    return DiffusionGemmaGenerationConfig(
-        max_new_tokens=max_new_tokens, max_denoising_steps=steps, sampler_config=EntropyBoundSamplerConfig(0.1),
-        t_min=0.4, t_max=0.8, stability_threshold=None, confidence_threshold=None, eos_token_id=None,
-        pad_token_id=0, bos_token_id=2, return_dict_in_generate=True,
-    )
 
 
 def synchronize(device: torch.device) -> None:
