@@ -119,8 +119,9 @@ def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
         return f"The run failed: {describe_error(error)}"
     if frame is None:
         return "Stopped before the first forward."
-    reason = STOP_REASONS.get(frame.stop_reason, frame.stop_reason)
-    return f"Done: {reason}." if frame.stop_reason != "cancelled" else "Stopped: the canvas in progress is not committed."
+    if not frame.done or frame.stop_reason == "cancelled":  # a run closed before its final frame stopped too
+        return "Stopped: the canvas in progress is not committed."
+    return f"Done: {STOP_REASONS.get(frame.stop_reason, frame.stop_reason)}."
 
 
 class Playground:

@@ -24,6 +24,7 @@ from .record import RunRecord, RunSnapshot
 FrameSource = Callable[[threading.Event], Iterator[Frame]]
 DEFAULT_MAX_FPS = 15.0
 DEFAULT_READER_BUDGET = 0.05  # the UI may take at most 5% of wall time: the meter must show >= 95% of bare speed
+STOP_GRACE_S = 2.0  # after Stop, frames already on their way (ZeroGPU pipes them from another process) are read this long
 LOG = logging.getLogger(__name__)
 
 
@@ -118,6 +119,7 @@ class RunWorker:
         error: BaseException | None = None
         iterator = None
         after_stop = 0
+        stopped_at: float | None = None
         started = time.monotonic()
         timed_out = False
         try:
@@ -134,10 +136,11 @@ class RunWorker:
                     timed_out = True
                     self.stop_event.set()
                 if self.stop_event.is_set():
-                    # The engine yields one more frame (cancelled) at most one forward later; a source that ignores
-                    # the event is closed instead.
+                    # The engine yields one more frame (cancelled) at most one forward later, after the frames it had
+                    # already sent; a source that ignores the event is closed instead.
                     after_stop += 1
-                    if after_stop >= 2:
+                    stopped_at = stopped_at or time.monotonic()
+                    if after_stop >= 2 and time.monotonic() - stopped_at > STOP_GRACE_S:
                         break
         except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
             if not isinstance(exc, ValueError):  # the operator gets the traceback; the user only the message

@@ -66,7 +66,8 @@ def test_compare_runs_a_then_b_with_one_seed(engine):
         direct = engine.generate("In the beginning", settings, raw=True, seed=seed)
         assert worker.snapshot().latest.committed_ids == direct.token_ids
         assert text == direct.text
-    assert started[0].snapshot().latest.forwards_per_block == [3, 3]  # A: adaptive stopping off
+    forwards_a = started[0].snapshot().latest.forwards_per_block
+    assert forwards_a and set(forwards_a) == {3}, forwards_a  # A: adaptive stopping off (blocks: as the seed writes)
     assert heatmap_a["data"] and heatmap_b["data"]
 
 

@@ -14,7 +14,7 @@ import gradio as gr
 import pytest
 
 from diffgemma_ui import canvas_view, meter, plots
-from diffgemma_ui.handlers import Playground
+from diffgemma_ui.handlers import Playground, status_text
 from diffgemma_ui.record import RunRecord
 from diffgemma_ui.session import SessionState
 from diffgemma_ui.text import escape_html, escape_plotly, token_html, visible_token
@@ -427,6 +427,28 @@ def test_worker_closes_a_source_that_ignores_stop():
     time.sleep(0.05)
     worker.stop()
     assert worker.join(5) and closed.is_set()
+
+
+def test_worker_reads_frames_already_sent_before_the_cancelled_one():
+    """ZeroGPU pipes frames from another process: those sent before the GPU process saw Stop still arrive first."""
+    def piped(stop_event):
+        for i in range(10_000):
+            if stop_event.is_set():
+                for j in range(i, i + 20):  # already in the pipe when the flag was seen
+                    last = make_frame(step=j % 4, forward_index=j)
+                    yield last
+                yield Frame(**{**last.to_dict(), "done": True, "stop_reason": "cancelled"})
+                return
+            time.sleep(0.005)
+            yield make_frame(step=i % 4, forward_index=i)
+
+    worker = RunWorker(piped).start()
+    time.sleep(0.05)
+    worker.stop()
+    snap = worker.wait(5)
+    assert snap.latest.stop_reason == "cancelled"
+    assert status_text(snap.latest) == "Stopped: the canvas in progress is not committed."
+    assert status_text(make_frame(step=2)) == status_text(snap.latest)  # closed before its final frame: not "Done"
 
 
 def test_record_snapshots_are_immutable_views():
