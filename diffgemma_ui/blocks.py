@@ -7,6 +7,7 @@ from pathlib import Path
 import gradio as gr
 
 from engine import PRESET_NAMES, DiffusionEngine
+from engine.loading import DEFAULT_MODEL
 from engine.memory import memory_report
 from engine.race import RaceRunner
 
@@ -29,6 +30,7 @@ from .worker import DEFAULT_MAX_FPS, DEFAULT_READER_BUDGET
 from .zerogpu import make_playground
 
 DEFAULT_PROMPT = "Tell me what happened after the flood."  # a chat prompt, as the raw box starts unticked
+INSTRUCTION_DEFAULT_PROMPT = "Explain in three sentences how a diffusion language model writes text."
 RAW_INFO = ("chat: your text stays text, even <end_of_turn>; raw: special tokens you type (<bos>, <start_of_turn>) "
             "are read as control tokens, on purpose")
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -60,10 +62,21 @@ def playground_theme() -> gr.themes.Base:
     )
 
 
-def load_examples(path: Path = EXAMPLES_PATH) -> list[list]:
-    """`[[prompt, raw], ...]` from the examples JSON (`{"examples": [{"prompt": str, "raw": bool}, ...]}`)."""
+def load_examples(path: Path = EXAMPLES_PATH, *, embedded: bool = True) -> list[list]:
+    """`[[prompt, raw], ...]` from the examples JSON (`{"examples": [{"prompt": str, "raw": bool}, ...],
+    "instruction_examples": [...]}`): the Bible-style set for the embedded model, the instruction set for any other
+    checkpoint (the real DiffusionGemma and its stand-in), falling back to `examples` when the file has no such set."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    return [[str(e["prompt"]), bool(e.get("raw", False))] for e in data["examples"]]
+    chosen = data["examples"] if embedded else data.get("instruction_examples") or data["examples"]
+    return [[str(e["prompt"]), bool(e.get("raw", False))] for e in chosen]
+
+
+def is_embedded_model(engine: DiffusionEngine) -> bool:
+    """Whether `engine` runs the embedded diffgemma-tiny (its examples and default prompt are Bible-style)."""
+    try:
+        return Path(str(engine.source)).resolve() == DEFAULT_MODEL.resolve()
+    except (OSError, RuntimeError):
+        return False
 
 
 def weights_size(model) -> str:
@@ -115,6 +128,8 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
     race_tab = RaceTab(race or RaceRunner(engine), max_run_s=max_run_s)
     rec = engine.recommended
     start = initial_outputs()
+    embedded = is_embedded_model(engine)
+    default_prompt = DEFAULT_PROMPT if embedded else INSTRUCTION_DEFAULT_PROMPT
 
     with PlaygroundBlocks(title="DiffGemma Playground", analytics_enabled=False) as app:
         session = gr.State(SessionState())
@@ -128,7 +143,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                         prompt = gr.Textbox(
                             label="Prompt", info="Shift+Enter generates; Enter adds a line", lines=3, max_lines=8,
                             max_length=MAX_PROMPT_CHARS, elem_id="dg-prompt",
-                            placeholder="Type a prompt, or pick an example", value=DEFAULT_PROMPT,
+                            placeholder="Type a prompt, or pick an example", value=default_prompt,
                         )
                         raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)",
                                           value=False, elem_id="dg-raw", info=RAW_INFO)
@@ -141,7 +156,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                         step_controls = build_step_controls()
                         with gr.Row(elem_id="dg-preset-row", equal_height=True):
                             preset_box = gr.Dropdown([*PRESET_NAMES, CUSTOM_PRESET], value="recommended",
-                                                     label="Preset", elem_id="dg-preset", scale=3, min_width=140)
+                                                     label="Preset", elem_id="dg-preset", scale=3, min_width=180)
                             # text, not a number box: a browser number holds integers exactly only below 2**53
                             seed = gr.Textbox(value="0", label="Seed", info="-1 = random", elem_id="dg-seed",
                                               max_lines=1, max_length=24, scale=2, min_width=200)
@@ -171,7 +186,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                                 confidence = gr.Slider(0.001, 2.0, value=rec.confidence_threshold, step=0.001,
                                                        label="Confidence threshold", info="mean entropy, nats",
                                                        min_width=120)
-                        examples = load_examples()
+                        examples = load_examples(embedded=embedded)
                         gr.Examples(examples, inputs=[prompt, raw], label="Examples: click one to fill the prompt",
                                     examples_per_page=len(examples),
                                     example_labels=[f"{p}  \u00b7  {'raw' if r else 'chat'}" for p, r in examples])
@@ -198,7 +213,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
             with gr.Tab("Race", id="race", elem_id="dg-tab-race"):
                 build_race_tab(race_tab)
             with gr.Tab("Compare settings", id="compare", elem_id="dg-tab-compare"):
-                build_compare_tab(CompareHandlers(playground), DEFAULT_PROMPT)
+                build_compare_tab(CompareHandlers(playground), default_prompt)
 
         settings_inputs = [max_new_tokens, steps, entropy_bound, t_min, t_max, stability, confidence, adaptive]
         run_inputs = [prompt, raw, *settings_inputs[:7], adaptive, seed]

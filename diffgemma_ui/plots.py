@@ -267,7 +267,8 @@ def entropy_and_acceptance(frames: Sequence[Frame]) -> FigureSpec:
     ]
     return FigureSpec(data=data, layout=_layout(
         _block_title(frames, "Entropy & acceptance"),
-        xaxis=_axis("step", range=[0.5, max(len(frames), 1) + 0.5]),
+        xaxis=_axis("step", range=[0.5, max(len(frames), 1) + 0.5], tick0=1,
+                    dtick=max(1, math.ceil(len(frames) / 8))),  # whole steps only, even for a 2-step block
         yaxis=_axis("mean entropy (nats)", rangemode="tozero"),
         yaxis2={"title": {"text": "accepted positions"}, "overlaying": "y", "side": "right", "range": [0, n],
                 "showgrid": False, "zeroline": False},

@@ -55,7 +55,7 @@ def side_figures(frame, *, t: float | None = None, first_token_s: float | None =
         "tokens/s": "\u2026" if counting else "\u2013" if none else format_number(tokens / elapsed if elapsed > 0 else 0.0, 1),
         "tokens/forward": "\u2026" if counting else "\u2013" if none else format_number(tokens / forwards, 2),
         "forwards": f"{forwards:,}",
-        "first token": (format_number(first_token_s * 1000, 0, " ms") if shown_first
+        "first token": (format_number(first_token_s, 2, " s") if shown_first  # seconds, like "time" beside it
                         else "\u2013" if frame.done else "\u2026"),
         "time": format_number(elapsed, 2, " s"),
         "tokens": f"{tokens:,}",

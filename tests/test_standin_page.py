@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from diffgemma_ui import build_app
-from diffgemma_ui.blocks import header_html
+from diffgemma_ui.blocks import header_html, load_examples
 from diffgemma_ui.thought_view import thought_html
 from engine.prompts import chat_prompt_ids
 
@@ -27,6 +27,10 @@ def test_thinking_toggle_only_for_templates_with_a_thinking_mode(engine, standin
     try:
         assert component(with_toggle, "dg-thinking").visible is True
         assert component(without, "dg-thinking").visible is False
+        # the instruction checkpoint is offered instruction prompts, the Bible-trained embedded model Bible ones
+        standin_prompt, embedded_prompt = (component(app, "dg-prompt").value for app in (with_toggle, without))
+        assert standin_prompt == load_examples(embedded=False)[0][0] != embedded_prompt
+        assert [p for p, _ in load_examples(embedded=False)] != [p for p, _ in load_examples()]
     finally:
         with_toggle.close()
         without.close()

@@ -227,6 +227,9 @@ def test_unmasking_order_and_entropy_values():
     entropy = plots.entropy_and_acceptance(frames)
     assert entropy["data"][0]["y"] == [f.accepted_count for f in frames]
     assert entropy["data"][1]["y"] == [round(f.mean_entropy, 3) for f in frames]
+    ticks = entropy["layout"]["xaxis"]
+    assert ticks["tick0"] == 1 and ticks["dtick"] == 1  # whole steps: no 1.5 tick on a short block
+    assert plots.entropy_and_acceptance(_hostile_block(steps=3) * 10)["layout"]["xaxis"]["dtick"] == 4
 
 
 def test_empty_figures_and_gradio_accepts_figure_specs():
