@@ -148,6 +148,8 @@ class Playground:
         # Live sessions by session hash, to release their state when their tab closes (Gradio itself keeps a
         # closed session's gr.State for an hour); weak: a session Gradio dropped is not kept alive here
         self.sessions: weakref.WeakValueDictionary[str, SessionState] = weakref.WeakValueDictionary()
+        # Set by build_app: drops Gradio's own record of a closed session (gradio_state.ClosedSessionDropper)
+        self.closed_sessions = None
 
     # -- running -------------------------------------------------------------------------------------------------
 
@@ -262,7 +264,8 @@ class Playground:
         self.check_inputs(*inputs)
         if session is None:
             return 0, gr.skip(), gr.skip(), gr.skip()
-        return (str(session.claim()), waiting_meter_html(), gr.update(interactive=False),
+        replacing = session.worker is not None and session.worker.running
+        return (str(session.claim()), waiting_meter_html(replacing=replacing), gr.update(interactive=False),
                 gr.update(interactive=True))
 
     def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
@@ -337,13 +340,16 @@ class Playground:
                                    stop_button=gr.update(interactive=False)).as_tuple()
 
     def unload(self, request: gr.Request) -> None:
-        """A browser tab closed: stop its session's runs and release what the session held (frames, HTML)."""
+        """A browser tab closed: stop its session's runs, release what the session held (frames, HTML), and have
+        Gradio's own record of the session (last values of every component) dropped a few seconds later."""
         key = getattr(request, "session_hash", None)
         if key:
             self.registry.stop(key)
             session = self.sessions.pop(key, None)
             if session is not None:
                 session.release()
+            if self.closed_sessions is not None:
+                self.closed_sessions.closed(key)
 
     def select_block(self, session: SessionState, block) -> tuple:
         """Re-render the three plots for block number `block` (1-based) of the session's last run."""

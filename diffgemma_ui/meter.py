@@ -125,11 +125,14 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
 IDLE_NOTE = "engine clock \u00b7 press Generate to start"
 
 
-def waiting_meter_html() -> str:
+def waiting_meter_html(replacing: bool = False) -> str:
     """The meter of a run that was requested but has not started: it waits in the queue for a free engine slot.
 
-    The `.dg-queue-position` span is filled in the browser (assets/head.html) from Gradio's own queue status.
+    `replacing`: the request stopped the session's run in progress (a second Generate or Shift+Enter), which the
+    meter says. The `.dg-queue-position` span is filled in the browser (assets/head.html) from Gradio's own queue
+    status.
     """
     html = meter_html(None, note="\u0000", state="queued")
-    return html.replace("\u0000", 'Queued: <span class="dg-queue-position">waiting for a place</span> in the queue for '
-                        "the engine \u00b7 Stop leaves the queue")
+    replaced = "Replaced the run in progress (stopped) \u00b7 " if replacing else ""
+    return html.replace("\u0000", f'{replaced}Queued: <span class="dg-queue-position">waiting for a place</span> in '
+                        "the queue for the engine \u00b7 Stop leaves the queue")

@@ -564,6 +564,7 @@ def test_one_run_per_session_whatever_starts_it():
     first_worker = session.worker
     second_ticket, meter, generate, stop = playground.request_run(session, *ARGS)  # Shift+Enter during the run
     assert 'data-state="queued"' in meter and generate["interactive"] is False and stop["interactive"] is True
+    assert "Replaced the run in progress" in meter  # the visitor is told the first run was stopped
     assert first_worker.stop_event.is_set()
     assert list(first) == []  # the superseded stream ends without a view (no final render, no button change)
     stale = playground.generate_stream(session, *ARGS, first_ticket)  # a stale request that waited in the queue
@@ -574,7 +575,8 @@ def test_one_run_per_session_whatever_starts_it():
     final = playground.stop(session)
     assert "Stopped" in final[1] and list(second) == [] and playground.registry.active() == 0
 
-    queued_ticket, *_ = playground.request_run(session, *ARGS)
+    queued_ticket, queued_meter, *_ = playground.request_run(session, *ARGS)
+    assert "Replaced" not in queued_meter  # nothing was running
     left = playground.stop(session)  # Stop while the request waits in the queue
     assert "left the queue" in left[2] and left[8]["interactive"] is True
     assert list(playground.generate_stream(session, *ARGS, queued_ticket)) == []  # it never starts
