@@ -159,7 +159,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                                                      label="Preset", elem_id="dg-preset", scale=3, min_width=180)
                             # text, not a number box: a browser number holds integers exactly only below 2**53
                             seed = gr.Textbox(value="0", label="Seed", info="-1 = random", elem_id="dg-seed",
-                                              max_lines=1, max_length=24, scale=2, min_width=200)
+                                              max_lines=1, max_length=24, scale=2, min_width=160)
                             # a word, not an emoji (a box without an emoji font); named "Random seed" for screen
                             # readers by assets/head.html
                             dice = gr.Button("Random", elem_id="dg-dice", scale=0, min_width=76)

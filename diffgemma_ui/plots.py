@@ -94,9 +94,10 @@ def _block_title(frames: Sequence[Frame], what: str) -> str:
     return f"{what} \u00b7 block {last.block_index + 1}{state}"
 
 
-def _legend_line(text: str) -> dict:
-    """A one-line legend under the title (plain text, escaped): what the marks of a figure mean."""
-    return {"text": escape_plotly(text), "showarrow": False, "xref": "paper", "yref": "paper", "x": 0, "y": 1.0,
+def _legend_line(*lines: str) -> dict:
+    """A legend under the title (plain text, escaped; one line each, so a half-width plot does not clip it): what
+    the marks of a figure mean."""
+    return {"text": "<br>".join(escape_plotly(line) for line in lines), "showarrow": False, "align": "left", "xref": "paper", "yref": "paper", "x": 0, "y": 1.0,
             "xanchor": "left", "yanchor": "bottom", "font": {"size": 11}}
 
 
@@ -167,8 +168,8 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
         xaxis=_axis("position", range=[-0.5, n - 0.5], showgrid=False),
         yaxis=_axis("step", range=[rows + 0.5, 0.5], autorange=False, showgrid=False,
                     dtick=max(1, math.ceil(rows / 8))),
-        annotations=[_legend_line("colour: confidence of the draft token \u00b7 white dot: accepted at that step")],
-        margin={"l": 48, "r": 16, "t": 58, "b": 40},
+        annotations=[_legend_line("colour: confidence of the draft token", "white dot: accepted at that step")],
+        margin={"l": 48, "r": 16, "t": 72, "b": 40},
     )
     if animate and steps > 1:
         def cover(k: int) -> list[dict]:
@@ -244,8 +245,8 @@ def unmasking_order(frame: Frame | None) -> FigureSpec:
         yaxis=_axis("first accepted at step", range=[0, min(steps, max(last, 1)) + 0.5],
                     dtick=max(1, math.ceil(min(steps, max(last, 1)) / 6))),
         bargap=0.15,
-        annotations=[_legend_line("bar height and colour: step first accepted \u00b7 short grey bar: not accepted yet")],
-        margin={"l": 48, "r": 16, "t": 58, "b": 40},
+        annotations=[_legend_line("bar height and colour: step first accepted", "short grey bar: not accepted yet")],
+        margin={"l": 48, "r": 16, "t": 72, "b": 40},
     ))
 
 
