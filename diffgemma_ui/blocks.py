@@ -238,7 +238,8 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                    api_visibility="private", concurrency_limit=None, show_progress="hidden")
         keep = KeepHandlers(playground)
         wire_keep(keep_controls, keep, session, stream_outputs, [run_step])
-        wire_step_through(step_controls, StepThroughHandlers(playground), session, run_inputs, stream_outputs)
+        wire_step_through(step_controls, StepThroughHandlers(playground), session, run_inputs, stream_outputs,
+                          stop_button=stop)
         dice.click(playground.random_seed, inputs=None, outputs=[seed], api_visibility="private",
                    concurrency_limit=None, show_progress="hidden")
         preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs[1:],

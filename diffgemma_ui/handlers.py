@@ -326,6 +326,9 @@ class Playground:
         if session is None:
             return initial_outputs().as_tuple()
         _, worker = session.withdraw()
+        stepped = getattr(session, "step_run", None)
+        if worker is None and stepped is not None and not stepped.done:  # a "Run to end": StepThroughHandlers.pause
+            return tuple(gr.skip() for _ in initial_outputs().as_tuple())
         if worker is None:
             left = initial_outputs()
             return dataclasses.replace(

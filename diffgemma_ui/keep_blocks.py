@@ -112,10 +112,14 @@ def build_step_controls() -> StepControls:
     return StepControls(next_step, run_to_end, note)
 
 
-def wire_step_through(controls: StepControls, steps, session, run_inputs: list, stream_outputs: list) -> None:
+def wire_step_through(controls: StepControls, steps, session, run_inputs: list, stream_outputs: list,
+                      stop_button: gr.Button | None = None) -> None:
     """Wire "Next step" and "Run to end" (`step_through.StepThroughHandlers`); they share the engine's queue slot
-    with runs (concurrency_id "engine")."""
+    with runs (concurrency_id "engine"). `stop_button` also pauses a "Run to end" (outside the queue)."""
     common = dict(inputs=[session, *run_inputs], outputs=[*stream_outputs, controls.note],
                   api_visibility="private", concurrency_id="engine", show_progress="hidden")
     controls.next_step.click(steps.next_step, trigger_mode="once", **common)
     controls.run_to_end.click(steps.run_to_end, trigger_mode="once", **common)
+    if stop_button is not None:
+        stop_button.click(steps.pause, inputs=[session], outputs=[*stream_outputs, controls.note],
+                          api_visibility="private", concurrency_limit=None, show_progress="hidden")

@@ -37,6 +37,7 @@ class StepRun:
     record: RunRecord = field(default_factory=RunRecord)
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: bool = False
+    pause: threading.Event = field(default_factory=threading.Event)  # Stop during "Run to end": end after this forward
 
     def close(self) -> None:
         """Stop the run and free its KV cache (closing the generator)."""
@@ -116,12 +117,14 @@ class StepThroughHandlers:
                 run.record.finish()
             return self._render(session, run, plots_due)
 
-    def _render(self, session: SessionState, run: StepRun, plots_due: bool) -> tuple:
-        """The stream outputs (Generate and Stop untouched: stepping is not a background run) and the note."""
+    def _render(self, session: SessionState, run: StepRun, plots_due: bool, stop_button=None) -> tuple:
+        """The stream outputs and the note. Generate is left as it is (stepping is not a background run); Stop too,
+        unless `stop_button` (an update) is given: "Run to end" enables it while it runs."""
         snap = run.record.snapshot()
         session.snapshot = snap
         outputs = self.playground.render(session, snap, final=run.done, plots_due=plots_due, first=False)
-        outputs = replace(outputs, generate_button=gr.skip(), stop_button=gr.skip())
+        outputs = replace(outputs, generate_button=gr.skip(),
+                          stop_button=gr.skip() if stop_button is None else stop_button)
         latest = snap.latest
         if latest is not None and not run.done:
             outputs = replace(outputs, canvas=newly_accepted_style(latest) + outputs.canvas)
@@ -140,9 +143,30 @@ class StepThroughHandlers:
         """"Run to end": the stepped run's remaining forwards (a new run when there is none), one render each
         (the plots at most every `PLOT_INTERVAL_S` seconds, and at the end)."""
         run = self._step_run(session, inputs)
+        run.pause.clear()
         last_plots = 0.0
-        while not run.done:
+        stop_on = gr.update(interactive=True)
+        while not run.done and not run.pause.is_set():
             now = time.monotonic()
             plots_due = now - last_plots >= PLOT_INTERVAL_S
             last_plots = now if plots_due else last_plots
-            yield self._advance(session, run, plots_due)
+            rendered = self._advance(session, run, plots_due)
+            yield rendered[:9] + (stop_on,) + rendered[10:]  # Stop pauses the stepped run (see `pause`)
+        with run.lock:
+            yield self._render(session, run, True, stop_button=gr.update(interactive=False))
+
+    def pause(self, session: SessionState) -> tuple:
+        """Stop pressed during "Run to end": the stepped run ends its loop after the forward in progress and keeps
+        its state, so Next step or Run to end go on from there (its tokens stay those of a normal run). Returns
+        the stream outputs and the note, or skips everything when no stepped run is going on (Stop then belongs to
+        a normal run: `Playground.stop`)."""
+        run = getattr(session, "step_run", None) if session is not None else None
+        if run is None or run.done:
+            return tuple(gr.skip() for _ in range(12))
+        run.pause.set()
+        with run.lock:  # after the forward in progress
+            rendered = self._render(session, run, True, stop_button=gr.update(interactive=False))
+        latest = session.snapshot.latest if session.snapshot is not None else None
+        note = (f"Paused after forward {latest.forward_index + 1}: **Next step** or **Run to end** goes on from "
+                "here." if latest is not None else rendered[-1])
+        return rendered[:-1] + (note,)

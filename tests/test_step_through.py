@@ -44,7 +44,8 @@ def test_stepping_gives_the_tokens_of_a_normal_run(steps, engine):
     assert session.snapshot.frames_seen == 2 and session.request.seed == 5
     renders = list(steps.run_to_end(session, *INPUTS))
     last = session.snapshot.latest
-    assert last.done and session.snapshot.frames_seen == 2 + len(renders)
+    assert last.done and session.snapshot.frames_seen == 2 + len(renders) - 1  # one render a forward, then Stop off
+    assert renders[-1][9]["interactive"] is False and all(r[9]["interactive"] for r in renders[:-1])
     direct = engine.generate("In the beginning", session.request.settings, raw=True, seed=5)
     assert last.committed_ids == direct.token_ids
     assert session.snapshot.frames_seen == direct.forwards
@@ -90,3 +91,22 @@ def test_step_buttons_on_the_page(browser, served_app):
         assert problems == []
     finally:
         page.close()
+
+
+def test_stop_pauses_run_to_end_and_the_run_goes_on_from_there(steps, engine):
+    session = SessionState()
+    renders = steps.run_to_end(session, *INPUTS)
+    first = next(renders)
+    assert first[9]["interactive"] is True  # Stop is live while "Run to end" runs
+    paused = steps.pause(session)
+    assert "Paused after forward" in paused[-1] and paused[9]["interactive"] is False
+    assert all(isinstance(v, dict) and v.get("__type__") == "update" for v in steps.playground.stop(session)[:10])
+    rest = list(renders)  # the loop ends after the forward in progress
+    assert len(rest) <= 2 and not session.step_run.done
+    seen = session.snapshot.frames_seen
+    steps.next_step(session, *INPUTS)  # goes on from the paused forward
+    assert session.snapshot.frames_seen == seen + 1
+    list(steps.run_to_end(session, *INPUTS))
+    direct = engine.generate("In the beginning", session.request.settings, raw=True, seed=5)
+    assert session.snapshot.latest.committed_ids == direct.token_ids
+    assert steps.pause(session) == tuple(steps.pause(session))  # nothing to pause: skips
