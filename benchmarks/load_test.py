@@ -2,6 +2,7 @@
 
     python benchmarks/load_test.py                      # launches app.py on a free loopback port (embedded model)
     python benchmarks/load_test.py --url http://127.0.0.1:7860/ --clients 8 --requests 2 --json
+    python benchmarks/load_test.py --browser-sessions 50   # server RSS under 50 browser visitors (browser_sessions.py)
 
 Every client sends a bounded number of requests (`--requests`), each with its own prompt and seed, and the whole
 test is bounded in time (`--time-limit`; unfinished jobs are cancelled). While jobs wait, their queue position is
@@ -99,8 +100,10 @@ def check_loopback(url: str) -> str:
     return url if url.endswith("/") else url + "/"
 
 
-def launch_app(model: str | None, device: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
-    """Start `app.py` on a free loopback port and wait until it answers; returns (process, url)."""
+def launch_app(model: str | None, device: str, timeout_s: float,
+               stderr_file=None) -> tuple[subprocess.Popen, str]:
+    """Start `app.py` on a free loopback port and wait until it answers; returns (process, url). Its stderr goes to
+    a pipe, or to `stderr_file` (an open file) for a long-running server whose output nobody reads meanwhile."""
     import httpx
 
     port = free_port()
@@ -108,13 +111,18 @@ def launch_app(model: str | None, device: str, timeout_s: float) -> tuple[subpro
     if model:
         command += ["--model", model]
     env = {**os.environ, "PYTHONPATH": str(REPO), "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                               stderr=stderr_file or subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SystemExit(f"error: app.py exited with status {process.returncode}: {process.stderr.read()[-2000:]}")
+            if stderr_file is None:
+                output = process.stderr.read()
+            else:
+                stderr_file.flush()
+                output = Path(stderr_file.name).read_text(errors="replace")
+            raise SystemExit(f"error: app.py exited with status {process.returncode}: {output[-2000:]}")
         try:
             if httpx.get(url, timeout=2).status_code == 200:
                 return process, url
@@ -262,13 +270,53 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds for the concurrent phase; unfinished jobs are cancelled (default 300)")
     parser.add_argument("--no-verify", action="store_true", help="skip re-running each request alone")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    sessions = parser.add_argument_group("browser sessions (server memory per visitor; see browser_sessions.py)")
+    sessions.add_argument("--browser-sessions", type=int, metavar="N",
+                          help="instead of the API load test: N Chromium visitors, each one long run, then the tab "
+                               "closes; prints the launched server's RSS (needs no --url)")
+    sessions.add_argument("--concurrent-tabs", type=int, default=3, help="tabs open at a time (default 3)")
+    sessions.add_argument("--every", type=int, default=10, help="read RSS every N finished visitors (default 10)")
+    sessions.add_argument("--settle", type=float, default=30.0,
+                          help="idle seconds after the last tab closed before the final reading (default 30)")
+    sessions.add_argument("--keep-tabs", action="store_true", help="close no tab until every run has finished")
     return parser
+
+
+def main_browser_sessions(args) -> int:
+    """`--browser-sessions N`: launch app.py, drive N browser visitors, print its memory readings; 0 if every
+    visitor's run finished."""
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from browser_sessions import browser_sessions, format_sessions
+
+    if args.url:
+        raise SystemExit("error: --browser-sessions reads the server's memory, so it launches app.py itself: "
+                         "leave out --url")
+    with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
+        process, url = launch_app(args.model, args.device, timeout_s=240, stderr_file=log)
+        try:
+            print(f"app.py pid {process.pid} at {url}; {args.browser_sessions} visitors, "
+                  f"{args.concurrent_tabs} at a time", flush=True)
+            report = browser_sessions(url, process.pid, sessions=args.browser_sessions,
+                                      concurrent=args.concurrent_tabs, every=args.every, settle_s=args.settle,
+                                      keep_tabs=args.keep_tabs, log=lambda line: print(line, flush=True))
+        finally:
+            process.terminate()
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    print(format_sessions(report))
+    return 0 if not report.failures else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse options, launch or target the app, run the load test, print the report; 0 if all completed and
     matched their solo runs."""
     args = build_parser().parse_args(argv)
+    if args.browser_sessions is not None:
+        return main_browser_sessions(args)
     if args.clients < 1 or args.requests < 1 or args.time_limit <= 0:
         raise SystemExit("error: --clients and --requests must be at least 1, --time-limit positive")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

@@ -15,6 +15,7 @@ from .canvas_view import EMPTY_CANVAS_HTML, legend_html
 from .compare_blocks import build_compare_tab
 from .compare_handlers import CompareHandlers
 from .deployment import QUEUE_PLANS, queue_plan
+from .gradio_state import ClosedSessionDropper
 from .handlers import DEFAULT_MAX_RUN_S, initial_outputs
 from .keep import KeepHandlers
 from .keep_blocks import build_keep_controls, build_step_controls, register_export_api, wire_keep, wire_step_through
@@ -285,6 +286,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
     plan = queue_plan(engine.device.type)  # set on purpose on every path (see deployment.QUEUE_PLANS)
     app.queue(default_concurrency_limit=plan.concurrency, max_size=plan.max_size)
     app.playground = playground
+    playground.closed_sessions = ClosedSessionDropper(app)  # Gradio would keep a closed tab's record (issue 13)
     app.race = race_tab
     app.keep = keep
     return app

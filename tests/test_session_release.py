@@ -1,0 +1,66 @@
+"""A closed tab's session is released, Gradio's own record of it included (issue 13 item 11).
+
+Gradio keeps, per session hash, the last value of every component and the components `gr.update` replaced; on its
+own it would keep a closed tab's record until 10,000 later sessions had come (`diffgemma_ui.gradio_state`). The
+memory figure for 50 browser visitors is measured by `python benchmarks/load_test.py --browser-sessions 50`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from diffgemma_ui.gradio_state import DROP_DELAY_S, ClosedSessionDropper
+from pages import open_page, set_number
+
+pytestmark = pytest.mark.slow
+
+
+def wait_until(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def short_run(page) -> None:
+    """One run of one canvas and two forwards, to its final frame."""
+    page.fill("#dg-prompt textarea", "And")
+    page.check("#dg-raw input[type=checkbox]")
+    set_number(page, "Max new tokens", 64)
+    set_number(page, "Max denoising steps", 2)
+    page.click("#dg-generate")
+    page.wait_for_selector(".dg-meter[data-state='done']", timeout=60_000)
+
+
+def test_closing_a_tab_drops_its_gradio_record_and_keeps_the_open_ones(served_app, browser):
+    app, url = served_app
+    holder = app.state_holder
+    assert isinstance(app.playground.closed_sessions, ClosedSessionDropper)
+    before = set(holder.session_data)
+    closing, problems = open_page(browser, url)
+    short_run(closing)
+    closing_hash = set(holder.session_data) - before
+    staying, _ = open_page(browser, url)
+    short_run(staying)
+    staying_hash = set(holder.session_data) - before - closing_hash
+    assert len(closing_hash) == 1 and len(staying_hash) == 1, (closing_hash, staying_hash)
+    (closing_hash,), (staying_hash,) = closing_hash, staying_hash
+    record = holder.session_data[closing_hash]
+    assert any("dg-block" in str((c.get("props") or {}).get("value", "")) for c in record.config_values.values()), \
+        "the record of a finished run holds its last views"
+    dropped = app.playground.closed_sessions.dropped
+
+    closing.close()
+    assert wait_until(lambda: closing_hash not in holder.session_data, DROP_DELAY_S + 15), \
+        "Gradio's record of the closed tab was kept"
+    assert app.playground.closed_sessions.dropped == dropped + 1
+    assert closing_hash not in app.playground.sessions
+    assert staying_hash in holder.session_data  # an open tab keeps its record
+    short_run(staying)  # and keeps working
+    assert staying_hash in holder.session_data
+    assert not problems
+    staying.close()
