@@ -12,11 +12,15 @@ from engine.memory import memory_report
 from engine.race import RaceRunner
 
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
+from .chat_blocks import build_chat_tab, register_chat_api
+from .chat_handlers import ChatTab
 from .compare_blocks import build_compare_tab
 from .compare_handlers import CompareHandlers
 from .deployment import QUEUE_PLANS, queue_plan
 from .gradio_state import ClosedSessionDropper
 from .handlers import DEFAULT_MAX_RUN_S, initial_outputs
+from .infill_blocks import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, build_infill_tab, register_infill_api
+from .infill_handlers import InfillTab
 from .keep import KeepHandlers
 from .keep_blocks import build_keep_controls, build_step_controls, register_export_api, wire_keep, wire_step_through
 from .meter import meter_html
@@ -37,6 +41,7 @@ RAW_INFO = ("chat: your text stays text, even <end_of_turn>; raw: special tokens
 PACKAGE_DIR = Path(__file__).resolve().parent
 ASSETS_DIR = PACKAGE_DIR.parent / "assets"
 CSS_PATH = ASSETS_DIR / "style.css"
+CHAT_INFILL_CSS_PATH = ASSETS_DIR / "chat_infill.css"  # the Chat and Infill tabs' own rules
 HEAD_PATH = ASSETS_DIR / "head.html"
 EXAMPLES_PATH = ASSETS_DIR / "examples.json"
 EXPLAINER_PATH = PACKAGE_DIR / "explainer.md"
@@ -49,7 +54,7 @@ class PlaygroundBlocks(gr.Blocks):
 
     def launch(self, *args, **kwargs):
         kwargs.setdefault("theme", playground_theme())
-        kwargs.setdefault("css_paths", [CSS_PATH])
+        kwargs.setdefault("css_paths", [CSS_PATH, CHAT_INFILL_CSS_PATH])
         kwargs.setdefault("head_paths", [HEAD_PATH])
         return super().launch(*args, **kwargs)
 
@@ -127,6 +132,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
     playground = make_playground(engine, max_fps=max_fps, reader_budget=reader_budget,
                                  abandon_after_s=abandon_after_s, max_run_s=max_run_s)
     race_tab = RaceTab(race or RaceRunner(engine), max_run_s=max_run_s)
+    chat_tab, infill_tab = ChatTab(playground), InfillTab(playground)
     rec = engine.recommended
     start = initial_outputs()
     embedded = is_embedded_model(engine)
@@ -215,6 +221,10 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                 build_race_tab(race_tab)
             with gr.Tab("Compare settings", id="compare", elem_id="dg-tab-compare"):
                 build_compare_tab(CompareHandlers(playground), default_prompt)
+            with gr.Tab("Chat", id="chat", elem_id="dg-tab-chat"):
+                build_chat_tab(chat_tab)
+            with gr.Tab("Infill", id="infill", elem_id="dg-tab-infill"):
+                build_infill_tab(infill_tab, EMBEDDED_TEMPLATE if embedded else INSTRUCTION_TEMPLATE)
 
         settings_inputs = [max_new_tokens, steps, entropy_bound, t_min, t_max, stability, confidence, adaptive]
         run_inputs = [prompt, raw, *settings_inputs[:7], adaptive, seed]
@@ -281,6 +291,8 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
 
         gr.api(generate_api, api_name="generate", concurrency_id="engine")
         register_race_api(race_tab)
+        register_chat_api(chat_tab)
+        register_infill_api(infill_tab)
         register_export_api(keep, rec)
 
     plan = queue_plan(engine.device.type)  # set on purpose on every path (see deployment.QUEUE_PLANS)
@@ -288,5 +300,6 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
     app.playground = playground
     playground.closed_sessions = ClosedSessionDropper(app)  # Gradio would keep a closed tab's record (issue 13)
     app.race = race_tab
+    app.chat, app.infill = chat_tab, infill_tab
     app.keep = keep
     return app

@@ -49,6 +49,7 @@ def chip_html(
     draft: str | None = None,
     cell: TokenCell | None = None,
     draft_cell: TokenCell | None = None,
+    fixed: bool = False,
 ) -> str:
     """One canvas position as a `<span>` chip.
 
@@ -63,6 +64,8 @@ def chip_html(
         cell, draft_cell: how the token and the draft look (`token_view.token_cells`: special tokens labelled,
             byte pieces grouped); default: plain text. A special-token cell (pad, EOS, markers) is drawn dimmed
             and labelled (class `dg-tok-<style>`), without the confidence colour.
+        fixed: the position was given, not denoised (an infill template's text): class `dg-fixed`, said in the
+            tooltip, drawn without the confidence colour (it was never sampled).
 
     Returns:
         HTML text; the tooltip (`title`) lists token, what it is (special tokens, bytes), confidence, entropy and
@@ -89,16 +92,19 @@ def chip_html(
         lines.append("after end-of-sequence: dropped")
     if cell.detail:
         lines.insert(1, cell.detail)
+    if fixed:
+        lines.insert(1, "fixed by the template: given, never renoised")
     title = "&#10;".join(escape_html(line) for line in lines)
     style = ""
-    if kind in ("accepted", "committed") and cell.style not in _CONTROL_STYLES:
+    if kind in ("accepted", "committed") and cell.style not in _CONTROL_STYLES and not fixed:
         background = viridis(confidence)
         style = f' style="background:{background};color:{text_on(background)}"'
-    classes = f"dg-chip dg-{kind}" + ("" if cell.style == "text" else f" dg-tok-{cell.style}")
+    classes = (f"dg-chip dg-{kind}" + ("" if cell.style == "text" else f" dg-tok-{cell.style}")
+               + (" dg-fixed" if fixed else ""))
     return f'<span class="{classes}" title="{title}"{style}>{cell.html}</span>'
 
 
-def block_html(frame: Frame, *, live: bool) -> str:
+def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None) -> str:
     """One block (canvas) as HTML, from its newest frame.
 
     A live block shows accepted positions as their draft token coloured by confidence and every other position
@@ -106,7 +112,9 @@ def block_html(frame: Frame, *, live: bool) -> str:
     shows the committed argmax canvas; positions after end-of-sequence are faded. Special tokens are labelled and
     dimmed and byte pieces grouped (`token_view.token_cells`, from the frame's token kinds); a pad the model wrote
     before end-of-sequence is not counted as a token (as in `generate()`), and the header says how many there are.
+    `fixed`: per position, whether it was given rather than denoised (infill; chips get class `dg-fixed`).
     """
+    fixed = [bool(f) for f in fixed] if fixed is not None else [False] * frame.canvas_length
     n = frame.canvas_length
     header_bits = [f"Block {frame.block_index + 1}"]
     chips = []
@@ -138,6 +146,7 @@ def block_html(frame: Frame, *, live: bool) -> str:
                 draft=None if flags[pos] else frame.draft_tokens[pos],
                 cell=cells[pos],
                 draft_cell=None if flags[pos] else drafts[pos],
+                fixed=fixed[pos],
             ))
     else:
         start = frame.block_index * n
@@ -160,6 +169,7 @@ def block_html(frame: Frame, *, live: bool) -> str:
                 entropy=frame.entropy[pos],
                 first_accepted_step=frame.first_accepted_step[pos],
                 cell=cells[pos],
+                fixed=fixed[pos],
             ))
     state = "live" if live else "done"
     header = escape_html(" \u00b7 ".join(header_bits))
@@ -199,7 +209,8 @@ def stack_html(finished: Sequence[Frame], *, finished_html: Sequence[str] | None
     return f'<div class="dg-stack" data-blocks="{len(finished)}">{"".join(finished_html)}</div>'
 
 
-def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = "") -> str:
+def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = "",
+              fixed: Sequence[bool] | None = None) -> str:
     """The canvas being denoised, plus an optional status line (the colour legend is `legend_html`).
 
     Args:
@@ -207,6 +218,7 @@ def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = 
             `block_done` is finished and not drawn here (it belongs to `stack_html`).
         newest: the run's newest frame (for `data-forward` when `live` is None).
         status: a short plain-text status line (escaped here), e.g. the stop reason.
+        fixed: per position, whether it was given rather than denoised (see `block_html`).
 
     Returns:
         HTML text; the outer element carries `data-forward` (newest forward index, -1 if none) so tests and
@@ -215,7 +227,7 @@ def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = 
     newest = newest if newest is not None else live
     if newest is None and not status:
         return EMPTY_CANVAS_HTML
-    block = block_html(live, live=True) if live is not None and not live.block_done else ""
+    block = block_html(live, live=True, fixed=fixed) if live is not None and not live.block_done else ""
     forward = newest.forward_index if newest is not None else -1
     status_html = f'<p class="dg-status">{escape_html(status)}</p>' if status else ""
     return f'<div class="dg-canvas" data-forward="{forward}">{block}{status_html}</div>'

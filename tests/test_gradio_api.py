@@ -30,7 +30,8 @@ def test_api_is_named_generate_with_the_documented_parameters(client):
     assert names == ["prompt", "raw", "max_new_tokens", "max_denoising_steps", "entropy_bound", "t_min", "t_max",
                      "stability_threshold", "confidence_threshold", "adaptive_stopping", "seed"]
     assert len(endpoint["returns"]) == 2
-    assert set(api["named_endpoints"]) == {"/generate", "/race", "/export"}  # the UI's own events are private
+    # the UI's own events are private
+    assert set(api["named_endpoints"]) == {"/generate", "/race", "/export", "/chat", "/infill"}
 
 
 def test_generate_returns_text_and_a_sane_summary_reproducibly(client, engine):

@@ -131,7 +131,8 @@ def client(served_app):
 def test_the_api_offers_no_model_path_or_file(client, served_app):
     app, _ = served_app
     api = client.view_api(return_format="dict", print_info=False)
-    assert set(api["named_endpoints"]) == {"/generate", "/race", "/export"} and not api["unnamed_endpoints"]
+    assert set(api["named_endpoints"]) == {"/generate", "/race", "/export", "/chat", "/infill"}
+    assert not api["unnamed_endpoints"]
     assert len(api["named_endpoints"]["/generate"]["parameters"]) == 11
     for endpoint in api["named_endpoints"].values():
         for parameter in endpoint["parameters"]:
@@ -144,7 +145,7 @@ def test_the_api_offers_no_model_path_or_file(client, served_app):
     assert [c["props"].get("elem_id") for c in takes_files] == ["dg-upload-trace"], takes_files
     assert takes_files[0]["props"].get("file_types") == [".json"]
     public = [d for d in config["dependencies"] if d["api_visibility"] == "public"]
-    assert sorted(d["api_name"] for d in public) == ["export", "generate", "race"]
+    assert sorted(d["api_name"] for d in public) == ["chat", "export", "generate", "infill", "race"]
 
 
 def test_extra_request_fields_cannot_change_the_model(served_app, engine):

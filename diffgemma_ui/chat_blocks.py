@@ -1,0 +1,105 @@
+"""Wiring only: the Chat tab's layout, its events and the `/chat` API. Logic lives in `chat_handlers.ChatTab`."""
+
+# No `from __future__ import annotations` here: gr.api reads chat_api's type hints at runtime.
+import gradio as gr
+
+from engine import PRESET_NAMES
+
+from . import plots
+from .canvas_view import EMPTY_CANVAS_HTML, legend_html
+from .chat_handlers import IDLE_METER_NOTE, ChatState, ChatTab
+from .chat_view import EMPTY_CHAT_HTML, IDLE_REUSE_HTML
+from .meter import meter_html
+from .validation import MAX_PROMPT_CHARS, UI_MAX_NEW_TOKENS
+
+INTRO = ("A conversation through the checkpoint's chat template. Each answer is denoised on the canvas; from the "
+         "second turn on, the encoder reuses the cache of the earlier turns and only encodes what is new (the note "
+         "above the meter says how much). The conversation stays in this browser tab's session.")
+CHAT_MAX_NEW_TOKENS = 128  # default answer budget: two canvases of the embedded model, half of one of the real one
+
+
+def build_chat_tab(chat: ChatTab) -> None:
+    """The Chat tab's components and events, inside the caller's `gr.Tab` (and `gr.Blocks`) context."""
+    engine = chat.engine
+    state = gr.State(ChatState())
+    gr.Markdown(INTRO, elem_id="dg-chat-intro")
+    with gr.Row(equal_height=False, elem_id="dg-chat-main"):
+        with gr.Column(min_width=0, elem_id="dg-chat-left"):
+            history = gr.HTML(EMPTY_CHAT_HTML, elem_id="dg-chat-history")
+            message = gr.Textbox(label="Message", lines=2, max_lines=6, max_length=MAX_PROMPT_CHARS,
+                                 placeholder="Write a message; Shift+Enter sends", elem_id="dg-chat-message")
+            # Only for checkpoints whose chat template has a thinking mode (Gemma 4: enable_thinking)
+            thinking = gr.Checkbox(label="Think first (the thought is shown apart, collapsed, and not fed back)",
+                                   value=False, visible=engine.supports_thinking, elem_id="dg-chat-thinking")
+            with gr.Row(elem_id="dg-chat-buttons"):
+                send = gr.Button("Send", variant="primary", elem_id="dg-chat-send", scale=2, min_width=80)
+                stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="dg-chat-stop", scale=1,
+                                 min_width=64)
+                regenerate = gr.Button("Regenerate", interactive=False, elem_id="dg-chat-regenerate", scale=1,
+                                       min_width=100)
+                clear = gr.Button("Clear", elem_id="dg-chat-clear", scale=1, min_width=64)
+            with gr.Row(elem_id="dg-chat-settings"):
+                preset_box = gr.Dropdown(list(PRESET_NAMES), value="recommended", label="Preset",
+                                         elem_id="dg-chat-preset", min_width=140)
+                max_new_tokens = gr.Slider(1, UI_MAX_NEW_TOKENS, step=1, label="Max new tokens per answer",
+                                           value=min(CHAT_MAX_NEW_TOKENS, engine.recommended.max_new_tokens),
+                                           elem_id="dg-chat-max-new", min_width=180)
+                seed = gr.Textbox(value="-1", label="Seed", info="-1 = random; Regenerate always draws a new one",
+                                  max_lines=1, max_length=24, elem_id="dg-chat-seed", min_width=140)
+        with gr.Column(min_width=0, elem_id="dg-chat-output"):
+            reuse = gr.HTML(IDLE_REUSE_HTML, elem_id="dg-chat-reuse")
+            meter = gr.HTML(meter_html(None, note=IDLE_METER_NOTE), elem_id="dg-chat-meter")
+            with gr.Column(min_width=0, elem_id="dg-chat-canvas-wrap", elem_classes=["dg-canvas-card"]):
+                gr.HTML(legend_html())
+                stack = gr.HTML("", elem_id="dg-chat-stack")
+                canvas = gr.HTML(EMPTY_CANVAS_HTML, elem_id="dg-chat-canvas")
+            with gr.Accordion("Plots of this answer's block", open=False, elem_id="dg-chat-plots"):
+                heatmap = gr.Plot(plots.confidence_heatmap([]), show_label=False, elem_id="dg-chat-heatmap")
+                with gr.Row():
+                    order = gr.Plot(plots.unmasking_order(None), show_label=False, elem_id="dg-chat-order",
+                                    min_width=260)
+                    entropy = gr.Plot(plots.entropy_and_acceptance([]), show_label=False, elem_id="dg-chat-entropy",
+                                      min_width=260)
+
+    outputs = [history, reuse, stack, canvas, meter, heatmap, order, entropy, message, send, stop, regenerate, clear]
+    private = dict(api_visibility="private", show_progress="hidden")
+    run = dict(outputs=outputs, concurrency_id="engine", trigger_mode="once", **private)
+    check = dict(outputs=None, concurrency_limit=None, trigger_mode="once", **private)
+    turn_inputs = [message, preset_box, max_new_tokens, seed, thinking]
+    gr.on([send.click, message.submit], chat.check_turn, inputs=turn_inputs, **check).success(
+        chat.send_stream, inputs=[state, *turn_inputs], **run)
+    regen_inputs = [preset_box, max_new_tokens, thinking]
+    regenerate.click(chat.check_regenerate, inputs=[state, *regen_inputs], **check).success(
+        chat.regenerate_stream, inputs=[state, *regen_inputs], **run)
+    stop.click(chat.stop, inputs=[state], outputs=None, concurrency_limit=None, **private)
+    clear.click(chat.clear, inputs=[state], outputs=outputs, concurrency_limit=None, **private)
+
+
+def register_chat_api(chat: ChatTab) -> None:
+    """The `/chat` endpoint, inside the caller's `gr.Blocks` context."""
+    rec = chat.engine.recommended
+
+    def chat_api(
+        message: str,
+        history: str = "[]",
+        system: str = "",
+        thinking: bool = False,
+        max_new_tokens: int = rec.max_new_tokens,
+        max_denoising_steps: int = rec.max_denoising_steps,
+        entropy_bound: float = rec.entropy_bound,
+        t_min: float = rec.t_min,
+        t_max: float = rec.t_max,
+        stability_threshold: int = rec.stability_threshold,
+        confidence_threshold: float = rec.confidence_threshold,
+        adaptive_stopping: bool = rec.adaptive_stopping,
+        seed: int = -1,
+        request: gr.Request = None,
+    ) -> tuple[str, dict]:
+        """Answer a message after a history (JSON text of [{"role": "user" | "assistant", "content": ...}, ...]);
+        returns (answer, summary), the summary holding the turn's report and the history with this turn. seed -1
+        draws a random seed; thinking only where the chat template has a thinking mode."""
+        return chat.chat_api(message, history, system, thinking, max_new_tokens, max_denoising_steps,
+                             entropy_bound, t_min, t_max, stability_threshold, confidence_threshold,
+                             adaptive_stopping, seed, request=request)
+
+    gr.api(chat_api, api_name="chat", concurrency_id="engine")

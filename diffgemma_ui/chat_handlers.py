@@ -1,0 +1,328 @@
+"""The Chat tab's handlers: one multi-turn conversation per visitor, each answer streamed like the main view.
+
+The conversation is an `engine.chat.ChatSession` held in the visitor's `gr.State` (`ChatState`): its messages and
+its encoder cache never leave that session. Each turn runs in a `worker.RunWorker` registered in the playground's
+`RunRegistry` under `<session>:chat`, so a closed tab stops it (`Playground.unload`), and is rendered with the main
+view's own renderer (`Playground.render`: live canvas, finished blocks, meter, plots). The `/chat` API is stateless:
+the client sends the history (JSON) and gets it back with the new turn.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import gradio as gr
+
+from engine.chat import ChatSession
+from engine.conversation import check_messages
+
+from . import plots
+from .canvas_view import EMPTY_CANVAS_HTML
+from .chat_view import EMPTY_CHAT_HTML, IDLE_REUSE_HTML, history_html, reuse_html
+from .deployment import zero_gpu
+from .frame_runs import finish, run_api_frames, start_frames
+from .handlers import API_SUMMARY_KEYS, PLOT_INTERVAL_S, STOP_WAIT_S, Playground, describe_error
+from .meter import meter_html
+from .session import SessionState
+from .text import plain_text
+from .validation import build_settings, check_flag, check_prompt, check_ui_seed, preset_values
+from .worker import RunWorker
+
+ZERO_GPU_MESSAGE = ("chat is not available on ZeroGPU Spaces yet (it keeps the conversation's encoder cache in the "
+                    "server process, outside the GPU slot the platform lends per request); run the playground on a "
+                    "dedicated GPU or CPU Space, or locally")
+MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text; longer conversations are cut by the engine anyway
+STOPPED_NOTE = ('<div class="dg-chat-reuse" data-state="stopped">Stopped: this turn was not added to the '
+                "conversation.</div>")
+
+
+def recorded(frames: Iterator) -> Iterator:
+    """`frames`, but on the final frame the iterator is run to its end before that frame is passed on.
+
+    `ChatSession.turn` records the turn (messages, report) after yielding its final frame, and `RunWorker` closes
+    the iterator as soon as it sees a done frame: without this the turn would never be recorded.
+    """
+    for frame in frames:
+        if frame.done:
+            for _ in frames:
+                pass
+        yield frame
+
+
+def parse_history(history) -> list[dict]:
+    """The `/chat` history: JSON text (or "" for none) of a list of {"role": "user" | "assistant", "content": str}
+    messages, alternating, starting with a user message and ending with an answer.
+
+    Raises:
+        ValueError: not text, longer than `MAX_HISTORY_CHARS`, not JSON, malformed messages (`check_messages`), a
+            system message (use the `system` input) or roles out of order; the message names the problem.
+    """
+    if history is None or (isinstance(history, str) and not history.strip()):
+        return []
+    if not isinstance(history, str):
+        raise ValueError("history must be JSON text: a list of {\"role\", \"content\"} messages")
+    if len(history) > MAX_HISTORY_CHARS:
+        raise ValueError(f"history is {len(history):,} characters; the limit is {MAX_HISTORY_CHARS:,}")
+    try:
+        messages = json.loads(history)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"history is not valid JSON ({error.msg} at character {error.pos})") from None
+    if messages == []:
+        return []
+    messages = check_messages(messages)
+    for i, message in enumerate(messages):
+        expected = "user" if i % 2 == 0 else "assistant"
+        if message["role"] == "system":
+            raise ValueError(f"history message {i} is a system message: pass it as `system` instead")
+        if message["role"] != expected:
+            raise ValueError(f"history message {i} has role {message['role']!r} where {expected!r} was expected: "
+                             "turns alternate user, assistant, starting with user")
+    if len(messages) % 2:
+        raise ValueError("history ends with a user message: it must end with the model's answer (the new message "
+                         "goes in `message`)")
+    return messages
+
+
+class ChatState:
+    """One visitor's chat (a `gr.State` value): the conversation, its run in progress and what the page shows.
+
+    Gradio deep-copies a state's initial value per session; a copy is always a fresh, empty conversation, so no
+    history or cache ever crosses sessions.
+    """
+
+    def __init__(self):
+        self.chat: ChatSession | None = None
+        self.worker: RunWorker | None = None
+        self.view = SessionState()  # the renderer's caches (finished blocks' HTML)
+        self.turns = 0  # turns answered so far (for the note)
+        self.cut_turns = 0  # oldest turns cut to fit the context, all turns together
+
+    def __deepcopy__(self, memo) -> "ChatState":
+        return ChatState()
+
+    def session(self, engine) -> ChatSession:
+        """The conversation, created on first use."""
+        if self.chat is None:
+            self.chat = ChatSession(engine)
+        return self.chat
+
+    def stop(self) -> None:
+        """Ask the turn in progress to stop (it ends within one decoder forward)."""
+        if self.worker is not None:
+            self.worker.stop()
+
+    def halt(self) -> None:
+        """Stop the turn in progress and wait for it to end (the conversation is not thread-safe)."""
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker.join(STOP_WAIT_S)
+
+
+class ChatTab:
+    """Handlers of the Chat tab and the `/chat` API, bound to a `handlers.Playground` (its engine, limits, registry
+    and renderer)."""
+
+    def __init__(self, playground: Playground):
+        self.playground = playground
+        self.engine = playground.engine
+
+    # -- validation ------------------------------------------------------------------------------------------------
+    def settings(self, preset_name, max_new_tokens):
+        """The preset's denoising settings with the visitor's token budget, within the UI's limits (ValueError)."""
+        values = dict(preset_values(preset_name, self.engine.recommended), max_new_tokens=max_new_tokens)
+        return build_settings(values, ui_limits=True)
+
+    def check_thinking(self, thinking) -> bool:
+        thinking = check_flag("thinking", thinking)
+        if thinking and not self.engine.supports_thinking:
+            raise ValueError("thinking needs a chat template with a thinking mode (enable_thinking); this model's "
+                             "template has none")
+        return thinking
+
+    def check_turn(self, message, preset_name, max_new_tokens, seed, thinking) -> None:
+        """Send's first step: every check of the inputs, nothing run (raises gr.Error)."""
+        try:
+            if zero_gpu():
+                raise ValueError(ZERO_GPU_MESSAGE)
+            check_prompt(message)
+            settings = self.settings(preset_name, max_new_tokens)
+            self.engine.check_settings(settings)
+            check_ui_seed(seed)
+            self.check_thinking(thinking)
+        except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
+            raise gr.Error(describe_error(error), print_exception=False) from None
+
+    def check_regenerate(self, state: ChatState, preset_name, max_new_tokens, thinking) -> None:
+        """Regenerate's first step (raises gr.Error): there must be an answer to replace."""
+        chat = state.chat if state is not None else None
+        if chat is None or not chat.messages or chat.messages[-1]["role"] != "assistant":
+            raise gr.Error("nothing to regenerate: the conversation has no answer yet", print_exception=False)
+        self.check_turn("x", preset_name, max_new_tokens, -1, thinking)
+
+    # -- events ----------------------------------------------------------------------------------------------------
+    def send_stream(self, state: ChatState, message, preset_name, max_new_tokens, seed, thinking,
+                    request: gr.Request = None) -> Iterator[tuple]:
+        """Send: add `message` and stream the answer's denoising. Yields the tab's outputs (`build_chat_tab`:
+        history, reuse note, stack, canvas, meter, heatmap, order, entropy, message box, Send, Stop, Regenerate,
+        Clear). The message box is emptied once the turn is answered; a stopped turn leaves it (and the
+        conversation) as they were.
+
+        Raises:
+            gr.Error: bad input or a turn that does not fit the context (before anything runs), or a failed run.
+        """
+        self.check_turn(message, preset_name, max_new_tokens, seed, thinking)
+        settings, seed, thinking = self.settings(preset_name, max_new_tokens), check_ui_seed(seed), bool(thinking)
+        text = check_prompt(message)
+
+        def start(chat: ChatSession, stop: threading.Event):
+            return chat.turn(text, settings, seed=seed, thinking=thinking, stop_event=stop)
+
+        yield from self._stream(state, start, text, request, clear_message=True)
+
+    def regenerate_stream(self, state: ChatState, preset_name, max_new_tokens, thinking,
+                          request: gr.Request = None) -> Iterator[tuple]:
+        """Regenerate: answer the last message again with a new random seed, replacing the last answer (the
+        prompt's encoder cache is reused). Same outputs and errors as `send_stream`."""
+        self.check_regenerate(state, preset_name, max_new_tokens, thinking)
+        settings, thinking = self.settings(preset_name, max_new_tokens), bool(thinking)
+        text = state.chat.messages[-2]["content"]
+
+        def start(chat: ChatSession, stop: threading.Event):
+            return chat.regenerate(settings, seed=None, thinking=thinking, stop_event=stop)
+
+        yield from self._stream(state, start, text, request, clear_message=False)
+
+    def _stream(self, state: ChatState, start: Callable, user_text: str, request, *,
+                clear_message: bool) -> Iterator[tuple]:
+        playground = self.playground
+        if state is None:
+            state = ChatState()
+        state.halt()
+        chat = state.session(self.engine)
+        stop = threading.Event()
+        try:
+            frames = start(chat, stop)
+        except Exception as error:  # noqa: BLE001
+            raise gr.Error(describe_error(error), print_exception=False) from None
+        # the conversation before the turn (Regenerate: without its last answer), shown while the turn runs
+        shown, shown_thoughts = list(chat.messages), list(chat.thoughts)
+        view = state.view
+        view.snapshot, view.finished_html, view.stacked_blocks = None, [], -1
+        key = f"{getattr(request, 'session_hash', None) or f'anon-{id(state)}'}:chat"
+        worker = state.worker = start_frames(playground, recorded(frames), stop, key)
+        last_plots, plotted_block = time.monotonic(), 0
+        try:
+            for index, snap in enumerate(worker.updates(playground.max_fps, reader_budget=playground.reader_budget)):
+                view.snapshot = snap
+                now = time.monotonic()
+                plots_due = now - last_plots >= PLOT_INTERVAL_S or snap.block_count > plotted_block
+                if plots_due:
+                    last_plots, plotted_block = now, snap.block_count
+                out = playground.render(view, snap, final=snap.finished, plots_due=plots_due, first=index == 0)
+                if not snap.finished:
+                    history = gr.skip()
+                    if index == 0 or isinstance(out.stack, str):  # a block was committed: the answer grew
+                        history = history_html(shown, shown_thoughts, pending_user=user_text,
+                                               pending_answer=out.text, cut_turns=state.cut_turns)
+                    yield (history, gr.skip(), out.stack, out.canvas, out.meter, out.heatmap, out.order,
+                           out.entropy, gr.skip(), *self._buttons(state, running=index == 0 or None))
+                    continue
+                yield self._final(state, snap, out, clear_message)
+                if snap.error is not None:
+                    raise gr.Error(describe_error(snap.error), print_exception=False)
+        finally:
+            finish(playground, key, worker)  # on normal end, on Stop, and when Gradio closes this generator
+
+    def _final(self, state: ChatState, snap, out, clear_message: bool) -> tuple:
+        chat = state.chat
+        answered = (snap.error is None and snap.latest is not None and snap.latest.done
+                    and snap.latest.stop_reason != "cancelled" and chat.last_report is not None)
+        if answered:
+            state.turns += 1
+            state.cut_turns += chat.last_report.dropped_turns
+            reuse = reuse_html(chat.last_report, state.turns)
+        else:
+            reuse = STOPPED_NOTE
+        history = history_html(chat.messages, chat.thoughts, cut_turns=state.cut_turns)
+        message = gr.update(value="") if answered and clear_message else gr.skip()
+        return (history, reuse, out.stack, out.canvas, out.meter, out.heatmap, out.order, out.entropy, message,
+                *self._buttons(state, running=False))
+
+    @staticmethod
+    def _buttons(state: ChatState, running: bool | None) -> tuple:
+        """(Send, Stop, Regenerate, Clear) updates: None leaves them as they are (each update costs a config
+        rebuild on the server)."""
+        if running is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        if running:
+            return (gr.update(interactive=False), gr.update(interactive=True), gr.update(interactive=False),
+                    gr.update(interactive=False))
+        chat = state.chat
+        answer = chat is not None and bool(chat.messages) and chat.messages[-1]["role"] == "assistant"
+        return (gr.update(interactive=True), gr.update(interactive=False), gr.update(interactive=answer),
+                gr.update(interactive=True))
+
+    @staticmethod
+    def stop(state: ChatState) -> None:
+        """Stop: the turn in progress ends within one decoder forward; its stream shows the final view (the
+        conversation stays as it was before the turn)."""
+        if state is not None:
+            state.stop()
+
+    def clear(self, state: ChatState) -> tuple:
+        """Clear: forget the conversation and its encoder cache; the tab's outputs as before the first turn."""
+        if state is not None:
+            state.halt()
+            if state.chat is not None:
+                state.chat.clear()
+            state.turns = state.cut_turns = 0
+            state.view.snapshot = None
+        return (EMPTY_CHAT_HTML, IDLE_REUSE_HTML, "", EMPTY_CANVAS_HTML, meter_html(None, note=IDLE_METER_NOTE),
+                plots.confidence_heatmap([]), plots.unmasking_order(None), plots.entropy_and_acceptance([]),
+                gr.skip(), *self._buttons(state or ChatState(), running=False))
+
+    # -- API -------------------------------------------------------------------------------------------------------
+    def chat_api(self, message, history, system, thinking, max_new_tokens, max_denoising_steps, entropy_bound,
+                 t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                 request: gr.Request = None) -> tuple[str, dict]:
+        """`/chat`: answer `message` after `history` (JSON text, `parse_history`) with an optional `system` message.
+
+        The settings and seed are `/generate`'s (same checks, the API's limits). Returns (answer, summary): the
+        summary has `/generate`'s keys (`API_SUMMARY_KEYS`, `thought` the thought channel shown apart), `report`
+        (`TurnReport.to_dict()`: within one call the whole history is encoded; history cut to fit the context is
+        said in `note`) and `history`, the conversation with this turn (send it back as JSON for the next one).
+
+        Raises:
+            gr.Error: invalid input (named), a turn that does not fit the context, or a failed run.
+        """
+        try:
+            if zero_gpu():
+                raise ValueError(ZERO_GPU_MESSAGE)
+            run = Playground.parse(message, False, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+                                   stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                                   ui_limits=False, thinking=thinking)
+            self.check_thinking(run.thinking)
+            if system is not None and not isinstance(system, str):
+                raise ValueError("system must be text")
+            chat = ChatSession(self.engine, system=system if system and system.strip() else None)
+            earlier = parse_history(history)
+            chat.messages = chat.messages + earlier
+            chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
+            stop = threading.Event()
+            frames = chat.turn(run.prompt, run.settings, seed=run.seed, thinking=run.thinking, stop_event=stop)
+        except Exception as error:  # noqa: BLE001
+            raise gr.Error(describe_error(error), print_exception=False) from None
+        run_api_frames(self.playground, recorded(frames), stop, request)
+        if chat.last_result is None:
+            raise gr.Error("the turn was stopped before its answer was complete", print_exception=False)
+        result = chat.last_result.to_dict()
+        summary = {key: result[key] for key in API_SUMMARY_KEYS}
+        summary["report"] = chat.last_report.to_dict()
+        summary["history"] = [m for m in chat.messages if m["role"] != "system"]
+        return plain_text(result["text"]), summary
+
+
+IDLE_METER_NOTE = "engine clock \u00b7 press Send to start"

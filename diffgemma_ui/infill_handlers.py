@@ -1,0 +1,174 @@
+"""The Infill tab's handlers and the `/infill` API: a template's blanks denoised inside one canvas while its fixed
+text stays put (`engine.infill`).
+
+A fill runs in a `worker.RunWorker` registered in the playground's `RunRegistry` under `<session>:infill`, so a
+closed tab stops it (`Playground.unload`); Stop ends it within one decoder forward.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import gradio as gr
+
+from engine.infill import filled_text, infill_frames, layout_template
+
+from .deployment import zero_gpu
+from .frame_runs import finish, run_api_frames, start_frames
+from .handlers import API_SUMMARY_KEYS, PLOT_INTERVAL_S, describe_error, status_text
+from .infill_view import blank_plots, filled_html, infill_canvas_html
+from .meter import meter_html
+from .text import plain_text
+from .validation import build_settings, check_prompt, check_ui_seed, preset_values
+from .worker import RunWorker
+
+ZERO_GPU_MESSAGE = ("infill is not available on ZeroGPU Spaces yet (it runs outside the GPU slot the platform lends "
+                    "per request); run the playground on a dedicated GPU or CPU Space, or locally")
+IDLE_METER_NOTE = "engine clock \u00b7 press Fill to start \u00b7 tokens counts the whole canvas, fixed text included"
+
+
+class InfillState:
+    """One visitor's infill run (a `gr.State` value); a copy is always fresh (nothing crosses sessions)."""
+
+    def __init__(self):
+        self.worker: RunWorker | None = None
+
+    def __deepcopy__(self, memo) -> "InfillState":
+        return InfillState()
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+
+
+class InfillTab:
+    """Handlers of the Infill tab and the `/infill` API, bound to a `handlers.Playground` (engine, limits,
+    registry)."""
+
+    def __init__(self, playground):
+        self.playground = playground
+        self.engine = playground.engine
+
+    # -- validation ------------------------------------------------------------------------------------------------
+    def layout(self, template):
+        """The template's `InfillLayout` (raises ValueError: bad syntax, or a template that does not fit one
+        canvas, with both counts)."""
+        pad = self.engine.model.generation_config.pad_token_id
+        return layout_template(self.engine.tokenizer, template, self.engine.canvas_length, pad if pad is not None
+                               else 0)
+
+    def request(self, template, context, preset_name, max_denoising_steps, seed):
+        """(layout, context or None, settings, seed) from the tab's inputs, within the UI's limits (ValueError)."""
+        if zero_gpu():
+            raise ValueError(ZERO_GPU_MESSAGE)
+        layout = self.layout(template)
+        context = check_prompt(context) if isinstance(context, str) and context.strip() else None
+        values = dict(preset_values(preset_name, self.engine.recommended), max_new_tokens=self.engine.canvas_length,
+                      max_denoising_steps=max_denoising_steps)
+        settings = build_settings(values, ui_limits=True)
+        self.engine.check_settings(settings)
+        return layout, context, settings, check_ui_seed(seed)
+
+    def check_inputs(self, template, context, preset_name, max_denoising_steps, seed) -> None:
+        """Fill's first step: every check, nothing run (raises gr.Error with the message, e.g. that the template
+        does not fit the canvas)."""
+        try:
+            self.request(template, context, preset_name, max_denoising_steps, seed)
+        except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
+            raise gr.Error(describe_error(error), print_exception=False) from None
+
+    # -- events ----------------------------------------------------------------------------------------------------
+    def fill_stream(self, state: InfillState, template, context, preset_name, max_denoising_steps, seed,
+                    request: gr.Request = None) -> Iterator[tuple]:
+        """Fill: denoise the template's blanks, the canvas marking fixed positions. Yields (canvas, meter, filled
+        template, filled text, heatmap, order, entropy, Fill button, Stop button); the plots cover the blank
+        positions only.
+
+        Raises:
+            gr.Error: a bad template or input (before anything runs) or a failed run.
+        """
+        try:
+            _, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
+            stop = threading.Event()
+            layout, frames = infill_frames(self.engine, template, settings, prompt=context, seed=seed,
+                                           stop_event=stop)
+        except Exception as error:  # noqa: BLE001
+            raise gr.Error(describe_error(error), print_exception=False) from None
+        playground = self.playground
+        if state is None:
+            state = InfillState()
+        state.stop()
+        key = f"{getattr(request, 'session_hash', None) or f'anon-{id(state)}'}:infill"
+        worker = state.worker = start_frames(playground, frames, stop, key)
+        last_plots = time.monotonic()
+        skip = gr.skip()
+        try:
+            for index, snap in enumerate(worker.updates(playground.max_fps, reader_budget=playground.reader_budget)):
+                latest, final = snap.latest, snap.finished
+                status = status_text(latest, snap.error) if final else ("" if latest else "Encoding\u2026")
+                canvas = infill_canvas_html(latest, layout, status)
+                meter = meter_html(latest, committed=latest if latest is not None and latest.block_done else None)
+                ids = None if latest is None else (latest.committed_ids if latest.block_done else latest.draft_ids)
+                filled = filled_html(self.engine.tokenizer, layout, ids, live=not final)
+                text = skip
+                if final:
+                    text = plain_text(filled_text(self.engine.tokenizer, layout, ids)[0]) if ids else ""
+                heatmap = order = entropy = skip
+                if final or time.monotonic() - last_plots >= PLOT_INTERVAL_S:
+                    last_plots = time.monotonic()
+                    heatmap, order, entropy = blank_plots(snap.block_frames(0), layout.blanks, final=final)
+                buttons = (skip, skip)
+                if index == 0 or final:
+                    buttons = (gr.update(interactive=final), gr.update(interactive=not final))
+                yield canvas, meter, filled, text, heatmap, order, entropy, *buttons
+                if final and snap.error is not None:
+                    raise gr.Error(describe_error(snap.error), print_exception=False)
+        finally:
+            finish(playground, key, worker)  # on normal end, and when Gradio closes this generator (tab closed)
+
+    @staticmethod
+    def stop(state: InfillState) -> None:
+        """Stop: the fill ends within one decoder forward; its stream shows the final view."""
+        if state is not None:
+            state.stop()
+
+    # -- API -------------------------------------------------------------------------------------------------------
+    def infill_api(self, template, context, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
+                   confidence_threshold, adaptive_stopping, seed, request: gr.Request = None) -> tuple[str, dict]:
+        """`/infill`: fill `template`'s blanks (`[___]` one token, `[___ 12]` twelve) after an optional raw
+        `context`; settings and seed as `/generate`'s (the API's limits; the token budget is one canvas).
+
+        Returns (filled text, summary): `/generate`'s summary keys plus `fills` (the text of each run of blanks),
+        `blank_positions`, `fixed_positions` (canvas positions) and `template_positions`.
+
+        Raises:
+            gr.Error: a bad template or input, a template that does not fit one canvas, or a failed run.
+        """
+        try:
+            if zero_gpu():
+                raise ValueError(ZERO_GPU_MESSAGE)
+            if not isinstance(context, str):
+                raise ValueError("context must be text (\"\" for none)")
+            values = dict(max_new_tokens=self.engine.canvas_length, max_denoising_steps=max_denoising_steps,
+                          entropy_bound=entropy_bound, t_min=t_min, t_max=t_max,
+                          stability_threshold=stability_threshold, confidence_threshold=confidence_threshold,
+                          adaptive_stopping=adaptive_stopping)
+            settings = build_settings(values, ui_limits=False)
+            seed = check_ui_seed(seed)
+            stop = threading.Event()
+            layout, frames = infill_frames(self.engine, template, settings, seed=seed, stop_event=stop,
+                                           prompt=check_prompt(context) if context.strip() else None)
+        except Exception as error:  # noqa: BLE001
+            raise gr.Error(describe_error(error), print_exception=False) from None
+        snap = run_api_frames(self.playground, frames, stop, request)
+        if snap.latest is None or snap.latest.stop_reason == "cancelled":
+            raise gr.Error("the fill was stopped before it was complete", print_exception=False)
+        result = self.engine.summarize(snap.latest, snap.frames_seen).to_dict()
+        text, fills = filled_text(self.engine.tokenizer, layout, snap.latest.committed_ids)
+        summary = {key: result[key] for key in API_SUMMARY_KEYS}
+        summary.update(fills=[plain_text(f) for f in fills], blank_positions=layout.blanks,
+                       fixed_positions=[i for i, f in enumerate(layout.fixed[:layout.template_positions]) if f],
+                       template_positions=layout.template_positions)
+        return plain_text(text), summary
