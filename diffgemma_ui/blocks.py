@@ -263,6 +263,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                     api_visibility="private", concurrency_limit=None, show_progress="hidden",
                     trigger_mode="always_last")
         app.unload(playground.unload)
+        app.unload(chat_tab.unload)  # a closed tab's conversation and encoder cache are dropped at once
         if engine.supports_thinking:  # thinking needs the chat template: ticking Raw unticks it
             raw.input(None, [raw, thinking], [thinking], js="(r, t) => (r ? false : t)", api_visibility="private",
                       show_progress="hidden")

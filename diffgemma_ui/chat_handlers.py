@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 
 import gradio as gr
@@ -128,6 +129,9 @@ class ChatTab:
     def __init__(self, playground: Playground):
         self.playground = playground
         self.engine = playground.engine
+        # Conversations by session hash, to drop their encoder cache when their tab closes (`unload`); weak: a
+        # session Gradio dropped is not kept alive here
+        self.sessions: weakref.WeakValueDictionary[str, ChatState] = weakref.WeakValueDictionary()
 
     # -- validation ------------------------------------------------------------------------------------------------
     def settings(self, preset_name, max_new_tokens):
@@ -211,7 +215,10 @@ class ChatTab:
         shown, shown_thoughts = list(chat.messages), list(chat.thoughts)
         view = state.view
         view.snapshot, view.finished_html, view.stacked_blocks = None, [], -1
-        key = f"{getattr(request, 'session_hash', None) or f'anon-{id(state)}'}:chat"
+        session_hash = getattr(request, "session_hash", None)
+        if session_hash:
+            self.sessions[session_hash] = state
+        key = f"{session_hash or f'anon-{id(state)}'}:chat"
         worker = state.worker = start_frames(playground, recorded(frames), stop, key)
         last_plots, plotted_block = time.monotonic(), 0
         try:
@@ -238,6 +245,8 @@ class ChatTab:
 
     def _final(self, state: ChatState, snap, out, clear_message: bool) -> tuple:
         chat = state.chat
+        if chat is None:  # the tab closed meanwhile (`unload`): nothing to show to anyone
+            return (EMPTY_CHAT_HTML, STOPPED_NOTE, *(gr.skip(),) * 7, *self._buttons(state, running=False))
         answered = (snap.error is None and snap.latest is not None and snap.latest.done
                     and snap.latest.stop_reason != "cancelled" and chat.last_report is not None)
         if answered:
@@ -264,6 +273,15 @@ class ChatTab:
         answer = chat is not None and bool(chat.messages) and chat.messages[-1]["role"] == "assistant"
         return (gr.update(interactive=True), gr.update(interactive=False), gr.update(interactive=answer),
                 gr.update(interactive=True))
+
+    def unload(self, request: gr.Request) -> None:
+        """A browser tab closed: stop its turn (the playground's registry does too) and drop its conversation and
+        encoder cache at once, rather than when Gradio drops the session's state."""
+        state = self.sessions.pop(getattr(request, "session_hash", None) or "", None)
+        if state is not None:
+            state.halt()
+            state.chat = None
+            state.view.release()
 
     @staticmethod
     def stop(state: ChatState) -> None:

@@ -69,7 +69,8 @@ def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pend
         parts.append(_bubble("assistant", pending_answer, state=pending_state,
                              extra=f'<div class="dg-chat-tag">{escape_html(tag)}</div>')
                      .replace('<span class="dg-chat-empty">(empty answer)</span>', ""))
-    return f'<div class="dg-chat-history" data-turns="{turns}">{"".join(parts)}</div>'
+    # the log sits in a column-reverse scroller (assets/chat_infill.css), which keeps its newest end in view
+    return f'<div class="dg-chat-history" data-turns="{turns}"><div class="dg-chat-log">{"".join(parts)}</div></div>'
 
 
 def reuse_html(report: TurnReport | None, turn: int = 0) -> str:

@@ -129,6 +129,10 @@ def test_stop_and_a_closed_tab_leave_the_conversation_as_it_was(tab):
     out = final(list(stream))
     assert 'data-state="stopped"' in out["reuse"] and state.chat.messages == kept
     assert tab.playground.registry.active() == 0
+    # ... and the Chat tab's own unload drops the conversation and its encoder cache at once
+    assert tab.sessions.get("closed-tab-test") is state
+    tab.unload(request)
+    assert state.chat is None and "closed-tab-test" not in tab.sessions
 
 
 def test_bad_chat_input_is_refused_before_anything_runs(tab):
@@ -139,6 +143,18 @@ def test_bad_chat_input_is_refused_before_anything_runs(tab):
                           (("hi", "recommended", 64, 0, True), "thinking")]:
         with pytest.raises(gr.Error, match=message):
             tab.check_turn(*args)
+
+
+def test_chat_and_infill_are_refused_with_a_message_on_zero_gpu(tab, monkeypatch):
+    from diffgemma_ui.infill_handlers import InfillTab
+
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    with pytest.raises(gr.Error, match="not available on ZeroGPU"):
+        tab.check_turn("hi", "recommended", 64, 0, False)
+    with pytest.raises(gr.Error, match="not available on ZeroGPU"):
+        tab.chat_api("hi", "[]", "", False, 64, 3, 2.0, 0.05, 0.1, 1, 0.05, True, 1)
+    with pytest.raises(gr.Error, match="not available on ZeroGPU"):
+        InfillTab(tab.playground).check_inputs("a [___]", "", "recommended", 4, 0)
 
 
 def test_thinking_switch_only_where_the_template_has_one(engine, standin_engine):
