@@ -1,7 +1,7 @@
 """DiffGemma Playground: the Gradio app (Hugging Face Spaces entry point).
 
     python app.py [--model PATH_OR_HUB_ID] [--device auto|cpu|cuda|mps] [--dtype auto|float32|bfloat16|float16]
-                  [--quantization none|4bit|8bit] [--ar-model ID] [--threads N] [--max-run-seconds S]
+                  [--quantization none|4bit|8bit|fp8] [--ar-model ID] [--threads N] [--max-run-seconds S]
                   [--host HOST] [--port PORT] [--share]
 
 Every option has an environment variable default (DIFFGEMMA_MODEL, DIFFGEMMA_DEVICE, DIFFGEMMA_DTYPE,
@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default=_env("DIFFGEMMA_DTYPE", "auto"), choices=DTYPES,
                         help="weight dtype (default: auto = bf16 on CUDA, fp32 elsewhere; env DIFFGEMMA_DTYPE)")
     parser.add_argument("--quantization", default=_env("DIFFGEMMA_QUANTIZATION", "none"), choices=QUANTIZATIONS,
-                        help="quantize the weights, experts included: 4bit (NF4) or 8bit, bitsandbytes, on CUDA or CPU "
+                        help="quantize the weights, experts included: 4bit (NF4) or 8bit, bitsandbytes, on CUDA or CPU; "
+                             "fp8 (transformers FineGrainedFP8), CUDA compute capability 8.9+ only "
                              "(default: none; env DIFFGEMMA_QUANTIZATION)")
     parser.add_argument("--ar-model", default=_env("DIFFGEMMA_AR_MODEL", "") or None,
                         help="separate causal LM for the Race tab's autoregressive side (default: the diffusion "

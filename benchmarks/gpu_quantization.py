@@ -1,6 +1,6 @@
 """GPU check of the quantization choices on the full 26B config with random weights (one H100/H200; not CI).
 
-    python benchmarks/gpu_quantization.py [--choices none,8bit,4bit] [--json]
+    python benchmarks/gpu_quantization.py [--choices none,8bit,4bit,fp8] [--json]
     python benchmarks/gpu_quantization.py --tiny --device cpu      # the smoke run the test suite does
 
 For each choice: builds the real config (assets/configs/diffusiongemma-26B-A4B-it, vision tower included) on the
@@ -10,7 +10,9 @@ moves it to the GPU through `engine.quantization.quantize_model`, the function `
 memory-mapped CPU load: one tensor at a time, quantized on the GPU. Reports the GPU memory after load (allocated,
 and `engine.memory`'s count of the weights), the peak during one 256-token generation, and tokens/s of bare
 `model.generate()` at 16 and 48 fixed steps (adaptive stopping off, EOS off: every canvas is 256 tokens after
-exactly that many decoder forwards). Random weights give the right memory and nearly the right speed (routers
+exactly that many decoder forwards). `fp8` goes through `engine.fp8.convert_to_fp8` (transformers' own FP8 module
+replacement and quantize op, tensor by tensor, as `from_pretrained` applies them) and is skipped, with the line
+`load_model` would refuse it with, on a CPU or a GPU older than compute capability 8.9. Random weights give the right memory and nearly the right speed (routers
 spread tokens over experts), not meaningful text. Expected run time: under 10 minutes. Without CUDA (and without
 `--device cpu`) it says so and exits 0.
 """
@@ -30,6 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from engine.loading import REPO_ROOT  # noqa: E402
 from engine.memory import memory_report  # noqa: E402
+from engine.fp8 import fp8_refusal  # noqa: E402
 from engine.quantization import QUANTIZATIONS, quantize_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_full_scale.py, beside this script
@@ -37,7 +40,7 @@ from gpu_full_scale import fixed_generation_config  # noqa: E402
 
 REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
 TINY_TEXT = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, head_dim=32, moe_intermediate_size=32, num_experts=8, top_k_experts=2,
+                 num_key_value_heads=1, head_dim=32, moe_intermediate_size=64, num_experts=8, top_k_experts=2,
                  sliding_window=32, vocab_size=4096, layer_types=["sliding_attention", "full_attention"],
                  per_layer_config={"1": {"head_dim": 64, "num_key_value_heads": 1}})
 TINY_VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
@@ -141,6 +144,9 @@ def format_report(results: dict) -> str:
     lines = [f"{results['config']} config on {results['device']}, {PROMPT_TOKENS}-token prompt, "
              f"{results['canvas_length']}-token canvas"]
     for r in results["choices"]:
+        if "skipped" in r:
+            lines.append(f"  {r['quantization']:<5} skipped: {r['skipped']}")
+            continue
         if "error" in r:
             lines.append(f"  {r['quantization']:<5} FAILED: {r['error']}")
             continue
@@ -175,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     results = {"config": "tiny" if args.tiny else "26B-A4B", "canvas_length": config.canvas_length,
                "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "choices": []}
     for quantization in choices:
+        if quantization == "fp8" and (refusal := fp8_refusal(device)) is not None:
+            results["choices"].append({"quantization": "fp8", "skipped": refusal})
+            continue
         if device.type == "cuda" and quantization == "none" and torch.cuda.mem_get_info()[0] < 60e9 and not args.tiny:
             results["choices"].append({"quantization": "none", "error": "bf16 needs about 52 GB; less is free"})
             continue

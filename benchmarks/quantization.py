@@ -1,6 +1,7 @@
 """Quantization on the CPU: bytes and quality of each `--quantization` choice (engine/quantization.py).
 
-    python benchmarks/quantization.py [--layers 2] [--skip-full-width] [--skip-embedded] [--prompts 20] [--json]
+    python benchmarks/quantization.py [--layers 2] [--choices none,4bit,8bit] [--skip-full-width] [--skip-embedded]
+                                      [--skip-mapped-load] [--prompts 20] [--json]
 
 1. Bytes of the real 26B config (assets/configs/diffusiongemma-26B-A4B-it), by group, from the meta device
    (`engine.memory`), for each choice.
@@ -10,15 +11,18 @@
    N(0, 0.02) pool, the same weights for every choice), quantized on the CPU by `quantize_model` (what
    `load_model` runs after its CPU load), each choice in a fresh process. Printed: bytes per sliding and full
    layer, embeddings, vision tower, extrapolated to the real 25 sliding + 5 full layers; and one decoder forward's
-   logits (a 64-token random prompt and a random 256-token canvas, seed 0) against bf16's: mean KL(bf16 ||
-   quantized) per position in nats and the share of positions whose argmax agrees. Then the memory of the
-   loading path's first step (`from_pretrained(device_map="cpu")`) on a saved 1.1 GB bf16 checkpoint.
+   logits (a 64-token random prompt and a random 256-token canvas, seed 0) against the unquantized model's: mean
+   KL(unquantized || quantized) per position in nats and the share of positions whose argmax agrees. The forward
+   keeps the bf16 weights (and the quantized codes) as stored but computes in float32 (`float32_arithmetic`):
+   CPUs without bf16 matrix instructions (this AMD one) take minutes for a bf16 forward of this build, seconds
+   in float32. Then the memory of the loading path's first step (`from_pretrained(device_map="cpu")`) on a saved
+   1.1 GB bf16 checkpoint.
 3. The embedded model at its recommended settings: dictionary-word rate (training/evaluate.py's measure, Debian's
    /usr/share/dict/words) and tokens per forward over `--prompts` of training/evaluate.py's prompts, seed = index,
    for each choice against the unquantized model.
 
-Runs on the CPU (bitsandbytes 0.50 quantizes there); about 15-30 minutes on a busy 2-core machine, 6 GB of memory
-and 1 GB of temporary disk.
+Runs on the CPU (bitsandbytes 0.50 quantizes there), so `fp8` (CUDA only) is not among its choices except in
+step 1; about 15-30 minutes on a busy 2-core machine, 8 GB of memory and 1 GB of temporary disk.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
+from torch.nn.utils import parametrize
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -42,6 +48,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from engine.loading import REPO_ROOT  # noqa: E402
 from engine.memory import memory_report, meta_model  # noqa: E402
 from engine.quantization import QUANTIZATIONS, quantize_model  # noqa: E402
+
+CPU_CHOICES = ("none", "4bit", "8bit")  # what bitsandbytes runs on the CPU; fp8 needs CUDA (engine/loading.py)
 from gpu_quantization import random_cpu_model  # noqa: E402  (benchmarks/, the script's own folder)
 
 REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
@@ -111,11 +119,51 @@ def layer_bytes(model, quantization: str) -> dict:
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         for module in layer.modules():
             for plist in getattr(module, "parametrizations", {}).values():
-                state = plist[0].quant_state
-                nbytes += sum(t.numel() * t.element_size() for t in (state.absmax, state.code))
+                state = getattr(plist[0], "quant_state", None)
+                if state is not None:
+                    nbytes += sum(t.numel() * t.element_size() for t in (state.absmax, state.code))
         per_layer.append(nbytes)
     return {"quantization": quantization, "per_layer": per_layer, "groups": report["groups"],
             "total_bytes": report["total_bytes"]}
+
+
+class Upcast(nn.Module):
+    """Parametrization: a stored bf16 matrix read as float32 (`[*shape]` -> same shape, float32)."""
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight.float()
+
+
+def float32_arithmetic(model: nn.Module) -> None:
+    """Compute in float32 without storing float32 copies of the weights: quantized parameters dequantize to
+    float32 (their bitsandbytes quant state's dtype), unquantized bf16 matrices are read through `Upcast` (once per
+    module forward: bitsandbytes' parametrization-cache hooks), the embedding table (read row by row, and tied to
+    the LM head), vectors and buffers are converted. The values are the bf16 ones; only the arithmetic widens."""
+    from bitsandbytes.nn import parametrize as bnb_parametrize
+
+    for module in model.modules():
+        if isinstance(module, nn.Embedding) and module.weight.dtype == torch.bfloat16:
+            module.weight.data = module.weight.data.float()
+    for module in list(model.modules()):  # listed first: registering a parametrization adds modules
+        for plist in getattr(module, "parametrizations", {}).values():
+            state = getattr(plist[0], "quant_state", None)
+            if state is not None:
+                state.dtype = torch.float32
+        upcast = False
+        for name, param in list(module._parameters.items()):
+            if param is None or param.dtype != torch.bfloat16:
+                continue
+            if param.dim() >= 2:
+                parametrize.register_parametrization(module, name, Upcast(), unsafe=True)
+                upcast = True
+            else:
+                param.data = param.data.float()
+        if upcast:
+            module.register_forward_pre_hook(bnb_parametrize._enable_parametrization_cache)
+            module.register_forward_hook(bnb_parametrize._disable_parametrization_cache, always_call=True)
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None and buffer.dtype == torch.bfloat16:
+                module._buffers[name] = buffer.float()
 
 
 def one_choice(layers: int, quantization: str, out: Path) -> None:
@@ -127,6 +175,7 @@ def one_choice(layers: int, quantization: str, out: Path) -> None:
     model = quantize_model(model, quantization, "cpu").eval()
     quantize_s = time.perf_counter() - start
     figures = layer_bytes(model, quantization)
+    float32_arithmetic(model)
     inputs = decoder_inputs(model.config)
     start = time.perf_counter()
     with torch.no_grad():
@@ -173,19 +222,20 @@ def compare(reference: torch.Tensor, logits: torch.Tensor) -> dict:
             "argmax_agreement": (reference.argmax(-1) == logits.argmax(-1)).float().mean().item()}
 
 
-def full_width(layers: int) -> dict:
+def full_width(layers: int, choices: list[str]) -> dict:
     """Step 2: each choice in a child process (the same random weights: `random_cpu_model` is seeded)."""
     config = full_width_config(layers)
     work = Path(tempfile.mkdtemp(prefix="quant_bench_"))
     try:
         results = {}
-        for quantization in QUANTIZATIONS:
+        for quantization in choices:
             out = work / f"{quantization}.json"
             subprocess.run([sys.executable, __file__, "--one-choice", quantization, "--layers", str(layers),
                             "--out", str(out)], check=True)
             results[quantization] = json.loads(out.read_text())
             results[quantization]["logits"] = torch.load(out.with_suffix(".pt"))
-            print(f"  {quantization}: quantized in {results[quantization]['quantize_seconds']} s", file=sys.stderr)
+            print(f"  {quantization}: quantized in {results[quantization]['quantize_seconds']} s, forward in "
+                  f"{results[quantization]['forward_seconds']} s", file=sys.stderr)
         reference = results["none"]["logits"]
         for figures in results.values():
             figures.update(compare(reference, figures.pop("logits")))
@@ -207,7 +257,7 @@ def extrapolate(measured: dict, layer_types: list[str], real_report: dict, real_
             "total_bytes": layers_real + outside_layers + real_report["groups"]["vision_tower"]}
 
 
-def embedded_quality(prompts: int) -> dict:
+def embedded_quality(prompts: int, choices: list[str]) -> dict:
     """Step 3: dictionary-word rate and tokens per forward of the embedded model per choice."""
     from engine.engine import DiffusionEngine
     from engine.loading import load_model
@@ -215,7 +265,7 @@ def embedded_quality(prompts: int) -> dict:
 
     dictionary = load_dictionary()
     results, reference = {}, None
-    for quantization in QUANTIZATIONS:
+    for quantization in choices:
         engine = DiffusionEngine(load_model(device="cpu", quantization=quantization))
         with torch.no_grad():
             logits = engine.model(**decoder_inputs(engine.model.config)).logits[0].float()
@@ -233,7 +283,10 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=2, help="text layers of the full-width build (>= 2)")
     parser.add_argument("--prompts", type=int, default=20,
                         help="embedded-model prompts (training/evaluate.py); 0: logits comparison only")
+    parser.add_argument("--choices", default=",".join(CPU_CHOICES),
+                        help="comma-separated CPU choices for steps 2 and 3 (none first: the reference)")
     parser.add_argument("--skip-full-width", action="store_true")
+    parser.add_argument("--skip-mapped-load", action="store_true", help="skip the from_pretrained memory check")
     parser.add_argument("--skip-embedded", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--one-choice", help=argparse.SUPPRESS)
@@ -244,22 +297,25 @@ def main(argv=None) -> int:
         return 0
     if args.layers < 2:
         parser.error("--layers must be at least 2 (one sliding and one full attention layer)")
+    choices = [c for c in args.choices.split(",") if c]
+    if not choices or choices[0] != "none" or any(c not in CPU_CHOICES for c in choices):
+        parser.error(f"--choices: 'none' first, then any of {', '.join(CPU_CHOICES[1:])} (fp8 needs CUDA)")
     torch.set_num_threads(1)
     report = {"real_config": {}}
-    real_model = meta_model(REAL_CONFIG)
-    real_types = list(real_model.config.text_config.layer_types)
-    for quantization in QUANTIZATIONS:
-        report["real_config"][quantization] = memory_report(real_model, quantization)
+    real_types = list(meta_model(REAL_CONFIG).config.text_config.layer_types)
+    for quantization in QUANTIZATIONS:  # a fresh meta model each: the report may convert its modules
+        report["real_config"][quantization] = memory_report(meta_model(REAL_CONFIG), quantization)
     print("Real 26B config, meta device (GB):")
     for quantization, r in report["real_config"].items():
         groups = "  ".join(f"{g} {b / 1e9:.3f}" for g, b in r["groups"].items())
         print(f"  {quantization:<5} total {r['total_bytes'] / 1e9:7.3f}  {groups}")
     if not args.skip_full_width:
-        measured = full_width(args.layers)
+        measured = full_width(args.layers, choices)
         report["full_width"] = measured
-        print(f"\nFull-width build, {args.layers} layers ({', '.join(measured['layer_types'])}), random bf16 weights:")
+        print(f"\nFull-width build, {args.layers} layers ({', '.join(measured['layer_types'])}), random bf16 weights, "
+              "float32 arithmetic:")
         print("  choice  sliding layer GB  full layer GB  embeddings GB  vision (real) GB  30-layer total GB  "
-              "KL/position  argmax agree  quantize s")
+              "KL/position  argmax agree  quantize s  forward s")
         for quantization, figures in measured["choices"].items():
             extra = extrapolate(figures, measured["layer_types"], report["real_config"][quantization], real_types)
             figures["extrapolated"] = extra
@@ -267,14 +323,16 @@ def main(argv=None) -> int:
             print(f"  {quantization:<6}  {per['sliding_attention'] / 1e9:16.3f}  {per['full_attention'] / 1e9:13.3f}  "
                   f"{figures['groups']['embeddings'] / 1e9:13.3f}  {extra['vision_tower'] / 1e9:16.3f}  "
                   f"{extra['total_bytes'] / 1e9:17.3f}  {figures['mean_kl_per_position']:11.4f}  "
-                  f"{figures['argmax_agreement']:12.3f}  {figures['quantize_seconds']:10.0f}")
+                  f"{figures['argmax_agreement']:12.3f}  {figures['quantize_seconds']:10.0f}  "
+                  f"{figures['forward_seconds']:9.1f}")
+    if not args.skip_mapped_load:
         mapped = mapped_load_memory()
         report["mapped_load_memory"] = mapped
         print(f"\nfrom_pretrained(device_map='cpu') of a {mapped['checkpoint_bytes'] / 1e9:.2f} GB bf16 checkpoint: "
               f"anonymous memory {mapped['before']['RssAnon']} -> {mapped['after']['RssAnon']} MB (peak "
               f"{mapped['peak']['RssAnon']}), file-backed {mapped['before']['RssFile']} -> {mapped['after']['RssFile']} MB")
     if not args.skip_embedded:
-        quality = embedded_quality(args.prompts)
+        quality = embedded_quality(args.prompts, choices)
         report["embedded"] = quality
         print(f"\nEmbedded model, {args.prompts} prompts, recommended settings:")
         print("  choice  dictionary words  tokens/forward  distinct-2  KL/position  argmax agree")

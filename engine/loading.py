@@ -92,7 +92,14 @@ def set_serving_threads(device: torch.device, threads: int | None = None) -> int
 
 def check_quantization(quantization: str, device: torch.device) -> None:
     """Refuse, with one line, a quantization the device cannot run: bitsandbytes' 4-bit and 8-bit kernels used
-    here exist for CUDA and the CPU, not for Apple's MPS."""
+    here exist for CUDA and the CPU, not for Apple's MPS; fp8 needs a CUDA GPU of compute capability 8.9 or newer
+    and the `kernels` package (`engine.fp8.fp8_refusal`)."""
+    if quantization == "fp8":
+        from .fp8 import fp8_refusal  # noqa: PLC0415
+
+        if (refusal := fp8_refusal(device)) is not None:
+            raise ModelLoadError(refusal)
+        return
     if quantization != "none" and device.type not in ("cuda", "cpu"):
         raise ModelLoadError(f"{quantization} quantization runs on CUDA or the CPU (bitsandbytes), not on {device.type}: "
                              "use --device cuda, --device cpu or --quantization none")
@@ -143,11 +150,12 @@ def load_model(
         device: `auto|cpu|cuda|mps`; on CUDA weights are placed by accelerate (`device_map="auto"`).
         dtype: `auto|float32|bfloat16|float16` (`auto`: bf16 on CUDA, fp32 elsewhere).
         quantization: `none|4bit|8bit` (engine/quantization.py: experts and tied linears too), on CUDA or CPU;
-            quantized while moving to the device, one tensor at a time.
+            quantized while moving to the device, one tensor at a time. `fp8` (engine/fp8.py): CUDA with compute
+            capability >= 8.9 only, quantized by transformers while loading onto the GPU.
 
     Raises:
         ModelLoadError: missing folder, not a DiffusionGemma checkpoint, unreadable or corrupt weights, bad
-            device/dtype/quantization, quantization on MPS or without bitsandbytes.
+            device/dtype/quantization, quantization on MPS or without bitsandbytes, fp8 on a CPU or an older GPU.
     """
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
@@ -158,7 +166,14 @@ def load_model(
     check_quantization(quantization, torch_device)
     source = str(model)
     where, common = model_location(model)
-    read_config(model)
+    config = read_config(model)
+    if quantization == "fp8":
+        from .fp8 import check_fp8_shapes  # noqa: PLC0415
+
+        try:
+            check_fp8_shapes(config)
+        except ValueError as error:
+            raise ModelLoadError(str(error)) from error
 
     kwargs = {"dtype": torch_dtype, **common}
     if quantization != "none":
@@ -169,7 +184,12 @@ def load_model(
         kwargs["device_map"] = "auto"
 
     try:
-        network = DiffusionGemmaForBlockDiffusion.from_pretrained(where, **kwargs)
+        if quantization == "fp8":
+            from .fp8 import from_pretrained_fp8  # noqa: PLC0415
+
+            network = from_pretrained_fp8(where, torch_device, torch_dtype, **common)
+        else:
+            network = DiffusionGemmaForBlockDiffusion.from_pretrained(where, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(where, **common)
     except Exception as error:  # noqa: BLE001
         raise ModelLoadError(f"cannot load weights or tokenizer from {source!r}: {type(error).__name__}: {error}") from error
@@ -181,7 +201,7 @@ def load_model(
             f"the tokenizer in {source!r} has {len(tokenizer):,} tokens for a model of {vocab_size:,}: its tokenizer "
             "files (tokenizer.json) are missing or wrong"
         )
-    if quantization != "none":
+    if quantization in ("4bit", "8bit"):
         from .quantization import quantize_model  # noqa: PLC0415
 
         network = quantize_model(network, quantization, torch_device)

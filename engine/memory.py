@@ -1,10 +1,11 @@
 """Memory report: bytes of every parameter and buffer of a DiffusionGemma model, by group, without running it.
 
-    python -m engine memory --model M [--quantization none|4bit|8bit] [--dtype auto|bfloat16|...] [--json]
+    python -m engine memory --model M [--quantization none|4bit|8bit|fp8] [--dtype auto|bfloat16|...] [--json]
 
 `M` may be a full checkpoint or a folder with only `config.json`: the model is built on the meta device (no memory
-for weights, about a second for the 26B config), and quantized sizes come from `quantized_nbytes`, which a test
-checks against the tensors of a model quantized for real.
+for weights, about a second for the 26B config), and quantized sizes come from `quantized_nbytes` (4bit, 8bit) or
+from transformers' own FP8 conversion run on the meta model (`engine.fp8.convert_to_fp8`, about 20 s for the 26B
+config); tests check both against the tensors of models quantized for real.
 """
 
 from __future__ import annotations
@@ -41,15 +42,24 @@ def memory_report(model: nn.Module, quantization: str = "none") -> dict:
     Counts each parameter, buffer and quantization-state tensor (bitsandbytes block scales and code tables) once,
     as stored: a tied or shared tensor counts once, a quantized one by its packed bytes. With `quantization` other
     than `none`, parameters that `quantize_model` would quantize and that are not quantized yet (e.g. on the meta
-    device) count as `quantized_nbytes` says; this shares the tied modules of `model` (`share_tied_modules`).
+    device) count as `quantized_nbytes` says; this shares the tied modules of `model` (`share_tied_modules`). With
+    `fp8`, a model on the meta device that is not converted yet is converted in place (`convert_to_fp8`), and its
+    FP8 tensors and scales count as allocated.
 
     Raises:
-        ValueError: unknown `quantization`.
+        ValueError: unknown `quantization`; `fp8` for an unconverted model outside the meta device.
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     planned = set()
-    if quantization != "none":
+    if quantization == "fp8":
+        from .fp8 import convert_to_fp8, fp8_modules  # noqa: PLC0415
+
+        if not fp8_modules(model):
+            if any(p.device.type != "meta" for p in model.parameters()):
+                raise ValueError("the fp8 report converts the model: build it on the meta device (meta_model)")
+            convert_to_fp8(model, "meta")
+    elif quantization != "none":
         share_tied_modules(model)
         planned = {id(t.module._parameters[t.param]) for t in quantization_targets(model) if t.param in t.module._parameters}
     groups = dict.fromkeys(GROUPS, 0)

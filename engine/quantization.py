@@ -14,8 +14,11 @@ Choices (`QUANTIZATIONS`):
 - `8bit`: bitsandbytes' blockwise dynamic 8-bit (`quantize_blockwise`, blocks of 256 with a float32 scale each,
   1.0156 bytes per weight; Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization").
 Both run on CUDA and on the CPU (bitsandbytes 0.50 has CPU kernels for them).
+- `fp8`: float8_e4m3fn weights with a float32 scale per 64 x 64 block, FP8 matmuls, through transformers'
+  `FineGrainedFP8Config` (engine/fp8.py: what it covers of this model, and what is added); CUDA GPUs of compute
+  capability 8.9 or newer only.
 
-What is quantized: every expert tensor and every `nn.Linear` weight (attention, dense MLP, self-conditioning,
+What 4bit and 8bit quantize: every expert tensor and every `nn.Linear` weight (attention, dense MLP, self-conditioning,
 vision tower and its projection), except the router (`router.proj`, 0.04% of the weights, decides which experts
 run) and the tied embedding / LM head (kept in the model dtype). Tied encoder/decoder modules are first made one
 module (`share_tied_modules`), so each shared weight is quantized once and both sides read the same bytes.
@@ -31,7 +34,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-QUANTIZATIONS = ("none", "4bit", "8bit")
+QUANTIZATIONS = ("none", "4bit", "8bit", "fp8")
+BITSANDBYTES_QUANTIZATIONS = ("4bit", "8bit")  # the choices `quantize_parameter` implements (CUDA and CPU)
 EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")
 NF4_BLOCKSIZE = 64
 BLOCKWISE8_BLOCKSIZE = 256
@@ -73,6 +77,16 @@ def is_experts(module: nn.Module) -> bool:
     )
 
 
+def text_layer_pairs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
+    """(encoder text layer, decoder layer) pairs of a DiffusionGemma model, in order; [] for another model."""
+    inner = getattr(model, "model", model)
+    encoder_layers = getattr(getattr(getattr(inner, "encoder", None), "language_model", None), "layers", None)
+    decoder_layers = getattr(getattr(inner, "decoder", None), "layers", None)
+    if encoder_layers is None or decoder_layers is None:
+        return []
+    return list(zip(encoder_layers, decoder_layers))
+
+
 def share_tied_modules(model: nn.Module) -> int:
     """Make each encoder text-layer `nn.Linear` or experts module whose parameters are the decoder's (tied) the very
     same module object as the decoder's, so that quantizing it once serves both. Returns how many were shared.
@@ -80,13 +94,8 @@ def share_tied_modules(model: nn.Module) -> int:
     Only modules whose every parameter is identical (`is`) to the decoder's counterpart are shared, so an untied
     checkpoint (`tie_word_embeddings: false`) keeps separate modules. Model without encoder/decoder layers: 0.
     """
-    inner = getattr(model, "model", model)
-    encoder_layers = getattr(getattr(getattr(inner, "encoder", None), "language_model", None), "layers", None)
-    decoder_layers = getattr(getattr(inner, "decoder", None), "layers", None)
-    if encoder_layers is None or decoder_layers is None:
-        return 0
     shared = 0
-    for encoder_layer, decoder_layer in zip(encoder_layers, decoder_layers):
+    for encoder_layer, decoder_layer in text_layer_pairs(model):
         for path, encoder_module in list(encoder_layer.named_modules()):
             if not path or not (isinstance(encoder_module, nn.Linear) or is_experts(encoder_module)):
                 continue
@@ -164,12 +173,19 @@ def quantize_model(model: nn.Module, quantization: str, device: torch.device | s
     holds more than the quantized model plus one full-precision tensor (the largest: one layer's
     `experts.gate_up_proj`, 1.0 GB in bf16 for the 26B model). Returns `model` (changed in place).
 
+    `fp8` goes through `engine.fp8.convert_to_fp8` (the same tensor-at-a-time path, with transformers' FP8 ops);
+    `load_model` itself loads fp8 with `from_pretrained`, this path serves a model built in memory (benchmarks).
+
     Raises:
         ModelLoadError: bitsandbytes is not installed.
         ValueError: unknown `quantization`.
     """
     if quantization == "none":
         return model.to(device)
+    if quantization == "fp8":
+        from .fp8 import convert_to_fp8  # noqa: PLC0415
+
+        return convert_to_fp8(model, device)
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     _require_bitsandbytes()

@@ -1,8 +1,11 @@
-"""Quantization (engine/quantization.py) and the memory report (engine/memory.py), on the CPU.
+"""Quantization (engine/quantization.py, engine/fp8.py) and the memory report (engine/memory.py), on the CPU.
 
-Each choice loads the embedded model and a scaled stand-in of the real 26B config (its structure: 5 sliding : 1
-full attention layers with their own head sizes, tied encoder/decoder, a vision tower; widths cut down), and the
-expert tensors must end up stored as packed bytes, shared by encoder and decoder.
+Each CPU choice (4bit, 8bit) loads the embedded model and a scaled stand-in of the real 26B config (its structure:
+5 sliding : 1 full attention layers with their own head sizes, tied encoder/decoder, a vision tower; widths cut
+down), and the expert tensors must end up stored as packed bytes, shared by encoder and decoder. `fp8` needs a
+CUDA GPU of compute capability 8.9: here it must be refused with one line, and what transformers' FP8 loading
+path produces (run on the CPU with its hardware check patched out: conversion only, no FP8 matmul) must be what the
+meta-device memory report counts.
 """
 
 from __future__ import annotations
@@ -21,30 +24,39 @@ from engine import DEFAULT_MODEL, DiffusionEngine, ModelLoadError, load_model
 from engine.cli import main as cli_main
 from engine.loading import REPO_ROOT, check_quantization
 from engine.memory import GROUPS, memory_report, meta_model
-from engine.quantization import QUANTIZATIONS, is_experts, quantized_nbytes
+from engine.fp8 import FP8_BLOCK_SIZE, check_fp8_shapes, fp8_refusal, from_pretrained_fp8
+from engine.quantization import BITSANDBYTES_QUANTIZATIONS, QUANTIZATIONS, is_experts, quantized_nbytes
 
 REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
-CHOICES = [q for q in QUANTIZATIONS if q != "none"]
+CHOICES = list(BITSANDBYTES_QUANTIZATIONS)  # the choices that run on a CPU
 STORED_BYTES_PER_WEIGHT = {"4bit": 0.5, "8bit": 1.0}  # packed codes, scales aside
+
+
+def save_scaled_real_config(folder, text_widths: dict, vision_hidden_size: int) -> None:
+    """Save, with random bf16 weights (seed 0), the real config with `text_widths`, one sliding and one full text
+    layer, and a one-layer vision tower of `vision_hidden_size` (2 heads of 16, MLP 48 wide)."""
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    real = json.loads((REAL_CONFIG / "config.json").read_text())
+    text = dict(real["text_config"], num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
+                sliding_window=64, **text_widths)
+    vision = dict(real["vision_config"], hidden_size=vision_hidden_size, intermediate_size=48, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=2, head_dim=16, position_embedding_size=64)
+    config = DiffusionGemmaConfig(**dict(real, text_config=text, vision_config=vision, canvas_length=32))
+    torch.manual_seed(0)
+    DiffusionGemmaForBlockDiffusion._from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory):
     """The real config scaled down (hidden 64, 16 experts of 32, one sliding and one full layer, vocabulary of the
     embedded tokenizer), random bf16 weights, saved with the embedded model's tokenizer files."""
-    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
-
     folder = tmp_path_factory.mktemp("standin")
-    real = json.loads((REAL_CONFIG / "config.json").read_text())
-    text = dict(real["text_config"], hidden_size=64, intermediate_size=48, num_attention_heads=2,
-                num_key_value_heads=2, head_dim=16, moe_intermediate_size=32, num_experts=16, top_k_experts=4,
-                num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], vocab_size=4096,
-                per_layer_config={"1": {"head_dim": 32, "num_key_value_heads": 1}}, sliding_window=64)
-    vision = dict(real["vision_config"], hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                  num_attention_heads=2, num_key_value_heads=2, head_dim=16, position_embedding_size=64)
-    config = DiffusionGemmaConfig(**dict(real, text_config=text, vision_config=vision, canvas_length=32))
-    torch.manual_seed(0)
-    DiffusionGemmaForBlockDiffusion._from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
+    save_scaled_real_config(folder, dict(hidden_size=64, intermediate_size=48, num_attention_heads=2,
+                                         num_key_value_heads=2, head_dim=16, moe_intermediate_size=32, num_experts=16,
+                                         top_k_experts=4, vocab_size=4096,
+                                         per_layer_config={"1": {"head_dim": 32, "num_key_value_heads": 1}}),
+                            vision_hidden_size=32)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         shutil.copy(DEFAULT_MODEL / name, folder / name)
     return folder
@@ -107,7 +119,7 @@ def test_quantized_logits_stay_close_to_full_precision():
     """4-bit and 8-bit change the decoder's output a little, 8-bit less than 4-bit (same inputs)."""
     ids = torch.arange(5, 69).unsqueeze(0)
     logits = {}
-    for quantization in QUANTIZATIONS:
+    for quantization in ("none", *CHOICES):
         model = load_model(device="cpu", quantization=quantization).model
         with torch.no_grad():
             out = model.model.encoder.language_model(input_ids=ids).last_hidden_state
@@ -178,6 +190,7 @@ def test_gpu_quantization_script_runs_every_choice_on_a_tiny_config(capsys):
     results = json.loads(capsys.readouterr().out)
     by_choice = {r["quantization"]: r for r in results["choices"]}
     assert set(by_choice) == set(QUANTIZATIONS) and not any("error" in r for r in by_choice.values())
+    assert by_choice.pop("fp8") == {"quantization": "fp8", "skipped": fp8_refusal(torch.device("cpu"))}
     for r in by_choice.values():
         assert [run["steps"] for run in r["runs"]] == [1, 2]
         assert all(run["tokens"] == results["canvas_length"] and run["tokens_per_second"] > 0 for run in r["runs"])
@@ -191,3 +204,97 @@ def test_header_shows_the_weights_memory_of_the_loaded_model():
         engine = DiffusionEngine(load_model(device="cpu", quantization=quantization))
         expected = f"weights: {memory_report(engine.model)['total_bytes'] / 1e6:.1f} MB"
         assert expected in header_html(engine)
+
+
+def test_fp8_is_refused_on_a_cpu_and_an_older_gpu_with_one_line(monkeypatch, tmp_path, capsys):
+    """Before any loading (the model folder does not even exist), and through the CLI as one line."""
+    with pytest.raises(ModelLoadError, match=r"^fp8 quantization needs a CUDA GPU of compute capability 8\.9") as info:
+        load_model(tmp_path / "missing", device="cpu", quantization="fp8")
+    assert "\n" not in str(info.value) and "not cpu" in str(info.value)
+    assert cli_main(["generate", "--prompt", "Hi", "--device", "cpu", "--quantization", "fp8"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    refusal = fp8_refusal(torch.device("cuda"))
+    assert refusal.startswith("fp8 quantization needs compute capability 8.9") and "A100-SXM4-80GB has 8.0" in refusal
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100 or H200
+    monkeypatch.setattr("transformers.utils.import_utils.is_kernels_available", lambda: False)
+    assert fp8_refusal(torch.device("cuda")) == ("fp8 quantization needs the kernels package (transformers fetches its "
+                                                 "FP8 matmul kernel from the Hugging Face Hub with it): pip install kernels")
+    monkeypatch.setattr("transformers.utils.import_utils.is_kernels_available", lambda: True)
+    assert fp8_refusal(torch.device("cuda")) is None
+
+
+@pytest.fixture(scope="module")
+def fp8_standin(tmp_path_factory):
+    """The real config scaled down to widths the fp8 blocks divide (hidden 64, 4 experts of 64), bf16 weights; the
+    vision tower's 32-row attention matrices are not a multiple of the block, as the real 4304-wide vision MLP."""
+    folder = tmp_path_factory.mktemp("fp8_standin")
+    save_scaled_real_config(folder, dict(hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                                         num_key_value_heads=2, head_dim=32, moe_intermediate_size=64, num_experts=4,
+                                         top_k_experts=2, vocab_size=512,
+                                         per_layer_config={"1": {"head_dim": 64, "num_key_value_heads": 1}}),
+                            vision_hidden_size=64)
+    return folder
+
+
+def distinct_tensor_bytes(model) -> int:
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_fp8_meta_count_equals_what_transformers_fp8_loading_produces(fp8_standin, monkeypatch):
+    """transformers' own path (`from_pretrained(quantization_config=FineGrainedFP8Config)`), run on the CPU with
+    its GPU check patched out: experts become FP8Experts with float8 tensors, the tied encoder modules are the
+    decoder's (the library alone leaves the encoder's scales uninitialised), and the meta-device report counts
+    exactly the bytes of the loaded tensors, tensor by tensor."""
+    from transformers.integrations.finegrained_fp8 import FP8Experts, FP8Linear
+    from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
+
+    monkeypatch.setattr(FineGrainedFP8HfQuantizer, "validate_environment", lambda self, *args, **kwargs: None)
+    loaded = from_pretrained_fp8(str(fp8_standin), torch.device("cpu"), torch.bfloat16)
+    meta = meta_model(fp8_standin)
+    report = memory_report(meta, "fp8")
+    assert report["total_bytes"] == distinct_tensor_bytes(loaded) == distinct_tensor_bytes(meta)
+    assert report == memory_report(loaded)
+    shapes = {name: (p.shape, p.dtype) for name, p in meta.named_parameters()}
+    assert shapes == {name: (p.shape, p.dtype) for name, p in loaded.named_parameters()}
+    for encoder_layer, decoder_layer in zip(loaded.model.encoder.language_model.layers, loaded.model.decoder.layers):
+        assert isinstance(decoder_layer.experts, FP8Experts)
+        assert encoder_layer.experts is decoder_layer.experts and encoder_layer.mlp.down_proj is decoder_layer.mlp.down_proj
+        assert isinstance(decoder_layer.self_attn.q_proj, FP8Linear)
+        for name in ("gate_up_proj", "down_proj"):
+            weight, scale = getattr(decoder_layer.experts, name), getattr(decoder_layer.experts, f"{name}_scale_inv")
+            assert weight.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
+            assert scale.shape == (weight.shape[0], *(math.ceil(n / b) for n, b in zip(weight.shape[1:], FP8_BLOCK_SIZE)))
+        assert decoder_layer.router.proj.weight.dtype == torch.bfloat16  # routing stays as it is
+    vision_q = loaded.model.encoder.vision_tower.encoder.layers[0].self_attn.q_proj.linear
+    assert vision_q.weight.dtype == torch.bfloat16  # 32 rows: not a multiple of the block, kept by the library
+
+
+def test_fp8_meta_report_of_the_real_config_converts_every_expert():
+    """The 26B config on the meta device: every experts module FP8Experts with float8_e4m3fn tensors and a float32
+    scale per 64 x 64 block; the report is the sum of the converted tensors' bytes; 27.0 GB in all."""
+    from transformers.integrations.finegrained_fp8 import FP8Experts
+
+    model = meta_model(REAL_CONFIG)
+    report = memory_report(model, "fp8")
+    assert report["total_bytes"] == distinct_tensor_bytes(model) == sum(report["groups"].values())
+    experts = {id(m): m for m in model.modules() if isinstance(m, FP8Experts)}.values()
+    assert len(experts) == 30  # shared by encoder and decoder
+    for module in experts:
+        assert module.gate_up_proj.dtype == module.down_proj.dtype == torch.float8_e4m3fn
+        assert module.gate_up_proj.device.type == "meta"
+    per_layer = 128 * 3 * 704 * 2816 + 4 * 128 * (22 * 44 + 44 * 11)  # float8 weights + float32 block scales
+    assert report["groups"]["experts"] == 30 * per_layer
+    assert report["total_bytes"] < 30e9
+
+
+def test_fp8_refuses_expert_widths_its_blocks_do_not_divide(standin):
+    """The 4bit/8bit stand-in has experts 32 wide: fp8 would leave them in bf16 for kernels that read FP8."""
+    from engine.loading import read_config
+
+    with pytest.raises(ValueError, match=r"^fp8 quantizes blocks of 64x64; this model's moe_intermediate_size 32 is"):
+        check_fp8_shapes(read_config(standin))
+    check_fp8_shapes(read_config(REAL_CONFIG))  # 2816 and 704: accepted
