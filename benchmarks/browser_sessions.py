@@ -21,8 +21,11 @@ allocator high-water, not a leak: compare the figure at 10 and at N visitors.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,8 +106,9 @@ async def _drive(url: str, pid: int, sessions: int, concurrent: int, every: int,
                  timeout_s: float, log) -> SessionsReport:
     from playwright.async_api import async_playwright
 
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
     from pages import CHROMIUM, CHROMIUM_ARGS
 
     report = SessionsReport(sessions=sessions, concurrent=concurrent, keep_tabs=keep_tabs)
@@ -177,7 +181,14 @@ def browser_sessions(url: str, pid: int, *, sessions: int = 50, concurrent: int 
     """
     if sessions < 1 or concurrent < 1 or every < 1:
         raise ValueError("sessions, concurrent tabs and the reading interval must each be at least 1")
-    return asyncio.run(_drive(url, pid, sessions, concurrent, every, settle_s, keep_tabs, timeout_s, log))
+    drive = functools.partial(_drive, url, pid, sessions, concurrent, every, settle_s, keep_tabs, timeout_s, log)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(drive())
+    # An event loop already runs in this thread (e.g. Playwright's sync API): run ours in a thread of its own
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(drive())).result()
 
 
 def format_sessions(report: SessionsReport) -> str:

@@ -6,7 +6,8 @@ Drives `Playground.generate_stream` directly (no web server, no browser) on the 
 another (256 new tokens, 8 steps, adaptive stopping off: 32 forwards a run). After each run the session's tab
 "closes" (`Playground.unload`, what Gradio's unload event calls), unless `--keep`; the session objects themselves
 stay referenced, as Gradio keeps a closed session's gr.State for an hour. Prints RSS every 20 sessions. What it does
-not measure: Gradio's own per-session memory in a served app (benchmarks/load_test.py does not drive UI sessions).
+not measure: Gradio's own per-session memory in a served app (`benchmarks/load_test.py --browser-sessions 50`
+measures that, with real browser tabs).
 """
 
 from __future__ import annotations

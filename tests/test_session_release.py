@@ -64,3 +64,38 @@ def test_closing_a_tab_drops_its_gradio_record_and_keeps_the_open_ones(served_ap
     assert staying_hash in holder.session_data
     assert not problems
     staying.close()
+
+
+def browser_sessions_module():
+    """benchmarks/browser_sessions.py as a module (benchmarks/ is a folder of scripts, not a package)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "browser_sessions.py"
+    spec = importlib.util.spec_from_file_location("browser_sessions", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_browser_sessions_benchmark_drives_tabs_and_reads_the_servers_memory(served_app):
+    """`load_test.py --browser-sessions` in process, small: every visitor's run finishes and every reading is taken
+    (the served app runs in this process, so its memory is this process's)."""
+    import os
+
+    bench = browser_sessions_module()
+    rss, anon = bench.read_memory_mib(os.getpid())
+    assert 0 < anon < rss
+    with pytest.raises(ValueError, match="at least 1"):
+        bench.browser_sessions(served_app[1], os.getpid(), sessions=0)
+    lines = []
+    report = bench.browser_sessions(served_app[1], os.getpid(), sessions=2, concurrent=2, every=1, settle_s=0.5,
+                                    log=lines.append)
+    assert report.failures == [] and len(report.run_seconds) == 2
+    assert [p.sessions for p in report.points] == [0, 0, 1, 2, 2]
+    base, final = report.points[1], report.points[-1]
+    table = bench.format_sessions(report)
+    assert f"{(final.rss_mib - base.rss_mib) / 2:+.2f} MiB RSS" in table and "completed 2, failed 0" in table
+    assert len(lines) == len(report.points)
