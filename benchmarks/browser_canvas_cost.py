@@ -156,6 +156,7 @@ def finished_stack(token_text, vocabulary: int, positions: int, blocks: int) -> 
 def measure(page, cdp, frames_html: list[str], stack: str, rate: float) -> dict:
     """Run the in-page driver over `frames_html` (with `stack` in the finished-blocks area) while pressing a key in
     the prompt box every 150 ms; returns the driver's results plus Chromium's metric deltas per update (ms)."""
+    page.evaluate("([frames, rate]) => { window.__dgFrames = {frames: frames, rate: rate}; }", [frames_html, rate])
     page.evaluate(STACK_JS, stack)
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
     page.click("#dg-prompt textarea")
@@ -262,13 +263,8 @@ def main() -> int:
                         frames = random_frames(token_text, vocabulary, positions, args.updates, seed=positions)
                         html = [live_html(f) for f in frames]
                         stack = finished_stack(token_text, vocabulary, positions, args.finished_blocks)
-                        page.evaluate("frames => { window.__dgFrames = {frames: frames, rate: 0}; }", html)
-                        page.evaluate(f"() => {{ window.__dgFrames.rate = {args.rate}; }}")
                         # one short warm-up pass (first-use costs of the styles and fonts), then the measured one
-                        page.evaluate("() => { window.__dgFramesAll = window.__dgFrames; window.__dgFrames = "
-                                      "{frames: window.__dgFramesAll.frames.slice(0, 10), rate: window.__dgFramesAll.rate}; }")
                         measure(page, cdp, html[:10], stack, args.rate)
-                        page.evaluate("() => { window.__dgFrames = window.__dgFramesAll; }")
                         load = os.getloadavg()[0]
                         result = measure(page, cdp, html, stack, args.rate)
                         raw[positions] = result
