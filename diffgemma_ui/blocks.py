@@ -163,10 +163,11 @@ def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
                         step_controls = build_step_controls()
                         with gr.Row(elem_id="dg-preset-row", equal_height=True):
                             preset_box = gr.Dropdown([*PRESET_NAMES, CUSTOM_PRESET], value="recommended",
-                                                     label="Preset", elem_id="dg-preset", scale=3, min_width=180)
+                                                     label="Preset", elem_id="dg-preset", scale=2, min_width=150)
+                        with gr.Row(elem_id="dg-seed-row", equal_height=True):
                             # text, not a number box: a browser number holds integers exactly only below 2**53
                             seed = gr.Textbox(value="0", label="Seed", info="-1 = random", elem_id="dg-seed",
-                                              max_lines=1, max_length=24, scale=2, min_width=160)
+                                              max_lines=1, max_length=24, scale=2, min_width=200)
                             # a word, not an emoji (a box without an emoji font); named "Random seed" for screen
                             # readers by assets/head.html
                             dice = gr.Button("Random", elem_id="dg-dice", scale=0, min_width=76)
