@@ -18,7 +18,7 @@ import gradio as gr
 from engine import Frame
 
 from .deployment import zero_gpu
-from .handlers import PLOT_INTERVAL_S
+from .handlers import PLOT_INTERVAL_S, initial_outputs
 from .record import RunRecord
 from .session import SessionState
 
@@ -98,16 +98,17 @@ class StepThroughHandlers:
         session.finished_html, session.stacked_blocks = [], -1
         return session.step_run
 
-    def _advance(self, session: SessionState, run: StepRun, plots_due: bool = True) -> tuple:
-        """One decoder forward of `run`, rendered (the plots only when `plots_due` or at the end)."""
+    def _advance(self, session: SessionState, run: StepRun, plots_due: bool = True, stop_button=None) -> tuple:
+        """One decoder forward of `run`, rendered (the plots only when `plots_due` or at the end; `stop_button` as
+        in `_render`)."""
         with run.lock:
             if run.done:
-                return self._render(session, run, True)
+                return self._render(session, run, True, stop_button)
             try:
                 frame = next(run.frames)
             except StopIteration:
                 run.done = True
-                return self._render(session, run, True)
+                return self._render(session, run, True, stop_button)
             except Exception as error:  # noqa: BLE001 - one clear message, the run is over
                 run.close()
                 raise gr.Error(f"The run failed: {type(error).__name__}: {error}", print_exception=False) from None
@@ -115,7 +116,7 @@ class StepThroughHandlers:
             if frame.done:
                 run.done = True
                 run.record.finish()
-            return self._render(session, run, plots_due)
+            return self._render(session, run, plots_due, stop_button)
 
     def _render(self, session: SessionState, run: StepRun, plots_due: bool, stop_button=None) -> tuple:
         """The stream outputs and the note. Generate is left as it is (stepping is not a background run); Stop too,
@@ -150,8 +151,7 @@ class StepThroughHandlers:
             now = time.monotonic()
             plots_due = now - last_plots >= PLOT_INTERVAL_S
             last_plots = now if plots_due else last_plots
-            rendered = self._advance(session, run, plots_due)
-            yield rendered[:9] + (stop_on,) + rendered[10:]  # Stop pauses the stepped run (see `pause`)
+            yield self._advance(session, run, plots_due, stop_on)  # Stop pauses the stepped run (see `pause`)
         with run.lock:
             yield self._render(session, run, True, stop_button=gr.update(interactive=False))
 
@@ -162,7 +162,7 @@ class StepThroughHandlers:
         a normal run: `Playground.stop`)."""
         run = getattr(session, "step_run", None) if session is not None else None
         if run is None or run.done:
-            return tuple(gr.skip() for _ in range(12))
+            return tuple(gr.skip() for _ in range(len(initial_outputs().as_tuple()) + 1))  # the outputs and the note
         run.pause.set()
         with run.lock:  # after the forward in progress
             rendered = self._render(session, run, True, stop_button=gr.update(interactive=False))
