@@ -1,6 +1,6 @@
 """The browser's time per live-canvas update at the real canvas size (issue 11): 256 chips per frame at the live rate.
 
-    python benchmarks/browser_canvas_cost.py                       # 256 and 64 positions, 15 updates/s, 90 each
+    python benchmarks/browser_canvas_cost.py                       # 256 and 64 positions at the app's rates, 90 each
     python benchmarks/browser_canvas_cost.py --positions 256 --rate 15 --updates 150 --finished-blocks 3
 
 Method: `app.py` is served as a subprocess (the embedded model unless `--model`; the page, its CSS and layout are
@@ -10,8 +10,8 @@ tokenizer, 262,144 ids: special tokens labelled, byte pieces grouped; about 30% 
 noise with their draft in the tooltip), built on the server side of this script, not by a decoder forward (one
 costs seconds at that vocabulary on a CPU). Above the live block, `--finished-blocks` finished blocks of the same
 size sit in the stack, as in the middle of a run. In the page, a loop replaces the live canvas's HTML (the element
-Gradio's HTML component writes into) at `--rate` updates per second, the rate the app's live view is capped at
-(15/s), and times each update:
+Gradio's HTML component writes into) at `--rate` updates per second (default: the app's live rate for that canvas,
+`diffgemma_ui.worker.default_live_rate`: 15/s at 64 positions, 7/s at 256), and times each update:
 
 - parse: `innerHTML =` itself (HTML parsing and DOM building, synchronous);
 - to paint: from the replacement to the second `requestAnimationFrame` after it, i.e. until the frame that
@@ -213,7 +213,7 @@ def summarize(positions: int, result: dict, html_bytes: int, rate: float) -> lis
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--positions", type=int, nargs="+", default=[256, 64], help="canvas sizes (default 256 64)")
-    parser.add_argument("--rate", type=float, default=15.0, help="updates per second (default 15, the app's cap)")
+    parser.add_argument("--rate", type=float, help="updates per second (default: the app's live rate for each size)")
     parser.add_argument("--updates", type=int, default=90, help="updates per size (default 90)")
     parser.add_argument("--finished-blocks", type=int, default=3, help="finished blocks in the stack (default 3)")
     parser.add_argument("--model", help="model for the served app (default: the embedded one; the page is the same)")
@@ -221,13 +221,14 @@ def main() -> int:
     parser.add_argument("--extra-css", help="CSS added to the page before measuring (to try a rendering change)")
     parser.add_argument("--json", action="store_true", help="print the raw results as JSON too")
     args = parser.parse_args()
-    if args.rate <= 0 or args.updates < 1 or min(args.positions) < 1:
+    if (args.rate is not None and args.rate <= 0) or args.updates < 1 or min(args.positions) < 1:
         raise SystemExit("error: --rate must be positive, --updates and --positions at least 1")
 
     from playwright.sync_api import sync_playwright
     from transformers import AutoTokenizer
 
     from diffgemma_ui.canvas_view import live_html
+    from diffgemma_ui.worker import default_live_rate
     from engine.tokens import TokenText
     from load_test import launch_app
     from pages import CHROMIUM, CHROMIUM_ARGS
@@ -260,16 +261,17 @@ def main() -> int:
                     cdp.send("Performance.enable", {"timeDomain": "threadTicks"})
                     raw = {}
                     for positions in args.positions:
+                        rate = args.rate or default_live_rate(positions)
                         frames = random_frames(token_text, vocabulary, positions, args.updates, seed=positions)
                         html = [live_html(f) for f in frames]
                         stack = finished_stack(token_text, vocabulary, positions, args.finished_blocks)
                         # one short warm-up pass (first-use costs of the styles and fonts), then the measured one
-                        measure(page, cdp, html[:10], stack, args.rate)
+                        measure(page, cdp, html[:10], stack, rate)
                         load = os.getloadavg()[0]
-                        result = measure(page, cdp, html, stack, args.rate)
+                        result = measure(page, cdp, html, stack, rate)
                         raw[positions] = result
                         average_bytes = sum(len(h.encode()) for h in html) / len(html)
-                        for line in summarize(positions, result, average_bytes, args.rate):
+                        for line in summarize(positions, result, average_bytes, rate):
                             print(line, flush=True)
                         print(f"  load average (1 min) {load:.2f} before, {os.getloadavg()[0]:.2f} after", flush=True)
                         if positions == args.positions[0]:

@@ -31,7 +31,7 @@ from .step_through import StepThroughHandlers
 from .text import escape_html
 from .validation import (CUSTOM_PRESET, MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS, UI_MAX_ENTROPY_BOUND,
                          UI_MAX_NEW_TOKENS)
-from .worker import DEFAULT_MAX_FPS, DEFAULT_READER_BUDGET
+from .worker import DEFAULT_READER_BUDGET
 from .zerogpu import make_playground
 
 DEFAULT_PROMPT = "Tell me what happened after the flood."  # a chat prompt, as the raw box starts unticked
@@ -115,7 +115,7 @@ def text_only_badge(engine: DiffusionEngine) -> str:
             'text prompts only">text only: the playground sends text</span>')
 
 
-def build_app(engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
+def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
               reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
               max_run_s: float | None = DEFAULT_MAX_RUN_S, race: RaceRunner | None = None) -> gr.Blocks:
     """Build the playground for a loaded engine (the model is fixed: web users cannot choose it or any file).

@@ -32,7 +32,7 @@ from .text import plain_text
 from .thought_view import thought_html
 from .validation import CUSTOM_PRESET, PRESET_FIELDS, SETTING_NAMES, RunRequest, build_request, preset_values
 from .worker import (
-    DEFAULT_MAX_FPS,
+    default_live_rate,
     DEFAULT_READER_BUDGET,
     RunRegistry,
     RunTimeLimitExceeded,
@@ -41,7 +41,7 @@ from .worker import (
 )
 
 # Live plots re-render at most once a second (each Plotly redraw costs the browser ~0.1 s of CPU); the canvas and
-# meter follow every frame, up to DEFAULT_MAX_FPS; the final render always has everything.
+# meter follow every frame, up to the live rate (`worker.default_live_rate`); the final render always has everything.
 PLOT_INTERVAL_S = 1.0
 API_SUMMARY_KEYS = (
     "frames", "forwards", "tokens_per_second", "tokens_per_forward", "seconds", "seed", "token_ids", "stop_reason",
@@ -129,19 +129,20 @@ class Playground:
 
     Args:
         engine: a loaded `DiffusionEngine`.
-        max_fps: most live renders per second (the newest frame each time; the final frame always).
+        max_fps: most live renders per second (the newest frame each time; the final frame always); None: the
+            default for the engine's canvas (`worker.default_live_rate`: 15/s at 64 positions, 7/s at 256).
         reader_budget: most share of wall time the live view's rendering and sending may take (see
             `RunWorker.updates`); None: only `max_fps` limits.
         abandon_after_s: a run whose reader stops polling for this long stops itself (closed tab).
         max_run_s: a run (UI or API) that lasts longer is stopped with a clear error (None: no limit).
     """
 
-    def __init__(self, engine: DiffusionEngine, *, max_fps: float = DEFAULT_MAX_FPS,
+    def __init__(self, engine: DiffusionEngine, *, max_fps: float | None = None,
                  reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
                  max_run_s: float | None = DEFAULT_MAX_RUN_S):
         self.engine = engine
         self.max_run_s = max_run_s
-        self.max_fps = max_fps
+        self.max_fps = default_live_rate(engine.canvas_length) if max_fps is None else max_fps
         self.reader_budget = reader_budget
         self.abandon_after_s = abandon_after_s
         self.registry = RunRegistry()

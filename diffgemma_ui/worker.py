@@ -23,9 +23,25 @@ from .record import RunRecord, RunSnapshot
 
 FrameSource = Callable[[threading.Event], Iterator[Frame]]
 DEFAULT_MAX_FPS = 15.0
+# Chips the browser redraws per second at most: headless Chromium with software raster on the 2-core CPU showed
+# 6.6-9.1 of 15 updates/s at 256 positions and 14.2 at 64 (benchmarks/browser_canvas_cost.py), so the default live
+# rate falls from 15 updates/s to 7 at the real checkpoint's 256-position canvas instead of letting updates queue
+LIVE_POSITIONS_PER_SECOND = 1800.0
 DEFAULT_READER_BUDGET = 0.05  # the UI may take at most 5% of wall time: the meter must show >= 95% of bare speed
 STOP_GRACE_S = 2.0  # after Stop, frames already on their way (ZeroGPU pipes them from another process) are read this long
 LOG = logging.getLogger(__name__)
+
+
+def default_live_rate(canvas_length: int) -> float:
+    """Live renders per second for a canvas of `canvas_length` positions: `DEFAULT_MAX_FPS` (15/s) up to 120
+    positions, then `LIVE_POSITIONS_PER_SECOND / canvas_length` (256 positions: 7.0/s), never below 2/s.
+
+    Raises:
+        ValueError: `canvas_length` below 1.
+    """
+    if canvas_length < 1:
+        raise ValueError(f"canvas_length must be at least 1, got {canvas_length}")
+    return max(2.0, min(DEFAULT_MAX_FPS, LIVE_POSITIONS_PER_SECOND / canvas_length))
 
 
 class RunTimeLimitExceeded(RuntimeError):

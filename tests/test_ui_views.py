@@ -26,7 +26,7 @@ from diffgemma_ui.validation import (
     check_ui_seed,
     preset_values,
 )
-from diffgemma_ui.worker import RunTimeLimitExceeded, RunWorker
+from diffgemma_ui.worker import RunTimeLimitExceeded, RunWorker, default_live_rate
 from engine import DiffusionSettings, Frame
 from synthetic import parse_html, synthetic_frame
 
@@ -368,6 +368,18 @@ def test_worker_coalesces_to_max_fps_and_always_delivers_the_final_frame():
     assert counts == sorted(set(counts))  # each render newer than the last
     assert sum(len(b) for b in snaps[-1].blocks) == 400 and len(snaps[-1].blocks) == 100
     assert worker.join(2)
+
+
+def test_the_default_live_rate_falls_for_large_canvases():
+    assert default_live_rate(64) == 15.0  # the embedded model: the old cap
+    assert default_live_rate(256) == pytest.approx(7.03, abs=0.01)  # the real checkpoint's canvas
+    assert default_live_rate(100_000) == 2.0
+    assert [default_live_rate(n) for n in (64, 128, 256, 512)] == sorted(
+        [default_live_rate(n) for n in (64, 128, 256, 512)], reverse=True)
+    with pytest.raises(ValueError, match="canvas_length"):
+        default_live_rate(0)
+    assert Playground(FakeEngine()).max_fps == default_live_rate(FakeEngine.canvas_length)
+    assert Playground(FakeEngine(), max_fps=3.0).max_fps == 3.0  # an explicit rate is kept
 
 
 def test_worker_stretches_the_gap_so_a_slow_reader_keeps_to_its_budget():
