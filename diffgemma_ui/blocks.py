@@ -235,11 +235,15 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
         # the inputs in a step of its own (a refused request shows its message without an error badge on the
         # canvas) and takes a ticket that stops the session's current run; the run step then serves only the
         # newest ticket. "multiple": a trigger during a run is a restart, never silently dropped.
-        run_step = gr.on(
+        # A refused request leaves the previous run on the page: `refused` marks it as the previous run's.
+        requested = gr.on(
             [generate.click, prompt.submit], playground.request_run, inputs=[session, *run_inputs, thinking],
             outputs=[ticket, meter, generate, stop], api_visibility="private", concurrency_limit=None,
             show_progress="hidden", trigger_mode="multiple",
-        ).success(
+        )
+        requested.failure(playground.refused, inputs=[session], outputs=[meter], api_visibility="private",
+                          concurrency_limit=None, show_progress="hidden")
+        run_step = requested.success(
             fn=playground.generate_stream, inputs=[session, *run_inputs, ticket, thinking], outputs=stream_outputs,
             api_visibility="private", concurrency_id="engine", show_progress="full",
             show_progress_on=[canvas], trigger_mode="multiple",

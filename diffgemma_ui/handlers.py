@@ -25,7 +25,7 @@ from engine.settings import MAX_SEED
 from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html
 from .liveness import job_alive_check
-from .meter import meter_html, waiting_meter_html
+from .meter import meter_html, refused_meter_html, waiting_meter_html
 from .record import RunSnapshot
 from .session import SessionState
 from .text import plain_text
@@ -268,6 +268,21 @@ class Playground:
         replacing = session.worker is not None and session.worker.running
         return (str(session.claim()), waiting_meter_html(replacing=replacing), gr.update(interactive=False),
                 gr.update(interactive=True))
+
+    def refused(self, session: SessionState):
+        """After `request_run` refused a request: mark the previous run's results, still on the page, as the previous
+        run's (the meter says so above its figures). Nothing changes when there is no previous run, or when the
+        session's run is still going (a refused request leaves it running; its next frame would hide the mark).
+
+        Returns:
+            the meter's HTML, or `gr.skip()`.
+        """
+        snap = getattr(session, "snapshot", None)
+        worker = getattr(session, "worker", None)
+        if snap is None or snap.latest is None or (worker is not None and worker.running):
+            return gr.skip()
+        finished = snap.finished_blocks()
+        return refused_meter_html(snap.latest, committed=finished[-1] if finished else None)
 
     def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
                         t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed, ticket=None,

@@ -89,11 +89,12 @@ def stat_cards_html(values: dict[str, str]) -> str:
 
 
 def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str | None = None,
-               state: str | None = None) -> str:
+               state: str | None = None, notice: str | None = None) -> str:
     """The meter as HTML: one card per figure of `meter_values(frame)`; progress, seed and counts in a note below.
 
     `committed`: see `meter_values`. `note` replaces the idle note ("press Generate to start") when there is no frame; `state` overrides
-    `data-state` ("idle", "queued", "running", "done"). `data-tps` and `data-ttff` on the outer element hold the raw
+    `data-state` ("idle", "queued", "running", "done", "refused"). `notice`: a line shown above the cards (why the
+    figures below are not the latest request's). `data-tps` and `data-ttff` on the outer element hold the raw
     tokens/s shown (committed blocks) and time to first frame in seconds (for tests and benchmarks; "0" before a
     commit or a frame).
     """
@@ -116,13 +117,25 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
             f"{frame.forward_index + 1:,} forwards"
             f' <span class="dg-rate-note">{escape_html(RATE_NOTE)}</span></div>'
         )
+    banner = f'<div class="dg-meter-notice" role="status">{escape_html(notice)}</div>' if notice else ""
     return (
         f'<div class="dg-meter" data-state="{state}" data-tps="{tps:.6g}" data-ttff="{ttff:.6g}">'
-        f"{cards}{footer}</div>"
+        f"{banner}{cards}{footer}</div>"
     )
 
 
 IDLE_NOTE = "engine clock \u00b7 press Generate to start"
+
+
+REFUSED_NOTICE = ("Not run: the request was refused (its message says why). Everything below is from the "
+                  "previous run.")
+
+
+def refused_meter_html(frame: Frame | None, *, committed: Frame | None = None) -> str:
+    """The meter of the previous run (`frame`, `committed` as in `meter_html`) with `REFUSED_NOTICE` above its cards
+    and `data-state="refused"`: shown when a new request was refused, so the results left on the page are not taken
+    for the refused request's."""
+    return meter_html(frame, committed=committed, state="refused", notice=REFUSED_NOTICE)
 
 
 def waiting_meter_html(replacing: bool = False) -> str:

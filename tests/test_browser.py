@@ -151,6 +151,30 @@ def test_refused_prompt_leaves_the_canvas_clean_and_hand_edits_make_the_preset_c
     page.close()
 
 
+def test_a_refused_request_after_a_run_marks_the_results_as_the_previous_runs(browser, served_app):
+    _, url = served_app
+    page, problems = open_page(browser, url)
+    page.fill("#dg-prompt textarea", "And")
+    page.check("#dg-raw input[type=checkbox]")
+    set_number(page, "Max denoising steps", 3)
+    page.click("#dg-generate")
+    page.wait_for_selector(".dg-meter[data-state='done']", timeout=60_000)
+    answer = page.locator("#dg-text textarea").input_value()
+    assert answer.strip()
+    page.fill("#dg-prompt textarea", "")
+    page.click("#dg-generate")
+    page.wait_for_selector("text=prompt is empty", timeout=10_000)
+    page.wait_for_selector(".dg-meter[data-state='refused']", timeout=10_000)
+    notice = page.locator("#dg-meter .dg-meter-notice").inner_text()
+    assert "Not run" in notice and "previous run" in notice
+    assert page.locator("#dg-text textarea").input_value() == answer  # nothing lost
+    assert page.locator("#dg-generate").is_enabled()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "browser_refused_after_a_run.png"))
+    assert not problems, problems
+    page.close()
+
+
 def test_shift_enter_runs_and_the_block_slider_follows_the_keyboard(browser, served_app):
     _, url = served_app
     page, problems = open_page(browser, url)

@@ -594,6 +594,21 @@ def test_one_run_per_session_whatever_starts_it():
     assert list(playground.generate_stream(session, *ARGS, queued_ticket)) == []  # it never starts
 
 
+def test_a_refused_request_marks_only_a_finished_previous_run():
+    playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
+    session = SessionState()
+    assert isinstance(playground.refused(session), type(gr.skip()))  # nothing on the page to mark
+    ticket, *_ = playground.request_run(session, *ARGS)
+    stream = playground.generate_stream(session, *ARGS, ticket)
+    next(stream), next(stream)
+    assert isinstance(playground.refused(session), type(gr.skip()))  # the run goes on: its frames own the meter
+    playground.stop(session)
+    list(stream)
+    meter = playground.refused(session)
+    assert 'data-state="refused"' in meter and "Everything below is from the previous run" in meter
+    assert f"seed {session.snapshot.latest.seed}" in meter  # the previous run's own figures stay
+
+
 def test_runs_past_the_time_limit_stop_with_a_clear_message_and_keep_finished_blocks():
     worker = RunWorker(fake_source(100_000, delay=0.01), time_limit_s=0.3).start()
     snap = worker.wait(10)
