@@ -26,7 +26,8 @@ from .worker import RunWorker
 
 ZERO_GPU_MESSAGE = ("infill is not available on ZeroGPU Spaces yet (it runs outside the GPU slot the platform lends "
                     "per request); run the playground on a dedicated GPU or CPU Space, or locally")
-IDLE_METER_NOTE = "engine clock \u00b7 press Fill to start \u00b7 tokens counts the whole canvas, fixed text included"
+IDLE_METER_NOTE = ("engine clock \u00b7 press Fill to start \u00b7 tokens, tokens/s and tokens/forward count the blanks the "
+                   "model filled, not the fixed text")
 
 
 class InfillState:

@@ -16,6 +16,7 @@ it when the canvas is committed).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections.abc import Iterator
@@ -142,7 +143,7 @@ def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSet
 
     `prompt`: optional raw context the encoder reads before the canvas (default: `<bos>` only). `settings`'s
     `max_new_tokens` is set to one canvas. Every frame's `input_ids` and `draft_ids` hold the fixed tokens at the
-    fixed positions.
+    fixed positions; their speed figures count the blanks only (see `count_blanks_only`).
 
     Raises:
         ValueError: bad template, prompt, seed or settings; a template that does not fit one canvas.
@@ -168,7 +169,22 @@ def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSet
     canvas = torch.where(processor.fixed.view(1, -1), processor.fixed_ids.view(1, -1), noise)
     frames = denoise(engine.model, input_ids, settings, token_text=engine.token_text, stop_event=stop_event,
                      random_state=random_state, logits_processors=[processor], initial_canvas=canvas)
-    return layout, frames
+    return layout, count_blanks_only(frames, layout)
+
+
+def count_blanks_only(frames: Iterator[Frame], layout: InfillLayout) -> Iterator[Frame]:
+    """`frames` with their speed figures counting the tokens the model wrote (the blanks) and not the template's
+    fixed text, which it only copied: once the canvas is committed, `committed_tokens` is the number of blank
+    positions, `tokens_per_second` that over `elapsed_s` and `tokens_per_forward` that over the forwards so far.
+    (Blanks may not take EOS or pad, so every blank is a written token.) Frames before the commit are unchanged."""
+    blanks = len(layout.blanks)
+    for frame in frames:
+        if frame.committed_tokens:
+            frame = dataclasses.replace(
+                frame, committed_tokens=blanks,
+                tokens_per_second=blanks / frame.elapsed_s if frame.elapsed_s > 0 else 0.0,
+                tokens_per_forward=blanks / (frame.forward_index + 1))
+        yield frame
 
 
 def filled_text(tokenizer, layout: InfillLayout, canvas_ids: list[int]) -> tuple[str, list[str]]:

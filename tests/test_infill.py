@@ -31,6 +31,12 @@ def test_fixed_positions_never_change_in_any_frame(engine):
     assert not any(final[i] in eos for i in layout.blanks)
     text, fills = filled_text(engine.tokenizer, layout, final)
     assert text.startswith("Once upon a") and text.endswith("who <end_of_turn> lived.") and len(fills) == 2
+    # the speed figures count the 4 tokens the model wrote, not the template's fixed text it copied
+    assert all(f.committed_tokens == 0 for f in frames[:-1])
+    last = frames[-1]
+    assert last.committed_tokens == 4 < layout.template_positions
+    assert last.tokens_per_second == pytest.approx(4 / last.elapsed_s)
+    assert last.tokens_per_forward == pytest.approx(4 / 6)
 
 
 def test_template_text_is_plain_text_and_same_seed_same_fill(engine):
