@@ -13,11 +13,12 @@ from collections.abc import Iterator
 
 import gradio as gr
 
-from engine.diffusers_sampler import SCHEDULERS, diffusers_available, pipeline_frames
+from engine.diffusers_sampler import SCHEDULERS, PipelineRun, diffusers_available
 from engine.settings import MAX_SEED
 
 from . import plots
 from .compare_view import side_html, verdict_html
+from .handlers import describe_error
 from .text import plain_text
 
 POLL_S = 0.5  # how often the tab redraws a running side
@@ -49,8 +50,9 @@ class CompareHandlers:
         steps and adaptive stopping; t_min, t_max and the stopping thresholds are the checkpoint's).
 
         `b_sampler` (`sampler_choices`): B may run diffusers' `DiffusionGemmaPipeline` with one of its schedulers
-        instead of the engine (`engine.diffusers_sampler`: chat prompts only, its frames arrive when it ends, and its
-        random stream is the pipeline's generator seeded with the same seed, not the engine's).
+        instead of the engine (`engine.diffusers_sampler`: chat prompts only, shown live as it runs and stopped at the
+        server's time limit per run; its random stream is the pipeline's generator seeded with the same seed, not
+        the engine's).
 
         Seed -1 (or empty) draws one seed for both. Yields (A card, B card, verdict, A text, B text, A heatmap,
         B heatmap) while A runs, while B runs, and at the end.
@@ -86,11 +88,11 @@ class CompareHandlers:
         for side, request in enumerate(requests):
             states[side] = "running"
             if side == 1 and scheduler is not None:
-                yield view()
-                frames = pipeline_frames(self.engine, request.prompt, request.settings, scheduler, request.seed)
+                frames = yield from self._pipeline_side(request, scheduler, lasts, view)
                 lasts[side] = frames[-1]
                 texts[side] = plain_text(self.engine.summarize(frames[-1], len(frames)).text)
-                heatmaps[side] = plots.confidence_heatmap([f for f in frames if f.block_index == 0])
+                heatmaps[side] = plots.confidence_heatmap([f for f in frames if f.block_index == 0], animate=True,
+                                                          hover=True)
                 states[side] = "done"
                 continue
             worker = self.playground.start_run(request, keep_history=True)
@@ -112,3 +114,35 @@ class CompareHandlers:
             heatmaps[side] = plots.confidence_heatmap(snap.block_frames(0), animate=True, hover=True)
             states[side] = "done"
         yield view()
+
+    def _pipeline_side(self, request, scheduler: str, lasts: list, view) -> Iterator[tuple]:
+        """Side B through diffusers' pipeline (`engine.diffusers_sampler.PipelineRun`): yields `view()` every
+        `POLL_S` with the newest frame in `lasts[1]`, stops the call at the server's time limit per run, and returns
+        the run's frames. The call is stopped when this generator is closed (tab closed).
+
+        Raises:
+            gr.Error: the call failed, made no decoder forward, or reached the time limit.
+        """
+        run = PipelineRun(self.engine, request.prompt, request.settings, scheduler, request.seed).start()
+        limit = self.playground.max_run_s
+        started = time.monotonic()
+        try:
+            yield view()
+            while not run.wait(POLL_S):
+                frames = run.frames()
+                lasts[1] = frames[-1] if frames else None
+                yield view()
+                if limit is not None and time.monotonic() - started > limit:
+                    run.stop()
+                    run.wait()
+                    raise gr.Error(f"Run B failed: the run reached this server's limit of {limit:g} s per run and "
+                                   f"was stopped after {len(run.frames())} decoder forwards: lower max_new_tokens or "
+                                   "max_denoising_steps", print_exception=False)
+        finally:
+            run.stop()
+            run.wait(10.0)  # the next request must not start while the pipeline still holds the device
+        frames = run.frames()
+        if run.error is not None or not frames:
+            reason = describe_error(run.error) if run.error is not None else "no decoder forward"
+            raise gr.Error(f"Run B failed: {reason}", print_exception=False)
+        return frames

@@ -9,10 +9,9 @@ from __future__ import annotations
 from engine import DiffusionSettings, Frame
 
 from .meter import meter_html
-
-IDLE_NOTE = "engine clock \u00b7 press Compare A and B to start"
 from .text import escape_html
 
+IDLE_NOTE = "engine clock \u00b7 press Compare A and B to start"
 SIDES = ("A", "B")
 
 

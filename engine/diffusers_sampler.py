@@ -11,12 +11,15 @@ What a frame means here: `input_ids` is the canvas the step read, `draft_ids` th
 renoised positions hold random tokens), `confidence` and `entropy` come from the softmax of the raw denoiser
 logits (the engine's frames use the temperature-scaled ones), and times are wall-clock seconds of the pipeline
 call (prefill included). The pipeline always applies the chat template (no raw prompts) and runs the whole
-generation in one call, so its frames arrive at the end.
+generation in one call: `PipelineRun` runs that call in a thread, so its frames can be read while it runs (the
+committed ids of a finished block are then the canvas the callback saw; once the call returns, every frame is rebuilt
+from the pipeline's output sequence) and stopped after any step.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import threading
 import time
 
 import torch
@@ -50,58 +53,135 @@ def make_scheduler(name: str, settings: DiffusionSettings):
     return cls(num_inference_steps=settings.max_denoising_steps)
 
 
-def pipeline_frames(engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int) -> list[Frame]:
-    """Run `DiffusionGemmaPipeline` with `scheduler` on the engine's model and return its frames (see the module
-    docstring). `settings`: max_new_tokens (the pipeline's `gen_length`), max_denoising_steps
-    (`num_inference_steps`), adaptive stopping (off: `confidence_threshold=None`), stability and confidence
-    thresholds; seed: the pipeline's `torch.Generator` seed.
+class PipelineStopped(Exception):
+    """Raised inside the pipeline's step callback to end a `PipelineRun` that was stopped."""
 
-    Raises:
+
+class PipelineRun:
+    """One `DiffusionGemmaPipeline` call with `scheduler` on the engine's model, in a background thread, read as
+    frames while it runs (see the module docstring).
+
+    `settings`: max_new_tokens (the pipeline's `gen_length`), max_denoising_steps (`num_inference_steps`), adaptive
+    stopping (off: `confidence_threshold=None`), stability and confidence thresholds; `seed`: the pipeline's
+    `torch.Generator` seed.
+
+    Use: `run = PipelineRun(...).start()`; `run.frames()` at any time; `run.stop()` ends it after the current step
+    (its last frame then has `stop_reason` "cancelled"); `run.wait(timeout)` returns whether it ended. After the end,
+    `run.error` holds the exception the call raised, if any (not for a stop).
+
+    Raises (at construction):
         ValueError: bad prompt or scheduler name. ImportError: diffusers is not installed.
     """
-    from diffusers import DiffusionGemmaPipeline
 
-    from .engine import check_prompt
+    def __init__(self, engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int):
+        from diffusers import DiffusionGemmaPipeline
 
-    prompt = check_prompt(prompt)
-    model, canvas_length = engine.model, engine.canvas_length
-    pipe = DiffusionGemmaPipeline(model=model, scheduler=make_scheduler(scheduler, settings),
-                                  processor=engine.tokenizer)
-    pipe.set_progress_bar_config(disable=True)
-    eos = model.generation_config.eos_token_id
-    eos_id = eos[0] if isinstance(eos, list) else eos
-    steps: list[dict] = []
-    previous = {"canvas": None}
-    start = time.perf_counter()
+        from .engine import check_prompt
 
-    def record(pipeline, global_step, step_index, tensors):
+        self.engine, self.settings, self.seed = engine, settings, int(seed)
+        self.prompt = check_prompt(prompt)
+        self.pipe = DiffusionGemmaPipeline(model=engine.model, scheduler=make_scheduler(scheduler, settings),
+                                           processor=engine.tokenizer)
+        self.pipe.set_progress_bar_config(disable=True)
+        self.prompt_tokens = int(engine.encode_prompt(self.prompt).shape[1])
+        self.error: BaseException | None = None
+        self._steps: list[dict] = []
+        self._sequence: list[int] | None = None
+        self._stop = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="diffusers-pipeline", daemon=True)
+        self._start = 0.0
+
+    def start(self) -> "PipelineRun":
+        """Start the call in its thread; returns self."""
+        self._start = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Ask the call to end after its current denoising step."""
+        self._stop.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` seconds (None: no limit) for the call to end; returns whether it has."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def finished(self) -> bool:
+        """Whether the call has ended (completed, stopped or failed)."""
+        return self._thread.ident is not None and not self._thread.is_alive()
+
+    def frames(self) -> list[Frame]:
+        """The frames so far, one per decoder forward; exact (from the output sequence) once the call completed."""
+        finished = self.finished  # read first: a step recorded after it is then only missed, never mislabelled
+        steps = list(self._steps)
+        sequence = self._sequence
+        if sequence is None:  # running or stopped: each block's newest callback canvas
+            sequence = []
+            for index, step in enumerate(steps):
+                if index == len(steps) - 1 or steps[index + 1]["step"] == 0:
+                    sequence += step["canvas"]
+        config = self.engine.model.generation_config
+        return _frames_of(steps, sequence, self.engine.canvas_length, self.settings, config.eos_token_id,
+                          config.pad_token_id, self.prompt_tokens, self.seed, self.engine.token_text,
+                          complete=finished, stopped=self._stopped)
+
+    def _record(self, pipeline, global_step, step_index, tensors):
+        if self._stop.is_set():
+            raise PipelineStopped
         canvas, logits = tensors["canvas"][0], tensors["logits"][0]
         draft = logits.argmax(dim=-1)
         confidence, entropy = canvas_statistics(logits, draft)
-        read = previous["canvas"] if step_index > 0 and previous["canvas"] is not None else None
-        steps.append({"step": step_index, "input": read, "draft": draft.tolist(),
-                      "accepted": (canvas == draft).tolist(),
-                      "confidence": confidence.tolist(), "entropy": entropy.tolist(), "canvas": canvas.tolist(),
-                      "elapsed": time.perf_counter() - start})
-        previous["canvas"] = canvas.tolist()
+        previous = self._steps[-1]["canvas"] if step_index > 0 and self._steps else None
+        self._steps.append({"step": step_index, "input": previous, "draft": draft.tolist(),
+                            "accepted": (canvas == draft).tolist(), "confidence": confidence.tolist(),
+                            "entropy": entropy.tolist(), "canvas": canvas.tolist(),
+                            "elapsed": time.perf_counter() - self._start})
         return {}
 
-    generator = torch.Generator(device=engine.device).manual_seed(int(seed))
-    output = pipe(prompt=prompt, gen_length=settings.max_new_tokens,
-                  num_inference_steps=settings.max_denoising_steps, eos_token_id=eos_id,
-                  stability_threshold=settings.stability_threshold,
-                  confidence_threshold=settings.confidence_threshold if settings.adaptive_stopping else None,
-                  generator=generator, output_type="seq", callback_on_step_end=record,
-                  callback_on_step_end_tensor_inputs=["canvas", "logits"])
-    sequence = output.sequences[0].tolist()
-    prompt_tokens = int(engine.encode_prompt(prompt).shape[1])
-    return _frames_of(steps, sequence, canvas_length, settings, eos, model.generation_config.pad_token_id,
-                      prompt_tokens, int(seed), engine.token_text)
+    def _run(self) -> None:
+        settings = self.settings
+        eos = self.engine.model.generation_config.eos_token_id
+        try:
+            generator = torch.Generator(device=self.engine.device).manual_seed(self.seed)
+            output = self.pipe(prompt=self.prompt, gen_length=settings.max_new_tokens,
+                               num_inference_steps=settings.max_denoising_steps,
+                               eos_token_id=eos[0] if isinstance(eos, list) else eos,
+                               stability_threshold=settings.stability_threshold,
+                               confidence_threshold=settings.confidence_threshold if settings.adaptive_stopping
+                               else None,
+                               generator=generator, output_type="seq", callback_on_step_end=self._record,
+                               callback_on_step_end_tensor_inputs=["canvas", "logits"])
+            self._sequence = output.sequences[0].tolist()
+        except PipelineStopped:
+            self._stopped = True
+        except BaseException as error:  # noqa: BLE001 - handed to the reader
+            self.error = error
+
+
+def pipeline_frames(engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int) -> list[Frame]:
+    """Run `DiffusionGemmaPipeline` with `scheduler` to the end and return its frames (a `PipelineRun` waited for).
+
+    Raises:
+        ValueError: bad prompt or scheduler name. ImportError: diffusers is not installed. Whatever the pipeline
+        call raised.
+    """
+    run = PipelineRun(engine, prompt, settings, scheduler, seed).start()
+    run.wait()
+    if run.error is not None:
+        raise run.error
+    return run.frames()
 
 
 def _frames_of(steps: list[dict], sequence: list[int], canvas_length: int, settings: DiffusionSettings, eos,
-               pad_id, prompt_tokens: int, seed: int, token_text) -> list[Frame]:
-    """Frames from the recorded steps (a step with index 0 opens a block) and the pipeline's output sequence."""
+               pad_id, prompt_tokens: int, seed: int, token_text, *, complete: bool = True,
+               stopped: bool = False) -> list[Frame]:
+    """Frames from the recorded steps (a step with index 0 opens a block) and the pipeline's output sequence.
+
+    `complete`: the call has ended, so the last step ends its block and the run; else the newest block is still
+    being denoised. `stopped`: it ended by `PipelineRun.stop` (the last frame's stop reason is "cancelled" and the
+    block it was in is not committed)."""
     kind = getattr(token_text, "kind", None)
     frames: list[Frame] = []
     block = -1
@@ -113,10 +193,11 @@ def _frames_of(steps: list[dict], sequence: list[int], canvas_length: int, setti
         if step["step"] == 0:
             block += 1
             first_accepted = [-1] * canvas_length
-        last_of_block = index == len(steps) - 1 or steps[index + 1]["step"] == 0
+        newest = index == len(steps) - 1
+        last_of_block = (newest and complete and not stopped) or (not newest and steps[index + 1]["step"] == 0)
         first_accepted = [step["step"] if a and f < 0 else f for a, f in zip(step["accepted"], first_accepted)]
         input_ids = step["input"] if step["input"] is not None else step["canvas"]
-        done = index == len(steps) - 1
+        done = newest and complete
         if last_of_block:
             forwards_per_block = forwards_per_block + [step["step"] + 1]
             committed = strip_after_eos(sequence[: (block + 1) * canvas_length], eos)
@@ -125,7 +206,8 @@ def _frames_of(steps: list[dict], sequence: list[int], canvas_length: int, setti
         stop_reason = ""
         if done:
             eos_ids = set(eos if isinstance(eos, list) else [eos])
-            stop_reason = "eos" if committed and committed[-1] in eos_ids else "max_new_tokens"
+            stop_reason = ("cancelled" if stopped else "eos" if committed and committed[-1] in eos_ids
+                           else "max_new_tokens")
         frames.append(Frame(
             block_index=block, step_index=step["step"], forward_index=index, canvas_length=canvas_length,
             max_denoising_steps=n_steps, temperature=0.0, input_ids=list(input_ids), draft_ids=step["draft"],

@@ -3,6 +3,7 @@ tokens, and the tab in Chromium. Screenshots go to artifacts/compare/."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,40 @@ def test_diffusers_scheduler_as_side_b(engine):
         DIFFUSERS_PREFIX + "EntropyBoundScheduler"))
     card_a, card_b, verdict, _, text_b, _, heatmap_b = views[-1]
     assert "EntropyBoundScheduler" in card_b and 'data-state="done"' in verdict and heatmap_b["data"]
+    playground = Playground(engine, max_run_s=0.1)
+    request = playground.checked_request("Tell me about the flood.", False, 1024, 8, 0.5, 0.05, 0.1, 1, 0.05, False,
+                                         4, ui_limits=True)
+    lasts = [None, None]
+    live = CompareHandlers(playground)._pipeline_side(request, "BlockRefinementScheduler", lasts, lambda: lasts[1])
+    with pytest.raises(Exception, match="limit of 0.1 s per run"):
+        list(live)
+    assert lasts[1] is not None and not lasts[1].done  # frames were shown while the pipeline ran
+
+
+@pytest.mark.slow
+def test_a_pipeline_run_is_read_while_it_runs_and_stops_within_a_step(engine):
+    pytest.importorskip("diffusers")
+    from engine.diffusers_sampler import PipelineRun
+
+    settings = engine.recommended.replace(max_new_tokens=1024, max_denoising_steps=8, adaptive_stopping=False)
+    run = PipelineRun(engine, "Tell me about the flood.", settings, "BlockRefinementScheduler", 4).start()
+    while len(run.frames()) < 3 and not run.finished:
+        time.sleep(0.01)
+    frames = run.frames()
+    assert not frames[-1].done and not frames[-1].block_done  # the newest block is still being denoised
+    assert [f.forward_index for f in frames] == list(range(len(frames)))
+    run.stop()
+    assert run.wait(30) and run.error is None
+    last = run.frames()[-1]
+    assert last.done and last.stop_reason == "cancelled" and last.forward_index < 31  # 4 blocks x 8 steps
+
+
+@pytest.mark.slow
+def test_diffusers_side_b_refuses_raw_prompts(engine):
+    pytest.importorskip("diffusers")
+    from diffgemma_ui.compare_handlers import DIFFUSERS_PREFIX
+    from diffgemma_ui.handlers import Playground
+
     with pytest.raises(Exception, match="always applies the chat template"):
         list(CompareHandlers(Playground(engine)).compare("In the beginning", True, 4, 64, 0.5, 3, True, 0.5, 3, True,
                                                          DIFFUSERS_PREFIX + "DiscreteDDIMScheduler"))
