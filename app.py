@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parse options, load the model, warm it up, serve the app. Returns the exit status (2: bad model or options)."""
     args = build_parser().parse_args(argv)
     from diffgemma_ui.deployment import default_threads, zero_gpu
+    from diffgemma_ui.malloc_arenas import limit_malloc_arenas
+
+    limit_malloc_arenas()  # before the model and the server's threads allocate (MALLOC_ARENA_MAX, if set, wins)
 
     on_zero_gpu = zero_gpu()  # what the platform says (SPACES_ZERO_GPU), not whether `spaces` imports
     if on_zero_gpu:

@@ -506,3 +506,15 @@ def test_zerogpu_api_generate_runs_the_same_way(zerogpu_space):
         assert not [x for x in _log(log)[before:] if x["event"] == "schedule"]
     finally:
         client.close()
+
+
+def test_the_server_bounds_malloc_arenas_unless_the_operator_chose():
+    import platform
+
+    from diffgemma_ui.malloc_arenas import limit_malloc_arenas
+
+    assert limit_malloc_arenas(environ={"MALLOC_ARENA_MAX": "4"}) is None  # the operator's value stays
+    if platform.libc_ver()[0] == "glibc":
+        assert limit_malloc_arenas(environ={}) == 2
+    with pytest.raises(ValueError, match="arenas must be >= 1"):
+        limit_malloc_arenas(0, environ={})
