@@ -60,8 +60,10 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
 
     inputs = [template, context, preset_box, steps, seed]
     private = dict(api_visibility="private", show_progress="hidden", trigger_mode="once")
-    gr.on([fill.click, template.submit], infill.check_inputs, inputs=inputs, outputs=None,
-          concurrency_limit=None, **private).success(
+    checked = gr.on([fill.click, template.submit], infill.check_inputs, inputs=inputs, outputs=None,
+                    concurrency_limit=None, **private)
+    checked.failure(infill.refused, inputs=[state], outputs=[meter], concurrency_limit=None, **private)
+    checked.success(
         infill.fill_stream, inputs=[state, *inputs],
         outputs=[canvas, meter, filled, text, heatmap, order, entropy, fill, stop], concurrency_id="engine",
         **private)

@@ -19,7 +19,7 @@ from .deployment import zero_gpu
 from .frame_runs import finish, run_api_frames, start_frames
 from .handlers import API_SUMMARY_KEYS, PLOT_INTERVAL_S, describe_error, status_text
 from .infill_view import blank_plots, filled_html, infill_canvas_html
-from .meter import meter_html
+from .meter import meter_html, refused_meter_html
 from .text import plain_text
 from .validation import build_settings, check_prompt, check_ui_seed, preset_values
 from .worker import RunWorker
@@ -128,6 +128,18 @@ class InfillTab:
                     raise gr.Error(describe_error(snap.error), print_exception=False)
         finally:
             finish(playground, key, worker)  # on normal end, and when Gradio closes this generator (tab closed)
+
+    @staticmethod
+    def refused(state: InfillState):
+        """After Fill's checks refused a request: the previous fill's meter, marked as the previous run's
+        (`meter.refused_meter_html`); `gr.skip()` when there was none or it is still running."""
+        worker = getattr(state, "worker", None)
+        if worker is None or worker.running:
+            return gr.skip()
+        latest = worker.snapshot().latest
+        if latest is None:
+            return gr.skip()
+        return refused_meter_html(latest, committed=latest if latest.block_done else None)
 
     @staticmethod
     def stop(state: InfillState) -> None:
