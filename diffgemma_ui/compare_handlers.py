@@ -71,10 +71,11 @@ class CompareHandlers:
         if scheduler is not None and requests[1].raw:
             raise gr.Error("diffusers' pipeline always applies the chat template: untick raw prompt to use it",
                            print_exception=False)
-        sampler_note = ""
-        if scheduler is not None:  # only the entropy-bound scheduler reads the entropy bound and temperatures
-            sampler_note = scheduler + ("" if scheduler == "EntropyBoundScheduler"
-                                        else " (its own defaults: the entropy bound and t do not apply)")
+        sampler_note = "" if scheduler is None else scheduler
+        # only the entropy-bound scheduler reads the entropy bound and temperatures
+        b_reads_bound = scheduler is None or scheduler == "EntropyBoundScheduler"
+        if not b_reads_bound:
+            sampler_note += " (its own defaults for what it samples with)"
         lasts = [None, None]
         heatmaps = [plots.confidence_heatmap([]), plots.confidence_heatmap([])]
         texts = ["", ""]
@@ -82,7 +83,8 @@ class CompareHandlers:
 
         def view():
             return (side_html("A", requests[0].settings, lasts[0], states[0]),
-                    side_html("B", requests[1].settings, lasts[1], states[1], sampler=sampler_note),
+                    side_html("B", requests[1].settings, lasts[1], states[1], sampler=sampler_note,
+                              bound_and_t=b_reads_bound),
                     verdict_html(*lasts), texts[0], texts[1], heatmaps[0], heatmaps[1])
 
         for side, request in enumerate(requests):

@@ -15,18 +15,21 @@ IDLE_NOTE = "engine clock \u00b7 press Compare A and B to start"
 SIDES = ("A", "B")
 
 
-def settings_label(settings: DiffusionSettings) -> str:
-    """A one-line summary of the settings that differ between presets (plain text)."""
-    return (f"entropy bound {settings.entropy_bound:g} \u00b7 max {settings.max_denoising_steps} steps \u00b7 "
-            f"t {settings.t_max:g}\u2192{settings.t_min:g} \u00b7 adaptive stopping "
+def settings_label(settings: DiffusionSettings, *, bound_and_t: bool = True) -> str:
+    """A one-line summary of the settings that differ between presets (plain text); `bound_and_t` False leaves out
+    the entropy bound and temperatures (for a sampler that does not read them)."""
+    bound = f"entropy bound {settings.entropy_bound:g} \u00b7 " if bound_and_t else ""
+    schedule = f"t {settings.t_max:g}\u2192{settings.t_min:g} \u00b7 " if bound_and_t else ""
+    return (f"{bound}max {settings.max_denoising_steps} steps \u00b7 {schedule}adaptive stopping "
             f"{'on' if settings.adaptive_stopping else 'off'}")
 
 
 def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None, state: str,
-              sampler: str = "") -> str:
-    """One side's card: its name, settings (and `sampler`, when not the engine's), state ("waiting", "running",
-    "done") and meter (from its newest frame)."""
-    label = settings_label(settings) if settings is not None else ""
+              sampler: str = "", bound_and_t: bool = True) -> str:
+    """One side's card: its name, settings (and `sampler`, when not the engine's; `bound_and_t` False: it does not
+    read the entropy bound and temperatures, which are then not listed), state ("waiting", "running", "done") and
+    meter (from its newest frame)."""
+    label = settings_label(settings, bound_and_t=bound_and_t) if settings is not None else ""
     label = f"{sampler} \u00b7 {label}" if sampler else label
     return (f'<div class="dg-compare-side" data-side="{escape_html(side)}" data-state="{escape_html(state)}">'
             f'<h3>{escape_html(side)} \u00b7 {escape_html(state)}</h3><p class="dg-meter-note">{escape_html(label)}</p>'

@@ -142,12 +142,12 @@ class PipelineRun:
 
     def _run(self) -> None:
         settings = self.settings
-        eos = self.engine.model.generation_config.eos_token_id
         try:
             generator = torch.Generator(device=self.engine.device).manual_seed(self.seed)
             output = self.pipe(prompt=self.prompt, gen_length=settings.max_new_tokens,
                                num_inference_steps=settings.max_denoising_steps,
-                               eos_token_id=eos[0] if isinstance(eos, list) else eos,
+                               eos_token_id=turn_end_id(self.engine.tokenizer,
+                                                        self.engine.model.generation_config.eos_token_id),
                                stability_threshold=settings.stability_threshold,
                                confidence_threshold=settings.confidence_threshold if settings.adaptive_stopping
                                else None,
@@ -158,6 +158,23 @@ class PipelineRun:
             self._stopped = True
         except BaseException as error:  # noqa: BLE001 - handed to the reader
             self.error = error
+
+
+def turn_end_id(tokenizer, eos) -> int | None:
+    """The end-of-sequence id that ends a chat answer: the first of `eos` (an id or a list, the generation config's)
+    that the chat template writes after an assistant message (Gemma 4: 106 `<turn|>`; the embedded model: 4
+    `<end_of_turn>`), else the first of `eos`. The pipeline stops early at one id only, and it always applies the
+    chat template: with `<eos>` (1) it would denoise every canvas of the token budget after the answer had ended."""
+    ids = list(eos) if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]
+    if not ids:
+        return None
+    try:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], tokenize=True)
+        rendered = rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered
+    except Exception:  # noqa: BLE001 - no or an unusual template: the generation config's first id
+        return ids[0]
+    return next((i for i in ids if i in set(rendered)), ids[0])
 
 
 def pipeline_frames(engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int) -> list[Frame]:

@@ -97,11 +97,11 @@ def test_compare_tab_in_the_browser(browser, served_app):
 
 
 @pytest.mark.slow
-def test_diffusers_scheduler_as_side_b(engine):
+def test_diffusers_scheduler_as_side_b(engine, monkeypatch):
     pytest.importorskip("diffusers")
     from diffgemma_ui.compare_handlers import DIFFUSERS_PREFIX
     from diffgemma_ui.handlers import Playground
-    from engine.diffusers_sampler import pipeline_frames
+    from engine.diffusers_sampler import pipeline_frames, turn_end_id
 
     settings = engine.recommended.replace(max_new_tokens=128, max_denoising_steps=3)
     frames = pipeline_frames(engine, "Tell me about the flood.", settings, "BlockRefinementScheduler", 4)
@@ -110,6 +110,11 @@ def test_diffusers_scheduler_as_side_b(engine):
                                                                                last.forwards_per_block)
     assert [f.forward_index for f in frames] == list(range(len(frames)))
     assert all(len(f.draft_ids) == engine.canvas_length and len(f.accepted) == engine.canvas_length for f in frames)
+    assert turn_end_id(engine.tokenizer, engine.model.generation_config.eos_token_id) == 4  # <end_of_turn>
+    ended = pipeline_frames(engine, "Tell me what happened after the flood.", settings.replace(max_new_tokens=256),
+                            "DiscreteDDIMScheduler", 0)[-1]
+    assert ended.stop_reason == "eos" and ended.committed_ids[-1] == 4
+    assert len(ended.forwards_per_block) == (len(ended.committed_ids) - 1) // engine.canvas_length + 1  # no more
     again = pipeline_frames(engine, "Tell me about the flood.", settings, "BlockRefinementScheduler", 4)
     assert again[-1].committed_ids == last.committed_ids  # the pipeline's generator is seeded
     views = list(CompareHandlers(Playground(engine)).compare(
@@ -117,12 +122,13 @@ def test_diffusers_scheduler_as_side_b(engine):
         DIFFUSERS_PREFIX + "EntropyBoundScheduler"))
     card_a, card_b, verdict, _, text_b, _, heatmap_b = views[-1]
     assert "EntropyBoundScheduler" in card_b and 'data-state="done"' in verdict and heatmap_b["data"]
-    playground = Playground(engine, max_run_s=0.1)
-    request = playground.checked_request("Tell me about the flood.", False, 1024, 8, 0.5, 0.05, 0.1, 1, 0.05, False,
+    monkeypatch.setattr("diffgemma_ui.compare_handlers.POLL_S", 0.05)
+    playground = Playground(engine, max_run_s=0.3)  # a first canvas of 64 forwards takes longer
+    request = playground.checked_request("Tell me about the flood.", False, 1024, 64, 0.5, 0.05, 0.1, 1, 0.05, False,
                                          4, ui_limits=True)
     lasts = [None, None]
     live = CompareHandlers(playground)._pipeline_side(request, "BlockRefinementScheduler", lasts, lambda: lasts[1])
-    with pytest.raises(Exception, match="limit of 0.1 s per run"):
+    with pytest.raises(Exception, match="limit of 0.3 s per run"):
         list(live)
     assert lasts[1] is not None and not lasts[1].done  # frames were shown while the pipeline ran
 
@@ -154,3 +160,11 @@ def test_diffusers_side_b_refuses_raw_prompts(engine):
     with pytest.raises(Exception, match="always applies the chat template"):
         list(CompareHandlers(Playground(engine)).compare("In the beginning", True, 4, 64, 0.5, 3, True, 0.5, 3, True,
                                                          DIFFUSERS_PREFIX + "DiscreteDDIMScheduler"))
+
+
+def test_a_sampler_that_ignores_the_bound_is_not_shown_with_one():
+    settings = DiffusionSettings(entropy_bound=10.0, max_denoising_steps=5)
+    card = side_html("B", settings, None, "waiting", sampler="DiscreteDDIMScheduler", bound_and_t=False)
+    assert "DiscreteDDIMScheduler" in card and "max 5 steps" in card
+    assert "entropy bound" not in card and "t 0." not in card
+    assert "entropy bound 10" in side_html("A", settings, None, "waiting")
