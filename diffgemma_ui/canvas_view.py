@@ -18,10 +18,14 @@ from .token_view import TokenCell, token_cells
 # Token styles drawn dimmed and labelled, without the confidence colour: control symbols, not text
 _CONTROL_STYLES = ("special", "pad", "eos")
 
-EMPTY_CANVAS_HTML = (
-    '<div class="dg-canvas dg-empty" data-forward="-1">'
-    '<p>Press <b>Generate</b> to watch a canvas of random tokens denoise into text.</p></div>'
-)
+def empty_canvas_html(button: str = "Generate") -> str:
+    """The canvas before any run: press `button` (the tab's own run button, plain text) to watch one."""
+    return ('<div class="dg-canvas dg-empty" data-forward="-1">'
+            f"<p>Press <b>{escape_html(button)}</b> to watch a canvas of random tokens denoise into text.</p></div>")
+
+
+EMPTY_CANVAS_HTML = empty_canvas_html()
+CHAT_EMPTY_CANVAS_HTML = empty_canvas_html("Send")
 
 STOP_REASONS = {
     "eos": "ended at end-of-sequence",

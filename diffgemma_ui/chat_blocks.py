@@ -6,7 +6,7 @@ import gradio as gr
 from engine import PRESET_NAMES
 
 from . import plots
-from .canvas_view import EMPTY_CANVAS_HTML, legend_html
+from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html
 from .chat_handlers import IDLE_METER_NOTE, ChatState, ChatTab
 from .chat_view import EMPTY_CHAT_HTML, IDLE_REUSE_HTML
 from .meter import meter_html
@@ -52,7 +52,7 @@ def build_chat_tab(chat: ChatTab) -> None:
             with gr.Column(min_width=0, elem_id="dg-chat-canvas-wrap", elem_classes=["dg-canvas-card"]):
                 gr.HTML(legend_html())
                 stack = gr.HTML("", elem_id="dg-chat-stack")
-                canvas = gr.HTML(EMPTY_CANVAS_HTML, elem_id="dg-chat-canvas")
+                canvas = gr.HTML(CHAT_EMPTY_CANVAS_HTML, elem_id="dg-chat-canvas")
             with gr.Accordion("Plots of this answer's block", open=False, elem_id="dg-chat-plots"):
                 heatmap = gr.Plot(plots.confidence_heatmap([]), show_label=False, elem_id="dg-chat-heatmap")
                 with gr.Row():

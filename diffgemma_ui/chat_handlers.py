@@ -21,7 +21,7 @@ from engine.chat import ChatSession
 from engine.conversation import check_messages
 
 from . import plots
-from .canvas_view import EMPTY_CANVAS_HTML
+from .canvas_view import CHAT_EMPTY_CANVAS_HTML
 from .chat_view import EMPTY_CHAT_HTML, IDLE_REUSE_HTML, history_html, reuse_html
 from .deployment import zero_gpu
 from .frame_runs import finish, run_api_frames, start_frames
@@ -298,7 +298,7 @@ class ChatTab:
                 state.chat.clear()
             state.turns = state.cut_turns = 0
             state.view.snapshot = None
-        return (EMPTY_CHAT_HTML, IDLE_REUSE_HTML, "", EMPTY_CANVAS_HTML, meter_html(None, note=IDLE_METER_NOTE),
+        return (EMPTY_CHAT_HTML, IDLE_REUSE_HTML, "", CHAT_EMPTY_CANVAS_HTML, meter_html(None, note=IDLE_METER_NOTE),
                 plots.confidence_heatmap([]), plots.unmasking_order(None), plots.entropy_and_acceptance([]),
                 gr.skip(), *self._buttons(state or ChatState(), running=False))
 

@@ -249,3 +249,8 @@ def test_chat_tab_in_the_browser_two_turns_show_the_reuse(browser, served_app):
         assert problems == []
     finally:
         page.close()
+
+
+def test_the_chat_canvas_names_the_tabs_own_button(tab):
+    cleared = tab.clear(None)
+    assert "<b>Send</b>" in cleared[3] and "Generate" not in cleared[3]
