@@ -31,6 +31,7 @@ STOP_REASONS = {
     "eos": "ended at end-of-sequence",
     "max_new_tokens": "reached max new tokens",
     "cancelled": "stopped",
+    "filled": "filled the blanks",
     "": "",
 }
 

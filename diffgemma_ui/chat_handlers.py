@@ -197,10 +197,10 @@ class ChatTab:
         def start(chat: ChatSession, stop: threading.Event):
             return chat.regenerate(settings, seed=None, thinking=thinking, stop_event=stop)
 
-        yield from self._stream(state, start, text, request, clear_message=False)
+        yield from self._stream(state, start, text, request, clear_message=False, regenerating=True)
 
     def _stream(self, state: ChatState, start: Callable, user_text: str, request, *,
-                clear_message: bool) -> Iterator[tuple]:
+                clear_message: bool, regenerating: bool = False) -> Iterator[tuple]:
         playground = self.playground
         if state is None:
             state = ChatState()
@@ -237,22 +237,22 @@ class ChatTab:
                     yield (history, gr.skip(), out.stack, out.canvas, out.meter, out.heatmap, out.order,
                            out.entropy, gr.skip(), *self._buttons(state, running=index == 0 or None))
                     continue
-                yield self._final(state, snap, out, clear_message)
+                yield self._final(state, snap, out, clear_message, regenerating)
                 if snap.error is not None:
                     raise gr.Error(describe_error(snap.error), print_exception=False)
         finally:
             finish(playground, key, worker)  # on normal end, on Stop, and when Gradio closes this generator
 
-    def _final(self, state: ChatState, snap, out, clear_message: bool) -> tuple:
+    def _final(self, state: ChatState, snap, out, clear_message: bool, regenerating: bool = False) -> tuple:
         chat = state.chat
         if chat is None:  # the tab closed meanwhile (`unload`): nothing to show to anyone
             return (EMPTY_CHAT_HTML, STOPPED_NOTE, *(gr.skip(),) * 7, *self._buttons(state, running=False))
         answered = (snap.error is None and snap.latest is not None and snap.latest.done
                     and snap.latest.stop_reason != "cancelled" and chat.last_report is not None)
         if answered:
-            state.turns += 1
+            state.turns += 0 if regenerating else 1  # a regenerated answer replaces the last turn's
             state.cut_turns += chat.last_report.dropped_turns
-            reuse = reuse_html(chat.last_report, state.turns)
+            reuse = reuse_html(chat.last_report, state.turns, regenerated=regenerating)
         else:
             reuse = STOPPED_NOTE
         history = history_html(chat.messages, chat.thoughts, cut_turns=state.cut_turns)

@@ -73,9 +73,10 @@ def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pend
     return f'<div class="dg-chat-history" data-turns="{turns}"><div class="dg-chat-log">{"".join(parts)}</div></div>'
 
 
-def reuse_html(report: TurnReport | None, turn: int = 0) -> str:
+def reuse_html(report: TurnReport | None, turn: int = 0, *, regenerated: bool = False) -> str:
     """What the turn's encoder cache saved: prompt tokens reused (not re-encoded), encoded, prefill seconds, the
-    estimated saving, and the history-cut note ("" in `report.note`: none). `IDLE_REUSE_HTML` for None.
+    estimated saving, and the history-cut note ("" in `report.note`: none). `IDLE_REUSE_HTML` for None. `turn`: the
+    turn's number (0: none shown); `regenerated`: its answer was regenerated.
 
     The outer element carries `data-reused`, `data-prompt` and `data-encoded` (tokens) for tests.
     """
@@ -83,7 +84,7 @@ def reuse_html(report: TurnReport | None, turn: int = 0) -> str:
         return IDLE_REUSE_HTML
     saved = (f" \u00b7 about {report.prefill_saved_s * 1000:,.1f} ms of prefill saved (estimate: reused tokens "
              "\u00d7 this conversation's measured prefill time per token)" if report.reused_tokens else "")
-    head = f"Turn {turn} \u00b7 " if turn else ""
+    head = f"Turn {turn}{' (regenerated)' if regenerated else ''} \u00b7 " if turn else ""
     text = (f"{head}prompt {report.prompt_tokens:,} tokens: {report.reused_tokens:,} reused from the previous "
             f"turn's cache (not re-encoded), {report.encoded_tokens:,} encoded \u00b7 prefill "
             f"{report.prefill_s * 1000:,.1f} ms{saved}")

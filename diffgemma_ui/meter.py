@@ -113,8 +113,9 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
     if frame is not None:
         footer = (
             f'<div class="dg-meter-note"><span class="dg-progress">{escape_html(progress)}</span> engine clock'
-            f" \u00b7 seed {escape_html(str(frame.seed))} \u00b7 prompt {frame.prompt_tokens:,} tokens \u00b7 "
-            f"{frame.forward_index + 1:,} forwards"
+            f" \u00b7 seed {escape_html(str(frame.seed))} \u00b7 prompt {frame.prompt_tokens:,} "
+            f"token{'' if frame.prompt_tokens == 1 else 's'} \u00b7 "
+            f"{frame.forward_index + 1:,} forward{'' if frame.forward_index == 0 else 's'}"
             f' <span class="dg-rate-note">{escape_html(RATE_NOTE)}</span></div>'
         )
     banner = f'<div class="dg-meter-notice" role="status">{escape_html(notice)}</div>' if notice else ""

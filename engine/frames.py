@@ -45,7 +45,8 @@ class Frame:
         tokens_per_second = committed_tokens / elapsed_s, tokens_per_forward = committed_tokens / forwards so far.
 
     Run fields: prompt_tokens (prompt length in tokens), seed (the seed in force, drawn when none was given),
-    stop_reason ("eos", "max_new_tokens" or "cancelled" on the last frame, else "").
+    stop_reason ("eos", "max_new_tokens" or "cancelled" on the last frame, "filled" for a completed infill
+    (`engine.infill`), else "").
     """
 
     block_index: int

@@ -176,9 +176,13 @@ def count_blanks_only(frames: Iterator[Frame], layout: InfillLayout) -> Iterator
     """`frames` with their speed figures counting the tokens the model wrote (the blanks) and not the template's
     fixed text, which it only copied: once the canvas is committed, `committed_tokens` is the number of blank
     positions, `tokens_per_second` that over `elapsed_s` and `tokens_per_forward` that over the forwards so far.
-    (Blanks may not take EOS or pad, so every blank is a written token.) Frames before the commit are unchanged."""
+    (Blanks may not take EOS or pad, so every blank is a written token.) Frames before the commit are unchanged. The
+    last frame of a fill that completed has `stop_reason` "filled" (the generator's "max_new_tokens": the canvas is
+    the whole budget)."""
     blanks = len(layout.blanks)
     for frame in frames:
+        if frame.done and frame.stop_reason == "max_new_tokens":  # the one canvas is the whole budget
+            frame = dataclasses.replace(frame, stop_reason="filled")
         if frame.committed_tokens:
             frame = dataclasses.replace(
                 frame, committed_tokens=blanks,

@@ -37,6 +37,7 @@ def test_fixed_positions_never_change_in_any_frame(engine):
     assert last.committed_tokens == 4 < layout.template_positions
     assert last.tokens_per_second == pytest.approx(4 / last.elapsed_s)
     assert last.tokens_per_forward == pytest.approx(4 / 6)
+    assert last.stop_reason == "filled"  # not "reached max new tokens": Infill has no such setting
 
 
 def test_template_text_is_plain_text_and_same_seed_same_fill(engine):
