@@ -7,7 +7,7 @@ import gradio as gr
 from engine import PRESET_NAMES, preset
 
 from . import plots
-from .compare_handlers import ENGINE_SAMPLER, CompareHandlers, sampler_choices
+from .compare_handlers import ENGINE_SAMPLER, CompareHandlers, CompareState, sampler_choices
 from .compare_view import SIDES, side_html, verdict_html
 from .validation import UI_MAX_DENOISING_STEPS, UI_MAX_ENTROPY_BOUND, UI_MAX_NEW_TOKENS
 
@@ -50,7 +50,10 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
                                           info="diffusers' schedulers run its DiffusionGemmaPipeline (chat prompts)",
                                           elem_id="dg-compare-sampler")
             sides[side] = (name, entropy_bound, steps, adaptive)
-    run = gr.Button("Compare A and B", variant="primary", elem_id="dg-compare-run")
+    with gr.Row():
+        run = gr.Button("Compare A and B", variant="primary", elem_id="dg-compare-run", scale=3)
+        stop = gr.Button("Stop", variant="stop", elem_id="dg-compare-stop", scale=1)
+    state = gr.State(CompareState())
     verdict = gr.HTML(verdict_html(None, None), elem_id="dg-compare-verdict")
     outputs = {}
     with gr.Row(equal_height=False):
@@ -73,8 +76,10 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
         name.change(apply, inputs=[name], outputs=[entropy_bound, steps, adaptive], **private)
     run.click(
         compare.compare,
-        inputs=[prompt, raw, seed, max_new_tokens, *sides["A"][1:], *sides["B"][1:], sampler],
+        inputs=[prompt, raw, seed, max_new_tokens, *sides["A"][1:], *sides["B"][1:], sampler, state],
         outputs=[outputs["A"][0], outputs["B"][0], verdict, outputs["A"][1], outputs["B"][1], outputs["A"][2],
                  outputs["B"][2]],
         api_visibility="private", concurrency_id="engine", show_progress="minimal", trigger_mode="once",
     )
+    stop.click(compare.stop, inputs=[state], outputs=None, concurrency_limit=None, api_visibility="private",
+               show_progress="hidden")

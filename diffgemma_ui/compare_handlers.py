@@ -8,6 +8,7 @@ limits and ZeroGPU behave as for Generate.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Iterator
 
@@ -31,6 +32,17 @@ def sampler_choices() -> list[str]:
     return [ENGINE_SAMPLER, *([DIFFUSERS_PREFIX + name for name in SCHEDULERS] if diffusers_available() else [])]
 
 
+class CompareState:
+    """One visitor's Compare run (a `gr.State` value): Stop sets `stop`. A copy is always fresh (nothing crosses
+    sessions)."""
+
+    def __init__(self):
+        self.stop = threading.Event()
+
+    def __deepcopy__(self, memo) -> "CompareState":
+        return CompareState()
+
+
 class CompareHandlers:
     """Event handlers of the Compare tab, bound to a `handlers.Playground`."""
 
@@ -45,7 +57,7 @@ class CompareHandlers:
             rec.stability_threshold, rec.confidence_threshold, adaptive_stopping, seed, ui_limits=True)
 
     def compare(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
-                b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER) -> Iterator[tuple]:
+                b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None) -> Iterator[tuple]:
         """Run A then B (same prompt, raw flag, seed and max_new_tokens; each side its entropy bound, max denoising
         steps and adaptive stopping; t_min, t_max and the stopping thresholds are the checkpoint's).
 
@@ -53,6 +65,9 @@ class CompareHandlers:
         instead of the engine (`engine.diffusers_sampler`: chat prompts only, shown live as it runs and stopped at the
         server's time limit per run; its random stream is the pipeline's generator seeded with the same seed, not
         the engine's).
+
+        `state`: the visitor's `CompareState`; its Stop ends the running side within one decoder forward (its card
+        says "stopped") and B does not start after a stopped A.
 
         Seed -1 (or empty) draws one seed for both. Yields (A card, B card, verdict, A text, B text, A heatmap,
         B heatmap) while A runs, while B runs, and at the end.
@@ -76,6 +91,8 @@ class CompareHandlers:
         b_reads_bound = scheduler is None or scheduler == "EntropyBoundScheduler"
         if not b_reads_bound:
             sampler_note += " (its own defaults for what it samples with)"
+        state = state if state is not None else CompareState()
+        state.stop.clear()
         lasts = [None, None]
         heatmaps = [plots.confidence_heatmap([]), plots.confidence_heatmap([])]
         texts = ["", ""]
@@ -90,12 +107,12 @@ class CompareHandlers:
         for side, request in enumerate(requests):
             states[side] = "running"
             if side == 1 and scheduler is not None:
-                frames = yield from self._pipeline_side(request, scheduler, lasts, view)
+                frames = yield from self._pipeline_side(request, scheduler, lasts, view, state.stop)
                 lasts[side] = frames[-1]
                 texts[side] = plain_text(self.engine.summarize(frames[-1], len(frames)).text)
                 heatmaps[side] = plots.confidence_heatmap([f for f in frames if f.block_index == 0], animate=True,
                                                           hover=True)
-                states[side] = "done"
+                states[side] = "stopped" if state.stop.is_set() else "done"
                 continue
             worker = self.playground.start_run(request, keep_history=True)
             try:
@@ -103,11 +120,16 @@ class CompareHandlers:
                 while not snap.finished:
                     lasts[side] = snap.latest
                     yield view()
-                    time.sleep(POLL_S)
+                    if state.stop.wait(POLL_S):
+                        worker.stop()
+                        worker.join(10.0)
                     snap = worker.snapshot()
             finally:
                 worker.stop()
                 worker.join(10.0)  # B must not start while A still holds the device
+            if state.stop.is_set() and snap.error is None and snap.latest is None:
+                states[side] = "stopped"  # stopped before its first decoder forward
+                break
             if snap.error is not None or snap.latest is None:
                 raise gr.Error(f"Run {'AB'[side]} failed: {snap.error or 'no decoder forward'}",
                                print_exception=False)
@@ -115,12 +137,22 @@ class CompareHandlers:
             texts[side] = plain_text(self.engine.summarize(snap.latest, snap.frames_seen).text)
             heatmaps[side] = plots.confidence_heatmap(snap.block_frames(0), animate=True, hover=True)
             states[side] = "done"
+            if state.stop.is_set():
+                states[side] = "stopped"
+                break
         yield view()
 
-    def _pipeline_side(self, request, scheduler: str, lasts: list, view) -> Iterator[tuple]:
+    @staticmethod
+    def stop(state: CompareState | None) -> None:
+        """Stop: the running side ends within one decoder forward and the other does not start."""
+        if state is not None:
+            state.stop.set()
+
+    def _pipeline_side(self, request, scheduler: str, lasts: list, view,
+                       stop: threading.Event | None = None) -> Iterator[tuple]:
         """Side B through diffusers' pipeline (`engine.diffusers_sampler.PipelineRun`): yields `view()` every
         `POLL_S` with the newest frame in `lasts[1]`, stops the call at the server's time limit per run, and returns
-        the run's frames. The call is stopped when this generator is closed (tab closed).
+        the run's frames. The call is stopped when `stop` is set (Stop) and when this generator is closed (tab closed).
 
         Raises:
             gr.Error: the call failed, made no decoder forward, or reached the time limit.
@@ -131,6 +163,8 @@ class CompareHandlers:
         try:
             yield view()
             while not run.wait(POLL_S):
+                if stop is not None and stop.is_set():
+                    run.stop()
                 frames = run.frames()
                 lasts[1] = frames[-1] if frames else None
                 yield view()

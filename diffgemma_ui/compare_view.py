@@ -27,7 +27,7 @@ def settings_label(settings: DiffusionSettings, *, bound_and_t: bool = True) -> 
 def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None, state: str,
               sampler: str = "", bound_and_t: bool = True) -> str:
     """One side's card: its name, settings (and `sampler`, when not the engine's; `bound_and_t` False: it does not
-    read the entropy bound and temperatures, which are then not listed), state ("waiting", "running", "done") and
+    read the entropy bound and temperatures, which are then not listed), state ("waiting", "running", "done", "stopped") and
     meter (from its newest frame)."""
     label = settings_label(settings, bound_and_t=bound_and_t) if settings is not None else ""
     label = f"{sampler} \u00b7 {label}" if sampler else label

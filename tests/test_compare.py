@@ -168,3 +168,18 @@ def test_a_sampler_that_ignores_the_bound_is_not_shown_with_one():
     assert "DiscreteDDIMScheduler" in card and "max 5 steps" in card
     assert "entropy bound" not in card and "t 0." not in card
     assert "entropy bound 10" in side_html("A", settings, None, "waiting")
+
+
+@pytest.mark.slow
+def test_stop_ends_the_running_side_and_b_never_starts(engine):
+    from diffgemma_ui.compare_handlers import CompareState
+    from diffgemma_ui.handlers import Playground
+
+    handlers, state = CompareHandlers(Playground(engine)), CompareState()
+    views = handlers.compare("In the beginning", True, 0, 1024, 0.5, 64, False, 0.5, 64, False, state=state)
+    first = next(views)
+    assert 'data-side="A" data-state="running"' in first[0]
+    handlers.stop(state)
+    card_a, card_b, verdict, text_a, *_ = list(views)[-1]
+    assert 'data-state="stopped"' in card_a and "Stopped" not in card_b and 'data-state="waiting"' in card_b
+    assert 'data-state="pending"' in verdict
