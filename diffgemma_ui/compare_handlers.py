@@ -108,6 +108,9 @@ class CompareHandlers:
             states[side] = "running"
             if side == 1 and scheduler is not None:
                 frames = yield from self._pipeline_side(request, scheduler, lasts, view, state.stop)
+                if not frames:  # stopped before its first decoder forward
+                    states[side] = "stopped"
+                    break
                 lasts[side] = frames[-1]
                 texts[side] = plain_text(self.engine.summarize(frames[-1], len(frames)).text)
                 heatmaps[side] = plots.confidence_heatmap([f for f in frames if f.block_index == 0], animate=True,
@@ -152,7 +155,8 @@ class CompareHandlers:
                        stop: threading.Event | None = None) -> Iterator[tuple]:
         """Side B through diffusers' pipeline (`engine.diffusers_sampler.PipelineRun`): yields `view()` every
         `POLL_S` with the newest frame in `lasts[1]`, stops the call at the server's time limit per run, and returns
-        the run's frames. The call is stopped when `stop` is set (Stop) and when this generator is closed (tab closed).
+        the run's frames ([] when `stop` ended it before its first forward). The call is stopped when `stop` is set
+        (Stop) and when this generator is closed (tab closed).
 
         Raises:
             gr.Error: the call failed, made no decoder forward, or reached the time limit.
@@ -178,6 +182,8 @@ class CompareHandlers:
             run.stop()
             run.wait(10.0)  # the next request must not start while the pipeline still holds the device
         frames = run.frames()
+        if stop is not None and stop.is_set() and run.error is None and not frames:
+            return []
         if run.error is not None or not frames:
             reason = describe_error(run.error) if run.error is not None else "no decoder forward"
             raise gr.Error(f"Run B failed: {reason}", print_exception=False)

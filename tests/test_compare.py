@@ -3,6 +3,7 @@ tokens, and the tab in Chromium. Screenshots go to artifacts/compare/."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -131,6 +132,14 @@ def test_diffusers_scheduler_as_side_b(engine, monkeypatch):
     with pytest.raises(Exception, match="limit of 0.3 s per run"):
         list(live)
     assert lasts[1] is not None and not lasts[1].done  # frames were shown while the pipeline ran
+    stopped = threading.Event()
+    stopped.set()  # Stop before the first forward: the side ends with no frame and no error
+    early = CompareHandlers(Playground(engine))._pipeline_side(request, "BlockRefinementScheduler", [None, None],
+                                                                lambda: None, stopped)
+    with pytest.raises(StopIteration) as ended:
+        while True:
+            next(early)
+    assert ended.value.value == []
 
 
 @pytest.mark.slow
