@@ -184,7 +184,7 @@ class ChatTab:
         def start(chat: ChatSession, stop: threading.Event):
             return chat.turn(text, settings, seed=seed, thinking=thinking, stop_event=stop)
 
-        yield from self._stream(state, start, text, request, clear_message=True)
+        yield from self._stream(state, start, text, request, regenerating=False)
 
     def regenerate_stream(self, state: ChatState, preset_name, max_new_tokens, thinking,
                           request: gr.Request = None) -> Iterator[tuple]:
@@ -197,10 +197,10 @@ class ChatTab:
         def start(chat: ChatSession, stop: threading.Event):
             return chat.regenerate(settings, seed=None, thinking=thinking, stop_event=stop)
 
-        yield from self._stream(state, start, text, request, clear_message=False, regenerating=True)
+        yield from self._stream(state, start, text, request, regenerating=True)
 
     def _stream(self, state: ChatState, start: Callable, user_text: str, request, *,
-                clear_message: bool, regenerating: bool = False) -> Iterator[tuple]:
+                regenerating: bool) -> Iterator[tuple]:
         playground = self.playground
         if state is None:
             state = ChatState()
@@ -237,13 +237,15 @@ class ChatTab:
                     yield (history, gr.skip(), out.stack, out.canvas, out.meter, out.heatmap, out.order,
                            out.entropy, gr.skip(), *self._buttons(state, running=index == 0 or None))
                     continue
-                yield self._final(state, snap, out, clear_message, regenerating)
+                yield self._final(state, snap, out, regenerating)
                 if snap.error is not None:
                     raise gr.Error(describe_error(snap.error), print_exception=False)
         finally:
             finish(playground, key, worker)  # on normal end, on Stop, and when Gradio closes this generator
 
-    def _final(self, state: ChatState, snap, out, clear_message: bool, regenerating: bool = False) -> tuple:
+    def _final(self, state: ChatState, snap, out, regenerating: bool) -> tuple:
+        """The turn's last view. `regenerating`: Regenerate's turn, which replaces the last answer (same turn number)
+        and leaves the message box alone; Send's empties it once the turn is answered."""
         chat = state.chat
         if chat is None:  # the tab closed meanwhile (`unload`): nothing to show to anyone
             return (EMPTY_CHAT_HTML, STOPPED_NOTE, *(gr.skip(),) * 7, *self._buttons(state, running=False))
@@ -256,7 +258,7 @@ class ChatTab:
         else:
             reuse = STOPPED_NOTE
         history = history_html(chat.messages, chat.thoughts, cut_turns=state.cut_turns)
-        message = gr.update(value="") if answered and clear_message else gr.skip()
+        message = gr.update(value="") if answered and not regenerating else gr.skip()
         return (history, reuse, out.stack, out.canvas, out.meter, out.heatmap, out.order, out.entropy, message,
                 *self._buttons(state, running=False))
 
