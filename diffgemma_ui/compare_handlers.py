@@ -21,6 +21,7 @@ from . import plots
 from .compare_view import side_html, verdict_html
 from .handlers import describe_error
 from .text import plain_text
+from .worker import time_limit_error
 
 POLL_S = 0.5  # how often the tab redraws a running side
 ENGINE_SAMPLER = "engine: entropy bound (transformers)"
@@ -124,8 +125,7 @@ class CompareHandlers:
                     lasts[side] = snap.latest
                     yield view()
                     if state.stop.wait(POLL_S):
-                        worker.stop()
-                        worker.join(10.0)
+                        worker.stop()  # its final frame comes within one decoder forward
                     snap = worker.snapshot()
             finally:
                 worker.stop()
@@ -175,9 +175,8 @@ class CompareHandlers:
                 if limit is not None and time.monotonic() - started > limit:
                     run.stop()
                     run.wait()
-                    raise gr.Error(f"Run B failed: the run reached this server's limit of {limit:g} s per run and "
-                                   f"was stopped after {len(run.frames())} decoder forwards: lower max_new_tokens or "
-                                   "max_denoising_steps", print_exception=False)
+                    error = time_limit_error(limit, len(run.frames()), blocks_kept=False)
+                    raise gr.Error(f"Run B failed: {describe_error(error)}", print_exception=False)
         finally:
             run.stop()
             run.wait(10.0)  # the next request must not start while the pipeline still holds the device

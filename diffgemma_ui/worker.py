@@ -48,6 +48,14 @@ class RunTimeLimitExceeded(RuntimeError):
     """A run went past the server's time limit per run and was stopped; the blocks it committed are kept."""
 
 
+def time_limit_error(limit_s: float, forwards: int, *, blocks_kept: bool = True) -> RunTimeLimitExceeded:
+    """The error of a run stopped at the server's limit of `limit_s` seconds per run after `forwards` decoder
+    forwards; `blocks_kept`: the message says its finished blocks are kept (they are shown)."""
+    kept = " (finished blocks are kept)" if blocks_kept else ""
+    return RunTimeLimitExceeded(f"the run reached this server's limit of {limit_s:g} s per run and was stopped after "
+                                f"{forwards} decoder forwards{kept}: lower max_new_tokens or max_denoising_steps")
+
+
 def is_out_of_memory(error: BaseException | None) -> bool:
     """Whether `error` is the device (`torch.OutOfMemoryError`) or the host (`MemoryError`) running out of memory."""
     import torch  # noqa: PLC0415 - already loaded by the engine
@@ -172,10 +180,7 @@ class RunWorker:
                     pass
             iterator = close = None
             if timed_out and error is None:
-                error = RunTimeLimitExceeded(
-                    f"the run reached this server's limit of {self.time_limit_s:g} s per run and was stopped "
-                    f"after {self.record.count} decoder forwards (finished blocks are kept): lower max_new_tokens or "
-                    "max_denoising_steps")
+                error = time_limit_error(self.time_limit_s, self.record.count)
             if is_out_of_memory(error):
                 release_memory()
             self.record.finish(error)
