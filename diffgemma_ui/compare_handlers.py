@@ -169,13 +169,12 @@ class CompareHandlers:
             while not run.wait(POLL_S):
                 if stop is not None and stop.is_set():
                     run.stop()
-                frames = run.frames()
-                lasts[1] = frames[-1] if frames else None
+                lasts[1] = run.latest()
                 yield view()
                 if limit is not None and time.monotonic() - started > limit:
                     run.stop()
                     run.wait()
-                    error = time_limit_error(limit, len(run.frames()), blocks_kept=False)
+                    error = time_limit_error(limit, run.forwards, blocks_kept=False)
                     raise gr.Error(f"Run B failed: {describe_error(error)}", print_exception=False)
         finally:
             run.stop()

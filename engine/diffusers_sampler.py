@@ -112,8 +112,19 @@ class PipelineRun:
         """Whether the call has ended (completed, stopped or failed)."""
         return self._thread.ident is not None and not self._thread.is_alive()
 
-    def frames(self) -> list[Frame]:
-        """The frames so far, one per decoder forward; exact (from the output sequence) once the call completed."""
+    @property
+    def forwards(self) -> int:
+        """Decoder forwards recorded so far."""
+        return len(self._steps)
+
+    def latest(self) -> Frame | None:
+        """The newest frame (None before the first forward): `frames()[-1]` without building the others."""
+        frames = self.frames(only_last=True)
+        return frames[-1] if frames else None
+
+    def frames(self, *, only_last: bool = False) -> list[Frame]:
+        """The frames so far, one per decoder forward; exact (from the output sequence) once the call completed.
+        `only_last`: just the newest (see `latest`)."""
         finished = self.finished  # read first: a step recorded after it is then only missed, never mislabelled
         steps = list(self._steps)
         sequence = self._sequence
@@ -125,7 +136,7 @@ class PipelineRun:
         config = self.engine.model.generation_config
         return _frames_of(steps, sequence, self.engine.canvas_length, self.settings, config.eos_token_id,
                           config.pad_token_id, self.prompt_tokens, self.seed, self.engine.token_text,
-                          complete=finished, stopped=self._stopped)
+                          complete=finished, stopped=self._stopped, only_last=only_last)
 
     def _record(self, pipeline, global_step, step_index, tensors):
         if self._stop.is_set():
@@ -193,12 +204,13 @@ def pipeline_frames(engine, prompt: str, settings: DiffusionSettings, scheduler:
 
 def _frames_of(steps: list[dict], sequence: list[int], canvas_length: int, settings: DiffusionSettings, eos,
                pad_id, prompt_tokens: int, seed: int, token_text, *, complete: bool = True,
-               stopped: bool = False) -> list[Frame]:
+               stopped: bool = False, only_last: bool = False) -> list[Frame]:
     """Frames from the recorded steps (a step with index 0 opens a block) and the pipeline's output sequence.
 
     `complete`: the call has ended, so the last step ends its block and the run; else the newest block is still
     being denoised. `stopped`: it ended by `PipelineRun.stop` (the last frame's stop reason is "cancelled" and the
-    block it was in is not committed)."""
+    block it was in is not committed). `only_last`: build the newest frame only (the others' token strings are what
+    costs: a running view polls this)."""
     kind = getattr(token_text, "kind", None)
     frames: list[Frame] = []
     block = -1
@@ -218,6 +230,8 @@ def _frames_of(steps: list[dict], sequence: list[int], canvas_length: int, setti
         if last_of_block:
             forwards_per_block = forwards_per_block + [step["step"] + 1]
             committed = strip_after_eos(sequence[: (block + 1) * canvas_length], eos)
+        if only_last and not newest:
+            continue
         committed_tokens = sum(1 for t in committed if t != pad_id)
         elapsed = step["elapsed"]
         stop_reason = ""

@@ -158,6 +158,7 @@ def test_a_pipeline_run_is_read_while_it_runs_and_stops_within_a_step(engine):
     assert run.wait(30) and run.error is None
     last = run.frames()[-1]
     assert last.done and last.stop_reason == "cancelled" and last.forward_index < 31  # 4 blocks x 8 steps
+    assert run.latest() == last and run.forwards == last.forward_index + 1
 
 
 @pytest.mark.slow
