@@ -74,9 +74,13 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
             return settings.entropy_bound, settings.max_denoising_steps, settings.adaptive_stopping
 
         name.change(apply, inputs=[name], outputs=[entropy_bound, steps, adaptive], **private)
-    run.click(
-        compare.compare,
-        inputs=[prompt, raw, seed, max_new_tokens, *sides["A"][1:], *sides["B"][1:], sampler, state],
+    inputs = [prompt, raw, seed, max_new_tokens, *sides["A"][1:], *sides["B"][1:], sampler, state]
+    # As Generate's chain: the inputs are checked in a step of their own (a refused request shows its message
+    # without error badges on the previous comparison's cards, which `refused` marks as the previous run's)
+    requested = run.click(compare.request, inputs=inputs, outputs=None, trigger_mode="once", **private)
+    requested.failure(compare.refused, inputs=[state], outputs=[verdict], **private)
+    requested.success(
+        compare.compare, inputs=inputs,
         outputs=[outputs["A"][0], outputs["B"][0], verdict, outputs["A"][1], outputs["B"][1], outputs["A"][2],
                  outputs["B"][2]],
         api_visibility="private", concurrency_id="engine", show_progress="minimal", trigger_mode="once",

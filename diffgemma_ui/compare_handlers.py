@@ -14,12 +14,14 @@ from collections.abc import Iterator
 
 import gradio as gr
 
+from engine import Frame
 from engine.diffusers_sampler import SCHEDULERS, PipelineRun, diffusers_available
 from engine.settings import MAX_SEED
 
 from . import plots
 from .compare_view import side_html, verdict_html
 from .handlers import describe_error
+from .meter import REFUSED_NOTICE
 from .text import plain_text
 from .worker import time_limit_error
 
@@ -34,11 +36,15 @@ def sampler_choices() -> list[str]:
 
 
 class CompareState:
-    """One visitor's Compare run (a `gr.State` value): Stop sets `stop`. A copy is always fresh (nothing crosses
-    sessions)."""
+    """One visitor's Compare runs (a `gr.State` value): Stop sets `stop` (cleared when a request is accepted, so a
+    Stop pressed while the request waits in the queue still counts); `running` while a comparison runs; `shown`: the
+    last frames (A, B) of the last comparison that ended, which stay on the page. A copy is always fresh (nothing
+    crosses sessions)."""
 
     def __init__(self):
         self.stop = threading.Event()
+        self.running = False
+        self.shown: tuple[Frame | None, Frame | None] | None = None
 
     def __deepcopy__(self, memo) -> "CompareState":
         return CompareState()
@@ -57,24 +63,13 @@ class CompareHandlers:
             prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, rec.t_min, rec.t_max,
             rec.stability_threshold, rec.confidence_threshold, adaptive_stopping, seed, ui_limits=True)
 
-    def compare(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
-                b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None) -> Iterator[tuple]:
-        """Run A then B (same prompt, raw flag, seed and max_new_tokens; each side its entropy bound, max denoising
-        steps and adaptive stopping; t_min, t_max and the stopping thresholds are the checkpoint's).
-
-        `b_sampler` (`sampler_choices`): B may run diffusers' `DiffusionGemmaPipeline` with one of its schedulers
-        instead of the engine (`engine.diffusers_sampler`: chat prompts only, shown live as it runs and stopped at the
-        server's time limit per run; its random stream is the pipeline's generator seeded with the same seed, not
-        the engine's).
-
-        `state`: the visitor's `CompareState`; its Stop ends the running side within one decoder forward (its card
-        says "stopped") and B does not start after a stopped A.
-
-        Seed -1 (or empty) draws one seed for both. Yields (A card, B card, verdict, A text, B text, A heatmap,
-        B heatmap) while A runs, while B runs, and at the end.
+    def _checked(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
+                 b_steps, b_adaptive, b_sampler) -> tuple[list, str | None]:
+        """Both sides' checked requests (one seed: -1 or empty draws it) and B's diffusers scheduler (None: the
+        engine's sampler).
 
         Raises:
-            gr.Error: an invalid input on either side (before anything runs), or a run that failed.
+            gr.Error: an invalid input on either side, an unknown sampler, or a raw prompt for diffusers' pipeline.
         """
         if seed is None or (isinstance(seed, (int, float)) and seed < 0) or str(seed).strip() == "":
             seed = random.SystemRandom().randrange(0, min(MAX_SEED, 2**31 - 1))
@@ -87,13 +82,61 @@ class CompareHandlers:
         if scheduler is not None and requests[1].raw:
             raise gr.Error("diffusers' pipeline always applies the chat template: untick raw prompt to use it",
                            print_exception=False)
+        return requests, scheduler
+
+    def request(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
+                b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None) -> None:
+        """The first step of Compare A and B (no queue, no output): check both sides' inputs as `compare` will, and
+        clear the visitor's Stop, so a Stop pressed from now on (even while the comparison waits in the queue) stops it.
+
+        Raises:
+            gr.Error: a refused request (`refused` then marks the previous comparison, if any).
+        """
+        self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
+                      b_steps, b_adaptive, b_sampler)
+        if state is not None:
+            state.stop.clear()
+
+    @staticmethod
+    def refused(state: CompareState | None):
+        """After `request` refused a request: the verdict of the comparison still on the page, marked as the previous
+        run's (`meter.REFUSED_NOTICE` above it); `gr.skip()` when none ended yet or one is still running.
+
+        Returns:
+            the verdict's HTML, or `gr.skip()`.
+        """
+        if state is None or state.running or state.shown is None:
+            return gr.skip()
+        return verdict_html(*state.shown, notice=REFUSED_NOTICE)
+
+    def compare(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
+                b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None) -> Iterator[tuple]:
+        """Run A then B (same prompt, raw flag, seed and max_new_tokens; each side its entropy bound, max denoising
+        steps and adaptive stopping; t_min, t_max and the stopping thresholds are the checkpoint's).
+
+        `b_sampler` (`sampler_choices`): B may run diffusers' `DiffusionGemmaPipeline` with one of its schedulers
+        instead of the engine (`engine.diffusers_sampler`: chat prompts only, shown live as it runs and stopped at the
+        server's time limit per run; its random stream is the pipeline's generator seeded with the same seed, not
+        the engine's).
+
+        `state`: the visitor's `CompareState`; its Stop ends the running side within one decoder forward (its card
+        says "stopped") and B does not start after a stopped A; a Stop set before this starts (pressed while the
+        request waited in the queue, after `request` cleared it) runs neither side.
+
+        Seed -1 (or empty) draws one seed for both. Yields (A card, B card, verdict, A text, B text, A heatmap,
+        B heatmap) while A runs, while B runs, and at the end.
+
+        Raises:
+            gr.Error: an invalid input on either side (before anything runs), or a run that failed.
+        """
+        requests, scheduler = self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps,
+                                            a_adaptive, b_entropy_bound, b_steps, b_adaptive, b_sampler)
         sampler_note = "" if scheduler is None else scheduler
         # only the entropy-bound scheduler reads the entropy bound and temperatures
         b_reads_bound = scheduler is None or scheduler == "EntropyBoundScheduler"
         if not b_reads_bound:
             sampler_note += " (its own defaults for what it samples with)"
         state = state if state is not None else CompareState()
-        state.stop.clear()
         lasts = [None, None]
         heatmaps = [plots.confidence_heatmap([]), plots.confidence_heatmap([])]
         texts = ["", ""]
@@ -105,6 +148,20 @@ class CompareHandlers:
                               bound_and_t=b_reads_bound),
                     verdict_html(*lasts), texts[0], texts[1], heatmaps[0], heatmaps[1])
 
+        state.running = True
+        try:
+            yield from self._run_sides(requests, scheduler, state, lasts, texts, heatmaps, states, view)
+        finally:
+            state.running = False
+            state.shown = (lasts[0], lasts[1])
+
+    def _run_sides(self, requests, scheduler, state, lasts, texts, heatmaps, states, view) -> Iterator[tuple]:
+        """`compare`'s loop: A then B, filling `lasts`, `texts`, `heatmaps` and `states` in place and yielding
+        `view()`."""
+        if state.stop.is_set():  # stopped while it waited in the queue
+            states[0] = "stopped"
+            yield view()
+            return
         for side, request in enumerate(requests):
             states[side] = "running"
             if side == 1 and scheduler is not None:

@@ -40,11 +40,14 @@ def _ratio(a: float, b: float) -> str:
     return f"{b / a:.2f}\u00d7" if a > 0 else "\u2013"
 
 
-def verdict_html(a: Frame | None, b: Frame | None) -> str:
+def verdict_html(a: Frame | None, b: Frame | None, *, notice: str | None = None) -> str:
     """The comparison of two finished runs: forwards, tokens per forward, tokens/s and whether the texts agree
-    (B against A). Empty until both are done."""
+    (B against A). Empty until both are done. `notice`: a line above it (and `data-state="refused"`), saying why
+    the cards below are not the latest request's (`meter.REFUSED_NOTICE`)."""
+    banner = f'<div class="dg-meter-notice" role="status">{escape_html(notice)}</div>' if notice else ""
     if a is None or b is None or not (a.done and b.done):
-        return '<div class="dg-compare-verdict" data-state="pending"></div>'
+        state = "refused" if notice else "pending"
+        return f'<div class="dg-compare-verdict" data-state="{state}">{banner}</div>'
     forwards_a, forwards_b = a.forward_index + 1, b.forward_index + 1
     same = a.committed_ids == b.committed_ids
     first_difference = next((i for i, (x, y) in enumerate(zip(a.committed_ids, b.committed_ids)) if x != y),
@@ -61,6 +64,7 @@ def verdict_html(a: Frame | None, b: Frame | None) -> str:
     body = "".join(f"<tr><th>{escape_html(name)}</th><td>{escape_html(x)}</td><td>{escape_html(y)}</td>"
                    f"<td>{escape_html(r)}</td></tr>" for name, x, y, r in rows)
     texts = ("the same tokens" if same else f"different tokens from token {first_difference + 1}")
-    return (f'<div class="dg-compare-verdict" data-state="done" data-same="{str(same).lower()}">'
+    return (f'<div class="dg-compare-verdict" data-state="{"refused" if notice else "done"}" '
+            f'data-same="{str(same).lower()}">{banner}'
             f"<table><thead><tr><th></th><th>A</th><th>B</th><th>B / A</th></tr></thead><tbody>{body}</tbody>"
             f"</table><p>Same prompt and seed ({escape_html(str(a.seed))}): {escape_html(texts)}.</p></div>")

@@ -92,6 +92,12 @@ def test_compare_tab_in_the_browser(browser, served_app):
         assert page.input_value("#dg-compare-text-A textarea") != ""
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
+        page.fill("#dg-compare-prompt textarea", "   ")  # refused: the cards stay, marked as the previous run's
+        page.click("#dg-compare-run")
+        page.wait_for_selector("#dg-compare-verdict [data-state=refused] .dg-meter-notice", timeout=30_000)
+        assert page.locator("#dg-compare-card-A .dg-compare-side[data-state=done]").count() == 1
+        assert page.locator("#dg-compare-card-A .error, #dg-compare-card-B .error").count() == 0
+        page.screenshot(path=str(SHOTS / "compare-refused.png"), full_page=True)
         assert problems == []
     finally:
         page.close()
@@ -193,3 +199,33 @@ def test_stop_ends_the_running_side_and_b_never_starts(engine):
     card_a, card_b, verdict, text_a, *_ = list(views)[-1]
     assert 'data-state="stopped"' in card_a and "Stopped" not in card_b and 'data-state="waiting"' in card_b
     assert 'data-state="pending"' in verdict
+
+
+def test_a_refused_comparison_marks_the_previous_one_and_a_stop_while_queued_runs_nothing(engine):
+    import gradio as gr
+
+    from diffgemma_ui.compare_handlers import CompareState
+    from diffgemma_ui.handlers import Playground
+
+    playground = Playground(engine)
+    handlers, state = CompareHandlers(playground), CompareState()
+    args = ("In the beginning", True, 0, 16, 2.0, 2, True, 2.0, 1, True)
+    assert isinstance(handlers.refused(state), type(gr.skip()))  # nothing on the page to mark
+    handlers.request(*args, state=state)
+    last = list(handlers.compare(*args, state=state))[-1]
+    assert 'data-state="done"' in last[2] and not state.running
+    with pytest.raises(gr.Error):
+        handlers.request("   ", *args[1:], state=state)  # an empty prompt is refused before the queue
+    marked = handlers.refused(state)
+    assert 'data-state="refused"' in marked and "Everything below is from the previous run" in marked
+    assert "decoder forwards" in marked  # the previous comparison's own figures stay
+
+    started = []
+    start_run = playground.start_run
+    playground.start_run = lambda request, **kwargs: started.append(request) or start_run(request, **kwargs)
+    handlers.request(*args, state=state)  # accepted, then Stop while it waits in the queue
+    handlers.stop(state)
+    card_a, card_b, verdict, *_ = list(handlers.compare(*args, state=state))[-1]
+    assert started == [] and 'data-state="stopped"' in card_a and 'data-state="waiting"' in card_b
+    handlers.request(*args, state=state)  # the next accepted request runs again
+    assert 'data-state="done"' in list(handlers.compare(*args, state=state))[-1][2] and len(started) == 2
