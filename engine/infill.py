@@ -81,7 +81,9 @@ def parse_template(template: str, canvas_length: int) -> list[str | int]:
 
 
 def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -> InfillLayout:
-    """Tokenize the template's text (plain text) and lay it out in one canvas.
+    """Tokenize the template's text (plain text) and lay it out in one canvas. Spaces that end a text before a blank
+    are dropped: word tokens carry their leading space ("▁God"), so "beginning [___]" would otherwise fix a lone
+    space token before the blank and the filled text would read "beginning  God".
 
     Raises:
         ValueError: what `parse_template` raises; a template that takes more positions than one canvas has
@@ -89,11 +91,14 @@ def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -
     """
     ids: list[int] = []
     fixed: list[bool] = []
-    for part in parse_template(template, canvas_length):
+    parts = parse_template(template, canvas_length)
+    for index, part in enumerate(parts):
         if isinstance(part, int):
             ids += [-1] * part
             fixed += [False] * part
         else:
+            if index + 1 < len(parts):  # a blank follows: its first token brings its own leading space
+                part = part.rstrip(" ")
             tokens = tokenizer(part, add_special_tokens=False, split_special_tokens=True)["input_ids"]
             ids += tokens
             fixed += [True] * len(tokens)

@@ -49,6 +49,17 @@ def test_template_text_is_plain_text_and_same_seed_same_fill(engine):
     assert runs[0] == runs[1]
 
 
+def test_a_space_before_a_blank_is_the_fill_s_own(engine):
+    tokenizer = engine.tokenizer
+    layout = layout_template(tokenizer, "In the beginning [___ 3] created", engine.canvas_length, 0)
+    words = tokenizer("In the beginning", add_special_tokens=False)["input_ids"]
+    assert layout.canvas_ids[:len(words) + 3] == words + [-1, -1, -1]  # no lone space token before the blank
+    settings = engine.recommended.replace(max_denoising_steps=2)
+    final = list(infill_frames(engine, "In the beginning [___ 3] created", settings, seed=1)[1])[-1].committed_ids
+    text, fills = filled_text(tokenizer, layout, final)
+    assert "  " not in text and text.startswith("In the beginning ") and text.endswith(" created")
+
+
 @pytest.mark.parametrize("template, error", [
     ("", "empty"),
     ("no blanks here", "no blank"),

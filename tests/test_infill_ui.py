@@ -129,7 +129,7 @@ def test_infill_api_returns_the_filled_text_and_positions(client, engine):
     text, summary = client.predict("The [___ 2] is blue. <end_of_turn>", "", 3, 2.0, 0.05, 0.1, 1, 0.05, True, 7,
                                    api_name="/infill")
     assert text.startswith("The") and text.endswith("is blue. <end_of_turn>") and summary["seed"] == 7
-    before = engine.tokenizer("The ", add_special_tokens=False)["input_ids"]
+    before = engine.tokenizer("The", add_special_tokens=False)["input_ids"]
     after = engine.tokenizer(" is blue. <end_of_turn>", add_special_tokens=False, split_special_tokens=True)
     assert summary["blank_positions"] == [len(before), len(before) + 1] and len(summary["fills"]) == 1
     assert [summary["token_ids"][i] for i in summary["fixed_positions"]] == before + after["input_ids"]
