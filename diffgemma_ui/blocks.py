@@ -220,7 +220,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                     gr.Markdown(EXPLAINER_PATH.read_text(encoding="utf-8"))
             with gr.Tab("Race", id="race", elem_id="dg-tab-race"):
                 build_race_tab(race_tab)
-            with gr.Tab("Compare settings", id="compare", elem_id="dg-tab-compare"):
+            with gr.Tab("Compare", id="compare", elem_id="dg-tab-compare"):
                 build_compare_tab(CompareHandlers(playground), default_prompt)
             with gr.Tab("Chat", id="chat", elem_id="dg-tab-chat"):
                 build_chat_tab(chat_tab)

@@ -62,6 +62,9 @@ def test_stop_button_and_phone_width(browser, served_app):
     _, url = served_app
     page, problems = open_page(browser, url, width=390, height=844)
     assert page.evaluate("document.documentElement.scrollWidth") <= 390  # no sideways scrolling on a phone
+    tabs = page.locator("#dg-tabs button[role=tab]")  # every tab in the bar, none behind Gradio's "..." menu
+    assert [tabs.nth(i).inner_text() for i in range(tabs.count()) if tabs.nth(i).is_visible()] == [
+        "Playground", "Race", "Compare", "Chat", "Infill"]
     set_up_a_long_run(page)
     page.click("#dg-generate")
     page.wait_for_selector(".dg-meter[data-state='running']", timeout=60_000)

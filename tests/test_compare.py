@@ -79,7 +79,7 @@ def test_compare_tab_in_the_browser(browser, served_app):
 
     page, problems = open_page(browser, served_app[1])
     try:
-        page.click("#dg-tab-compare-button, button[role=tab]:has-text('Compare settings')")
+        page.click("#dg-tab-compare-button, button[role=tab]:has-text('Compare')")
         page.fill("#dg-compare-prompt textarea", "In the beginning")
         page.check("#dg-compare-raw input[type=checkbox]")
         page.locator("#dg-compare-max-new input[type=number]").fill("64")
