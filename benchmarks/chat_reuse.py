@@ -69,7 +69,7 @@ def main() -> int:
         full = reencode_seconds(engine, session._cache_ids, settings, args.repeats) if cached else 0.0
         print(f"{turn:>4}  {report.prompt_tokens:>6}  {report.reused_tokens:>6}  {report.encoded_tokens:>7}  "
               f"{report.prefill_s:>15.4f}  {full:>14.4f}  {full - report.prefill_s:>7.4f}  "
-              f"{report.prefill_saved_s:>17.4f}")
+              f"{'-' if report.prefill_saved_s is None else f'{report.prefill_saved_s:.4f}':>17}")
     return 0
 
 

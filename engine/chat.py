@@ -36,6 +36,7 @@ from .prompts import split_thought
 from .random_state import RunRandomState
 from .settings import DiffusionSettings, check_seed
 
+PREFILL_POINTS = 16  # the prefills (newest) the saving estimate's slope is fitted to
 _PROBE_ANSWER = "x"  # any text: only where the next turn's rendering starts to differ matters
 
 
@@ -47,10 +48,10 @@ class TurnReport:
     reused_tokens: those taken from the previous turn's KV cache (not re-encoded);
     encoded_tokens: those the encoder ran on this turn (prompt_tokens - reused_tokens);
     prefill_s: measured seconds of this turn's encoder prefill (all encoded_tokens);
-    prefill_saved_s: an estimate, reused_tokens x the session's last measured prefill seconds per encoded token.
-        Prefill is not proportional to tokens (each encoder call has a fixed cost; attention grows faster than
-        linearly): on the embedded model on the 2-core CPU it overstated the measured saving 2-4x
-        (`benchmarks/chat_reuse.py` measures the true figure by re-encoding);
+    prefill_saved_s: an estimate, reused_tokens x the marginal prefill seconds per token (`marginal_seconds_per_token`
+        over this session's measured prefills, the encoder call's fixed cost left out, since a re-encode would pay it
+        too); None until the session has measured prefills of two different lengths, or when their slope is not
+        positive (`benchmarks/chat_reuse.py` measures the true figure by re-encoding);
     dropped_turns: earlier turns cut to fit the context; note: a sentence for the visitor ("" when nothing to say).
     """
 
@@ -58,7 +59,7 @@ class TurnReport:
     reused_tokens: int
     encoded_tokens: int
     prefill_s: float
-    prefill_saved_s: float
+    prefill_saved_s: float | None
     dropped_turns: int = 0
     note: str = ""
 
@@ -79,6 +80,19 @@ def encode_into_cache(model, cache, ids: torch.LongTensor):
         is_prefill=True, canvas_length=model.config.canvas_length, batch_size=1)
     return model.model.encoder(input_ids=unprocessed, attention_mask=masks, past_key_values=cache,
                                position_ids=position_ids).past_key_values
+
+
+def marginal_seconds_per_token(points: list[tuple[int, float]]) -> float | None:
+    """The least-squares slope of prefill seconds against tokens encoded, over `points` (tokens, seconds): what one
+    more token adds to an encoder call, its fixed cost left out. None with fewer than two distinct token counts or a
+    slope that is not positive (timing noise)."""
+    if len({n for n, _ in points}) < 2:
+        return None
+    mean_n = sum(n for n, _ in points) / len(points)
+    mean_s = sum(s for _, s in points) / len(points)
+    slope = (sum((n - mean_n) * (s - mean_s) for n, s in points)
+             / sum((n - mean_n) ** 2 for n, _ in points))
+    return slope if slope > 0 else None
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -109,7 +123,7 @@ class ChatSession:
         self.last_result: GenerationResult | None = None
         self._cache = None  # KV cache holding exactly self._cache_ids
         self._cache_ids: list[int] = []
-        self._prefill_s_per_token = 0.0  # the last measured encoder rate, for the saving estimate
+        self._prefills: list[tuple[int, float]] = []  # (tokens, seconds) of the latest encoder calls
 
     def clear(self) -> None:
         """Forget the conversation and its cache (the system message stays)."""
@@ -225,7 +239,8 @@ class ChatSession:
         encoded = len(ids) - reused
         # the tokens denoise itself encoded are few (the generation prompt's tail); their time is in the frames
         if stable > reused:
-            self._prefill_s_per_token = prefill_s / (stable - reused)
+            self._prefills = [*self._prefills, (stable - reused, prefill_s)][-PREFILL_POINTS:]
+        rate = marginal_seconds_per_token(self._prefills)
         notes = [f"{dropped} oldest turn{'s' if dropped != 1 else ''} cut to fit the model's context of "
                  f"{self.engine.context_limit:,} tokens" if dropped else "",
                  "the conversation's start changed (turns cut or thinking switched): encoded in full"
@@ -233,7 +248,7 @@ class ChatSession:
         cut_note = "; ".join(n for n in notes if n)
         self.last_report = TurnReport(
             prompt_tokens=len(ids), reused_tokens=reused, encoded_tokens=encoded, prefill_s=prefill_s,
-            prefill_saved_s=reused * self._prefill_s_per_token, dropped_turns=dropped, note=cut_note)
+            prefill_saved_s=None if rate is None or not reused else reused * rate, dropped_turns=dropped, note=cut_note)
         self.last_result = result
         kept_thoughts = self.thoughts[len(self.thoughts) - (len([m for m in messages if m["role"] == "assistant"])):]
         self.messages = messages + [{"role": "assistant", "content": result.text}]

@@ -76,7 +76,8 @@ def chat_command(args: argparse.Namespace, stdin=None) -> int:
         print(result.text, flush=True)
         if report.note:
             print(f"[note: {report.note}]", file=sys.stderr)
+        saved = "" if report.prefill_saved_s is None else f", about {report.prefill_saved_s:.3f} s saved"
         print(f"[turn {turn}: {report.reused_tokens} of {report.prompt_tokens} prompt tokens reused (not "
-              f"re-encoded), prefill {report.prefill_s:.3f} s, about {report.prefill_saved_s:.3f} s saved; "
+              f"re-encoded), prefill {report.prefill_s:.3f} s{saved}; "
               f"{result.tokens} tokens, {result.forwards} forwards, seed {result.seed}]", file=sys.stderr)
     return status

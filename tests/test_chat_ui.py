@@ -44,8 +44,22 @@ def test_reuse_note_gives_tokens_and_time_saved():
     assert "Turn 2" in html and "60 reused" in html and "30.0 ms of prefill saved" in html
     assert "&lt;to fit&gt;" in html and "<to fit>" not in html
     first = reuse_html(TurnReport(prompt_tokens=10, reused_tokens=0, encoded_tokens=10, prefill_s=0.01,
-                                  prefill_saved_s=0.0), 1)
+                                  prefill_saved_s=None), 1)
     assert "saved" not in first  # nothing reused, nothing claimed
+    unknown = reuse_html(TurnReport(prompt_tokens=80, reused_tokens=60, encoded_tokens=20, prefill_s=0.01,
+                                    prefill_saved_s=None), 2)
+    assert "60 reused" in unknown and "saved" not in unknown  # no rate measured yet: no figure made up
+
+
+def test_the_saving_estimate_leaves_the_fixed_cost_of_an_encoder_call_out():
+    from engine.chat import marginal_seconds_per_token
+
+    # 50 ms per call plus 0.5 ms per token: a re-encode of 200 reused tokens costs 100 ms more, not 200 x 50.5/1
+    points = [(1, 0.0505), (40, 0.07), (100, 0.1)]
+    assert marginal_seconds_per_token(points) == pytest.approx(0.0005)
+    assert marginal_seconds_per_token([(40, 0.07)]) is None  # one length: no slope
+    assert marginal_seconds_per_token([(40, 0.07), (40, 0.08)]) is None
+    assert marginal_seconds_per_token([(20, 0.09), (60, 0.07)]) is None  # noise, not a negative cost
 
 
 @pytest.mark.parametrize("history, error", [
