@@ -30,7 +30,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper
 from .generator import EngineClock
 from .random_state import RunRandomState
 from .settings import MAX_NEW_TOKENS_LIMIT, check_seed, check_setting
-from .tokens import TokenText
+from .tokens import TokenText, eos_id_list
 
 MAX_TEMPERATURE = 10.0
 
@@ -91,10 +91,7 @@ class TokenFrame:
 
 def eos_ids(generation_config) -> set[int]:
     """The EOS ids of a generation config (`eos_token_id` may be an int, a list such as [1, 106, 50], or None)."""
-    eos = getattr(generation_config, "eos_token_id", None)
-    if eos is None:
-        return set()
-    return {int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos])}
+    return set(eos_id_list(getattr(generation_config, "eos_token_id", None)))
 
 
 def softcapped_logits(model, hidden_states: torch.Tensor) -> torch.Tensor:

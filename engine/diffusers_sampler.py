@@ -28,6 +28,7 @@ from .frames import Frame
 from .generator import strip_after_eos
 from .sampling import canvas_statistics
 from .settings import DiffusionSettings
+from .tokens import eos_id_list
 
 SCHEDULERS = ("BlockRefinementScheduler", "DiscreteDDIMScheduler", "EntropyBoundScheduler")
 
@@ -176,7 +177,7 @@ def turn_end_id(tokenizer, eos) -> int | None:
     that the chat template writes after an assistant message (Gemma 4: 106 `<turn|>`; the embedded model: 4
     `<end_of_turn>`), else the first of `eos`. The pipeline stops early at one id only, and it always applies the
     chat template: with `<eos>` (1) it would denoise every canvas of the token budget after the answer had ended."""
-    ids = list(eos) if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]
+    ids = eos_id_list(eos)
     if not ids:
         return None
     try:

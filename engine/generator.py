@@ -26,6 +26,7 @@ from .frames import Frame
 from .random_state import RunRandomState
 from .sampling import frame_statistics, sampler_state, with_recording
 from .settings import DiffusionSettings
+from .tokens import eos_id_list
 
 
 class EngineClock:
@@ -301,9 +302,7 @@ def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entro
 
 def strip_after_eos(token_ids: list[int], eos_token_id: int | list[int] | None) -> list[int]:
     """Generated ids up to and including the first EOS (the pads `_finalize_canvas` put after it dropped)."""
-    if eos_token_id is None:
-        return token_ids
-    eos_ids = set(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
+    eos_ids = set(eos_id_list(eos_token_id))
     for i, token in enumerate(token_ids):
         if token in eos_ids:
             return token_ids[: i + 1]

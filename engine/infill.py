@@ -30,6 +30,7 @@ from .frames import Frame
 from .generator import denoise
 from .random_state import RunRandomState
 from .settings import DiffusionSettings, check_seed
+from .tokens import eos_id_list
 
 BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
 MAX_TEMPLATE_CHARS = 20_000
@@ -165,8 +166,7 @@ def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSet
         bos = engine.tokenizer.bos_token_id
         input_ids = torch.tensor([[bos if bos is not None else pad_id]], dtype=torch.long, device=engine.device)
     engine.check_budget(input_ids.shape[1], settings)
-    eos = generation_config.eos_token_id
-    banned = ([] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]) + [pad_id]
+    banned = eos_id_list(generation_config.eos_token_id) + [pad_id]
     vocab = engine.model.config.text_config.vocab_size
     with random_state.active():
         noise = torch.randint(0, vocab, (1, engine.canvas_length), device=engine.device)

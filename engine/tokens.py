@@ -68,9 +68,7 @@ class TokenText:
         self._cache: dict[int, tuple[str, str]] = {}
         if eos_token_ids is None:
             eos_token_ids = tokenizer.eos_token_id
-        if isinstance(eos_token_ids, int):
-            eos_token_ids = [eos_token_ids]
-        self.eos_ids = frozenset(int(i) for i in (eos_token_ids or ()))
+        self.eos_ids = frozenset(eos_id_list(eos_token_ids))
         self.pad_id = tokenizer.pad_token_id if pad_token_id is None else pad_token_id
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
         self._added = frozenset(added)
@@ -116,6 +114,16 @@ class TokenText:
         if "\ufffd" in text and self._byte_level is not None and piece and all(c in self._byte_level for c in piece):
             return byte_display(bytes(self._byte_level[c] for c in piece)), BYTE
         return text, TEXT
+
+
+def eos_id_list(eos_token_id: int | Iterable[int] | None) -> list[int]:
+    """A generation config's `eos_token_id` (an int, a list such as [1, 106, 50], or None) as a list of ints, in its
+    order (`diffusers_sampler.turn_end_id` picks by order)."""
+    if eos_token_id is None:
+        return []
+    if isinstance(eos_token_id, int):
+        return [eos_token_id]
+    return [int(i) for i in eos_token_id]
 
 
 def token_text_for(tokenizer, model) -> TokenText:

@@ -16,8 +16,8 @@ Figures printed (and written as JSON with `--json-out`):
   same prompts and token budget, prompts alternating which side runs first; peak RSS;
 - a low-temperature sweep (`TEMPERATURES`, every fourth prompt): `<pad>` written as content and EOS endings.
 
-Run: `python -m training.evaluate --model assets/models/diffgemma-tiny` (`--sweep` compares sampler settings,
-`--canvas-costs` times decoder forwards at canvas 32..256).
+Run: `python -m training.evaluate --model assets/models/diffgemma-tiny` (`--sweep` compares sampler settings on
+`DEV_PROMPTS`, `--canvas-costs` times decoder forwards at canvas 32..256).
 """
 
 from __future__ import annotations
@@ -62,6 +62,30 @@ EVAL_PROMPTS = [
     ("What happened at the river?", False),
     ("Tell a story about a lost sheep.", False),
     ("What should a king do?", False),
+]
+# Sampler settings are chosen on these (`--sweep`), never on EVAL_PROMPTS, so the card's figures are not tuned to the
+# prompts they are measured on; none occurs in the training text either.
+DEV_PROMPTS = [
+    ("The old woman climbed the hill", True),
+    ("Before the rain, the birds", True),
+    ("The soldiers waited by the wall", True),
+    ("On the third night the boy", True),
+    ("The fisherman mended his net and", True),
+    ("Under the great tree the elders", True),
+    ("The bread was warm when", True),
+    ("Across the valley a voice", True),
+    ("The prince returned from the war", True),
+    ("Her brother kept the keys of", True),
+    ("Tell me about the mountains.", False),
+    ("Who was the first shepherd?", False),
+    ("Write a prayer for the sick.", False),
+    ("What is mercy?", False),
+    ("Describe a city in the morning.", False),
+    ("Give me advice about money.", False),
+    ("Why do rivers flood?", False),
+    ("What happened on the mountain?", False),
+    ("Tell a story about a brave girl.", False),
+    ("What should a judge do?", False),
 ]
 # (t_min, t_max) of the low-temperature sweep; v1 wrote whole canvases of <pad> at the coldest of these
 TEMPERATURES = [(0.01, 0.02), (0.05, 0.1), (0.1, 0.2), (0.2, 0.4)]
@@ -277,28 +301,30 @@ SWEEP = [
     {"confidence_threshold": 0.2},
     {"entropy_bound": 0.5, "max_denoising_steps": 32, "t_min": 0.4, "t_max": 0.8},  # v1's shipped settings
 ]
-# Colder schedules around v2's shipped t 0.1 -> 0.05 (`--sweep cold`): colder sampling wrote more dictionary words
-# in the low-temperature sweep; this measures what it costs in distinct-2 and forwards.
+# Colder schedules (`--sweep cold`): colder sampling writes more dictionary words and fewer distinct bigrams; this
+# measures both, with forwards, around v2's t 0.1 -> 0.05 and bound 2.0.
 COLD_SWEEP = [
-    {},
-    {"t_min": 0.02, "t_max": 0.05},
-    {"t_min": 0.01, "t_max": 0.03},
+    {"t_min": 0.05, "t_max": 0.1, "entropy_bound": 2.0},
+    {"t_min": 0.02, "t_max": 0.05, "entropy_bound": 2.0},
+    {"t_min": 0.01, "t_max": 0.03, "entropy_bound": 2.0},
     {"t_min": 0.02, "t_max": 0.05, "entropy_bound": 1.0},
-    {"t_min": 0.02, "t_max": 0.05, "entropy_bound": 4.0},
-    {"entropy_bound": 1.0},
-    {"entropy_bound": 0.5},
-    {"entropy_bound": 0.25},
+    {"t_min": 0.02, "t_max": 0.05, "entropy_bound": 0.5},
+    {"t_min": 0.03, "t_max": 0.07, "entropy_bound": 1.0},
+    {"t_min": 0.05, "t_max": 0.1, "entropy_bound": 1.0},
+    {"t_min": 0.05, "t_max": 0.1, "entropy_bound": 0.5},
 ]
 
 
-def print_sweep(engine: DiffusionEngine, dictionary: set[str], max_new_tokens: int = 128,
+def print_sweep(engine: DiffusionEngine, dictionary: set[str], max_new_tokens: int | None = None,
                 sweep: list[dict] = SWEEP) -> None:
-    """Print a sweep table (`SWEEP` or `COLD_SWEEP`: changes to the recommended settings, one row each) on every other
-    prompt (answers of at most `max_new_tokens`)."""
+    """Print a sweep table (`SWEEP` or `COLD_SWEEP`: changes to the recommended settings, one row each) on
+    `DEV_PROMPTS` (answers of at most `max_new_tokens`; the recommended 256 by default, as the card measures)."""
     print(f"{'changes':<50} {'dict':>6} {'d2':>6} {'fwd/canvas':>10} {'TPF':>6} {'tok/s':>7} {'pads':>5} {'EOS':>4}")
     for changes in sweep:
-        settings = engine.recommended.replace(**{"max_new_tokens": max_new_tokens, **changes})
-        q = sample_quality(engine, settings, dictionary, EVAL_PROMPTS[::2])
+        settings = engine.recommended.replace(**changes)
+        if max_new_tokens is not None:
+            settings = settings.replace(max_new_tokens=max_new_tokens)
+        q = sample_quality(engine, settings, dictionary, DEV_PROMPTS)
         print(f"{json.dumps(changes):<50} {q['dictionary_word_rate']:6.3f} {q['distinct_2']:6.3f} "
               f"{q['mean_forwards_per_canvas']:10.1f} {q['tokens_per_forward']:6.2f} {q['tokens_per_second']:7.1f} "
               f"{q['pads_as_content']:5d} {q['eos_endings']:4d}", flush=True)
@@ -322,7 +348,7 @@ def main() -> None:
             print(f"canvas {row['canvas_length']:4d}: {row['ms_per_forward']:6.1f} ms per decoder forward, "
                   f"{row['ms_per_forward_per_position']:.3f} ms per canvas position")
         return
-    seen = unseen_check(EVAL_PROMPTS, args.corpus)
+    seen = unseen_check(EVAL_PROMPTS + DEV_PROMPTS, args.corpus)
     if seen:
         raise SystemExit(f"evaluation prompts found in the training text: {seen}")
     engine = DiffusionEngine(load_model(args.model, device="cpu"))
