@@ -124,6 +124,16 @@ def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
     return f"Done: {STOP_REASONS.get(frame.stop_reason, frame.stop_reason)}."
 
 
+def previous_run_meter(snap: RunSnapshot | None, running: bool):
+    """The meter of the run still on the page (`snap`), marked as the previous run's (`meter.refused_meter_html`),
+    for a request that was refused after it; `gr.skip()` when no run was shown or it is still `running` (its next
+    frame would hide the mark)."""
+    if snap is None or snap.latest is None or running:
+        return gr.skip()
+    finished = snap.finished_blocks()
+    return refused_meter_html(snap.latest, committed=finished[-1] if finished else None)
+
+
 class Playground:
     """Event handlers bound to one engine.
 
@@ -277,12 +287,8 @@ class Playground:
         Returns:
             the meter's HTML, or `gr.skip()`.
         """
-        snap = getattr(session, "snapshot", None)
         worker = getattr(session, "worker", None)
-        if snap is None or snap.latest is None or (worker is not None and worker.running):
-            return gr.skip()
-        finished = snap.finished_blocks()
-        return refused_meter_html(snap.latest, committed=finished[-1] if finished else None)
+        return previous_run_meter(getattr(session, "snapshot", None), worker is not None and worker.running)
 
     def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
                         t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed, ticket=None,

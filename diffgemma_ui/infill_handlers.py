@@ -17,9 +17,9 @@ from engine.infill import filled_text, infill_frames, layout_template
 
 from .deployment import zero_gpu
 from .frame_runs import finish, run_api_frames, start_frames
-from .handlers import API_SUMMARY_KEYS, PLOT_INTERVAL_S, describe_error, status_text
+from .handlers import API_SUMMARY_KEYS, PLOT_INTERVAL_S, describe_error, previous_run_meter, status_text
 from .infill_view import blank_plots, filled_html, infill_canvas_html
-from .meter import meter_html, refused_meter_html
+from .meter import meter_html
 from .text import plain_text
 from .validation import build_settings, check_prompt, check_ui_seed, preset_values
 from .worker import RunWorker
@@ -134,12 +134,7 @@ class InfillTab:
         """After Fill's checks refused a request: the previous fill's meter, marked as the previous run's
         (`meter.refused_meter_html`); `gr.skip()` when there was none or it is still running."""
         worker = getattr(state, "worker", None)
-        if worker is None or worker.running:
-            return gr.skip()
-        latest = worker.snapshot().latest
-        if latest is None:
-            return gr.skip()
-        return refused_meter_html(latest, committed=latest if latest.block_done else None)
+        return previous_run_meter(None if worker is None else worker.snapshot(), worker is not None and worker.running)
 
     @staticmethod
     def stop(state: InfillState) -> None:
