@@ -315,15 +315,12 @@ COLD_SWEEP = [
 ]
 
 
-def print_sweep(engine: DiffusionEngine, dictionary: set[str], max_new_tokens: int | None = None,
-                sweep: list[dict] = SWEEP) -> None:
+def print_sweep(engine: DiffusionEngine, dictionary: set[str], sweep: list[dict] = SWEEP) -> None:
     """Print a sweep table (`SWEEP` or `COLD_SWEEP`: changes to the recommended settings, one row each) on
-    `DEV_PROMPTS` (answers of at most `max_new_tokens`; the recommended 256 by default, as the card measures)."""
+    `DEV_PROMPTS`, at the recommended token budget, as the card measures."""
     print(f"{'changes':<50} {'dict':>6} {'d2':>6} {'fwd/canvas':>10} {'TPF':>6} {'tok/s':>7} {'pads':>5} {'EOS':>4}")
     for changes in sweep:
         settings = engine.recommended.replace(**changes)
-        if max_new_tokens is not None:
-            settings = settings.replace(max_new_tokens=max_new_tokens)
         q = sample_quality(engine, settings, dictionary, DEV_PROMPTS)
         print(f"{json.dumps(changes):<50} {q['dictionary_word_rate']:6.3f} {q['distinct_2']:6.3f} "
               f"{q['mean_forwards_per_canvas']:10.1f} {q['tokens_per_forward']:6.2f} {q['tokens_per_second']:7.1f} "
