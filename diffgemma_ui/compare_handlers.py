@@ -218,14 +218,20 @@ class CompareHandlers:
         Raises:
             gr.Error: the call failed, made no decoder forward, or reached the time limit.
         """
-        run = PipelineRun(self.engine, request.prompt, request.settings, scheduler, request.seed).start()
+        stopped = (lambda: False) if stop is None else stop.is_set
+        run = PipelineRun(self.engine, request.prompt, request.settings, scheduler, request.seed)
+        if stopped():  # Stop came before the call started: nothing runs
+            return []
+        run.start()
         limit = self.playground.max_run_s
         started = time.monotonic()
         try:
             yield view()
-            while not run.wait(POLL_S):
-                if stop is not None and stop.is_set():
-                    run.stop()
+            while True:
+                if stopped():
+                    run.stop()  # checked before each wait, so a Stop during a yield never waits a poll
+                if run.wait(POLL_S):
+                    break
                 lasts[1] = run.latest()
                 yield view()
                 if limit is not None and time.monotonic() - started > limit:
@@ -237,7 +243,7 @@ class CompareHandlers:
             run.stop()
             run.wait(10.0)  # the next request must not start while the pipeline still holds the device
         frames = run.frames()
-        if stop is not None and stop.is_set() and run.error is None and not frames:
+        if stopped() and run.error is None and not frames:
             return []
         if run.error is not None or not frames:
             reason = describe_error(run.error) if run.error is not None else "no decoder forward"
