@@ -26,7 +26,6 @@ def test_the_live_block_stays_in_view(browser, served_app, width, height):
     page, problems = open_page(browser, url, width=width, height=height)
     set_up_a_long_run(page)
     set_number(page, "Max denoising steps", 3)  # a block every 3 forwards
-    page.fill("#dg-prompt textarea", "And")  # with seed 0 the embedded model (v2) writes 15 blocks before its EOS
     page.evaluate("window.scrollTo(0, 0)")
     page.click("#dg-generate")
     try:
@@ -42,6 +41,10 @@ def test_the_live_block_stays_in_view(browser, served_app, width, height):
     assert at_bottom, "the newest finished block is not in view"
     assert stack.evaluate("s => s.clientHeight") <= 0.4 * height  # bounded
     page.evaluate("() => { const stop = document.querySelector('#dg-stop'); if (!stop.disabled) stop.click(); }")
-    page.wait_for_selector(".dg-meter[data-state='done']", timeout=30_000)
+    try:
+        page.wait_for_selector(".dg-meter[data-state='done']", timeout=30_000)
+    except Exception as error:  # say where the page stood (seen once in a full run, not reproduced alone)
+        raise AssertionError(f"no final view 30 s after Stop: meter {page.inner_html('#dg-meter')[:2000]!r}; "
+                             f"problems {problems}") from error
     assert not problems, problems
     page.close()

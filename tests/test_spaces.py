@@ -418,14 +418,14 @@ def test_zerogpu_generate_streams_frames_from_the_gpu_process(zerogpu_space):
     assert ids["playground"] == "ZeroGpuPlayground" and ids["budget"]["size"] == "large"
     session, token = uuid.uuid4().hex[:10], _visitor_token("visitor-generate")
     start = len(_log(log))
-    (messages,) = _stream(url, ids["generate_stream"], _ui_inputs(ids, "In the beginning", 128, 4), session,
+    (messages,) = _stream(url, ids["generate_stream"], _ui_inputs(ids, "And he said", 128, 4), session,
                           token).values()
     generating = [m for m in messages if m.get("msg") == "process_generating"]
     done = messages[-1]
     assert done["msg"] == "process_completed" and done["success"], done
     assert len(generating) >= 2  # the live view streamed frames before the final render
     stack, canvas = done["output"]["data"][:2]
-    assert "Done:" in canvas and 'data-blocks="2"' in stack  # 128 tokens: two canvases of the embedded 64
+    assert "Done:" in canvas and 'data-blocks="2"' in stack  # 128 tokens: two canvases of the embedded 64 (seed 3)
     entries = _wait_log(log, lambda e: any(x["event"] == "release" for x in e[start:]))[start:]
     schedule = next(x for x in entries if x["event"] == "schedule")
     # the visitor's request reached the scheduler: their token and their session

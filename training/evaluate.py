@@ -302,7 +302,7 @@ SWEEP = [
     {"entropy_bound": 0.5, "max_denoising_steps": 32, "t_min": 0.4, "t_max": 0.8},  # v1's shipped settings
 ]
 # Colder schedules (`--sweep cold`): colder sampling writes more dictionary words and fewer distinct bigrams; this
-# measures both, with forwards, around v2's t 0.1 -> 0.05 and bound 2.0.
+# measures both, with forwards, from t 0.1 -> 0.05 (v2 of 30 November) to colder schedules and lower bounds.
 COLD_SWEEP = [
     {"t_min": 0.05, "t_max": 0.1, "entropy_bound": 2.0},
     {"t_min": 0.02, "t_max": 0.05, "entropy_bound": 2.0},

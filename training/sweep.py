@@ -1,0 +1,87 @@
+"""Rank diffgemma-tiny shapes by a short training run each, at equal wall time.
+
+Each candidate (layers, hidden size) is trained from random weights with v2's objective (`training.train`: end-token
+targets after a text's end, noise t = u ** 1.5) for `--minutes` of wall time, then its checkpoint is scored by
+`training.evaluate.validation_losses` (denoising cross-entropy on held-out text positions at t = 0.25 / 0.5 / 0.75,
+encoder next-token perplexity). Equal wall time rather than equal steps, because the question on a fixed CPU budget
+is which shape learns the most per hour: a bigger model takes fewer steps in the same time. The learning rate warms
+up and then stays near its peak (the cosine is planned for far more steps than a short run makes), so no candidate is
+favoured by where its run stops on a schedule. A short run ranks early learning, not where a long run ends.
+
+Run: `python -m training.sweep --minutes 8 --out data/sweep` (a candidate whose checkpoint exists in `--out` is
+scored, not trained again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
+
+from .evaluate import validation_losses
+
+CANDIDATES = [
+    {"layers": 4, "hidden_size": 256},  # the shipped shape
+    {"layers": 6, "hidden_size": 256},
+    {"layers": 4, "hidden_size": 384},
+    {"layers": 2, "hidden_size": 256},
+]
+
+
+def train_candidate(candidate: dict, out: Path, minutes: float, corpus: Path, tokenizer: Path) -> None:
+    """Train one candidate from random weights for `minutes` of wall time into `out` (`training.train` in a child
+    process, so each run starts from the same process state).
+
+    Raises:
+        subprocess.CalledProcessError: the training run failed.
+    """
+    command = [sys.executable, "-m", "training.train", "--out", str(out), "--corpus", str(corpus),
+               "--tokenizer", str(tokenizer), "--layers", str(candidate["layers"]),
+               "--hidden-size", str(candidate["hidden_size"]), "--steps", "100000", "--lr", "2e-3", "--warmup", "50",
+               "--after-end", "end", "--noise-power", "1.5", "--max-prefix", "96", "--minutes", str(minutes),
+               "--checkpoint-every", "100000", "--seed", "0"]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "TQDM_DISABLE": "1"})
+
+
+def score_candidate(out: Path, corpus: Path, tokenizer_dir: Path, batches: int) -> dict:
+    """Validation losses of the checkpoint in `out`, with its parameter count, steps and seconds per step."""
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(out / "checkpoint").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    steps = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)["step"]
+    last_row = (out / "log.csv").read_text().strip().splitlines()[-1].split(",")
+    return {"parameters": sum(p.numel() for p in model.parameters()), "steps": steps,
+            "seconds_per_step": float(last_row[1]) / steps,
+            **validation_losses(model, tokenizer, corpus, batches=batches, after_end="end")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("data/sweep"))
+    parser.add_argument("--minutes", type=float, default=8.0, help="wall time of each candidate's training run")
+    parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer"))
+    parser.add_argument("--batches", type=int, default=10, help="validation batches of 16 per noise level")
+    args = parser.parse_args()
+    print(f"{'shape':<14} {'params':>7} {'steps':>6} {'s/step':>7} {'CE t=.25':>9} {'CE t=.5':>8} {'CE t=.75':>9} "
+          f"{'enc ppl':>8}")
+    results = []
+    for candidate in CANDIDATES:
+        out = args.out / f"L{candidate['layers']}-H{candidate['hidden_size']}"
+        if not (out / "checkpoint").exists():
+            train_candidate(candidate, out, args.minutes, args.corpus, args.tokenizer)
+        row = {**candidate, **score_candidate(out, args.corpus, args.tokenizer, args.batches)}
+        results.append(row)
+        print(f"{candidate['layers']} x {candidate['hidden_size']:<8} {row['parameters'] / 1e6:6.2f}M {row['steps']:6d} "
+              f"{row['seconds_per_step']:7.2f} {row['diffusion_ce_t0.25']:9.3f} {row['diffusion_ce_t0.5']:8.3f} "
+              f"{row['diffusion_ce_t0.75']:9.3f} {row['encoder_perplexity']:8.1f}", flush=True)
+    (args.out / "sweep.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
