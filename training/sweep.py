@@ -6,9 +6,11 @@ targets after a text's end, noise t = u ** 1.5) for `--minutes` of wall time, th
 encoder next-token perplexity). Equal wall time rather than equal steps, because the question on a fixed CPU budget
 is which shape learns the most per hour: a bigger model takes fewer steps in the same time. The learning rate warms
 up and then stays near its peak (the cosine is planned for far more steps than a short run makes), so no candidate is
-favoured by where its run stops on a schedule. A short run ranks early learning, not where a long run ends.
+favoured by where its run stops on a schedule. A short run ranks early learning, not where a long run ends; to
+tell learning per step from steps per minute, the table ends with each candidate's mean training denoising loss over
+the same 49 steps (the last ones the slowest candidate made).
 
-Run: `python -m training.sweep --minutes 8 --out data/sweep` (a candidate whose checkpoint exists in `--out` is
+Run: `python -m training.sweep --minutes 6 --out data/sweep` (a candidate whose checkpoint exists in `--out` is
 scored, not trained again).
 """
 
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import csv
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +50,7 @@ def train_candidate(candidate: dict, out: Path, minutes: float, corpus: Path, to
                "--hidden-size", str(candidate["hidden_size"]), "--steps", "100000", "--lr", "2e-3", "--warmup", "50",
                "--after-end", "end", "--noise-power", "1.5", "--max-prefix", "96", "--minutes", str(minutes),
                "--checkpoint-every", "100000", "--seed", "0"]
+    shutil.rmtree(out, ignore_errors=True)  # a run killed before its checkpoint starts again, with a fresh log
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "TQDM_DISABLE": "1"})
 
 
@@ -63,7 +68,7 @@ def score_candidate(out: Path, corpus: Path, tokenizer_dir: Path, batches: int) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("data/sweep"))
-    parser.add_argument("--minutes", type=float, default=8.0, help="wall time of each candidate's training run")
+    parser.add_argument("--minutes", type=float, default=6.0, help="wall time of each candidate's training run")
     parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer"))
     parser.add_argument("--batches", type=int, default=10, help="validation batches of 16 per noise level")
@@ -80,6 +85,13 @@ def main() -> None:
         print(f"{candidate['layers']} x {candidate['hidden_size']:<8} {row['parameters'] / 1e6:6.2f}M {row['steps']:6d} "
               f"{row['seconds_per_step']:7.2f} {row['diffusion_ce_t0.25']:9.3f} {row['diffusion_ce_t0.5']:8.3f} "
               f"{row['diffusion_ce_t0.75']:9.3f} {row['encoder_perplexity']:8.1f}", flush=True)
+    last = min(row["steps"] for row in results)
+    print(f"mean training denoising CE over steps {last - 48}-{last}:")
+    for row in results:
+        with open(args.out / f"L{row['layers']}-H{row['hidden_size']}" / "log.csv") as f:
+            losses = [float(r["diffusion_ce"]) for r in csv.DictReader(f) if last - 49 < int(r["step"]) <= last]
+        row["training_diffusion_ce_same_steps"] = sum(losses) / len(losses)
+        print(f"{row['layers']} x {row['hidden_size']:<8} {row['training_diffusion_ce_same_steps']:.3f}")
     (args.out / "sweep.json").write_text(json.dumps(results, indent=1))
 
 
