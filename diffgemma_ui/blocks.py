@@ -253,7 +253,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
         stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step],
                    api_visibility="private", concurrency_limit=None, show_progress="hidden")
         keep = KeepHandlers(playground)
-        wire_keep(keep_controls, keep, session, stream_outputs, [run_step])
+        wire_keep(keep_controls, keep, session, stream_outputs, [run_step], replay_button=step_controls.replay)
         wire_step_through(step_controls, StepThroughHandlers(playground), session, run_inputs, stream_outputs,
                           stop_button=stop)
         dice.click(playground.random_seed, inputs=None, outputs=[seed], api_visibility="private",

@@ -32,6 +32,8 @@ from .text import plain_text
 # A trace keeps every frame: ~40 bytes per canvas position per decoder forward (ids, flags, two rounded floats).
 MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40
 PLAY_INTERVAL_S = 0.25
+# The Playground's Replay button: a replay lasts about REPLAY_TOTAL_S, each forward shown between these bounds
+REPLAY_TOTAL_S, REPLAY_MIN_INTERVAL_S, REPLAY_MAX_INTERVAL_S = 8.0, 0.15, 0.6
 STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))  # components of the live view
 
 
@@ -97,8 +99,8 @@ class KeepHandlers:
     """Event handlers for keeping and replaying runs, bound to a `handlers.Playground`.
 
     Session state used: `session.request` (the `RunRequest` of the session's last run, set by the Generate handler),
-    `session.snapshot`, `session.trace` (the trace being replayed) and `session.keep_dir` (this session's download
-    folder: replaced at each export, so old files do not pile up).
+    `session.snapshot`, `session.trace` (the trace being replayed, or the last run's once exported) and
+    `session.keep_dir` (this session's download folder: replaced at each export, so old files do not pile up).
     """
 
     def __init__(self, playground):
@@ -107,11 +109,12 @@ class KeepHandlers:
 
     # -- downloads after a run -----------------------------------------------------------------------------------
     def export_files(self, session: SessionState) -> tuple:
-        """After a run: write its trace and offline replay; returns the two download buttons' updates (emptied when
-        there is nothing to keep: no frame, a failed run, or a run too long for a trace), then the replay slider's
-        (hidden: the view now shows the run, not a replay)."""
+        """After a run: write its trace and offline replay, and keep the trace for the Replay button; returns the two
+        download buttons' updates (emptied when there is nothing to keep: no frame, a failed run, or a run too long
+        for a trace), the replay slider's (hidden: the view now shows the run, not a replay), then the Replay
+        button's (enabled when the run was kept)."""
         hidden = (gr.update(value=None, interactive=False), gr.update(value=None, interactive=False),
-                  gr.update(visible=False))
+                  gr.update(visible=False), gr.update(interactive=False))
         snap = getattr(session, "snapshot", None)
         request = getattr(session, "request", None)
         if snap is None or request is None or snap.latest is None or snap.error is not None or not snap.finished:
@@ -126,7 +129,8 @@ class KeepHandlers:
         except (TraceError, ValueError) as error:
             gr.Warning(f"This run cannot be kept: {error}")
             return hidden
-        return (*self._files(session, trace), gr.update(visible=False))
+        session.trace = trace
+        return (*self._files(session, trace), gr.update(visible=False), gr.update(interactive=True))
 
     def _files(self, session: SessionState, trace: Trace) -> tuple:
         old = getattr(session, "keep_dir", None)
@@ -195,9 +199,9 @@ class KeepHandlers:
         session.snapshot = snapshot_upto(trace, count)
         return render_trace(trace, count).as_tuple()
 
-    def replay_play(self, session: SessionState, count) -> Iterator[tuple]:
+    def replay_play(self, session: SessionState, count, interval_s: float = PLAY_INTERVAL_S) -> Iterator[tuple]:
         """The replay's play button: step from `count` (from the start when at the end) to the last forward, one
-        render every `PLAY_INTERVAL_S` seconds; yields the stream outputs then the slider's value."""
+        render every `interval_s` seconds; yields the stream outputs then the slider's value."""
         trace = getattr(session, "trace", None)
         if trace is None:
             raise gr.Error("Upload a trace first: there is nothing to replay.", print_exception=False)
@@ -205,7 +209,23 @@ class KeepHandlers:
         for k in range(start, len(trace.frames) + 1):
             session.snapshot = snapshot_upto(trace, k)
             yield (*render_trace(trace, k).as_tuple(), k)
-            time.sleep(PLAY_INTERVAL_S)
+            time.sleep(interval_s)
+
+    def replay_run(self, session: SessionState) -> Iterator[tuple]:
+        """The Playground's Replay button: play the last run (or the loaded trace) back from its first decoder
+        forward, slowly enough to watch: a run can end in under a second, faster than the eye follows. Each forward
+        is shown for `REPLAY_TOTAL_S` / forwards seconds, within 0.15-0.6 s. Yields as `replay_play`.
+
+        Raises:
+            gr.Error: a run is in progress, or there is no kept run to replay.
+        """
+        if session is not None and session.worker is not None and session.worker.running:
+            raise gr.Error("A run is in progress: replay it once it has finished.", print_exception=False)
+        trace = getattr(session, "trace", None)
+        if trace is None:
+            raise gr.Error("Nothing to replay yet: generate first.", print_exception=False)
+        interval = min(REPLAY_MAX_INTERVAL_S, max(REPLAY_MIN_INTERVAL_S, REPLAY_TOTAL_S / len(trace.frames)))
+        yield from self.replay_play(session, 1, interval_s=interval)
 
     # -- /export -------------------------------------------------------------------------------------------------
     async def export_served(self, *inputs, request: gr.Request = None) -> dict:

@@ -45,15 +45,18 @@ def build_keep_controls() -> KeepControls:
     return KeepControls(trace_button, html_button, upload, replay_slider, play)
 
 
-def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_outputs: list, run_events) -> None:
+def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_outputs: list, run_events,
+              replay_button: gr.Button) -> None:
     """Wire the controls: downloads after each run event in `run_events` (Gradio dependencies of the Generate run),
-    the upload, the replay slider and its play button. `stream_outputs` are the live view's components, in
-    `StreamOutputs.as_tuple` order."""
+    the upload, the replay slider and its play button, and the Playground's `replay_button` (plays the last run
+    back). `stream_outputs` are the live view's components, in `StreamOutputs.as_tuple` order."""
     private = dict(api_visibility="private", show_progress="hidden")
     for event in run_events:
         event.then(keep.export_files, inputs=[session],
-                   outputs=[controls.trace_button, controls.html_button, controls.replay_slider],
+                   outputs=[controls.trace_button, controls.html_button, controls.replay_slider, replay_button],
                    concurrency_limit=2, **private)
+    replay_button.click(keep.replay_run, inputs=[session], outputs=[*stream_outputs, controls.replay_slider],
+                        concurrency_limit=None, trigger_mode="once", **private)
     controls.upload.upload(keep.check_upload, inputs=[session, controls.upload], outputs=None,
                            concurrency_limit=2, **private).success(
                            keep.load_upload, inputs=[session, controls.upload],
@@ -99,6 +102,7 @@ class StepControls:
 
     next_step: gr.Button
     run_to_end: gr.Button
+    replay: gr.Button
     note: gr.Markdown
 
 
@@ -107,9 +111,11 @@ def build_step_controls() -> StepControls:
     with gr.Row(elem_id="dg-step-buttons"):
         next_step = gr.Button("Next step", elem_id="dg-next-step", size="sm", scale=1)
         run_to_end = gr.Button("Run to end", elem_id="dg-run-to-end", size="sm", scale=1)
+        replay = gr.Button("\u25b6 Replay", elem_id="dg-replay-run", size="sm", scale=1, interactive=False)
     note = gr.Markdown("Step through a run: **Next step** runs one decoder forward (from the prompt and settings "
-                       "above), **Run to end** the rest.", elem_id="dg-step-note")
-    return StepControls(next_step, run_to_end, note)
+                       "above), **Run to end** the rest. **Replay** plays the last run back slowly, one forward "
+                       "at a time.", elem_id="dg-step-note")
+    return StepControls(next_step, run_to_end, replay, note)
 
 
 def wire_step_through(controls: StepControls, steps, session, run_inputs: list, stream_outputs: list,

@@ -93,6 +93,48 @@ def test_step_buttons_on_the_page(browser, served_app):
         page.close()
 
 
+def test_replay_plays_the_last_run_back_from_its_first_forward(browser, served_app):
+    from pages import open_page, set_number
+
+    page, problems = open_page(browser, served_app[1])
+    try:
+        assert page.locator("#dg-replay-run").is_disabled()  # nothing to replay before a run
+        page.fill("#dg-prompt textarea", "And")  # seed 0, 6 steps, 128 tokens: two blocks of 6 forwards
+        page.check("#dg-raw input[type=checkbox]")
+        set_number(page, "Max new tokens", 128)
+        set_number(page, "Max denoising steps", 6)
+        page.get_by_label("Adaptive stopping").uncheck()
+        page.click("#dg-generate")
+        page.wait_for_selector("#dg-meter .dg-meter[data-state=done]", timeout=120_000)
+        page.wait_for_function("!document.querySelector('#dg-replay-run').disabled", timeout=30_000)
+        last = page.get_attribute("#dg-canvas .dg-canvas", "data-forward")
+        text = page.locator("#dg-text textarea").input_value()
+        assert last == "11"
+        page.click("#dg-replay-run")
+        page.wait_for_selector("#dg-canvas .dg-canvas[data-forward='0']", timeout=30_000)  # back to the start
+        assert page.locator("#dg-stack .dg-block-done").count() == 0
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "replay-start.png"), full_page=True)
+        page.wait_for_selector("#dg-canvas .dg-canvas[data-forward='6']", timeout=30_000)  # forward by forward
+        assert page.locator("#dg-stack .dg-block-done").count() == 1
+        page.wait_for_selector(f"#dg-canvas .dg-canvas[data-forward='{last}']", timeout=30_000)
+        page.wait_for_selector("#dg-meter .dg-meter[data-state=done]", timeout=30_000)
+        assert page.locator("#dg-text textarea").input_value() == text  # the run, as it ended
+        assert problems == []
+    finally:
+        page.close()
+
+
+def test_replay_refuses_when_there_is_no_run_to_replay(engine):
+    import gradio as gr
+
+    from diffgemma_ui.handlers import Playground
+    from diffgemma_ui.keep import KeepHandlers
+
+    with pytest.raises(gr.Error, match="Nothing to replay yet"):
+        next(KeepHandlers(Playground(engine)).replay_run(SessionState()))
+
+
 def test_stop_pauses_run_to_end_and_the_run_goes_on_from_there(steps, engine):
     session = SessionState()
     renders = steps.run_to_end(session, *INPUTS)
