@@ -63,16 +63,23 @@ def test_stepping_is_refused_with_a_message_on_zero_gpu(steps, monkeypatch):
     assert getattr(session, "step_run", None) is None
 
 
+def set_up_two_blocks_of_six_forwards(page):
+    """Raw "And", 128 tokens, 6 steps, adaptive stopping off: with seed 0 the embedded model (v2) writes two blocks."""
+    from pages import set_number
+
+    page.fill("#dg-prompt textarea", "And")
+    page.check("#dg-raw input[type=checkbox]")
+    set_number(page, "Max new tokens", 128)
+    set_number(page, "Max denoising steps", 6)
+    page.get_by_label("Adaptive stopping").uncheck()
+
+
 def test_step_buttons_on_the_page(browser, served_app):
-    from pages import open_page, set_number
+    from pages import open_page
 
     page, problems = open_page(browser, served_app[1])
     try:
-        page.fill("#dg-prompt textarea", "And")  # seed 0, 6 steps: the embedded model (v2) writes two blocks
-        page.check("#dg-raw input[type=checkbox]")
-        set_number(page, "Max new tokens", 128)
-        set_number(page, "Max denoising steps", 6)
-        page.get_by_label("Adaptive stopping").uncheck()
+        set_up_two_blocks_of_six_forwards(page)
         page.click("#dg-next-step")
         page.wait_for_selector("#dg-canvas .dg-canvas[data-forward='0']", timeout=60_000)
         page.click("#dg-next-step")
@@ -94,16 +101,12 @@ def test_step_buttons_on_the_page(browser, served_app):
 
 
 def test_replay_plays_the_last_run_back_from_its_first_forward(browser, served_app):
-    from pages import open_page, set_number
+    from pages import open_page
 
     page, problems = open_page(browser, served_app[1])
     try:
         assert page.locator("#dg-replay-run").is_disabled()  # nothing to replay before a run
-        page.fill("#dg-prompt textarea", "And")  # seed 0, 6 steps, 128 tokens: two blocks of 6 forwards
-        page.check("#dg-raw input[type=checkbox]")
-        set_number(page, "Max new tokens", 128)
-        set_number(page, "Max denoising steps", 6)
-        page.get_by_label("Adaptive stopping").uncheck()
+        set_up_two_blocks_of_six_forwards(page)
         page.click("#dg-generate")
         page.wait_for_selector("#dg-meter .dg-meter[data-state=done]", timeout=120_000)
         page.wait_for_function("!document.querySelector('#dg-replay-run').disabled", timeout=30_000)
