@@ -275,7 +275,7 @@ class Playground:
         self.check_inputs(*inputs)
         if session is None:
             return 0, gr.skip(), gr.skip(), gr.skip()
-        replacing = session.worker is not None and session.worker.running
+        replacing = session.run_in_progress
         return (str(session.claim()), waiting_meter_html(replacing=replacing), gr.update(interactive=False),
                 gr.update(interactive=True))
 
@@ -287,8 +287,7 @@ class Playground:
         Returns:
             the meter's HTML, or `gr.skip()`.
         """
-        worker = getattr(session, "worker", None)
-        return previous_run_meter(getattr(session, "snapshot", None), worker is not None and worker.running)
+        return previous_run_meter(getattr(session, "snapshot", None), session is not None and session.run_in_progress)
 
     def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
                         t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed, ticket=None,

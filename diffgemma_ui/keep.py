@@ -153,7 +153,7 @@ class KeepHandlers:
         """
         if path is None or session is None:
             return
-        if session.worker is not None and session.worker.running:
+        if session.run_in_progress:
             raise gr.Error("A run is in progress: stop it before replaying a trace.", print_exception=False)
         try:
             session.checked_upload = (str(path), load_trace(Path(path)))
@@ -219,7 +219,7 @@ class KeepHandlers:
         Raises:
             gr.Error: a run is in progress, or there is no kept run to replay.
         """
-        if session is not None and session.worker is not None and session.worker.running:
+        if session is not None and session.run_in_progress:
             raise gr.Error("A run is in progress: replay it once it has finished.", print_exception=False)
         trace = getattr(session, "trace", None)
         if trace is None:

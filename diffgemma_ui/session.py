@@ -87,6 +87,12 @@ class SessionState:
         if self.worker is worker:
             self._stream_done.set()
 
+    @property
+    def run_in_progress(self) -> bool:
+        """Whether the session's run is going on (its worker has not ended)."""
+        worker = self.worker
+        return worker is not None and worker.running
+
     # -- stopping and releasing ----------------------------------------------------------------------------------
     def stop(self) -> bool:
         """Stop the session's run if it is running; returns whether there was one."""

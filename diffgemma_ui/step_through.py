@@ -86,7 +86,7 @@ class StepThroughHandlers:
             return run
         if zero_gpu():
             raise gr.Error(ZERO_GPU_MESSAGE, print_exception=False)
-        if session.worker is not None and session.worker.running:
+        if session.run_in_progress:
             raise gr.Error("A run is in progress: stop it before stepping through one.", print_exception=False)
         if run is not None:
             run.close()

@@ -17,8 +17,8 @@ scored, not trained again).
 from __future__ import annotations
 
 import argparse
-import json
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -38,6 +38,11 @@ CANDIDATES = [
 ]
 
 
+def candidate_dir(out: Path, candidate: dict) -> Path:
+    """The folder of `candidate`'s run under `out` (its checkpoint and `log.csv`)."""
+    return out / f"L{candidate['layers']}-H{candidate['hidden_size']}"
+
+
 def train_candidate(candidate: dict, out: Path, minutes: float, corpus: Path, tokenizer: Path) -> None:
     """Train one candidate from random weights for `minutes` of wall time into `out` (`training.train` in a child
     process, so each run starts from the same process state).
@@ -54,14 +59,16 @@ def train_candidate(candidate: dict, out: Path, minutes: float, corpus: Path, to
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "TQDM_DISABLE": "1"})
 
 
-def score_candidate(out: Path, corpus: Path, tokenizer_dir: Path, batches: int) -> dict:
-    """Validation losses of the checkpoint in `out`, with its parameter count, steps and seconds per step."""
+def score_candidate(out: Path, corpus: Path, tokenizer, batches: int) -> dict:
+    """Validation losses of the checkpoint in `out`, with its parameter count, steps, seconds per step and training
+    log (`log`: (step, training denoising CE) per step, not written to the report)."""
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(out / "checkpoint").eval()
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     steps = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)["step"]
-    last_row = (out / "log.csv").read_text().strip().splitlines()[-1].split(",")
+    with open(out / "log.csv") as f:
+        rows = list(csv.DictReader(f))
     return {"parameters": sum(p.numel() for p in model.parameters()), "steps": steps,
-            "seconds_per_step": float(last_row[1]) / steps,
+            "seconds_per_step": float(rows[-1]["seconds"]) / steps,
+            "log": [(int(r["step"]), float(r["diffusion_ce"])) for r in rows],
             **validation_losses(model, tokenizer, corpus, batches=batches, after_end="end")}
 
 
@@ -75,12 +82,13 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{'shape':<14} {'params':>7} {'steps':>6} {'s/step':>7} {'CE t=.25':>9} {'CE t=.5':>8} {'CE t=.75':>9} "
           f"{'enc ppl':>8}")
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     results = []
     for candidate in CANDIDATES:
-        out = args.out / f"L{candidate['layers']}-H{candidate['hidden_size']}"
+        out = candidate_dir(args.out, candidate)
         if not (out / "checkpoint").exists():
             train_candidate(candidate, out, args.minutes, args.corpus, args.tokenizer)
-        row = {**candidate, **score_candidate(out, args.corpus, args.tokenizer, args.batches)}
+        row = {**candidate, **score_candidate(out, args.corpus, tokenizer, args.batches)}
         results.append(row)
         print(f"{candidate['layers']} x {candidate['hidden_size']:<8} {row['parameters'] / 1e6:6.2f}M {row['steps']:6d} "
               f"{row['seconds_per_step']:7.2f} {row['diffusion_ce_t0.25']:9.3f} {row['diffusion_ce_t0.5']:8.3f} "
@@ -88,8 +96,7 @@ def main() -> None:
     last = min(row["steps"] for row in results)
     print(f"mean training denoising CE over steps {last - 48}-{last}:")
     for row in results:
-        with open(args.out / f"L{row['layers']}-H{row['hidden_size']}" / "log.csv") as f:
-            losses = [float(r["diffusion_ce"]) for r in csv.DictReader(f) if last - 49 < int(r["step"]) <= last]
+        losses = [loss for step, loss in row.pop("log") if last - 49 < step <= last]
         row["training_diffusion_ce_same_steps"] = sum(losses) / len(losses)
         print(f"{row['layers']} x {row['hidden_size']:<8} {row['training_diffusion_ce_same_steps']:.3f}")
     (args.out / "sweep.json").write_text(json.dumps(results, indent=1))
