@@ -109,8 +109,10 @@ def test_a_queued_run_says_so_and_stop_leaves_the_queue(browser, one_at_a_time):
     ARTIFACTS.mkdir(exist_ok=True)
     second.screenshot(path=str(ARTIFACTS / "browser_queued.png"), full_page=False)
     second.click("#dg-stop")
-    second.wait_for_function("document.querySelector('#dg-meter .dg-meter').dataset.state !== 'queued'",
-                             timeout=10_000)
+    # the page marks the meter "stopping" at the click; the server's answer then replaces it
+    second.wait_for_function(
+        "!['queued', 'stopping'].includes(document.querySelector('#dg-meter .dg-meter').dataset.state)",
+        timeout=10_000)
     assert second.get_attribute("#dg-meter .dg-meter", "data-state") == "idle", second.inner_text("#dg-meter")
     assert "left the queue" in second.inner_text("#dg-meter")
     assert second.locator("#dg-generate").is_enabled() and second.locator("#dg-stop").is_disabled()
