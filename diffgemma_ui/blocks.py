@@ -223,7 +223,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
             with gr.Tab("Compare", id="compare", elem_id="dg-tab-compare"):
                 build_compare_tab(CompareHandlers(playground), default_prompt)
             with gr.Tab("Chat", id="chat", elem_id="dg-tab-chat"):
-                build_chat_tab(chat_tab)
+                build_chat_tab(chat_tab, [p for p, raw in load_examples(embedded=embedded) if not raw])
             with gr.Tab("Infill", id="infill", elem_id="dg-tab-infill"):
                 build_infill_tab(infill_tab, EMBEDDED_TEMPLATE if embedded else INSTRUCTION_TEMPLATE)
 

@@ -18,8 +18,9 @@ INTRO = ("A conversation through the checkpoint's chat template. Each answer is 
 CHAT_MAX_NEW_TOKENS = 128  # default answer budget: two canvases of the embedded model, half of one of the real one
 
 
-def build_chat_tab(chat: ChatTab) -> None:
-    """The Chat tab's components and events, inside the caller's `gr.Tab` (and `gr.Blocks`) context."""
+def build_chat_tab(chat: ChatTab, example_messages: list[str] = ()) -> None:
+    """The Chat tab's components and events, inside the caller's `gr.Tab` (and `gr.Blocks`) context;
+    `example_messages` are offered under the message box (a click fills it)."""
     engine = chat.engine
     state = gr.State(ChatState())
     gr.Markdown(INTRO, elem_id="dg-chat-intro")
@@ -28,6 +29,10 @@ def build_chat_tab(chat: ChatTab) -> None:
             history = gr.HTML(EMPTY_CHAT_HTML, elem_id="dg-chat-history")
             message = gr.Textbox(label="Message", lines=2, max_lines=6, max_length=MAX_PROMPT_CHARS,
                                  placeholder="Write a message; Shift+Enter sends", elem_id="dg-chat-message")
+            if example_messages:
+                gr.Examples([[m] for m in example_messages], inputs=[message], elem_id="dg-chat-examples",
+                            label="Example messages: click one to fill the box",
+                            examples_per_page=len(example_messages))
             # Only for checkpoints whose chat template has a thinking mode (Gemma 4: enable_thinking)
             thinking = gr.Checkbox(label="Think first (the thought is shown apart, collapsed, and not fed back)",
                                    value=False, visible=engine.supports_thinking, elem_id="dg-chat-thinking")

@@ -15,8 +15,8 @@ from .text import escape_html, plain_text
 from .thought_view import thought_html
 
 EMPTY_CHAT_HTML = ('<div class="dg-chat-history dg-empty" data-turns="0"><p>Write a message and press <b>Send</b>: '
-                   "each answer is denoised on the canvas to the right, and later turns reuse the encoder cache of "
-                   "earlier ones.</p></div>")
+                   "each answer is denoised on the canvas beside the conversation (below it on a phone), and later "
+                   "turns reuse the encoder cache of earlier ones.</p></div>")
 IDLE_REUSE_HTML = ('<div class="dg-chat-reuse" data-state="idle">Cache reuse: the first turn encodes its whole '
                    "prompt; each later turn encodes only what is new.</div>")
 ROLE_LABELS = {"system": "System", "user": "You", "assistant": "Model"}

@@ -240,6 +240,9 @@ def test_chat_tab_in_the_browser_two_turns_show_the_reuse(browser, served_app):
     try:
         page.click("button[role=tab]:has-text('Chat')")
         assert page.locator("#dg-chat-thinking").count() == 0 or not page.locator("#dg-chat-thinking").is_visible()
+        page.click("#dg-chat-examples button:has-text('Jesus wept.')")  # the embedded model's chat examples
+        page.wait_for_function("document.querySelector('#dg-chat-message textarea').value === 'Jesus wept.'",
+                               timeout=10_000)
         for turn, message in enumerate(["Who was Noah? <script>alert(1)</script>", "What did he build?"], start=1):
             page.fill("#dg-chat-message textarea", message)
             page.click("#dg-chat-send")
