@@ -549,6 +549,19 @@ def test_generate_stream_renders_live_then_final_and_frees_the_worker_when_close
     assert slow.registry.active() == 0
 
 
+def test_before_its_first_frame_a_run_says_it_is_starting_not_idle():
+    playground = Playground(FakeEngine(frames=4, delay=0.5), max_fps=1000)  # the first frame after 0.5 s
+    session = SessionState()
+    stream = playground.generate_stream(session, *ARGS)
+    canvas, meter = next(stream)[1:3]
+    assert session.snapshot.latest is None  # the view before the first frame
+    assert "Encoding the prompt" in canvas
+    assert 'data-state="running"' in meter and "starting: encoding the prompt" in meter
+    assert "press Generate" not in meter
+    stream.close()
+    assert session.worker.join(5)
+
+
 def test_generate_stream_stop_button_and_bad_input():
     playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
     session = SessionState()
