@@ -71,7 +71,9 @@ def test_stop_button_and_phone_width(browser, served_app):
     started = time.monotonic()
     page.click("#dg-stop")
     # the meter answers the click at once, before the server's final view (which replaces it)
-    assert page.evaluate("document.querySelector('#dg-meter .dg-meter').dataset.state") in ("stopping", "done")
+    state = page.evaluate("document.querySelector('#dg-meter .dg-meter').dataset.state")
+    assert state in ("stopping", "done"), (state, "Stop enabled:", page.locator("#dg-stop").is_enabled(),
+                                           "scrollY:", page.evaluate("window.scrollY"))
     page.wait_for_selector(".dg-meter[data-state='done']", timeout=30_000)
     assert time.monotonic() - started < 20
     assert "stopped" in page.inner_text(".dg-meter").lower()
