@@ -1,6 +1,8 @@
 """Wiring only: the Chat tab's layout, its events and the `/chat` API. Logic lives in `chat_handlers.ChatTab`."""
 
 # No `from __future__ import annotations` here: gr.api reads chat_api's type hints at runtime.
+from collections.abc import Sequence
+
 import gradio as gr
 
 from engine import PRESET_NAMES
@@ -18,7 +20,7 @@ INTRO = ("A conversation through the checkpoint's chat template. Each answer is 
 CHAT_MAX_NEW_TOKENS = 128  # default answer budget: two canvases of the embedded model, half of one of the real one
 
 
-def build_chat_tab(chat: ChatTab, example_messages: list[str] = ()) -> None:
+def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
     """The Chat tab's components and events, inside the caller's `gr.Tab` (and `gr.Blocks`) context;
     `example_messages` are offered under the message box (a click fills it)."""
     engine = chat.engine

@@ -25,7 +25,7 @@ from engine.settings import MAX_SEED
 from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html
 from .liveness import job_alive_check
-from .meter import meter_html, refused_meter_html, waiting_meter_html
+from .meter import meter_html, refused_meter_html, run_meter_html, waiting_meter_html
 from .record import RunSnapshot
 from .session import SessionState
 from .text import plain_text
@@ -71,7 +71,6 @@ class StreamOutputs:
 
 
 DEFAULT_MAX_RUN_S = 300.0  # no single run (UI or API) holds the engine for longer
-STARTING_NOTE = "starting: encoding the prompt, then the first decoder forward"  # the meter before a first frame
 STOP_WAIT_S = 10.0  # Stop waits this long at most for the run's last frame (one decoder forward)
 API_POLL_S = 0.02  # how often the served /generate checks its run (and notices a cancelled job)
 LOG = logging.getLogger(__name__)
@@ -255,10 +254,7 @@ class Playground:
         block = gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1) if final else skip
         if first and not final:  # a new run: the previous run's block slider would plot this run's blocks
             block = gr.update(visible=False)
-        if latest is None and not final:  # started, before its first frame: not "idle", which invites a Generate
-            meter = meter_html(None, note=STARTING_NOTE, state="running")
-        else:
-            meter = meter_html(latest, committed=finished[-1] if finished else None)
+        meter = run_meter_html(latest, committed=finished[-1] if finished else None, final=final)
         return StreamOutputs(
             stack=stack, canvas=canvas, meter=meter, text=text, heatmap=heatmap, order=order, entropy=entropy,
             block=block,

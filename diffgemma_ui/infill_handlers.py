@@ -19,7 +19,7 @@ from .deployment import zero_gpu
 from .frame_runs import finish, run_api_frames, start_frames
 from .handlers import API_SUMMARY_KEYS, PLOT_INTERVAL_S, describe_error, previous_run_meter, status_text
 from .infill_view import blank_plots, filled_html, infill_canvas_html
-from .meter import meter_html
+from .meter import run_meter_html
 from .text import plain_text
 from .validation import build_settings, check_prompt, check_ui_seed, preset_values
 from .worker import RunWorker
@@ -110,7 +110,8 @@ class InfillTab:
                 latest, final = snap.latest, snap.finished
                 status = status_text(latest, snap.error) if final else ("" if latest else "Encoding\u2026")
                 canvas = infill_canvas_html(latest, layout, status)
-                meter = meter_html(latest, committed=latest if latest is not None and latest.block_done else None)
+                meter = run_meter_html(latest, committed=latest if latest is not None and latest.block_done else None,
+                                       final=final)
                 ids = None if latest is None else (latest.committed_ids if latest.block_done else latest.draft_ids)
                 filled = filled_html(self.engine.tokenizer, layout, ids, live=not final)
                 text = skip

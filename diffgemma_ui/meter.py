@@ -126,6 +126,15 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
 
 
 IDLE_NOTE = "engine clock \u00b7 press Generate to start"
+STARTING_NOTE = "starting: encoding the prompt, then the first decoder forward"
+
+
+def run_meter_html(frame: Frame | None, *, committed: Frame | None = None, final: bool) -> str:
+    """The meter of a run that has started (`final`: its last view): `meter_html(frame, committed=committed)`, except
+    before its first frame, when it says the run is starting (`data-state="running"`), not idle."""
+    if frame is None and not final:
+        return meter_html(None, note=STARTING_NOTE, state="running")
+    return meter_html(frame, committed=committed)
 
 
 REFUSED_NOTICE = ("Not run: the request was refused (its message says why). Everything below is from the "

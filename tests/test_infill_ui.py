@@ -89,9 +89,10 @@ def test_fixed_chips_hold_the_template_tokens_in_every_render(tab, engine):
     renders = list(tab.fill_stream(InfillState(), TEMPLATE, "", "careful", 6, 4))
     assert len(renders) >= 2
     expected = None
-    for canvas, *_ in renders:
-        if 'data-fixed="' not in canvas:
-            continue  # the "encoding" view before the first frame
+    for canvas, meter, *_ in renders:
+        if 'data-fixed="' not in canvas:  # the "encoding" view before the first frame: the meter says starting
+            assert 'data-state="running"' in meter and "starting: encoding the prompt" in meter
+            continue
         block = canvas[canvas.index("<section"):]
         chips = [attrs for tag, attrs in parse_html(block).tags if "dg-chip" in attrs.get("class", "").split()]
         fixed = [attrs["title"].split("\n")[0] for attrs in chips if "dg-fixed" in attrs["class"]]
