@@ -32,7 +32,6 @@ class ClosedSessionDropper:
     def __init__(self, blocks, delay_s: float = DROP_DELAY_S):
         self.blocks = blocks
         self.delay_s = delay_s
-        self.dropped = 0  # records dropped so far (for tests and benchmarks)
 
     def closed(self, session_hash: str) -> None:
         """The tab of `session_hash` closed: drop its record after the delay (in a daemon timer thread)."""
@@ -48,7 +47,4 @@ class ClosedSessionDropper:
         with holder.lock:
             record = holder.session_data.pop(session_hash, None)
             holder.time_last_used.pop(session_hash, None)
-        if record is None:
-            return False
-        self.dropped += 1
-        return True
+        return record is not None
