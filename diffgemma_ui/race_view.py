@@ -134,14 +134,33 @@ def cost_table_html(result: RaceResult) -> str:
 
 
 def speedup_text(result: RaceResult) -> str:
-    """The headline, e.g. "Diffusion: 3.2x the autoregressive speed" or "... 0.19x (5.3x slower)"."""
+    """The headline, e.g. "Diffusion: 3.2x the autoregressive speed" or "... 0.19x (5.3x slower)"; a stopped race
+    names the side the Stop cut short and gives no speedup."""
     speedup = result.speedup
+    if result.cancelled:
+        side = result.stopped_side
+        stopped = getattr(result, side) if side else None
+        if stopped is None:
+            return f"Stopped before the {side} side ran: no speedup."
+        return f"Stopped: the {side} side was cut short after {stopped.tokens} tokens, so no speedup is given."
     if speedup is None:
-        return "No speedup: a side made no tokens." if not result.cancelled else "Stopped before both sides ran."
+        return "No speedup: a side made no tokens."
     text = f"Diffusion ran at {speedup:.2f}x the autoregressive speed"
     if speedup < 1:
         text += f" ({1 / speedup:.1f}x slower)"
     return text + " (tokens/s on both sides)"
+
+
+def lengths_text(result: RaceResult) -> str:
+    """A warning when one side wrote at least twice the tokens of the other ("" otherwise): the speedup compares
+    tokens/s, not two answers of one length."""
+    d, a = result.diffusion, result.autoregressive
+    if d is None or a is None or min(d.tokens, a.tokens) == 0 or max(d.tokens, a.tokens) < 2 * min(d.tokens, a.tokens):
+        return ""
+    return (f"The answers differ in length: diffusion wrote {d.tokens} tokens "
+            f"({STOP_REASONS.get(d.stop_reason, d.stop_reason)}), autoregressive {a.tokens} "
+            f"({STOP_REASONS.get(a.stop_reason, a.stop_reason)}). The speedup compares tokens per second, not the "
+            "time to an answer of the same length.")
 
 
 def result_html(result: RaceResult | None, *, explanation: str = "") -> str:
@@ -152,9 +171,12 @@ def result_html(result: RaceResult | None, *, explanation: str = "") -> str:
         return ('<div class="dg-race-result" data-state="idle"><p class="dg-race-rules">'
                 f'{escape_html(RULES_BEFORE_A_RACE)}</p></div>')
     speedup = "" if result.speedup is None else f"{result.speedup:.6g}"
+    lengths = lengths_text(result)
+    lengths = f'<p class="dg-race-lengths">{escape_html(lengths)}</p>' if lengths else ""
     return (
         f'<div class="dg-race-result" data-state="done" data-speedup="{speedup}">'
         f'<p class="dg-race-speedup">{escape_html(speedup_text(result))}</p>'
+        f"{lengths}"
         f"{cost_table_html(result)}"
         f'<p class="dg-race-explain">{escape_html(explanation)}</p>'
         f'<p class="dg-race-rules">{escape_html(result.fairness)} Length: {escape_html(result.length_rule)}. '

@@ -127,6 +127,18 @@ class RaceResult:
         return d.tokens_per_second / a.tokens_per_second
 
     @property
+    def stopped_side(self) -> str | None:
+        """The side a Stop cut short or kept from running: the first in running order that is missing or ended
+        "cancelled"; None when the race was not stopped."""
+        if not self.cancelled:
+            return None
+        for name in self.order:
+            side = getattr(self, name)
+            if side is None or side.stop_reason == "cancelled":
+                return name
+        return None
+
+    @property
     def length_rule(self) -> str:
         return LENGTH_RULE.format(budget=self.budget)
 
@@ -160,9 +172,15 @@ def explanation(result: RaceResult) -> str:
         f"per forward / {a.tokens_per_forward:.2f} tokens per forward = {a.seconds_per_token * ms:.2f} ms per token."
     )
     cost_ratio = d.seconds_per_forward / a.seconds_per_forward if a.seconds_per_forward > 0 else float("inf")
-    winner = "Diffusion wins" if (result.speedup or 0) >= 1 else "Autoregressive decoding wins"
-    why = (f"{winner}: a canvas forward cost {cost_ratio:.1f}x an autoregressive forward here, and each committed "
-           f"{d.tokens_per_forward:.2f} tokens against 1.")
+    costs = (f"a canvas forward cost {cost_ratio:.1f}x an autoregressive forward here, and each committed "
+             f"{d.tokens_per_forward:.2f} tokens against 1.")
+    if result.speedup is None:  # stopped: a side's time is cut short, so no winner
+        stopped = getattr(result, result.stopped_side) if result.stopped_side else None
+        cut = f" after {stopped.tokens} tokens" if stopped is not None else ""
+        why = f"No winner: the race was stopped while the {result.stopped_side} side ran{cut}. So far {costs}"
+    else:
+        winner = "Diffusion wins" if result.speedup >= 1 else "Autoregressive decoding wins"
+        why = f"{winner}: {costs}"
     if result.device.startswith("cuda"):
         device_note = ("On a GPU at batch size 1 both kinds of forward are bound by reading the weights from memory, "
                        "so a forward that commits several tokens should win; the bandwidth bound below is that floor.")

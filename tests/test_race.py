@@ -246,6 +246,41 @@ def test_result_card_escapes_and_explains_either_winner():
     assert explanation(fast).startswith("Diffusion wins") and "reading the weights" in explanation(fast)
 
 
+def test_a_stopped_race_names_no_winner_and_says_which_side_was_cut_short():
+    from diffgemma_ui.race_view import result_html
+
+    cut_short = RaceResult(side_result("diffusion", tokens_per_second=300.0, seconds_per_token=0.003),
+                           side_result("autoregressive", tokens=334, tokens_per_second=145.0, stop_reason="cancelled",
+                                       position=2),
+                           ("diffusion", "autoregressive"), 7, 1024, 64, "cpu", None, cancelled=True)
+    assert cut_short.speedup is None and cut_short.stopped_side == "autoregressive"
+    text = explanation(cut_short)
+    assert text.startswith("No winner: the race was stopped while the autoregressive side ran after 334 tokens")
+    assert "Diffusion wins" not in text and "decoding wins" not in text
+    html = result_html(cut_short, explanation=text)
+    assert "the autoregressive side was cut short after 334 tokens, so no speedup is given" in html
+    assert 'data-speedup=""' in html and "Stopped before both sides ran" not in html
+    never_ran = RaceResult(side_result("diffusion", stop_reason="cancelled"), None, ("diffusion", "autoregressive"),
+                           7, 64, 64, "cpu", None, cancelled=True)
+    assert never_ran.stopped_side == "diffusion" and explanation(never_ran) == ""
+    first_done = RaceResult(side_result("diffusion"), None, ("diffusion", "autoregressive"), 7, 64, 64, "cpu", None,
+                            cancelled=True)
+    assert "Stopped before the autoregressive side ran" in result_html(first_done)
+
+
+def test_answers_of_very_different_lengths_are_called_out_under_the_speedup():
+    from diffgemma_ui.race_view import result_html
+
+    short = RaceResult(side_result("diffusion", tokens=41, tokens_per_second=400.0),
+                       side_result("autoregressive", tokens=256, tokens_per_second=190.0, stop_reason="max_new_tokens"),
+                       ("diffusion", "autoregressive"), 7, 256, 64, "cpu", None)
+    html = result_html(short, explanation=explanation(short))
+    assert "diffusion wrote 41 tokens (ended at end-of-sequence), autoregressive 256 (reached max new tokens)" in html
+    close = RaceResult(side_result("diffusion", tokens=150), side_result("autoregressive", tokens=256),
+                       ("diffusion", "autoregressive"), 7, 256, 64, "cpu", None)
+    assert "dg-race-lengths" not in result_html(close)
+
+
 def test_panels_escape_model_text_and_follow_the_replay_clock():
     from diffgemma_ui.race_view import frame_at, panel_html
 
