@@ -148,8 +148,8 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                 with gr.Row(equal_height=False, elem_id="dg-main"):
                     with gr.Column(min_width=0, elem_id="dg-controls"):
                         prompt = gr.Textbox(
-                            label="Prompt", info="Shift+Enter generates; Enter adds a line", lines=3, max_lines=8,
-                            max_length=MAX_PROMPT_CHARS, elem_id="dg-prompt",
+                            label="Prompt", lines=3, max_lines=8, elem_id="dg-prompt",
+                            info=f"Shift+Enter generates; Enter adds a line; at most {MAX_PROMPT_CHARS:,} characters",
                             placeholder="Type a prompt, or pick an example", value=default_prompt,
                         )
                         raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)",

@@ -29,8 +29,9 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
     with gr.Row(equal_height=False, elem_id="dg-chat-main"):
         with gr.Column(min_width=0, elem_id="dg-chat-left"):
             history = gr.HTML(EMPTY_CHAT_HTML, elem_id="dg-chat-history")
-            message = gr.Textbox(label="Message", lines=2, max_lines=6, max_length=MAX_PROMPT_CHARS,
-                                 placeholder="Write a message; Shift+Enter sends", elem_id="dg-chat-message")
+            message = gr.Textbox(label="Message", lines=2, max_lines=6, elem_id="dg-chat-message",
+                                 placeholder=f"Write a message (at most {MAX_PROMPT_CHARS:,} characters); "
+                                             "Shift+Enter sends")
             if example_messages:
                 gr.Examples([[m] for m in example_messages], inputs=[message], elem_id="dg-chat-examples",
                             label="Example messages: click one to fill the box",

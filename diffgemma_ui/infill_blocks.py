@@ -29,9 +29,10 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
     with gr.Row(equal_height=False, elem_id="dg-infill-main"):
         with gr.Column(min_width=0, elem_id="dg-infill-left"):
             template = gr.Textbox(label="Template", value=default_template, lines=4, max_lines=10,
-                                  max_length=MAX_PROMPT_CHARS, elem_id="dg-infill-template",
-                                  info="blanks as described above \u00b7 Shift+Enter fills")
-            context = gr.Textbox(label="Context (optional)", lines=1, max_lines=4, max_length=MAX_PROMPT_CHARS,
+                                  elem_id="dg-infill-template",
+                                  info="blanks as described above \u00b7 Shift+Enter fills \u00b7 at most "
+                                       f"{MAX_PROMPT_CHARS:,} characters")
+            context = gr.Textbox(label="Context (optional)", lines=1, max_lines=4,
                                  placeholder="raw text the encoder reads before the canvas",
                                  elem_id="dg-infill-context")
             with gr.Row(elem_id="dg-infill-settings"):

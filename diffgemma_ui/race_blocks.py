@@ -19,8 +19,8 @@ def build_race_tab(race: RaceTab) -> None:
     session = gr.State(RaceSession())
     with gr.Row(equal_height=False, elem_id="dg-race-controls"):
         with gr.Column(scale=3, min_width=0):
-            prompt = gr.Textbox(label="Prompt", lines=2, max_lines=6, max_length=MAX_PROMPT_CHARS,
-                                value=DEFAULT_RACE_PROMPT, elem_id="dg-race-prompt")
+            prompt = gr.Textbox(label="Prompt", lines=2, max_lines=6, value=DEFAULT_RACE_PROMPT,
+                                info=f"at most {MAX_PROMPT_CHARS:,} characters", elem_id="dg-race-prompt")
             raw = gr.Checkbox(label="Raw prompt (no chat template)", value=False, elem_id="dg-race-raw")
         with gr.Column(scale=2, min_width=0):
             with gr.Row():

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from pages import open_page, set_number, set_up_a_long_run
 
+from diffgemma_ui.validation import MAX_PROMPT_CHARS
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts"
@@ -141,6 +143,12 @@ def test_refused_prompt_leaves_the_canvas_clean_and_hand_edits_make_the_preset_c
     page.wait_for_selector("text=prompt is empty", timeout=10_000)  # the message, as a toast
     time.sleep(0.5)
     assert "Error" not in page.locator("#dg-canvas").inner_text()  # no error badge on the canvas
+    assert page.locator("#dg-generate").is_enabled()
+    # A prompt over the limit reaches the server whole and is refused with the limit, not cut short in the box
+    page.fill("#dg-prompt textarea", "And " * (MAX_PROMPT_CHARS // 4 + 1))
+    assert len(page.locator("#dg-prompt textarea").input_value()) == MAX_PROMPT_CHARS + 4
+    page.click("#dg-generate")
+    page.wait_for_selector(f"text=the limit here is {MAX_PROMPT_CHARS:,}", timeout=10_000)
     assert page.locator("#dg-generate").is_enabled()
 
     preset_box = page.locator("#dg-preset input")
