@@ -19,7 +19,7 @@ from engine.diffusers_sampler import SCHEDULERS, PipelineRun, diffusers_availabl
 from engine.settings import MAX_SEED
 
 from . import plots
-from .compare_view import side_html, verdict_html
+from .compare_view import NOT_RUN, side_html, verdict_html
 from .handlers import describe_error
 from .meter import REFUSED_NOTICE
 from .text import plain_text
@@ -159,7 +159,7 @@ class CompareHandlers:
         """`compare`'s loop: A then B, filling `lasts`, `texts`, `heatmaps` and `states` in place and yielding
         `view()`."""
         if state.stop.is_set():  # stopped while it waited in the queue
-            states[0] = "stopped"
+            states[:] = ["stopped", NOT_RUN]
             yield view()
             return
         for side, request in enumerate(requests):
@@ -200,6 +200,7 @@ class CompareHandlers:
             if state.stop.is_set():
                 states[side] = "stopped"
                 break
+        states[:] = [NOT_RUN if s == "waiting" else s for s in states]  # B after a stopped A
         yield view()
 
     @staticmethod

@@ -12,6 +12,8 @@ from .meter import meter_html
 from .text import escape_html
 
 IDLE_NOTE = "engine clock \u00b7 press Compare A and B to start"
+NOT_RUN = "not run"  # a side's state when Stop came before its turn
+NOT_RUN_NOTE = "not run: Stop came before this side's turn \u00b7 press Compare A and B to run both"
 SIDES = ("A", "B")
 
 
@@ -27,13 +29,13 @@ def settings_label(settings: DiffusionSettings, *, bound_and_t: bool = True) -> 
 def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None, state: str,
               sampler: str = "", bound_and_t: bool = True) -> str:
     """One side's card: its name, settings (and `sampler`, when not the engine's; `bound_and_t` False: it does not
-    read the entropy bound and temperatures, which are then not listed), state ("waiting", "running", "done", "stopped") and
-    meter (from its newest frame)."""
+    read the entropy bound and temperatures, which are then not listed), state ("waiting", "running", "done",
+    "stopped", or `NOT_RUN`) and meter (from its newest frame)."""
     label = settings_label(settings, bound_and_t=bound_and_t) if settings is not None else ""
     label = f"{sampler} \u00b7 {label}" if sampler else label
     return (f'<div class="dg-compare-side" data-side="{escape_html(side)}" data-state="{escape_html(state)}">'
             f'<h3>{escape_html(side)} \u00b7 {escape_html(state)}</h3><p class="dg-meter-note">{escape_html(label)}</p>'
-            f"{meter_html(last, note=IDLE_NOTE)}</div>")
+            f"{meter_html(last, note=NOT_RUN_NOTE if state == NOT_RUN else IDLE_NOTE)}</div>")
 
 
 def _ratio(a: float, b: float) -> str:

@@ -197,7 +197,8 @@ def test_stop_ends_the_running_side_and_b_never_starts(engine):
     assert 'data-side="A" data-state="running"' in first[0]
     handlers.stop(state)
     card_a, card_b, verdict, text_a, *_ = list(views)[-1]
-    assert 'data-state="stopped"' in card_a and "Stopped" not in card_b and 'data-state="waiting"' in card_b
+    assert 'data-state="stopped"' in card_a and "Stopped" not in card_b and 'data-state="not run"' in card_b
+    assert "press Compare A and B to start" not in card_b and "Stop came before this side" in card_b
     assert 'data-state="pending"' in verdict
 
 
@@ -226,6 +227,6 @@ def test_a_refused_comparison_marks_the_previous_one_and_a_stop_while_queued_run
     handlers.request(*args, state=state)  # accepted, then Stop while it waits in the queue
     handlers.stop(state)
     card_a, card_b, verdict, *_ = list(handlers.compare(*args, state=state))[-1]
-    assert started == [] and 'data-state="stopped"' in card_a and 'data-state="waiting"' in card_b
+    assert started == [] and 'data-state="stopped"' in card_a and 'data-state="not run"' in card_b
     handlers.request(*args, state=state)  # the next accepted request runs again
     assert 'data-state="done"' in list(handlers.compare(*args, state=state))[-1][2] and len(started) == 2
