@@ -123,7 +123,9 @@ class StepThroughHandlers:
         unless `stop_button` (an update) is given: "Run to end" enables it while it runs."""
         snap = run.record.snapshot()
         session.snapshot = snap
-        outputs = self.playground.render(session, snap, final=run.done, plots_due=plots_due, first=False)
+        # A stepped run's first forward hides the block slider as a new run does (it would name the last run's block)
+        outputs = self.playground.render(session, snap, final=run.done, plots_due=plots_due,
+                                         first=snap.frames_seen == 1)
         outputs = replace(outputs, generate_button=gr.skip(),
                           stop_button=gr.skip() if stop_button is None else stop_button)
         latest = snap.latest

@@ -39,6 +39,7 @@ def test_stepping_gives_the_tokens_of_a_normal_run(steps, engine):
     session = SessionState()
     outputs = steps.next_step(session, *INPUTS)
     assert 'data-forward="0"' in outputs[1] and "forward 1:" in outputs[-1]
+    assert outputs[7].get("visible") is False  # the block slider, hidden until the run ends
     outputs = steps.next_step(session, *INPUTS)
     assert 'data-forward="1"' in outputs[1]
     assert session.snapshot.frames_seen == 2 and session.request.seed == 5
@@ -49,8 +50,10 @@ def test_stepping_gives_the_tokens_of_a_normal_run(steps, engine):
     direct = engine.generate("In the beginning", session.request.settings, raw=True, seed=5)
     assert last.committed_ids == direct.token_ids
     assert session.snapshot.frames_seen == direct.forwards
+    assert renders[-1][7].get("visible") is True  # two blocks: the slider shows
     again = steps.next_step(session, *INPUTS)  # a finished stepped run: the next click starts a new one
-    assert 'data-forward="0"' in again[1]
+    assert 'data-forward="0"' in again[1] and again[7].get("visible") is False
+    assert again[8] == outputs[8] and again[9] == outputs[9]  # Generate and Stop left as they are
 
 
 def test_stepping_is_refused_with_a_message_on_zero_gpu(steps, monkeypatch):
