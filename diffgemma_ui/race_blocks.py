@@ -31,9 +31,9 @@ def build_race_tab(race: RaceTab) -> None:
                                            elem_id="dg-race-budget", min_width=160)
             with gr.Row():
                 temperature = gr.Number(value=0.0, minimum=0.0, label="AR temperature", info="0 = greedy",
-                                        elem_id="dg-race-temperature", min_width=100)
+                                        elem_id="dg-race-temperature", min_width=120)
                 seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random", elem_id="dg-race-seed",
-                                 min_width=100)
+                                 min_width=120)  # 120: "AR temperature" fits; on a phone the order wraps below
                 order = gr.Dropdown(list(ORDERS), value="alternate", label="Who runs first",
                                     elem_id="dg-race-order", min_width=140)
             with gr.Row():

@@ -86,6 +86,28 @@ def test_stop_button_and_phone_width(browser, served_app):
     page.close()
 
 
+# Gradio blocks (label, box, info) whose content is wider than the block: the block hides the overflow, so a label
+# like "AR temperature" lost its last letters at 390 px
+CLIPPED_BLOCKS = """() => [...document.querySelectorAll('.block')]
+  .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+  .map(e => `${e.id || e.className}: ${e.scrollWidth} px of content in ${e.clientWidth} px`)"""
+
+
+@pytest.mark.parametrize("width", [360, 390, 1280])
+def test_no_control_on_any_tab_clips_its_content(browser, served_app, width):
+    _, url = served_app
+    page, problems = open_page(browser, url, width=width, height=844)
+    clipped = {}
+    for tab in ("playground", "race", "compare", "chat", "infill"):
+        page.click(f"#dg-tab-{tab}-button")
+        page.wait_for_selector(f"#dg-tab-{tab}", state="visible")
+        page.wait_for_timeout(300)  # the tab's layout settles
+        clipped[tab] = page.evaluate(CLIPPED_BLOCKS)
+    assert not any(clipped.values()), clipped
+    assert not problems, problems
+    page.close()
+
+
 def test_closing_the_tab_frees_the_worker(browser, served_app):
     app, url = served_app
     page, _ = open_page(browser, url)
