@@ -29,8 +29,8 @@ from .race_handlers import RaceTab
 from .session import SessionState
 from .step_through import StepThroughHandlers
 from .text import escape_html
-from .validation import (CUSTOM_PRESET, MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS, UI_MAX_ENTROPY_BOUND,
-                         UI_MAX_NEW_TOKENS)
+from .validation import (ADAPTIVE_STOPPING_INFO, CUSTOM_PRESET, MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS,
+                         UI_MAX_ENTROPY_BOUND, UI_MAX_NEW_TOKENS)
 from .worker import DEFAULT_READER_BUDGET
 from .zerogpu import make_playground
 
@@ -186,7 +186,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                                 t_max = gr.Slider(0.01, 2.0, value=rec.t_max, step=0.01, label="t_max", min_width=120,
                                                   info="first step")
                             adaptive = gr.Checkbox(value=rec.adaptive_stopping, label="Adaptive stopping",
-                                                   info="end a canvas early once it is stable and confident")
+                                                   info=ADAPTIVE_STOPPING_INFO)
                             with gr.Row():
                                 stability = gr.Slider(0, 16, value=rec.stability_threshold, step=1,
                                                       label="Stability threshold", info="steps unchanged",

@@ -9,7 +9,7 @@ from engine import PRESET_NAMES, preset
 from . import plots
 from .compare_handlers import ENGINE_SAMPLER, CompareHandlers, CompareState, sampler_choices
 from .compare_view import SIDES, side_html, verdict_html
-from .validation import UI_MAX_DENOISING_STEPS, UI_MAX_ENTROPY_BOUND, UI_MAX_NEW_TOKENS
+from .validation import ADAPTIVE_STOPPING_INFO, UI_MAX_DENOISING_STEPS, UI_MAX_ENTROPY_BOUND, UI_MAX_NEW_TOKENS
 
 INTRO = (
     "One prompt, one seed, two settings: **A** runs to the end, then **B** (never both at once, so neither slows the "
@@ -44,7 +44,8 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
                                           label=f"{side}: entropy bound", info="nats")
                 steps = gr.Slider(1, UI_MAX_DENOISING_STEPS, value=settings.max_denoising_steps, step=1,
                                   label=f"{side}: max denoising steps")
-                adaptive = gr.Checkbox(value=settings.adaptive_stopping, label=f"{side}: adaptive stopping")
+                adaptive = gr.Checkbox(value=settings.adaptive_stopping, label=f"{side}: adaptive stopping",
+                                       info=ADAPTIVE_STOPPING_INFO)
                 if side == "B":
                     sampler = gr.Dropdown(sampler_choices(), value=ENGINE_SAMPLER, label="B: sampler",
                                           info="diffusers' schedulers run its DiffusionGemmaPipeline (chat prompts)",

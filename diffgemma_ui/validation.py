@@ -15,6 +15,10 @@ from engine.engine import check_prompt as engine_check_prompt
 from engine.settings import MAX_SEED, RANGES
 
 MAX_PROMPT_CHARS = 20_000
+# The adaptive stopping checkbox's hint (Playground and Compare): StableAndConfidentStoppingCriteria looks at the
+# argmax canvas, not at what the entropy bound accepted, so a confident canvas ends early at any entropy bound
+ADAPTIVE_STOPPING_INFO = ("end a canvas early once its likeliest tokens are stable and confident, however few the "
+                          "entropy bound accepted")
 # The live UI keeps every frame of a run for its plots; these bounds keep that (and a shared queue) reasonable.
 UI_MAX_NEW_TOKENS = 1024
 UI_MAX_DENOISING_STEPS = 128
