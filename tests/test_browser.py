@@ -25,6 +25,21 @@ WATCH_CANVAS = """() => {
   new MutationObserver(note).observe(root, {subtree: true, childList: true, attributes: true});
 }"""
 
+# Records each meter state the page shows, with milliseconds since it was installed
+WATCH_METER_STATES = """() => {
+  const t0 = performance.now();
+  window.__meterStates = [];
+  const note = () => {
+    const meter = document.querySelector('#dg-meter .dg-meter');
+    const state = meter ? meter.dataset.state : 'absent';
+    const seen = window.__meterStates;
+    if (!seen.length || seen[seen.length - 1][0] !== state) seen.push([state, Math.round(performance.now() - t0)]);
+  };
+  note();
+  new MutationObserver(note).observe(document.body, {subtree: true, childList: true, attributes: true,
+                                                     attributeFilter: ['data-state']});
+}"""
+
 
 def test_generate_shows_live_canvas_final_text_and_speed(browser, served_app, engine):
     _, url = served_app
@@ -70,12 +85,16 @@ def test_stop_button_and_phone_width(browser, served_app):
     set_up_a_long_run(page)
     page.click("#dg-generate")
     page.wait_for_selector(".dg-meter[data-state='running']", timeout=60_000)
+    page.evaluate(WATCH_METER_STATES)
     started = time.monotonic()
     page.click("#dg-stop")
-    # the meter answers the click at once, before the server's final view (which replaces it)
-    state = page.evaluate("document.querySelector('#dg-meter .dg-meter').dataset.state")
-    assert state in ("stopping", "done"), (state, "Stop enabled:", page.locator("#dg-stop").is_enabled(),
-                                           "scrollY:", page.evaluate("window.scrollY"))
+    # the meter answers the click within a moment (the page marks it), before the server's final view replaces it
+    try:
+        page.wait_for_function("['stopping', 'done'].includes("
+                               "document.querySelector('#dg-meter .dg-meter').dataset.state)", timeout=1_500)
+    except Exception:  # noqa: BLE001 - report what the page went through
+        pytest.fail(f"the meter did not answer Stop: states seen {page.evaluate('window.__meterStates')}, "
+                    f"Stop enabled: {page.locator('#dg-stop').is_enabled()}, scrollY {page.evaluate('window.scrollY')}")
     page.wait_for_selector(".dg-meter[data-state='done']", timeout=30_000)
     assert time.monotonic() - started < 20
     assert "stopped" in page.inner_text(".dg-meter").lower()
