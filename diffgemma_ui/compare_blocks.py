@@ -53,7 +53,7 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
             sides[side] = (name, entropy_bound, steps, adaptive)
     with gr.Row():
         run = gr.Button("Compare A and B", variant="primary", elem_id="dg-compare-run", scale=3)
-        stop = gr.Button("Stop", variant="stop", elem_id="dg-compare-stop", scale=1)
+        stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="dg-compare-stop", scale=1)
     state = gr.State(CompareState())
     verdict = gr.HTML(verdict_html(None, None), elem_id="dg-compare-verdict")
     outputs = {}
@@ -80,11 +80,16 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
     # without error badges on the previous comparison's cards, which `refused` marks as the previous run's)
     requested = run.click(compare.request, inputs=inputs, outputs=None, trigger_mode="once", **private)
     requested.failure(compare.refused, inputs=[state], outputs=[verdict], **private)
-    requested.success(
+    # As on the other tabs, Stop is on only while a comparison waits or runs, and "Compare A and B" only while none does
+    requested.success(lambda: (gr.update(interactive=False), gr.update(interactive=True)), inputs=None,
+                      outputs=[run, stop], **private)
+    compared = requested.success(
         compare.compare, inputs=inputs,
         outputs=[outputs["A"][0], outputs["B"][0], verdict, outputs["A"][1], outputs["B"][1], outputs["A"][2],
                  outputs["B"][2]],
         api_visibility="private", concurrency_id="engine", show_progress="minimal", trigger_mode="once",
     )
+    compared.then(lambda: (gr.update(interactive=True), gr.update(interactive=False)), inputs=None,
+                  outputs=[run, stop], **private)
     stop.click(compare.stop, inputs=[state], outputs=None, concurrency_limit=None, api_visibility="private",
                show_progress="hidden")

@@ -84,8 +84,12 @@ def test_compare_tab_in_the_browser(browser, served_app):
         page.check("#dg-compare-raw input[type=checkbox]")
         page.locator("#dg-compare-max-new input[type=number]").fill("64")
         page.locator("#dg-compare-max-new input[type=number]").press("Enter")
+        assert not page.locator("#dg-compare-stop").is_enabled()  # nothing to stop yet
         page.click("#dg-compare-run")
+        page.wait_for_function("document.querySelector('#dg-compare-stop').disabled === false", timeout=30_000)
         page.wait_for_selector("#dg-compare-verdict [data-state=done]", timeout=180_000)
+        page.wait_for_function("document.querySelector('#dg-compare-stop').disabled === true", timeout=10_000)
+        assert page.locator("#dg-compare-run").is_enabled()
         assert page.locator("#dg-compare-heatmap-A .main-svg").count() > 0
         assert page.locator("#dg-compare-heatmap-B .main-svg").count() > 0
         assert page.locator("#dg-compare-card-A .dg-compare-side[data-state=done]").count() == 1
