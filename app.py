@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 
 from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS
 
 TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 
 def _env(name: str, default: str) -> str:
@@ -61,6 +63,19 @@ def _seconds(text: str) -> float | None:
     if not seconds >= 0 or seconds == float("inf"):
         raise argparse.ArgumentTypeError(f"max run seconds must be a number >= 0, got {text!r}")
     return seconds or None
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why the server could not listen on `host`:`port` (an OSError's message), or None when it can. Binds a socket
+    with SO_REUSEADDR, as the server (uvicorn) does, so a port left in TIME_WAIT by a stopped server counts as free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            return error.strerror or str(error)
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,7 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse options, load the model, warm it up, serve the app. Returns the exit status (2: bad model or options)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    share_word = _env("DIFFGEMMA_SHARE", "false").lower()
+    if share_word not in TRUE_WORDS + FALSE_WORDS:
+        parser.error(f"DIFFGEMMA_SHARE must be one of {', '.join(TRUE_WORDS + FALSE_WORDS)}, got {share_word!r}")
+    busy = port_in_use(args.host, args.port)  # before minutes of model loading, not after
+    if busy:
+        print(f"error: cannot listen on {args.host}:{args.port} ({busy}): pick another port with --port or "
+              "DIFFGEMMA_PORT", file=sys.stderr)
+        return 2
     from diffgemma_ui.deployment import default_threads, zero_gpu
     from diffgemma_ui.malloc_arenas import limit_malloc_arenas
 
@@ -166,8 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         print("For a public gradio.live link, start it with --share (or DIFFGEMMA_SHARE=1).", flush=True)
     # quiet unless sharing: Gradio's own startup lines would tell the visitor to "set share=True in launch()",
     # which this app takes as --share; with --share they print the public link
-    app.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False,
-               quiet=not args.share)
+    try:
+        app.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False,
+                   quiet=not args.share)
+    except OSError as error:  # the port was taken while the model loaded
+        print(f"error: cannot listen on {args.host}:{args.port}: {_one_line(error)}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -126,6 +126,26 @@ def test_app_prints_one_clear_line_for_every_broken_model(tmp_path, monkeypatch,
         assert "Traceback" not in err, (name, err)
 
 
+def test_app_refuses_a_port_in_use_before_loading_and_a_share_word_it_does_not_know(monkeypatch, capsys):
+    import socket
+
+    app = app_module()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert app.main(["--device", "cpu", "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"error: cannot listen on 127.0.0.1:{port} (Address already in use): pick another "
+                                "port with --port or DIFFGEMMA_PORT"]
+    assert "Loading" not in out  # refused before the model loads
+    monkeypatch.setenv("DIFFGEMMA_SHARE", "maybe")
+    with pytest.raises(SystemExit) as exit_info:
+        app.main(["--device", "cpu"])
+    assert exit_info.value.code == 2
+    assert "DIFFGEMMA_SHARE must be one of 1, true, yes, on, 0, false, no, off, got 'maybe'" in capsys.readouterr().err
+
+
 def test_app_exits_nonzero_with_one_line_for_a_corrupt_model(tmp_path):
     """The real command line: `python app.py --model <garbage weights>` exits 2 with one line, no traceback."""
     model = model_copy(tmp_path, "garbage", replace={"model.safetensors": os.urandom(64 * 1024)})
