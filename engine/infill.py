@@ -51,8 +51,9 @@ class InfillLayout:
     template_positions: int
 
 
-def parse_template(template: str, canvas_length: int) -> list[str | int]:
-    """The template as alternating parts: fixed text (str) and blank lengths (int, tokens).
+def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
+    """The template as alternating parts: fixed text (str) and blank lengths (int, tokens). `canvas_length` None
+    checks the syntax only (no model loaded yet): a blank's upper bound is then not checked.
 
     Raises:
         ValueError: not text, empty, too long, no blank, a blank of 0 or more than `canvas_length` tokens, or a
@@ -67,8 +68,9 @@ def parse_template(template: str, canvas_length: int) -> list[str | int]:
     for match in BLANK.finditer(template):
         parts.append(template[position:match.start()])
         size = int(match.group(1)) if match.group(1) else 1
-        if not 1 <= size <= canvas_length:
-            raise ValueError(f"blank {match.group(0)} asks for {size} tokens; a blank takes 1 to {canvas_length}")
+        if size < 1 or (canvas_length is not None and size > canvas_length):
+            limit = "at least 1" if canvas_length is None else f"1 to {canvas_length}"
+            raise ValueError(f"blank {match.group(0)} asks for {size} tokens; a blank takes {limit}")
         parts.append(size)
         position = match.end()
     parts.append(template[position:])

@@ -36,7 +36,7 @@ def infill_command(args: argparse.Namespace) -> int:
         from .engine import DiffusionEngine  # noqa: PLC0415 (torch import only once the options are sound)
         from .infill import filled_text, infill_frames, parse_template  # noqa: PLC0415
 
-        parse_template(args.template, 10**9)  # syntax first: a typo must not cost a model load
+        parse_template(args.template, None)  # syntax first: a typo must not cost a model load
         engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
         settings = engine.recommended
         if args.steps is not None:

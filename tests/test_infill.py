@@ -90,6 +90,8 @@ def test_cli_infill_prints_the_filled_template(capsys):
     assert len(out["blank_positions"]) == 2 and out["result"]["seed"] == 1
     assert main(["infill", "--template", "no blanks"]) == 2
     assert "no blank" in capsys.readouterr().err
+    assert main(["infill", "--template", "x [___ 0] y"]) == 2  # refused before the model loads
+    assert capsys.readouterr().err == "error: blank [___ 0] asks for 0 tokens; a blank takes at least 1\n"
 
 
 def test_fixed_positions_hold_at_the_real_vocabulary(standin_engine):
