@@ -174,12 +174,12 @@ def explanation(result: RaceResult) -> str:
     cost_ratio = d.seconds_per_forward / a.seconds_per_forward if a.seconds_per_forward > 0 else float("inf")
     costs = (f"a canvas forward cost {cost_ratio:.1f}x an autoregressive forward here, and each committed "
              f"{d.tokens_per_forward:.2f} tokens against 1.")
-    if result.speedup is None:  # stopped: a side's time is cut short, so no winner
-        stopped = getattr(result, result.stopped_side) if result.stopped_side else None
-        cut = f" after {stopped.tokens} tokens" if stopped is not None else ""
-        why = f"No winner: the race was stopped while the {result.stopped_side} side ran{cut}. So far {costs}"
+    if result.cancelled:  # both sides ran, one of them cut short: no winner
+        side = result.stopped_side
+        why = (f"No winner: the race was stopped while the {side} side ran after {getattr(result, side).tokens} "
+               f"tokens. So far {costs}")
     else:
-        winner = "Diffusion wins" if result.speedup >= 1 else "Autoregressive decoding wins"
+        winner = "Diffusion wins" if (result.speedup or 0) >= 1 else "Autoregressive decoding wins"
         why = f"{winner}: {costs}"
     if result.device.startswith("cuda"):
         device_note = ("On a GPU at batch size 1 both kinds of forward are bound by reading the weights from memory, "
