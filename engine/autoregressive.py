@@ -29,7 +29,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper
 
 from .generator import EngineClock
 from .random_state import RunRandomState
-from .settings import MAX_NEW_TOKENS_LIMIT, check_seed, check_setting
+from .settings import parse_seed, parse_setting
 from .tokens import TokenText, eos_id_list
 
 MAX_TEMPERATURE = 10.0
@@ -202,9 +202,9 @@ class AutoregressiveDecoder:
         Raises:
             ValueError: bad prompt, max_new_tokens, temperature, seed or budget (before any work is done).
         """
-        max_new_tokens = check_setting("max_new_tokens", max_new_tokens)
+        max_new_tokens = parse_setting("max_new_tokens", max_new_tokens)
         temperature = check_temperature(temperature)
-        seed = check_seed(seed)
+        seed = parse_seed(seed)
         input_ids = self.encode_prompt(prompt, raw=raw)
         self.check_budget(input_ids.shape[1], max_new_tokens)
         return self.decode(input_ids, max_new_tokens, temperature=temperature, random_state=RunRandomState(seed),

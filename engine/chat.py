@@ -29,12 +29,12 @@ from dataclasses import dataclass
 import torch
 
 from .conversation import check_messages, conversation_ids
-from .engine import DiffusionEngine, GenerationResult, check_prompt
+from .engine import DiffusionEngine, GenerationResult
 from .frames import Frame
 from .generator import denoise
 from .prompts import split_thought
 from .random_state import RunRandomState
-from .settings import DiffusionSettings, check_seed
+from .settings import DiffusionSettings, check_prompt, parse_seed
 
 PREFILL_POINTS = 16  # the prefills (newest) the saving estimate's slope is fitted to
 _PROBE_ANSWER = "x"  # any text: only where the next turn's rendering starts to differ matters
@@ -167,7 +167,7 @@ class ChatSession:
         """
         text = check_prompt(text)
         settings = settings or self.engine.recommended
-        random_state = RunRandomState(check_seed(seed))
+        random_state = RunRandomState(parse_seed(seed))
         self.engine.check_settings(settings)
         if thinking and not self.engine.supports_thinking:
             raise ValueError("thinking needs a chat template with a thinking mode (enable_thinking); this model's "

@@ -14,7 +14,7 @@ import sys
 
 from .chat import ChatSession
 from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model
-from .settings import check_seed, check_setting
+from .settings import parse_seed, parse_setting
 
 
 def add_chat_parser(commands) -> None:
@@ -40,9 +40,9 @@ def chat_command(args: argparse.Namespace, stdin=None) -> int:
     changes = {"max_new_tokens": args.max_new_tokens, "max_denoising_steps": args.steps}
     changes = {k: v for k, v in changes.items() if v is not None}
     try:
-        check_seed(args.seed)
+        parse_seed(args.seed)
         for name, value in changes.items():
-            check_setting(name, value)
+            parse_setting(name, value)
         from .engine import DiffusionEngine  # noqa: PLC0415 (torch import only once the options are sound)
 
         engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))

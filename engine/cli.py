@@ -8,12 +8,12 @@ import json
 import sys
 from pathlib import Path
 
-from .engine import DiffusionEngine, check_prompt
+from .engine import DiffusionEngine
 from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model
 from .chat_cli import add_chat_parser, chat_command
 from .infill_cli import add_infill_parser, infill_command
 from .race_cli import add_race_parser, race_command
-from .settings import check_seed, check_setting
+from .settings import check_prompt, parse_seed, parse_setting
 from .trace import TraceError, load_trace, trace_of_run
 
 
@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Everything that can be checked without the model first: a typo must not cost a load of the 26B model
         check_prompt(args.prompt)
-        check_seed(args.seed)
+        parse_seed(args.seed)
         for name, value in changes.items():
-            check_setting(name, value)
+            parse_setting(name, value)
         engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
         settings = engine.recommended.replace(**changes)
         if args.no_adaptive_stopping:

@@ -27,7 +27,7 @@ import torch
 from .frames import Frame
 from .generator import strip_after_eos
 from .sampling import canvas_statistics
-from .settings import DiffusionSettings
+from .settings import DiffusionSettings, check_prompt
 from .tokens import eos_id_list
 
 SCHEDULERS = ("BlockRefinementScheduler", "DiscreteDDIMScheduler", "EntropyBoundScheduler")
@@ -76,8 +76,6 @@ class PipelineRun:
 
     def __init__(self, engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int):
         from diffusers import DiffusionGemmaPipeline
-
-        from .engine import check_prompt
 
         self.engine, self.settings, self.seed = engine, settings, int(seed)
         self.prompt = check_prompt(prompt)

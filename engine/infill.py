@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor
 
-from .engine import DiffusionEngine, check_prompt, encode_text
+from .engine import DiffusionEngine, encode_text
 from .frames import Frame
 from .generator import denoise
 from .random_state import RunRandomState
-from .settings import DiffusionSettings, check_seed
+from .settings import DiffusionSettings, check_prompt, parse_seed
 from .tokens import eos_id_list
 
 BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
@@ -158,7 +158,7 @@ def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSet
     """
     settings = (settings or engine.recommended).replace(max_new_tokens=engine.canvas_length)
     engine.check_settings(settings)
-    random_state = RunRandomState(check_seed(seed))
+    random_state = RunRandomState(parse_seed(seed))
     generation_config = engine.model.generation_config
     pad_id = generation_config.pad_token_id if generation_config.pad_token_id is not None else 0
     layout = layout_template(engine.tokenizer, template, engine.canvas_length, pad_id)

@@ -9,7 +9,7 @@ import json
 import sys
 
 from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model
-from .settings import check_seed, check_setting
+from .settings import parse_seed, parse_setting
 
 
 def add_infill_parser(commands) -> None:
@@ -30,9 +30,9 @@ def infill_command(args: argparse.Namespace) -> int:
     """Run `python -m engine infill`; returns the exit status (2: bad template or options, a model that does not
     load, a template that does not fit one canvas)."""
     try:
-        check_seed(args.seed)
+        parse_seed(args.seed)
         if args.steps is not None:
-            check_setting("max_denoising_steps", args.steps)
+            parse_setting("max_denoising_steps", args.steps)
         from .engine import DiffusionEngine  # noqa: PLC0415 (torch import only once the options are sound)
         from .infill import filled_text, infill_frames, parse_template  # noqa: PLC0415
 

@@ -11,7 +11,7 @@ import json
 import sys
 
 from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model
-from .settings import PRESET_NAMES, check_seed, check_setting, preset
+from .settings import PRESET_NAMES, parse_seed, parse_setting, preset
 
 
 def add_race_parser(commands) -> None:
@@ -39,17 +39,18 @@ def race_command(args: argparse.Namespace) -> int:
     """Run `python -m engine race`; returns the exit status (2: bad input, a model that does not load or does not
     fit)."""
     from .autoregressive import check_temperature
-    from .engine import DiffusionEngine, check_prompt
+    from .engine import DiffusionEngine
+    from .settings import check_prompt
     from .race import RaceRunner
     from .race_memory import race_runner
 
     try:
         check_prompt(args.prompt)
-        check_seed(args.seed)
+        parse_seed(args.seed)
         check_temperature(args.ar_temperature)
         for name, value in (("max_new_tokens", args.max_new_tokens), ("max_denoising_steps", args.steps)):
             if value is not None:
-                check_setting(name, value)
+                parse_setting(name, value)
         engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
         runner = race_runner(engine, args.ar_model) if args.ar_model else RaceRunner(engine)
         settings = preset(args.preset, engine.recommended)

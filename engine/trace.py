@@ -20,9 +20,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engine import MAX_PROMPT_CHARS, DiffusionEngine
+from .engine import DiffusionEngine
 from .frames import Frame
-from .settings import MAX_SEED, DiffusionSettings
+from .settings import MAX_PROMPT_CHARS, MAX_SEED, DiffusionSettings
 from .tokens import TEXT, TOKEN_KINDS
 
 TRACE_FORMAT = "diffgemma-trace"
