@@ -191,9 +191,7 @@ class DiffusionEngine:
         """Pay the one-time costs of a process's first run before a user does, and return the seconds it took.
 
         Runs one short generation through the chat template and one raw (two canvases of two decoder forwards each,
-        adaptive stopping off) and discards them. On the 2-core development CPU the embedded model's first run in a
-        fresh process took 0.84 s to its first frame instead of 0.04 s, and its tokens/s was about half of later
-        runs'; the meter of a playground's first visitor would show that. Other runs' random states are not touched.
+        adaptive stopping off) and discards them; other runs' random states are not touched.
         """
         start = time.perf_counter()
         settings = self.recommended.replace(
