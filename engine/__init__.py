@@ -11,7 +11,7 @@ No UI code lives here. Typical use:
 from .engine import DiffusionEngine, GenerationResult
 from .frames import Frame
 from .loading import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
-from .settings import PRESET_NAMES, DiffusionSettings, check_seed, preset
+from .settings import PRESET_NAMES, SETTINGS, DiffusionSettings, parse_seed, parse_setting, preset
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -22,7 +22,9 @@ __all__ = [
     "LoadedModel",
     "ModelLoadError",
     "PRESET_NAMES",
-    "check_seed",
+    "SETTINGS",
+    "parse_seed",
+    "parse_setting",
     "load_model",
     "preset",
 ]

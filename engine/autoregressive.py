@@ -1,17 +1,5 @@
-"""Autoregressive decoding, one token per forward: the side block diffusion is raced against.
-
-By default it decodes with DiffusionGemma's own weights. The model's encoder is a causal language model that shares
-every text weight with the diffusion decoder; with the tied `lm_head` and the final logit softcap it predicts the
-next token. Decoding it token by token with a KV cache is the "same-size autoregressive model" of the field's speed
-claims, on the very same weights:
-
-    prefill the prompt -> logits of the last position -> pick a token -> feed that one token -> ...
-
-An operator may instead name a separate causal LM (`AutoModelForCausalLM`, e.g. a Gemma model of the same size):
-`AutoregressiveDecoder.load`. Token picking follows `GenerationMixin._sample` (transformers 5.23): greedy is the
-argmax; sampling applies `TemperatureLogitsWarper`, a softmax and `torch.multinomial`, drawing from the run's own
-random state (`RunRandomState`, so a seed gives the same tokens whatever else runs). Tokens are counted as the
-diffusion side counts them: generated tokens up to and including the first EOS, pad ids never.
+"""Autoregressive decoding, one token per forward: the side block diffusion is raced against (by default the
+model's own causal encoder on the shared weights; `AutoregressiveDecoder.load` takes a separate causal LM).
 """
 
 from __future__ import annotations
@@ -24,12 +12,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper
 
+from .engine import encode_text
 from .generator import EngineClock
+from .loading import ModelLoadError
 from .random_state import RunRandomState
-from .settings import MAX_NEW_TOKENS_LIMIT, check_seed, check_setting
+from .settings import parse_seed, parse_setting
 from .tokens import TokenText, eos_id_list
 
 MAX_TEMPERATURE = 10.0
@@ -141,10 +131,6 @@ class AutoregressiveDecoder:
         Raises:
             ModelLoadError: the checkpoint or its tokenizer cannot be loaded.
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from .loading import ModelLoadError
-
         local = Path(str(model_id)).expanduser()
         common = {"trust_remote_code": False, "local_files_only": local.exists()}
         where = str(local) if local.exists() else str(model_id)
@@ -183,8 +169,6 @@ class AutoregressiveDecoder:
     def encode_prompt(self, prompt: str, raw: bool = False) -> torch.LongTensor:
         """Prompt ids `[1, prompt_length]` on the device, encoded as `DiffusionEngine.encode_prompt` does (raises
         ValueError for a bad prompt)."""
-        from .engine import encode_text
-
         return encode_text(self.tokenizer, prompt, raw, self.device)
 
     def check_budget(self, prompt_tokens: int, max_new_tokens: int) -> None:
@@ -202,9 +186,9 @@ class AutoregressiveDecoder:
         Raises:
             ValueError: bad prompt, max_new_tokens, temperature, seed or budget (before any work is done).
         """
-        max_new_tokens = check_setting("max_new_tokens", max_new_tokens)
+        max_new_tokens = parse_setting("max_new_tokens", max_new_tokens)
         temperature = check_temperature(temperature)
-        seed = check_seed(seed)
+        seed = parse_seed(seed)
         input_ids = self.encode_prompt(prompt, raw=raw)
         self.check_budget(input_ids.shape[1], max_new_tokens)
         return self.decode(input_ids, max_new_tokens, temperature=temperature, random_state=RunRandomState(seed),

@@ -16,30 +16,8 @@ from .loading import LoadedModel
 from .numerics import check_temperature_schedule
 from .prompts import chat_prompt_ids, split_thought, supports_thinking
 from .random_state import RunRandomState
-from .settings import DiffusionSettings, check_seed
+from .settings import DiffusionSettings, check_prompt, parse_seed
 from .tokens import token_text_for
-
-MAX_PROMPT_CHARS = 100_000
-
-
-def check_prompt(prompt, max_chars: int = MAX_PROMPT_CHARS) -> str:
-    """Return `prompt` if it is non-empty text of at most `max_chars` characters.
-
-    Emoji, right-to-left text and control characters are accepted as they are.
-
-    Raises:
-        ValueError: None, not a string, empty or whitespace only, or too long (the message gives the limit).
-    """
-    if prompt is None:
-        raise ValueError("prompt is empty: type something for the model to continue")
-    if not isinstance(prompt, str):
-        raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
-    if not prompt.strip():
-        raise ValueError("prompt is empty: type something for the model to continue")
-    if len(prompt) > max_chars:
-        raise ValueError(f"prompt is {len(prompt):,} characters; the limit here is {max_chars:,}")
-    return prompt
-
 
 def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinking: bool = False) -> torch.LongTensor:
     """Token ids `[1, prompt_length]` of `prompt` on `device`: as is (`raw`) or as one chat user turn with the
@@ -181,7 +159,7 @@ class DiffusionEngine:
             ValueError: bad prompt, seed, budget, settings or thinking request (before any work is done).
         """
         settings = settings or self.recommended
-        seed = check_seed(seed)
+        seed = parse_seed(seed)
         self.check_settings(settings)
         input_ids = self.encode_prompt(prompt, raw=raw, thinking=thinking)
         self.check_budget(input_ids.shape[1], settings)
@@ -213,9 +191,7 @@ class DiffusionEngine:
         """Pay the one-time costs of a process's first run before a user does, and return the seconds it took.
 
         Runs one short generation through the chat template and one raw (two canvases of two decoder forwards each,
-        adaptive stopping off) and discards them. On the 2-core development CPU the embedded model's first run in a
-        fresh process took 0.84 s to its first frame instead of 0.04 s, and its tokens/s was about half of later
-        runs'; the meter of a playground's first visitor would show that. Other runs' random states are not touched.
+        adaptive stopping off) and discards them; other runs' random states are not touched.
         """
         start = time.perf_counter()
         settings = self.recommended.replace(

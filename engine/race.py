@@ -23,13 +23,13 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
 from .autoregressive import AutoregressiveDecoder, TokenFrame, check_temperature
 from .engine import DiffusionEngine
-from .settings import DiffusionSettings, check_seed, draw_seed
+from .settings import DiffusionSettings, draw_seed, parse_seed
 
 SIDES = ("diffusion", "autoregressive")
 ORDERS = ("alternate", "diffusion first", "autoregressive first")
@@ -287,7 +287,7 @@ class RaceRunner:
         """
         check_order(order)
         check_temperature(ar_temperature)
-        check_seed(seed)
+        parse_seed(seed)
         diffusion_ids = self.engine.encode_prompt(prompt, raw=raw)
         self.engine.check_budget(int(diffusion_ids.shape[1]), settings)
         ar_ids = diffusion_ids if self.ar.shared_weights else self.ar.encode_prompt(prompt, raw=raw)
@@ -341,7 +341,7 @@ class RaceRunner:
             ValueError: bad input (see `check`), before anything runs.
         """
         settings = settings or self.engine.recommended
-        seed = check_seed(seed)
+        seed = parse_seed(seed)
         seed = draw_seed() if seed is None else seed
         ar_temperature = check_temperature(ar_temperature)
         self.check(prompt, settings, raw=raw, ar_temperature=ar_temperature, order=order, seed=seed)
@@ -409,8 +409,6 @@ class RaceRunner:
 
 def _with_bound(side: SideResult, bytes_per_forward: int, bandwidth: float) -> SideResult:
     """`side` with its weights' bytes per forward and the bandwidth bound they set."""
-    from dataclasses import replace
-
     per_forward = bytes_per_forward / bandwidth
     return replace(side, weights_bytes_per_forward=bytes_per_forward, bandwidth_bound_s_per_forward=per_forward,
                    bandwidth_bound_tokens_per_second=side.tokens_per_forward / per_forward)

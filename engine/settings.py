@@ -1,16 +1,15 @@
-"""Denoising settings: the field's names, the checkpoint's defaults, validation at the door, and presets.
+"""The settings table: every denoising setting's name, type, range and help text, and the one parser of settings,
+seeds and prompts that the engine, the CLI, the UI and the API all use.
 
-Names and defaults mirror transformers' `DiffusionGemmaGenerationConfig` (and its
-`_get_default_generation_params`): max_new_tokens 256, max_denoising_steps 48, entropy_bound 0.1, t_min 0.4,
-t_max 0.8, stability_threshold 1, confidence_threshold 0.005. A checkpoint's `generation_config.json` overrides
-them (`DiffusionSettings.from_generation_config`). `adaptive_stopping=False` drops the stable-and-confident stopping
-criterion, so every canvas runs all `max_denoising_steps` decoder forwards.
+Names and defaults are transformers' `DiffusionGemmaGenerationConfig`'s; a checkpoint's `generation_config.json`
+overrides the defaults (`DiffusionSettings.from_generation_config`). A new setting is one row of `SETTINGS`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import secrets
 from dataclasses import dataclass
 
@@ -22,72 +21,179 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
 MAX_NEW_TOKENS_LIMIT = 4096
 MAX_DENOISING_STEPS_LIMIT = 512
 MAX_SEED = 2**63 - 1
-# Seeds this project draws stay below 2**53, so any client (a browser, JSON in JavaScript) holds them exactly and a
-# reported seed typed back in reproduces the run; seeds up to MAX_SEED are still accepted.
-DRAWN_SEED_BITS = 53
+DRAWN_SEED_BITS = 53  # drawn seeds are exact as a JavaScript number, so a reported seed typed back reproduces a run
+MAX_PROMPT_CHARS = 20_000
+SHOWN_CHARS = 40  # an echoed bad value is cut to this many characters: the message stays one readable line
+
+
+@dataclass(frozen=True)
+class SettingSpec:
+    """One setting: `name` (a `DiffusionSettings` field), UI `label`, `kind` (int, float or bool), range `low` to
+    `high` (inclusive; `low` only when `low_inclusive`; None for bool), one-sentence `help`, CLI `flag`, and the UI
+    slider's top `ui_high` (<= high; None = high) and `ui_step`."""
+
+    name: str
+    label: str
+    kind: type
+    low: float | None
+    high: float | None
+    low_inclusive: bool
+    help: str
+    flag: str
+    ui_high: float | None = None
+    ui_step: float | None = None
+
+    def span(self, ui: bool = False) -> str:
+        """The range as text, "[1, 4096]" or "(0.0, 1000.0]" (ui: up to `ui_high`)."""
+        high = self.ui_high if ui and self.ui_high is not None else self.high
+        return f"{'[' if self.low_inclusive else '('}{self.low}, {high}]"
+
+
+SETTINGS: tuple[SettingSpec, ...] = (
+    SettingSpec("max_new_tokens", "Max new tokens", int, 1, MAX_NEW_TOKENS_LIMIT, True,
+                "generated tokens at most, rounded up to whole canvases", "--max-new-tokens", 1024, 1),
+    SettingSpec("max_denoising_steps", "Max denoising steps", int, 1, MAX_DENOISING_STEPS_LIMIT, True,
+                "decoder forwards per canvas, at most", "--steps", 128, 1),
+    SettingSpec("entropy_bound", "Entropy bound", float, 0.0, 1000.0, False,
+                "nats: higher accepts more positions per step", "--entropy-bound", 20.0, 0.01),
+    SettingSpec("t_min", "t_min", float, 0.0, 10.0, True,
+                "sampling temperature at the last step", "--t-min", 2.0, 0.01),
+    SettingSpec("t_max", "t_max", float, 0.0, 10.0, False,
+                "sampling temperature at the first step (falls linearly to t_min)", "--t-max", 2.0, 0.01),
+    SettingSpec("stability_threshold", "Stability threshold", int, 0, 64, True,
+                "steps unchanged: adaptive stopping needs the likeliest canvas stable this long",
+                "--stability-threshold", 16, 1),
+    SettingSpec("confidence_threshold", "Confidence threshold", float, 0.0, 100.0, False,
+                "mean entropy, nats: adaptive stopping needs the canvas below it", "--confidence-threshold", 2.0,
+                0.001),
+    SettingSpec("adaptive_stopping", "Adaptive stopping", bool, None, None, True,
+                "end a canvas early once its likeliest tokens are stable and confident, however few the entropy "
+                "bound accepted", "--adaptive-stopping"),
+)
+SETTING_NAMES: tuple[str, ...] = tuple(s.name for s in SETTINGS)
+_SPECS = {s.name: s for s in SETTINGS}
+# setting -> (low, high, low inclusive, integer) of the numeric settings
+RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    s.name: (s.low, s.high, s.low_inclusive, s.kind is int) for s in SETTINGS if s.kind is not bool}
+
+
+def spec(name: str) -> SettingSpec:
+    """The row of setting `name`; raises `ValueError` for an unknown name."""
+    try:
+        return _SPECS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown setting {shown(name)}; choose one of {', '.join(SETTING_NAMES)}") from None
+
+
+def shown(value) -> str:
+    """`repr(value)` for an error message, cut to `SHOWN_CHARS` characters (a request may carry megabytes)."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "\u2026"
+
+
+def parse_flag(name: str, value) -> bool:
+    """`value` as a bool: True/False, 1/0 or "true"/"false"; anything else raises `ValueError` naming `name`."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"{name} must be true or false, got {shown(value)}")
+
+
+def parse_setting(name: str, value, *, ui: bool = False) -> int | float | bool:
+    """`value` (a number, a numeric string, or for a bool setting as `parse_flag` takes it) as setting `name`'s kind.
+
+    `ui=True` also holds it to the UI's range (up to `ui_high`). A bare value check: the cross-field rule
+    t_min < t_max is `DiffusionSettings`'s.
+
+    Raises:
+        ValueError: one line starting with the setting's name and giving its range.
+    """
+    row = spec(name)
+    if row.kind is bool:
+        return parse_flag(name, value)
+    span = row.span(ui)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"{name} is missing: enter a number in {span}")
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            raise ValueError(f"{name} must be a number in {span}, got {shown(value)}") from None
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number in {span}, got {shown(value)}")
+    number = int(number) if isinstance(number, numbers.Integral) else float(number)
+    if isinstance(number, float) and not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number in {span}, got {shown(value)}")
+    if row.kind is int and number != int(number):
+        raise ValueError(f"{name} must be an integer in {span}, got {shown(value)}")
+    if number < row.low or (number == row.low and not row.low_inclusive) or number > row.high:
+        raise ValueError(f"{name} must be in {span}, got {shown(value)}")
+    if ui and row.ui_high is not None and number > row.ui_high:
+        raise ValueError(f"{name} must be at most {row.ui_high} here, got {shown(value)}")
+    return int(number) if row.kind is int else float(number)
+
+
+def parse_seed(value) -> int | None:
+    """A seed: None, "" or -1 mean a random one (None); else an integer in [0, 2**63 - 1] (int, integral float, or
+    digit string).
+
+    Raises:
+        ValueError: anything else (fractions, NaN, other negatives, too large), naming the range.
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    error = ValueError(f"seed must be an integer in [0, {MAX_SEED}] (or -1 for a random seed), got {shown(value)}")
+    if isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            try:
+                is_random = float(value.strip()) == -1
+            except ValueError:
+                raise error from None
+            if not is_random:
+                raise error from None
+            return None
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise error
+    elif isinstance(value, numbers.Integral):
+        number = int(value)
+    elif not math.isfinite(value) or value != int(value):
+        raise error
+    else:
+        number = int(value)
+    if number == -1:
+        return None
+    if not 0 <= number <= MAX_SEED:
+        raise error
+    return number
 
 
 def draw_seed() -> int:
-    """A fresh random seed in [0, 2**53 - 1] (exact as a JavaScript number)."""
+    """A fresh random seed in [0, 2**53 - 1]: the only way seeds are drawn."""
     return secrets.randbits(DRAWN_SEED_BITS)
 
-# setting -> (low, high, low inclusive, integer); high is always inclusive
-RANGES: dict[str, tuple[float, float, bool, bool]] = {
-    "max_new_tokens": (1, MAX_NEW_TOKENS_LIMIT, True, True),
-    "max_denoising_steps": (1, MAX_DENOISING_STEPS_LIMIT, True, True),
-    "entropy_bound": (0.0, 1000.0, False, False),
-    "t_min": (0.0, 10.0, True, False),
-    "t_max": (0.0, 10.0, False, False),
-    "stability_threshold": (0, 64, True, True),
-    "confidence_threshold": (0.0, 100.0, False, False),
-}
 
-
-def check_setting(name: str, value) -> int | float:
-    """Return `value` as setting `name`'s type (int or float), or raise `ValueError` naming the setting and its range
-    (`RANGES`); a bare value check, without the cross-field rule t_min < t_max."""
-    low, high, low_inclusive, integer = RANGES[name]
-    opening = "[" if low_inclusive else "("
-    span = f"{opening}{low}, {high}]"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:
-            value = float(str(value).strip())
-        except ValueError:
-            raise ValueError(f"{name} must be a number in {span}, got {value!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number in {span}, got {value!r}")
-    if integer:
-        if value != int(value):
-            raise ValueError(f"{name} must be an integer in {span}, got {value!r}")
-        value = int(value)
-    else:
-        value = float(value)
-    if value < low or (value == low and not low_inclusive) or value > high:
-        raise ValueError(f"{name} must be in {span}, got {value!r}")
-    return value
-
-
-def check_seed(seed) -> int | None:
-    """Validate a seed: None or "" (random) or an integer in [0, 2**63 - 1] (int, integral float, or digit string).
+def check_prompt(prompt) -> str:
+    """Return `prompt` if it is non-empty text of at most `MAX_PROMPT_CHARS` characters (emoji, right-to-left text
+    and control characters are accepted as they are).
 
     Raises:
-        ValueError: anything else, naming the range.
+        ValueError: None, not a string, empty or whitespace only, or too long (the message gives the limit).
     """
-    if seed is None or (isinstance(seed, str) and not seed.strip()):
-        return None
-    error = ValueError(f"seed must be an integer in [0, {MAX_SEED}], got {seed!r}")
-    if isinstance(seed, float):
-        if not math.isfinite(seed) or seed != int(seed):
-            raise error
-        seed = int(seed)
-    elif isinstance(seed, str):
-        try:
-            seed = int(seed.strip())
-        except ValueError:
-            raise error from None
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise error
-    return seed
+    if prompt is None:
+        raise ValueError("prompt is empty: type something for the model to continue")
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
+    if not prompt.strip():
+        raise ValueError("prompt is empty: type something for the model to continue")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"prompt is {len(prompt):,} characters; the limit here is {MAX_PROMPT_CHARS:,}")
+    return prompt
 
 
 @dataclass(frozen=True)
@@ -115,12 +221,10 @@ class DiffusionSettings:
     adaptive_stopping: bool = True
 
     def __post_init__(self):
-        for name in RANGES:
-            object.__setattr__(self, name, check_setting(name, getattr(self, name)))
+        for name in SETTING_NAMES:
+            object.__setattr__(self, name, parse_setting(name, getattr(self, name)))
         if self.t_min >= self.t_max:
             raise ValueError(f"t_min must be below t_max, got t_min={self.t_min} and t_max={self.t_max}")
-        if not isinstance(self.adaptive_stopping, bool):
-            raise ValueError(f"adaptive_stopping must be True or False, got {self.adaptive_stopping!r}")
 
     @classmethod
     def from_generation_config(cls, generation_config: DiffusionGemmaGenerationConfig | None) -> "DiffusionSettings":
@@ -136,6 +240,18 @@ class DiffusionSettings:
     def replace(self, **changes) -> "DiffusionSettings":
         """A copy with `changes` applied (validated again)."""
         return dataclasses.replace(self, **changes)
+
+    def with_values(self, values, *, ui: bool = False) -> "DiffusionSettings":
+        """A copy with every setting present in the mapping `values` parsed (`parse_setting`, in `SETTINGS` order:
+        the first bad one raises) and applied; `ui=True` holds them to the UI's ranges.
+
+        Raises:
+            ValueError: an unknown name, a bad value, or t_min >= t_max.
+        """
+        for name in values:
+            spec(name)
+        return dataclasses.replace(self, **{name: parse_setting(name, values[name], ui=ui)
+                                            for name in SETTING_NAMES if name in values})
 
     def generate_kwargs(self) -> dict:
         """Keyword arguments that make `model.generate()` run with exactly these settings."""

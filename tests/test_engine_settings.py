@@ -1,11 +1,15 @@
 """DiffusionSettings and seeds: defaults, validation at the door, presets."""
 
+import dataclasses
 import math
 
 import pytest
 from hypothesis import given, settings as hyp_settings, strategies as st
 
-from engine.settings import RANGES, DiffusionSettings, PRESET_NAMES, check_seed, preset
+from engine.settings import (
+    PRESET_NAMES, RANGES, SETTING_NAMES, SETTINGS, DiffusionSettings, check_prompt, draw_seed, parse_seed,
+    parse_setting, preset, spec,
+)
 
 
 def test_defaults_match_transformers_generation_defaults():
@@ -71,15 +75,16 @@ def test_adaptive_stopping_off_removes_the_stopping_criterion():
     assert kwargs["stability_threshold"] is None and kwargs["confidence_threshold"] is None
 
 
-@pytest.mark.parametrize("seed,expected", [(None, None), ("", None), (0, 0), ("42", 42), (7.0, 7), (2**63 - 1, 2**63 - 1)])
+@pytest.mark.parametrize("seed,expected", [(None, None), ("", None), (0, 0), ("42", 42), (7.0, 7),
+                                           (2**63 - 1, 2**63 - 1), (-1, None), ("-1", None), (-1.0, None)])
 def test_valid_seeds(seed, expected):
-    assert check_seed(seed) == expected
+    assert parse_seed(seed) == expected
 
 
-@pytest.mark.parametrize("seed", [-1, 2**63, 1.5, float("nan"), "abc", True, [1]])
+@pytest.mark.parametrize("seed", [-2, 2**63, 1.5, float("nan"), "abc", True, [1], "7.0", "-1.5"])
 def test_invalid_seeds(seed):
     with pytest.raises(ValueError, match="seed"):
-        check_seed(seed)
+        parse_seed(seed)
 
 
 def test_presets_are_valid_and_differ():
@@ -114,3 +119,63 @@ def test_preset_values_are_tidy_and_tiny_bounds_stay_positive():
     careful = preset("careful", DiffusionSettings(t_min=0.4, t_max=0.8, entropy_bound=0.5))
     assert careful.t_max == 0.6 and careful.entropy_bound == 0.125
     assert preset("careful", DiffusionSettings(entropy_bound=2e-6)).entropy_bound == pytest.approx(5e-7)
+
+
+def test_the_table_lists_every_field_in_order_and_its_rows_are_sound():
+    assert SETTING_NAMES == tuple(f.name for f in dataclasses.fields(DiffusionSettings)) == tuple(
+        s.name for s in SETTINGS)
+    defaults = DiffusionSettings()
+    for row in SETTINGS:
+        assert spec(row.name) is row and row.flag.startswith("--") and row.help and row.label
+        assert isinstance(getattr(defaults, row.name), row.kind)
+        if row.kind is not bool:
+            assert row.low < row.high and (row.ui_high is None or row.ui_high <= row.high) and row.ui_step > 0
+    assert spec("max_denoising_steps").flag == "--steps"
+    with pytest.raises(ValueError, match="unknown setting"):
+        spec("temperature")
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("max_new_tokens", 1025, "max_new_tokens must be at most 1024 here, got 1025"),
+    ("max_denoising_steps", 129, "max_denoising_steps must be at most 128 here"),
+    ("entropy_bound", 20.5, "entropy_bound must be at most 20.0 here"),
+    ("max_new_tokens", 0, "max_new_tokens must be in [1, 1024], got 0"),
+])
+def test_ui_ranges_apply_with_ui_only(name, value, message):
+    with pytest.raises(ValueError) as info:
+        parse_setting(name, value, ui=True)
+    assert str(info.value) == message or str(info.value).startswith(message)
+    if value > 0:
+        assert parse_setting(name, value) == value
+
+
+def test_parse_setting_converts_and_names_itself():
+    assert parse_setting("max_new_tokens", "64") == 64 and type(parse_setting("max_new_tokens", 64.0)) is int
+    assert parse_setting("entropy_bound", 1) == 1.0 and type(parse_setting("entropy_bound", 1)) is float
+    assert parse_setting("adaptive_stopping", "false") is False and parse_setting("adaptive_stopping", 1) is True
+    for value, message in ((None, "missing"), ("x" * 5000, "must be a number"), (10**400, "must be in"),
+                           ("1e400", "finite"), (2.5, "integer"), ("maybe", "true or false")):
+        name = "adaptive_stopping" if value == "maybe" else "max_denoising_steps"
+        with pytest.raises(ValueError) as info:
+            parse_setting(name, value)
+        assert str(info.value).startswith(name) and message in str(info.value) and len(str(info.value)) < 150
+
+
+def test_with_values_parses_present_names_over_the_settings():
+    base = DiffusionSettings(max_new_tokens=64)
+    changed = base.with_values({"max_denoising_steps": "7", "adaptive_stopping": "false"})
+    assert changed == base.replace(max_denoising_steps=7, adaptive_stopping=False)
+    assert base.with_values({}) == base
+    with pytest.raises(ValueError, match="max_new_tokens must be at most 1024 here"):
+        base.with_values({"max_new_tokens": 2000}, ui=True)
+    with pytest.raises(ValueError, match="t_min must be below t_max"):
+        base.with_values({"t_min": 0.9})
+    with pytest.raises(ValueError, match="unknown setting"):
+        base.with_values({"steps": 3})
+
+
+def test_one_prompt_limit_and_53_bit_seeds():
+    assert check_prompt("x" * 20_000) == "x" * 20_000
+    with pytest.raises(ValueError, match="the limit here is 20,000"):
+        check_prompt("x" * 20_001)
+    assert all(0 <= draw_seed() < 2**53 for _ in range(100))

@@ -1,7 +1,7 @@
 """Bad input at the UI and API boundary: every rejection is one clear message (the ValueError's), never a traceback.
 
 Three layers are checked: the validation functions directly (`diffgemma_ui.validation`, `engine.DiffusionSettings`,
-`engine.check_seed`), the live UI handler (`Playground.generate_stream`, `apply_preset`), and the served `/generate`
+`engine.parse_seed`), the live UI handler (`Playground.generate_stream`, `apply_preset`), and the served `/generate`
 API through `gradio_client` and raw HTTP (what gradio_client refuses to send: NaN, infinities, lone surrogates).
 Hypothesis explores the settings and seed space against a small reference of what must be accepted. Unusual but
 valid text (control characters, lone surrogates, right-to-left, emoji, markup) is accepted and runs.
@@ -36,7 +36,7 @@ from diffgemma_ui.validation import (
     preset_values,
 )
 from engine import PRESET_NAMES, DiffusionSettings
-from engine.settings import MAX_SEED, RANGES
+from engine.settings import MAX_SEED, RANGES, spec
 
 pytestmark = pytest.mark.slow
 
@@ -279,7 +279,8 @@ def _expected_valid(values: dict, ui_limits: bool) -> bool:
             return False
         numbers[name] = number
     if ui_limits and (numbers["max_new_tokens"] > UI_MAX_NEW_TOKENS
-                      or numbers["max_denoising_steps"] > UI_MAX_DENOISING_STEPS):
+                      or numbers["max_denoising_steps"] > UI_MAX_DENOISING_STEPS
+                      or any(numbers[name] > (spec(name).ui_high or math.inf) for name in SETTING_NAMES)):
         return False
     return numbers["t_min"] < numbers["t_max"]
 
