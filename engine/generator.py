@@ -62,6 +62,7 @@ class _Progress:
     committed_ids: list = dataclasses.field(default_factory=list)
     committed_tokens: int = 0
     first_frame_s: float = 0.0
+    block_remelts: int = 0
 
 
 @torch.no_grad()
@@ -157,6 +158,7 @@ def denoise(
         (input_list, draft_list, accepted_list, first_list, confidence_list, entropy_list, remelted_list, top_id_rows,
          top_prob_rows) = host_lists(input_canvas[0], argmax_canvas[0], _accepted_mask(sampler)[0], first_accepted,
                                      confidence, entropy, remelted, top_ids, top_probs)
+        progress.block_remelts += sum(remelted_list)
         elapsed = clock.now()
         if progress.forwards == 1:
             progress.first_frame_s = elapsed
@@ -174,8 +176,10 @@ def denoise(
             entropy=entropy_list,
             first_accepted_step=first_list,
             remelted=remelted_list,
+            block_remelts=progress.block_remelts,
             top_ids=top_id_rows,
             top_probs=top_prob_rows,
+            top_tokens=[[token_text(i) for i in row] for row in top_id_rows],
             input_tokens=[token_text(i) for i in input_list],
             draft_tokens=[token_text(i) for i in draft_list],
             input_kinds=[token_kind(i) for i in input_list] if token_kind else [],
@@ -223,6 +227,7 @@ def denoise(
             )
             argmax_canvas = current_canvas
             first_accepted = torch.full((canvas_length,), -1, dtype=torch.long, device=device)
+            progress.block_remelts = 0
 
         # Denoising steps count down (N..1), as in generate()
         for step_index, cur_step in enumerate(reversed(range(1, n_steps + 1))):

@@ -412,8 +412,9 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
             forwards_per_block = forwards_per_block + [step + 1]
         top_ids, top_probs = _alternatives(f.get("alternatives"), where, canvas, tokens)
         if step == 0:
-            first_accepted = [-1] * canvas
+            first_accepted, block_remelts = [-1] * canvas, 0
         remelted = [s >= 0 and not a for a, s in zip(accepted, first_accepted)]
+        block_remelts += sum(remelted)
         first_accepted = [step if (a and s < 0) else s for a, s in zip(accepted, first_accepted)]
         forwards = index + 1
         cur_step = n_steps - step
@@ -423,7 +424,8 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
             max_denoising_steps=n_steps,
             temperature=settings.t_min + (settings.t_max - settings.t_min) * cur_step / n_steps,
             input_ids=input_ids, draft_ids=draft_ids, accepted=accepted, confidence=confidence, entropy=entropy,
-            first_accepted_step=list(first_accepted), remelted=remelted, top_ids=top_ids, top_probs=top_probs,
+            first_accepted_step=list(first_accepted), remelted=remelted, block_remelts=block_remelts,
+            top_ids=top_ids, top_probs=top_probs, top_tokens=[[tokens[i] for i in row] for row in top_ids],
             input_tokens=[tokens[i] for i in input_ids], draft_tokens=[tokens[i] for i in draft_ids],
             block_done=block_done, block_stopped_early=stopped_early, done=done,
             committed_ids=list(committed), committed_tokens=committed_tokens,

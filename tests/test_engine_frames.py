@@ -181,10 +181,11 @@ def test_remelt_flags_match_a_count_made_by_hand_from_the_accepted_flags(engine)
     frames = list(engine.frames("The Lord is my shepherd", settings, raw=True, seed=4))
     total = 0
     for block in sorted({f.block_index for f in frames}):
-        seen = [False] * engine.canvas_length
+        seen, in_block = [False] * engine.canvas_length, 0
         for f in (f for f in frames if f.block_index == block):
             by_hand = [seen[p] and not f.accepted[p] for p in range(engine.canvas_length)]
-            assert f.remelted == by_hand and f.remelted_count == sum(by_hand)
+            in_block += sum(by_hand)
+            assert f.remelted == by_hand and f.remelted_count == sum(by_hand) and f.block_remelts == in_block
             seen = [s or a for s, a in zip(seen, f.accepted)]
             total += sum(by_hand)
     assert total > 0  # warm sampling over 12 steps renoises some accepted positions: the test sees re-melts

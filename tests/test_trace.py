@@ -22,7 +22,7 @@ EXACT_FIELDS = ("block_index", "step_index", "forward_index", "canvas_length", "
                 "input_ids", "draft_ids", "accepted", "first_accepted_step", "input_tokens", "draft_tokens",
                 "block_done", "block_stopped_early", "done", "committed_ids", "committed_tokens",
                 "forwards_per_block", "prompt_tokens", "seed", "stop_reason", "input_kinds", "draft_kinds",
-                "remelted", "top_ids")
+                "remelted", "block_remelts", "top_ids", "top_tokens")
 
 
 @pytest.fixture(scope="module")
