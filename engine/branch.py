@@ -17,7 +17,7 @@ from .frames import Frame
 from .generator import denoise
 from .infill import FixedPositionsLogitsProcessor, InfillLayout
 from .random_state import RunRandomState
-from .settings import DiffusionSettings, check_seed
+from .settings import DiffusionSettings, parse_seed
 
 
 def branch_canvas(frame: Frame, pins: Mapping[int, int]) -> list[int]:
@@ -65,7 +65,7 @@ def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Fra
         raise ValueError("the run had no token budget left after this block: raise max_new_tokens to branch")
     settings = settings.replace(max_new_tokens=left)
     engine.check_settings(settings)
-    random_state = RunRandomState(check_seed(seed))
+    random_state = RunRandomState(parse_seed(seed))
     input_ids = torch.tensor([list(prompt_ids) + committed], dtype=torch.long, device=engine.device)
     engine.check_budget(input_ids.shape[1], settings)
     start = branch_canvas(frame, pins)
