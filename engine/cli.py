@@ -8,8 +8,11 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from .engine import DiffusionEngine, check_prompt
-from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model
+from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, meta_model
+from .memory import format_report, memory_report
 from .chat_cli import add_chat_parser, chat_command
 from .infill_cli import add_infill_parser, infill_command
 from .race_cli import add_race_parser, race_command
@@ -62,8 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "infill":
         return infill_command(args)
     if args.command == "memory":
-        from .memory import memory_command  # noqa: PLC0415
-
         return memory_command(args.model, args.quantization, args.dtype, args.json)
     if args.command == "replay":
         return replay(args.trace, args.html)
@@ -125,4 +126,21 @@ def replay(trace_path: Path, html_path: Path) -> int:
         return 2
     print(f"wrote {html_path} ({html_path.stat().st_size / 2**20:.2f} MiB, {len(trace.frames)} forwards)",
           file=sys.stderr)
+    return 0
+
+
+def memory_command(model: str, quantization: str, dtype: str, as_json: bool) -> int:
+    """`python -m engine memory`: print the report of `model` (built on the meta device) as a table or one JSON
+    object; returns the exit status (2 and one line on stderr for a config that cannot be read)."""
+    torch_dtype = torch.bfloat16 if dtype == "auto" else getattr(torch, dtype)
+    try:
+        report = memory_report(meta_model(model, torch_dtype), quantization)
+    except ModelLoadError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(json.dumps(report))
+    else:
+        dtype_name = str(torch_dtype).removeprefix("torch.")
+        print(format_report(report, f"{model}: {quantization}, unquantized tensors in {dtype_name}"))
     return 0
