@@ -244,7 +244,8 @@ def load_trace(source) -> Trace:
     """Load and check a trace from JSON text, UTF-8 bytes, or a file path (`pathlib.Path`).
 
     Raises:
-        TraceError: over `MAX_TRACE_BYTES`, not UTF-8 JSON, or anything `parse_trace` refuses; one message each.
+        TraceError: over `MAX_TRACE_BYTES`, empty, not UTF-8 JSON, or anything `parse_trace` refuses; one message
+            each.
     """
     if isinstance(source, Path):
         try:
@@ -262,6 +263,8 @@ def load_trace(source) -> Trace:
         text = bytes(source).decode("utf-8")
     except UnicodeDecodeError as error:
         raise TraceError(f"the trace is not UTF-8 text (byte {error.start})") from None
+    if not text.strip():
+        raise TraceError("the trace file is empty (0 bytes)" if not text else "the trace file holds only whitespace")
     try:
         document = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as error:

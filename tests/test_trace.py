@@ -194,6 +194,8 @@ def test_each_bad_trace_is_refused_with_its_message(small_doc, case):
     ("[" * 100_000 + "]" * 100_000, "the trace is not valid JSON"),
     ("[1, 2]", "the trace must be a JSON object, got list"),
     ('{"n": ' + "9" * 5000 + "}", "the trace is not valid JSON"),
+    ("", "the trace file is empty (0 bytes)"),
+    (" \n\t", "the trace file holds only whitespace"),
 ])
 def test_malformed_json_is_refused(text, message):
     with pytest.raises(TraceError, match=re.escape(message)):
@@ -212,6 +214,10 @@ def test_oversized_and_non_utf8_traces_are_refused(tmp_path):
         load_trace(b'{"format": "\xff"}')
     with pytest.raises(TraceError, match="cannot read the trace file"):
         load_trace(tmp_path / "missing.json")
+    empty = tmp_path / "empty.json"
+    empty.write_bytes(b"")  # an upload of a 0-byte file
+    with pytest.raises(TraceError, match=re.escape("the trace file is empty (0 bytes)")):
+        load_trace(empty)
 
 
 HOSTILE = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
