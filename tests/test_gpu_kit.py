@@ -110,6 +110,7 @@ def test_random_models_are_tied_and_built_once_per_tensor():
     assert all(torch.equal(a, b) for a, b in zip(cpu.parameters(), again.parameters()))  # seeded
 
 
+@pytest.mark.slow
 def test_quantization_steps_run_every_bitsandbytes_choice_on_the_tiny_config(tmp_path):
     """Each choice as the GPU run does it (random CPU model, `quantize_model`, fixed-step generation), on the CPU;
     the fp8 refusal comes from the preflight, bf16 (none) from its own step."""
@@ -212,8 +213,9 @@ def test_26b_bounds_next_to_the_published_figure():
 
 
 # -- the engine's static-cache path ------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 7])
-def test_engine_with_the_static_cache_gives_generates_tokens(seed):
+def test_engine_with_the_static_cache_gives_generate_tokens(seed):
     """`cache_implementation="static"` with compilation disabled (`disable_compile`: a CPU compile of the embedded
     model takes minutes, the GPU run compiles): the engine's frames and `generate()` give the same tokens, and the
     same as the dynamic cache does."""

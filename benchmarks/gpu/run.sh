@@ -26,14 +26,16 @@ echo "gpu kit: results in $OUT, logs in $LOGS, budget ${BUDGET}s${MODE:+ (rehear
 
 elapsed() { echo $(( $(date +%s) - START )); }
 
-# -- install: the wheel with pip (no index, no dependencies), bitsandbytes' trimmed folder copied beside it -------
+# -- install: the wheels with pip (no index, no dependencies), bitsandbytes' trimmed folder copied beside them ---
 if [ -z "${GPU_NO_INSTALL:-}" ]; then
     if ! ls .gpu/transformers-*.whl >/dev/null 2>&1 || [ ! -d .gpu/bitsandbytes-site ]; then
         echo "gpu kit: .gpu/ is missing or incomplete: run bash benchmarks/gpu/prepare.sh and carry .gpu" >&2
     else
         mkdir -p "$SITE"
-        "$PY" -m pip install --quiet --no-index --no-deps --no-compile --target "$SITE" .gpu/transformers-*.whl \
-            > "$LOGS/install.log" 2>&1 || echo "gpu kit: transformers install failed (see run.json)" >&2
+        for wheel in .gpu/*.whl; do  # one at a time: the cp312 regex wheel does not install on a rehearsal's 3.11
+            "$PY" -m pip install --quiet --no-index --no-deps --no-compile --target "$SITE" "$wheel" \
+                >> "$LOGS/install.log" 2>&1 || echo "gpu kit: $wheel did not install" | tee -a "$LOGS/install.log"
+        done
         cp -r .gpu/bitsandbytes-site/. "$SITE/" >> "$LOGS/install.log" 2>&1
         export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
         "$PY" benchmarks/gpu/steps.py --record install --rc 0 --wall "$(elapsed)" --cap 0 \
