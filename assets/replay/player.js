@@ -1,6 +1,7 @@
 // The replay player, part 4: the page's data as frame models, the controls, and the page itself.
 // A frame model holds what engine/trace.py derives on load (first accepted step, forwards per block, rates,
-// temperature); `positions(f, live)` is everything the canvas knows of each position (a per-token popup reads it).
+// temperature); `positions(f, live)` is everything the canvas knows of each position, and a chip's own is
+// `chipPositions.get(chip)` (views.js): what a per-token popup would show.
 // The data is engine/replay_page.py's `replay_data`; docs/trace.md describes it.
 
 const $ = (id) => document.getElementById(id);
@@ -192,7 +193,7 @@ async function main() {
     if (event.key in moves) { event.preventDefault(); pause(); show(moves[event.key]); }
     else if (event.key === " ") { event.preventDefault(); timer === null ? start() : pause(); }
   });
-  window.dgReplay = {show, frames, positions};
+  window.dgReplay = {show, frames, positions, positionOf: (chipNode) => chipPositions.get(chipNode)};
   pause();
   show(last);
   root.dataset.ready = "true";

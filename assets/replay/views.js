@@ -38,6 +38,9 @@ function chipLines(p) {
   return lines;
 }
 
+// Each chip's position of the frame model (a per-token popup finds what to show here, from the hovered chip)
+const chipPositions = new WeakMap();
+
 // One canvas position as a chip (canvas_view.chip_html); `p` is a position of the frame model
 function chip(p) {
   const style = p.cell.style === TEXT ? "" : ` dg-tok-${p.cell.style}`;
@@ -46,7 +49,10 @@ function chip(p) {
     const background = viridis(p.confidence);
     attributes.style = `background:${background};color:${textOn(background)}`;
   }
-  return el("span", attributes, p.cell.parts.map(([text, mark]) => (mark ? el("span", {class: "dg-sp"}, text) : text)));
+  const parts = p.cell.parts.map(([text, mark]) => (mark ? el("span", {class: "dg-sp"}, text) : text));
+  const node = el("span", attributes, parts);
+  chipPositions.set(node, p);
+  return node;
 }
 
 // One block (canvas_view.block_html) from the frame model's `block` ({index, live, header, positions})
