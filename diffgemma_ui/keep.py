@@ -18,6 +18,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from engine.replay_page import write_replay
 from engine.trace import MAX_TRACE_BYTES, Trace, TraceError, load_trace, trace_of_run
 
 from . import plots
@@ -25,7 +26,6 @@ from .canvas_view import live_html, stack_html
 from .handlers import API_POLL_S, StreamOutputs, status_text
 from .meter import meter_html
 from .record import RunSnapshot
-from .replay_html import write_replay
 from .session import SessionState
 from .text import plain_text
 

@@ -267,7 +267,7 @@ def infill_command(args: argparse.Namespace) -> int:
 
 def replay(trace_path: Path, html_path: Path) -> int:
     """`python -m engine replay`: load and check the trace, write its offline HTML replay; 2 on a refused trace."""
-    from diffgemma_ui.replay_html import write_replay  # the page is a view: the engine only calls it from here
+    from .replay_page import write_replay
 
     try:
         trace = load_trace(trace_path)

@@ -5,9 +5,7 @@ The offline page's browser checks are in `test_replay_browser.py`.
 
 from __future__ import annotations
 
-import base64
 import copy
-import gzip
 import json
 import re
 import threading
@@ -15,6 +13,7 @@ import threading
 import pytest
 
 from benchmarks.replay_size import synthetic_trace
+from engine.replay_page import _script_json, replay_data, replay_html
 from engine.trace import (MAX_TRACE_BYTES, TRACE_VERSION, ModelInfo, Trace, TraceError, load_trace, record_trace,
                           trace_of_run)
 
@@ -232,27 +231,54 @@ def hostile_trace() -> Trace:
     return load_trace(json.dumps(doc))
 
 
-def unpack_views(page: str) -> str:
-    """The decompressed views payload of an offline replay page."""
-    packed = re.search(r'<script type="application/octet-stream" id="dg-views">([^<]*)</script>', page).group(1)
-    return gzip.decompress(base64.b64decode(packed)).decode("utf-8")
+DATA_SCRIPT = re.compile(r'<script type="application/json" id="dg-replay-data">([^<]*)</script>')
 
 
-def test_hostile_strings_load_but_reach_the_page_only_escaped():
-    from diffgemma_ui.replay_html import replay_html
+def page_data(page: str) -> dict:
+    """The data an offline replay page embeds (`engine.replay_page.replay_data`)."""
+    return json.loads(DATA_SCRIPT.search(page).group(1))
 
-    trace = hostile_trace()  # loaded: a vocabulary may hold markup; the views escape it
+
+def test_hostile_strings_load_but_reach_the_page_only_as_data():
+    trace = hostile_trace()  # loaded: a vocabulary may hold markup; the player shows it as text
     assert trace.frames[0].draft_tokens[0].startswith("<script>")
     page = replay_html(trace)
-    outer = re.sub(r'(<script type="application/octet-stream" id="dg-\w+">)[^<]*', r"\1", page)
-    assert "<script>window" not in outer and "<img" not in outer and "&lt;script&gt;" in outer
-    views = json.loads(unpack_views(page))
-    for frame in views["frames"]:
-        assert "<script" not in frame["live"] and "<img" not in frame["live"] and "onerror=\"" not in frame["live"]
-        assert "&lt;script&gt;" in frame["live"] or 'data-forward' in frame["live"] and "dg-block" not in frame["live"]
-        hovers = json.dumps(frame["order"])
-        assert "<script" not in hovers and "<img" not in hovers
-    assert "<script" not in json.dumps(views["blocks"])
+    outer = re.sub(r'(<script type="application/(?:json|octet-stream)" id="dg-[\w-]+">)[^<]*', r"\1", page)
+    assert "<script>window" not in outer and "<img" not in outer and "__pwned" not in outer
+    assert outer.count("<script") == 3  # the data, Plotly and the player: no other script on the page
+    packed = DATA_SCRIPT.search(page).group(1)
+    assert "<" not in packed and "\\u003cscript>window" in packed  # inert inside its <script> element
+    data = page_data(page)
+    assert data["prompt"] == HOSTILE and data["text"] == HOSTILE and data["model"]["name"] == HOSTILE[:200]
+    shown = {data["tokens"][i] for f in data["frames"] for i in f["draft"]}
+    assert shown == {t for f in trace.frames for t in f.draft_tokens}  # kept as they are, for the player's text nodes
+
+
+def test_replay_data_keeps_what_the_player_needs_exactly():
+    trace = synthetic_trace(canvas=16, steps=4, blocks=2, vocab=500)
+    data = replay_data(trace)
+    assert len(data["frames"]) == len(trace.frames) and data["seed"] == str(trace.seed)
+    assert data["prompt_tokens"] == len(trace.prompt_ids) and data["model"]["canvas_length"] == 16
+    for item, frame in zip(data["frames"], trace.frames):
+        assert [data["tokens"][i] for i in item["input"]] == frame.input_tokens
+        assert [data["tokens"][i] for i in item["draft"]] == frame.draft_tokens
+        assert [c == "1" for c in item["accepted"]] == frame.accepted
+        assert [v / 1000 for v in item["confidence_milli"]] == frame.confidence  # the trace's 3 decimals, exactly
+        assert [v / 1000 for v in item["entropy_milli"]] == frame.entropy
+        assert (item["block"], item["step"]) == (frame.block_index, frame.step_index)
+        assert item["elapsed_s"] == frame.elapsed_s
+        if frame.block_done:
+            assert (item["committed"], item["committed_tokens"]) == (len(frame.committed_ids), frame.committed_tokens)
+    used = {i for f in trace.frames for i in (*f.input_ids, *f.draft_ids)}
+    assert len(data["tokens"]) == len(used) < len(trace.tokens)  # canvas ids only, each once (not the prompt's)
+    assert data["kinds"] is None  # synthetic frames carry no kinds
+
+
+def test_page_json_is_inert_and_valid_utf8():
+    text = _script_json({"a": "</script><!--\ud800", "b": "\u00e9\U0001f600"})
+    assert "<" not in text and "\\ud800" in text and "\u00e9\U0001f600" in text
+    text.encode("utf-8")  # a lone surrogate would not encode
+    assert json.loads(text) == {"a": "</script><!--\ud800", "b": "\u00e9\U0001f600"}
 
 
 @pytest.mark.slow
@@ -268,7 +294,7 @@ def test_cli_writes_a_trace_and_its_replay(tmp_path, capsys):
     assert trace.frames[-1].committed_ids == result["token_ids"]
     assert main(["replay", str(trace_path), "--html", str(html_path)]) == 0
     page = html_path.read_text(encoding="utf-8")
-    assert page.startswith("<!DOCTYPE html>") and len(json.loads(unpack_views(page))["frames"]) == len(trace.frames)
+    assert page.startswith("<!DOCTYPE html>") and len(page_data(page)["frames"]) == len(trace.frames)
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "diffgemma-trace", "version": 9}', encoding="utf-8")
     assert main(["replay", str(bad), "--html", str(tmp_path / "x.html")]) == 2

@@ -1,0 +1,206 @@
+// The replay player, part 4: the page's data as frame models, the controls, and the page itself.
+// A frame model holds what engine/trace.py derives on load (first accepted step, forwards per block, rates,
+// temperature); `positions(f, live)` is everything the canvas knows of each position, and a chip's own is
+// `chipPositions.get(chip)` (views.js): what a per-token popup would show.
+// The data is engine/replay_page.py's `replay_data`; docs/trace.md describes it.
+
+const $ = (id) => document.getElementById(id);
+
+// A property computed on first use, then kept
+function lazy(object, name, compute) {
+  Object.defineProperty(object, name, {configurable: true, enumerable: true, get() {
+    const value = compute();
+    Object.defineProperty(object, name, {value, enumerable: true});
+    return value;
+  }});
+}
+
+// One model per frame of `data.frames`, as the engine's Frame reads (camelCase)
+function frameModels(data) {
+  const n = data.model.canvas_length, s = data.settings, maxSteps = s.max_denoising_steps;
+  const kindOf = data.kinds ? (i) => data.kinds[i] || TEXT : null;
+  const firstFrame = data.frames[0].elapsed_s;
+  let first = [], forwardsPerBlock = [], committed = 0, committedTokens = 0;
+  return data.frames.map((raw, index) => {
+    if (raw.block_done) {
+      committed = raw.committed;
+      committedTokens = raw.committed_tokens;
+      forwardsPerBlock = forwardsPerBlock.concat([raw.step + 1]);
+    }
+    const accepted = Array.from(raw.accepted, (c) => c === "1");
+    if (raw.step === 0) first = new Array(n).fill(-1);
+    first = first.map((step, p) => (accepted[p] && step < 0 ? raw.step : step));
+    const f = {
+      forward: index, block: raw.block, step: raw.step, maxSteps, canvasLength: n,
+      temperature: s.t_min + (s.t_max - s.t_min) * (maxSteps - raw.step) / maxSteps,
+      accepted, first, blockDone: raw.block_done, stoppedEarly: raw.stopped_early,
+      done: Boolean(raw.stop_reason), stopReason: raw.stop_reason, committed, committedTokens,
+      forwardsPerBlock, elapsed: raw.elapsed_s, firstFrame,
+      tokensPerSecond: raw.elapsed_s > 0 ? committedTokens / raw.elapsed_s : 0,
+      tokensPerForward: committedTokens / (index + 1),
+      promptTokens: data.prompt_tokens, seed: data.seed,
+    };
+    lazy(f, "confidence", () => raw.confidence_milli.map((v) => v / 1000));
+    lazy(f, "entropy", () => raw.entropy_milli.map((v) => v / 1000));
+    lazy(f, "inputTokens", () => raw.input.map((i) => data.tokens[i]));
+    lazy(f, "draftTokens", () => raw.draft.map((i) => data.tokens[i]));
+    lazy(f, "inputKinds", () => (kindOf ? raw.input.map(kindOf) : null));
+    lazy(f, "draftKinds", () => (kindOf ? raw.draft.map(kindOf) : null));
+    lazy(f, "labels", () => draftLabels(f.draftTokens, f.draftKinds));
+    f.draftLabels = () => f.labels;
+    return f;
+  });
+}
+
+// Each position of frame `f` as the canvas shows it: a live block (accepted draft tokens and the noise around them)
+// or, when `live` is false, the finished block (committed tokens, pads after end-of-sequence)
+function positions(f, live) {
+  const n = f.canvasLength, flags = f.accepted;
+  const common = (pos) => ({pos, confidence: f.confidence[pos], entropy: f.entropy[pos], first: f.first[pos]});
+  if (live) {
+    const shown = flags.map((a, p) => (a ? f.draftTokens[p] : f.inputTokens[p]));
+    const kinds = f.draftKinds && f.inputKinds ? flags.map((a, p) => (a ? f.draftKinds[p] : f.inputKinds[p])) : null;
+    const cells = tokenCells(shown, kinds, flags), drafts = tokenCells(f.draftTokens, f.draftKinds);
+    return flags.map((a, pos) => ({...common(pos), kind: a ? "accepted" : "noisy", cell: cells[pos],
+      guess: a ? null : drafts[pos]}));
+  }
+  const kept = Math.max(0, Math.min(n, f.committed - f.block * n));
+  const cells = tokenCells(f.draftTokens, f.draftKinds, flags.map((_, pos) => pos < kept));
+  return flags.map((_, pos) => ({...common(pos), kind: pos < kept ? "committed" : "pad", cell: cells[pos],
+    guess: null}));
+}
+
+// A block of frame `f` for `blockView`: its header line's parts and its positions
+function blockModel(f, live) {
+  const n = f.canvasLength;
+  const header = [`Block ${f.block + 1}`];
+  if (live) {
+    header.push(`step ${f.step + 1}/${f.maxSteps}`, `T=${fixed(f.temperature, 2)}`,
+      `${f.accepted.filter(Boolean).length}/${n} accepted`);
+    if (f.stopReason === "cancelled") header.push("stopped");
+  } else {
+    const kept = Math.max(0, Math.min(n, f.committed - f.block * n));
+    const pads = (f.draftKinds || []).slice(0, kept).filter((k) => k === PAD).length;
+    header.push(plural(f.step + 1, "forward"), f.stoppedEarly ? "stopped early (stable)" : "all steps");
+    if (kept < n) header.push(`${plural(kept - pads, "token")} kept, end-of-sequence`);
+    if (pads) header.push(`${plural(pads, "pad")} (not counted)`);
+  }
+  return {index: f.block, live, header, positions: positions(f, live)};
+}
+
+function settingsLine(s) {
+  return `max new tokens ${s.max_new_tokens}${DOT}max steps ${s.max_denoising_steps}${DOT}entropy bound ` +
+    `${general(s.entropy_bound)}${DOT}t ${general(s.t_max)}\u2192${general(s.t_min)}${DOT}adaptive stopping ` +
+    `${s.adaptive_stopping ? "on" : "off"} (stability ${s.stability_threshold}, confidence ` +
+    `${general(s.confidence_threshold)})`;
+}
+
+function fillPage(data) {
+  const m = data.model;
+  const revision = m.revision ? `@${Array.from(m.revision).slice(0, 12).join("")}` : "";
+  const badges = [`model: ${m.name}${revision}`, `device: ${m.device}`, `dtype: ${m.dtype}`,
+    `canvas: ${m.canvas_length} tokens`, `seed: ${data.seed}`, data.raw ? "raw prompt" : "chat prompt"];
+  document.title = `DiffGemma replay${DOT}${m.name}${DOT}seed ${data.seed}`;
+  $("dg-replay-settings").textContent = settingsLine(data.settings);
+  $("dg-replay-badges").replaceChildren(...badges.map((b) => el("span", {class: "dg-badge"}, b)));
+  $("dg-replay-prompt").textContent = plainText(data.prompt);
+  $("dg-replay-text").textContent = plainText(data.text);
+  $("dg-replay-version").textContent = String(data.trace_version);
+  $("dg-legend").replaceChildren(legendView());
+}
+
+async function unpack(id) {  // a gzip file inlined as base64, as text
+  const bytes = Uint8Array.from(atob($(id).textContent.trim()), (c) => c.charCodeAt(0));
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+  return await new Response(stream).text();
+}
+
+async function main() {
+  if (typeof DecompressionStream === "undefined") {
+    throw new Error("this browser cannot unpack the replay (it needs DecompressionStream: Chrome 80+, " +
+                    "Firefox 113+, Safari 16.4+)");
+  }
+  if (matchMedia("(prefers-color-scheme: dark)").matches) document.documentElement.classList.add("dark");
+  const data = JSON.parse($("dg-replay-data").textContent);
+  fillPage(data);
+  (0, eval)(await unpack("dg-plotly"));  // defines window.Plotly
+  const frames = frameModels(data), last = frames.length - 1;
+  const blocks = [];
+  frames.forEach((f) => { (blocks[f.block] = blocks[f.block] || []).push(f); });
+  const finished = new Map();  // block index -> its section in the stack, built once
+  // No Box Select, Lasso Select or Share: they do nothing in an offline page
+  const config = {displaylogo: false, responsive: true,
+    modeBarButtonsToRemove: ["select2d", "lasso2d", "sendDataToCloud"]};
+  const slider = $("dg-replay-slider"), play = $("dg-replay-play"), root = document.body;
+  let current = -1, shownBlock = -1, timer = null;
+  slider.max = String(last);
+
+  function stackSections(f) {
+    const done = f.blockDone ? f.block + 1 : f.block;
+    const sections = [];
+    for (let b = 0; b < done; b++) {
+      const end = blocks[b][blocks[b].length - 1];
+      if (!end.blockDone) continue;
+      if (!finished.has(b)) finished.set(b, blockView(blockModel(end, false)));
+      sections.push(finished.get(b));
+    }
+    return sections;
+  }
+
+  function show(k) {
+    k = Math.max(0, Math.min(last, k));
+    const f = frames[k], block = blocks[f.block];
+    const stack = stackView(stackSections(f));
+    $("dg-stack").replaceChildren(...(stack ? [stack] : []));
+    const status = k === last ? (f.stopReason in STOP_REASONS ? STOP_REASONS[f.stopReason] : f.stopReason) : "";
+    $("dg-canvas").replaceChildren(liveView(f.forward, f.blockDone ? null : blockModel(f, true), status));
+    $("dg-meter").replaceChildren(meterView(f));
+    if (f.block !== shownBlock) {
+      const heatmap = heatmapFigure(block), entropy = entropyFigure(block);
+      Plotly.react("dg-heatmap", heatmap.data, heatmap.layout, config);
+      Plotly.react("dg-entropy", entropy.data, entropy.layout, config);
+      shownBlock = f.block;
+    }
+    Plotly.relayout("dg-heatmap", {shapes: heatmapCover(f.step, block.length)});
+    const order = orderFigure(f);
+    Plotly.react("dg-order", order.data, order.layout, config);
+    $("dg-replay-label").textContent = `forward ${k + 1}/${last + 1}${DOT}block ${f.block + 1}${DOT}step ${f.step + 1}`;
+    slider.value = String(k);
+    current = k;
+    root.dataset.forward = String(k);
+  }
+  function pause() {
+    if (timer !== null) clearInterval(timer);
+    timer = null;
+    play.textContent = "\u25b6";
+    play.setAttribute("aria-label", "play");
+    root.dataset.playing = "false";
+  }
+  function start() {
+    if (current >= last) show(0);
+    play.textContent = "\u275a\u275a";
+    play.setAttribute("aria-label", "pause");
+    root.dataset.playing = "true";
+    timer = setInterval(() => { if (current >= last) pause(); else show(current + 1); }, data.interval_ms);
+  }
+  play.addEventListener("click", () => (timer === null ? start() : pause()));
+  $("dg-replay-prev").addEventListener("click", () => { pause(); show(current - 1); });
+  $("dg-replay-next").addEventListener("click", () => { pause(); show(current + 1); });
+  slider.addEventListener("input", () => { pause(); show(Number(slider.value)); });
+  document.addEventListener("keydown", (event) => {
+    if (event.target && event.target !== slider && /^(INPUT|TEXTAREA|SELECT)$/.test(event.target.tagName)) return;
+    const moves = {ArrowLeft: current - 1, ArrowRight: current + 1, Home: 0, End: last};
+    if (event.key in moves) { event.preventDefault(); pause(); show(moves[event.key]); }
+    else if (event.key === " ") { event.preventDefault(); timer === null ? start() : pause(); }
+  });
+  window.dgReplay = {show, frames, positions, positionOf: (chipNode) => chipPositions.get(chipNode)};
+  pause();
+  show(last);
+  root.dataset.ready = "true";
+}
+
+main().catch((error) => {
+  $("dg-replay-error").textContent = String((error && error.message) || error);
+  document.body.dataset.ready = "error";
+  throw error;
+});
