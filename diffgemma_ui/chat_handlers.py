@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -24,13 +23,13 @@ from . import plots
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML
 from .chat_view import EMPTY_CHAT_HTML, IDLE_REUSE_HTML, history_html, reuse_html
 from .deployment import zero_gpu
-from .frame_runs import finish, run_api_frames, start_frames
-from .handlers import API_SUMMARY_KEYS, PLOT_INTERVAL_S, STOP_WAIT_S, Playground, describe_error
+from .handlers import API_SUMMARY_KEYS, Playground
 from .meter import meter_html
+from .runs import STOP_WAIT_S, RunWorker, session_key
 from .session import SessionState
+from .tab import PlotClock, user_error
 from .text import plain_text
 from .validation import build_settings, check_flag, check_prompt, check_ui_seed, preset_values
-from .worker import RunWorker
 
 ZERO_GPU_MESSAGE = ("chat is not available on ZeroGPU Spaces yet (it keeps the conversation's encoder cache in the "
                     "server process, outside the GPU slot the platform lends per request); run the playground on a "
@@ -157,13 +156,13 @@ class ChatTab:
             check_ui_seed(seed)
             self.check_thinking(thinking)
         except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
-            raise gr.Error(describe_error(error), print_exception=False) from None
+            raise user_error(error) from None
 
     def check_regenerate(self, state: ChatState, preset_name, max_new_tokens, thinking) -> None:
         """Regenerate's first step (raises gr.Error): there must be an answer to replace."""
         chat = state.chat if state is not None else None
         if chat is None or not chat.messages or chat.messages[-1]["role"] != "assistant":
-            raise gr.Error("nothing to regenerate: the conversation has no answer yet", print_exception=False)
+            raise user_error("nothing to regenerate: the conversation has no answer yet")
         self.check_turn("x", preset_name, max_new_tokens, -1, thinking)
 
     # -- events ----------------------------------------------------------------------------------------------------
@@ -210,7 +209,7 @@ class ChatTab:
         try:
             frames = start(chat, stop)
         except Exception as error:  # noqa: BLE001
-            raise gr.Error(describe_error(error), print_exception=False) from None
+            raise user_error(error) from None
         # the conversation before the turn (Regenerate: without its last answer), shown while the turn runs
         shown, shown_thoughts = list(chat.messages), list(chat.thoughts)
         view = state.view
@@ -218,17 +217,14 @@ class ChatTab:
         session_hash = getattr(request, "session_hash", None)
         if session_hash:
             self.sessions[session_hash] = state
-        key = f"{session_hash or f'anon-{id(state)}'}:chat"
-        worker = state.worker = start_frames(playground, recorded(frames), stop, key)
-        last_plots, plotted_block = time.monotonic(), 0
+        key = session_key(request, state, ":chat")
+        worker = state.worker = playground.runs.start(lambda _stop: recorded(frames), key, stop_event=stop)
+        clock = PlotClock(wait_first=True)
         try:
-            for index, snap in enumerate(worker.updates(playground.max_fps, reader_budget=playground.reader_budget)):
+            for index, snap in enumerate(playground.runs.updates(worker)):
                 view.snapshot = snap
-                now = time.monotonic()
-                plots_due = now - last_plots >= PLOT_INTERVAL_S or snap.block_count > plotted_block
-                if plots_due:
-                    last_plots, plotted_block = now, snap.block_count
-                out = playground.render(view, snap, final=snap.finished, plots_due=plots_due, first=index == 0)
+                out = playground.render(view, snap, final=snap.finished, plots_due=clock.due(snap.block_count),
+                                        first=index == 0)
                 if not snap.finished:
                     history = gr.skip()
                     if index == 0 or isinstance(out.stack, str):  # a block was committed: the answer grew
@@ -239,9 +235,9 @@ class ChatTab:
                     continue
                 yield self._final(state, snap, out, regenerating)
                 if snap.error is not None:
-                    raise gr.Error(describe_error(snap.error), print_exception=False)
+                    raise user_error(snap.error)
         finally:
-            finish(playground, key, worker)  # on normal end, on Stop, and when Gradio closes this generator
+            playground.runs.finish(key, worker)  # on normal end, on Stop, and when Gradio closes this generator
 
     def _final(self, state: ChatState, snap, out, regenerating: bool) -> tuple:
         """The turn's last view. `regenerating`: Regenerate's turn, which replaces the last answer (same turn number)
@@ -305,9 +301,9 @@ class ChatTab:
                 gr.skip(), *self._buttons(state or ChatState(), running=False))
 
     # -- API -------------------------------------------------------------------------------------------------------
-    def chat_api(self, message, history, system, thinking, max_new_tokens, max_denoising_steps, entropy_bound,
-                 t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
-                 request: gr.Request = None) -> tuple[str, dict]:
+    async def chat_api(self, message, history, system, thinking, max_new_tokens, max_denoising_steps, entropy_bound,
+                       t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                       request: gr.Request = None) -> tuple[str, dict]:
         """`/chat`: answer `message` after `history` (JSON text, `parse_history`) with an optional `system` message.
 
         The settings and seed are `/generate`'s (same checks, the API's limits). Returns (answer, summary): the
@@ -318,26 +314,34 @@ class ChatTab:
         Raises:
             gr.Error: invalid input (named), a turn that does not fit the context, or a failed run.
         """
-        try:
-            if zero_gpu():
-                raise ValueError(ZERO_GPU_MESSAGE)
-            run = Playground.parse(message, False, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                                   stability_threshold, confidence_threshold, adaptive_stopping, seed,
-                                   ui_limits=False, thinking=thinking)
-            self.check_thinking(run.thinking)
-            if system is not None and not isinstance(system, str):
-                raise ValueError("system must be text")
-            chat = ChatSession(self.engine, system=system if system and system.strip() else None)
-            earlier = parse_history(history)
-            chat.messages = chat.messages + earlier
-            chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
-            stop = threading.Event()
-            frames = chat.turn(run.prompt, run.settings, seed=run.seed, thinking=run.thinking, stop_event=stop)
-        except Exception as error:  # noqa: BLE001
-            raise gr.Error(describe_error(error), print_exception=False) from None
-        run_api_frames(self.playground, recorded(frames), stop, request)
+        chat = None
+
+        def start() -> RunWorker:
+            nonlocal chat
+            try:
+                if zero_gpu():
+                    raise ValueError(ZERO_GPU_MESSAGE)
+                run = Playground.parse(message, False, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
+                                       t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                                       ui_limits=False, thinking=thinking)
+                self.check_thinking(run.thinking)
+                if system is not None and not isinstance(system, str):
+                    raise ValueError("system must be text")
+                chat = ChatSession(self.engine, system=system if system and system.strip() else None)
+                earlier = parse_history(history)
+                chat.messages = chat.messages + earlier
+                chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
+                stop = threading.Event()
+                frames = chat.turn(run.prompt, run.settings, seed=run.seed, thinking=run.thinking, stop_event=stop)
+            except Exception as error:  # noqa: BLE001
+                raise user_error(error) from None
+            return self.playground.runs.start(lambda _stop: recorded(frames), stop_event=stop, keep_history=False)
+
+        snap = await self.playground.served(start, request)
+        if snap.error is not None:
+            raise user_error(snap.error)
         if chat.last_result is None:
-            raise gr.Error("the turn was stopped before its answer was complete", print_exception=False)
+            raise user_error("the turn was stopped before its answer was complete")
         result = chat.last_result.to_dict()
         summary = {key: result[key] for key in API_SUMMARY_KEYS}
         summary["report"] = chat.last_report.to_dict()

@@ -8,7 +8,6 @@ closed tab stops it (`Playground.unload`); Stop ends it within one decoder forwa
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import gradio as gr
@@ -16,13 +15,13 @@ import gradio as gr
 from engine.infill import filled_text, infill_frames, layout_template
 
 from .deployment import zero_gpu
-from .frame_runs import finish, run_api_frames, start_frames
-from .handlers import API_SUMMARY_KEYS, PLOT_INTERVAL_S, describe_error, previous_run_meter, status_text
+from .handlers import API_SUMMARY_KEYS, previous_run_meter, status_text
 from .infill_view import blank_plots, filled_html, infill_canvas_html
 from .meter import run_meter_html
+from .runs import RunWorker, session_key
+from .tab import PlotClock, user_error
 from .text import plain_text
 from .validation import build_settings, check_prompt, check_ui_seed, preset_values
-from .worker import RunWorker
 
 ZERO_GPU_MESSAGE = ("infill is not available on ZeroGPU Spaces yet (it runs outside the GPU slot the platform lends "
                     "per request); run the playground on a dedicated GPU or CPU Space, or locally")
@@ -78,7 +77,7 @@ class InfillTab:
         try:
             self.request(template, context, preset_name, max_denoising_steps, seed)
         except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
-            raise gr.Error(describe_error(error), print_exception=False) from None
+            raise user_error(error) from None
 
     # -- events ----------------------------------------------------------------------------------------------------
     def fill_stream(self, state: InfillState, template, context, preset_name, max_denoising_steps, seed,
@@ -96,17 +95,17 @@ class InfillTab:
             layout, frames = infill_frames(self.engine, template, settings, prompt=context, seed=seed,
                                            stop_event=stop)
         except Exception as error:  # noqa: BLE001
-            raise gr.Error(describe_error(error), print_exception=False) from None
+            raise user_error(error) from None
         playground = self.playground
         if state is None:
             state = InfillState()
         state.stop()
-        key = f"{getattr(request, 'session_hash', None) or f'anon-{id(state)}'}:infill"
-        worker = state.worker = start_frames(playground, frames, stop, key)
-        last_plots = time.monotonic()
+        key = session_key(request, state, ":infill")
+        worker = state.worker = playground.runs.start(lambda _stop: frames, key, stop_event=stop)
+        clock = PlotClock(wait_first=True)
         skip = gr.skip()
         try:
-            for index, snap in enumerate(worker.updates(playground.max_fps, reader_budget=playground.reader_budget)):
+            for index, snap in enumerate(playground.runs.updates(worker)):
                 latest, final = snap.latest, snap.finished
                 status = status_text(latest, snap.error) if final else ("" if latest else "Encoding\u2026")
                 canvas = infill_canvas_html(latest, layout, status)
@@ -118,17 +117,16 @@ class InfillTab:
                 if final:
                     text = plain_text(filled_text(self.engine.tokenizer, layout, ids)[0]) if ids else ""
                 heatmap = order = entropy = skip
-                if final or time.monotonic() - last_plots >= PLOT_INTERVAL_S:
-                    last_plots = time.monotonic()
+                if clock.due() or final:
                     heatmap, order, entropy = blank_plots(snap.block_frames(0), layout.blanks, final=final)
                 buttons = (skip, skip)
                 if index == 0 or final:
                     buttons = (gr.update(interactive=final), gr.update(interactive=not final))
                 yield canvas, meter, filled, text, heatmap, order, entropy, *buttons
                 if final and snap.error is not None:
-                    raise gr.Error(describe_error(snap.error), print_exception=False)
+                    raise user_error(snap.error)
         finally:
-            finish(playground, key, worker)  # on normal end, and when Gradio closes this generator (tab closed)
+            playground.runs.finish(key, worker)  # on normal end, and when Gradio closes this generator (tab closed)
 
     @staticmethod
     def refused(state: InfillState):
@@ -144,8 +142,9 @@ class InfillTab:
             state.stop()
 
     # -- API -------------------------------------------------------------------------------------------------------
-    def infill_api(self, template, context, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
-                   confidence_threshold, adaptive_stopping, seed, request: gr.Request = None) -> tuple[str, dict]:
+    async def infill_api(self, template, context, max_denoising_steps, entropy_bound, t_min, t_max,
+                         stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                         request: gr.Request = None) -> tuple[str, dict]:
         """`/infill`: fill `template`'s blanks (`[___]` one token, `[___ 12]` twelve) after an optional raw
         `context`; settings and seed as `/generate`'s (the API's limits; the token budget is one canvas).
 
@@ -155,25 +154,33 @@ class InfillTab:
         Raises:
             gr.Error: a bad template or input, a template that does not fit one canvas, or a failed run.
         """
-        try:
-            if zero_gpu():
-                raise ValueError(ZERO_GPU_MESSAGE)
-            if not isinstance(context, str):
-                raise ValueError("context must be text (\"\" for none)")
-            values = dict(max_new_tokens=self.engine.canvas_length, max_denoising_steps=max_denoising_steps,
-                          entropy_bound=entropy_bound, t_min=t_min, t_max=t_max,
-                          stability_threshold=stability_threshold, confidence_threshold=confidence_threshold,
-                          adaptive_stopping=adaptive_stopping)
-            settings = build_settings(values, ui_limits=False)
-            seed = check_ui_seed(seed)
-            stop = threading.Event()
-            layout, frames = infill_frames(self.engine, template, settings, seed=seed, stop_event=stop,
-                                           prompt=check_prompt(context) if context.strip() else None)
-        except Exception as error:  # noqa: BLE001
-            raise gr.Error(describe_error(error), print_exception=False) from None
-        snap = run_api_frames(self.playground, frames, stop, request)
+        layout = None
+
+        def start() -> RunWorker:
+            nonlocal layout
+            try:
+                if zero_gpu():
+                    raise ValueError(ZERO_GPU_MESSAGE)
+                if not isinstance(context, str):
+                    raise ValueError("context must be text (\"\" for none)")
+                values = dict(max_new_tokens=self.engine.canvas_length, max_denoising_steps=max_denoising_steps,
+                              entropy_bound=entropy_bound, t_min=t_min, t_max=t_max,
+                              stability_threshold=stability_threshold, confidence_threshold=confidence_threshold,
+                              adaptive_stopping=adaptive_stopping)
+                settings = build_settings(values, ui_limits=False)
+                stop = threading.Event()
+                layout, frames = infill_frames(self.engine, template, settings, seed=check_ui_seed(seed),
+                                               stop_event=stop,
+                                               prompt=check_prompt(context) if context.strip() else None)
+            except Exception as error:  # noqa: BLE001
+                raise user_error(error) from None
+            return self.playground.runs.start(lambda _stop: frames, stop_event=stop, keep_history=False)
+
+        snap = await self.playground.served(start, request)
+        if snap.error is not None:
+            raise user_error(snap.error)
         if snap.latest is None or snap.latest.stop_reason == "cancelled":
-            raise gr.Error("the fill was stopped before it was complete", print_exception=False)
+            raise user_error("the fill was stopped before it was complete")
         result = self.engine.summarize(snap.latest, snap.frames_seen).to_dict()
         text, fills = filled_text(self.engine.tokenizer, layout, snap.latest.committed_ids)
         summary = {key: result[key] for key in API_SUMMARY_KEYS}

@@ -18,9 +18,10 @@ import gradio as gr
 from engine import Frame
 
 from .deployment import zero_gpu
-from .handlers import PLOT_INTERVAL_S, initial_outputs
+from .handlers import initial_outputs
 from .record import RunRecord
 from .session import SessionState
+from .tab import PLOT_INTERVAL_S, user_error
 
 NEW_OUTLINE = "#E69F00"  # the plots' accepted colour (Okabe-Ito orange)
 # A stepped run keeps its KV cache between clicks in this process; ZeroGPU lends a GPU per request, in another one
@@ -85,9 +86,9 @@ class StepThroughHandlers:
         if run is not None and not run.done and getattr(session, "request", None) is run.request:
             return run
         if zero_gpu():
-            raise gr.Error(ZERO_GPU_MESSAGE, print_exception=False)
+            raise user_error(ZERO_GPU_MESSAGE)
         if session.run_in_progress:
-            raise gr.Error("A run is in progress: stop it before stepping through one.", print_exception=False)
+            raise user_error("A run is in progress: stop it before stepping through one.")
         if run is not None:
             run.close()
         request = self.playground.checked_request(*inputs, ui_limits=True)
@@ -111,7 +112,7 @@ class StepThroughHandlers:
                 return self._render(session, run, True, stop_button)
             except Exception as error:  # noqa: BLE001 - one clear message, the run is over
                 run.close()
-                raise gr.Error(f"The run failed: {type(error).__name__}: {error}", print_exception=False) from None
+                raise user_error(f"The run failed: {type(error).__name__}: {error}") from None
             run.record.add(frame)
             if frame.done:
                 run.done = True

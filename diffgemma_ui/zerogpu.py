@@ -34,13 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
+import torch
 
 from engine import DiffusionEngine, DiffusionSettings, Frame
+from engine.loading import ModelLoadError, load_model
+from engine.memory import memory_report
 
 from .deployment import zero_gpu
-from .handlers import Playground, describe_error
+from .handlers import Playground
+from .runs import RunWorker
+from .tab import describe_error, user_error
 from .validation import RunRequest
-from .worker import RunWorker
 
 LOG = logging.getLogger(__name__)
 GpuSize = str  # "large" (half a card) or "xlarge" (the whole card), as `spaces.GPU(size=...)` takes it
@@ -165,9 +169,9 @@ class GpuBudget:
 
 
 def weight_bytes(model) -> int:
-    """Bytes of a model's parameters and buffers (quantized ones as stored)."""
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes of a model's weights as stored: every parameter and buffer once, quantized ones by their packed bytes
+    (`engine.memory.memory_report`)."""
+    return memory_report(model)["total_bytes"]
 
 
 def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:
@@ -197,10 +201,6 @@ def load_zero_gpu_model(model: str, dtype: str = "auto", quantization: str = "no
             bitsandbytes weights and their quantization state travel through ZeroGPU's CUDA emulation was never
             checked; bf16 asks for an xlarge GPU instead).
     """
-    import torch  # noqa: PLC0415
-
-    from engine.loading import ModelLoadError, load_model  # noqa: PLC0415
-
     if quantization != "none":
         raise ModelLoadError(f"{quantization} quantization is not offered on ZeroGPU (its packed weights under "
                              "ZeroGPU's CUDA emulation were never checked): use --quantization none (bf16 weights, an "
@@ -214,8 +214,6 @@ def load_zero_gpu_model(model: str, dtype: str = "auto", quantization: str = "no
 def cpu_view(engine: DiffusionEngine) -> DiffusionEngine:
     """A shallow copy of `engine` whose `device` is the CPU: the main process of a ZeroGPU Space encodes prompts and
     checks budgets with it (the tokenizer and config are shared; its model is never run)."""
-    import torch  # noqa: PLC0415
-
     view = copy.copy(engine)
     view.device = torch.device("cpu")
     return view
@@ -277,13 +275,12 @@ class ZeroGpuPlayground(Playground):
             stop.discard()
             if isinstance(error, Exception) and not isinstance(error, gr.Error):
                 LOG.error("ZeroGPU run failed to start: %s", "".join(traceback.format_exception(error)).rstrip())
-                raise gr.Error(describe_error(error), print_exception=False) from None
+                raise user_error(describe_error(error)) from None
             raise
         # The GPU process's set-up is over once the first frame is here: the run may take the forwards' share of the
         # time it asked for, then stops itself, keeping its finished blocks, before the platform would abort it
         granted = self.budget.duration_s(request.settings, self.engine.canvas_length)
         left = max(MIN_RUN_S, granted - self.budget.setup_s)
-        limit = left if self.max_run_s is None else min(self.max_run_s, left)
 
         def source(_stop) -> Iterator[Frame]:
             try:
@@ -293,8 +290,7 @@ class ZeroGpuPlayground(Playground):
                 frames.close()  # ends the GPU call: the child stops after its next frame, the GPU is released
                 stop.discard()
 
-        return RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
-                         time_limit_s=limit, stop_event=stop).start()
+        return self.runs.start(source, keep_history=keep_history, stop_event=stop, limit_s=left)
 
     # -- in the GPU process ----------------------------------------------------------------------------------------
     def _frames_on_gpu(self, request: RunRequest, stop: StopFlag) -> Iterator[Frame]:
@@ -313,7 +309,7 @@ class ZeroGpuPlayground(Playground):
         except Exception as error:  # noqa: BLE001 - one clear message across the process boundary
             if not isinstance(error, ValueError):
                 LOG.error("run failed on the GPU: %s", "".join(traceback.format_exception(error)).rstrip())
-            raise gr.Error(describe_error(error), print_exception=False) from None
+            raise user_error(describe_error(error)) from None
 
 
 def make_playground(engine: DiffusionEngine, environ: Mapping[str, str] | None = None, **kwargs) -> Playground:

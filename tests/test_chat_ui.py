@@ -4,6 +4,8 @@ Chromium. Screenshots go to artifacts/chat/."""
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -166,7 +168,7 @@ def test_chat_and_infill_are_refused_with_a_message_on_zero_gpu(tab, monkeypatch
     with pytest.raises(gr.Error, match="not available on ZeroGPU"):
         tab.check_turn("hi", "recommended", 64, 0, False)
     with pytest.raises(gr.Error, match="not available on ZeroGPU"):
-        tab.chat_api("hi", "[]", "", False, 64, 3, 2.0, 0.05, 0.1, 1, 0.05, True, 1)
+        asyncio.run(tab.chat_api("hi", "[]", "", False, 64, 3, 2.0, 0.05, 0.1, 1, 0.05, True, 1))
     with pytest.raises(gr.Error, match="not available on ZeroGPU"):
         InfillTab(tab.playground).check_inputs("a [___]", "", "recommended", 4, 0)
 
