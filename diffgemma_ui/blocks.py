@@ -129,7 +129,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
     """
     playground = make_playground(engine, max_fps=max_fps, reader_budget=reader_budget,
                                  abandon_after_s=abandon_after_s, max_run_s=max_run_s)
-    race_tab = RaceTab(race or RaceRunner(engine), playground.runs)
+    race_tab = RaceTab(race or RaceRunner(engine), playground)
     chat_tab, infill_tab = ChatTab(playground), InfillTab(playground)
     rec = engine.recommended
     start = initial_outputs()
@@ -158,8 +158,8 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                         with gr.Row(elem_id="dg-buttons"):
                             generate = gr.Button("Generate", variant="primary", elem_id="dg-generate", scale=3)
                             stop = gr.Button("Stop", variant="stop", elem_id="dg-stop", interactive=False, scale=1)
-                        step_controls = build_step_controls()
                         refusal = refusal_box("playground")
+                        step_controls = build_step_controls()
                         with gr.Row(elem_id="dg-preset-row", equal_height=True):
                             preset_box = gr.Dropdown([*PRESET_NAMES, CUSTOM_PRESET], value="recommended",
                                                      label="Preset", elem_id="dg-preset", scale=2, min_width=150)

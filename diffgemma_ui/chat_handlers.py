@@ -1,29 +1,29 @@
 """The Chat tab's handlers: one multi-turn conversation per visitor, each answer streamed like the main view.
 
 The conversation is an `engine.chat.ChatSession` held in the visitor's `gr.State` (`ChatState`): its messages and
-its encoder cache never leave that session. Each turn runs in a `worker.RunWorker` registered in the playground's
-`RunRegistry` under `<session>:chat`, so a closed tab stops it (`Playground.unload`), and is rendered with the main
-view's own renderer (`Playground.render`: live canvas, finished blocks, meter, plots). The `/chat` API is stateless:
+its encoder cache never leave that session. Each turn is the "chat" job of the run mechanism (`Playground.start_job`;
+on ZeroGPU in the GPU process, from the conversation's messages), registered under `<session>:chat`, so a closed tab
+stops it, and is rendered with the main view's own renderer (`Playground.render`: live canvas, finished blocks, meter, plots). The `/chat` API is stateless:
 the client sends the history (JSON) and gets it back with the new turn.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import gradio as gr
 
+from engine import DiffusionSettings
 from engine.chat import ChatSession
 from engine.conversation import check_messages
 
 from . import plots
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML
 from .chat_view import EMPTY_CHAT_HTML, IDLE_REUSE_HTML, history_html, reuse_html
-from .deployment import zero_gpu
-from .handlers import API_SUMMARY_KEYS, Playground
+from .handlers import API_SUMMARY_KEYS, Job, Playground
 from .meter import meter_html
 from .runs import STOP_WAIT_S, RunWorker, session_key
 from .session import SessionState
@@ -31,25 +31,54 @@ from .tab import PlotClock, user_error
 from .text import plain_text
 from .validation import build_settings, check_flag, check_prompt, check_ui_seed, preset_values
 
-ZERO_GPU_MESSAGE = ("chat is not available on ZeroGPU Spaces yet (it keeps the conversation's encoder cache in the "
-                    "server process, outside the GPU slot the platform lends per request); run the playground on a "
-                    "dedicated GPU or CPU Space, or locally")
 MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text; longer conversations are cut by the engine anyway
 STOPPED_NOTE = ('<div class="dg-chat-reuse" data-state="stopped">Stopped: this turn was not added to the '
                 "conversation.</div>")
 
 
-def recorded(frames: Iterator) -> Iterator:
-    """`frames`, but on the final frame the iterator is run to its end before that frame is passed on.
+@dataclass
+class ChatTurn:
+    """A chat turn as a job's payload: what to answer (`text`; None: regenerate the last answer), its settings, the
+    conversation so far as plain values, and off ZeroGPU the visitor's `ChatSession` itself (its encoder cache is
+    reused; never pickled: the GPU process rebuilds the session from the messages)."""
 
-    `ChatSession.turn` records the turn (messages, report) after yielding its final frame, and `RunWorker` closes
-    the iterator as soon as it sees a done frame: without this the turn would never be recorded.
-    """
-    for frame in frames:
-        if frame.done:
-            for _ in frames:
-                pass
-        yield frame
+    text: str | None
+    settings: DiffusionSettings
+    seed: int | None
+    thinking: bool
+    messages: list
+    thoughts: list
+    session: ChatSession | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "session": None}
+
+
+@dataclass(frozen=True)
+class ChatOutcome:
+    """What a turn left, sent after its final frame: the conversation and the turn's report and result."""
+
+    messages: list
+    thoughts: list
+    report: object
+    result: object
+
+    def apply(self, chat: ChatSession) -> None:
+        chat.messages, chat.thoughts, chat.last_report, chat.last_result = (
+            self.messages, self.thoughts, self.report, self.result)
+
+
+def chat_source(engine, turn: ChatTurn, stop) -> Iterator:
+    """The "chat" source: the turn's frames, then its `ChatOutcome`."""
+    chat = turn.session
+    if chat is None:
+        chat = ChatSession(engine)
+        chat.messages, chat.thoughts = list(turn.messages), list(turn.thoughts)
+    if turn.text is None:
+        yield from chat.regenerate(turn.settings, seed=turn.seed, thinking=turn.thinking, stop_event=stop)
+    else:
+        yield from chat.turn(turn.text, turn.settings, seed=turn.seed, thinking=turn.thinking, stop_event=stop)
+    yield ChatOutcome(chat.messages, chat.thoughts, chat.last_report, chat.last_result)
 
 
 def parse_history(history) -> list[dict]:
@@ -128,6 +157,7 @@ class ChatTab:
     def __init__(self, playground: Playground):
         self.playground = playground
         self.engine = playground.engine
+        playground.sources["chat"] = chat_source
         # Conversations by session hash, to drop their encoder cache when their tab closes (`unload`); weak: a
         # session Gradio dropped is not kept alive here
         self.sessions: weakref.WeakValueDictionary[str, ChatState] = weakref.WeakValueDictionary()
@@ -148,11 +178,10 @@ class ChatTab:
     def check_turn(self, message, preset_name, max_new_tokens, seed, thinking) -> None:
         """Send's first step: every check of the inputs, nothing run (raises gr.Error)."""
         try:
-            if zero_gpu():
-                raise ValueError(ZERO_GPU_MESSAGE)
             check_prompt(message)
             settings = self.settings(preset_name, max_new_tokens)
             self.engine.check_settings(settings)
+            self.playground.check_job(Job("chat", None, settings))
             check_ui_seed(seed)
             self.check_thinking(thinking)
         except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
@@ -179,11 +208,7 @@ class ChatTab:
         self.check_turn(message, preset_name, max_new_tokens, seed, thinking)
         settings, seed, thinking = self.settings(preset_name, max_new_tokens), check_ui_seed(seed), bool(thinking)
         text = check_prompt(message)
-
-        def start(chat: ChatSession, stop: threading.Event):
-            return chat.turn(text, settings, seed=seed, thinking=thinking, stop_event=stop)
-
-        yield from self._stream(state, start, text, request, regenerating=False)
+        yield from self._stream(state, ChatTurn(text, settings, seed, thinking, [], []), text, request)
 
     def regenerate_stream(self, state: ChatState, preset_name, max_new_tokens, thinking,
                           request: gr.Request = None) -> Iterator[tuple]:
@@ -192,33 +217,29 @@ class ChatTab:
         self.check_regenerate(state, preset_name, max_new_tokens, thinking)
         settings, thinking = self.settings(preset_name, max_new_tokens), bool(thinking)
         text = state.chat.messages[-2]["content"]
+        yield from self._stream(state, ChatTurn(None, settings, None, thinking, [], []), text, request)
 
-        def start(chat: ChatSession, stop: threading.Event):
-            return chat.regenerate(settings, seed=None, thinking=thinking, stop_event=stop)
-
-        yield from self._stream(state, start, text, request, regenerating=True)
-
-    def _stream(self, state: ChatState, start: Callable, user_text: str, request, *,
-                regenerating: bool) -> Iterator[tuple]:
+    def _stream(self, state: ChatState, turn: ChatTurn, user_text: str, request) -> Iterator[tuple]:
         playground = self.playground
+        regenerating = turn.text is None
         if state is None:
             state = ChatState()
         state.halt()
         chat = state.session(self.engine)
-        stop = threading.Event()
-        try:
-            frames = start(chat, stop)
-        except Exception as error:  # noqa: BLE001
-            raise user_error(error) from None
+        turn.messages, turn.thoughts, turn.session = list(chat.messages), list(chat.thoughts), chat
         # the conversation before the turn (Regenerate: without its last answer), shown while the turn runs
-        shown, shown_thoughts = list(chat.messages), list(chat.thoughts)
+        shown, shown_thoughts = turn.messages, turn.thoughts
+        if regenerating:
+            shown, shown_thoughts = shown[:-2], shown_thoughts[:-1]
         view = state.view
         view.snapshot, view.finished_html, view.stacked_blocks = None, [], -1
         session_hash = getattr(request, "session_hash", None)
         if session_hash:
             self.sessions[session_hash] = state
         key = session_key(request, state, ":chat")
-        worker = state.worker = playground.runs.start(lambda _stop: recorded(frames), key, stop_event=stop)
+        chat.last_report = chat.last_result = None
+        job = Job("chat", turn, turn.settings)
+        worker = state.worker = playground.start_job(job, key, receive=lambda outcome: outcome.apply(chat))
         clock = PlotClock(wait_first=True)
         try:
             for index, snap in enumerate(playground.runs.updates(worker)):
@@ -319,8 +340,6 @@ class ChatTab:
         def start() -> RunWorker:
             nonlocal chat
             try:
-                if zero_gpu():
-                    raise ValueError(ZERO_GPU_MESSAGE)
                 run = Playground.parse(message, False, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
                                        t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
                                        ui_limits=False, thinking=thinking)
@@ -331,11 +350,12 @@ class ChatTab:
                 earlier = parse_history(history)
                 chat.messages = chat.messages + earlier
                 chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
-                stop = threading.Event()
-                frames = chat.turn(run.prompt, run.settings, seed=run.seed, thinking=run.thinking, stop_event=stop)
+                turn = ChatTurn(run.prompt, run.settings, run.seed, run.thinking, chat.messages, chat.thoughts)
+                job = Job("chat", turn, run.settings)
+                self.playground.check_job(job)
             except Exception as error:  # noqa: BLE001
                 raise user_error(error) from None
-            return self.playground.runs.start(lambda _stop: recorded(frames), stop_event=stop, keep_history=False)
+            return self.playground.start_job(job, keep_history=False, receive=lambda outcome: outcome.apply(chat))
 
         snap = await self.playground.served(start, request)
         if snap.error is not None:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import gradio as gr
 
-from engine import DiffusionEngine, Frame
+from engine import DiffusionEngine, DiffusionSettings, Frame
 from engine.settings import MAX_SEED
 
 from . import plots
@@ -65,6 +64,45 @@ class StreamOutputs:
                 self.generate_button, self.stop_button, self.thought)
 
 
+@dataclass(frozen=True)
+class Job:
+    """One piece of model work for the run mechanism (`Playground.start_job`).
+
+    Attributes:
+        kind: the source that does it (a key of `Playground.sources`: "generate", "race", "infill", ...).
+        payload: its inputs, plain values (on ZeroGPU they are pickled to the GPU process).
+        settings: the denoising settings its GPU time follows; extra_forwards: forwards beyond their canvases x
+            steps (a race's autoregressive side).
+    """
+
+    kind: str
+    payload: object
+    settings: DiffusionSettings
+    extra_forwards: int = 0
+
+
+def generation_frames(engine: DiffusionEngine, request: RunRequest, stop) -> Iterator[Frame]:
+    """The "generate" source: the engine's frames for a `RunRequest`."""
+    return engine.frames(request.prompt, request.settings, raw=request.raw, seed=request.seed, stop_event=stop,
+                         thinking=request.thinking)
+
+
+def received(frames: Iterator, receive) -> Iterator:
+    """`frames`, its items that are not frames handed to `receive(item)` instead; after a done frame the source
+    is run to its end (a chat turn records itself, and says so, after its final frame) before that frame is passed
+    on. `receive` None: `frames` as they are."""
+    if receive is None:
+        yield from frames
+        return
+    for item in frames:
+        if not isinstance(item, Frame):
+            receive(item)
+            continue
+        if item.done:
+            for rest in frames:
+                if not isinstance(rest, Frame):
+                    receive(rest)
+        yield item
 
 
 def parse_ticket(ticket) -> int | None:
@@ -115,6 +153,8 @@ class Playground:
         self.engine = engine
         self.runs = Runner(max_fps=default_live_rate(engine.canvas_length) if max_fps is None else max_fps,
                            reader_budget=reader_budget, abandon_after_s=abandon_after_s, max_run_s=max_run_s)
+        # Every tab's model work, by kind: source(engine, payload, stop) -> frames (`start_job`)
+        self.sources = {"generate": generation_frames}
         # Live sessions by session hash, to release their state when their tab closes (Gradio itself keeps a
         # closed session's gr.State for an hour); weak: a session Gradio dropped is not kept alive here
         self.sessions: weakref.WeakValueDictionary[str, SessionState] = weakref.WeakValueDictionary()
@@ -174,13 +214,23 @@ class Playground:
 
     def start_run(self, request: RunRequest, *, keep_history: bool = True) -> RunWorker:
         """Start `request` in a background `RunWorker` and return it."""
+        return self.start_job(Job("generate", request, request.settings), keep_history=keep_history)
 
-        def source(stop_event: threading.Event) -> Iterator[Frame]:
-            # The same on every deployment (ZeroGPU runs go through `zerogpu.ZeroGpuPlayground.start_run`)
-            return self.engine.frames(request.prompt, request.settings, raw=request.raw, seed=request.seed,
-                                      stop_event=stop_event, thinking=request.thinking)
+    def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
+                  receive=None) -> RunWorker:
+        """Start `job` as a run of the app's `Runner`, registered as `key`; `record` as `RunWorker`'s; `receive`
+        as in `received`. On ZeroGPU the source runs in the GPU process (`zerogpu.ZeroGpuPlayground`)."""
+        source = self.sources[job.kind]
+        return self.runs.start(lambda stop: received(source(self.engine, job.payload, stop), receive), key,
+                               keep_history=keep_history, record=record)
 
-        return self.runs.start(source, keep_history=keep_history)
+    def step_frames(self, request: RunRequest) -> Iterator[Frame]:
+        """The frames of a stepped run, one per `next()` (step-through): the engine's generator, kept between
+        clicks with its KV cache and random state (on ZeroGPU each step is a GPU call of its own)."""
+        return generation_frames(self.engine, request, None)
+
+    def check_job(self, job: Job) -> None:
+        """Checks of `job` beyond its tab's own (on ZeroGPU: the GPU budget; raises ValueError)."""
 
     @staticmethod
     def parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,

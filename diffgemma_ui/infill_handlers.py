@@ -1,21 +1,19 @@
 """The Infill tab's handlers and the `/infill` API: a template's blanks denoised inside one canvas while its fixed
 text stays put (`engine.infill`).
 
-A fill runs in a `worker.RunWorker` registered in the playground's `RunRegistry` under `<session>:infill`, so a
-closed tab stops it (`Playground.unload`); Stop ends it within one decoder forward.
+A fill is the "infill" job of the run mechanism (`Playground.start_job`, in the GPU process on ZeroGPU), registered
+under `<session>:infill`, so a closed tab stops it; Stop ends it within one decoder forward.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import gradio as gr
 
 from engine.infill import filled_text, infill_frames, layout_template
 
-from .deployment import zero_gpu
-from .handlers import API_SUMMARY_KEYS, previous_run_meter, status_text
+from .handlers import API_SUMMARY_KEYS, Job, previous_run_meter, status_text
 from .infill_view import blank_plots, filled_html, infill_canvas_html
 from .meter import run_meter_html
 from .runs import RunWorker, session_key
@@ -23,10 +21,14 @@ from .tab import PlotClock, user_error
 from .text import plain_text
 from .validation import build_settings, check_prompt, check_ui_seed, preset_values
 
-ZERO_GPU_MESSAGE = ("infill is not available on ZeroGPU Spaces yet (it runs outside the GPU slot the platform lends "
-                    "per request); run the playground on a dedicated GPU or CPU Space, or locally")
 IDLE_METER_NOTE = ("engine clock \u00b7 press Fill to start \u00b7 tokens, tokens/s and tokens/forward count the blanks the "
                    "model filled, not the fixed text")
+
+
+def infill_source(engine, payload: tuple, stop) -> Iterator:
+    """The "infill" source: the frames of (template, settings, context or None, seed) filled by `engine`."""
+    template, settings, context, seed = payload
+    return infill_frames(engine, template, settings, prompt=context, seed=seed, stop_event=stop)[1]
 
 
 class InfillState:
@@ -50,6 +52,7 @@ class InfillTab:
     def __init__(self, playground):
         self.playground = playground
         self.engine = playground.engine
+        playground.sources["infill"] = infill_source
 
     # -- validation ------------------------------------------------------------------------------------------------
     def layout(self, template):
@@ -61,14 +64,13 @@ class InfillTab:
 
     def request(self, template, context, preset_name, max_denoising_steps, seed):
         """(layout, context or None, settings, seed) from the tab's inputs, within the UI's limits (ValueError)."""
-        if zero_gpu():
-            raise ValueError(ZERO_GPU_MESSAGE)
         layout = self.layout(template)
         context = check_prompt(context) if isinstance(context, str) and context.strip() else None
         values = dict(preset_values(preset_name, self.engine.recommended), max_new_tokens=self.engine.canvas_length,
                       max_denoising_steps=max_denoising_steps)
         settings = build_settings(values, ui_limits=True)
         self.engine.check_settings(settings)
+        self.playground.check_job(Job("infill", None, settings))
         return layout, context, settings, check_ui_seed(seed)
 
     def check_inputs(self, template, context, preset_name, max_denoising_steps, seed) -> None:
@@ -90,10 +92,7 @@ class InfillTab:
             gr.Error: a bad template or input (before anything runs) or a failed run.
         """
         try:
-            _, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
-            stop = threading.Event()
-            layout, frames = infill_frames(self.engine, template, settings, prompt=context, seed=seed,
-                                           stop_event=stop)
+            layout, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
         except Exception as error:  # noqa: BLE001
             raise user_error(error) from None
         playground = self.playground
@@ -101,7 +100,8 @@ class InfillTab:
             state = InfillState()
         state.stop()
         key = session_key(request, state, ":infill")
-        worker = state.worker = playground.runs.start(lambda _stop: frames, key, stop_event=stop)
+        job = Job("infill", (template, settings, context, seed), settings)
+        worker = state.worker = playground.start_job(job, key)
         clock = PlotClock(wait_first=True)
         skip = gr.skip()
         try:
@@ -159,8 +159,6 @@ class InfillTab:
         def start() -> RunWorker:
             nonlocal layout
             try:
-                if zero_gpu():
-                    raise ValueError(ZERO_GPU_MESSAGE)
                 if not isinstance(context, str):
                     raise ValueError("context must be text (\"\" for none)")
                 values = dict(max_new_tokens=self.engine.canvas_length, max_denoising_steps=max_denoising_steps,
@@ -168,13 +166,14 @@ class InfillTab:
                               stability_threshold=stability_threshold, confidence_threshold=confidence_threshold,
                               adaptive_stopping=adaptive_stopping)
                 settings = build_settings(values, ui_limits=False)
-                stop = threading.Event()
-                layout, frames = infill_frames(self.engine, template, settings, seed=check_ui_seed(seed),
-                                               stop_event=stop,
-                                               prompt=check_prompt(context) if context.strip() else None)
+                payload = (template, settings, check_prompt(context) if context.strip() else None,
+                           check_ui_seed(seed))
+                layout = self.layout(template)
+                job = Job("infill", payload, settings)
+                self.playground.check_job(job)
             except Exception as error:  # noqa: BLE001
                 raise user_error(error) from None
-            return self.playground.runs.start(lambda _stop: frames, stop_event=stop, keep_history=False)
+            return self.playground.start_job(job, keep_history=False)
 
         snap = await self.playground.served(start, request)
         if snap.error is not None:

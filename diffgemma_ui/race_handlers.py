@@ -1,7 +1,8 @@
 """The Race tab's event handlers: validation, running a race as a run (`runs.Runner`), live view, replay, the API.
 
-A race (`engine.race.RaceRunner.run`: one side, then the other, each after a warm-up) is a push source of (side,
-frame) items recorded in a `RaceProgress`. While it runs, the panel of the side that is running follows it live;
+A race (`engine.race.RaceRunner.run`: one side, then the other, each after a warm-up) is the "race" job of the run
+mechanism (`Playground.start_job`, in the GPU process on ZeroGPU): its (side, frame) items, then its result, are
+recorded in a `RaceProgress`. While it runs, the panel of the side that is running follows it live;
 once both are done the handler replays both traces side by side on the engine clock (time 0 = each side's start),
 then shows the result card.
 """
@@ -19,17 +20,13 @@ import gradio as gr
 from engine.autoregressive import check_temperature
 from engine.race import SIDES, RaceResult, RaceRunner, explanation
 
-from .deployment import zero_gpu
-from .handlers import Playground
+from .handlers import Job, Playground
 from .race_view import frame_at, panel_html, result_html
-from .runs import Runner, RunWorker, session_key
+from .runs import RunWorker, pushed, session_key
 from .tab import served, user_error
 from .text import plain_text
 from .validation import RunRequest, build_request, preset_values
 
-# The race runs the model in this process, outside `spaces.GPU`, where ZeroGPU lends no GPU: refused, not failed
-ZERO_GPU_MESSAGE = ("the race is not available on ZeroGPU Spaces yet (it runs outside the GPU slot the platform "
-                    "lends per request); run the playground on a dedicated GPU or CPU Space, or locally")
 IDLE_BUTTONS = (gr.update(interactive=True), gr.update(interactive=False))  # Race on, Stop off
 LIVE_INTERVAL_S = 0.25  # live panels re-render at most 4 times a second: the engine shares the CPU
 REPLAY_FPS = 12.0
@@ -61,7 +58,10 @@ class RaceProgress:
     latest: object = None
 
     def add(self, item) -> None:
-        """One `(side, frame)` item of the race (its `on_frame` callback's arguments)."""
+        """One `(side, frame)` item of the race (its `on_frame` callback's arguments), or its `RaceResult`."""
+        if isinstance(item, RaceResult):
+            self.result = item
+            return
         side, frame = item
         if side not in self.order:
             self.order.append(side)
@@ -117,12 +117,18 @@ class RaceTab:
 
     Args:
         runner: the race runner (the playground's engine and its autoregressive side).
-        runs: the app's `runs.Runner` (default: one of its own), whose time limit covers both sides.
+        playground: the app's `handlers.Playground` (default: one of its own), whose run mechanism runs races (its
+            time limit covers both sides) and whose engine checks them (on ZeroGPU a CPU view).
     """
 
-    def __init__(self, runner: RaceRunner, runs: Runner | None = None):
+    def __init__(self, runner: RaceRunner, playground: Playground | None = None):
         self.runner = runner
-        self.runs = runs or Runner(max_fps=1.0 / LIVE_INTERVAL_S)
+        self.playground = playground or Playground(runner.engine)
+        self.runs = self.playground.runs
+        # checks run in this process: on ZeroGPU through the CPU view of the engine, never the GPU one
+        same = self.playground.engine is runner.engine
+        self.checker = runner if same else RaceRunner(self.playground.engine)
+        self.playground.sources["race"] = self.race_items
 
     @property
     def models(self) -> dict[str, str]:
@@ -139,12 +145,12 @@ class RaceTab:
         Raises:
             gr.Error: the first problem, in words.
         """
-        if zero_gpu():
-            raise user_error(ZERO_GPU_MESSAGE)
         try:
-            self.runner.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
+            self.checker.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
                               seed=run.seed)
-            return RaceRequest(run=run, ar_temperature=check_temperature(ar_temperature), order=order)
+            race = RaceRequest(run=run, ar_temperature=check_temperature(ar_temperature), order=order)
+            self.playground.check_job(self.job(race))
+            return race
         except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
             raise user_error(error) from None
 
@@ -162,17 +168,21 @@ class RaceTab:
         self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
 
     # -- running ---------------------------------------------------------------------------------------------------
-    def start(self, request: RaceRequest, key: str | None = None, *, keep: bool = True) -> RunWorker:
+    def job(self, race: RaceRequest) -> Job:
+        """The race as a job: both sides' forwards (the autoregressive side one per token of the budget)."""
+        return Job("race", race, race.run.settings, extra_forwards=self.checker.budget(race.run.settings))
+
+    def race_items(self, engine, race: RaceRequest, stop: threading.Event) -> Iterator:
+        """The "race" source: each side's (side, frame) as it runs, then the `RaceResult`."""
+        run = race.run
+        return pushed(lambda emit: self.runner.run(
+            run.prompt, run.settings, raw=run.raw, seed=run.seed, ar_temperature=race.ar_temperature,
+            order=race.order, on_frame=lambda side, frame: emit((side, frame)), stop_event=stop))
+
+    def start(self, race: RaceRequest, key: str | None = None) -> RunWorker:
         """Start the race as a run (registered as `key`); its `RaceProgress` is `worker.record`, its result set
         when both sides are done. Past the server's time limit it is stopped and ends with an error saying so."""
-        progress, run = RaceProgress(), request.run
-
-        def source(stop: threading.Event, take) -> None:
-            progress.result = self.runner.run(
-                run.prompt, run.settings, raw=run.raw, seed=run.seed, ar_temperature=request.ar_temperature,
-                order=request.order, on_frame=lambda side, frame: take((side, frame)), stop_event=stop)
-
-        return self.runs.start(source, key, record=progress, push=True)
+        return self.playground.start_job(self.job(race), key, record=RaceProgress())
 
     # -- rendering -------------------------------------------------------------------------------------------------
     def side_text(self, progress: RaceProgress, side: str, frame) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import queue
 import threading
 import time
 import traceback
@@ -99,19 +100,15 @@ class RunWorker:
             `is_set()`, e.g. `zerogpu.StopFlag`, which also reaches a run in another process.
         record: where the items go (default: a `RunRecord` of frames); anything with `add`, `finish`, `count`,
             `finished` and `snapshot`, e.g. a race's record of (side, frame) items.
-        push: `source` is called as `source(stop_event, take)` and hands each item to `take` itself (a mode that
-            reports frames through a callback, as a race does) instead of returning an iterator.
     """
 
     def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0,
-                 time_limit_s: float | None = None, stop_event: threading.Event | None = None, record=None,
-                 push: bool = False):
+                 time_limit_s: float | None = None, stop_event: threading.Event | None = None, record=None):
         self.stop_event = threading.Event() if stop_event is None else stop_event
         self.record = RunRecord(keep_history=keep_history) if record is None else record
         self.abandon_after_s = abandon_after_s
         self.time_limit_s = time_limit_s
         self._source = source
-        self.push = push
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._last_poll = time.monotonic()
@@ -150,13 +147,10 @@ class RunWorker:
         self._started = time.monotonic()
         self._after_stop, self._stopped_at, self._timed_out = 0, None, False
         try:
-            if self.push:
-                self._source(self.stop_event, self.take)
-            else:
-                iterator = self._source(self.stop_event)
-                for frame in iterator:
-                    if self.take(frame):
-                        break
+            iterator = self._source(self.stop_event)
+            for frame in iterator:
+                if self.take(frame):
+                    break
         except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
             if not isinstance(exc, ValueError):  # the operator gets the traceback; the user only the message
                 # As text: a log record holding the traceback object would keep the failed run's tensors alive
@@ -179,8 +173,8 @@ class RunWorker:
                 self._changed.notify_all()
 
     def take(self, frame) -> bool:
-        """Record one item of the run (in the worker thread; a push source calls it for each); returns whether the
-        run is over: its final frame, or a source that went on for `STOP_GRACE_S` after Stop."""
+        """Record one item of the run (in the worker thread); returns whether the run is over: its final frame, or
+        a source that went on for `STOP_GRACE_S` after Stop."""
         self.record.add(frame)
         with self._changed:
             self._changed.notify_all()
@@ -310,6 +304,27 @@ STOP_WAIT_S = 10.0  # Stop waits this long at most for the run's last frame (one
 DROP_DELAY_S = 5.0
 
 
+def pushed(run: Callable[[Callable[[object], None]], object]) -> Iterator:
+    """The items a callback-style mode hands to `emit` (`run(emit)`, run in a helper thread), as an iterator, then
+    what `run` returns as the last item; an exception `run` raises is raised here."""
+    items: queue.Queue = queue.Queue()
+
+    def target() -> None:
+        try:
+            items.put((True, run(lambda item: items.put((False, item)))))
+        except BaseException as error:  # noqa: BLE001 - raised again in the reader
+            items.put((None, error))
+
+    threading.Thread(target=target, name="diffgemma-pushed", daemon=True).start()
+    while True:
+        last, item = items.get()
+        if last is None:
+            raise item
+        yield item
+        if last:
+            return
+
+
 class ClientGone(RuntimeError):
     """The client of a served API call went away; its run was stopped."""
 
@@ -358,14 +373,14 @@ class Runner:
         self.closed_sessions = None  # set by build_app: a `ClosedSessionDropper`
 
     def start(self, source: FrameSource, key: str | None = None, *, keep_history: bool = True, stop_event=None,
-              record=None, push: bool = False, limit_s: float | None = None) -> RunWorker:
+              record=None, limit_s: float | None = None) -> RunWorker:
         """Start `source` in a `RunWorker` under the app's limits, registered as `key` (None: not registered; a key
-        `<session>...` is stopped when that tab closes); `record`, `push`: as `RunWorker`'s; `limit_s`: a tighter
+        `<session>...` is stopped when that tab closes); `record`: as `RunWorker`'s; `limit_s`: a tighter
         time limit for this run (ZeroGPU's granted time). The caller ends it with `finish`."""
         limits = [limit for limit in (self.max_run_s, limit_s) if limit is not None]
         worker = RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
-                           time_limit_s=min(limits) if limits else None, stop_event=stop_event, record=record,
-                           push=push).start()
+                           time_limit_s=min(limits) if limits else None, stop_event=stop_event,
+                           record=record).start()
         if key is not None:
             self.registry.register(key, worker)
         return worker

@@ -521,11 +521,9 @@ def test_race_tab_runs_then_replays_and_resets_buttons_on_failure(engine, monkey
     assert outputs[-1][3]["interactive"] is True and outputs[-1][4]["interactive"] is False
 
 
-def test_race_is_refused_with_a_message_on_zero_gpu(engine, monkeypatch):
-    import gradio as gr
-
+def test_race_is_not_refused_on_zero_gpu(engine, monkeypatch):
+    """The race runs in the GPU process on ZeroGPU (tests/test_spaces.py): its checks pass there as anywhere."""
     from diffgemma_ui.race_handlers import RaceTab
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    with pytest.raises(gr.Error, match="not available on ZeroGPU"):
-        RaceTab(RaceRunner(engine)).check_inputs("In the beginning", True, "fast", 64, 0, 0.0, "alternate")
+    assert RaceTab(RaceRunner(engine)).check_inputs("In the beginning", True, "fast", 64, 0, 0.0, "alternate") is None
