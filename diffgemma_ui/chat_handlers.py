@@ -3,8 +3,8 @@
 The conversation is an `engine.chat.ChatSession` held in the visitor's `gr.State` (`ChatState`): its messages and
 its encoder cache never leave that session. Each turn is the "chat" job of the run mechanism (`Playground.start_job`;
 on ZeroGPU in the GPU process, from the conversation's messages), registered under `<session>:chat`, so a closed tab
-stops it, and is rendered with the main view's own renderer (`Playground.render`: live canvas, finished blocks, meter, plots). The `/chat` API is stateless:
-the client sends the history (JSON) and gets it back with the new turn.
+stops it, and is rendered with the main view's own renderer (`Playground.render`). The `/chat` API is stateless: the
+client sends the history (JSON) and gets it back with the new turn.
 """
 
 from __future__ import annotations

@@ -457,8 +457,9 @@ class Playground:
         The run is watched from the event loop, so a cancelled job (gradio_client's `Job.cancel()`, Gradio's
         `/cancel`) stops it at once, and it is registered under the caller's session (`<session_hash>:api:<n>`), so
         a client that disconnects (its heartbeat closes: `Client.close()`, a dead process) stops it through `unload`;
-        a job whose result stream was dropped (a REST caller gone) is noticed at the next poll (`runs.job_alive_check`). Either
-        way the engine ends within one decoder forward and the concurrency slot is free for the next job.
+        a job whose result stream was dropped (a REST caller gone) is noticed at the next poll
+        (`runs.job_alive_check`). Either way the engine ends within one decoder forward and the concurrency slot is
+        free for the next job.
         """
         inputs = (prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
                   confidence_threshold, adaptive_stopping, seed)

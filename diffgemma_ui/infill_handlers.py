@@ -21,8 +21,8 @@ from .tab import PlotClock, user_error
 from .text import plain_text
 from .validation import build_settings, check_prompt, check_ui_seed, preset_values
 
-IDLE_METER_NOTE = ("engine clock \u00b7 press Fill to start \u00b7 tokens, tokens/s and tokens/forward count the blanks the "
-                   "model filled, not the fixed text")
+IDLE_METER_NOTE = ("engine clock \u00b7 press Fill to start \u00b7 tokens, tokens/s and tokens/forward count the "
+                   "blanks the model filled, not the fixed text")
 
 
 def infill_source(engine, payload: tuple, stop) -> Iterator:

@@ -206,8 +206,8 @@ class RaceTab:
         frames = progress.frames[side]
         frame = frame_at(frames, t) if t is not None else (frames[-1] if frames else None)
         position = progress.order.index(side) + 1 if side in progress.order else None
-        return panel_html(side, frame, text=self.side_text(progress, side, frame), model=self.models[side], position=position,
-                          state=state, t=t, first_token_s=progress.first_token_s.get(side))
+        return panel_html(side, frame, text=self.side_text(progress, side, frame), model=self.models[side],
+                          position=position, state=state, t=t, first_token_s=progress.first_token_s.get(side))
 
     def live_panels(self, progress: RaceProgress) -> tuple[str, str]:
         running = progress.running_side()

@@ -32,7 +32,7 @@ DEFAULT_MAX_FPS = 15.0
 # rate falls from 15 updates/s to 7 at the real checkpoint's 256-position canvas instead of letting updates queue
 LIVE_POSITIONS_PER_SECOND = 1800.0
 DEFAULT_READER_BUDGET = 0.05  # the UI may take at most 5% of wall time: the meter must show >= 95% of bare speed
-STOP_GRACE_S = 2.0  # after Stop, frames already on their way (ZeroGPU pipes them from another process) are read this long
+STOP_GRACE_S = 2.0  # after Stop, frames already on their way (ZeroGPU pipes them across) are read this long
 LOG = logging.getLogger(__name__)
 
 

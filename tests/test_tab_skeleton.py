@@ -105,3 +105,45 @@ def test_a_refused_reason_stays_on_the_page_past_the_toast_in_every_tab(browser,
     page.wait_for_function("!document.querySelector('#dg-infill-refusal .dg-refusal')", timeout=30_000)
     assert not problems, problems
     page.close()
+
+
+def test_a_callback_mode_becomes_a_frame_source():
+    from diffgemma_ui.runs import pushed
+
+    def run(emit):
+        for item in ("a", "b"):
+            emit(item)
+        return "result"
+
+    assert list(pushed(run)) == ["a", "b", "result"]
+
+    def broken(emit):
+        emit("a")
+        raise ValueError("bad order")
+
+    items = pushed(broken)
+    assert next(items) == "a"
+    with pytest.raises(ValueError, match="bad order"):
+        next(items)
+
+
+def test_what_a_source_sends_after_its_final_frame_is_received_before_that_frame(engine):
+    from diffgemma_ui.handlers import received
+    from engine import DiffusionSettings
+
+    frames = list(engine.frames("In the beginning", DiffusionSettings(max_new_tokens=8, max_denoising_steps=2),
+                                raw=True, seed=0))
+    got = []
+
+    def source():
+        yield from frames
+        yield "outcome"
+
+    out = []
+    for frame in received(source(), got.append):
+        out.append(frame)
+        if frame.done:
+            assert got == ["outcome"]  # already there when the final frame is passed on
+            break
+    assert out == frames
+    assert list(received(iter(frames), None)) == frames
