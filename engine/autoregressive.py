@@ -1,52 +1,34 @@
-"""Autoregressive decoding, one token per forward: the side block diffusion is raced against.
-
-By default it decodes with DiffusionGemma's own weights. The model's encoder is a causal language model that shares
-every text weight with the diffusion decoder; with the tied `lm_head` and the final logit softcap it predicts the
-next token. Decoding it token by token with a KV cache is the "same-size autoregressive model" of the field's speed
-claims, on the very same weights:
-
-    prefill the prompt -> logits of the last position -> pick a token -> feed that one token -> ...
-
-An operator may instead name a separate causal LM (`AutoModelForCausalLM`, e.g. a Gemma model of the same size):
-`AutoregressiveDecoder.load`. Token picking follows `GenerationMixin._sample` (transformers 5.23): greedy is the
-argmax; sampling applies `TemperatureLogitsWarper`, a softmax and `torch.multinomial`, drawing from the run's own
-random state (`RunRandomState`, so a seed gives the same tokens whatever else runs). Tokens are counted as the
-diffusion side counts them: generated tokens up to and including the first EOS, pad ids never.
+"""Autoregressive decoding, one token per forward: the side block diffusion is raced against (by default the
+model's own causal encoder on the shared weights; `AutoregressiveDecoder.load` takes a separate causal LM).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper
 
+from .engine import encode_text
 from .generator import EngineClock
+from .loading import ModelLoadError
 from .random_state import RunRandomState
-from .settings import parse_seed, parse_setting
+from .settings import SettingSpec, parse_seed, parse_setting
 from .tokens import TokenText, eos_id_list
 
-MAX_TEMPERATURE = 10.0
+AR_TEMPERATURE = SettingSpec("ar_temperature", "Autoregressive temperature", float, 0.0, 10.0, True,
+                             "0: greedy (default); above: sampled", "--ar-temperature", ui_step=0.05)
 
 
 def check_temperature(value) -> float:
-    """`value` as a sampling temperature in [0, 10] (0: greedy); raises `ValueError` naming `ar_temperature`."""
-    if isinstance(value, bool) or value is None:
-        raise ValueError(f"ar_temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0: greedy), got {value!r}")
-    try:
-        value = float(str(value).strip()) if isinstance(value, str) else float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"ar_temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0: greedy), "
-                         f"got {value!r}") from None
-    if not math.isfinite(value) or not 0.0 <= value <= MAX_TEMPERATURE:
-        raise ValueError(f"ar_temperature must be in [0, {MAX_TEMPERATURE:g}] (0: greedy), got {value!r}")
-    return value
+    """`value` as the autoregressive side's sampling temperature in [0, 10] (0: greedy); raises `ValueError` naming
+    `ar_temperature`."""
+    return AR_TEMPERATURE.parse(value)
 
 
 @dataclass(frozen=True)
@@ -141,10 +123,6 @@ class AutoregressiveDecoder:
         Raises:
             ModelLoadError: the checkpoint or its tokenizer cannot be loaded.
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from .loading import ModelLoadError
-
         local = Path(str(model_id)).expanduser()
         common = {"trust_remote_code": False, "local_files_only": local.exists()}
         where = str(local) if local.exists() else str(model_id)
@@ -183,8 +161,6 @@ class AutoregressiveDecoder:
     def encode_prompt(self, prompt: str, raw: bool = False) -> torch.LongTensor:
         """Prompt ids `[1, prompt_length]` on the device, encoded as `DiffusionEngine.encode_prompt` does (raises
         ValueError for a bad prompt)."""
-        from .engine import encode_text
-
         return encode_text(self.tokenizer, prompt, raw, self.device)
 
     def check_budget(self, prompt_tokens: int, max_new_tokens: int) -> None:

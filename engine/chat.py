@@ -1,20 +1,5 @@
-"""Multi-turn chat whose earlier turns' encoder states are reused, not re-encoded.
-
-`generate(past_key_values=cache)` continues from a KV cache holding earlier tokens and encodes only the new ones;
-`ChatSession` does the same through `engine.generator.denoise(..., past_key_values=...)`. Each turn the conversation
-is rendered by the chat template (`engine.conversation.conversation_ids`, every message's text plain text) and the
-cache of the previous turn is reused for the longest part the new rendering starts with.
-
-What the cache keeps: the turn's prompt up to where the next turn's rendering stops agreeing with it (for Gemma 4,
-through `<|turn>model\\n`: the empty thought block of the generation prompt and the answer as the model wrote it are
-not what the template writes back in the next turn, where the answer is re-rendered from its text, thought channel
-removed). That prefix is snapshotted before the answer is generated, so Regenerate reuses it too. The encoder is
-causal over text, so states of an identical token prefix are the same states: reuse changes nothing but the time
-(up to floating-point differences of encoding in two parts instead of one; `tests/test_chat.py` checks the
-decoder logits).
-
-History that would not fit the model's context (prompt plus whole canvases for `max_new_tokens`) is cut from the
-oldest turn (a user message and its answer; a leading system message stays), and the turn's report says so.
+"""Multi-turn chat that reuses the previous turn's encoder cache for the longest token prefix the new rendering
+shares with it; history over the model's context is cut from the oldest turn.
 """
 
 from __future__ import annotations
@@ -32,7 +17,6 @@ from .conversation import check_messages, conversation_ids
 from .engine import DiffusionEngine, GenerationResult
 from .frames import Frame
 from .generator import denoise
-from .prompts import split_thought
 from .random_state import RunRandomState
 from .settings import DiffusionSettings, check_prompt, parse_seed
 

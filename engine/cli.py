@@ -1,5 +1,9 @@
-"""Command line: `python -m engine generate --prompt TEXT [options]` prints the text, or one JSON object (and with
-`--trace FILE` writes the run's trace); `python -m engine replay TRACE --html FILE` writes a trace's offline replay."""
+"""Command line: `python -m engine generate|race|chat|infill|replay|memory` (`--help` on each).
+
+The subcommands share the model flags and the settings flags generated from `engine.settings.SETTINGS`; everything
+that can be checked without the model is checked before it loads. Errors are one `error: ...` line on stderr and
+exit status 2.
+"""
 
 from __future__ import annotations
 
@@ -8,90 +12,141 @@ import json
 import sys
 from pathlib import Path
 
+from .autoregressive import AR_TEMPERATURE, check_temperature
+from .chat import ChatSession
 from .engine import DiffusionEngine
+from .infill import filled_text, infill_frames, parse_template
 from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model
-from .chat_cli import add_chat_parser, chat_command
-from .infill_cli import add_infill_parser, infill_command
-from .race_cli import add_race_parser, race_command
-from .settings import check_prompt, parse_seed, parse_setting
+from .memory import memory_command
+from .race import RaceRunner
+from .race_memory import race_runner
+from .settings import (PRESET_NAMES, SETTING_NAMES, SETTINGS, DiffusionSettings, check_prompt, parse_seed,
+                       parse_setting, preset)
 from .trace import TraceError, load_trace, trace_of_run
+
+RACE_ORDERS = ("alternate", "diffusion-first", "autoregressive-first")
+
+
+def add_model_flags(parser: argparse.ArgumentParser, *, device: bool = True,
+                    model_help: str = "local folder or hub id (default: embedded model)",
+                    dtype_help: str | None = None) -> None:
+    """--model, --device, --dtype and --quantization."""
+    parser.add_argument("--model", default=str(DEFAULT_MODEL), help=model_help)
+    if device:
+        parser.add_argument("--device", default="auto", choices=DEVICES)
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help=dtype_help)
+    parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, names=SETTING_NAMES) -> None:
+    """--preset, --seed and one flag per setting of `names` (`SettingSpec.flag`); unset flags stay None."""
+    parser.add_argument("--preset", default="recommended", choices=PRESET_NAMES,
+                        help="diffusion settings to start from; the settings flags override it")
+    parser.add_argument("--seed", type=int, default=None, help="-1 or none: a random seed")
+    for row in SETTINGS:
+        if row.name not in names:
+            continue
+        if row.kind is bool:
+            parser.add_argument(row.flag, dest=row.name, action=argparse.BooleanOptionalAction, help=row.help)
+        else:
+            parser.add_argument(row.flag, dest=row.name, type=row.kind, metavar="N" if row.kind is int else "X",
+                                help=f"{row.help}; {row.span()}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="DiffusionGemma block-diffusion engine")
     commands = parser.add_subparsers(dest="command", required=True)
+    thinking = "let the model think first (chat templates with enable_thinking, e.g. Gemma 4)"
+
     gen = commands.add_parser("generate", help="generate text for one prompt")
-    gen.add_argument("--model", default=str(DEFAULT_MODEL), help="local folder or hub id (default: embedded model)")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--raw", action="store_true", help="no chat template: tokenize the prompt as is")
-    gen.add_argument("--thinking", action="store_true",
-                     help="let the model think first (chat templates with enable_thinking, e.g. Gemma 4)")
-    gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--max-new-tokens", type=int)
-    gen.add_argument("--steps", type=int, help="max denoising steps per canvas")
-    gen.add_argument("--entropy-bound", type=float)
-    gen.add_argument("--t-min", type=float)
-    gen.add_argument("--t-max", type=float)
-    gen.add_argument("--no-adaptive-stopping", action="store_true", help="run every canvas for all steps")
-    gen.add_argument("--device", default="auto", choices=DEVICES)
-    gen.add_argument("--dtype", default="auto", choices=DTYPES)
-    gen.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
-    gen.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
-    add_race_parser(commands)
-    add_chat_parser(commands)
-    add_infill_parser(commands)
+    gen.add_argument("--thinking", action="store_true", help=thinking)
     gen.add_argument("--trace", type=Path, help="also write the run's trace here (JSON, see docs/trace.md)")
+
+    race = commands.add_parser("race", help="race block diffusion against autoregressive decoding on one prompt")
+    race.add_argument("--ar-model", help="separate causal LM for the autoregressive side (default: the diffusion "
+                                         "model's own causal encoder)")
+    race.add_argument("--prompt", required=True)
+    race.add_argument("--raw", action="store_true", help="no chat template: tokenize the prompt as is")
+    race.add_argument(AR_TEMPERATURE.flag, type=float, default=0.0, help=AR_TEMPERATURE.help)
+    race.add_argument("--order", default="alternate", choices=RACE_ORDERS)
+    race.add_argument("--no-warm-up", dest="warm_up", action="store_false", help="skip each side's warm-up")
+
+    chat = commands.add_parser("chat", help="multi-turn chat, one user turn per stdin line (encoder cache reused)")
+    chat.add_argument("--system", help="a system message (kept when old turns are cut)")
+    chat.add_argument("--thinking", action="store_true", help=thinking)
+
+    infill = commands.add_parser("infill", help="fill the blanks of a template inside one canvas")
+    infill.add_argument("--template", required=True, help="text with blanks: [___] one token, [___ 12] twelve")
+    infill.add_argument("--prompt", help="raw context the encoder reads before the canvas (default: <bos> only)")
+
+    for sub, one_json in ((gen, "one JSON object instead of the text"), (race, "one JSON object"),
+                          (chat, "one JSON object per turn"), (infill, "one JSON object")):
+        add_model_flags(sub)
+        add_settings_flags(sub, [n for n in SETTING_NAMES if sub is not infill or n != "max_new_tokens"])
+        sub.add_argument("--json", action="store_true", help=f"print {one_json}")
+
     rep = commands.add_parser("replay", help="write the offline HTML replay of a trace")
     rep.add_argument("trace", type=Path, help="a trace JSON file (python -m engine generate ... --trace FILE)")
     rep.add_argument("--html", type=Path, required=True, help="where to write the self-contained HTML page")
+
     mem = commands.add_parser("memory", help="bytes of every parameter and buffer by group, without running the model")
-    mem.add_argument("--model", default=str(DEFAULT_MODEL), help="checkpoint, or a folder with only config.json")
-    mem.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
-    mem.add_argument("--dtype", default="auto", choices=DTYPES, help="unquantized tensors' dtype (auto: bfloat16)")
+    add_model_flags(mem, device=False, model_help="checkpoint, or a folder with only config.json",
+                    dtype_help="unquantized tensors' dtype (auto: bfloat16)")
     mem.add_argument("--json", action="store_true", help='print {"total_bytes": N, "groups": {...}}')
     return parser
+
+
+def checked_options(args: argparse.Namespace) -> tuple[int | None, dict]:
+    """(the seed, the settings flags given) of `args`, each parsed: the checks that need no model."""
+    seed = parse_seed(args.seed)
+    changes = {name: getattr(args, name) for name in SETTING_NAMES if getattr(args, name, None) is not None}
+    for name, value in changes.items():
+        parse_setting(name, value)
+    return seed, changes
+
+
+def load_engine(args: argparse.Namespace) -> DiffusionEngine:
+    return DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
+
+
+def chosen_settings(args: argparse.Namespace, engine: DiffusionEngine, changes: dict) -> DiffusionSettings:
+    """The preset named by `--preset` over the checkpoint's recommended settings, then the settings flags."""
+    return preset(args.preset, engine.recommended).with_values(changes)
+
+
+def fail(error: BaseException) -> int:
+    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (2: bad input or a model that does not load)."""
     args = build_parser().parse_args(argv)
-    if args.command == "race":
-        return race_command(args)
-    if args.command == "chat":
-        return chat_command(args)
-    if args.command == "infill":
-        return infill_command(args)
     if args.command == "memory":
-        from .memory import memory_command  # noqa: PLC0415
-
         return memory_command(args.model, args.quantization, args.dtype, args.json)
     if args.command == "replay":
         return replay(args.trace, args.html)
-    changes = {
-        "max_new_tokens": args.max_new_tokens, "max_denoising_steps": args.steps,
-        "entropy_bound": args.entropy_bound, "t_min": args.t_min, "t_max": args.t_max,
-    }
-    changes = {k: v for k, v in changes.items() if v is not None}
+    return COMMANDS[args.command](args)
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    """`python -m engine generate`: the text (and a summary line on stderr), or one JSON object."""
     try:
-        # Everything that can be checked without the model first: a typo must not cost a load of the 26B model
         check_prompt(args.prompt)
-        parse_seed(args.seed)
-        for name, value in changes.items():
-            parse_setting(name, value)
-        engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
-        settings = engine.recommended.replace(**changes)
-        if args.no_adaptive_stopping:
-            settings = settings.replace(adaptive_stopping=False)
+        seed, changes = checked_options(args)
+        engine = load_engine(args)
+        settings = chosen_settings(args, engine, changes)
         if args.trace:
-            frames = list(engine.frames(args.prompt, settings, raw=args.raw, seed=args.seed, thinking=args.thinking))
+            frames = list(engine.frames(args.prompt, settings, raw=args.raw, seed=seed, thinking=args.thinking))
             result = engine.summarize(frames[-1], len(frames))
             trace = trace_of_run(engine, frames, prompt=args.prompt, settings=settings, raw=args.raw,
                                  thinking=args.thinking)
         else:
-            result = engine.generate(args.prompt, settings, raw=args.raw, seed=args.seed, thinking=args.thinking)
+            result = engine.generate(args.prompt, settings, raw=args.raw, seed=seed, thinking=args.thinking)
     except (ModelLoadError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return fail(error)
     if args.trace:
         try:
             trace.save(args.trace)
@@ -102,11 +157,109 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
     else:
         print(result.text)
-        print(
-            f"[{result.tokens} tokens, {result.forwards} forwards, {result.tokens_per_second:.1f} tokens/s, "
-            f"{result.tokens_per_forward:.2f} tokens/forward, {result.seconds:.2f} s, seed {result.seed}]",
-            file=sys.stderr,
-        )
+        print(f"[{result.tokens} tokens, {result.forwards} forwards, {result.tokens_per_second:.1f} tokens/s, "
+              f"{result.tokens_per_forward:.2f} tokens/forward, {result.seconds:.2f} s, seed {result.seed}]",
+              file=sys.stderr)
+    return 0
+
+
+def race_command(args: argparse.Namespace) -> int:
+    """`python -m engine race`: both answers, one line per side, the speedup and why; or one JSON object."""
+    try:
+        check_prompt(args.prompt)
+        seed, changes = checked_options(args)
+        check_temperature(args.ar_temperature)
+        engine = load_engine(args)
+        runner = race_runner(engine, args.ar_model) if args.ar_model else RaceRunner(engine)
+        result = runner.run(
+            args.prompt, chosen_settings(args, engine, changes), raw=args.raw, seed=seed,
+            ar_temperature=args.ar_temperature, order=args.order.replace("-", " "), warm_up=args.warm_up)
+    except (ModelLoadError, ValueError) as error:
+        return fail(error)
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary, ensure_ascii=False))
+        return 0
+    for side in (result.diffusion, result.autoregressive):
+        print(f"--- {side.name} ({side.model}) ---\n{side.text}")
+    for side in (result.diffusion, result.autoregressive):
+        print(f"[{side.line()}]", file=sys.stderr)
+    speedup = summary["speedup"]
+    print(f"[speedup (diffusion tokens/s / autoregressive tokens/s): "
+          f"{'n/a' if speedup is None else f'{speedup:.2f}x'}; order {', '.join(result.order)}; seed {result.seed}]",
+          file=sys.stderr)
+    print(f"[{summary['explanation']}]", file=sys.stderr)
+    return 0
+
+
+def chat_command(args: argparse.Namespace, stdin=None) -> int:
+    """`python -m engine chat < turns.txt`: one user turn per stdin line (empty lines skipped). Each answer goes to
+    stdout, the turn's report and any thought to stderr; `--json` prints one object per turn. A refused turn is
+    reported and the conversation goes on; the exit status is then 2."""
+    stdin = stdin or sys.stdin
+    try:
+        seed, changes = checked_options(args)
+        engine = load_engine(args)
+        settings = chosen_settings(args, engine, changes)
+        if args.thinking and not engine.supports_thinking:
+            raise ValueError("thinking needs a chat template with a thinking mode (enable_thinking); this model's "
+                             "template has none")
+        session = ChatSession(engine, system=args.system)
+    except (ModelLoadError, ValueError) as error:
+        return fail(error)
+    status, turn = 0, 0
+    for line in stdin:
+        text = line.rstrip("\n")
+        if not text.strip():
+            continue
+        turn += 1
+        try:
+            result, report = session.reply(text, settings, seed=seed, thinking=args.thinking)
+        except ValueError as error:
+            print(f"error: turn {turn}: {error}", file=sys.stderr)
+            status = 2
+            continue
+        if args.json:
+            print(json.dumps({"turn": turn, "text": result.text, "thought": result.thought,
+                              "report": report.to_dict(), "result": result.to_dict()}, ensure_ascii=False),
+                  flush=True)
+            continue
+        if result.thought:
+            print(f"[thought]\n{result.thought}\n[/thought]", file=sys.stderr)
+        print(result.text, flush=True)
+        if report.note:
+            print(f"[note: {report.note}]", file=sys.stderr)
+        saved = "" if report.prefill_saved_s is None else f", about {report.prefill_saved_s:.3f} s saved"
+        print(f"[turn {turn}: {report.reused_tokens} of {report.prompt_tokens} prompt tokens reused (not "
+              f"re-encoded), prefill {report.prefill_s:.3f} s{saved}; "
+              f"{result.tokens} tokens, {result.forwards} forwards, seed {result.seed}]", file=sys.stderr)
+    return status
+
+
+def infill_command(args: argparse.Namespace) -> int:
+    """`python -m engine infill`: the template with its blanks filled (`[___]` one token, `[___ 12]` twelve), or one
+    JSON object {"text", "fills", "blank_positions", "template_positions", "result"}."""
+    try:
+        seed, changes = checked_options(args)
+        parse_template(args.template, None)
+        engine = load_engine(args)
+        layout, frames = infill_frames(engine, args.template, chosen_settings(args, engine, changes),
+                                       prompt=args.prompt, seed=seed)
+        count, last = 0, None
+        for last in frames:
+            count += 1
+    except (ModelLoadError, ValueError) as error:
+        return fail(error)
+    result = engine.summarize(last, count)
+    text, fills = filled_text(engine.tokenizer, layout, last.committed_ids)
+    if args.json:
+        print(json.dumps({"text": text, "fills": fills, "blank_positions": layout.blanks,
+                          "template_positions": layout.template_positions, "result": result.to_dict()},
+                         ensure_ascii=False))
+    else:
+        print(text)
+        print(f"[{len(layout.blanks)} blank positions filled, {result.forwards} forwards, {result.seconds:.2f} s, "
+              f"seed {result.seed}]", file=sys.stderr)
     return 0
 
 
@@ -126,3 +279,6 @@ def replay(trace_path: Path, html_path: Path) -> int:
     print(f"wrote {html_path} ({html_path.stat().st_size / 2**20:.2f} MiB, {len(trace.frames)} forwards)",
           file=sys.stderr)
     return 0
+
+
+COMMANDS = {"generate": generate_command, "race": race_command, "chat": chat_command, "infill": infill_command}

@@ -1,10 +1,5 @@
-"""Token ids of a whole conversation through the chat template, every message's text kept as plain text.
-
-The multi-turn form of `engine.prompts.chat_prompt_ids`: the template is rendered once with a placeholder per
-message, its own parts (turn markers, role names, BOS, the generation prompt) are tokenized as usual and each
-message's text with `split_special_tokens=True`, so a `<turn|>` typed by a visitor (or written by the model as text)
-stays text and cannot close a turn. The result is checked against the template's rendering of the real texts; a
-template that changes texts in another way than trimming them is refused rather than guessed at.
+"""Token ids of a whole conversation through the chat template, every message's text kept as plain text
+(the multi-turn form of `engine.prompts.chat_prompt_ids`).
 """
 
 from __future__ import annotations

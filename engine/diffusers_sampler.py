@@ -1,19 +1,5 @@
-"""diffusers' `DiffusionGemmaPipeline` as a second sampler: its schedulers' canvases turned into the engine's frames.
-
-diffusers (optional: `pip install diffusers==0.42.1`) ships the model's pipeline with three schedulers:
-`BlockRefinementScheduler` (commits the most confident positions), `DiscreteDDIMScheduler` (ancestral sampling) and
-`EntropyBoundScheduler` (the checkpoint's sampler). The pipeline's `callback_on_step_end` hands over the canvas
-after each denoising step and that step's denoiser logits; `pipeline_frames` records them and builds one `Frame`
-per decoder forward, so the playground's views draw them like the engine's own runs.
-
-What a frame means here: `input_ids` is the canvas the step read, `draft_ids` the argmax of the step's logits,
-`accepted` marks positions whose canvas token after the step is that argmax (committed or kept by the scheduler;
-renoised positions hold random tokens), `confidence` and `entropy` come from the softmax of the raw denoiser
-logits (the engine's frames use the temperature-scaled ones), and times are wall-clock seconds of the pipeline
-call (prefill included). The pipeline always applies the chat template (no raw prompts) and runs the whole
-generation in one call: `PipelineRun` runs that call in a thread, so its frames can be read while it runs (the
-committed ids of a finished block are then the canvas the callback saw; once the call returns, every frame is rebuilt
-from the pipeline's output sequence) and stopped after any step.
+"""diffusers' `DiffusionGemmaPipeline` as a second sampler (optional dependency): its schedulers' canvases,
+recorded in the step callback, turned into the engine's frames.
 """
 
 from __future__ import annotations
@@ -39,15 +25,20 @@ def diffusers_available() -> bool:
     return importlib.util.find_spec("diffusers") is not None
 
 
+def _diffusers():
+    """The `diffusers` module, imported on first use: an optional dependency (raises `ImportError` without it)."""
+    import diffusers  # noqa: PLC0415
+
+    return diffusers
+
+
 def make_scheduler(name: str, settings: DiffusionSettings):
     """A diffusers scheduler by class name, configured from `settings` (entropy bound and temperatures for
     `EntropyBoundScheduler`; the others keep their defaults). Raises `ValueError` for an unknown name and
     `ImportError` without diffusers."""
     if name not in SCHEDULERS:
         raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {name!r}")
-    import diffusers
-
-    cls = getattr(diffusers, name)
+    cls = getattr(_diffusers(), name)
     if name == "EntropyBoundScheduler":
         return cls(entropy_bound=settings.entropy_bound, t_max=settings.t_max, t_min=settings.t_min,
                    num_inference_steps=settings.max_denoising_steps)
@@ -75,11 +66,10 @@ class PipelineRun:
     """
 
     def __init__(self, engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int):
-        from diffusers import DiffusionGemmaPipeline
-
         self.engine, self.settings, self.seed = engine, settings, int(seed)
         self.prompt = check_prompt(prompt)
-        self.pipe = DiffusionGemmaPipeline(model=engine.model, scheduler=make_scheduler(scheduler, settings),
+        self.pipe = _diffusers().DiffusionGemmaPipeline(model=engine.model,
+                                                        scheduler=make_scheduler(scheduler, settings),
                                            processor=engine.tokenizer)
         self.pipe.set_progress_bar_config(disable=True)
         self.prompt_tokens = int(engine.encode_prompt(self.prompt).shape[1])

@@ -19,6 +19,7 @@ from .random_state import RunRandomState
 from .settings import DiffusionSettings, check_prompt, parse_seed
 from .tokens import token_text_for
 
+
 def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinking: bool = False) -> torch.LongTensor:
     """Token ids `[1, prompt_length]` of `prompt` on `device`: as is (`raw`) or as one chat user turn with the
     generation prompt (the tokenizer's chat template). In a chat prompt the user's text is text: special-token
@@ -113,16 +114,7 @@ class DiffusionEngine:
         return supports_thinking(self.tokenizer)
 
     def encode_prompt(self, prompt: str, raw: bool = False, thinking: bool = False) -> torch.LongTensor:
-        """Token ids `[1, prompt_length]` on the model's device (`encode_text`).
-
-        Chat prompts go through the tokenizer's chat template as one user turn with the generation prompt
-        (`enable_thinking=thinking` where the template takes it); raw prompts are
-        `tokenizer(prompt, return_tensors="pt").input_ids`, with `<bos>` prepended where the tokenizer left it out.
-
-        Raises:
-            ValueError: not a string, empty or whitespace only, longer than `MAX_PROMPT_CHARS` characters;
-                `thinking` with a raw prompt or without a template that supports it.
-        """
+        """Token ids `[1, prompt_length]` on the model's device: `encode_text` (and its errors)."""
         return encode_text(self.tokenizer, prompt, raw, self.device, thinking=thinking)
 
     def check_budget(self, prompt_tokens: int, settings: DiffusionSettings) -> None:
@@ -191,9 +183,7 @@ class DiffusionEngine:
         """Pay the one-time costs of a process's first run before a user does, and return the seconds it took.
 
         Runs one short generation through the chat template and one raw (two canvases of two decoder forwards each,
-        adaptive stopping off) and discards them. On the 2-core development CPU the embedded model's first run in a
-        fresh process took 0.84 s to its first frame instead of 0.04 s, and its tokens/s was about half of later
-        runs'; the meter of a playground's first visitor would show that. Other runs' random states are not touched.
+        adaptive stopping off) and discards them; other runs' random states are not touched.
         """
         start = time.perf_counter()
         settings = self.recommended.replace(

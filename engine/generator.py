@@ -1,13 +1,5 @@
-"""Step-by-step DiffusionGemma generation: the outer block loop of `generate()`, yielding one frame per forward.
-
-This mirrors `DiffusionGemmaGenerationMixin.generate` (transformers 5.23) phase by phase and calls the library's own
-pieces for each: `_prepare_generation_config`, the cache, `EntropyBoundSampler` (as `_prepare_sampler` builds it,
-recording what frames show: `engine.sampling`),
-`LinearTemperatureScheduleLogitsProcessor`, the EOS/max-length stopping criteria,
-`StableAndConfidentStoppingCriteria`, `_prepare_encoder_inputs`, `_prepare_denoiser_inputs`, `_denoising_step`
-(decoder forward with self-conditioning, sampling, entropy-bound acceptance, renoising, adaptive stopping),
-`_finalize_canvas` and `_prepare_kwargs_for_next_canvas`. Random draws happen in the same order as in `generate()`,
-so with the same seed the final token ids are identical. Only batch size 1 is supported.
+"""Step-by-step DiffusionGemma generation: `generate()`'s block loop, phase by phase with the library's own pieces,
+yielding one frame per decoder forward (same seed, same token ids as `generate()`; batch size 1).
 """
 
 from __future__ import annotations

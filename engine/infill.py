@@ -1,17 +1,5 @@
-"""Canvas infill: a template's fixed text stays put in the canvas while the decoder fills its blanks.
-
-Template syntax: text with blanks, `[___]` for one token and `[___ 12]` for twelve (1 to the canvas length).
-Everything else is fixed text, tokenized as plain text (special-token strings stay text). The template must fit one
-canvas (`canvas_length` positions, 256 for DiffusionGemma, 64 for the embedded model); positions after it are fixed
-pads. The encoder sees `<bos>` (and an optional raw context prompt) before the canvas.
-
-How fixed positions are kept, with the library's own pieces: the first canvas starts with the fixed tokens in place
-(`decoder_input_ids`, as `generate()` takes it; blanks random as usual), and `FixedPositionsLogitsProcessor` (run
-before the temperature schedule, as `generate(logits_processor=...)` runs it) gives each fixed position all its
-probability on its own token. The sampled and argmax tokens there are then that token, its entropy is 0, so
-transformers' `EntropyBoundSampler` accepts it at every step (a zero-entropy position always fits the bound) and
-never renoises it. Blanks may not take an EOS or pad token (either would end the text or pad the fixed text after
-it when the canvas is committed).
+"""Canvas infill: a template's fixed text (`[___]` one token, `[___ 12]` twelve blanks) stays put in one canvas while
+the decoder fills its blanks.
 """
 
 from __future__ import annotations
@@ -29,11 +17,10 @@ from .engine import DiffusionEngine, encode_text
 from .frames import Frame
 from .generator import denoise
 from .random_state import RunRandomState
-from .settings import DiffusionSettings, check_prompt, parse_seed
+from .settings import MAX_PROMPT_CHARS, DiffusionSettings, check_prompt, parse_seed
 from .tokens import eos_id_list
 
 BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
-MAX_TEMPLATE_CHARS = 20_000
 
 
 @dataclass(frozen=True)
@@ -61,8 +48,8 @@ def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
     """
     if not isinstance(template, str) or not template.strip():
         raise ValueError("infill template is empty: write text with blanks such as [___] or [___ 12]")
-    if len(template) > MAX_TEMPLATE_CHARS:
-        raise ValueError(f"infill template is {len(template):,} characters; the limit is {MAX_TEMPLATE_CHARS:,}")
+    if len(template) > MAX_PROMPT_CHARS:
+        raise ValueError(f"infill template is {len(template):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
     parts: list[str | int] = []
     position = 0
     for match in BLANK.finditer(template):

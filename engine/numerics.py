@@ -1,19 +1,5 @@
-"""Settings that pass their range checks but overflow the sampler's arithmetic: refused before any work.
-
-The temperature schedule divides the decoder's logits by `T = t_min + (t_max - t_min) * cur_step / N` at remaining
-step `cur_step` of `N = max_denoising_steps` (transformers' `LinearTemperatureScheduleLogitsProcessor`), so its
-lowest value, at the last step, is `t_min + (t_max - t_min) / N`. DiffusionGemma's forward returns float32 logits
-softcapped to `[-cap, cap]` (`final_logit_softcapping`, 30 for every published checkpoint;
-`DiffusionGemmaForBlockDiffusion.forward`). Two places overflow when `T` is small enough:
-
-- the sampler (`torch.distributions.Categorical`, `softmax`, `multinomial`) works on the float32 scaled logits
-  `logits / T`, and subtracts them from each other: `2 * cap / T` must stay finite in float32 (else
-  "probability tensor contains either inf, nan or element < 0");
-- every step but the last feeds its scaled logits back as self-conditioning, cast to the embeddings' dtype
-  (`_denoising_step`: `processed_logits.to(embeddings_dtype)`): `cap / T` must be finite in that dtype, which for
-  float16 (largest value 65504) already fails at `T` below about 5e-4.
-
-Verified on the embedded model on CPU in float32, bfloat16 and float16 (tests/test_settings_numerics.py).
+"""Settings that pass their range checks but overflow the sampler's arithmetic (a temperature schedule too low for
+the softcapped logits in float32 or in the embeddings' dtype): refused before any work.
 """
 
 from __future__ import annotations

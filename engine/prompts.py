@@ -1,14 +1,5 @@
-"""Chat prompts whose user text stays text, thinking-mode support, and the thought channel of an answer.
-
-A chat template renders a conversation to a string and the tokenizer then reads every special-token string in it as
-a control token: the template's own `<start_of_turn>` and a visitor's typed `<end_of_turn>` alike, so typed markers
-could close the visitor's turn and write a fake model turn. `chat_prompt_ids` renders the template once with a
-placeholder for the user text, tokenizes the template's parts as usual and the user text with
-`split_special_tokens=True` (special-token strings become ordinary pieces), and joins them; for text without
-special-token strings the ids equal `apply_chat_template(..., tokenize=True)`'s.
-
-Gemma 4 templates take `enable_thinking`; the model then writes its reasoning in a thought channel
-(`<|channel>thought\\n ... <channel|>`) before the answer. `split_thought` separates the two.
+"""Chat prompts whose user text stays text (typed special-token strings never become control tokens),
+thinking-mode support, and the thought channel of an answer.
 """
 
 from __future__ import annotations

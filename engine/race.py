@@ -23,7 +23,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -409,8 +409,6 @@ class RaceRunner:
 
 def _with_bound(side: SideResult, bytes_per_forward: int, bandwidth: float) -> SideResult:
     """`side` with its weights' bytes per forward and the bandwidth bound they set."""
-    from dataclasses import replace
-
     per_forward = bytes_per_forward / bandwidth
     return replace(side, weights_bytes_per_forward=bytes_per_forward, bandwidth_bound_s_per_forward=per_forward,
                    bandwidth_bound_tokens_per_second=side.tokens_per_forward / per_forward)

@@ -10,8 +10,12 @@ from pathlib import Path
 
 import psutil
 import torch
+from accelerate import init_empty_weights
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from .autoregressive import AutoregressiveDecoder
 from .loading import ModelLoadError
+from .race import RaceRunner
 
 HEADROOM = 1.15  # KV cache, activations and the allocator's slack on top of the weights
 
@@ -32,9 +36,6 @@ def causal_lm_bytes(model_id: str, dtype: torch.dtype) -> int:
     Raises:
         ModelLoadError: no readable config.
     """
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     local = Path(str(model_id)).expanduser()
     try:
         config = AutoConfig.from_pretrained(str(local) if local.exists() else model_id, trust_remote_code=False,
@@ -70,7 +71,8 @@ def check_fit(engine, ar_model: str, dtype: torch.dtype, free: int | None = None
         gib = 2**30
         raise ModelLoadError(
             f"the autoregressive model {ar_model} needs about {needed / gib:.1f} GiB "
-            f"({str(dtype).removeprefix('torch.')} weights, plus {HEADROOM - 1:.0%} for its cache) next to the diffusion model's "
+            f"({str(dtype).removeprefix('torch.')} weights, plus {HEADROOM - 1:.0%} for its cache) next to the "
+            "diffusion model's "
             f"{loaded_bytes(engine.model) / gib:.1f} GiB, but {engine.device} has {free / gib:.1f} GiB free: "
             "run without --ar-model to race against the diffusion model's own causal encoder")
     return needed
@@ -83,9 +85,6 @@ def race_runner(engine, ar_model: str):
     Raises:
         ModelLoadError: it does not fit (one line with both models' needs) or does not load.
     """
-    from .autoregressive import AutoregressiveDecoder
-    from .race import RaceRunner
-
     dtype = engine.model.dtype
     check_fit(engine, ar_model, dtype)
     return RaceRunner(engine, AutoregressiveDecoder.load(ar_model, engine.device, dtype))

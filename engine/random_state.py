@@ -1,10 +1,4 @@
-"""Per-run random state for torch's global RNG, so concurrent runs neither disturb nor depend on each other.
-
-transformers' `EntropyBoundSampler` draws its random canvases and renoising tokens from torch's global RNG, as does
-`torch.multinomial` in `generate()`. To keep "same seed, same tokens as `torch.manual_seed(seed); model.generate()`"
-while several users generate at once, each run owns a snapshot of that global state: a run's compute sections take
-one process-wide lock, install the run's state, work, save it back, and restore what was there before.
-"""
+"""Per-run random state for torch's global RNG, so concurrent runs neither disturb nor depend on each other."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The per-position statistics a frame shows, taken from the sampler's own computation instead of a second pass.
-
-At the real vocabulary a canvas's logits are [256 x 262,144]: every pass over them is a quarter-gigabyte read on a
-GPU and a few hundred milliseconds on a CPU. transformers' `EntropyBoundSampler.accept_canvas` already normalizes
-the temperature-scaled logits and computes each position's entropy to decide what to accept;
-`RecordingEntropyBoundSampler` keeps that entropy and a reference to the normalized logits, from which a frame
-gathers the draft tokens' log-probabilities (256 values): frames cost no extra pass over the vocabulary.
+"""The per-position statistics a frame shows, taken from the sampler's own computation (no second pass over the
+[canvas x vocabulary] logits).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""Display strings and kinds for single tokens, cached per id.
-
-A canvas position holds one token, and one token is not always text on its own: a byte-fallback piece (`<0xE2>`,
-Gemma's SentencePiece-style BPE) or a byte-level BPE piece may hold part of a UTF-8 character, and special tokens
-(pad, end-of-sequence, turn and channel markers, image markers, unused ids) are control symbols, not content.
-`TokenText` tells them apart so that a view can show each for what it is.
-"""
+"""Display strings and kinds (text, byte piece, pad, EOS, special) of single tokens, cached per id."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 TEXT, BYTE, PAD, EOS, SPECIAL = "text", "byte", "pad", "eos", "special"
 TOKEN_KINDS = (TEXT, BYTE, PAD, EOS, SPECIAL)
@@ -34,8 +30,6 @@ def parse_byte_display(text: str) -> bytes:
 
 def _byte_level_decoder() -> dict[str, int]:
     """GPT-2's byte-level BPE alphabet, inverted: printable character -> byte (`bytes_to_unicode` in transformers)."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
     return {char: byte for byte, char in bytes_to_unicode().items()}
 
 

@@ -1,15 +1,5 @@
-"""Traces: a whole generation kept as one JSON document, to replay it later without the model.
-
-A trace holds where the run came from (model name and revision, device, dtype), its settings, seed and prompt (text
-and ids), the display string of every token id that appears, and every frame in compact form. `docs/trace.md` is
-the schema; `TRACE_VERSION` is its version. Compact means: per-position lists of ids, 0/1 accepted flags,
-confidence and entropy rounded to 3 decimals, elapsed time to the microsecond; everything a `Frame` holds beside
-that (token strings, first accepted step, forwards per block, rates, temperature) is derived on load.
-
-`Trace.from_frames(...)` builds a trace and `Trace.frames` are then exactly the frames `load_trace` gives back from
-its JSON, so "export then load gives identical frames" holds by construction (and is tested). Loading never trusts
-the document: `load_trace` refuses anything malformed, oversized or inconsistent with one `TraceError` message.
-Token strings are kept as they are (a vocabulary may well contain `<script>`); views escape them.
+"""Traces: a whole generation as one JSON document (`docs/trace.md`, `TRACE_VERSION`), replayable without the model.
+`load_trace` refuses anything malformed, oversized or inconsistent with one `TraceError` message.
 """
 
 from __future__ import annotations

@@ -154,7 +154,8 @@ def test_cli_chat_reads_turns_from_stdin_and_reuses_the_cache(monkeypatch, capsy
 
     from engine.cli import main
 
-    turns = "Hello\n\nTell me <end_of_turn> more\n" + "word " * 20_000 + "\n"
+    # the third turn is under the prompt limit in characters but over the context in tokens (4 per emoji)
+    turns = "Hello\n\nTell me <end_of_turn> more\n" + "\U0001f600" * 19_000 + "\n"
     monkeypatch.setattr("sys.stdin", io.StringIO(turns))
     status = main(["chat", "--seed", "1", "--max-new-tokens", "64", "--steps", "2", "--device", "cpu", "--json"])
     out, err = capsys.readouterr()

@@ -98,3 +98,48 @@ def test_unparseable_number_is_an_argparse_error(capsys):
         main(["generate", *SMALL, "--steps", "many"])
     assert exit_info.value.code == 2
     assert "--steps: invalid int value: 'many'" in capsys.readouterr().err
+
+
+def test_preset_is_applied_first_and_explicit_flags_override_it(capsys, tmp_path):
+    from engine import DEFAULT_MODEL, load_model, preset
+    from engine.settings import DiffusionSettings
+
+    loaded = load_model(DEFAULT_MODEL, device="cpu")
+    recommended = DiffusionSettings.from_generation_config(loaded.model.generation_config)
+    fast = preset("fast", recommended)
+    trace = tmp_path / "run.json"
+    base = ["generate", "--prompt", "In the beginning", "--raw", "--max-new-tokens", "64", "--device", "cpu", "--json"]
+    assert main([*base, "--preset", "fast", "--stability-threshold", "3", "--trace", str(trace)]) == 0
+    settings = json.loads(trace.read_text())["settings"]
+    assert settings["entropy_bound"] == fast.entropy_bound != recommended.entropy_bound
+    assert settings["max_denoising_steps"] == fast.max_denoising_steps and settings["stability_threshold"] == 3
+    assert main([*base, "--preset", "fast", "--steps", "2", "--trace", str(trace)]) == 0
+    settings = json.loads(trace.read_text())["settings"]
+    assert settings["max_denoising_steps"] == 2 and settings["entropy_bound"] == fast.entropy_bound
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["forwards"] <= 2
+
+
+def test_a_seed_of_minus_one_draws_a_53_bit_seed(capsys):
+    args = [arg for arg in SMALL if arg != "3"]
+    args[args.index("--seed") + 1:args.index("--seed") + 1] = ["-1"]
+    assert main(["generate", *args, "--json"]) == 0
+    seed = json.loads(capsys.readouterr().out)["seed"]
+    assert 0 <= seed < 2**53
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--preset", "turbo"], "invalid choice: 'turbo'"),
+    (["--stability-threshold", "1.5"], "--stability-threshold: invalid int value: '1.5'"),
+])
+def test_bad_preset_or_setting_syntax_is_an_argparse_error(capsys, extra, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", *SMALL, *extra])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["race", "--prompt", "x"], ["chat"], ["infill", "--template", "a [___] b"]])
+def test_every_subcommand_checks_the_shared_flags_before_loading(capsys, command):
+    assert main([*command, "--steps", "0", "--model", "/nonexistent/model"]) == 2
+    assert "max_denoising_steps must be in [1, 512], got 0" in capsys.readouterr().err
+    assert main([*command, "--seed", "-7", "--model", "/nonexistent/model"]) == 2
+    assert "seed must be an integer in [0, " in capsys.readouterr().err

@@ -143,7 +143,8 @@ def test_bad_prompts_are_refused_before_work(engine, prompt):
 
 
 def test_context_budget_counts_whole_canvases(engine):
-    long_prompt = "word " * (engine.context_limit - 10)
+    long_prompt = "\U0001f600" * ((engine.context_limit - 10) // 4)  # 4 tokens a character: under the character limit
+    assert len(engine.encode_prompt(long_prompt, raw=True)[0]) < engine.context_limit
     with pytest.raises(ValueError, match="context"):
         engine.frames(long_prompt, raw=True)
 

@@ -75,8 +75,8 @@ def test_adaptive_stopping_off_removes_the_stopping_criterion():
     assert kwargs["stability_threshold"] is None and kwargs["confidence_threshold"] is None
 
 
-@pytest.mark.parametrize("seed,expected", [(None, None), ("", None), (0, 0), ("42", 42), (7.0, 7), (2**63 - 1, 2**63 - 1),
-                                           (-1, None), ("-1", None), (-1.0, None)])
+@pytest.mark.parametrize("seed,expected", [(None, None), ("", None), (0, 0), ("42", 42), (7.0, 7),
+                                           (2**63 - 1, 2**63 - 1), (-1, None), ("-1", None), (-1.0, None)])
 def test_valid_seeds(seed, expected):
     assert parse_seed(seed) == expected
 

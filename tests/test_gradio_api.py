@@ -118,7 +118,6 @@ def test_app_rejects_bad_thread_counts_and_time_limits_before_loading():
 
 
 def test_app_environment_defaults():
-    sys.path.insert(0, str(REPO))
     import app
 
     env = {"DIFFGEMMA_DEVICE": "cpu", "GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SERVER_PORT": "7999",

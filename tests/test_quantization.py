@@ -10,6 +10,7 @@ meta-device memory report counts.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import shutil
@@ -180,8 +181,9 @@ def test_refusals_are_one_clear_line(tmp_path):
 def test_gpu_quantization_script_runs_every_choice_on_a_tiny_config(capsys):
     """benchmarks/gpu_quantization.py's CPU-side logic (random tied model, load through quantize_model, fixed-step
     generation), on the tiny variant on the CPU."""
-    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    import gpu_quantization
+    spec = importlib.util.spec_from_file_location("gpu_quantization", REPO_ROOT / "benchmarks" / "gpu_quantization.py")
+    gpu_quantization = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_quantization)
 
     model = gpu_quantization.random_cpu_model(gpu_quantization.build_config(tiny=True))
     encoder, decoder = model.model.encoder.language_model.layers[1], model.model.decoder.layers[1]

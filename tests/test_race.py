@@ -196,7 +196,7 @@ def test_race_refuses_bad_inputs_before_running(engine, small):
     with pytest.raises(ValueError, match="prompt is empty"):
         runner.run("", small)
     with pytest.raises(ValueError, match="context"):
-        runner.run("word " * 9000, small, raw=True)
+        runner.run("\U0001f600" * 2100, small, raw=True)  # 8,400 tokens in 2,100 characters: under the prompt limit
     assert ORDERS[0] == "alternate"
 
 

@@ -106,8 +106,6 @@ def test_bad_load_options_raise_model_load_error(kwargs, phrase):
 
 
 def app_module():
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     import app
 
     return app

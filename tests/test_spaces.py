@@ -309,7 +309,7 @@ def zerogpu_space(tmp_path_factory):
            "HOME": str(folder), "ZEROGPU_OFFLOAD_DIR": str(folder / "tensors"), "OMP_NUM_THREADS": "1",
            "DIFFGEMMA_ZEROGPU_SETUP_SECONDS": str(SETUP_S),
            "DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD": str(PER_FORWARD_S),
-           "DIFFGEMMA_ZEROGPU_QUOTA_SECONDS": str(QUOTA_S)}
+           "DIFFGEMMA_ZEROGPU_QUOTA_SECONDS": str(QUOTA_S), "PYTHONPATH": str(REPO)}
     server = subprocess.Popen([sys.executable, str(EMULATION), str(port), str(log)], cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []

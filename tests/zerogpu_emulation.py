@@ -23,11 +23,8 @@ import os
 import sys
 import threading
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import torch  # noqa: E402
+import torch
 
 # CPU-torch shims: `spaces` reads the CUDA version and saves CUDA's low-level init at import; with CUDA reported
 # available, torch._dynamo (imported by diffusers) imports a CUDA stream getter by name
