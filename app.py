@@ -17,7 +17,13 @@ import os
 import socket
 import sys
 
-from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS
+import diffgemma_ui
+from diffgemma_ui.deployment import default_threads, zero_gpu
+from diffgemma_ui.malloc_arenas import limit_malloc_arenas
+from diffgemma_ui.zerogpu import load_zero_gpu_model
+from engine import DiffusionEngine, ModelLoadError, load_model
+from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, set_serving_threads
+from engine.race_memory import race_runner
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -97,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default=_env("DIFFGEMMA_DTYPE", "auto"), choices=DTYPES,
                         help="weight dtype (default: auto = bf16 on CUDA, fp32 elsewhere; env DIFFGEMMA_DTYPE)")
     parser.add_argument("--quantization", default=_env("DIFFGEMMA_QUANTIZATION", "none"), choices=QUANTIZATIONS,
-                        help="quantize the weights, experts included: 4bit (NF4) or 8bit, bitsandbytes, on CUDA or CPU; "
+                        help="quantize the weights, experts included: 4bit (NF4) or 8bit, bitsandbytes, on CUDA or "
+                             "CPU; "
                              "fp8 (transformers FineGrainedFP8), CUDA compute capability 8.9+ only "
                              "(default: none; env DIFFGEMMA_QUANTIZATION)")
     parser.add_argument("--ar-model", default=_env("DIFFGEMMA_AR_MODEL", "") or None,
@@ -131,15 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot listen on {args.host}:{args.port} ({busy}): pick another port with --port or "
               "DIFFGEMMA_PORT", file=sys.stderr)
         return 2
-    from diffgemma_ui.deployment import default_threads, zero_gpu
-    from diffgemma_ui.malloc_arenas import limit_malloc_arenas
-
     limit_malloc_arenas()  # before the model and the server's threads allocate (MALLOC_ARENA_MAX, if set, wins)
 
     on_zero_gpu = zero_gpu()  # what the platform says (SPACES_ZERO_GPU), not whether `spaces` imports
     if on_zero_gpu:
         import spaces  # noqa: F401, PLC0415 - before anything touches CUDA: it patches torch for ZeroGPU
-    from engine import DiffusionEngine, ModelLoadError, load_model
 
     print(f"Loading {args.model} (device {args.device}, dtype {args.dtype}, quantization {args.quantization})...",
           flush=True)
@@ -148,8 +151,6 @@ def main(argv: list[str] | None = None) -> int:
             if args.device not in ("auto", "cuda"):
                 raise ModelLoadError(f"on ZeroGPU the model runs on the GPU: device must be auto or cuda, got "
                                      f"{args.device!r}")
-            from diffgemma_ui.zerogpu import load_zero_gpu_model
-
             engine = DiffusionEngine(load_zero_gpu_model(args.model, args.dtype, args.quantization))
         else:
             engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
@@ -159,9 +160,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - one clear line, never a traceback
         print(f"error: could not load the model: {type(error).__name__}: {_one_line(error)}", file=sys.stderr)
         return 2
-
-    from diffgemma_ui import build_app
-    from engine.loading import set_serving_threads
 
     threads = set_serving_threads(engine.device, args.threads if args.threads is not None else default_threads())
     # On ZeroGPU the GPU exists only inside a request: each GPU process warms up before its first run instead
@@ -174,14 +172,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     race = None
     if args.ar_model:
-        from engine.race_memory import race_runner  # noqa: PLC0415
-
         try:
             race = race_runner(engine, args.ar_model)
         except ModelLoadError as error:
             print(f"error: {_one_line(error)}", file=sys.stderr)
             return 2
-    app = build_app(engine, max_run_s=args.max_run_seconds, race=race)
+    app = diffgemma_ui.build_app(engine, max_run_s=args.max_run_seconds, race=race)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     threads_text = f"{threads} CPU thread{'s' * (threads != 1)}"
     print(f"DiffGemma Playground on {engine.device} ({threads_text}): local URL http://{shown_host}:{args.port}",

@@ -11,7 +11,7 @@ noise with their draft in the tooltip), built on the server side of this script,
 costs seconds at that vocabulary on a CPU). Above the live block, `--finished-blocks` finished blocks of the same
 size sit in the stack, as in the middle of a run. In the page, a loop replaces the live canvas's HTML (the element
 Gradio's HTML component writes into) at `--rate` updates per second (default: the app's live rate for that canvas,
-`diffgemma_ui.worker.default_live_rate`: 15/s at 64 positions, 7/s at 256), and times each update:
+`diffgemma_ui.runs.default_live_rate`: 15/s at 64 positions, 7/s at 256), and times each update:
 
 - parse: `innerHTML =` itself (HTML parsing and DOM building, synchronous);
 - to paint: from the replacement to the second `requestAnimationFrame` after it, i.e. until the frame that
@@ -228,7 +228,7 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from diffgemma_ui.canvas_view import live_html
-    from diffgemma_ui.worker import default_live_rate
+    from diffgemma_ui.runs import default_live_rate
     from engine.tokens import TokenText
     from load_test import launch_app
     from pages import CHROMIUM, CHROMIUM_ARGS

@@ -1,10 +1,14 @@
 """DiffGemma Playground UI: Gradio views of the engine's frames.
 
-Modules, one job each: `text` (escaping, visible whitespace), `colors` (viridis), `canvas_view` (canvas HTML),
-`plots` (Plotly figure dicts), `meter` (speed meter HTML), `record` (frames of a run), `worker` (background run +
-coalescing), `validation` (input checks), `session` (per-session state), `deployment` (where it runs, read from the
-environment), `zerogpu` (runs on ZeroGPU), `handlers` (event handlers), `blocks` (layout and wiring only). The UI
-uses the engine's public API only.
+- The run mechanism: `runs` (every tab's model work as a frame source in a worker thread: Stop, closed tab,
+  abandoned API call, time limit), `record` (a run's frames), `session` (the Playground's per-session tickets),
+  `zerogpu` (the same jobs in ZeroGPU's GPU process), `deployment` (where it runs), `malloc_arenas`.
+- The tab skeleton: `tab` (errors, the refusal box, settings controls and API signatures from the settings table),
+  `validation` (input checks).
+- Tabs: `handlers` + `blocks` (Playground and the app), `step_through`, `keep` + `keep_blocks` (traces, replay,
+  /export), `race_*`, `compare_*`, `chat_*`, `infill_*` (each: `_handlers` logic, `_blocks` layout, `_view` HTML).
+- Views: `text` (escaping, in one place), `colors`, `canvas_view`, `token_view`, `thought_view`, `plots`, `meter`,
+  `replay_html`.
 """
 
 from .blocks import build_app

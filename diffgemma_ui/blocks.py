@@ -1,6 +1,6 @@
 """Wiring only: the Gradio layout and which handler each event calls. Logic lives in `handlers.Playground`."""
 
-# No `from __future__ import annotations` here: gr.api reads generate_api's type hints at runtime.
+import inspect
 import json
 from pathlib import Path
 
@@ -8,31 +8,29 @@ import gradio as gr
 
 from engine import PRESET_NAMES, DiffusionEngine
 from engine.loading import DEFAULT_MODEL
-from engine.memory import memory_report
 from engine.race import RaceRunner
 
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
-from .chat_blocks import build_chat_tab, register_chat_api
+from .chat_blocks import build_chat_tab
 from .chat_handlers import ChatTab
 from .compare_blocks import build_compare_tab
 from .compare_handlers import CompareHandlers
 from .deployment import QUEUE_PLANS, queue_plan
-from .gradio_state import ClosedSessionDropper
-from .handlers import DEFAULT_MAX_RUN_S, initial_outputs
-from .infill_blocks import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, build_infill_tab, register_infill_api
+from .handlers import initial_outputs
+from .infill_blocks import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, build_infill_tab
 from .infill_handlers import InfillTab
 from .keep import KeepHandlers
-from .keep_blocks import build_keep_controls, build_step_controls, register_export_api, wire_keep, wire_step_through
+from .keep_blocks import build_keep_controls, build_step_controls, wire_keep, wire_step_through
 from .meter import meter_html
-from .race_blocks import build_race_tab, register_race_api
+from .race_blocks import build_race_tab
 from .race_handlers import RaceTab
 from .session import SessionState
 from .step_through import StepThroughHandlers
+from .tab import API_SETTINGS, Param, checked, refusal_box, register_api, setting_control, setting_params
 from .text import escape_html
-from .validation import (ADAPTIVE_STOPPING_INFO, CUSTOM_PRESET, MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS,
-                         UI_MAX_ENTROPY_BOUND, UI_MAX_NEW_TOKENS)
-from .worker import DEFAULT_READER_BUDGET
-from .zerogpu import make_playground
+from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, SETTING_NAMES
+from .runs import DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, ClosedSessionDropper
+from .zerogpu import make_playground, weight_bytes
 
 DEFAULT_PROMPT = "Tell me what happened after the flood."  # a chat prompt, as the raw box starts unticked
 INSTRUCTION_DEFAULT_PROMPT = "Explain in three sentences how a diffusion language model writes text."
@@ -88,7 +86,7 @@ def is_embedded_model(engine: DiffusionEngine) -> bool:
 def weights_size(model) -> str:
     """Device memory the loaded weights take, e.g. "15.6 GB" or "7.6 MB" (10^9 / 10^6 bytes): every parameter and
     buffer as stored, quantized ones by their packed bytes (`engine.memory.memory_report`)."""
-    nbytes = memory_report(model)["total_bytes"]
+    nbytes = weight_bytes(model)
     return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
 
 
@@ -131,7 +129,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
     """
     playground = make_playground(engine, max_fps=max_fps, reader_budget=reader_budget,
                                  abandon_after_s=abandon_after_s, max_run_s=max_run_s)
-    race_tab = RaceTab(race or RaceRunner(engine), max_run_s=max_run_s)
+    race_tab = RaceTab(race or RaceRunner(engine), playground)
     chat_tab, infill_tab = ChatTab(playground), InfillTab(playground)
     rec = engine.recommended
     start = initial_outputs()
@@ -160,6 +158,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                         with gr.Row(elem_id="dg-buttons"):
                             generate = gr.Button("Generate", variant="primary", elem_id="dg-generate", scale=3)
                             stop = gr.Button("Stop", variant="stop", elem_id="dg-stop", interactive=False, scale=1)
+                        refusal = refusal_box("playground")
                         step_controls = build_step_controls()
                         with gr.Row(elem_id="dg-preset-row", equal_height=True):
                             preset_box = gr.Dropdown([*PRESET_NAMES, CUSTOM_PRESET], value="recommended",
@@ -173,27 +172,15 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                             dice = gr.Button("Random", elem_id="dg-dice", scale=0, min_width=76)
                     with gr.Column(min_width=0, elem_id="dg-settings-col"):
                         with gr.Accordion("Denoising settings", open=True, elem_id="dg-settings"):
-                            max_new_tokens = gr.Slider(1, UI_MAX_NEW_TOKENS, value=rec.max_new_tokens, step=1,
-                                                       label="Max new tokens", info="rounded up to whole canvases")
-                            steps = gr.Slider(1, UI_MAX_DENOISING_STEPS, value=rec.max_denoising_steps, step=1,
-                                              label="Max denoising steps", info="decoder forwards per canvas, at most")
-                            entropy_bound = gr.Slider(0.01, UI_MAX_ENTROPY_BOUND, value=rec.entropy_bound, step=0.01,
-                                                      label="Entropy bound",
-                                                      info="nats: higher accepts more positions per step")
+                            max_new_tokens, steps, entropy_bound = (setting_control(name, getattr(rec, name))
+                                                                    for name in SETTING_NAMES[:3])
                             with gr.Row():
-                                t_min = gr.Slider(0.0, 2.0, value=rec.t_min, step=0.01, label="t_min", min_width=120,
-                                                  info="last step")
-                                t_max = gr.Slider(0.01, 2.0, value=rec.t_max, step=0.01, label="t_max", min_width=120,
-                                                  info="first step")
-                            adaptive = gr.Checkbox(value=rec.adaptive_stopping, label="Adaptive stopping",
-                                                   info=ADAPTIVE_STOPPING_INFO)
+                                t_min, t_max = (setting_control(name, getattr(rec, name), min_width=120)
+                                                for name in ("t_min", "t_max"))
+                            adaptive = setting_control("adaptive_stopping", rec.adaptive_stopping)
                             with gr.Row():
-                                stability = gr.Slider(0, 16, value=rec.stability_threshold, step=1,
-                                                      label="Stability threshold", info="steps unchanged",
-                                                      min_width=120)
-                                confidence = gr.Slider(0.001, 2.0, value=rec.confidence_threshold, step=0.001,
-                                                       label="Confidence threshold", info="mean entropy, nats",
-                                                       min_width=120)
+                                stability, confidence = (setting_control(name, getattr(rec, name), min_width=120)
+                                                         for name in SETTING_NAMES[5:7])
                         examples = load_examples(embedded=embedded)
                         gr.Examples(examples, inputs=[prompt, raw], label="Examples: click one to fill the prompt",
                                     examples_per_page=len(examples),
@@ -236,13 +223,10 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
         # canvas) and takes a ticket that stops the session's current run; the run step then serves only the
         # newest ticket. "multiple": a trigger during a run is a restart, never silently dropped.
         # A refused request leaves the previous run on the page: `refused` marks it as the previous run's.
-        requested = gr.on(
-            [generate.click, prompt.submit], playground.request_run, inputs=[session, *run_inputs, thinking],
-            outputs=[ticket, meter, generate, stop], api_visibility="private", concurrency_limit=None,
-            show_progress="hidden", trigger_mode="multiple",
-        )
-        requested.failure(playground.refused, inputs=[session], outputs=[meter], api_visibility="private",
-                          concurrency_limit=None, show_progress="hidden")
+        requested = checked([generate.click, prompt.submit], playground.request_run, box=refusal,
+                            inputs=[session, *run_inputs, thinking], outputs=[ticket, meter, generate, stop],
+                            refused=playground.refused, refused_inputs=[session], refused_outputs=[meter],
+                            trigger_mode="multiple")
         run_step = requested.success(
             fn=playground.generate_stream, inputs=[session, *run_inputs, ticket, thinking], outputs=stream_outputs,
             api_visibility="private", concurrency_id="engine", show_progress="full",
@@ -253,9 +237,10 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
         stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step],
                    api_visibility="private", concurrency_limit=None, show_progress="hidden")
         keep = KeepHandlers(playground)
-        wire_keep(keep_controls, keep, session, stream_outputs, [run_step], replay_button=step_controls.replay)
+        wire_keep(keep_controls, keep, session, stream_outputs, [run_step], replay_button=step_controls.replay,
+                  box=refusal)
         wire_step_through(step_controls, StepThroughHandlers(playground), session, run_inputs, stream_outputs,
-                          stop_button=stop)
+                          stop_button=stop, box=refusal)
         dice.click(playground.random_seed, inputs=None, outputs=[seed], api_visibility="private",
                    concurrency_limit=None, show_progress="hidden")
         preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs[1:],
@@ -275,31 +260,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
             thinking.input(None, [raw, thinking], [raw], js="(r, t) => (t ? false : r)", api_visibility="private",
                            show_progress="hidden")
 
-        async def generate_api(
-            prompt: str,
-            raw: bool = False,
-            max_new_tokens: int = rec.max_new_tokens,
-            max_denoising_steps: int = rec.max_denoising_steps,
-            entropy_bound: float = rec.entropy_bound,
-            t_min: float = rec.t_min,
-            t_max: float = rec.t_max,
-            stability_threshold: int = rec.stability_threshold,
-            confidence_threshold: float = rec.confidence_threshold,
-            adaptive_stopping: bool = rec.adaptive_stopping,
-            seed: int = -1,
-            request: gr.Request = None,
-        ) -> tuple[str, dict]:
-            """Generate text for a prompt; returns (text, summary). seed -1 draws a random seed."""
-            # Served asynchronously so that a cancelled or disconnected job stops its run (see generate_api_served)
-            return await playground.generate_api_served(
-                prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
-                confidence_threshold, adaptive_stopping, seed, request=request)
-
-        gr.api(generate_api, api_name="generate", concurrency_id="engine")
-        register_race_api(race_tab)
-        register_chat_api(chat_tab)
-        register_infill_api(infill_tab)
-        register_export_api(keep, rec)
+        register_apis(playground, race_tab, chat_tab, infill_tab, keep)
 
     plan = queue_plan(engine.device.type)  # set on purpose on every path (see deployment.QUEUE_PLANS)
     app.queue(default_concurrency_limit=plan.concurrency, max_size=plan.max_size)
@@ -309,3 +270,52 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
     app.chat, app.infill = chat_tab, infill_tab
     app.keep = keep
     return app
+
+
+def register_apis(playground, race: RaceTab, chat: ChatTab, infill: InfillTab, keep: KeepHandlers) -> None:
+    """The endpoints `/generate`, `/race`, `/chat`, `/infill` and `/export`, in the current Blocks context: each
+    takes the settings of the settings table (defaults: the checkpoint's recommended ones) between its own
+    parameters."""
+    rec = playground.engine.recommended
+    required = inspect.Parameter.empty
+    run: list[Param] = [("prompt", str, required), ("raw", bool, False), *setting_params(rec), ("seed", int, -1)]
+
+    async def generate(request=None, **values):
+        return await playground.generate_api_served(*values.values(), request=request)
+
+    async def race_api(request=None, **values):
+        return await race.race_api(*values.values(), request=request)
+
+    async def chat_api(request=None, **values):
+        return await chat.chat_api(*values.values(), request=request)
+
+    async def infill_api(request=None, **values):
+        return await infill.infill_api(*values.values(), request=request)
+
+    async def export(request=None, **values):
+        return await keep.export_served(*values.values(), request=request)
+
+    register_api("generate", generate, run, tuple[str, dict], GENERATE_DOC, served=True)
+    register_api("race", race_api, [*run, ("ar_temperature", float, 0.0), ("order", str, "alternate")],
+                 tuple[str, str, dict], RACE_DOC, served=True)
+    register_api("chat", chat_api, [("message", str, required), ("history", str, "[]"), ("system", str, ""),
+                                    ("thinking", bool, False), *setting_params(rec), ("seed", int, -1)],
+                 tuple[str, dict], CHAT_DOC, served=True)
+    register_api("infill", infill_api, [("template", str, required), ("context", str, ""),
+                                        *setting_params(rec, API_SETTINGS[1:]), ("seed", int, -1)],
+                 tuple[str, dict], INFILL_DOC, served=True)
+    register_api("export", export, run, dict, EXPORT_DOC, served=True)
+
+
+GENERATE_DOC = "Generate text for a prompt; returns (text, summary). seed -1 draws a random seed."
+RACE_DOC = ("Race block diffusion against autoregressive decoding; returns (diffusion text, autoregressive text,\n"
+            "        summary). seed -1 draws a random seed; ar_temperature 0 is greedy; order: alternate, diffusion "
+            "first or autoregressive first.")
+CHAT_DOC = ("Answer a message after a history (JSON text of [{\"role\": \"user\" | \"assistant\", \"content\": "
+            "...}, ...]); returns (answer, summary), the summary holding the turn's report and the history "
+            "with this turn. seed -1 draws a random seed; thinking only where the chat template has a "
+            "thinking mode.")
+INFILL_DOC = ("Fill a template's blanks ([___] one token, [___ 12] twelve) inside one canvas, its other text kept "
+              "fixed; returns (filled text, summary with fills and blank positions). seed -1 draws a random "
+              "seed.")
+EXPORT_DOC = "Generate text for a prompt and return the run's trace (docs/trace.md). seed -1 draws a random seed."

@@ -1,6 +1,5 @@
 """Wiring only: the Chat tab's layout, its events and the `/chat` API. Logic lives in `chat_handlers.ChatTab`."""
 
-# No `from __future__ import annotations` here: gr.api reads chat_api's type hints at runtime.
 from collections.abc import Sequence
 
 import gradio as gr
@@ -12,7 +11,8 @@ from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html
 from .chat_handlers import IDLE_METER_NOTE, ChatState, ChatTab
 from .chat_view import EMPTY_CHAT_HTML, IDLE_REUSE_HTML
 from .meter import meter_html
-from .validation import MAX_PROMPT_CHARS, UI_MAX_NEW_TOKENS
+from .tab import checked, refusal_box, setting_control
+from .validation import MAX_PROMPT_CHARS
 
 INTRO = ("A conversation through the checkpoint's chat template. Each answer is denoised on the canvas; from the "
          "second turn on, the encoder reuses the cache of the earlier turns and only encodes what is new (the note "
@@ -46,12 +46,13 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
                 regenerate = gr.Button("Regenerate", interactive=False, elem_id="dg-chat-regenerate", scale=1,
                                        min_width=100)
                 clear = gr.Button("Clear", elem_id="dg-chat-clear", scale=1, min_width=64)
+            refusal = refusal_box("chat")
             with gr.Row(elem_id="dg-chat-settings"):
                 preset_box = gr.Dropdown(list(PRESET_NAMES), value="recommended", label="Preset",
                                          elem_id="dg-chat-preset", min_width=140)
-                max_new_tokens = gr.Slider(1, UI_MAX_NEW_TOKENS, step=1, label="Max new tokens per answer",
-                                           value=min(CHAT_MAX_NEW_TOKENS, engine.recommended.max_new_tokens),
-                                           elem_id="dg-chat-max-new", min_width=180)
+                max_new_tokens = setting_control("max_new_tokens", label="Max new tokens per answer", info=None,
+                                                 value=min(CHAT_MAX_NEW_TOKENS, engine.recommended.max_new_tokens),
+                                                 elem_id="dg-chat-max-new", min_width=180)
                 seed = gr.Textbox(value="-1", label="Seed", info="-1 = random; Regenerate always draws a new one",
                                   max_lines=1, max_length=24, elem_id="dg-chat-seed", min_width=140)
         with gr.Column(min_width=0, elem_id="dg-chat-output"):
@@ -72,42 +73,11 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
     outputs = [history, reuse, stack, canvas, meter, heatmap, order, entropy, message, send, stop, regenerate, clear]
     private = dict(api_visibility="private", show_progress="hidden")
     run = dict(outputs=outputs, concurrency_id="engine", trigger_mode="once", **private)
-    check = dict(outputs=None, concurrency_limit=None, trigger_mode="once", **private)
     turn_inputs = [message, preset_box, max_new_tokens, seed, thinking]
-    gr.on([send.click, message.submit], chat.check_turn, inputs=turn_inputs, **check).success(
-        chat.send_stream, inputs=[state, *turn_inputs], **run)
+    checked([send.click, message.submit], chat.check_turn, inputs=turn_inputs, box=refusal,
+            trigger_mode="once").success(chat.send_stream, inputs=[state, *turn_inputs], **run)
     regen_inputs = [preset_box, max_new_tokens, thinking]
-    regenerate.click(chat.check_regenerate, inputs=[state, *regen_inputs], **check).success(
-        chat.regenerate_stream, inputs=[state, *regen_inputs], **run)
+    checked([regenerate.click], chat.check_regenerate, inputs=[state, *regen_inputs], box=refusal,
+            trigger_mode="once").success(chat.regenerate_stream, inputs=[state, *regen_inputs], **run)
     stop.click(chat.stop, inputs=[state], outputs=None, concurrency_limit=None, **private)
     clear.click(chat.clear, inputs=[state], outputs=outputs, concurrency_limit=None, **private)
-
-
-def register_chat_api(chat: ChatTab) -> None:
-    """The `/chat` endpoint, inside the caller's `gr.Blocks` context."""
-    rec = chat.engine.recommended
-
-    def chat_api(
-        message: str,
-        history: str = "[]",
-        system: str = "",
-        thinking: bool = False,
-        max_new_tokens: int = rec.max_new_tokens,
-        max_denoising_steps: int = rec.max_denoising_steps,
-        entropy_bound: float = rec.entropy_bound,
-        t_min: float = rec.t_min,
-        t_max: float = rec.t_max,
-        stability_threshold: int = rec.stability_threshold,
-        confidence_threshold: float = rec.confidence_threshold,
-        adaptive_stopping: bool = rec.adaptive_stopping,
-        seed: int = -1,
-        request: gr.Request = None,
-    ) -> tuple[str, dict]:
-        """Answer a message after a history (JSON text of [{"role": "user" | "assistant", "content": ...}, ...]);
-        returns (answer, summary), the summary holding the turn's report and the history with this turn. seed -1
-        draws a random seed; thinking only where the chat template has a thinking mode."""
-        return chat.chat_api(message, history, system, thinking, max_new_tokens, max_denoising_steps,
-                             entropy_bound, t_min, t_max, stability_threshold, confidence_threshold,
-                             adaptive_stopping, seed, request=request)
-
-    gr.api(chat_api, api_name="chat", concurrency_id="engine")

@@ -1,56 +1,84 @@
 """The Chat tab's handlers: one multi-turn conversation per visitor, each answer streamed like the main view.
 
 The conversation is an `engine.chat.ChatSession` held in the visitor's `gr.State` (`ChatState`): its messages and
-its encoder cache never leave that session. Each turn runs in a `worker.RunWorker` registered in the playground's
-`RunRegistry` under `<session>:chat`, so a closed tab stops it (`Playground.unload`), and is rendered with the main
-view's own renderer (`Playground.render`: live canvas, finished blocks, meter, plots). The `/chat` API is stateless:
-the client sends the history (JSON) and gets it back with the new turn.
+its encoder cache never leave that session. Each turn is the "chat" job of the run mechanism (`Playground.start_job`;
+on ZeroGPU in the GPU process, from the conversation's messages), registered under `<session>:chat`, so a closed tab
+stops it, and is rendered with the main view's own renderer (`Playground.render`). The `/chat` API is stateless: the
+client sends the history (JSON) and gets it back with the new turn.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import gradio as gr
 
+from engine import DiffusionSettings
 from engine.chat import ChatSession
 from engine.conversation import check_messages
 
 from . import plots
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML
 from .chat_view import EMPTY_CHAT_HTML, IDLE_REUSE_HTML, history_html, reuse_html
-from .deployment import zero_gpu
-from .frame_runs import finish, run_api_frames, start_frames
-from .handlers import API_SUMMARY_KEYS, PLOT_INTERVAL_S, STOP_WAIT_S, Playground, describe_error
+from .handlers import API_SUMMARY_KEYS, Job, Playground
 from .meter import meter_html
+from .runs import STOP_WAIT_S, RunWorker, session_key
 from .session import SessionState
+from .tab import PlotClock, user_error
 from .text import plain_text
 from .validation import build_settings, check_flag, check_prompt, check_ui_seed, preset_values
-from .worker import RunWorker
 
-ZERO_GPU_MESSAGE = ("chat is not available on ZeroGPU Spaces yet (it keeps the conversation's encoder cache in the "
-                    "server process, outside the GPU slot the platform lends per request); run the playground on a "
-                    "dedicated GPU or CPU Space, or locally")
 MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text; longer conversations are cut by the engine anyway
 STOPPED_NOTE = ('<div class="dg-chat-reuse" data-state="stopped">Stopped: this turn was not added to the '
                 "conversation.</div>")
 
 
-def recorded(frames: Iterator) -> Iterator:
-    """`frames`, but on the final frame the iterator is run to its end before that frame is passed on.
+@dataclass
+class ChatTurn:
+    """A chat turn as a job's payload: what to answer (`text`; None: regenerate the last answer), its settings, the
+    conversation so far as plain values, and off ZeroGPU the visitor's `ChatSession` itself (its encoder cache is
+    reused; never pickled: the GPU process rebuilds the session from the messages)."""
 
-    `ChatSession.turn` records the turn (messages, report) after yielding its final frame, and `RunWorker` closes
-    the iterator as soon as it sees a done frame: without this the turn would never be recorded.
-    """
-    for frame in frames:
-        if frame.done:
-            for _ in frames:
-                pass
-        yield frame
+    text: str | None
+    settings: DiffusionSettings
+    seed: int | None
+    thinking: bool
+    messages: list
+    thoughts: list
+    session: ChatSession | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "session": None}
+
+
+@dataclass(frozen=True)
+class ChatOutcome:
+    """What a turn left, sent after its final frame: the conversation and the turn's report and result."""
+
+    messages: list
+    thoughts: list
+    report: object
+    result: object
+
+    def apply(self, chat: ChatSession) -> None:
+        chat.messages, chat.thoughts, chat.last_report, chat.last_result = (
+            self.messages, self.thoughts, self.report, self.result)
+
+
+def chat_source(engine, turn: ChatTurn, stop) -> Iterator:
+    """The "chat" source: the turn's frames, then its `ChatOutcome`."""
+    chat = turn.session
+    if chat is None:
+        chat = ChatSession(engine)
+        chat.messages, chat.thoughts = list(turn.messages), list(turn.thoughts)
+    if turn.text is None:
+        yield from chat.regenerate(turn.settings, seed=turn.seed, thinking=turn.thinking, stop_event=stop)
+    else:
+        yield from chat.turn(turn.text, turn.settings, seed=turn.seed, thinking=turn.thinking, stop_event=stop)
+    yield ChatOutcome(chat.messages, chat.thoughts, chat.last_report, chat.last_result)
 
 
 def parse_history(history) -> list[dict]:
@@ -129,6 +157,7 @@ class ChatTab:
     def __init__(self, playground: Playground):
         self.playground = playground
         self.engine = playground.engine
+        playground.sources["chat"] = chat_source
         # Conversations by session hash, to drop their encoder cache when their tab closes (`unload`); weak: a
         # session Gradio dropped is not kept alive here
         self.sessions: weakref.WeakValueDictionary[str, ChatState] = weakref.WeakValueDictionary()
@@ -149,21 +178,20 @@ class ChatTab:
     def check_turn(self, message, preset_name, max_new_tokens, seed, thinking) -> None:
         """Send's first step: every check of the inputs, nothing run (raises gr.Error)."""
         try:
-            if zero_gpu():
-                raise ValueError(ZERO_GPU_MESSAGE)
             check_prompt(message)
             settings = self.settings(preset_name, max_new_tokens)
             self.engine.check_settings(settings)
+            self.playground.check_job(Job("chat", None, settings))
             check_ui_seed(seed)
             self.check_thinking(thinking)
         except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
-            raise gr.Error(describe_error(error), print_exception=False) from None
+            raise user_error(error) from None
 
     def check_regenerate(self, state: ChatState, preset_name, max_new_tokens, thinking) -> None:
         """Regenerate's first step (raises gr.Error): there must be an answer to replace."""
         chat = state.chat if state is not None else None
         if chat is None or not chat.messages or chat.messages[-1]["role"] != "assistant":
-            raise gr.Error("nothing to regenerate: the conversation has no answer yet", print_exception=False)
+            raise user_error("nothing to regenerate: the conversation has no answer yet")
         self.check_turn("x", preset_name, max_new_tokens, -1, thinking)
 
     # -- events ----------------------------------------------------------------------------------------------------
@@ -180,11 +208,7 @@ class ChatTab:
         self.check_turn(message, preset_name, max_new_tokens, seed, thinking)
         settings, seed, thinking = self.settings(preset_name, max_new_tokens), check_ui_seed(seed), bool(thinking)
         text = check_prompt(message)
-
-        def start(chat: ChatSession, stop: threading.Event):
-            return chat.turn(text, settings, seed=seed, thinking=thinking, stop_event=stop)
-
-        yield from self._stream(state, start, text, request, regenerating=False)
+        yield from self._stream(state, ChatTurn(text, settings, seed, thinking, [], []), text, request)
 
     def regenerate_stream(self, state: ChatState, preset_name, max_new_tokens, thinking,
                           request: gr.Request = None) -> Iterator[tuple]:
@@ -193,42 +217,35 @@ class ChatTab:
         self.check_regenerate(state, preset_name, max_new_tokens, thinking)
         settings, thinking = self.settings(preset_name, max_new_tokens), bool(thinking)
         text = state.chat.messages[-2]["content"]
+        yield from self._stream(state, ChatTurn(None, settings, None, thinking, [], []), text, request)
 
-        def start(chat: ChatSession, stop: threading.Event):
-            return chat.regenerate(settings, seed=None, thinking=thinking, stop_event=stop)
-
-        yield from self._stream(state, start, text, request, regenerating=True)
-
-    def _stream(self, state: ChatState, start: Callable, user_text: str, request, *,
-                regenerating: bool) -> Iterator[tuple]:
+    def _stream(self, state: ChatState, turn: ChatTurn, user_text: str, request) -> Iterator[tuple]:
         playground = self.playground
+        regenerating = turn.text is None
         if state is None:
             state = ChatState()
         state.halt()
         chat = state.session(self.engine)
-        stop = threading.Event()
-        try:
-            frames = start(chat, stop)
-        except Exception as error:  # noqa: BLE001
-            raise gr.Error(describe_error(error), print_exception=False) from None
+        turn.messages, turn.thoughts, turn.session = list(chat.messages), list(chat.thoughts), chat
         # the conversation before the turn (Regenerate: without its last answer), shown while the turn runs
-        shown, shown_thoughts = list(chat.messages), list(chat.thoughts)
+        shown, shown_thoughts = turn.messages, turn.thoughts
+        if regenerating:
+            shown, shown_thoughts = shown[:-2], shown_thoughts[:-1]
         view = state.view
         view.snapshot, view.finished_html, view.stacked_blocks = None, [], -1
         session_hash = getattr(request, "session_hash", None)
         if session_hash:
             self.sessions[session_hash] = state
-        key = f"{session_hash or f'anon-{id(state)}'}:chat"
-        worker = state.worker = start_frames(playground, recorded(frames), stop, key)
-        last_plots, plotted_block = time.monotonic(), 0
+        key = session_key(request, state, ":chat")
+        chat.last_report = chat.last_result = None
+        job = Job("chat", turn, turn.settings)
+        worker = state.worker = playground.start_job(job, key, receive=lambda outcome: outcome.apply(chat))
+        clock = PlotClock(wait_first=True)
         try:
-            for index, snap in enumerate(worker.updates(playground.max_fps, reader_budget=playground.reader_budget)):
+            for index, snap in enumerate(playground.runs.updates(worker)):
                 view.snapshot = snap
-                now = time.monotonic()
-                plots_due = now - last_plots >= PLOT_INTERVAL_S or snap.block_count > plotted_block
-                if plots_due:
-                    last_plots, plotted_block = now, snap.block_count
-                out = playground.render(view, snap, final=snap.finished, plots_due=plots_due, first=index == 0)
+                out = playground.render(view, snap, final=snap.finished, plots_due=clock.due(snap.block_count),
+                                        first=index == 0)
                 if not snap.finished:
                     history = gr.skip()
                     if index == 0 or isinstance(out.stack, str):  # a block was committed: the answer grew
@@ -239,9 +256,9 @@ class ChatTab:
                     continue
                 yield self._final(state, snap, out, regenerating)
                 if snap.error is not None:
-                    raise gr.Error(describe_error(snap.error), print_exception=False)
+                    raise user_error(snap.error)
         finally:
-            finish(playground, key, worker)  # on normal end, on Stop, and when Gradio closes this generator
+            playground.runs.finish(key, worker)  # on normal end, on Stop, and when Gradio closes this generator
 
     def _final(self, state: ChatState, snap, out, regenerating: bool) -> tuple:
         """The turn's last view. `regenerating`: Regenerate's turn, which replaces the last answer (same turn number)
@@ -305,9 +322,9 @@ class ChatTab:
                 gr.skip(), *self._buttons(state or ChatState(), running=False))
 
     # -- API -------------------------------------------------------------------------------------------------------
-    def chat_api(self, message, history, system, thinking, max_new_tokens, max_denoising_steps, entropy_bound,
-                 t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
-                 request: gr.Request = None) -> tuple[str, dict]:
+    async def chat_api(self, message, history, system, thinking, max_new_tokens, max_denoising_steps, entropy_bound,
+                       t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                       request: gr.Request = None) -> tuple[str, dict]:
         """`/chat`: answer `message` after `history` (JSON text, `parse_history`) with an optional `system` message.
 
         The settings and seed are `/generate`'s (same checks, the API's limits). Returns (answer, summary): the
@@ -318,26 +335,33 @@ class ChatTab:
         Raises:
             gr.Error: invalid input (named), a turn that does not fit the context, or a failed run.
         """
-        try:
-            if zero_gpu():
-                raise ValueError(ZERO_GPU_MESSAGE)
-            run = Playground.parse(message, False, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                                   stability_threshold, confidence_threshold, adaptive_stopping, seed,
-                                   ui_limits=False, thinking=thinking)
-            self.check_thinking(run.thinking)
-            if system is not None and not isinstance(system, str):
-                raise ValueError("system must be text")
-            chat = ChatSession(self.engine, system=system if system and system.strip() else None)
-            earlier = parse_history(history)
-            chat.messages = chat.messages + earlier
-            chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
-            stop = threading.Event()
-            frames = chat.turn(run.prompt, run.settings, seed=run.seed, thinking=run.thinking, stop_event=stop)
-        except Exception as error:  # noqa: BLE001
-            raise gr.Error(describe_error(error), print_exception=False) from None
-        run_api_frames(self.playground, recorded(frames), stop, request)
+        chat = None
+
+        def start() -> RunWorker:
+            nonlocal chat
+            try:
+                run = Playground.parse(message, False, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
+                                       t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                                       ui_limits=False, thinking=thinking)
+                self.check_thinking(run.thinking)
+                if system is not None and not isinstance(system, str):
+                    raise ValueError("system must be text")
+                chat = ChatSession(self.engine, system=system if system and system.strip() else None)
+                earlier = parse_history(history)
+                chat.messages = chat.messages + earlier
+                chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
+                turn = ChatTurn(run.prompt, run.settings, run.seed, run.thinking, chat.messages, chat.thoughts)
+                job = Job("chat", turn, run.settings)
+                self.playground.check_job(job)
+            except Exception as error:  # noqa: BLE001
+                raise user_error(error) from None
+            return self.playground.start_job(job, keep_history=False, receive=lambda outcome: outcome.apply(chat))
+
+        snap = await self.playground.served(start, request)
+        if snap.error is not None:
+            raise user_error(snap.error)
         if chat.last_result is None:
-            raise gr.Error("the turn was stopped before its answer was complete", print_exception=False)
+            raise user_error("the turn was stopped before its answer was complete")
         result = chat.last_result.to_dict()
         summary = {key: result[key] for key in API_SUMMARY_KEYS}
         summary["report"] = chat.last_report.to_dict()

@@ -9,7 +9,7 @@ from engine import PRESET_NAMES, preset
 from . import plots
 from .compare_handlers import ENGINE_SAMPLER, CompareHandlers, CompareState, sampler_choices
 from .compare_view import SIDES, side_html, verdict_html
-from .validation import ADAPTIVE_STOPPING_INFO, UI_MAX_DENOISING_STEPS, UI_MAX_ENTROPY_BOUND, UI_MAX_NEW_TOKENS
+from .tab import checked, refusal_box, setting_control
 
 INTRO = (
     "One prompt, one seed, two settings: **A** runs to the end, then **B** (never both at once, so neither slows the "
@@ -31,8 +31,8 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
             with gr.Row():
                 seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random, one for both",
                                  elem_id="dg-compare-seed", min_width=100)
-                max_new_tokens = gr.Slider(1, UI_MAX_NEW_TOKENS, value=rec.max_new_tokens, step=1,
-                                           label="Max new tokens", elem_id="dg-compare-max-new", min_width=160)
+                max_new_tokens = setting_control("max_new_tokens", rec.max_new_tokens, info=None,
+                                                 elem_id="dg-compare-max-new", min_width=160)
     sides = {}
     with gr.Row(equal_height=False):
         for side in SIDES:
@@ -40,12 +40,12 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
             with gr.Column(min_width=260, elem_id=f"dg-compare-settings-{side}"):
                 name = gr.Dropdown(list(PRESET_NAMES), value=DEFAULT_SIDES[side], label=f"Settings {side}: preset",
                                    elem_id=f"dg-compare-preset-{side}")
-                entropy_bound = gr.Slider(0.01, UI_MAX_ENTROPY_BOUND, value=settings.entropy_bound, step=0.01,
-                                          label=f"{side}: entropy bound", info="nats")
-                steps = gr.Slider(1, UI_MAX_DENOISING_STEPS, value=settings.max_denoising_steps, step=1,
-                                  label=f"{side}: max denoising steps")
-                adaptive = gr.Checkbox(value=settings.adaptive_stopping, label=f"{side}: adaptive stopping",
-                                       info=ADAPTIVE_STOPPING_INFO)
+                entropy_bound = setting_control("entropy_bound", settings.entropy_bound,
+                                                label=f"{side}: entropy bound", info="nats")
+                steps = setting_control("max_denoising_steps", settings.max_denoising_steps,
+                                        label=f"{side}: max denoising steps", info=None)
+                adaptive = setting_control("adaptive_stopping", settings.adaptive_stopping,
+                                           label=f"{side}: adaptive stopping")
                 if side == "B":
                     sampler = gr.Dropdown(sampler_choices(), value=ENGINE_SAMPLER, label="B: sampler",
                                           info="diffusers' schedulers run its DiffusionGemmaPipeline (chat prompts)",
@@ -54,6 +54,7 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
     with gr.Row():
         run = gr.Button("Compare A and B", variant="primary", elem_id="dg-compare-run", scale=3)
         stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="dg-compare-stop", scale=1)
+    refusal = refusal_box("compare")
     state = gr.State(CompareState())
     verdict = gr.HTML(verdict_html(None, None), elem_id="dg-compare-verdict")
     outputs = {}
@@ -78,8 +79,8 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
     inputs = [prompt, raw, seed, max_new_tokens, *sides["A"][1:], *sides["B"][1:], sampler, state]
     # As Generate's chain: the inputs are checked in a step of their own (a refused request shows its message
     # without error badges on the previous comparison's cards, which `refused` marks as the previous run's)
-    requested = run.click(compare.request, inputs=inputs, outputs=None, trigger_mode="once", **private)
-    requested.failure(compare.refused, inputs=[state], outputs=[verdict], **private)
+    requested = checked([run.click], compare.request, inputs=inputs, box=refusal, refused=compare.refused,
+                        refused_inputs=[state], refused_outputs=[verdict], trigger_mode="once")
     # As on the other tabs, Stop is on only while a comparison waits or runs, and "Compare A and B" only while none does
     requested.success(lambda: (gr.update(interactive=False), gr.update(interactive=True)), inputs=None,
                       outputs=[run, stop], **private)

@@ -20,10 +20,10 @@ from engine.settings import MAX_SEED
 
 from . import plots
 from .compare_view import NOT_RUN, side_html, verdict_html
-from .handlers import describe_error
 from .meter import REFUSED_NOTICE
+from .runs import STOP_WAIT_S, time_limit_error
+from .tab import describe_error, user_error
 from .text import plain_text
-from .worker import time_limit_error
 
 POLL_S = 0.5  # how often the tab redraws a running side
 ENGINE_SAMPLER = "engine: entropy bound (transformers)"
@@ -43,6 +43,7 @@ class CompareState:
 
     def __init__(self):
         self.stop = threading.Event()
+        self.worker = None  # the engine side's run in progress
         self.running = False
         self.shown: tuple[Frame | None, Frame | None] | None = None
 
@@ -77,11 +78,10 @@ class CompareHandlers:
                     for eb, steps, adaptive in ((a_entropy_bound, a_steps, a_adaptive),
                                                 (b_entropy_bound, b_steps, b_adaptive))]
         if b_sampler not in sampler_choices():
-            raise gr.Error(f"unknown sampler {str(b_sampler)[:60]!r}", print_exception=False)
+            raise user_error(f"unknown sampler {str(b_sampler)[:60]!r}")
         scheduler = b_sampler[len(DIFFUSERS_PREFIX):] if b_sampler.startswith(DIFFUSERS_PREFIX) else None
         if scheduler is not None and requests[1].raw:
-            raise gr.Error("diffusers' pipeline always applies the chat template: untick raw prompt to use it",
-                           print_exception=False)
+            raise user_error("diffusers' pipeline always applies the chat template: untick raw prompt to use it")
         return requests, scheduler
 
     def request(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
@@ -175,24 +175,22 @@ class CompareHandlers:
                                                           hover=True)
                 states[side] = "stopped" if state.stop.is_set() else "done"
                 continue
-            worker = self.playground.start_run(request, keep_history=True)
+            worker = state.worker = self.playground.start_run(request, keep_history=True)
+            if state.stop.is_set():  # Stop came while this side started
+                worker.stop()
             try:
-                snap = worker.snapshot()
-                while not snap.finished:
-                    lasts[side] = snap.latest
-                    yield view()
-                    if state.stop.wait(POLL_S):
-                        worker.stop()  # its final frame comes within one decoder forward
-                    snap = worker.snapshot()
+                for snap in worker.updates(1.0 / POLL_S, reader_budget=None):
+                    if not snap.finished:
+                        lasts[side] = snap.latest
+                        yield view()
             finally:
                 worker.stop()
-                worker.join(10.0)  # B must not start while A still holds the device
+                worker.join(STOP_WAIT_S)  # B must not start while A still holds the device
             if state.stop.is_set() and snap.error is None and snap.latest is None:
                 states[side] = "stopped"  # stopped before its first decoder forward
                 break
             if snap.error is not None or snap.latest is None:
-                raise gr.Error(f"Run {'AB'[side]} failed: {snap.error or 'no decoder forward'}",
-                               print_exception=False)
+                raise user_error(f"Run {'AB'[side]} failed: {snap.error or 'no decoder forward'}")
             lasts[side] = snap.latest
             texts[side] = plain_text(self.engine.summarize(snap.latest, snap.frames_seen).text)
             heatmaps[side] = plots.confidence_heatmap(snap.block_frames(0), animate=True, hover=True)
@@ -208,6 +206,8 @@ class CompareHandlers:
         """Stop: the running side ends within one decoder forward and the other does not start."""
         if state is not None:
             state.stop.set()
+            if state.worker is not None:
+                state.worker.stop()
 
     def _pipeline_side(self, request, scheduler: str, lasts: list, view,
                        stop: threading.Event | None = None) -> Iterator[tuple]:
@@ -239,7 +239,7 @@ class CompareHandlers:
                     run.stop()
                     run.wait()
                     error = time_limit_error(limit, run.forwards, blocks_kept=False)
-                    raise gr.Error(f"Run B failed: {describe_error(error)}", print_exception=False)
+                    raise user_error(error, prefix="Run B failed: ")
         finally:
             run.stop()
             run.wait(10.0)  # the next request must not start while the pipeline still holds the device
@@ -248,5 +248,5 @@ class CompareHandlers:
             return []
         if run.error is not None or not frames:
             reason = describe_error(run.error) if run.error is not None else "no decoder forward"
-            raise gr.Error(f"Run B failed: {reason}", print_exception=False)
+            raise user_error(f"Run B failed: {reason}")
         return frames

@@ -7,42 +7,36 @@ events; they only use the engine's public API (`frames`, `summarize`, `encode_pr
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import logging
 import random
-import threading
-import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import gradio as gr
 
-from engine import DiffusionEngine, Frame
+from engine import DiffusionEngine, DiffusionSettings, Frame
 from engine.settings import MAX_SEED
 
 from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html
-from .liveness import job_alive_check
 from .meter import meter_html, refused_meter_html, run_meter_html, waiting_meter_html
 from .record import RunSnapshot
 from .session import SessionState
 from .text import plain_text
 from .thought_view import thought_html
 from .validation import CUSTOM_PRESET, PRESET_FIELDS, SETTING_NAMES, RunRequest, build_request, preset_values
-from .worker import (
-    default_live_rate,
+from .runs import (
+    DEFAULT_MAX_RUN_S,
     DEFAULT_READER_BUDGET,
-    RunRegistry,
-    RunTimeLimitExceeded,
+    STOP_WAIT_S,
+    Runner,
     RunWorker,
-    is_out_of_memory,
+    default_live_rate,
+    session_key,
 )
+from .tab import PlotClock, describe_error, served, user_error
 
-# Live plots re-render at most once a second (each Plotly redraw costs the browser ~0.1 s of CPU); the canvas and
-# meter follow every frame, up to the live rate (`worker.default_live_rate`); the final render always has everything.
-PLOT_INTERVAL_S = 1.0
 API_SUMMARY_KEYS = (
     "frames", "forwards", "tokens_per_second", "tokens_per_forward", "seconds", "seed", "token_ids", "stop_reason",
     "forwards_per_block", "time_to_first_frame_s", "prompt_tokens", "tokens", "thought",
@@ -70,39 +64,45 @@ class StreamOutputs:
                 self.generate_button, self.stop_button, self.thought)
 
 
-DEFAULT_MAX_RUN_S = 300.0  # no single run (UI or API) holds the engine for longer
-STOP_WAIT_S = 10.0  # Stop waits this long at most for the run's last frame (one decoder forward)
-API_POLL_S = 0.02  # how often the served /generate checks its run (and notices a cancelled job)
-LOG = logging.getLogger(__name__)
+@dataclass(frozen=True)
+class Job:
+    """One piece of model work for the run mechanism (`Playground.start_job`).
 
-
-def describe_error(error: BaseException) -> str:
-    """The user-facing message for an error that ended a run or rejected a request (never a traceback).
-
-    Validation errors (ValueError) keep their message; running out of memory says so and what to change; anything
-    else names the error type, so an engine failure is recognisable without showing internals. No message invites a
-    retry: settings that fail deterministically are refused before the run (`DiffusionEngine.check_settings`).
+    Attributes:
+        kind: the source that does it (a key of `Playground.sources`: "generate", "race", "infill", ...).
+        payload: its inputs, plain values (on ZeroGPU they are pickled to the GPU process).
+        settings: the denoising settings its GPU time follows; extra_forwards: forwards beyond their canvases x
+            steps (a race's autoregressive side).
     """
-    if isinstance(error, (ValueError, gr.Error, RunTimeLimitExceeded)):
-        return str(error) or type(error).__name__
-    if is_out_of_memory(error):
-        return ("out of memory during this run: lower max_new_tokens or max_denoising_steps, or shorten the prompt "
-                "(the run's memory has been freed; the server is fine)")
-    detail = " ".join(str(error).split())
-    return f"the engine failed ({type(error).__name__}{': ' + detail if detail else ''}); the server log has details"
+
+    kind: str
+    payload: object
+    settings: DiffusionSettings
+    extra_forwards: int = 0
 
 
-def _user_error(error: BaseException) -> gr.Error:
-    """A `gr.Error` carrying only the message (no traceback reaches the user)."""
-    return gr.Error(describe_error(error), print_exception=False)
+def generation_frames(engine: DiffusionEngine, request: RunRequest, stop) -> Iterator[Frame]:
+    """The "generate" source: the engine's frames for a `RunRequest`."""
+    return engine.frames(request.prompt, request.settings, raw=request.raw, seed=request.seed, stop_event=stop,
+                         thinking=request.thinking)
 
 
-def _rejected(error: BaseException) -> gr.Error:
-    """`_user_error` for a request that failed before its run started; unexpected errors (not ValueError) are logged
-    with their traceback for the operator."""
-    if not isinstance(error, ValueError):
-        LOG.error("request failed: %s: %s", type(error).__name__, error, exc_info=error)
-    return _user_error(error)
+def received(frames: Iterator, receive) -> Iterator:
+    """`frames`, its items that are not frames handed to `receive(item)` instead; after a done frame the source
+    is run to its end (a chat turn records itself, and says so, after its final frame) before that frame is passed
+    on. `receive` None: `frames` as they are."""
+    if receive is None:
+        yield from frames
+        return
+    for item in frames:
+        if not isinstance(item, Frame):
+            receive(item)
+            continue
+        if item.done:
+            for rest in frames:
+                if not isinstance(rest, Frame):
+                    receive(rest)
+        yield item
 
 
 def parse_ticket(ticket) -> int | None:
@@ -151,16 +151,34 @@ class Playground:
                  reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
                  max_run_s: float | None = DEFAULT_MAX_RUN_S):
         self.engine = engine
-        self.max_run_s = max_run_s
-        self.max_fps = default_live_rate(engine.canvas_length) if max_fps is None else max_fps
-        self.reader_budget = reader_budget
-        self.abandon_after_s = abandon_after_s
-        self.registry = RunRegistry()
+        self.runs = Runner(max_fps=default_live_rate(engine.canvas_length) if max_fps is None else max_fps,
+                           reader_budget=reader_budget, abandon_after_s=abandon_after_s, max_run_s=max_run_s)
+        # Every tab's model work, by kind: source(engine, payload, stop) -> frames (`start_job`)
+        self.sources = {"generate": generation_frames}
         # Live sessions by session hash, to release their state when their tab closes (Gradio itself keeps a
         # closed session's gr.State for an hour); weak: a session Gradio dropped is not kept alive here
         self.sessions: weakref.WeakValueDictionary[str, SessionState] = weakref.WeakValueDictionary()
-        # Set by build_app: drops Gradio's own record of a closed session (gradio_state.ClosedSessionDropper)
-        self.closed_sessions = None
+
+    @property
+    def registry(self):
+        """Which run each session has (`runs.RunRegistry`)."""
+        return self.runs.registry
+
+    @property
+    def max_run_s(self) -> float | None:
+        return self.runs.max_run_s
+
+    @property
+    def max_fps(self) -> float:
+        return self.runs.max_fps
+
+    @property
+    def closed_sessions(self):
+        return self.runs.closed_sessions
+
+    @closed_sessions.setter
+    def closed_sessions(self, dropper) -> None:
+        self.runs.closed_sessions = dropper
 
     # -- running -------------------------------------------------------------------------------------------------
 
@@ -191,19 +209,28 @@ class Playground:
             run = self.parse(*inputs, ui_limits=ui_limits, thinking=thinking)
             self.check_request(run)
         except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
-            raise _rejected(error) from None
+            raise user_error(error) from None
         return run
 
     def start_run(self, request: RunRequest, *, keep_history: bool = True) -> RunWorker:
         """Start `request` in a background `RunWorker` and return it."""
+        return self.start_job(Job("generate", request, request.settings), keep_history=keep_history)
 
-        def source(stop_event: threading.Event) -> Iterator[Frame]:
-            # The same on every deployment (ZeroGPU runs go through `zerogpu.ZeroGpuPlayground.start_run`)
-            return self.engine.frames(request.prompt, request.settings, raw=request.raw, seed=request.seed,
-                                      stop_event=stop_event, thinking=request.thinking)
+    def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
+                  receive=None) -> RunWorker:
+        """Start `job` as a run of the app's `Runner`, registered as `key`; `record` as `RunWorker`'s; `receive`
+        as in `received`. On ZeroGPU the source runs in the GPU process (`zerogpu.ZeroGpuPlayground`)."""
+        source = self.sources[job.kind]
+        return self.runs.start(lambda stop: received(source(self.engine, job.payload, stop), receive), key,
+                               keep_history=keep_history, record=record)
 
-        return RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
-                         time_limit_s=self.max_run_s).start()
+    def step_frames(self, request: RunRequest) -> Iterator[Frame]:
+        """The frames of a stepped run, one per `next()` (step-through): the engine's generator, kept between
+        clicks with its KV cache and random state (on ZeroGPU each step is a GPU call of its own)."""
+        return generation_frames(self.engine, request, None)
+
+    def check_job(self, job: Job) -> None:
+        """Checks of `job` beyond its tab's own (on ZeroGPU: the GPU budget; raises ValueError)."""
 
     @staticmethod
     def parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
@@ -310,11 +337,11 @@ class Playground:
         ticket = parse_ticket(ticket)
         if ticket is not None and not session.is_current(ticket):
             return
-        key = getattr(request, "session_hash", None) or f"anon-{id(session)}"
+        key = session_key(request, session)
         # The plots still show placeholders on a session's first run: leave them until there is a block to draw, so
-        # the browser is not busy redrawing empty figures while the first decoder forward runs
-        last_plots = 0.0 if session.snapshot is not None else time.monotonic()
-        plotted_block = 0  # the plots follow the block being denoised: a new block is plotted at once
+        # the browser is not busy redrawing empty figures while the first decoder forward runs; a new block is
+        # plotted at once
+        clock = PlotClock(wait_first=session.snapshot is None)
         worker = self.start_run(run)
         if not session.begin(worker, ticket):
             return
@@ -323,22 +350,18 @@ class Playground:
         self.sessions[key] = session
         self.registry.register(key, worker)
         try:
-            for index, snap in enumerate(worker.updates(self.max_fps, reader_budget=self.reader_budget)):
+            for index, snap in enumerate(self.runs.updates(worker)):
                 if not session.is_current(ticket):
                     return  # a newer run or Stop owns the page now
                 session.snapshot = snap
-                now = time.monotonic()
-                plots_due = now - last_plots >= PLOT_INTERVAL_S or snap.block_count > plotted_block
-                if plots_due:
-                    last_plots, plotted_block = now, snap.block_count
-                outputs = self.render(session, snap, final=snap.finished, plots_due=plots_due, first=index == 0)
+                outputs = self.render(session, snap, final=snap.finished, plots_due=clock.due(snap.block_count),
+                                      first=index == 0)
                 yield outputs.as_tuple()
                 if snap.finished and snap.error is not None:
-                    raise _user_error(snap.error)
+                    raise user_error(snap.error)
         finally:
             # Runs on normal end, on Stop, and when Gradio closes or cancels this generator (tab closed)
-            worker.stop()
-            self.registry.unregister(key, worker)
+            self.runs.finish(key, worker)
             session.end_stream(worker)
 
     def stop(self, session: SessionState) -> tuple:
@@ -368,13 +391,10 @@ class Playground:
         """A browser tab closed: stop its session's runs, release what the session held (frames, HTML), and have
         Gradio's own record of the session (last values of every component) dropped a few seconds later."""
         key = getattr(request, "session_hash", None)
-        if key:
-            self.registry.stop(key)
-            session = self.sessions.pop(key, None)
-            if session is not None:
-                session.release()
-            if self.closed_sessions is not None:
-                self.closed_sessions.closed(key)
+        self.runs.unload(key)
+        session = self.sessions.pop(key, None) if key else None
+        if session is not None:
+            session.release()
 
     def select_block(self, session: SessionState, block) -> tuple:
         """Re-render the three plots for block number `block` (1-based) of the session's last run."""
@@ -437,27 +457,18 @@ class Playground:
         The run is watched from the event loop, so a cancelled job (gradio_client's `Job.cancel()`, Gradio's
         `/cancel`) stops it at once, and it is registered under the caller's session (`<session_hash>:api:<n>`), so
         a client that disconnects (its heartbeat closes: `Client.close()`, a dead process) stops it through `unload`;
-        a job whose result stream was dropped (a REST caller gone) is noticed at the next poll (`liveness`). Either
-        way the engine ends within one decoder forward and the concurrency slot is free for the next job.
+        a job whose result stream was dropped (a REST caller gone) is noticed at the next poll
+        (`runs.job_alive_check`). Either way the engine ends within one decoder forward and the concurrency slot is
+        free for the next job.
         """
-        client_alive = job_alive_check()
-        worker = await asyncio.to_thread(
-            self._start_api_run, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-            stability_threshold, confidence_threshold, adaptive_stopping, seed, thinking=thinking)
-        session = getattr(request, "session_hash", None)
-        key = f"{session or 'anon'}:api:{id(worker)}"
-        self.registry.register(key, worker)
-        try:
-            snap = worker.snapshot()
-            while not snap.finished:
-                await asyncio.sleep(API_POLL_S)
-                if not client_alive():
-                    raise gr.Error("the client went away: run stopped", print_exception=False)
-                snap = worker.snapshot()
-        finally:
-            worker.stop()
-            self.registry.unregister(key, worker)
+        inputs = (prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
+                  confidence_threshold, adaptive_stopping, seed)
+        snap = await self.served(lambda: self._start_api_run(*inputs, thinking=thinking), request)
         return self._api_result(snap)
+
+    async def served(self, start, request):
+        """`tab.served` on this app's runs: an API call's run, stopped when its client goes away."""
+        return await served(self.runs, start, request)
 
     def _start_api_run(self, *inputs, thinking=False) -> RunWorker:
         """Validate the eleven API inputs and `thinking` (API limits, not the UI's) and start the run; raises
@@ -467,9 +478,9 @@ class Playground:
     def _api_result(self, snap: RunSnapshot) -> tuple[str, dict]:
         """(text, summary) of a finished API run; raises gr.Error with a clear message if it failed."""
         if snap.error is not None:
-            raise _user_error(snap.error)
+            raise user_error(snap.error)
         if snap.latest is None:
-            raise gr.Error("the run ended before the first decoder forward", print_exception=False)
+            raise user_error("the run ended before the first decoder forward")
         result = self.engine.summarize(snap.latest, snap.frames_seen).to_dict()
         return plain_text(result["text"]), {key: result[key] for key in API_SUMMARY_KEYS}
 

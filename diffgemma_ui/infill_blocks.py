@@ -1,7 +1,6 @@
 """Wiring only: the Infill tab's layout, its events and the `/infill` API. Logic lives in
 `infill_handlers.InfillTab`."""
 
-# No `from __future__ import annotations` here: gr.api reads infill_api's type hints at runtime.
 import gradio as gr
 
 from engine import PRESET_NAMES
@@ -10,7 +9,8 @@ from . import plots
 from .infill_handlers import IDLE_METER_NOTE, InfillState, InfillTab
 from .infill_view import EMPTY_INFILL_HTML
 from .meter import meter_html
-from .validation import MAX_PROMPT_CHARS, UI_MAX_DENOISING_STEPS
+from .tab import checked, refusal_box, setting_control
+from .validation import MAX_PROMPT_CHARS
 
 SYNTAX = ("Write a text with **blanks**: `[___]` is one token, `[___ 12]` twelve (1 to the canvas length). Everything "
           "else is fixed text: it is placed in the canvas from the first step and never renoised (marked on the "
@@ -38,13 +38,14 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
             with gr.Row(elem_id="dg-infill-settings"):
                 preset_box = gr.Dropdown(list(PRESET_NAMES), value="recommended", label="Preset",
                                          elem_id="dg-infill-preset", min_width=140)
-                steps = gr.Slider(1, UI_MAX_DENOISING_STEPS, value=rec.max_denoising_steps, step=1,
-                                  label="Denoising steps (at most)", elem_id="dg-infill-steps", min_width=180)
+                steps = setting_control("max_denoising_steps", rec.max_denoising_steps, info=None,
+                                        label="Denoising steps (at most)", elem_id="dg-infill-steps", min_width=180)
                 seed = gr.Textbox(value="0", label="Seed", info="-1 = random", max_lines=1, max_length=24,
                                   elem_id="dg-infill-seed", min_width=120)
             with gr.Row(elem_id="dg-infill-buttons"):
                 fill = gr.Button("Fill", variant="primary", elem_id="dg-infill-run", scale=3)
                 stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="dg-infill-stop", scale=1)
+            refusal = refusal_box("infill")
             filled = gr.HTML("", elem_id="dg-infill-filled")
             text = gr.Textbox(label="Filled text", lines=2, max_lines=8, interactive=False, buttons=["copy"],
                               elem_id="dg-infill-text")
@@ -61,37 +62,11 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
 
     inputs = [template, context, preset_box, steps, seed]
     private = dict(api_visibility="private", show_progress="hidden", trigger_mode="once")
-    checked = gr.on([fill.click, template.submit], infill.check_inputs, inputs=inputs, outputs=None,
-                    concurrency_limit=None, **private)
-    checked.failure(infill.refused, inputs=[state], outputs=[meter], concurrency_limit=None, **private)
-    checked.success(
+    accepted = checked([fill.click, template.submit], infill.check_inputs, inputs=inputs, box=refusal,
+                       refused=infill.refused, refused_inputs=[state], refused_outputs=[meter], trigger_mode="once")
+    accepted.success(
         infill.fill_stream, inputs=[state, *inputs],
         outputs=[canvas, meter, filled, text, heatmap, order, entropy, fill, stop], concurrency_id="engine",
         **private)
     stop.click(infill.stop, inputs=[state], outputs=None, concurrency_limit=None, api_visibility="private",
                show_progress="hidden")
-
-
-def register_infill_api(infill: InfillTab) -> None:
-    """The `/infill` endpoint, inside the caller's `gr.Blocks` context."""
-    rec = infill.engine.recommended
-
-    def infill_api(
-        template: str,
-        context: str = "",
-        max_denoising_steps: int = rec.max_denoising_steps,
-        entropy_bound: float = rec.entropy_bound,
-        t_min: float = rec.t_min,
-        t_max: float = rec.t_max,
-        stability_threshold: int = rec.stability_threshold,
-        confidence_threshold: float = rec.confidence_threshold,
-        adaptive_stopping: bool = rec.adaptive_stopping,
-        seed: int = -1,
-        request: gr.Request = None,
-    ) -> tuple[str, dict]:
-        """Fill a template's blanks ([___] one token, [___ 12] twelve) inside one canvas, its other text kept fixed;
-        returns (filled text, summary with fills and blank positions). seed -1 draws a random seed."""
-        return infill.infill_api(template, context, max_denoising_steps, entropy_bound, t_min, t_max,
-                                 stability_threshold, confidence_threshold, adaptive_stopping, seed, request=request)
-
-    gr.api(infill_api, api_name="infill", concurrency_id="engine")

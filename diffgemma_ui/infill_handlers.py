@@ -1,33 +1,34 @@
 """The Infill tab's handlers and the `/infill` API: a template's blanks denoised inside one canvas while its fixed
 text stays put (`engine.infill`).
 
-A fill runs in a `worker.RunWorker` registered in the playground's `RunRegistry` under `<session>:infill`, so a
-closed tab stops it (`Playground.unload`); Stop ends it within one decoder forward.
+A fill is the "infill" job of the run mechanism (`Playground.start_job`, in the GPU process on ZeroGPU), registered
+under `<session>:infill`, so a closed tab stops it; Stop ends it within one decoder forward.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 
 import gradio as gr
 
 from engine.infill import filled_text, infill_frames, layout_template
 
-from .deployment import zero_gpu
-from .frame_runs import finish, run_api_frames, start_frames
-from .handlers import API_SUMMARY_KEYS, PLOT_INTERVAL_S, describe_error, previous_run_meter, status_text
+from .handlers import API_SUMMARY_KEYS, Job, previous_run_meter, status_text
 from .infill_view import blank_plots, filled_html, infill_canvas_html
 from .meter import run_meter_html
+from .runs import RunWorker, session_key
+from .tab import PlotClock, user_error
 from .text import plain_text
 from .validation import build_settings, check_prompt, check_ui_seed, preset_values
-from .worker import RunWorker
 
-ZERO_GPU_MESSAGE = ("infill is not available on ZeroGPU Spaces yet (it runs outside the GPU slot the platform lends "
-                    "per request); run the playground on a dedicated GPU or CPU Space, or locally")
-IDLE_METER_NOTE = ("engine clock \u00b7 press Fill to start \u00b7 tokens, tokens/s and tokens/forward count the blanks the "
-                   "model filled, not the fixed text")
+IDLE_METER_NOTE = ("engine clock \u00b7 press Fill to start \u00b7 tokens, tokens/s and tokens/forward count the "
+                   "blanks the model filled, not the fixed text")
+
+
+def infill_source(engine, payload: tuple, stop) -> Iterator:
+    """The "infill" source: the frames of (template, settings, context or None, seed) filled by `engine`."""
+    template, settings, context, seed = payload
+    return infill_frames(engine, template, settings, prompt=context, seed=seed, stop_event=stop)[1]
 
 
 class InfillState:
@@ -51,6 +52,7 @@ class InfillTab:
     def __init__(self, playground):
         self.playground = playground
         self.engine = playground.engine
+        playground.sources["infill"] = infill_source
 
     # -- validation ------------------------------------------------------------------------------------------------
     def layout(self, template):
@@ -62,14 +64,13 @@ class InfillTab:
 
     def request(self, template, context, preset_name, max_denoising_steps, seed):
         """(layout, context or None, settings, seed) from the tab's inputs, within the UI's limits (ValueError)."""
-        if zero_gpu():
-            raise ValueError(ZERO_GPU_MESSAGE)
         layout = self.layout(template)
         context = check_prompt(context) if isinstance(context, str) and context.strip() else None
         values = dict(preset_values(preset_name, self.engine.recommended), max_new_tokens=self.engine.canvas_length,
                       max_denoising_steps=max_denoising_steps)
         settings = build_settings(values, ui_limits=True)
         self.engine.check_settings(settings)
+        self.playground.check_job(Job("infill", None, settings))
         return layout, context, settings, check_ui_seed(seed)
 
     def check_inputs(self, template, context, preset_name, max_denoising_steps, seed) -> None:
@@ -78,7 +79,7 @@ class InfillTab:
         try:
             self.request(template, context, preset_name, max_denoising_steps, seed)
         except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
-            raise gr.Error(describe_error(error), print_exception=False) from None
+            raise user_error(error) from None
 
     # -- events ----------------------------------------------------------------------------------------------------
     def fill_stream(self, state: InfillState, template, context, preset_name, max_denoising_steps, seed,
@@ -91,22 +92,20 @@ class InfillTab:
             gr.Error: a bad template or input (before anything runs) or a failed run.
         """
         try:
-            _, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
-            stop = threading.Event()
-            layout, frames = infill_frames(self.engine, template, settings, prompt=context, seed=seed,
-                                           stop_event=stop)
+            layout, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
         except Exception as error:  # noqa: BLE001
-            raise gr.Error(describe_error(error), print_exception=False) from None
+            raise user_error(error) from None
         playground = self.playground
         if state is None:
             state = InfillState()
         state.stop()
-        key = f"{getattr(request, 'session_hash', None) or f'anon-{id(state)}'}:infill"
-        worker = state.worker = start_frames(playground, frames, stop, key)
-        last_plots = time.monotonic()
+        key = session_key(request, state, ":infill")
+        job = Job("infill", (template, settings, context, seed), settings)
+        worker = state.worker = playground.start_job(job, key)
+        clock = PlotClock(wait_first=True)
         skip = gr.skip()
         try:
-            for index, snap in enumerate(worker.updates(playground.max_fps, reader_budget=playground.reader_budget)):
+            for index, snap in enumerate(playground.runs.updates(worker)):
                 latest, final = snap.latest, snap.finished
                 status = status_text(latest, snap.error) if final else ("" if latest else "Encoding\u2026")
                 canvas = infill_canvas_html(latest, layout, status)
@@ -118,17 +117,16 @@ class InfillTab:
                 if final:
                     text = plain_text(filled_text(self.engine.tokenizer, layout, ids)[0]) if ids else ""
                 heatmap = order = entropy = skip
-                if final or time.monotonic() - last_plots >= PLOT_INTERVAL_S:
-                    last_plots = time.monotonic()
+                if clock.due() or final:
                     heatmap, order, entropy = blank_plots(snap.block_frames(0), layout.blanks, final=final)
                 buttons = (skip, skip)
                 if index == 0 or final:
                     buttons = (gr.update(interactive=final), gr.update(interactive=not final))
                 yield canvas, meter, filled, text, heatmap, order, entropy, *buttons
                 if final and snap.error is not None:
-                    raise gr.Error(describe_error(snap.error), print_exception=False)
+                    raise user_error(snap.error)
         finally:
-            finish(playground, key, worker)  # on normal end, and when Gradio closes this generator (tab closed)
+            playground.runs.finish(key, worker)  # on normal end, and when Gradio closes this generator (tab closed)
 
     @staticmethod
     def refused(state: InfillState):
@@ -144,8 +142,9 @@ class InfillTab:
             state.stop()
 
     # -- API -------------------------------------------------------------------------------------------------------
-    def infill_api(self, template, context, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
-                   confidence_threshold, adaptive_stopping, seed, request: gr.Request = None) -> tuple[str, dict]:
+    async def infill_api(self, template, context, max_denoising_steps, entropy_bound, t_min, t_max,
+                         stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                         request: gr.Request = None) -> tuple[str, dict]:
         """`/infill`: fill `template`'s blanks (`[___]` one token, `[___ 12]` twelve) after an optional raw
         `context`; settings and seed as `/generate`'s (the API's limits; the token budget is one canvas).
 
@@ -155,25 +154,32 @@ class InfillTab:
         Raises:
             gr.Error: a bad template or input, a template that does not fit one canvas, or a failed run.
         """
-        try:
-            if zero_gpu():
-                raise ValueError(ZERO_GPU_MESSAGE)
-            if not isinstance(context, str):
-                raise ValueError("context must be text (\"\" for none)")
-            values = dict(max_new_tokens=self.engine.canvas_length, max_denoising_steps=max_denoising_steps,
-                          entropy_bound=entropy_bound, t_min=t_min, t_max=t_max,
-                          stability_threshold=stability_threshold, confidence_threshold=confidence_threshold,
-                          adaptive_stopping=adaptive_stopping)
-            settings = build_settings(values, ui_limits=False)
-            seed = check_ui_seed(seed)
-            stop = threading.Event()
-            layout, frames = infill_frames(self.engine, template, settings, seed=seed, stop_event=stop,
-                                           prompt=check_prompt(context) if context.strip() else None)
-        except Exception as error:  # noqa: BLE001
-            raise gr.Error(describe_error(error), print_exception=False) from None
-        snap = run_api_frames(self.playground, frames, stop, request)
+        layout = None
+
+        def start() -> RunWorker:
+            nonlocal layout
+            try:
+                if not isinstance(context, str):
+                    raise ValueError("context must be text (\"\" for none)")
+                values = dict(max_new_tokens=self.engine.canvas_length, max_denoising_steps=max_denoising_steps,
+                              entropy_bound=entropy_bound, t_min=t_min, t_max=t_max,
+                              stability_threshold=stability_threshold, confidence_threshold=confidence_threshold,
+                              adaptive_stopping=adaptive_stopping)
+                settings = build_settings(values, ui_limits=False)
+                payload = (template, settings, check_prompt(context) if context.strip() else None,
+                           check_ui_seed(seed))
+                layout = self.layout(template)
+                job = Job("infill", payload, settings)
+                self.playground.check_job(job)
+            except Exception as error:  # noqa: BLE001
+                raise user_error(error) from None
+            return self.playground.start_job(job, keep_history=False)
+
+        snap = await self.playground.served(start, request)
+        if snap.error is not None:
+            raise user_error(snap.error)
         if snap.latest is None or snap.latest.stop_reason == "cancelled":
-            raise gr.Error("the fill was stopped before it was complete", print_exception=False)
+            raise user_error("the fill was stopped before it was complete")
         result = self.engine.summarize(snap.latest, snap.frames_seen).to_dict()
         text, fills = filled_text(self.engine.tokenizer, layout, snap.latest.committed_ids)
         summary = {key: result[key] for key in API_SUMMARY_KEYS}

@@ -23,10 +23,11 @@ from engine.trace import MAX_TRACE_BYTES, Trace, TraceError, load_trace, trace_o
 
 from . import plots
 from .canvas_view import live_html, stack_html
-from .handlers import API_POLL_S, StreamOutputs, status_text
+from .handlers import StreamOutputs, status_text
 from .meter import meter_html
 from .record import RunSnapshot
 from .session import SessionState
+from .tab import user_error
 from .text import plain_text
 
 # A trace keeps every frame: ~40 bytes per canvas position per decoder forward (ids, flags, two rounded floats).
@@ -154,11 +155,11 @@ class KeepHandlers:
         if path is None or session is None:
             return
         if session.run_in_progress:
-            raise gr.Error("A run is in progress: stop it before replaying a trace.", print_exception=False)
+            raise user_error("A run is in progress: stop it before replaying a trace.")
         try:
             session.checked_upload = (str(path), load_trace(Path(path)))
         except TraceError as error:
-            raise gr.Error(f"This trace cannot be replayed: {error}", print_exception=False) from None
+            raise user_error(f"This trace cannot be replayed: {error}") from None
 
     def load_upload(self, session: SessionState, path) -> tuple:
         """The trace upload: check the file, show the whole run, and set up the replay slider.
@@ -204,7 +205,7 @@ class KeepHandlers:
         render every `interval_s` seconds; yields the stream outputs then the slider's value."""
         trace = getattr(session, "trace", None)
         if trace is None:
-            raise gr.Error("Upload a trace first: there is nothing to replay.", print_exception=False)
+            raise user_error("Upload a trace first: there is nothing to replay.")
         start = 1 if int(count or 1) >= len(trace.frames) else int(count)
         for k in range(start, len(trace.frames) + 1):
             session.snapshot = snapshot_upto(trace, k)
@@ -220,10 +221,10 @@ class KeepHandlers:
             gr.Error: a run is in progress, or there is no kept run to replay.
         """
         if session is not None and session.run_in_progress:
-            raise gr.Error("A run is in progress: replay it once it has finished.", print_exception=False)
+            raise user_error("A run is in progress: replay it once it has finished.")
         trace = getattr(session, "trace", None)
         if trace is None:
-            raise gr.Error("Nothing to replay yet: generate first.", print_exception=False)
+            raise user_error("Nothing to replay yet: generate first.")
         interval = min(REPLAY_MAX_INTERVAL_S, max(REPLAY_MIN_INTERVAL_S, REPLAY_TOTAL_S / len(trace.frames)))
         yield from self.replay_play(session, 1, interval_s=interval)
 
@@ -240,20 +241,17 @@ class KeepHandlers:
             try:
                 check_traceable(run.settings, self.engine.canvas_length)
             except ValueError as error:
-                raise gr.Error(str(error), print_exception=False) from None
+                raise user_error(str(error)) from None
             return run, self.playground.start_run(run, keep_history=True)
 
-        run, worker = await asyncio.to_thread(start)
-        key = f"{getattr(request, 'session_hash', None) or 'anon'}:export:{id(worker)}"
-        self.playground.registry.register(key, worker)
-        try:
-            snap = worker.snapshot()
-            while not snap.finished:
-                await asyncio.sleep(API_POLL_S)
-                snap = worker.snapshot()
-        finally:
-            worker.stop()
-            self.playground.registry.unregister(key, worker)
+        kept = {}
+
+        def started():
+            kept["run"], worker = start()
+            return worker
+
+        snap = await self.playground.served(started, request)
+        run = kept["run"]
         self.playground._api_result(snap)  # raises gr.Error for a failed run
         frames = [frame for block in snap.blocks for frame in block]
         trace = await asyncio.to_thread(trace_of_run, self.engine, frames, prompt=run.prompt, settings=run.settings,

@@ -9,6 +9,7 @@ import gradio as gr
 from engine.trace import MAX_TRACE_BYTES
 
 from .keep import KeepHandlers
+from .tab import PRIVATE, guard_stream, shown_refusal
 
 KEEP_HELP = (
     "After each run: its **trace** (JSON: settings, seed, prompt, every decoder forward; see `docs/trace.md`) and an "
@@ -46,54 +47,34 @@ def build_keep_controls() -> KeepControls:
 
 
 def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_outputs: list, run_events,
-              replay_button: gr.Button) -> None:
+              replay_button: gr.Button, box) -> None:
     """Wire the controls: downloads after each run event in `run_events` (Gradio dependencies of the Generate run),
     the upload, the replay slider and its play button, and the Playground's `replay_button` (plays the last run
-    back). `stream_outputs` are the live view's components, in `StreamOutputs.as_tuple` order."""
+    back). `stream_outputs` are the live view's components, in `StreamOutputs.as_tuple` order; `box`: the tab's
+    refusal box (`tab.refusal_box`), which shows why an upload or a replay was refused."""
+    html, refusal = box
+    shown = dict(fn=shown_refusal, inputs=[refusal], outputs=[html], concurrency_limit=None, **PRIVATE)
     private = dict(api_visibility="private", show_progress="hidden")
     for event in run_events:
         event.then(keep.export_files, inputs=[session],
                    outputs=[controls.trace_button, controls.html_button, controls.replay_slider, replay_button],
                    concurrency_limit=2, **private)
-    replay_button.click(keep.replay_run, inputs=[session], outputs=[*stream_outputs, controls.replay_slider],
-                        concurrency_limit=None, trigger_mode="once", **private)
-    controls.upload.upload(keep.check_upload, inputs=[session, controls.upload], outputs=None,
-                           concurrency_limit=2, **private).success(
+    replay_button.click(guard_stream(keep.replay_run), inputs=[refusal, session],
+                        outputs=[*stream_outputs, controls.replay_slider], concurrency_limit=None,
+                        trigger_mode="once", **private).then(**shown)
+    uploaded = controls.upload.upload(guard_stream(keep.check_upload), inputs=[refusal, session, controls.upload],
+                                      outputs=None, concurrency_limit=2, **private)
+    uploaded.then(**shown)
+    uploaded.success(
                            keep.load_upload, inputs=[session, controls.upload],
                            outputs=[*stream_outputs, controls.replay_slider, controls.trace_button,
                                     controls.html_button],
                            concurrency_limit=2, api_visibility="private", show_progress="minimal")
     controls.replay_slider.input(keep.replay_step, inputs=[session, controls.replay_slider], outputs=stream_outputs,
                                  concurrency_limit=None, trigger_mode="always_last", **private)
-    controls.play.click(keep.replay_play, inputs=[session, controls.replay_slider],
+    controls.play.click(guard_stream(keep.replay_play), inputs=[refusal, session, controls.replay_slider],
                         outputs=[*stream_outputs, controls.replay_slider], concurrency_limit=None,
-                        trigger_mode="once", **private)
-
-
-def register_export_api(keep: KeepHandlers, rec) -> None:
-    """`/export`: the `/generate` inputs, returns the run's trace (a dict in the schema of `docs/trace.md`).
-    `rec`: the engine's recommended settings (the defaults)."""
-
-    async def export_api(
-        prompt: str,
-        raw: bool = False,
-        max_new_tokens: int = rec.max_new_tokens,
-        max_denoising_steps: int = rec.max_denoising_steps,
-        entropy_bound: float = rec.entropy_bound,
-        t_min: float = rec.t_min,
-        t_max: float = rec.t_max,
-        stability_threshold: int = rec.stability_threshold,
-        confidence_threshold: float = rec.confidence_threshold,
-        adaptive_stopping: bool = rec.adaptive_stopping,
-        seed: int = -1,
-        request: gr.Request = None,
-    ) -> dict:
-        """Generate text for a prompt and return the run's trace (docs/trace.md). seed -1 draws a random seed."""
-        return await keep.export_served(
-            prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
-            confidence_threshold, adaptive_stopping, seed, request=request)
-
-    gr.api(export_api, api_name="export", concurrency_id="engine")
+                        trigger_mode="once", **private).then(**shown)
 
 
 @dataclass
@@ -119,13 +100,16 @@ def build_step_controls() -> StepControls:
 
 
 def wire_step_through(controls: StepControls, steps, session, run_inputs: list, stream_outputs: list,
-                      stop_button: gr.Button | None = None) -> None:
+                      stop_button: gr.Button | None = None, box=None) -> None:
     """Wire "Next step" and "Run to end" (`step_through.StepThroughHandlers`); they share the engine's queue slot
-    with runs (concurrency_id "engine"). `stop_button` also pauses a "Run to end" (outside the queue)."""
-    common = dict(inputs=[session, *run_inputs], outputs=[*stream_outputs, controls.note],
+    with runs (concurrency_id "engine"). `stop_button` also pauses a "Run to end" (outside the queue); `box`: the
+    tab's refusal box (`tab.refusal_box`), which shows why a step was refused."""
+    html, refusal = box
+    common = dict(inputs=[refusal, session, *run_inputs], outputs=[*stream_outputs, controls.note],
                   api_visibility="private", concurrency_id="engine", show_progress="hidden")
-    controls.next_step.click(steps.next_step, trigger_mode="once", **common)
-    controls.run_to_end.click(steps.run_to_end, trigger_mode="once", **common)
+    for button, handler in ((controls.next_step, steps.next_step), (controls.run_to_end, steps.run_to_end)):
+        button.click(guard_stream(handler), trigger_mode="once", **common).then(
+            shown_refusal, inputs=[refusal], outputs=[html], concurrency_limit=None, **PRIVATE)
     if stop_button is not None:
         stop_button.click(steps.pause, inputs=[session], outputs=[*stream_outputs, controls.note],
                           api_visibility="private", concurrency_limit=None, show_progress="hidden")

@@ -1,16 +1,16 @@
-"""The Race tab's event handlers: validation, running a race in a background thread, live view, replay, the API.
+"""The Race tab's event handlers: validation, running a race as a run (`runs.Runner`), live view, replay, the API.
 
-A race runs in a thread (`engine.race.RaceRunner.run`: one side, then the other, each after a warm-up). While it
-runs, the panel of the side that is running follows it live; once both are done the handler replays both traces
-side by side on the engine clock (time 0 = each side's start), then shows the result card.
+A race (`engine.race.RaceRunner.run`: one side, then the other, each after a warm-up) is the "race" job of the run
+mechanism (`Playground.start_job`, in the GPU process on ZeroGPU): its (side, frame) items, then its result, are
+recorded in a `RaceProgress`. While it runs, the panel of the side that is running follows it live;
+once both are done the handler replays both traces side by side on the engine clock (time 0 = each side's start),
+then shows the result card.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,17 +20,13 @@ import gradio as gr
 from engine.autoregressive import check_temperature
 from engine.race import SIDES, RaceResult, RaceRunner, explanation
 
-from .deployment import zero_gpu
-from .handlers import DEFAULT_MAX_RUN_S, Playground, describe_error
+from .handlers import Job, Playground
 from .race_view import frame_at, panel_html, result_html
+from .runs import RunWorker, pushed, session_key
+from .tab import served, user_error
 from .text import plain_text
 from .validation import RunRequest, build_request, preset_values
-from .worker import RunTimeLimitExceeded
 
-LOG = logging.getLogger(__name__)
-# The race runs the model in this process, outside `spaces.GPU`, where ZeroGPU lends no GPU: refused, not failed
-ZERO_GPU_MESSAGE = ("the race is not available on ZeroGPU Spaces yet (it runs outside the GPU slot the platform "
-                    "lends per request); run the playground on a dedicated GPU or CPU Space, or locally")
 IDLE_BUTTONS = (gr.update(interactive=True), gr.update(interactive=False))  # Race on, Stop off
 LIVE_INTERVAL_S = 0.25  # live panels re-render at most 4 times a second: the engine shares the CPU
 REPLAY_FPS = 12.0
@@ -44,10 +40,11 @@ def model_name(source) -> str:
 
 @dataclass
 class RaceProgress:
-    """What the race thread has produced so far (written by that thread, read by the handler).
+    """A race's record (the `RunWorker` writes it, the handler reads it; it is its own snapshot).
 
     frames: per side, every frame in order; first_token_s: per side, engine seconds of its first committed token;
-    result / error: set when the race is over; done: the thread has ended; texts: decoded answers, cached.
+    result: set by the race's source when it is over; error: what ended it; finished: the run is over; texts:
+    decoded answers, cached.
     """
 
     frames: dict = field(default_factory=lambda: {side: [] for side in SIDES})
@@ -55,33 +52,54 @@ class RaceProgress:
     order: list = field(default_factory=list)
     result: RaceResult | None = None
     error: BaseException | None = None
-    done: bool = False
+    finished: bool = False
     texts: dict = field(default_factory=dict)
+    count: int = 0
+    latest: object = None
 
-    def add(self, side: str, frame) -> None:
-        """The race's `on_frame` callback."""
+    def add(self, item) -> None:
+        """One `(side, frame)` item of the race (its `on_frame` callback's arguments), or its `RaceResult`."""
+        if isinstance(item, RaceResult):
+            self.result = item
+            return
+        side, frame = item
         if side not in self.order:
             self.order.append(side)
         if side not in self.first_token_s and frame.committed_tokens > 0:
             self.first_token_s[side] = frame.elapsed_s
         self.frames[side].append(frame)
+        self.count, self.latest = self.count + 1, frame
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.error, self.finished = error, True
+
+    @property
+    def frames_seen(self) -> int:
+        return self.count
+
+    def snapshot(self) -> "RaceProgress":
+        return self
 
     def running_side(self) -> str | None:
         """The side whose frames arrive now (None before the first frame or once the race is over)."""
-        return None if self.done or not self.order else self.order[-1]
+        return None if self.finished or not self.order else self.order[-1]
 
 
 class RaceSession:
-    """One browser session's race state (a `gr.State` value): the stop event of its race in progress, and the
-    finished race's progress for the replay."""
+    """One browser session's race state (a `gr.State` value): its race in progress, and the finished race's
+    progress for the replay."""
 
     def __init__(self):
-        self.stop_event: threading.Event | None = None
+        self.worker: RunWorker | None = None
         self.progress: RaceProgress | None = None
 
+    @property
+    def stop_event(self):
+        return self.worker.stop_event if self.worker is not None else None
+
     def stop(self) -> None:
-        if self.stop_event is not None:
-            self.stop_event.set()
+        if self.worker is not None:
+            self.worker.stop()
 
 
 @dataclass(frozen=True)
@@ -99,12 +117,18 @@ class RaceTab:
 
     Args:
         runner: the race runner (the playground's engine and its autoregressive side).
-        max_run_s: a race (both sides) still going after this many seconds is stopped with a message.
+        playground: the app's `handlers.Playground` (default: one of its own), whose run mechanism runs races (its
+            time limit covers both sides) and whose engine checks them (on ZeroGPU a CPU view).
     """
 
-    def __init__(self, runner: RaceRunner, *, max_run_s: float | None = DEFAULT_MAX_RUN_S):
+    def __init__(self, runner: RaceRunner, playground: Playground | None = None):
         self.runner = runner
-        self.max_run_s = max_run_s
+        self.playground = playground or Playground(runner.engine)
+        self.runs = self.playground.runs
+        # checks run in this process: on ZeroGPU through the CPU view of the engine, never the GPU one
+        same = self.playground.engine is runner.engine
+        self.checker = runner if same else RaceRunner(self.playground.engine)
+        self.playground.sources["race"] = self.race_items
 
     @property
     def models(self) -> dict[str, str]:
@@ -121,14 +145,14 @@ class RaceTab:
         Raises:
             gr.Error: the first problem, in words.
         """
-        if zero_gpu():
-            raise gr.Error(ZERO_GPU_MESSAGE, print_exception=False)
         try:
-            self.runner.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
+            self.checker.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
                               seed=run.seed)
-            return RaceRequest(run=run, ar_temperature=check_temperature(ar_temperature), order=order)
+            race = RaceRequest(run=run, ar_temperature=check_temperature(ar_temperature), order=order)
+            self.playground.check_job(self.job(race))
+            return race
         except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
-            raise gr.Error(describe_error(error), print_exception=False) from None
+            raise user_error(error) from None
 
     def ui_request(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> RaceRequest:
         """The tab's inputs (a preset for the denoising settings) validated with the UI's limits; raises gr.Error."""
@@ -136,7 +160,7 @@ class RaceTab:
             values = dict(preset_values(preset_name, self.runner.engine.recommended), max_new_tokens=max_new_tokens)
             run = build_request(prompt, raw, values, seed, ui_limits=True)
         except Exception as error:  # noqa: BLE001
-            raise gr.Error(describe_error(error), print_exception=False) from None
+            raise user_error(error) from None
         return self.check(run, ar_temperature, order)
 
     def check_inputs(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> None:
@@ -144,37 +168,21 @@ class RaceTab:
         self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
 
     # -- running ---------------------------------------------------------------------------------------------------
-    def start(self, request: RaceRequest) -> tuple[RaceProgress, threading.Event, threading.Thread]:
-        """Start the race in a daemon thread; returns (progress, stop event, thread). Past `max_run_s` the stop
-        event is set and the race ends with an error saying so."""
-        progress, stop = RaceProgress(), threading.Event()
-        run = request.run
+    def job(self, race: RaceRequest) -> Job:
+        """The race as a job: both sides' forwards (the autoregressive side one per token of the budget)."""
+        return Job("race", race, race.run.settings, extra_forwards=self.checker.budget(race.run.settings))
 
-        def target():
-            timer = threading.Timer(self.max_run_s, stop.set) if self.max_run_s else None
-            if timer is not None:
-                timer.daemon = True
-                timer.start()
-            try:
-                progress.result = self.runner.run(
-                    run.prompt, run.settings, raw=run.raw, seed=run.seed, ar_temperature=request.ar_temperature,
-                    order=request.order, on_frame=progress.add, stop_event=stop)
-                if progress.result.cancelled and timer is not None and not timer.is_alive():
-                    progress.error = RunTimeLimitExceeded(
-                        f"the race reached this server's limit of {self.max_run_s:g} s and was stopped: lower "
-                        "max_new_tokens")
-            except BaseException as error:  # noqa: BLE001 - reported to the reader
-                if not isinstance(error, ValueError):  # the operator gets the traceback; the visitor the message
-                    LOG.error("race failed: %s", "".join(traceback.format_exception(error)).rstrip())
-                progress.error = error
-            finally:
-                if timer is not None:
-                    timer.cancel()
-                progress.done = True
+    def race_items(self, engine, race: RaceRequest, stop: threading.Event) -> Iterator:
+        """The "race" source: each side's (side, frame) as it runs, then the `RaceResult`."""
+        run = race.run
+        return pushed(lambda emit: self.runner.run(
+            run.prompt, run.settings, raw=run.raw, seed=run.seed, ar_temperature=race.ar_temperature,
+            order=race.order, on_frame=lambda side, frame: emit((side, frame)), stop_event=stop))
 
-        thread = threading.Thread(target=target, name="diffgemma-race", daemon=True)
-        thread.start()
-        return progress, stop, thread
+    def start(self, race: RaceRequest, key: str | None = None) -> RunWorker:
+        """Start the race as a run (registered as `key`); its `RaceProgress` is `worker.record`, its result set
+        when both sides are done. Past the server's time limit it is stopped and ends with an error saying so."""
+        return self.playground.start_job(self.job(race), key, record=RaceProgress())
 
     # -- rendering -------------------------------------------------------------------------------------------------
     def side_text(self, progress: RaceProgress, side: str, frame) -> str:
@@ -198,8 +206,8 @@ class RaceTab:
         frames = progress.frames[side]
         frame = frame_at(frames, t) if t is not None else (frames[-1] if frames else None)
         position = progress.order.index(side) + 1 if side in progress.order else None
-        return panel_html(side, frame, text=self.side_text(progress, side, frame), model=self.models[side], position=position,
-                          state=state, t=t, first_token_s=progress.first_token_s.get(side))
+        return panel_html(side, frame, text=self.side_text(progress, side, frame), model=self.models[side],
+                          position=position, state=state, t=t, first_token_s=progress.first_token_s.get(side))
 
     def live_panels(self, progress: RaceProgress) -> tuple[str, str]:
         running = progress.running_side()
@@ -212,7 +220,7 @@ class RaceTab:
 
     # -- events ----------------------------------------------------------------------------------------------------
     def race_stream(self, session: RaceSession, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature,
-                    order) -> Iterator[tuple]:
+                    order, request: gr.Request = None) -> Iterator[tuple]:
         """The Race button: validate and run the race; the panel of the running side follows it live. Yields
         (diffusion panel, autoregressive panel, result, Race button, Stop button). The finished race is kept in
         `session` for `replay_stream`, which runs next without holding the engine's queue slot.
@@ -220,25 +228,29 @@ class RaceTab:
         Raises:
             gr.Error: bad input (before anything runs) or a failure during the race (the buttons are reset first).
         """
-        request = self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
-        progress, stop, thread = self.start(request)
+        race = self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
         if session is not None:
             session.stop()  # one race per session
-            session.stop_event, session.progress = stop, None
+        key = session_key(request, session, ":race")
+        worker = self.start(race, key)
+        progress = worker.record
+        if session is not None:
+            session.worker, session.progress = worker, None
         try:
             yield (*self.live_panels(progress), result_html(None), gr.update(interactive=False),
                    gr.update(interactive=True))
-            while thread.is_alive():
-                thread.join(LIVE_INTERVAL_S)
-                yield (*self.live_panels(progress), gr.skip(), gr.skip(), gr.skip())
+            for snap in worker.updates(1.0 / LIVE_INTERVAL_S, reader_budget=None):
+                if not snap.finished:
+                    yield (*self.live_panels(progress), gr.skip(), gr.skip(), gr.skip())
             if progress.error is not None:
                 yield (*self.live_panels(progress), gr.skip(), *IDLE_BUTTONS)
-                raise gr.Error(describe_error(progress.error), print_exception=False)
+                raise user_error(progress.error)
             if session is not None:
                 session.progress = progress
         finally:
             if progress.error is not None or session is None or session.progress is not progress:
-                stop.set()  # stopped, failed, or Gradio closed this generator (tab closed)
+                worker.stop()  # stopped, failed, or Gradio closed this generator (tab closed)
+            self.runs.registry.unregister(key, worker)
 
     def replay_stream(self, session: RaceSession) -> Iterator[tuple]:
         """After the race: replay both sides together on the engine clock (time 0 = each side's start), at most
@@ -265,28 +277,27 @@ class RaceTab:
         if session is not None:
             session.stop()
 
-    def race_api(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                 stability_threshold, confidence_threshold, adaptive_stopping, seed, ar_temperature,
-                 order) -> tuple[str, str, dict]:
+    async def race_api(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+                       stability_threshold, confidence_threshold, adaptive_stopping, seed, ar_temperature, order,
+                       request: gr.Request = None) -> tuple[str, str, dict]:
         """`/race`: the eleven `/generate` inputs (same checks, the API's limits), the AR temperature and the
         order; runs the race and returns (diffusion text, autoregressive text, summary).
 
         Raises:
             gr.Error: invalid input (the same messages as `/generate`) or a failure during the race.
         """
-        try:
-            run = Playground.parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                                   stability_threshold, confidence_threshold, adaptive_stopping, seed,
-                                   ui_limits=False)
-        except Exception as error:  # noqa: BLE001
-            raise gr.Error(describe_error(error), print_exception=False) from None
-        progress, stop, thread = self.start(self.check(run, ar_temperature, order))
-        try:
-            thread.join()
-        finally:
-            stop.set()
+        def start() -> RunWorker:
+            try:
+                run = Playground.parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
+                                       t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                                       ui_limits=False)
+            except Exception as error:  # noqa: BLE001
+                raise user_error(error) from None
+            return self.start(self.check(run, ar_temperature, order))
+
+        progress = await served(self.runs, start, request)
         if progress.error is not None:
-            raise gr.Error(describe_error(progress.error), print_exception=False)
+            raise user_error(progress.error)
         result = progress.result
         texts = [plain_text(side.text) if side is not None else "" for side in (result.diffusion,
                                                                                   result.autoregressive)]

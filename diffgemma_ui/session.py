@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 
 from .record import RunSnapshot
-from .worker import RunWorker
+from .runs import RunWorker
 
 # How long a new run waits for the previous run's stream to end (it ends within one decoder forward once stopped).
 PREVIOUS_STREAM_WAIT_S = 10.0

@@ -17,15 +17,12 @@ import gradio as gr
 
 from engine import Frame
 
-from .deployment import zero_gpu
-from .handlers import PLOT_INTERVAL_S, initial_outputs
+from .handlers import initial_outputs
 from .record import RunRecord
 from .session import SessionState
+from .tab import PLOT_INTERVAL_S, user_error
 
 NEW_OUTLINE = "#E69F00"  # the plots' accepted colour (Okabe-Ito orange)
-# A stepped run keeps its KV cache between clicks in this process; ZeroGPU lends a GPU per request, in another one
-ZERO_GPU_MESSAGE = ("step-through is not available on ZeroGPU Spaces (a stepped run keeps the model's cache between "
-                    "clicks, and ZeroGPU lends the GPU per request); use Generate, or a dedicated GPU or CPU Space")
 
 
 @dataclass
@@ -84,16 +81,12 @@ class StepThroughHandlers:
         run = getattr(session, "step_run", None)
         if run is not None and not run.done and getattr(session, "request", None) is run.request:
             return run
-        if zero_gpu():
-            raise gr.Error(ZERO_GPU_MESSAGE, print_exception=False)
         if session.run_in_progress:
-            raise gr.Error("A run is in progress: stop it before stepping through one.", print_exception=False)
+            raise user_error("A run is in progress: stop it before stepping through one.")
         if run is not None:
             run.close()
         request = self.playground.checked_request(*inputs, ui_limits=True)
-        frames = self.playground.engine.frames(request.prompt, request.settings, raw=request.raw,
-                                               seed=request.seed, thinking=getattr(request, "thinking", False))
-        session.step_run = StepRun(request=request, frames=frames)
+        session.step_run = StepRun(request=request, frames=self.playground.step_frames(request))
         session.request, session.trace, session.snapshot = request, None, None
         session.finished_html, session.stacked_blocks = [], -1
         return session.step_run
@@ -111,7 +104,7 @@ class StepThroughHandlers:
                 return self._render(session, run, True, stop_button)
             except Exception as error:  # noqa: BLE001 - one clear message, the run is over
                 run.close()
-                raise gr.Error(f"The run failed: {type(error).__name__}: {error}", print_exception=False) from None
+                raise user_error(f"The run failed: {type(error).__name__}: {error}") from None
             run.record.add(frame)
             if frame.done:
                 run.done = True

@@ -13,7 +13,6 @@ from engine.settings import MAX_PROMPT_CHARS, check_prompt, parse_flag, parse_se
 from engine.settings import SETTING_NAMES as ALL_SETTING_NAMES
 
 __all__ = ["MAX_PROMPT_CHARS", "check_prompt", "shown"]
-ADAPTIVE_STOPPING_INFO = spec("adaptive_stopping").help
 UI_MAX_NEW_TOKENS = spec("max_new_tokens").ui_high
 UI_MAX_DENOISING_STEPS = spec("max_denoising_steps").ui_high
 UI_MAX_ENTROPY_BOUND = spec("entropy_bound").ui_high

@@ -1,28 +1,17 @@
-"""ZeroGPU (Hugging Face Spaces' shared GPUs) done the way the platform works.
+"""ZeroGPU (Hugging Face Spaces' shared GPUs): every tab's model work runs in the GPU process ZeroGPU forks.
 
-On ZeroGPU (`deployment.zero_gpu()`: `SPACES_ZERO_GPU` is set) a function decorated with `spaces.GPU` runs in a
-forked child process that holds a GPU for at most the `duration` it asked for; its arguments and every frame it
-yields are pickled across (frames are plain dataclasses of lists), and the visitor's quota identity is the
-`gr.Request` in the calling context. So here:
-
-- the GPU function is first advanced in the event handler itself (`ZeroGpuPlayground.start_run`, called from the
-  Generate handler's generator and from `/generate`), where Gradio has put the visitor's request in context; the
-  platform schedules the GPU then, and the `RunWorker` thread only reads the frames that the child sends back;
-- the run's stop signal is a `StopFlag` (a file), which pickles: Stop, a closed tab, an abandoned API call and the
-  time limit all reach the engine in the child, which ends with its own "cancelled" frame, as everywhere else;
-- `duration` is computed from the request (`GpuBudget`: canvases x denoising steps x seconds per forward, plus
-  setup), a request whose cost exceeds the smallest daily quota is refused with a message before anything starts,
-  and the run stops itself before its granted time runs out;
-- the main process never touches CUDA: the model is loaded on the CPU and moved with `.to("cuda")` in the main
-  thread (`load_zero_gpu_model`), which `spaces` intercepts and packs; prompt checks use a CPU view of the engine;
-- each fresh GPU process warms the model up once before its first run, so the meter never shows a cold start.
-
-Off ZeroGPU nothing here is used (`make_playground` returns a plain `Playground`).
+`ZeroGpuPlayground.start_job` asks `spaces.GPU` for a GPU where Gradio has put the visitor's request in context (their
+quota identity) and runs the job's source there; its `Job` and its `StopFlag` (a file: Stop, a closed tab, an
+abandoned API call and the time limit reach the child) are pickled across, as is each frame it yields. `GpuBudget`
+sizes the GPU time a job asks for and refuses one that cannot fit the quota. The main process never touches CUDA
+(`load_zero_gpu_model`, `cpu_view`). Off ZeroGPU nothing here is used (`make_playground`).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -34,13 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
+import torch
 
 from engine import DiffusionEngine, DiffusionSettings, Frame
+from engine.settings import draw_seed
+from engine.loading import ModelLoadError, load_model
+from engine.memory import memory_report
 
 from .deployment import zero_gpu
-from .handlers import Playground, describe_error
+from .handlers import Job, Playground, generation_frames, received
+from .runs import RunWorker
+from .tab import describe_error, user_error
 from .validation import RunRequest
-from .worker import RunWorker
 
 LOG = logging.getLogger(__name__)
 GpuSize = str  # "large" (half a card) or "xlarge" (the whole card), as `spaces.GPU(size=...)` takes it
@@ -137,37 +131,40 @@ class GpuBudget:
         only ever uses fewer)."""
         return math.ceil(settings.max_new_tokens / canvas_length) * settings.max_denoising_steps
 
-    def duration_s(self, settings: DiffusionSettings, canvas_length: int) -> int:
-        """Seconds of GPU to ask for: `setup_s + forwards * seconds_per_forward`, rounded up."""
-        return math.ceil(self.setup_s + self.forwards(settings, canvas_length) * self.seconds_per_forward)
+    def duration_s(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> int:
+        """Seconds of GPU to ask for: `setup_s + forwards * seconds_per_forward`, rounded up (`extra_forwards`: a
+        race's autoregressive side)."""
+        forwards = self.forwards(settings, canvas_length) + extra_forwards
+        return math.ceil(self.setup_s + forwards * self.seconds_per_forward)
 
     def quota_cost_s(self, duration_s: float) -> float:
         """Quota seconds a `duration_s` request costs (an xlarge second counts twice)."""
         return duration_s * (2 if self.size == "xlarge" else 1)
 
-    def check(self, settings: DiffusionSettings, canvas_length: int) -> None:
+    def check(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> None:
         """Refuse a request that cannot fit the quota, naming what to lower.
 
         Raises:
             ValueError: the request's GPU time (as `quota_cost_s`) is over `quota_s`.
         """
-        duration = self.duration_s(settings, canvas_length)
+        duration = self.duration_s(settings, canvas_length, extra_forwards)
         cost = self.quota_cost_s(duration)
         if cost <= self.quota_s:
             return
         per_forward = self.seconds_per_forward * (2 if self.size == "xlarge" else 1)
         most = max(0, int((self.quota_s - self.quota_cost_s(self.setup_s)) // per_forward))
         raise ValueError(
-            f"this request may need {duration} s of GPU ({self.forwards(settings, canvas_length)} decoder forwards "
+            f"this request may need {duration} s of GPU "
+            f"({self.forwards(settings, canvas_length) + extra_forwards} decoder forwards "
             f"of {canvas_length}-token canvases), over what this ZeroGPU Space can ask for ({self.quota_s:g} s of "
             f"quota{', an xlarge second counting twice' if self.size == 'xlarge' else ''}): lower max_new_tokens or "
             f"max_denoising_steps (at most about {most} forwards in all)")
 
 
 def weight_bytes(model) -> int:
-    """Bytes of a model's parameters and buffers (quantized ones as stored)."""
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes of a model's weights as stored: every parameter and buffer once, quantized ones by their packed bytes
+    (`engine.memory.memory_report`)."""
+    return memory_report(model)["total_bytes"]
 
 
 def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:
@@ -197,10 +194,6 @@ def load_zero_gpu_model(model: str, dtype: str = "auto", quantization: str = "no
             bitsandbytes weights and their quantization state travel through ZeroGPU's CUDA emulation was never
             checked; bf16 asks for an xlarge GPU instead).
     """
-    import torch  # noqa: PLC0415
-
-    from engine.loading import ModelLoadError, load_model  # noqa: PLC0415
-
     if quantization != "none":
         raise ModelLoadError(f"{quantization} quantization is not offered on ZeroGPU (its packed weights under "
                              "ZeroGPU's CUDA emulation were never checked): use --quantization none (bf16 weights, an "
@@ -214,8 +207,6 @@ def load_zero_gpu_model(model: str, dtype: str = "auto", quantization: str = "no
 def cpu_view(engine: DiffusionEngine) -> DiffusionEngine:
     """A shallow copy of `engine` whose `device` is the CPU: the main process of a ZeroGPU Space encodes prompts and
     checks budgets with it (the tokenizer and config are shared; its model is never run)."""
-    import torch  # noqa: PLC0415
-
     view = copy.copy(engine)
     view.device = torch.device("cpu")
     return view
@@ -242,22 +233,28 @@ class ZeroGpuPlayground(Playground):
         super().__init__(cpu_view(engine), **kwargs)
         self.gpu_engine = engine
         self.budget = budget or GpuBudget.from_environment(gpu_size_for(engine.model))
+        self.sources["steps"] = first_frames
         if spaces_module is None:
             import spaces as spaces_module  # noqa: PLC0415 - only on ZeroGPU
         self._gpu_frames = spaces_module.GPU(duration=self.gpu_seconds, size=self.budget.size)(self._frames_on_gpu)
 
     # -- in the main process ---------------------------------------------------------------------------------------
-    def gpu_seconds(self, request: RunRequest, stop: StopFlag) -> int:
+    def gpu_seconds(self, job: Job, stop: StopFlag) -> int:
         """`spaces.GPU`'s `duration`: called with the GPU function's arguments, returns seconds to ask for."""
-        return self.budget.duration_s(request.settings, self.engine.canvas_length)
+        return self.budget.duration_s(job.settings, self.engine.canvas_length, job.extra_forwards)
 
     def check_request(self, request: RunRequest) -> None:
         """`Playground.check_request` on the CPU view, then the GPU budget (raises ValueError)."""
         super().check_request(request)
-        self.budget.check(request.settings, self.engine.canvas_length)
+        self.check_job(Job("generate", request, request.settings))
 
-    def start_run(self, request: RunRequest, *, keep_history: bool = True) -> RunWorker:
-        """Ask ZeroGPU for a GPU and start `request` there; returns the `RunWorker` reading its frames.
+    def check_job(self, job: Job) -> None:
+        """The GPU budget of `job` (raises ValueError naming what to lower)."""
+        self.budget.check(job.settings, self.engine.canvas_length, job.extra_forwards)
+
+    def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
+                  receive=None) -> RunWorker:
+        """Ask ZeroGPU for a GPU and start `job` there; returns the `RunWorker` reading what it yields.
 
         Must be called where Gradio has put the visitor's request in context (the handler, or a thread started with
         a copy of its context, as `asyncio.to_thread` does): the first frame is pulled here, which is when `spaces`
@@ -268,7 +265,7 @@ class ZeroGpuPlayground(Playground):
             gr.Error: the platform refused (quota, no GPU) or the run failed before its first frame.
         """
         stop = StopFlag()
-        frames = self._gpu_frames(request, stop)  # a RunRequest (plain values) and a StopFlag: both pickle
+        frames = self._gpu_frames(job, stop)  # a Job (plain values) and a StopFlag: both pickle
         try:
             first = [next(frames)]
         except StopIteration:
@@ -277,28 +274,41 @@ class ZeroGpuPlayground(Playground):
             stop.discard()
             if isinstance(error, Exception) and not isinstance(error, gr.Error):
                 LOG.error("ZeroGPU run failed to start: %s", "".join(traceback.format_exception(error)).rstrip())
-                raise gr.Error(describe_error(error), print_exception=False) from None
+                raise user_error(describe_error(error)) from None
             raise
         # The GPU process's set-up is over once the first frame is here: the run may take the forwards' share of the
         # time it asked for, then stops itself, keeping its finished blocks, before the platform would abort it
-        granted = self.budget.duration_s(request.settings, self.engine.canvas_length)
-        left = max(MIN_RUN_S, granted - self.budget.setup_s)
-        limit = left if self.max_run_s is None else min(self.max_run_s, left)
+        left = max(MIN_RUN_S, self.gpu_seconds(job, stop) - self.budget.setup_s)
 
         def source(_stop) -> Iterator[Frame]:
             try:
-                yield from first
-                yield from frames
+                yield from received(itertools.chain(first, frames), receive)
             finally:
                 frames.close()  # ends the GPU call: the child stops after its next frame, the GPU is released
                 stop.discard()
 
-        return RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
-                         time_limit_s=limit, stop_event=stop).start()
+        return self.runs.start(source, key, keep_history=keep_history, stop_event=stop, record=record, limit_s=left)
+
+    def step_frames(self, request: RunRequest) -> Iterator[Frame]:
+        """A stepped run on ZeroGPU, which lends a GPU per call: step n is a GPU call that runs the first n forwards
+        (the same seed, so the same tokens as one run) and sends the last."""
+        request = dataclasses.replace(request, seed=draw_seed() if request.seed is None else request.seed)
+        self.check_job(Job("steps", None, request.settings))
+        for count in itertools.count(1):
+            worker = self.start_job(Job("steps", (request, count), request.settings), keep_history=False)
+            snap = worker.wait()
+            if snap.error is not None:
+                raise snap.error
+            if snap.latest is None or snap.frames_seen < count:
+                return
+            yield snap.latest
+            if snap.latest.done:
+                return
 
     # -- in the GPU process ----------------------------------------------------------------------------------------
-    def _frames_on_gpu(self, request: RunRequest, stop: StopFlag) -> Iterator[Frame]:
-        """The function `spaces.GPU` runs in its forked process: warm up once per process, then the engine's frames.
+    def _frames_on_gpu(self, job: Job, stop: StopFlag) -> Iterator[Frame]:
+        """The function `spaces.GPU` runs in its forked process: warm up once per process, then what the job's
+        source yields (`Playground.sources`: generation, race, infill, chat) on the GPU engine.
 
         Errors become `gr.Error` with the message every other path shows (`describe_error`): `spaces` passes only
         a `gr.Error`'s message back, any other error arrives as its class name.
@@ -308,12 +318,17 @@ class ZeroGpuPlayground(Playground):
             if _WARMED_PID != os.getpid():
                 self.gpu_engine.warm_up()
                 _WARMED_PID = os.getpid()
-            yield from self.gpu_engine.frames(request.prompt, request.settings, raw=request.raw, seed=request.seed,
-                                              stop_event=stop, thinking=request.thinking)
+            yield from self.sources[job.kind](self.gpu_engine, job.payload, stop)
         except Exception as error:  # noqa: BLE001 - one clear message across the process boundary
             if not isinstance(error, ValueError):
                 LOG.error("run failed on the GPU: %s", "".join(traceback.format_exception(error)).rstrip())
-            raise gr.Error(describe_error(error), print_exception=False) from None
+            raise user_error(describe_error(error)) from None
+
+
+def first_frames(engine: DiffusionEngine, payload: tuple, stop) -> Iterator[Frame]:
+    """The "steps" source: the first `count` frames of a run of `request` (payload `(request, count)`)."""
+    request, count = payload
+    return itertools.islice(generation_frames(engine, request, stop), count)
 
 
 def make_playground(engine: DiffusionEngine, environ: Mapping[str, str] | None = None, **kwargs) -> Playground:

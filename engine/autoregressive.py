@@ -5,7 +5,6 @@ model's own causal encoder on the shared weights; `AutoregressiveDecoder.load` t
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -19,24 +18,17 @@ from .engine import encode_text
 from .generator import EngineClock
 from .loading import ModelLoadError
 from .random_state import RunRandomState
-from .settings import parse_seed, parse_setting
+from .settings import SettingSpec, parse_seed, parse_setting
 from .tokens import TokenText, eos_id_list
 
-MAX_TEMPERATURE = 10.0
+AR_TEMPERATURE = SettingSpec("ar_temperature", "Autoregressive temperature", float, 0.0, 10.0, True,
+                             "0: greedy (default); above: sampled", "--ar-temperature", ui_step=0.05)
 
 
 def check_temperature(value) -> float:
-    """`value` as a sampling temperature in [0, 10] (0: greedy); raises `ValueError` naming `ar_temperature`."""
-    if isinstance(value, bool) or value is None:
-        raise ValueError(f"ar_temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0: greedy), got {value!r}")
-    try:
-        value = float(str(value).strip()) if isinstance(value, str) else float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"ar_temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0: greedy), "
-                         f"got {value!r}") from None
-    if not math.isfinite(value) or not 0.0 <= value <= MAX_TEMPERATURE:
-        raise ValueError(f"ar_temperature must be in [0, {MAX_TEMPERATURE:g}] (0: greedy), got {value!r}")
-    return value
+    """`value` as the autoregressive side's sampling temperature in [0, 10] (0: greedy); raises `ValueError` naming
+    `ar_temperature`."""
+    return AR_TEMPERATURE.parse(value)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from .conversation import check_messages, conversation_ids
 from .engine import DiffusionEngine, GenerationResult
 from .frames import Frame
 from .generator import denoise
-from .prompts import split_thought
 from .random_state import RunRandomState
 from .settings import DiffusionSettings, check_prompt, parse_seed
 

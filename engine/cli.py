@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .autoregressive import check_temperature
+from .autoregressive import AR_TEMPERATURE, check_temperature
 from .chat import ChatSession
 from .engine import DiffusionEngine
 from .infill import filled_text, infill_frames, parse_template
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "model's own causal encoder)")
     race.add_argument("--prompt", required=True)
     race.add_argument("--raw", action="store_true", help="no chat template: tokenize the prompt as is")
-    race.add_argument("--ar-temperature", type=float, default=0.0, help="0: greedy (default); above: sampled")
+    race.add_argument(AR_TEMPERATURE.flag, type=float, default=0.0, help=AR_TEMPERATURE.help)
     race.add_argument("--order", default="alternate", choices=RACE_ORDERS)
     race.add_argument("--no-warm-up", dest="warm_up", action="store_false", help="skip each side's warm-up")
 

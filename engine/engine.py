@@ -19,6 +19,7 @@ from .random_state import RunRandomState
 from .settings import DiffusionSettings, check_prompt, parse_seed
 from .tokens import token_text_for
 
+
 def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinking: bool = False) -> torch.LongTensor:
     """Token ids `[1, prompt_length]` of `prompt` on `device`: as is (`raw`) or as one chat user turn with the
     generation prompt (the tokenizer's chat template). In a chat prompt the user's text is text: special-token
@@ -113,16 +114,7 @@ class DiffusionEngine:
         return supports_thinking(self.tokenizer)
 
     def encode_prompt(self, prompt: str, raw: bool = False, thinking: bool = False) -> torch.LongTensor:
-        """Token ids `[1, prompt_length]` on the model's device (`encode_text`).
-
-        Chat prompts go through the tokenizer's chat template as one user turn with the generation prompt
-        (`enable_thinking=thinking` where the template takes it); raw prompts are
-        `tokenizer(prompt, return_tensors="pt").input_ids`, with `<bos>` prepended where the tokenizer left it out.
-
-        Raises:
-            ValueError: not a string, empty or whitespace only, longer than `MAX_PROMPT_CHARS` characters;
-                `thinking` with a raw prompt or without a template that supports it.
-        """
+        """Token ids `[1, prompt_length]` on the model's device: `encode_text` (and its errors)."""
         return encode_text(self.tokenizer, prompt, raw, self.device, thinking=thinking)
 
     def check_budget(self, prompt_tokens: int, settings: DiffusionSettings) -> None:

@@ -30,7 +30,8 @@ SHOWN_CHARS = 40  # an echoed bad value is cut to this many characters: the mess
 class SettingSpec:
     """One setting: `name` (a `DiffusionSettings` field), UI `label`, `kind` (int, float or bool), range `low` to
     `high` (inclusive; `low` only when `low_inclusive`; None for bool), one-sentence `help`, CLI `flag`, and the UI
-    slider's top `ui_high` (<= high; None = high) and `ui_step`."""
+    slider's top `ui_high` (<= high; None = high) and `ui_step` (a slider over an exclusive `low` starts one step
+    above it)."""
 
     name: str
     label: str
@@ -47,6 +48,32 @@ class SettingSpec:
         """The range as text, "[1, 4096]" or "(0.0, 1000.0]" (ui: up to `ui_high`)."""
         high = self.ui_high if ui and self.ui_high is not None else self.high
         return f"{'[' if self.low_inclusive else '('}{self.low}, {high}]"
+
+    def parse(self, value, *, ui: bool = False) -> int | float | bool:
+        """`value` as this setting's kind, in its range (see `parse_setting`); raises `ValueError` naming it."""
+        if self.kind is bool:
+            return parse_flag(self.name, value)
+        span = self.span(ui)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise ValueError(f"{self.name} is missing: enter a number in {span}")
+        number = value
+        if isinstance(value, str):
+            try:
+                number = float(value.strip())
+            except ValueError:
+                raise ValueError(f"{self.name} must be a number in {span}, got {shown(value)}") from None
+        elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{self.name} must be a number in {span}, got {shown(value)}")
+        number = int(number) if isinstance(number, numbers.Integral) else float(number)
+        if isinstance(number, float) and not math.isfinite(number):
+            raise ValueError(f"{self.name} must be a finite number in {span}, got {shown(value)}")
+        if self.kind is int and number != int(number):
+            raise ValueError(f"{self.name} must be an integer in {span}, got {shown(value)}")
+        if number < self.low or (number == self.low and not self.low_inclusive) or number > self.high:
+            raise ValueError(f"{self.name} must be in {span}, got {shown(value)}")
+        if ui and self.ui_high is not None and number > self.ui_high:
+            raise ValueError(f"{self.name} must be at most {self.ui_high} here, got {shown(value)}")
+        return int(number) if self.kind is int else float(number)
 
 
 SETTINGS: tuple[SettingSpec, ...] = (
@@ -109,32 +136,9 @@ def parse_setting(name: str, value, *, ui: bool = False) -> int | float | bool:
     t_min < t_max is `DiffusionSettings`'s.
 
     Raises:
-        ValueError: one line starting with the setting's name and giving its range.
+        ValueError: one line starting with the setting's name and giving its range; an unknown name.
     """
-    row = spec(name)
-    if row.kind is bool:
-        return parse_flag(name, value)
-    span = row.span(ui)
-    if value is None or (isinstance(value, str) and not value.strip()):
-        raise ValueError(f"{name} is missing: enter a number in {span}")
-    number = value
-    if isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            raise ValueError(f"{name} must be a number in {span}, got {shown(value)}") from None
-    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number in {span}, got {shown(value)}")
-    number = int(number) if isinstance(number, numbers.Integral) else float(number)
-    if isinstance(number, float) and not math.isfinite(number):
-        raise ValueError(f"{name} must be a finite number in {span}, got {shown(value)}")
-    if row.kind is int and number != int(number):
-        raise ValueError(f"{name} must be an integer in {span}, got {shown(value)}")
-    if number < row.low or (number == row.low and not row.low_inclusive) or number > row.high:
-        raise ValueError(f"{name} must be in {span}, got {shown(value)}")
-    if ui and row.ui_high is not None and number > row.ui_high:
-        raise ValueError(f"{name} must be at most {row.ui_high} here, got {shown(value)}")
-    return int(number) if row.kind is int else float(number)
+    return spec(name).parse(value, ui=ui)
 
 
 def parse_seed(value) -> int | None:

@@ -77,3 +77,13 @@ def served_app(engine):
     _, url, _ = app.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
     yield app, url
     app.close()
+
+
+@pytest.fixture(scope="module")
+def client(served_app):
+    """A `gradio_client.Client` of the served playground, one per test module; closed after it."""
+    from gradio_client import Client
+
+    api_client = Client(served_app[1], verbose=False)
+    yield api_client
+    api_client.close()

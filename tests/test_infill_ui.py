@@ -116,15 +116,6 @@ def test_a_refused_fill_marks_the_previous_fill_as_the_previous_runs(tab):
 
 
 # -- /infill ---------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def client(served_app):
-    from gradio_client import Client
-
-    api_client = Client(served_app[1], verbose=False)
-    yield api_client
-    api_client.close()
-
-
 @pytest.mark.slow
 def test_infill_api_returns_the_filled_text_and_positions(client, engine):
     text, summary = client.predict("The [___ 2] is blue. <end_of_turn>", "", 3, 2.0, 0.05, 0.1, 1, 0.05, True, 7,

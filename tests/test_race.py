@@ -196,7 +196,7 @@ def test_race_refuses_bad_inputs_before_running(engine, small):
     with pytest.raises(ValueError, match="prompt is empty"):
         runner.run("", small)
     with pytest.raises(ValueError, match="context"):
-        runner.run("word " * 9000, small, raw=True)
+        runner.run("\U0001f600" * 2100, small, raw=True)  # 8,400 tokens in 2,100 characters: under the prompt limit
     assert ORDERS[0] == "alternate"
 
 
@@ -521,11 +521,9 @@ def test_race_tab_runs_then_replays_and_resets_buttons_on_failure(engine, monkey
     assert outputs[-1][3]["interactive"] is True and outputs[-1][4]["interactive"] is False
 
 
-def test_race_is_refused_with_a_message_on_zero_gpu(engine, monkeypatch):
-    import gradio as gr
-
+def test_race_is_not_refused_on_zero_gpu(engine, monkeypatch):
+    """The race runs in the GPU process on ZeroGPU (tests/test_spaces.py): its checks pass there as anywhere."""
     from diffgemma_ui.race_handlers import RaceTab
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    with pytest.raises(gr.Error, match="not available on ZeroGPU"):
-        RaceTab(RaceRunner(engine)).check_inputs("In the beginning", True, "fast", 64, 0, 0.0, "alternate")
+    assert RaceTab(RaceRunner(engine)).check_inputs("In the beginning", True, "fast", 64, 0, 0.0, "alternate") is None

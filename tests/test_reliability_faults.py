@@ -24,7 +24,7 @@ import gradio as gr
 import pytest
 import torch
 
-from diffgemma_ui import worker as worker_module
+from diffgemma_ui import runs as runs_module
 from diffgemma_ui.handlers import Playground
 from diffgemma_ui.session import SessionState
 from engine import DEFAULT_MODEL, ModelLoadError, load_model
@@ -216,15 +216,15 @@ def reference(engine):
 
 @pytest.fixture
 def release_spy(monkeypatch):
-    """Counts `diffgemma_ui.worker.release_memory` calls (still releasing)."""
+    """Counts `diffgemma_ui.runs.release_memory` calls (still releasing)."""
     calls = []
-    original = worker_module.release_memory
+    original = runs_module.release_memory
 
     def spy():
         calls.append(1)
         original()
 
-    monkeypatch.setattr(worker_module, "release_memory", spy)
+    monkeypatch.setattr(runs_module, "release_memory", spy)
     return calls
 
 

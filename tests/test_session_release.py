@@ -1,7 +1,7 @@
 """A closed tab's session is released, Gradio's own record of it included (issue 13 item 11).
 
 Gradio keeps, per session hash, the last value of every component and the components `gr.update` replaced; on its
-own it would keep a closed tab's record until 10,000 later sessions had come (`diffgemma_ui.gradio_state`). The
+own it would keep a closed tab's record until 10,000 later sessions had come (`diffgemma_ui.runs.ClosedSessionDropper`). The
 memory figure for 50 browser visitors is measured by `python benchmarks/load_test.py --browser-sessions 50`.
 """
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from diffgemma_ui.gradio_state import DROP_DELAY_S, ClosedSessionDropper
+from diffgemma_ui.runs import DROP_DELAY_S, ClosedSessionDropper
 from pages import open_page, set_number
 
 pytestmark = pytest.mark.slow

@@ -536,3 +536,70 @@ def test_the_server_bounds_malloc_arenas_unless_the_operator_chose():
         assert limit_malloc_arenas(environ={}) == 2
     with pytest.raises(ValueError, match="arenas must be >= 1"):
         limit_malloc_arenas(0, environ={})
+
+
+def _sources_ran_in_gpu_process(log: Path, start: int, kind: str, server_pid: int) -> list[dict]:
+    """The log entries since `start` once the GPU was released; asserts source `kind` ran outside the server."""
+    entries = _wait_log(log, lambda e: any(x["event"] == "release" for x in e[start:]))[start:]
+    ran = [x for x in entries if x["event"] == "source" and x["kind"] == kind]
+    assert ran and server_pid not in {x["pid"] for x in ran}, entries
+    schedule = next(x for x in entries if x["event"] == "schedule")
+    assert schedule["has_request"] and schedule["pid"] == server_pid
+    assert [x["fail"] for x in entries if x["event"] == "release"] == [False]
+    return entries
+
+
+@pytest.mark.slow
+def test_zerogpu_runs_race_chat_and_infill_in_the_gpu_process(zerogpu_space):
+    from gradio_client import Client
+
+    url, ids, log, server_pid = zerogpu_space
+    client = Client(url, headers={"X-IP-Token": _visitor_token("visitor-tabs")}, verbose=False,
+                    download_files=False, analytics_enabled=False)
+    try:
+        start = len(_log(log))
+        filled, summary = client.predict("In the beginning God created the [___ 2]", max_denoising_steps=2,
+                                         seed=1, api_name="/infill")
+        assert filled.startswith("In the beginning God created the") and len(summary["fills"]) == 1
+        _sources_ran_in_gpu_process(log, start, "infill", server_pid)
+
+        start = len(_log(log))
+        answer, summary = client.predict("Who made the light?", max_new_tokens=64, max_denoising_steps=2, seed=2,
+                                         api_name="/chat")
+        assert summary["history"][-1] == {"role": "assistant", "content": answer}
+        assert summary["report"]["prompt_tokens"] > 0
+        _sources_ran_in_gpu_process(log, start, "chat", server_pid)
+
+        start = len(_log(log))
+        diffusion, autoregressive, summary = client.predict("In the beginning", raw=True, max_new_tokens=64,
+                                                            max_denoising_steps=2, seed=3,
+                                                            order="diffusion first", api_name="/race")
+        assert summary["diffusion"]["tokens"] > 0 and summary["autoregressive"]["tokens"] > 0
+        entries = _sources_ran_in_gpu_process(log, start, "race", server_pid)
+        schedule = next(x for x in entries if x["event"] == "schedule")
+        # 1 canvas x 2 steps of diffusion and 64 autoregressive forwards, x 0.25 s, + 30 s of setup
+        assert schedule["duration_s"] == math.ceil(SETUP_S + (2 + 64) * PER_FORWARD_S) == 47
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+def test_zerogpu_steps_through_a_run_one_gpu_call_per_step(zerogpu_space):
+    url, ids, log, server_pid = zerogpu_space
+    session, token = uuid.uuid4().hex[:10], _visitor_token("visitor-steps")
+    values = [{"Prompt": "And he said", "Max denoising steps": 4, "Max new tokens": 64, "Seed": 3}.get(label)
+              for label in ids["step_inputs"]]
+    raw = next(i for i, label in enumerate(ids["step_inputs"]) if label and label.startswith("Raw prompt"))
+    values[raw] = True
+    defaults = {item["label"]: item["value"] for item in ids["generate_inputs"]}
+    values = [defaults.get(label) if value is None and label in defaults else value
+              for label, value in zip(ids["step_inputs"], values)]
+    notes = []
+    for _ in range(2):
+        start = len(_log(log))
+        (messages,) = _stream(url, ids["next_step"], values, session, token).values()
+        done = messages[-1]
+        assert done["msg"] == "process_completed" and done["success"], done
+        notes.append(done["output"]["data"][-1])
+        _sources_ran_in_gpu_process(log, start, "steps", server_pid)
+    assert "forward 1:" in notes[0] and "forward 2:" in notes[1], notes

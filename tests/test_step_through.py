@@ -56,14 +56,13 @@ def test_stepping_gives_the_tokens_of_a_normal_run(steps, engine):
     assert again[8] == outputs[8] and again[9] == outputs[9]  # Generate and Stop left as they are
 
 
-def test_stepping_is_refused_with_a_message_on_zero_gpu(steps, monkeypatch):
-    import gradio as gr
-
+def test_stepping_is_not_refused_on_zero_gpu(steps, monkeypatch):
+    """On ZeroGPU each step is a GPU call (tests/test_spaces.py runs it in the emulated GPU process): the tab is
+    no longer refused there."""
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     session = SessionState()
-    with pytest.raises(gr.Error, match="not available on ZeroGPU"):
-        steps.next_step(session, *INPUTS)
-    assert getattr(session, "step_run", None) is None
+    outputs = steps.next_step(session, *INPUTS)
+    assert session.step_run is not None and "forward 1:" in outputs[-1]
 
 
 def set_up_two_blocks_of_six_forwards(page):

@@ -26,7 +26,7 @@ from diffgemma_ui.validation import (
     check_ui_seed,
     preset_values,
 )
-from diffgemma_ui.worker import RunTimeLimitExceeded, RunWorker, default_live_rate
+from diffgemma_ui.runs import RunTimeLimitExceeded, RunWorker, default_live_rate
 from engine import DiffusionSettings, Frame
 from synthetic import parse_html, synthetic_frame
 
@@ -730,7 +730,7 @@ def test_meter_speed_is_the_committed_blocks_and_holds_still_while_a_block_runs(
 
 # -- plots follow the live block and say what they show (issue 13 items 8 and 13) --------------------------------------
 def test_live_plots_follow_every_block_and_name_its_step(monkeypatch):
-    import diffgemma_ui.handlers as handlers
+    import diffgemma_ui.tab as handlers
 
     monkeypatch.setattr(handlers, "PLOT_INTERVAL_S", 1000.0)  # only block changes make plots due
     playground = Playground(FakeEngine(frames=12, delay=0.02), max_fps=1000)

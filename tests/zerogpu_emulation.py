@@ -11,7 +11,8 @@ with only what needs a GPU or Hugging Face's device API replaced:
 - `torch.init` / `torch.move` (CUDA set-up of the forked GPU process) do nothing, and `torch.version.cuda` is given a
   value: a CPU torch has no CUDA, so the embedded model stays on the CPU, in the forked process as in the main one.
 The engine's `frames` logs the process that runs it (so a test can tell the child from the server), and at its end
-how many frames it yielded and the last one's stop reason. Prints
+how many frames it yielded and the last one's stop reason; each tab's source (`Playground.sources`) logs its kind and
+process. Prints
 "READY <url> <json: event ids, the run step's inputs>" once serving, then serves until killed.
 """
 
@@ -93,9 +94,23 @@ def main(port: int, log_path: str) -> None:
 
     engine.frames = frames
     app = build_app(engine, abandon_after_s=5.0)
+    sources = app.playground.sources
+
+    def logged(kind, source):
+        def run(*args):
+            log("source", kind=kind)
+            yield from source(*args)
+        return run
+
+    for kind in list(sources):  # every tab's source logs the process it runs in
+        sources[kind] = logged(kind, sources[kind])
     handlers = {"generate_stream": app.playground.generate_stream, "stop": app.playground.stop}
     fns = {name: next(fn for fn in app.fns.values() if fn.fn == handler) for name, handler in handlers.items()}
     ids = {name: fn._id for name, fn in fns.items()}
+    button = next(block._id for block in app.blocks.values() if getattr(block, "elem_id", None) == "dg-next-step")
+    step = next(fn for fn in app.fns.values() if (button, "click") in [tuple(t) for t in fn.targets])
+    ids["next_step"] = step._id
+    ids["step_inputs"] = [getattr(block, "label", None) for block in step.inputs]
     # The run step's inputs, for a client that joins the queue as the page does: label and default value of each
     ids["generate_inputs"] = [
         {"label": getattr(block, "label", None),

@@ -1,21 +1,25 @@
-"""Background runs: the engine iterates in a worker thread; the UI reads coalesced snapshots.
+"""The one run mechanism: every tab's model work is a frame source iterated in a worker thread into a record.
 
-`RunWorker` owns one run: a daemon thread pulls frames from a frame source (normally `DiffusionEngine.frames`) into
-a `RunRecord`; `updates()` yields snapshots at most `max_fps` times a second and spaced so that reading them takes
-at most `reader_budget` of wall time, always the newest frame and always the final one. Stopping sets the run's
-`stop_event` (the engine ends within one decoder forward). A run whose reader goes away (no `updates()`/`wait()`
-poll for `abandon_after_s`) stops itself, so a closed browser tab can never keep the device busy; a run past
-`time_limit_s` stops itself with `RunTimeLimitExceeded`.
+`RunWorker` owns one run: a daemon thread pulls items from a frame source (`DiffusionEngine.frames`, a chat turn,
+an infill, a race or a comparison) into a record; `updates()` yields coalesced snapshots. Stop, a closed tab (no
+reader for `abandon_after_s`, or `Runner.unload`), an abandoned API call (`Runner.api_served`) and the server's time
+limit all end a run here. `Runner` starts every run of an app (on ZeroGPU through its `place` hook, in the GPU
+process) and keeps which session runs what.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
+import queue
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+
+import torch
+from gradio.context import LocalContext
 
 from engine import Frame
 
@@ -28,7 +32,7 @@ DEFAULT_MAX_FPS = 15.0
 # rate falls from 15 updates/s to 7 at the real checkpoint's 256-position canvas instead of letting updates queue
 LIVE_POSITIONS_PER_SECOND = 1800.0
 DEFAULT_READER_BUDGET = 0.05  # the UI may take at most 5% of wall time: the meter must show >= 95% of bare speed
-STOP_GRACE_S = 2.0  # after Stop, frames already on their way (ZeroGPU pipes them from another process) are read this long
+STOP_GRACE_S = 2.0  # after Stop, frames already on their way (ZeroGPU pipes them across) are read this long
 LOG = logging.getLogger(__name__)
 
 
@@ -58,15 +62,11 @@ def time_limit_error(limit_s: float, forwards: int, *, blocks_kept: bool = True)
 
 def is_out_of_memory(error: BaseException | None) -> bool:
     """Whether `error` is the device (`torch.OutOfMemoryError`) or the host (`MemoryError`) running out of memory."""
-    import torch  # noqa: PLC0415 - already loaded by the engine
-
     return isinstance(error, (MemoryError, torch.OutOfMemoryError))
 
 
 def release_memory() -> None:
     """Collect garbage and hand cached accelerator memory back (after an out-of-memory run)."""
-    import torch  # noqa: PLC0415
-
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
@@ -98,12 +98,14 @@ class RunWorker:
             `RunTimeLimitExceeded` error saying so, after the engine's final frame.
         stop_event: the run's stop signal (default: a new `threading.Event`); anything with `set()` and
             `is_set()`, e.g. `zerogpu.StopFlag`, which also reaches a run in another process.
+        record: where the items go (default: a `RunRecord` of frames); anything with `add`, `finish`, `count`,
+            `finished` and `snapshot`, e.g. a race's record of (side, frame) items.
     """
 
     def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0,
-                 time_limit_s: float | None = None, stop_event: threading.Event | None = None):
+                 time_limit_s: float | None = None, stop_event: threading.Event | None = None, record=None):
         self.stop_event = threading.Event() if stop_event is None else stop_event
-        self.record = RunRecord(keep_history=keep_history)
+        self.record = RunRecord(keep_history=keep_history) if record is None else record
         self.abandon_after_s = abandon_after_s
         self.time_limit_s = time_limit_s
         self._source = source
@@ -142,30 +144,13 @@ class RunWorker:
     def _run(self) -> None:
         error: BaseException | None = None
         iterator = None
-        after_stop = 0
-        stopped_at: float | None = None
-        started = time.monotonic()
-        timed_out = False
+        self._started = time.monotonic()
+        self._after_stop, self._stopped_at, self._timed_out = 0, None, False
         try:
             iterator = self._source(self.stop_event)
             for frame in iterator:
-                self.record.add(frame)
-                with self._changed:
-                    self._changed.notify_all()
-                if frame.done:
+                if self.take(frame):
                     break
-                if self.abandon_after_s is not None and time.monotonic() - self._last_poll > self.abandon_after_s:
-                    self.stop_event.set()
-                if self.time_limit_s is not None and time.monotonic() - started > self.time_limit_s:
-                    timed_out = True
-                    self.stop_event.set()
-                if self.stop_event.is_set():
-                    # The engine yields one more frame (cancelled) at most one forward later, after the frames it had
-                    # already sent; a source that ignores the event is closed instead.
-                    after_stop += 1
-                    stopped_at = stopped_at or time.monotonic()
-                    if after_stop >= 2 and time.monotonic() - stopped_at > STOP_GRACE_S:
-                        break
         except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
             if not isinstance(exc, ValueError):  # the operator gets the traceback; the user only the message
                 # As text: a log record holding the traceback object would keep the failed run's tensors alive
@@ -179,13 +164,35 @@ class RunWorker:
                 except Exception:  # noqa: BLE001
                     pass
             iterator = close = None
-            if timed_out and error is None:
+            if self._timed_out and error is None:
                 error = time_limit_error(self.time_limit_s, self.record.count)
             if is_out_of_memory(error):
                 release_memory()
             self.record.finish(error)
             with self._changed:
                 self._changed.notify_all()
+
+    def take(self, frame) -> bool:
+        """Record one item of the run (in the worker thread); returns whether the run is over: its final frame, or
+        a source that went on for `STOP_GRACE_S` after Stop."""
+        self.record.add(frame)
+        with self._changed:
+            self._changed.notify_all()
+        if getattr(frame, "done", False):
+            return True
+        now = time.monotonic()
+        if self.abandon_after_s is not None and now - self._last_poll > self.abandon_after_s:
+            self.stop_event.set()
+        if self.time_limit_s is not None and now - self._started > self.time_limit_s:
+            self._timed_out = True
+            self.stop_event.set()
+        if self.stop_event.is_set():
+            # The engine yields one more frame (cancelled) at most one forward later, after the frames it had
+            # already sent; a source that ignores the event is closed instead.
+            self._after_stop += 1
+            self._stopped_at = self._stopped_at or now
+            return self._after_stop >= 2 and now - self._stopped_at > STOP_GRACE_S
+        return False
 
     # -- readers -------------------------------------------------------------------------------------------------
     def snapshot(self) -> RunSnapshot:
@@ -288,3 +295,162 @@ class RunRegistry:
         """Runs whose thread is still alive."""
         with self._lock:
             return sum(1 for w in self._runs.values() if w.running)
+
+
+DEFAULT_MAX_RUN_S = 300.0  # no single run (UI or API) holds the engine for longer
+API_POLL_S = 0.02  # how often a served API call checks its run (and notices a cancelled job)
+STOP_WAIT_S = 10.0  # Stop waits this long at most for the run's last frame (one decoder forward)
+# How long after a tab closed Gradio's record of it is dropped: every unload handler of the app has run by then
+DROP_DELAY_S = 5.0
+
+
+def pushed(run: Callable[[Callable[[object], None]], object]) -> Iterator:
+    """The items a callback-style mode hands to `emit` (`run(emit)`, run in a helper thread), as an iterator, then
+    what `run` returns as the last item; an exception `run` raises is raised here."""
+    items: queue.Queue = queue.Queue()
+
+    def target() -> None:
+        try:
+            items.put((True, run(lambda item: items.put((False, item)))))
+        except BaseException as error:  # noqa: BLE001 - raised again in the reader
+            items.put((None, error))
+
+    threading.Thread(target=target, name="diffgemma-pushed", daemon=True).start()
+    while True:
+        last, item = items.get()
+        if last is None:
+            raise item
+        yield item
+        if last:
+            return
+
+
+class ClientGone(RuntimeError):
+    """The client of a served API call went away; its run was stopped."""
+
+
+def job_alive_check() -> Callable[[], bool]:
+    """A function answering whether the current Gradio job's client is still there (call it in the handler's own
+    context, where Gradio set the job's event id; the returned function may be called from anywhere).
+
+    Gradio marks a job `alive = False` when its client goes away (a dropped result stream, a closed client) but
+    only checks it between two outputs of a generator; outside a queued job this always answers True.
+    """
+    blocks = LocalContext.blocks.get(None)
+    event_id = LocalContext.event_id.get(None)
+    queue = getattr(blocks, "_queue", None)
+    if queue is None or event_id is None:
+        return lambda: True
+
+    def alive() -> bool:
+        event = queue.event_ids_to_events.get(event_id)
+        return event is None or bool(getattr(event, "alive", True))
+
+    return alive
+
+
+def session_key(request, fallback: object, suffix: str = "") -> str:
+    """The registry key of a session's run: its session hash (or `anon-<id of fallback>`) and `suffix`."""
+    return f"{getattr(request, 'session_hash', None) or f'anon-{id(fallback)}'}{suffix}"
+
+
+class Runner:
+    """Starts every run of one app and keeps which session runs what (one per app, not module state).
+
+    Args:
+        max_fps: most live renders per second; reader_budget: most share of wall time the live view may take
+            (see `RunWorker.updates`); abandon_after_s: a run without a reader for this long stops itself;
+        max_run_s: a run (UI or API) that lasts longer is stopped with a clear error (None: no limit).
+    """
+
+    def __init__(self, *, max_fps: float, reader_budget: float | None = DEFAULT_READER_BUDGET,
+                 abandon_after_s: float = 30.0, max_run_s: float | None = DEFAULT_MAX_RUN_S):
+        self.max_fps = max_fps
+        self.reader_budget = reader_budget
+        self.abandon_after_s = abandon_after_s
+        self.max_run_s = max_run_s
+        self.registry = RunRegistry()
+        self.closed_sessions = None  # set by build_app: a `ClosedSessionDropper`
+
+    def start(self, source: FrameSource, key: str | None = None, *, keep_history: bool = True, stop_event=None,
+              record=None, limit_s: float | None = None) -> RunWorker:
+        """Start `source` in a `RunWorker` under the app's limits, registered as `key` (None: not registered; a key
+        `<session>...` is stopped when that tab closes); `record`: as `RunWorker`'s; `limit_s`: a tighter
+        time limit for this run (ZeroGPU's granted time). The caller ends it with `finish`."""
+        limits = [limit for limit in (self.max_run_s, limit_s) if limit is not None]
+        worker = RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
+                           time_limit_s=min(limits) if limits else None, stop_event=stop_event,
+                           record=record).start()
+        if key is not None:
+            self.registry.register(key, worker)
+        return worker
+
+    def finish(self, key: str | None, worker: RunWorker) -> None:
+        """Stop `worker` (if still running) and drop it from the registry."""
+        worker.stop()
+        if key is not None:
+            self.registry.unregister(key, worker)
+
+    def updates(self, worker: RunWorker) -> Iterator[RunSnapshot]:
+        """`worker`'s coalesced snapshots at the app's live rate and reader budget."""
+        return worker.updates(self.max_fps, reader_budget=self.reader_budget)
+
+    async def served(self, start: Callable[[], RunWorker], request) -> RunSnapshot:
+        """An API call's run to its end: `start()` (in a thread: it validates and may block) starts it; it is
+        registered under the caller's session (`<session>:api:<n>`, stopped through `unload` when the client
+        disconnects) and watched from the event loop, so a cancelled job or a dropped result stream stops it within
+        a poll. Returns the final snapshot.
+
+        Raises:
+            ClientGone: the client went away (the run is stopped).
+        """
+        client_alive = job_alive_check()
+        worker = await asyncio.to_thread(start)
+        key = f"{getattr(request, 'session_hash', None) or 'anon'}:api:{id(worker)}"
+        self.registry.register(key, worker)
+        try:
+            snap = worker.snapshot()
+            while not snap.finished:
+                await asyncio.sleep(API_POLL_S)
+                if not client_alive():
+                    raise ClientGone("the client went away: run stopped")
+                snap = worker.snapshot()
+        finally:
+            self.finish(key, worker)
+        return snap
+
+    def unload(self, session_hash: str | None) -> None:
+        """A tab closed: stop its session's runs and have Gradio's record of it dropped a few seconds later."""
+        if session_hash:
+            self.registry.stop(session_hash)
+            if self.closed_sessions is not None:
+                self.closed_sessions.closed(session_hash)
+
+
+class ClosedSessionDropper:
+    """Drops Gradio's own record of each closed session `delay_s` seconds after its tab closed.
+
+    Gradio keeps one record per session hash in `blocks.state_holder.session_data` (every component's last value)
+    until 10,000 later sessions have come; this drops a closed tab's at once. A queued event of a closed session
+    that starts after the drop makes a fresh, empty record.
+    """
+
+    def __init__(self, blocks, delay_s: float = DROP_DELAY_S):
+        self.blocks = blocks
+        self.delay_s = delay_s
+
+    def closed(self, session_hash: str) -> None:
+        """The tab of `session_hash` closed: drop its record after the delay (in a daemon timer thread)."""
+        timer = threading.Timer(self.delay_s, self.drop, args=(session_hash,))
+        timer.daemon = True
+        timer.start()
+
+    def drop(self, session_hash: str) -> bool:
+        """Drop the record of `session_hash` now; returns whether there was one."""
+        holder = getattr(self.blocks, "state_holder", None)
+        if holder is None:
+            return False
+        with holder.lock:
+            record = holder.session_data.pop(session_hash, None)
+            holder.time_last_used.pop(session_hash, None)
+        return record is not None
