@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.replay_size import synthetic_trace
+from benchmarks.browser import synthetic_trace
 from diffgemma_ui.replay_html import write_replay
 from test_trace import hostile_trace
 

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from benchmarks.replay_size import synthetic_trace
+from benchmarks.browser import synthetic_trace
 from engine.trace import (MAX_TRACE_BYTES, TRACE_VERSION, ModelInfo, Trace, TraceError, load_trace, record_trace,
                           trace_of_run)
 
