@@ -314,3 +314,16 @@ def test_full_scale_measurement_runs_on_a_tiny_variant():
     assert 0 < variant["bare_generate"]["tokens"]["median"] <= 2 * 16  # no EOS: full canvases (pads dropped)
     assert variant["engine_overhead_ratio"]["median"] > 0
     assert "tiny on cpu" in gpu.format_report(results)
+
+
+def test_frame_parts_and_gpu_share_on_the_embedded_model(engine):
+    parts = model.measure_frame_parts(engine, repeats=1)
+    assert set(parts) == {"library_accept_ms", "statistics_ms", "statistics_separate_pass_ms", "token_strings_cold_ms",
+                          "token_strings_cold_single_ms", "token_strings_warm_ms", "transfer_ms"}
+    assert all(value >= 0 for value in parts.values()) and parts["token_strings_cold_ms"] > 0
+    share = model.gpu_share(256, 262_144, 51.6)
+    plane = 256 * 262_144 * 4  # one [canvas x vocabulary] float32 buffer
+    assert share["held_buffer_bytes"] == plane and share["separate_pass_bytes_per_frame"] == 8 * plane
+    assert share["engine_share"] < 1e-5 < share["separate_pass_share"]
+    assert "GPU share" in model.standin_report({"vocab": 262_144, "canvas": 256, "threads": 1, "parameters": 1e6,
+                                                "frame_parts": parts, "gpu_share": share})
