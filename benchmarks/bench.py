@@ -1,4 +1,4 @@
-"""Speed benchmarks of the playground: `python benchmarks/bench.py [--quick] [--race-only] [--model PATH] [--json]`.
+"""Speed of the engine and the playground against bare `generate()`: `python -m benchmarks.bench [--quick] [--json]`.
 
 What it measures, on one model (the embedded diffgemma-tiny unless `--model`), each with a warm-up run first, then
 repetitions interleaved path by path (alternating which path goes first) over a few seeds, reported as the median
@@ -18,6 +18,13 @@ with min and max:
 (d) tokens per forward, forwards per block, time to first frame, peak memory.
 (e) scaling: tokens/s at 1, 2, 4 and 8 output blocks (adaptive stopping off, so every canvas runs all its steps)
     and at prompt lengths from 16 to 2048 tokens (one block).
+(f) `--ways-only`: the ways to watch the model denoise, for one chat prompt, settings and seed: bare `generate()`;
+    `generate()` with a logits streamer computing each position's draft, confidence and entropy; `generate()` with
+    `TextDiffusionStreamer`-style argmax drafts; diffusers' `DiffusionGemmaPipeline` with a step callback computing
+    the same statistics; the engine's frames. Rounds after a warm-up, each path once per round with the round's
+    seed in a rotating order; per-round ratios to bare on this thread's CPU time (wall beside), median [q1..q3];
+    `--readings` independent readings with the load average; which paths gave bare's tokens. `--standin`: at the
+    real vocabulary and canvas.
 
 Tokens counted: generated tokens up to and including the first EOS; the prompt and the pads after EOS are never
 counted. Seconds include prompt encoding and prefill.
@@ -27,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
+import math
 import os
 import platform
 import resource
@@ -35,23 +44,22 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from pathlib import Path
-
 import psutil
 import torch
+from transformers.generation.streamers import BaseStreamer, TextDiffusionStreamer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from engine.engine import DiffusionEngine  # noqa: E402
-from engine.generator import strip_after_eos  # noqa: E402
-from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, REPO_ROOT, load_model  # noqa: E402
-from engine.race import RaceResult, RaceRunner  # noqa: E402
-from engine.settings import DiffusionSettings, preset  # noqa: E402
+from engine.engine import DiffusionEngine
+from engine.generator import strip_after_eos
+from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, REPO_ROOT, load_model
+from engine.race import RaceResult, RaceRunner
+from engine.sampling import canvas_statistics
+from engine.settings import DiffusionSettings, preset
 
 TOKENS_COUNTED = ("generated tokens up to and including the first EOS; prompt and pad tokens are never counted; "
                   "seconds include prompt encoding and prefill")
@@ -238,6 +246,17 @@ def measure_engine_overhead(engine: DiffusionEngine, prompt: str, settings: Diff
     }
 
 
+def run_command(commands: dict[str, Callable[[list[str]], int]], prog: str, doc: str,
+                argv: list[str] | None = None) -> int:
+    """Run the command named by `argv[0]` (default: the process's arguments) of `commands` with the rest; 2 with the
+    usage and `doc` on stderr for a missing or unknown one."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in commands:
+        print(f"usage: {prog} {{{','.join(commands)}}} [--help]\n\n{doc}", file=sys.stderr)
+        return 2
+    return commands[argv[0]](argv[1:]) or 0
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago on 127.0.0.1."""
     with socket.socket() as sock:
@@ -246,39 +265,50 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def launched_app(model: str, device: str, dtype: str, threads: int, timeout_s: float = 240.0) -> Iterator[tuple]:
-    """Run `app.py` on a free local port in a subprocess (torch limited to `threads` threads); yields
-    (url, process) once the page answers, and stops the process afterwards."""
+def launched_app(model: str | None = None, device: str = "auto", dtype: str | None = None, threads: int | None = None,
+                 timeout_s: float = 240.0) -> Iterator[tuple]:
+    """Run `app.py` on a free loopback port in a subprocess (`model`: None for the embedded one; `dtype`, `threads`:
+    None for the app's defaults; no server time limit); yields (url, process) once the page answers, and stops the
+    process afterwards.
+
+    Raises:
+        RuntimeError: the app exited before serving (with the end of its output) or did not answer in `timeout_s`.
+    """
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
     env.pop("DIFFGEMMA_SHARE", None)
-    command = [sys.executable, str(REPO_ROOT / "app.py"), "--model", str(model), "--device", device, "--dtype",
-               dtype, "--threads", str(threads), "--max-run-seconds", "0", "--host", "127.0.0.1", "--port", str(port),
-               "--no-share"]
-    log = open(os.devnull, "w")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"app.py exited with status {process.returncode} before serving")
-            try:
-                with urllib.request.urlopen(url, timeout=5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"app.py did not answer on {url} within {timeout_s:.0f} s") from None
-                time.sleep(0.5)
-        yield url, process
-    finally:
-        process.terminate()
+    command = [sys.executable, str(REPO_ROOT / "app.py"), "--device", device, "--max-run-seconds", "0", "--host",
+               "127.0.0.1", "--port", str(port), "--no-share"]
+    for flag, value in (("--model", model), ("--dtype", dtype), ("--threads", threads)):
+        if value is not None:
+            command += [flag, str(value)]
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if process.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"app.py exited with status {process.returncode} before serving: "
+                                       f"{log.read()[-2000:]}")
+                try:
+                    with urllib.request.urlopen(url, timeout=5):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"app.py did not answer on {url} within {timeout_s:.0f} s") from None
+                    time.sleep(0.5)
+            yield url, process
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def peak_rss_mb(pid: int) -> float | None:
@@ -370,7 +400,8 @@ def measure_output_scaling(engine: DiffusionEngine, prompt: str, settings: Diffu
         runs = interleave({"engine": lambda seed: run_engine(engine, prompt, fixed, seed, True)},
                           mode.seeds[:1], mode.scaling_repeats, warmup=False)["engine"]
         rows.append({"blocks": blocks, "max_new_tokens": fixed.max_new_tokens, **path_summary(runs),
-                     "forwards": runs[0].forwards, "time_to_first_frame_s": spread([r.time_to_first_frame_s for r in runs])})
+                     "forwards": runs[0].forwards,
+                     "time_to_first_frame_s": spread([r.time_to_first_frame_s for r in runs])})
     return rows
 
 
@@ -393,6 +424,223 @@ def memory_summary(device: torch.device) -> dict:
     if device.type == "cuda":
         summary["peak_gpu_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return summary
+
+
+# -- (f) ways to watch the model denoise -------------------------------------------------------------------------
+WAYS = ("bare", "logits_streamer", "draft_streamer", "diffusers", "engine")
+WAY_LABELS = {
+    "bare": "bare model.generate()",
+    "logits_streamer": "generate(streamer), logits + stats",
+    "draft_streamer": "generate(streamer), argmax drafts",
+    "diffusers": "diffusers pipeline + step callback",
+    "engine": "engine.frames(), every frame",
+}
+
+
+class LogitsStreamer(BaseStreamer):
+    """A `generate()` streamer that takes the logits (`_takes_logits`): after every decoder forward it receives the
+    temperature-scaled logits `[1, canvas, vocab]` on the host and computes what the playground shows of each
+    position (argmax draft, confidence, entropy) as Python lists. `steps`: one (draft, confidence, entropy) per
+    forward."""
+
+    _takes_logits = True
+
+    def __init__(self):
+        self.steps: list[tuple[list[int], list[float], list[float]]] = []
+
+    def put(self, value) -> None:
+        """Committed ids (the prompt, then each finished canvas): nothing to compute."""
+
+    def put_draft(self, logits) -> None:
+        draft = logits[0].argmax(dim=-1)
+        confidence, entropy = canvas_statistics(logits[0], draft)
+        self.steps.append((draft.tolist(), confidence.tolist(), entropy.tolist()))
+
+    def end(self) -> None:
+        """Generation ended."""
+
+
+class DraftStreamer(TextDiffusionStreamer):
+    """`TextDiffusionStreamer` without the terminal: each forward's argmax draft decoded to text and kept (`drafts`),
+    committed text kept in `text`. No confidence: transformers hands a plain streamer the argmax canvas only."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer, skip_prompt=True)
+        self.drafts: list[str] = []
+        self.text = ""
+
+    def put_draft(self, value, **kwargs) -> None:
+        self.drafts.append(self.tokenizer.decode(value[0], **self.decode_kwargs))
+
+    def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+        self.text += text
+
+
+class Clock:
+    """Wall time, process CPU time and this thread's CPU time of a block (seconds)."""
+
+    def __enter__(self):
+        gc.collect()
+        self._start = (time.perf_counter(), time.process_time(), time.thread_time())
+        return self
+
+    def __exit__(self, *exc):
+        end = (time.perf_counter(), time.process_time(), time.thread_time())
+        self.wall, self.cpu, self.thread = (b - a for a, b in zip(self._start, end))
+        return False
+
+
+@dataclass(frozen=True)
+class WayRun:
+    """One timed run of one way: wall, process CPU and thread CPU seconds, the generated ids (pads dropped, up to
+    EOS) and decoder forwards."""
+
+    wall: float
+    cpu: float
+    thread: float
+    token_ids: list[int]
+    forwards: int
+
+
+class Ways:
+    """The five ways to get a run's tokens, each a callable `seed -> WayRun` on the same prompt ids and settings.
+
+    `settings`: their max_new_tokens, steps, entropy bound and temperatures go to every way (diffusers'
+    `EntropyBoundScheduler` included); adaptive stopping must be off so that every way runs the same forwards.
+    The prompt is the chat prompt (the diffusers pipeline always applies the chat template).
+    """
+
+    def __init__(self, engine: DiffusionEngine, prompt: str, settings: DiffusionSettings):
+        from diffusers import DiffusionGemmaPipeline
+
+        from engine.diffusers_sampler import make_scheduler, turn_end_id
+
+        if settings.adaptive_stopping:
+            raise ValueError("the ways comparison needs adaptive stopping off (every way then runs the same forwards)")
+        self.engine, self.prompt, self.settings = engine, prompt, settings
+        self.input_ids = engine.encode_prompt(prompt)
+        scheduler = make_scheduler("EntropyBoundScheduler", settings)
+        self.pipe = DiffusionGemmaPipeline(model=engine.model, scheduler=scheduler, processor=engine.tokenizer)
+        self.pipe.set_progress_bar_config(disable=True)
+        self.eos = turn_end_id(engine.tokenizer, engine.model.generation_config.eos_token_id)
+
+    def _generate(self, seed: int, streamer=None) -> tuple[Clock, list[int]]:
+        with Clock() as clock:
+            torch.manual_seed(seed)
+            output = self.engine.model.generate(self.input_ids, streamer=streamer, **self.settings.generate_kwargs())
+            synchronize(self.engine.device)
+        sequences = getattr(output, "sequences", output)
+        return clock, counted_ids(self.engine, sequences[0, self.input_ids.shape[1]:].tolist())
+
+    def bare(self, seed: int) -> WayRun:
+        clock, ids = self._generate(seed)
+        return WayRun(clock.wall, clock.cpu, clock.thread, ids, self.forwards)
+
+    def logits_streamer(self, seed: int) -> WayRun:
+        streamer = LogitsStreamer()
+        clock, ids = self._generate(seed, streamer)
+        return WayRun(clock.wall, clock.cpu, clock.thread, ids, len(streamer.steps))
+
+    def draft_streamer(self, seed: int) -> WayRun:
+        streamer = DraftStreamer(self.engine.tokenizer)
+        clock, ids = self._generate(seed, streamer)
+        return WayRun(clock.wall, clock.cpu, clock.thread, ids, len(streamer.drafts))
+
+    def diffusers(self, seed: int) -> WayRun:
+        steps = []
+
+        def on_step(pipeline, global_step, step_index, tensors):
+            logits = tensors["logits"][0]
+            draft = logits.argmax(dim=-1)
+            confidence, entropy = canvas_statistics(logits, draft)
+            steps.append((tensors["canvas"][0].tolist(), draft.tolist(), confidence.tolist(), entropy.tolist()))
+            return {}
+
+        s = self.settings
+        with Clock() as clock:
+            generator = torch.Generator(device=self.engine.device).manual_seed(seed)
+            output = self.pipe(prompt=self.prompt, gen_length=s.max_new_tokens,
+                               num_inference_steps=s.max_denoising_steps, eos_token_id=self.eos,
+                               confidence_threshold=None, generator=generator, output_type="seq",
+                               callback_on_step_end=on_step, callback_on_step_end_tensor_inputs=["canvas", "logits"])
+            synchronize(self.engine.device)
+        return WayRun(clock.wall, clock.cpu, clock.thread, counted_ids(self.engine, output.sequences[0].tolist()),
+                      len(steps))
+
+    def engine_frames(self, seed: int) -> WayRun:
+        frames, last = 0, None
+        with Clock() as clock:
+            for last in self.engine.frames(self.prompt, self.settings, seed=seed):
+                frames += 1
+        return WayRun(clock.wall, clock.cpu, clock.thread, counted_ids(self.engine, list(last.committed_ids)), frames)
+
+    @property
+    def forwards(self) -> int:
+        """Decoder forwards of one run (adaptive stopping off: every canvas runs all its steps)."""
+        return math.ceil(self.settings.max_new_tokens / self.engine.canvas_length) * self.settings.max_denoising_steps
+
+    def paths(self) -> dict[str, Callable[[int], WayRun]]:
+        return {"bare": self.bare, "logits_streamer": self.logits_streamer, "draft_streamer": self.draft_streamer,
+                "diffusers": self.diffusers, "engine": self.engine_frames}
+
+
+def rounds(paths: dict[str, Callable[[int], WayRun]], count: int, report: Callable[[str], None] = lambda _: None
+           ) -> dict[str, list[WayRun]]:
+    """Warm every path up (seed 12345, discarded), then `count` rounds; round k runs every path once with seed k, in
+    an order rotated by k and reversed on odd k (each path takes every place in turn). Returns each path's runs,
+    round by round."""
+    names = list(paths)
+    for name in names:
+        report(f"warm-up {name}: {paths[name](12345).thread:.3f} s")
+    gc.collect()
+    gc.freeze()  # the model's and tokenizer's objects: later collections (one before each run) skip them
+    runs: dict[str, list[WayRun]] = {name: [] for name in names}
+    for k in range(count):
+        order = names[k % len(names):] + names[: k % len(names)]
+        for name in order[::-1] if k % 2 else order:
+            runs[name].append(paths[name](k))
+        report(f"round {k + 1}/{count}: " + ", ".join(f"{n} {runs[n][-1].thread:.3f}" for n in names))
+    return runs
+
+
+def quartiles(values: list[float], digits: int = 4) -> dict:
+    """{"median", "q1", "q3", "min", "max"} of `values`, rounded (q1, q3: the quartiles, statistics' inclusive
+    method)."""
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else (values[0],) * 3
+    return {"median": round(statistics.median(values), digits), "q1": round(q1, digits), "q3": round(q3, digits),
+            "min": round(min(values), digits), "max": round(max(values), digits)}
+
+
+def ways_summary(runs: dict[str, list[WayRun]]) -> dict:
+    """Per way: seconds (wall, thread CPU) and the per-round ratio to bare `generate()` on each clock; whether its
+    tokens equal bare's in every round."""
+    bare = runs["bare"]
+    summary = {}
+    for name, way in runs.items():
+        summary[name] = {
+            "wall_s": quartiles([r.wall for r in way]), "cpu_s": quartiles([r.thread for r in way]),
+            "ratio_wall": quartiles([r.wall / b.wall for r, b in zip(way, bare)]),
+            "ratio_cpu": quartiles([r.thread / b.thread for r, b in zip(way, bare)]),
+            "ratio_process_cpu": quartiles([r.cpu / b.cpu for r, b in zip(way, bare)]),
+            "same_tokens_as_bare": all(r.token_ids == b.token_ids for r, b in zip(way, bare)),
+            "forwards": sorted({r.forwards for r in way}),
+        }
+    return summary
+
+
+def measure_ways(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings, count: int, readings: int = 1,
+                 report: Callable[[str], None] = lambda _: None) -> dict:
+    """(f) `readings` independent readings of `rounds(Ways(...).paths(), count)`, each with the 1-minute load average
+    before and after it."""
+    ways = Ways(engine, prompt, settings)
+    done = []
+    for _ in range(readings):
+        load_before = os.getloadavg()[0]
+        runs = rounds(ways.paths(), count, report)
+        done.append({"load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)], "rounds": count,
+                     "ways": ways_summary(runs)})
+    return {"prompt": prompt, "settings": settings.__dict__, "forwards": ways.forwards,
+            "prompt_tokens": int(ways.input_ids.shape[1]), "readings": done}
 
 
 # -- the whole benchmark -----------------------------------------------------------------------------------------
@@ -486,6 +734,32 @@ def format_race(race: dict) -> list[str]:
     return lines
 
 
+def format_ways(ways: dict, header: str = "") -> str:
+    """The (f) report: per reading, each way's thread CPU seconds and per-round ratios to bare `generate()` (median
+    [q1..q3], min..max), wall ratio beside, and whether its tokens equal bare's."""
+    s = ways["settings"]
+    lines = [header] if header else []
+    lines.append(f"(f) ways to watch it denoise: chat prompt {ways['prompt']!r} ({ways['prompt_tokens']} tokens), "
+                 f"{s['max_new_tokens']} new tokens, {s['max_denoising_steps']} steps, adaptive stopping off, "
+                 f"{ways['forwards']} forwards a run")
+    for index, reading in enumerate(ways["readings"], 1):
+        before, after = reading["load_average_1min"]
+        lines += [f"  reading {index}: {reading['rounds']} rounds, 1-min load average {before} -> {after}",
+                  "    way                                  CPU s    ratio CPU median [q1..q3] (min..max)      "
+                  "ratio wall  same tokens"]
+        for name, w in reading["ways"].items():
+            c = w["ratio_cpu"]
+            lines.append(f"    {WAY_LABELS[name]:<36} {w['cpu_s']['median']:>7.3f}  {c['median']:.3f} [{c['q1']:.3f}.."
+                         f"{c['q3']:.3f}] ({c['min']:.3f}..{c['max']:.3f})   {w['ratio_wall']['median']:>6.3f}      "
+                         f"{w['same_tokens_as_bare']}")
+    if len(ways["readings"]) > 1:
+        first, second = ways["readings"][0]["ways"], ways["readings"][1]["ways"]
+        lines.append("  readings 1 and 2 differ by (CPU ratio medians): " + ", ".join(
+            f"{name} {abs(second[name]['ratio_cpu']['median'] - first[name]['ratio_cpu']['median']) * 100:.1f}%"
+            for name in first if name != "bare"))
+    return "\n".join(lines)
+
+
 def format_table(results: dict) -> str:
     """The human-readable report: medians with [min..max]."""
     m = results["machine"]
@@ -540,12 +814,14 @@ def format_table(results: dict) -> str:
         f"time to first frame {_cell(e['time_to_first_frame_s'], 3)} s",
         f"    peak RSS {results['memory']['peak_rss_mb']} MiB (bench process)"
         + (f", app process {ui['app_peak_rss_mb']} MiB" if ui and ui.get("app_peak_rss_mb") else "")
-        + (f", peak GPU {results['memory']['peak_gpu_allocated_mb']} MiB" if "peak_gpu_allocated_mb" in results["memory"] else ""),
+        + (f", peak GPU {results['memory']['peak_gpu_allocated_mb']} MiB"
+           if "peak_gpu_allocated_mb" in results["memory"] else ""),
         "(e) scaling, engine, adaptive stopping off",
         "    output blocks  new tokens  tokens/s               seconds              forwards",
     ]
     for row in results["output_scaling"]:
-        lines.append(f"    {row['blocks']:>13}  {row['tokens']['median']:>10.0f}  {_cell(row['tokens_per_second']):<22} "
+        lines.append(f"    {row['blocks']:>13}  {row['tokens']['median']:>10.0f}  "
+                     f"{_cell(row['tokens_per_second']):<22} "
                      f"{_cell(row['seconds'], 3):<20} {row['forwards']}")
     lines.append("    prompt tokens  new tokens  tokens/s               time to first frame s")
     for row in results["prompt_scaling"]:
@@ -559,9 +835,11 @@ def format_table(results: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python benchmarks/bench.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and a smaller grid (about 2 min)")
     parser.add_argument("--model", default=str(DEFAULT_MODEL), help="local folder or hub id (default: embedded)")
+    parser.add_argument("--standin", action="store_true",
+                        help="the stand-in of the 26B checkpoint (standin/: vocabulary 262,144, canvas 256) as --model")
     parser.add_argument("--device", default="auto", choices=DEVICES)
     parser.add_argument("--dtype", default="auto", choices=DTYPES)
     parser.add_argument("--threads", type=int, default=None,
@@ -572,25 +850,55 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--race-only", action="store_true", help="only (c), the race")
     parser.add_argument("--race-prompt", default=DEFAULT_RACE_PROMPT, help="prompt of (c) (the Race tab's default)")
     parser.add_argument("--race-raw", action="store_true", help="(c)'s prompt without the chat template")
+    parser.add_argument("--ways-only", action="store_true",
+                        help="only (f), the ways to watch it denoise: one canvas, --steps steps, --rounds rounds")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="(f)'s denoising steps (default: 16; 3 with --standin, whose forwards cost seconds)")
+    parser.add_argument("--rounds", type=int, default=None, help="(f)'s rounds per reading (default: 12; 6 --quick)")
+    parser.add_argument("--readings", type=int, default=2, help="(f)'s independent readings (default: 2)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            print("error: --threads must be at least 1", file=sys.stderr)
+    for name in ("threads", "steps", "rounds", "readings"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            print(f"error: --{name} must be at least 1", file=sys.stderr)
             return 2
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
+    if args.standin:
+        from standin import ensure_standin
+
+        args.model = str(ensure_standin())
     engine = DiffusionEngine(load_model(args.model, args.device, args.dtype))
     started = time.perf_counter()
+
+    def report(section: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f} s] {section}", file=sys.stderr, flush=True)
+
+    mode = QUICK if args.quick else FULL
+    if args.ways_only:
+        steps = args.steps or (3 if args.standin else 16)
+        settings = engine.recommended.replace(max_new_tokens=engine.canvas_length, max_denoising_steps=steps,
+                                              adaptive_stopping=False)
+        results = {"model": args.model, "machine": machine_description(engine),
+                   "ways": measure_ways(engine, DEFAULT_RACE_PROMPT, settings, args.rounds or (6 if args.quick else 12),
+                                        args.readings, report)}
+        results["bench_seconds"] = round(time.perf_counter() - started, 1)
+        m = results["machine"]
+        header = (f"model {args.model} (vocabulary {engine.model.config.text_config.vocab_size:,}, canvas "
+                  f"{engine.canvas_length}); {m['cpu']}, {m['cores']} cores, torch {m['torch']} with "
+                  f"{m['torch_threads']} threads, {m['device']} {m['dtype']}")
+        print(json.dumps(results) if args.json else format_ways(results["ways"], header)
+              + f"\n({results['bench_seconds']} s)")
+        return 0
     results = run_benchmark(
-        engine, model=args.model, mode=QUICK if args.quick else FULL, prompt=args.prompt, threads=threads,
-        ui=args.ui, race_prompt=args.race_prompt, race_raw=args.race_raw, race_only=args.race_only,
-        report=lambda section: print(f"[{time.perf_counter() - started:6.1f} s] {section}", file=sys.stderr,
-                                     flush=True),
+        engine, model=args.model, mode=mode, prompt=args.prompt, threads=threads,
+        ui=args.ui, race_prompt=args.race_prompt, race_raw=args.race_raw, race_only=args.race_only, report=report,
     )
     results["mode"] = "quick" if args.quick else "full"
     results["bench_seconds"] = round(time.perf_counter() - started, 1)

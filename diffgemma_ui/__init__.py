@@ -7,8 +7,8 @@
   `validation` (input checks).
 - Tabs: `handlers` + `blocks` (Playground and the app), `step_through`, `keep` + `keep_blocks` (traces, replay,
   /export), `race_*`, `compare_*`, `chat_*`, `infill_*` (each: `_handlers` logic, `_blocks` layout, `_view` HTML).
-- Views: `text` (escaping, in one place), `colors`, `canvas_view`, `token_view`, `thought_view`, `plots`, `meter`,
-  `replay_html`.
+- Views: `text` (escaping, in one place), `colors`, `canvas_view`, `token_view`, `thought_view`, `plots`, `meter`
+  (the offline replay page is the engine's: `engine.replay_page`).
 """
 
 from .blocks import build_app

@@ -142,7 +142,8 @@ def denoise(
         else:
             encoder_after_prefill, decoder_forward = model.model.encoder, model.forward
         n_steps = generation_config.max_denoising_steps
-    token_kind = getattr(token_text, "kind", None)  # `TokenText.kind`; plain callables give no kinds
+    describe_many = getattr(token_text, "describe_many", None)  # `TokenText`: uncached ids decoded in one batch
+    token_kind = getattr(token_text, "kind", None)  # plain callables give no kinds
 
     def make_frame(block, step_index, temperature, input_canvas, argmax_canvas, processed_logits, first_accepted,
                    remelted, block_done, stopped_early, done, stop_reason) -> Frame:
@@ -151,6 +152,12 @@ def denoise(
          top_prob_rows) = host_lists(input_canvas[0], argmax_canvas[0], _accepted_mask(sampler)[0], first_accepted,
                                      confidence, entropy, remelted, top_ids, top_probs)
         progress.block_remelts += sum(remelted_list)
+        if describe_many is not None:
+            described = describe_many(input_list + draft_list)
+            strings, kinds = [d[0] for d in described], [d[1] for d in described]
+        else:
+            strings = [token_text(i) for i in input_list + draft_list]
+            kinds = [token_kind(i) for i in input_list] + [token_kind(i) for i in draft_list] if token_kind else []
         elapsed = clock.now()
         if progress.forwards == 1:
             progress.first_frame_s = elapsed
@@ -172,10 +179,10 @@ def denoise(
             top_ids=top_id_rows,
             top_probs=top_prob_rows,
             top_tokens=[[token_text(i) for i in row] for row in top_id_rows],
-            input_tokens=[token_text(i) for i in input_list],
-            draft_tokens=[token_text(i) for i in draft_list],
-            input_kinds=[token_kind(i) for i in input_list] if token_kind else [],
-            draft_kinds=[token_kind(i) for i in draft_list] if token_kind else [],
+            input_tokens=strings[:canvas_length],
+            draft_tokens=strings[canvas_length:],
+            input_kinds=kinds[:canvas_length],
+            draft_kinds=kinds[canvas_length:],
             block_done=block_done,
             block_stopped_early=stopped_early,
             done=done,

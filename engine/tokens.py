@@ -73,6 +73,7 @@ class TokenText:
             | {int(i) for i in special_ids if i is not None}
         )
         backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend = backend if hasattr(backend, "decode_batch") and hasattr(backend, "id_to_token") else None
         decoder = getattr(backend, "decoder", None)
         self._byte_level = _byte_level_decoder() if type(decoder).__name__ == "ByteLevel" else None
 
@@ -91,17 +92,30 @@ class TokenText:
             cached = self._cache[token_id] = self._describe(token_id)
         return cached
 
-    def _describe(self, token_id: int) -> tuple[str, str]:
+    def describe_many(self, token_ids: list[int]) -> list[tuple[str, str]]:
+        """`describe` of each of `token_ids`, the uncached ones decoded in one batch by the tokenizer's backend (a
+        noise canvas brings up to a canvas of ids never seen before at every step)."""
+        cache = self._cache
+        missing = [i for i in dict.fromkeys(token_ids) if i not in cache and 0 <= i < self._size]
+        if missing and self._backend is not None:
+            texts = self._backend.decode_batch([[i] for i in missing], skip_special_tokens=False)
+            for token_id, text in zip(missing, texts):
+                cache[token_id] = self._describe(token_id, text, self._backend.id_to_token(token_id))
+        return [self.describe(i) for i in token_ids]
+
+    def _describe(self, token_id: int, text: str | None = None, piece: str | None = None) -> tuple[str, str]:
+        """(string, kind) of `token_id`; `text` and `piece`: its decoded text and vocabulary piece when known."""
         if not 0 <= token_id < self._size:
             return f"<id:{token_id}>", SPECIAL
         if token_id == self.pad_id or token_id in self.eos_ids or token_id in self.special_ids:
-            piece = self._tokenizer.convert_ids_to_tokens(token_id)
+            piece = self._tokenizer.convert_ids_to_tokens(token_id) if piece is None else piece
             kind = PAD if token_id == self.pad_id else EOS if token_id in self.eos_ids else SPECIAL
             return str(piece), kind
-        text = self._tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if text is None:
+            text = self._tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if token_id in self._added:
             return text, TEXT
-        piece = self._tokenizer.convert_ids_to_tokens(token_id)
+        piece = self._tokenizer.convert_ids_to_tokens(token_id) if piece is None else piece
         match = _BYTE_PIECE.fullmatch(piece or "")
         if match:
             return byte_display(bytes([int(match.group(1), 16)])), BYTE

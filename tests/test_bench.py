@@ -1,4 +1,5 @@
-"""`benchmarks/bench.py` on tiny settings (the GPU kit's own parts: tests/test_gpu_kit.py).
+"""The benchmark scripts' logic (`benchmarks/bench.py`, `browser.py`, `load.py`, `model.py`) on tiny settings (the
+GPU kit's parts: tests/test_gpu_kit.py).
 
 Fast and free of timing assertions: the numbers only have to be sane (positive, consistent with each other, the
 same tokens on every path).
@@ -6,27 +7,18 @@ same tokens on every path).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
+import os
+import time
 import urllib.request
 
 import pytest
+import torch
 
+from benchmarks import bench, browser, model
 from engine.loading import REPO_ROOT
+from engine.sampling import canvas_statistics
 
-
-def load_script(name: str):
-    """benchmarks/<name>.py as a module (benchmarks/ is a folder of scripts, not a package)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-bench = load_script("bench")
 
 TINY = bench.Mode(repeats=1, seeds=(0,), blocks=1, ui_repeats=1, ar_repeats=1, scaling_repeats=1,
                   output_blocks=(1, 2), prompt_lengths=(16, 64))
@@ -64,12 +56,9 @@ def test_spread_and_ratio():
 
 
 def test_stopwatch_counts_cpu_time_of_other_processes():
-    import os
-    import time as clock
-
     with bench.Stopwatch(os.getpid()) as watch:  # this process twice: its CPU time counts twice
-        end = clock.process_time() + 0.05
-        while clock.process_time() < end:
+        end = time.process_time() + 0.05
+        while time.process_time() < end:
             pass
     assert watch.seconds >= 0.05 * 0.5 and watch.cpu_seconds >= 2 * 0.05 * 0.9
 
@@ -136,7 +125,8 @@ def test_scaling_rows(results):
 def test_whole_benchmark_table_and_json(results):
     json.dumps(results)  # one JSON object, as --json prints
     table = bench.format_table(results)
-    for text in ("engine_overhead_ratio", "same on CPU time", "tokens counted", "never counted", "(b) UI overhead: skipped",
+    for text in ("engine_overhead_ratio", "same on CPU time", "tokens counted", "never counted",
+                 "(b) UI overhead: skipped",
                  "(c) the race", "diffusion speedup", "fast preset", "peak RSS", "output blocks", "prompt tokens"):
         assert text in table
     assert results["memory"]["peak_rss_mb"] > 0
@@ -145,12 +135,127 @@ def test_whole_benchmark_table_and_json(results):
 def test_bad_thread_count_is_refused(capsys):
     assert bench.main(["--threads", "0"]) == 2
     assert "--threads must be at least 1" in capsys.readouterr().err
+    assert bench.main(["--rounds", "0"]) == 2
+    assert "--rounds must be at least 1" in capsys.readouterr().err
+
+
+# -- (f) the ways to watch it denoise ----------------------------------------------------------------------------
+def test_quartiles():
+    assert bench.quartiles([4.0, 1.0, 3.0, 2.0, 5.0]) == {"median": 3.0, "q1": 2.0, "q3": 4.0, "min": 1.0, "max": 5.0}
+    assert bench.quartiles([2.0]) == {"median": 2.0, "q1": 2.0, "q3": 2.0, "min": 2.0, "max": 2.0}
+
+
+def test_rounds_warm_up_then_rotate_the_order_with_one_seed_per_round():
+    calls = []
+
+    def path(name):
+        def run(seed):
+            calls.append((name, seed))
+            return bench.WayRun(1.0, 1.0, 1.0, [seed], 1)
+        return run
+
+    runs = bench.rounds({name: path(name) for name in "abc"}, 4)
+    assert calls[:3] == [("a", 12345), ("b", 12345), ("c", 12345)]  # one warm-up each
+    measured = calls[3:]
+    assert [measured[i:i + 3] for i in range(0, 12, 3)] == [
+        [("a", 0), ("b", 0), ("c", 0)], [("a", 1), ("c", 1), ("b", 1)],  # round 1 rotated by one, then reversed
+        [("c", 2), ("a", 2), ("b", 2)], [("c", 3), ("b", 3), ("a", 3)]]
+    assert {name: [r.token_ids[0] for r in way] for name, way in runs.items()} == {n: [0, 1, 2, 3] for n in "abc"}
+
+
+def test_ways_summary_takes_ratios_round_by_round():
+    def runs(*threads, tokens=(1,)):
+        return [bench.WayRun(2 * t, t, t, list(tokens), 3) for t in threads]
+
+    summary = bench.ways_summary({"bare": runs(1.0, 2.0, 4.0), "engine": runs(1.1, 2.0, 3.0),
+                                  "diffusers": runs(1.0, 2.0, 4.0, tokens=(2,))})
+    assert summary["bare"]["ratio_cpu"]["median"] == 1.0
+    assert summary["engine"]["ratio_cpu"] == {"median": 1.0, "q1": 0.875, "q3": 1.05, "min": 0.75, "max": 1.1}
+    assert summary["engine"]["ratio_wall"]["median"] == 1.0 and summary["engine"]["cpu_s"]["median"] == 2.0
+    assert summary["engine"]["same_tokens_as_bare"] is True and summary["diffusers"]["same_tokens_as_bare"] is False
+    assert summary["engine"]["forwards"] == [3]
+
+
+def test_logits_streamer_computes_what_the_playground_shows():
+    streamer = bench.LogitsStreamer()
+    assert streamer._takes_logits is True  # generate() then hands it the logits instead of the argmax canvas
+    logits = torch.randn(1, 8, 50, generator=torch.Generator().manual_seed(0))
+    streamer.put(torch.tensor([[1, 2]]))
+    streamer.put_draft(logits=logits)
+    streamer.end()
+    (draft, confidence, entropy), = streamer.steps
+    expected_confidence, expected_entropy = canvas_statistics(logits[0], logits[0].argmax(-1))
+    assert draft == logits[0].argmax(-1).tolist()
+    assert confidence == pytest.approx(expected_confidence.tolist()) and entropy == pytest.approx(
+        expected_entropy.tolist())
+
+
+def test_draft_streamer_keeps_drafts_and_text_without_printing(engine, capsys):
+    streamer = bench.DraftStreamer(engine.tokenizer)
+    ids = engine.encode_prompt("In the beginning", raw=True)
+    streamer.put(ids)  # the prompt: skipped
+    streamer.put_draft(ids)
+    streamer.put(ids)
+    streamer.end()
+    text = engine.tokenizer.decode(ids[0])
+    assert streamer.drafts == [text] and "beginning" in streamer.text
+    assert capsys.readouterr().out == ""
+
+
+def test_ways_need_adaptive_stopping_off(engine, fixed):
+    with pytest.raises(ValueError, match="adaptive stopping off"):
+        bench.Ways(engine, PROMPT, fixed.replace(adaptive_stopping=True))
+
+
+@pytest.mark.slow
+def test_ways_on_a_tiny_setting_give_bare_generates_tokens(engine, fixed):
+    ways = bench.measure_ways(engine, PROMPT, fixed.replace(max_denoising_steps=2), count=1, readings=2)
+    assert ways["forwards"] == 2 and ways["prompt_tokens"] == engine.encode_prompt(PROMPT).shape[1]
+    assert len(ways["readings"]) == 2
+    for reading in ways["readings"]:
+        assert reading["rounds"] == 1 and len(reading["load_average_1min"]) == 2
+        assert list(reading["ways"]) == list(bench.WAYS)
+        for name, way in reading["ways"].items():
+            assert way["forwards"] == [2], name  # every way saw every forward (streamer drafts, step callbacks)
+            assert way["same_tokens_as_bare"] is True, name  # diffusers' generator draws as torch.manual_seed does
+            assert way["cpu_s"]["median"] > 0 and way["ratio_cpu"]["median"] > 0
+    table = bench.format_ways(ways)
+    assert "(f) ways to watch it denoise" in table and "readings 1 and 2 differ by" in table
+    for label in bench.WAY_LABELS.values():
+        assert label in table
+
+
+def test_command_scripts_need_a_known_command(capsys):
+    assert browser.main([]) == 2 and model.main(["nope"]) == 2
+    err = capsys.readouterr().err
+    assert "python -m benchmarks.browser {canvas,latency,sessions,replay,render}" in err
+    assert "python -m benchmarks.model {quantization,standin,chat-reuse}" in err
+
+
+def test_replay_command_prints_sizes(capsys):
+    assert browser.main(["replay", "--canvas", "16", "--steps", "3", "--vocab", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "trace JSON:" in out and "HTML replay:" in out
 
 
 @pytest.mark.slow
 def test_launched_app_serves_and_stops(engine):
-    with bench.launched_app(str(REPO_ROOT / "assets" / "models" / "diffgemma-tiny"), "cpu", "float32", 1) as (url, process):
+    embedded = str(REPO_ROOT / "assets" / "models" / "diffgemma-tiny")
+    with bench.launched_app(embedded, "cpu", "float32", 1) as (url, process):
         with urllib.request.urlopen(url, timeout=10) as page:
             assert page.status == 200
         assert bench.peak_rss_mb(process.pid) is None or bench.peak_rss_mb(process.pid) > 0
     assert process.poll() is not None
+
+
+def test_frame_parts_and_gpu_share_on_the_embedded_model(engine):
+    parts = model.measure_frame_parts(engine, repeats=1)
+    assert set(parts) == {"library_accept_ms", "statistics_ms", "statistics_separate_pass_ms", "token_strings_cold_ms",
+                          "token_strings_cold_single_ms", "token_strings_warm_ms", "transfer_ms"}
+    assert all(value >= 0 for value in parts.values()) and parts["token_strings_cold_ms"] > 0
+    share = model.gpu_share(256, 262_144, 51.6)
+    plane = 256 * 262_144 * 4  # one [canvas x vocabulary] float32 buffer
+    assert share["held_buffer_bytes"] == plane and share["separate_pass_bytes_per_frame"] == 8 * plane
+    assert share["engine_share"] < 1e-5 < share["separate_pass_share"]
+    assert "GPU share" in model.standin_report({"vocab": 262_144, "canvas": 256, "threads": 1, "parameters": 1e6,
+                                                "frame_parts": parts, "gpu_share": share})

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from benchmarks.replay_size import synthetic_trace
+from benchmarks.browser import synthetic_trace
 from diffgemma_ui.keep import KeepHandlers, check_traceable, committed_text, render_trace, snapshot_upto
 from diffgemma_ui.session import SessionState
 from engine.settings import DiffusionSettings

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import load as load_bench
 from diffgemma_ui.blocks import CONCURRENCY
 from diffgemma_ui.handlers import Playground
 from pages import open_page, set_up_a_long_run
@@ -275,20 +276,9 @@ def test_closing_the_browser_page_frees_its_worker(app, served_app, forward_s, b
     assert_freed(app, thread, closed, 2.0 + freed_bound(forward_s), "browser page closed")
 
 
-def load_test_module():
-    """benchmarks/load_test.py as a module (benchmarks/ is a folder of scripts, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("load_test", REPO / "benchmarks" / "load_test.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_load_test_benchmark_runs_and_checks_solo_runs(app, served_app):
-    """`benchmarks/load_test.py` in process, small: every request completes and matches its solo run."""
-    load_test = load_test_module()
+    """`benchmarks/load.py` in process, small: every request completes and matches its solo run."""
+    load_test = load_bench
     report, outcomes = load_test.load_test(served_app[1], clients=3, requests=1, time_limit_s=120,
                                            settings=dict(raw=True, max_new_tokens=64, max_denoising_steps=2,
                                                          entropy_bound=0.5, t_min=0.4, t_max=0.8,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.replay_size import synthetic_trace
+from benchmarks.browser import synthetic_trace
 from diffgemma_ui import canvas_view, meter, plots
 from diffgemma_ui.text import visible_token
 from engine.replay_page import write_replay

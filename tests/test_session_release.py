@@ -2,7 +2,7 @@
 
 Gradio keeps, per session hash, the last value of every component and the components `gr.update` replaced; on its
 own it would keep a closed tab's record until 10,000 later sessions had come (`diffgemma_ui.runs.ClosedSessionDropper`). The
-memory figure for 50 browser visitors is measured by `python benchmarks/load_test.py --browser-sessions 50`.
+memory figure for 50 browser visitors is measured by `python -m benchmarks.browser sessions --sessions 50`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from benchmarks import browser as browser_bench
 from diffgemma_ui.runs import DROP_DELAY_S, ClosedSessionDropper
 from pages import open_page, set_number
 
@@ -75,26 +76,12 @@ def test_closing_a_tab_drops_its_gradio_record_and_keeps_the_open_ones(served_ap
     staying.close()
 
 
-def browser_sessions_module():
-    """benchmarks/browser_sessions.py as a module (benchmarks/ is a folder of scripts, not a package)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "browser_sessions.py"
-    spec = importlib.util.spec_from_file_location("browser_sessions", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_browser_sessions_benchmark_drives_tabs_and_reads_the_servers_memory(served_app):
-    """`load_test.py --browser-sessions` in process, small: every visitor's run finishes and every reading is taken
-    (the served app runs in this process, so its memory is this process's)."""
+    """`python -m benchmarks.browser sessions` in process, small: every visitor's run finishes and every reading is
+    taken (the served app runs in this process, so its memory is this process's)."""
     import os
 
-    bench = browser_sessions_module()
+    bench = browser_bench
     rss, anon = bench.read_memory_mib(os.getpid())
     assert 0 < anon < rss
     with pytest.raises(ValueError, match="at least 1"):

@@ -13,7 +13,7 @@ import pytest
 
 from diffgemma_ui import canvas_view
 from diffgemma_ui.token_view import special_label, token_cells
-from engine.tokens import BYTE, EOS, PAD, SPECIAL, TEXT, parse_byte_display
+from engine.tokens import BYTE, EOS, PAD, SPECIAL, TEXT, parse_byte_display, token_text_for
 from synthetic import parse_html, synthetic_frame
 
 # The real checkpoint's image markers (config.json: boi, image, eoi)
@@ -78,6 +78,17 @@ def test_kinds_and_strings_over_the_whole_vocabulary(gemma_tokenizer, token_text
     assert token_text.kind(table) == TEXT
     # share of specials a uniform draw over the vocabulary hits (the noise on every canvas)
     assert 0.02 < len(specials) / len(gemma_tokenizer) < 0.03
+
+
+def test_batched_lookups_describe_every_id_as_single_lookups_do(standin_engine, token_text):
+    fresh = token_text_for(standin_engine.tokenizer, standin_engine.model)
+    assert fresh._backend is not None  # the stand-in's fast tokenizer: uncached ids go to its backend in one batch
+    ids = list(range(len(standin_engine.tokenizer)))
+    for start in range(0, len(ids), 512):  # a frame's worth of ids at a time, as the engine asks
+        chunk = ids[start:start + 512]
+        assert fresh.describe_many(chunk) == [token_text.describe(i) for i in chunk], start
+    assert fresh.describe_many([5, 10**6, 5]) == [token_text.describe(5), ("<id:1000000>", SPECIAL),
+                                                   token_text.describe(5)]
 
 
 def test_space_pieces_show_a_subtle_marker(gemma_tokenizer, token_text):

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from benchmarks.replay_size import synthetic_trace
+from benchmarks.browser import synthetic_trace
 from engine.replay_page import _script_json, replay_data, replay_html
 from engine.trace import (MAX_TRACE_BYTES, TRACE_VERSION, ModelInfo, Trace, TraceError, load_trace, record_trace,
                           trace_of_run)

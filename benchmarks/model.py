@@ -1,28 +1,11 @@
-"""Quantization on the CPU: bytes and quality of each `--quantization` choice (engine/quantization.py).
+"""What the model costs and how its quality holds, by choice and by mode: `python -m benchmarks.model CMD`.
 
-    python benchmarks/quantization.py [--layers 2] [--choices none,4bit,8bit] [--skip-full-width] [--skip-embedded]
-                                      [--skip-mapped-load] [--prompts 20] [--json]
+    quantization  bytes and quality of each CPU --quantization choice (real 26B config, full-width build, embedded)
+    standin       per-frame cost of what the engine adds to a forward at the real vocabulary and canvas (stand-in)
+    chat-reuse    prefill seconds per chat turn, encoder cache reused against re-encoding the conversation
 
-1. Bytes of the real 26B config (assets/configs/diffusiongemma-26B-A4B-it), by group, from the meta device
-   (`engine.memory`), for each choice.
-2. A full-width build of that config with `--layers` text layers (every real width, vocabulary 262,144, 128
-   experts of 704; the last layer full attention, the others sliding; the vision tower cut to one layer, its real
-   bytes come from step 1) with random bf16 weights (`benchmarks/gpu/steps.py`'s `random_cpu_model`: views of one seeded
-   N(0, 0.02) pool, the same weights for every choice), quantized on the CPU by `quantize_model` (what
-   `load_model` runs after its CPU load), each choice in a fresh process. Printed: bytes per sliding and full
-   layer, embeddings, vision tower, extrapolated to the real 25 sliding + 5 full layers; and one decoder forward's
-   logits (a 64-token random prompt and a random 256-token canvas, seed 0) against the unquantized model's: mean
-   KL(unquantized || quantized) per position in nats and the share of positions whose argmax agrees. The forward
-   keeps the bf16 weights (and the quantized codes) as stored but computes in float32 (`float32_arithmetic`):
-   CPUs without bf16 matrix instructions (this AMD one) take minutes for a bf16 forward of this build, seconds
-   in float32. Then the memory of the loading path's first step (`from_pretrained(device_map="cpu")`) on a saved
-   1.1 GB bf16 checkpoint.
-3. The embedded model at its recommended settings: dictionary-word rate (training/evaluate.py's measure, Debian's
-   /usr/share/dict/words) and tokens per forward over `--prompts` of training/evaluate.py's prompts, seed = index,
-   for each choice against the unquantized model.
-
-Runs on the CPU (bitsandbytes 0.50 quantizes there), so `fp8` (CUDA only) is not among its choices except in
-step 1; about 15-30 minutes on a busy 2-core machine, 8 GB of memory and 1 GB of temporary disk.
+Each command's --help says what it measures. The engine's cost against bare generate() at the real vocabulary is
+`python -m benchmarks.bench --ways-only --standin`.
 """
 
 from __future__ import annotations
@@ -30,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,17 +25,39 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
-
-from engine.loading import REPO_ROOT  # noqa: E402
-from engine.loading import meta_model  # noqa: E402
-from engine.memory import memory_report  # noqa: E402
-from engine.quantization import QUANTIZATIONS, quantize_model  # noqa: E402
+from benchmarks.bench import run_command
+from benchmarks.gpu.steps import random_cpu_model
+from engine import DEFAULT_MODEL, DiffusionEngine, load_model
+from engine.chat import ChatSession, encode_into_cache
+from engine.generator import host_lists
+from engine.loading import REPO_ROOT, set_serving_threads
+from engine.loading import meta_model
+from engine.memory import memory_report
+from engine.quantization import QUANTIZATIONS, quantize_model
+from engine.sampling import RecordingEntropyBoundSampler, canvas_statistics, frame_statistics
+from engine.tokens import token_text_for
 
 CPU_CHOICES = ("none", "4bit", "8bit")  # what bitsandbytes runs on the CPU; fp8 needs CUDA (engine/loading.py)
-from steps import random_cpu_model  # noqa: E402  (benchmarks/gpu/steps.py, the GPU kit's)
+H100_BANDWIDTH = 3.35e12  # bytes/s
+FORWARD_GB = 51.6  # weights a real 26B-A4B decoder forward reads, bf16 (the GPU kit's weight census)
+QUANTIZATION_DOC = (
+    "Quantization on the CPU, each choice: (1) bytes of the real 26B config by group (meta device); (2) a "
+    "full-width build of that config with --layers text layers and random bf16 weights (views of one seeded pool, "
+    "the same for every choice), quantized by quantize_model in a fresh process: bytes per layer extrapolated to the "
+    "real 30 layers, and one decoder forward's logits against the unquantized model's (mean KL per position, argmax "
+    "agreement; float32 arithmetic on the stored weights), then the memory of from_pretrained(device_map='cpu') on a "
+    "saved 1.1 GB checkpoint; (3) the embedded model at its recommended settings: dictionary-word rate and tokens "
+    "per forward over --prompts of training/evaluate.py's prompts. About 15-30 minutes on a busy 2-core machine.")
+STANDIN_DOC = (
+    "Per-frame cost of each part the engine adds, on tensors of the real shape ([1 x 256 x 262,144] float32 "
+    "logits, a random noise canvas): statistics (the recording sampler against transformers' own and against a "
+    "separate log-softmax pass), token strings (512 ids, fresh and warm cache), the host transfer; and the GPU "
+    "share of the engine's device work estimated from bytes moved against a real forward (--forward-gb).")
+CHAT_REUSE_DOC = (
+    "A ChatSession runs --turns user turns (one canvas, --steps steps each); after each turn the conversation it "
+    "encoded is also encoded from scratch into a fresh cache (--repeats times, median). One row per turn: prompt "
+    "tokens, reused, encoded, prefill seconds with reuse and re-encoding everything, and the session's estimate.")
+
 
 REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
 TINY_VISION = dict(num_hidden_layers=1)
@@ -195,7 +201,8 @@ def mapped_load_memory() -> dict:
     text = dict(real["text_config"], num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
                 per_layer_config={"01": real["text_config"]["per_layer_config"]["05"]}, num_experts=32,
                 vocab_size=65_536)
-    config = DiffusionGemmaConfig(**dict(real, text_config=text, vision_config=dict(real["vision_config"], **TINY_VISION)))
+    vision = dict(real["vision_config"], **TINY_VISION)
+    config = DiffusionGemmaConfig(**dict(real, text_config=text, vision_config=vision))
     work = Path(tempfile.mkdtemp(prefix="quant_bench_"))
     try:
         model = random_cpu_model(config)
@@ -244,8 +251,8 @@ def full_width(layers: int, choices: list[str]) -> dict:
         results = {}
         for quantization in choices:
             out = work / f"{quantization}.json"
-            subprocess.run([sys.executable, __file__, "--one-choice", quantization, "--layers", str(layers),
-                            "--out", str(out)], check=True)
+            subprocess.run([sys.executable, "-m", "benchmarks.model", "quantization", "--one-choice", quantization,
+                            "--layers", str(layers), "--out", str(out)], check=True, cwd=REPO_ROOT)
             results[quantization] = json.loads(out.read_text())
             results[quantization]["logits"] = torch.load(out.with_suffix(".pt"))
             print(f"  {quantization}: quantized in {results[quantization]['quantize_seconds']} s, forward in "
@@ -294,8 +301,9 @@ def embedded_quality(prompts: int, choices: list[str]) -> dict:
     return results
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main_quantization(argv: list[str] | None = None) -> int:
+    """`quantization`: bytes and quality of each CPU `--quantization` choice (see QUANTIZATION_DOC)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.model quantization", description=QUANTIZATION_DOC)
     parser.add_argument("--layers", type=int, default=2, help="text layers of the full-width build (>= 2)")
     parser.add_argument("--prompts", type=int, default=20,
                         help="embedded-model prompts (training/evaluate.py); 0: logits comparison only")
@@ -347,7 +355,8 @@ def main(argv=None) -> int:
         report["mapped_load_memory"] = mapped
         print(f"\nfrom_pretrained(device_map='cpu') of a {mapped['checkpoint_bytes'] / 1e9:.2f} GB bf16 checkpoint: "
               f"anonymous memory {mapped['before']['RssAnon']} -> {mapped['after']['RssAnon']} MB (peak "
-              f"{mapped['peak']['RssAnon']}), file-backed {mapped['before']['RssFile']} -> {mapped['after']['RssFile']} MB")
+              f"{mapped['peak']['RssAnon']}), file-backed {mapped['before']['RssFile']} -> "
+              f"{mapped['after']['RssFile']} MB")
     if not args.skip_embedded:
         quality = embedded_quality(args.prompts, choices)
         report["embedded"] = quality
@@ -360,6 +369,190 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(report))
     return 0
+
+
+def median_ms(function, repeats: int) -> float:
+    """Median wall time of `function()` in milliseconds over `repeats` calls (after one untimed call)."""
+    function()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return round(statistics.median(times) * 1000, 3)
+
+
+def measure_frame_parts(engine: DiffusionEngine, repeats: int) -> dict:
+    """Milliseconds per frame of each part the engine adds, on tensors of the real shape (see the module doc)."""
+    model = engine.model
+    canvas, vocab = engine.canvas_length, model.config.text_config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    logits = 30.0 * torch.tanh(torch.randn(1, canvas, vocab, generator=generator)) / 0.8  # soft-capped, t = 0.8
+    current = torch.randint(0, vocab, (1, canvas), generator=generator)
+    denoiser = torch.randint(0, vocab, (1, canvas), generator=generator)
+    draft = logits.argmax(-1)
+    library = model._prepare_sampler(model.generation_config)
+    recording = RecordingEntropyBoundSampler.of(library)
+
+    def recorded_frame():
+        recording.accept_canvas(current, denoiser, logits, 1)
+        return frame_statistics(recording, logits, draft)
+
+    library_accept_ms = median_ms(lambda: library.accept_canvas(current, denoiser, logits, 1), repeats)
+    recorded_ms = median_ms(recorded_frame, repeats)
+    separate_ms = median_ms(lambda: canvas_statistics(logits[0], draft[0]), repeats)
+    confidence, entropy, _, _ = recorded_frame()
+    first = torch.full((canvas,), -1, dtype=torch.long)
+    transfer_ms = median_ms(lambda: host_lists(current[0], draft[0], recording.accepted_token_mask[0], first,
+                                               confidence, entropy), repeats)
+    ids = current[0].tolist() + draft[0].tolist()
+
+    def strings(token_text):  # what the engine does per frame
+        described = token_text.describe_many(ids)
+        return [d[0] for d in described], [d[1] for d in described]
+
+    def single(token_text):  # one lookup per id
+        return [token_text(i) for i in ids], [token_text.kind(i) for i in ids]
+
+    cold = {strings: [], single: []}
+    for _ in range(3):  # a fresh cache each time: the noise canvas is mostly ids never seen before
+        for way in (single, strings):
+            token_text = token_text_for(engine.tokenizer, model)
+            start = time.thread_time()
+            way(token_text)
+            cold[way].append(time.thread_time() - start)
+    warm_ms = median_ms(lambda: strings(token_text), repeats)
+    return {
+        "library_accept_ms": library_accept_ms,
+        "statistics_ms": round(max(0.0, recorded_ms - library_accept_ms), 3),
+        "statistics_separate_pass_ms": separate_ms,
+        "token_strings_cold_ms": round(statistics.median(cold[strings]) * 1000, 3),
+        "token_strings_cold_single_ms": round(statistics.median(cold[single]) * 1000, 3),
+        "token_strings_warm_ms": warm_ms,
+        "transfer_ms": transfer_ms,
+    }
+
+
+def gpu_share(canvas: int, vocab: int, forward_gb: float) -> dict:
+    """Bytes the engine's own device work moves per frame, and their share of a real forward's (estimated)."""
+    element = 4  # float32 logits
+    plane = canvas * vocab * element
+    # now: gather `canvas` log-probabilities, exp, cast; six [canvas] rows stacked and copied to the host
+    recorded = canvas * (element * 4) + 6 * canvas * 8 * 2
+    # before: log_softmax (read, write), exp (read, write), multiply (2 reads, write), sum (read), gather
+    separate = 8 * plane
+    forward = forward_gb * 1e9
+    return {
+        "forward_gb": forward_gb, "forward_ms_at_h100": round(forward / H100_BANDWIDTH * 1000, 2),
+        "engine_bytes_per_frame": recorded, "engine_share": recorded / forward,
+        "separate_pass_bytes_per_frame": separate, "separate_pass_share": round(separate / forward, 4),
+        "separate_pass_ms_at_h100": round(separate / H100_BANDWIDTH * 1000, 3),
+        "held_buffer_bytes": plane,
+    }
+
+
+def standin_report(result: dict) -> str:
+    """The `standin` command's lines."""
+    f, g = result["frame_parts"], result["gpu_share"]
+    return "\n".join([
+        f"stand-in: vocabulary {result['vocab']:,}, canvas {result['canvas']}, {result['parameters'] / 1e6:.1f}M "
+        f"parameters, {result['threads']} torch threads, CPU",
+        "per frame, what the engine adds (ms, median):",
+        f"  statistics {f['statistics_ms']:.2f} (the sampler's own acceptance, paid by generate() too: "
+        f"{f['library_accept_ms']:.1f}; a separate log-softmax pass would cost {f['statistics_separate_pass_ms']:.1f})",
+        f"  token strings {f['token_strings_cold_ms']:.2f} on a fresh cache (one lookup per id: "
+        f"{f['token_strings_cold_single_ms']:.2f}), {f['token_strings_warm_ms']:.2f} warm (512 ids, strings and kinds; "
+        "CPU ms)",
+        f"  transfer {f['transfer_ms']:.3f} (six [256] rows to Python lists, one device-to-host copy)",
+        f"GPU share (estimated from bytes moved; a real forward reads {g['forward_gb']} GB, "
+        f"{g['forward_ms_at_h100']} ms at 3.35 TB/s):",
+        f"  engine device work {g['engine_bytes_per_frame'] / 1e3:.1f} kB per frame = {g['engine_share']:.1e} of a "
+        f"forward; the separate pass it replaces: {g['separate_pass_bytes_per_frame'] / 1e9:.2f} GB = "
+        f"{g['separate_pass_share'] * 100:.1f}% ({g['separate_pass_ms_at_h100']:.2f} ms at 3.35 TB/s)",
+        f"  host work between forwards: token strings + transfer, {f['token_strings_warm_ms'] + f['transfer_ms']:.2f}"
+        f" ms warm per frame (beside ~{g['forward_ms_at_h100']} ms of forward)",
+    ])
+
+
+def main_standin(argv: list[str] | None = None) -> int:
+    """`standin`: per-frame cost of each part the engine adds, at the real vocabulary and canvas."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.model standin", description=STANDIN_DOC)
+    parser.add_argument("--repeats", type=int, default=5, help="repeats of each per-frame part")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores but one)")
+    parser.add_argument("--forward-gb", type=float, default=FORWARD_GB)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    from standin import ensure_standin
+
+    loaded = load_model(ensure_standin(), device="cpu")
+    threads = set_serving_threads(loaded.device, args.threads)
+    engine = DiffusionEngine(loaded)
+    vocab = engine.model.config.text_config.vocab_size
+    result = {
+        "vocab": vocab, "canvas": engine.canvas_length, "threads": threads,
+        "parameters": sum(p.numel() for p in engine.model.parameters()),
+        "frame_parts": measure_frame_parts(engine, args.repeats),
+        "gpu_share": gpu_share(engine.canvas_length, vocab, args.forward_gb),
+    }
+    print(json.dumps(result) if args.json else standin_report(result))
+    return 0
+
+
+TURNS = ["Tell me a story about a lighthouse keeper.", "What happened to the keeper's cat?",
+         "Why did the light go out that night?", "Who came to help?", "How did the story end?",
+         "Summarize it in one sentence.", "Give the story a title.", "Thank you!"]
+
+
+def reencode_seconds(engine: DiffusionEngine, ids: list[int], settings, repeats: int) -> float:
+    """Median seconds to encode `ids` into a fresh cache (the prefill of a session without reuse)."""
+    model = engine.model
+    tensor = torch.tensor([ids], dtype=torch.long, device=engine.device)
+    times = []
+    for _ in range(repeats):
+        generation_config, _ = model._prepare_generation_config(None, **settings.generate_kwargs())
+        cache = model._prepare_cache_for_generation(generation_config, 1, len(ids) + settings.max_new_tokens)
+        start = time.perf_counter()
+        with torch.no_grad():
+            encode_into_cache(model, cache, tensor)
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main_chat_reuse(argv: list[str] | None = None) -> int:
+    """`chat-reuse`: prefill seconds per chat turn with the encoder cache reused against re-encoding."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.model chat-reuse", description=CHAT_REUSE_DOC)
+    parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    engine = DiffusionEngine(load_model(args.model, device=args.device))
+    settings = engine.recommended.replace(max_new_tokens=engine.canvas_length, max_denoising_steps=args.steps)
+    session = ChatSession(engine)
+    engine.warm_up()
+    print(f"model {engine.source}, canvas {engine.canvas_length}, {args.steps} steps, torch threads "
+          f"{torch.get_num_threads()}")
+    print("turn  prompt  reused  encoded  prefill_reuse_s  prefill_full_s  saved_s  estimated_saved_s")
+    for turn, text in enumerate(TURNS[:args.turns], start=1):
+        session.reply(text, settings, seed=turn)
+        report = session.last_report
+        cached = len(session._cache_ids)  # the prefix this turn encoded itself (plus denoise's few tokens)
+        full = reencode_seconds(engine, session._cache_ids, settings, args.repeats) if cached else 0.0
+        print(f"{turn:>4}  {report.prompt_tokens:>6}  {report.reused_tokens:>6}  {report.encoded_tokens:>7}  "
+              f"{report.prefill_s:>15.4f}  {full:>14.4f}  {full - report.prefill_s:>7.4f}  "
+              f"{'-' if report.prefill_saved_s is None else f'{report.prefill_saved_s:.4f}':>17}")
+    return 0
+
+
+COMMANDS = {"quantization": main_quantization, "standin": main_standin, "chat-reuse": main_chat_reuse}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command (`COMMANDS`) with the rest of `argv` (`bench.run_command`)."""
+    return run_command(COMMANDS, "python -m benchmarks.model", __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -1,35 +1,31 @@
 """Load test of the playground's /generate API: N concurrent gradio_client users, each its own Gradio session.
 
-    python benchmarks/load_test.py                      # launches app.py on a free loopback port (embedded model)
-    python benchmarks/load_test.py --url http://127.0.0.1:7860/ --clients 8 --requests 2 --json
-    python benchmarks/load_test.py --browser-sessions 50   # server RSS under 50 browser visitors (browser_sessions.py)
+    python -m benchmarks.load                      # launches app.py on a free loopback port (embedded model)
+    python -m benchmarks.load --url http://127.0.0.1:7860/ --clients 8 --requests 2 --json
 
-Every client sends a bounded number of requests (`--requests`), each with its own prompt and seed, and the whole
-test is bounded in time (`--time-limit`; unfinished jobs are cancelled). While jobs wait, their queue position is
-polled (`Job.status().rank`). Afterwards each distinct (prompt, seed) that completed is run again alone, one at a
-time, and its token ids must equal the concurrent result: per-run random state means no run depends on another.
-
-Reports completed runs, errors, latency p50/p95/max (request to answer, queue wait included), throughput, the
-largest queue position seen, and whether every result matched its solo run; a table, or one JSON object with
-`--json`. Only loopback URLs are accepted. Exit status: 0 when every request completed and matched, else 1.
+Every client sends `--requests` requests one after another, each with its own prompt and seed, within
+`--time-limit` (unfinished jobs are cancelled); queue positions are polled meanwhile. Afterwards each completed
+(prompt, seed) runs again alone and its token ids must equal the concurrent result (per-run random state). Reports
+completed runs, errors, latency p50/p95/max (queue wait included), throughput, the largest queue position and the
+solo check. Only loopback URLs are accepted. Exit status 0 when every request completed and matched. Server memory
+per browser visitor: `python -m benchmarks.browser sessions`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
-import socket
-import subprocess
 import sys
 import threading
 import time
 import urllib.parse
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.bench import launched_app
+
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PROMPTS = [
     "In the beginning", "The Lord is my shepherd", "Blessed are the", "And it came to pass",
@@ -85,52 +81,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def check_loopback(url: str) -> str:
     """Return `url` (with a trailing slash) if its host is a loopback address; raise SystemExit otherwise."""
     host = urllib.parse.urlparse(url).hostname or ""
     if host not in LOOPBACK and f"[{host}]" not in LOOPBACK:
         raise SystemExit(f"error: the load test only targets loopback URLs (127.0.0.1, localhost, ::1), got {url!r}")
     return url if url.endswith("/") else url + "/"
-
-
-def launch_app(model: str | None, device: str, timeout_s: float,
-               stderr_file=None) -> tuple[subprocess.Popen, str]:
-    """Start `app.py` on a free loopback port and wait until it answers; returns (process, url). Its stderr goes to
-    a pipe, or to `stderr_file` (an open file) for a long-running server whose output nobody reads meanwhile."""
-    import httpx
-
-    port = free_port()
-    command = [sys.executable, str(REPO / "app.py"), "--host", "127.0.0.1", "--port", str(port), "--device", device]
-    if model:
-        command += ["--model", model]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                               stderr=stderr_file or subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            if stderr_file is None:
-                output = process.stderr.read()
-            else:
-                stderr_file.flush()
-                output = Path(stderr_file.name).read_text(errors="replace")
-            raise SystemExit(f"error: app.py exited with status {process.returncode}: {output[-2000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    process.terminate()
-    raise SystemExit(f"error: app.py did not answer on {url} within {timeout_s:.0f} s")
 
 
 def api_arguments(settings: dict, prompt: str, seed: int) -> list:
@@ -257,7 +213,7 @@ def format_table(report: Report) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.load", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="a running playground (loopback only); default: launch app.py on a free port")
     parser.add_argument("--model", help="model for the launched app (default: the embedded diffgemma-tiny)")
@@ -270,73 +226,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds for the concurrent phase; unfinished jobs are cancelled (default 300)")
     parser.add_argument("--no-verify", action="store_true", help="skip re-running each request alone")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    sessions = parser.add_argument_group("browser sessions (server memory per visitor; see browser_sessions.py)")
-    sessions.add_argument("--browser-sessions", type=int, metavar="N",
-                          help="instead of the API load test: N Chromium visitors, each one long run, then the tab "
-                               "closes; prints the launched server's RSS (needs no --url)")
-    sessions.add_argument("--concurrent-tabs", type=int, default=3, help="tabs open at a time (default 3)")
-    sessions.add_argument("--every", type=int, default=10, help="read RSS every N finished visitors (default 10)")
-    sessions.add_argument("--settle", type=float, default=30.0,
-                          help="idle seconds after the last tab closed before the final reading (default 30)")
-    sessions.add_argument("--keep-tabs", action="store_true", help="close no tab until every run has finished")
     return parser
-
-
-def main_browser_sessions(args) -> int:
-    """`--browser-sessions N`: launch app.py, drive N browser visitors, print its memory readings; 0 if every
-    visitor's run finished."""
-    import tempfile
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from browser_sessions import browser_sessions, format_sessions
-
-    if args.url:
-        raise SystemExit("error: --browser-sessions reads the server's memory, so it launches app.py itself: "
-                         "leave out --url")
-    with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
-        process, url = launch_app(args.model, args.device, timeout_s=240, stderr_file=log)
-        try:
-            print(f"app.py pid {process.pid} at {url}; {args.browser_sessions} visitors, "
-                  f"{args.concurrent_tabs} at a time", flush=True)
-            report = browser_sessions(url, process.pid, sessions=args.browser_sessions,
-                                      concurrent=args.concurrent_tabs, every=args.every, settle_s=args.settle,
-                                      keep_tabs=args.keep_tabs, log=lambda line: print(line, flush=True))
-        finally:
-            process.terminate()
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-    print(format_sessions(report))
-    return 0 if not report.failures else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse options, launch or target the app, run the load test, print the report; 0 if all completed and
     matched their solo runs."""
     args = build_parser().parse_args(argv)
-    if args.browser_sessions is not None:
-        return main_browser_sessions(args)
     if args.clients < 1 or args.requests < 1 or args.time_limit <= 0:
         raise SystemExit("error: --clients and --requests must be at least 1, --time-limit positive")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    process = None
-    url = args.url
-    if url is None:
-        process, url = launch_app(args.model, args.device, timeout_s=240)
-    try:
-        settings = dict(raw=True, max_new_tokens=args.max_new_tokens, max_denoising_steps=args.steps,
-                        entropy_bound=0.5, t_min=0.4, t_max=0.8, stability_threshold=1, confidence_threshold=0.05,
-                        adaptive_stopping=True)
+    settings = dict(raw=True, max_new_tokens=args.max_new_tokens, max_denoising_steps=args.steps, entropy_bound=0.5,
+                    t_min=0.4, t_max=0.8, stability_threshold=1, confidence_threshold=0.05, adaptive_stopping=True)
+    with contextlib.nullcontext((args.url, None)) if args.url else launched_app(args.model, args.device) as (url, _):
         report, _ = load_test(url, clients=args.clients, requests=args.requests, settings=settings,
                               time_limit_s=args.time_limit, verify=not args.no_verify)
-    finally:
-        if process is not None:
-            process.terminate()
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
     if args.json:
         print(json.dumps(json_safe(asdict(report))))
     else:
