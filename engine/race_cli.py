@@ -1,7 +1,8 @@
 """`python -m engine race --prompt TEXT [options]`: race block diffusion against autoregressive decoding.
 
 Prints both answers and one line per side (tokens, forwards, tokens/s, tokens/forward, seconds, cost per forward),
-the speedup and why; `--json` prints `RaceResult.summary()` with both texts as one JSON object instead.
+the speedup, and the facts of `RaceResult.verdict()` on one line; `--json` prints `RaceResult.summary()` with both
+texts as one JSON object instead.
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ def add_race_parser(commands) -> None:
     race.add_argument("--dtype", default="auto", choices=DTYPES)
     race.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
     race.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def verdict_line(verdict: dict) -> str:
+    """`RaceResult.verdict()` as one line of key=value facts, e.g. "winner=diffusion stopped_side=none
+    cost_ratio=3.10 bound=compute faults=diffusion:punctuation+repetition" ("none" and "n/a" for missing values)."""
+    faults = ",".join(f"{side}:{'+'.join(names)}" for side, names in verdict["faults"].items() if names) or "none"
+    ratio = verdict["cost_ratio"]
+    return (f"winner={verdict['winner'] or 'none'} stopped_side={verdict['stopped_side'] or 'none'} "
+            f"cost_ratio={'n/a' if ratio is None else f'{ratio:.2f}'} bound={verdict['bound']} faults={faults}")
 
 
 def race_command(args: argparse.Namespace) -> int:
@@ -75,5 +85,5 @@ def race_command(args: argparse.Namespace) -> int:
     print(f"[speedup (diffusion tokens/s / autoregressive tokens/s): "
           f"{'n/a' if speedup is None else f'{speedup:.2f}x'}; order {', '.join(result.order)}; seed {result.seed}]",
           file=sys.stderr)
-    print(f"[{summary['explanation']}]", file=sys.stderr)
+    print(f"[verdict: {verdict_line(summary['verdict'])}]", file=sys.stderr)
     return 0
