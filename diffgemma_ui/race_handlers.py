@@ -18,7 +18,7 @@ from pathlib import Path
 import gradio as gr
 
 from engine.autoregressive import check_temperature
-from engine.race import SIDES, RaceResult, RaceRunner, explanation
+from engine.race import SIDES, RaceResult, RaceRunner
 
 from .handlers import Job, Playground
 from .race_view import frame_at, panel_html, result_html
@@ -268,7 +268,7 @@ class RaceTab:
                 yield (*self.replay_panels(progress, t), gr.skip(), gr.skip(), gr.skip())
                 time.sleep(1.0 / REPLAY_FPS)
         final = tuple(self.panel(progress, side, "done", float("inf")) for side in SIDES)  # no caret, no "replay"
-        yield (*final, result_html(result, explanation=explanation(result)), *IDLE_BUTTONS)
+        yield (*final, result_html(result), *IDLE_BUTTONS)
 
     @staticmethod
     def stop(session: RaceSession) -> None:

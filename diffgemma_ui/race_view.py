@@ -1,8 +1,8 @@
 """The Race view: two panels (block diffusion, autoregressive) and the result, as HTML from frames and results.
 
 Pure functions. A panel shows one side at a moment of its engine clock: its answer so far, its speed figures (the
-meter's stat cards) and, for diffusion, the canvas being denoised (the playground's chips). Every model string is
-escaped (`diffgemma_ui.text`).
+meter's stat cards) and, for diffusion, the canvas being denoised (the playground's chips). The result card puts
+the race's facts (`RaceResult.verdict()`) in words. Every model string is escaped (`diffgemma_ui.text`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from engine.race import RaceResult
+from engine.race import REPEAT_N, RaceResult, SideResult
 
 from .canvas_view import STOP_REASONS, block_html
 from .meter import format_number, stat_cards_html
@@ -151,6 +151,69 @@ def speedup_text(result: RaceResult) -> str:
     return text + " (tokens/s on both sides)"
 
 
+FAULT_TEXT = {  # `SideResult.faults` in words, with the share that set each off
+    "punctuation": "is mostly punctuation ({:.0%} of its visible tokens have no letter or digit)",
+    "repetition": f"repeats itself ({{:.0%}} of its tokens repeat an earlier run of {REPEAT_N})",
+}
+
+
+def _fault_clauses(side: SideResult) -> list[str]:
+    shares = {"punctuation": side.punctuation_share, "repetition": side.repeated_share}
+    return [FAULT_TEXT[fault].format(shares[fault]) for fault in side.faults]
+
+
+def caveat_text(result: RaceResult) -> str:
+    """A warning for beside the speedup when a side's answer is mostly punctuation or repeats itself ("" when
+    neither answer is), e.g. "The diffusion answer is mostly punctuation (78% of its visible tokens have no
+    letter or digit). The speedup counts tokens per second, not readable text." """
+    sentences = []
+    for side in (result.diffusion, result.autoregressive):
+        clauses = _fault_clauses(side) if side is not None else []
+        if clauses:
+            sentences.append(f"The {side.name} answer {' and '.join(clauses)}.")
+    if not sentences:
+        return ""
+    return " ".join(sentences) + " The speedup counts tokens per second, not readable text."
+
+
+def explanation(result: RaceResult) -> str:
+    """Plain text (not HTML) saying why the race came out as it did, from `result.verdict()` and both sides'
+    measured cost per forward and tokens per forward; "" when a side is missing or made no tokens."""
+    d, a = result.diffusion, result.autoregressive
+    if d is None or a is None or d.tokens == 0 or a.tokens == 0:
+        return ""
+    verdict = result.verdict()
+    ms = 1000.0
+    per_token = (
+        f"Diffusion: {d.seconds_per_forward * ms:.2f} ms per canvas forward / {d.tokens_per_forward:.2f} tokens per "
+        f"forward = {d.seconds_per_token * ms:.2f} ms per token. Autoregressive: {a.seconds_per_forward * ms:.2f} ms "
+        f"per forward / {a.tokens_per_forward:.2f} tokens per forward = {a.seconds_per_token * ms:.2f} ms per token."
+    )
+    ratio = verdict["cost_ratio"]
+    costs = (f"a canvas forward cost {'far more than' if ratio is None else f'{ratio:.1f}x'} an autoregressive "
+             f"forward here, and each committed {d.tokens_per_forward:.2f} tokens against 1.")
+    if verdict["winner"] is None:  # both sides ran, one of them cut short
+        side = verdict["stopped_side"]
+        why = (f"No winner: the race was stopped while the {side} side ran after {getattr(result, side).tokens} "
+               f"tokens. So far {costs}")
+    else:
+        winner = "Diffusion wins" if verdict["winner"] == "diffusion" else "Autoregressive decoding wins"
+        alone = " on speed alone" if any(verdict["faults"].values()) else ""  # the caveat beside the speedup says why
+        why = f"{winner}{alone}: {costs}"
+    if verdict["bound"] == "memory":
+        device_note = ("On a GPU at batch size 1 both kinds of forward are bound by reading the weights from memory, "
+                       "so a forward that commits several tokens should win; the bandwidth bound below is that floor.")
+        if d.bandwidth_bound_s_per_forward and a.bandwidth_bound_s_per_forward:
+            device_note += (f" Bandwidth bound: {d.bandwidth_bound_s_per_forward * ms:.3f} ms per canvas forward, "
+                            f"{a.bandwidth_bound_s_per_forward * ms:.3f} ms per autoregressive forward.")
+    else:
+        device_note = (f"On a {result.device.split(':')[0].upper()} a forward's cost grows with the positions it "
+                       f"computes (compute-bound): a canvas forward computes {result.canvas_length} positions, an "
+                       "autoregressive forward one, so diffusion wins only when it commits more tokens per forward "
+                       "than that cost ratio.")
+    return f"{why} {per_token} {device_note}"
+
+
 def lengths_text(result: RaceResult) -> str:
     """A warning when one side wrote at least twice the tokens of the other ("" otherwise): the speedup compares
     tokens/s, not two answers of one length."""
@@ -163,22 +226,27 @@ def lengths_text(result: RaceResult) -> str:
             "time to an answer of the same length.")
 
 
-def result_html(result: RaceResult | None, *, explanation: str = "") -> str:
-    """The result card under the panels: speedup, cost table, explanation, the length rule and fairness sentences.
+def result_html(result: RaceResult | None) -> str:
+    """The result card under the panels: speedup (with `caveat_text` beside it), cost table, `explanation`, the
+    length rule and fairness sentences.
 
-    None: the card before any race (the rules only)."""
+    None: the card before any race (the rules only). The outer element carries `data-speedup` and `data-faults`
+    (the sides whose answer is faulted, space-separated) for tests."""
     if result is None:
         return ('<div class="dg-race-result" data-state="idle"><p class="dg-race-rules">'
                 f'{escape_html(RULES_BEFORE_A_RACE)}</p></div>')
     speedup = "" if result.speedup is None else f"{result.speedup:.6g}"
     lengths = lengths_text(result)
     lengths = f'<p class="dg-race-lengths">{escape_html(lengths)}</p>' if lengths else ""
+    caveat = caveat_text(result)
+    caveat = f'<span class="dg-race-caveat">{escape_html(caveat)}</span>' if caveat else ""
+    faulted = " ".join(name for name, faults in result.verdict()["faults"].items() if faults)
     return (
-        f'<div class="dg-race-result" data-state="done" data-speedup="{speedup}">'
-        f'<p class="dg-race-speedup">{escape_html(speedup_text(result))}</p>'
+        f'<div class="dg-race-result" data-state="done" data-speedup="{speedup}" data-faults="{faulted}">'
+        f'<p class="dg-race-speedup">{escape_html(speedup_text(result))}{caveat}</p>'
         f"{lengths}"
         f"{cost_table_html(result)}"
-        f'<p class="dg-race-explain">{escape_html(explanation)}</p>'
+        f'<p class="dg-race-explain">{escape_html(explanation(result))}</p>'
         f'<p class="dg-race-rules">{escape_html(result.fairness)} Length: {escape_html(result.length_rule)}. '
         f"Seed {escape_html(str(result.seed))}.</p></div>"
     )

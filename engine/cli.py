@@ -165,6 +165,15 @@ def generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def verdict_line(verdict: dict) -> str:
+    """`RaceResult.verdict()` as one line of key=value facts, e.g. "winner=diffusion stopped_side=none
+    cost_ratio=3.10 bound=compute faults=diffusion:punctuation+repetition" ("none" and "n/a" for missing values)."""
+    faults = ",".join(f"{side}:{'+'.join(names)}" for side, names in verdict["faults"].items() if names) or "none"
+    ratio = verdict["cost_ratio"]
+    return (f"winner={verdict['winner'] or 'none'} stopped_side={verdict['stopped_side'] or 'none'} "
+            f"cost_ratio={'n/a' if ratio is None else f'{ratio:.2f}'} bound={verdict['bound']} faults={faults}")
+
+
 def race_command(args: argparse.Namespace) -> int:
     """`python -m engine race`: both answers, one line per side, the speedup and why; or one JSON object."""
     try:
@@ -190,7 +199,7 @@ def race_command(args: argparse.Namespace) -> int:
     print(f"[speedup (diffusion tokens/s / autoregressive tokens/s): "
           f"{'n/a' if speedup is None else f'{speedup:.2f}x'}; order {', '.join(result.order)}; seed {result.seed}]",
           file=sys.stderr)
-    print(f"[{summary['explanation']}]", file=sys.stderr)
+    print(f"[verdict: {verdict_line(summary['verdict'])}]", file=sys.stderr)
     return 0
 
 

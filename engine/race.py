@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -31,6 +31,7 @@ from .autoregressive import AutoregressiveDecoder, TokenFrame, check_temperature
 from .engine import DiffusionEngine
 from .memory import stored_tensors
 from .settings import DiffusionSettings, draw_seed, parse_seed
+from .tokens import BYTE, TEXT
 
 SIDES = ("diffusion", "autoregressive")
 ORDERS = ("alternate", "diffusion first", "autoregressive first")
@@ -40,6 +41,9 @@ FAIRNESS = ("The two runs take turns on the device, never at once, each right af
             "replayed here on the engine's clock, so each side's time is what it takes alone.")
 
 FrameCallback = Callable[[str, object], None]
+PUNCTUATION_LIMIT = 2 / 3  # past this share an answer is mostly punctuation (code and maths stay below)
+REPETITION_LIMIT = 0.5  # past this share an answer mostly repeats itself
+REPEAT_N = 4  # repetition is counted in runs of this many tokens
 
 
 def check_order(order) -> str:
@@ -62,7 +66,8 @@ class SideResult:
     ran); warm_up_s: its warm-up's seconds; trace: [(elapsed_s, counted tokens)] after every forward;
     weights_bytes_per_forward: weights read by one forward (estimate, see `weights_bytes_per_forward`);
     bandwidth_bound_s_per_forward / bandwidth_bound_tokens_per_second: on a GPU, the floor that reading those bytes
-    at the measured bandwidth sets (None elsewhere).
+    at the measured bandwidth sets (None elsewhere); punctuation_share and repeated_share: `punctuation_share` and
+    `repeated_share` of its answer's text tokens (EOS, pads and other special tokens left out).
     """
 
     name: str
@@ -85,6 +90,17 @@ class SideResult:
     weights_bytes_per_forward: int | None = None
     bandwidth_bound_s_per_forward: float | None = None
     bandwidth_bound_tokens_per_second: float | None = None
+    punctuation_share: float = 0.0
+    repeated_share: float = 0.0
+
+    @property
+    def faults(self) -> tuple[str, ...]:
+        """What makes its answer a poor one to time, as data: "punctuation" (`punctuation_share` past
+        `PUNCTUATION_LIMIT`) and "repetition" (`repeated_share` past `REPETITION_LIMIT`), in that order; () for
+        neither."""
+        return tuple(name for name, share, limit in (("punctuation", self.punctuation_share, PUNCTUATION_LIMIT),
+                                                     ("repetition", self.repeated_share, REPETITION_LIMIT))
+                     if share > limit)
 
     def line(self) -> str:
         """One plain-text line: tokens, forwards, tokens/s, tokens/forward, seconds, cost per forward."""
@@ -93,9 +109,10 @@ class SideResult:
                 f"{self.seconds_per_forward * 1000:.2f} ms per forward, stop: {self.stop_reason}")
 
     def summary(self) -> dict:
-        """JSON-ready dict of every field but the trace."""
+        """JSON-ready dict of every field but the trace, plus `faults`."""
         data = asdict(self)
         data.pop("trace")
+        data["faults"] = list(self.faults)
         return data
 
 
@@ -147,8 +164,35 @@ class RaceResult:
     def fairness(self) -> str:
         return FAIRNESS
 
+    @property
+    def winner(self) -> str | None:
+        """The side with the higher tokens/s ("diffusion" on a tie), or None when there is no speedup (a side
+        missing or without tokens, or a stopped race). Speed only: see each side's `faults`."""
+        speedup = self.speedup
+        return None if speedup is None else "diffusion" if speedup >= 1 else "autoregressive"
+
+    def verdict(self) -> dict:
+        """Why the race came out as it did, as data (the views put it in words); JSON-ready.
+
+        winner and stopped_side: as the properties; cost_ratio: a canvas forward's measured seconds over an
+        autoregressive forward's (None unless both sides made tokens); bound: "memory" on a GPU (at batch 1 both
+        kinds of forward read all the weights, so tokens per forward decide), else "compute" (a forward costs in
+        proportion to the positions it computes: `canvas_length` against 1); faults: each side's `faults`, for the
+        sides that ran.
+        """
+        d, a = self.diffusion, self.autoregressive
+        ratio = None
+        if d is not None and a is not None and d.tokens and a.tokens:
+            ratio = d.seconds_per_forward / a.seconds_per_forward if a.seconds_per_forward > 0 else math.inf
+        return {
+            "winner": self.winner, "stopped_side": self.stopped_side,
+            "cost_ratio": None if ratio is None or math.isinf(ratio) else ratio,
+            "bound": "memory" if self.device.startswith("cuda") else "compute",
+            "faults": {side.name: list(side.faults) for side in (d, a) if side is not None},
+        }
+
     def summary(self) -> dict:
-        """JSON-ready dict: both sides' summaries (no traces), speedup, order, rules, explanation."""
+        """JSON-ready dict: both sides' summaries (no traces), speedup, order, rules, `verdict()`."""
         return {
             "diffusion": self.diffusion.summary() if self.diffusion else None,
             "autoregressive": self.autoregressive.summary() if self.autoregressive else None,
@@ -156,44 +200,36 @@ class RaceResult:
             "canvas_length": self.canvas_length,
             "length_rule": self.length_rule, "fairness": self.fairness, "device": self.device,
             "memory_bandwidth_gb_s": self.memory_bandwidth_gb_s, "cancelled": self.cancelled,
-            "explanation": explanation(self),
+            "verdict": self.verdict(),
         }
 
 
-def explanation(result: RaceResult) -> str:
-    """Plain text (not HTML) saying why the race came out as it did, with the measured cost per forward times
-    tokens per forward of both sides; "" when a side is missing."""
-    d, a = result.diffusion, result.autoregressive
-    if d is None or a is None or d.tokens == 0 or a.tokens == 0:
-        return ""
-    ms = 1000.0
-    per_token = (
-        f"Diffusion: {d.seconds_per_forward * ms:.2f} ms per canvas forward / {d.tokens_per_forward:.2f} tokens per "
-        f"forward = {d.seconds_per_token * ms:.2f} ms per token. Autoregressive: {a.seconds_per_forward * ms:.2f} ms "
-        f"per forward / {a.tokens_per_forward:.2f} tokens per forward = {a.seconds_per_token * ms:.2f} ms per token."
-    )
-    cost_ratio = d.seconds_per_forward / a.seconds_per_forward if a.seconds_per_forward > 0 else float("inf")
-    costs = (f"a canvas forward cost {cost_ratio:.1f}x an autoregressive forward here, and each committed "
-             f"{d.tokens_per_forward:.2f} tokens against 1.")
-    if result.cancelled:  # both sides ran, one of them cut short: no winner
-        side = result.stopped_side
-        why = (f"No winner: the race was stopped while the {side} side ran after {getattr(result, side).tokens} "
-               f"tokens. So far {costs}")
-    else:
-        winner = "Diffusion wins" if (result.speedup or 0) >= 1 else "Autoregressive decoding wins"
-        why = f"{winner}: {costs}"
-    if result.device.startswith("cuda"):
-        device_note = ("On a GPU at batch size 1 both kinds of forward are bound by reading the weights from memory, "
-                       "so a forward that commits several tokens should win; the bandwidth bound below is that floor.")
-        if d.bandwidth_bound_s_per_forward and a.bandwidth_bound_s_per_forward:
-            device_note += (f" Bandwidth bound: {d.bandwidth_bound_s_per_forward * ms:.3f} ms per canvas forward, "
-                            f"{a.bandwidth_bound_s_per_forward * ms:.3f} ms per autoregressive forward.")
-    else:
-        device_note = (f"On a {result.device.split(':')[0].upper()} a forward's cost grows with the positions it "
-                       f"computes (compute-bound): a canvas forward computes {result.canvas_length} positions, an "
-                       "autoregressive forward one, so diffusion wins only when it commits more tokens per forward "
-                       "than that cost ratio.")
-    return f"{why} {per_token} {device_note}"
+# -- answer checks -------------------------------------------------------------------------------------------------
+def punctuation_share(tokens: Sequence[str]) -> float:
+    """Share (0 to 1) of `tokens` (one display string per token) with no letter or digit in them (punctuation,
+    symbols), among those that are not whitespace only (a code answer's indentation counts for neither). 0.0 for
+    none."""
+    shown = [token for token in tokens if token.strip()]
+    return sum(1 for token in shown if not any(c.isalnum() for c in token)) / len(shown) if shown else 0.0
+
+
+def repeated_share(tokens: Sequence[str], n: int = REPEAT_N) -> float:
+    """Share (0 to 1) of `tokens` that lie in a run of `n` tokens already seen earlier in the sequence (exact
+    strings; runs may overlap). 0.0 for fewer than `n` + 1 tokens."""
+    seen: set[tuple[str, ...]] = set()
+    repeated = [False] * len(tokens)
+    for start in range(len(tokens) - n + 1):
+        run = tuple(tokens[start:start + n])
+        if run in seen:
+            repeated[start:start + n] = [True] * n
+        seen.add(run)
+    return sum(repeated) / len(tokens) if tokens else 0.0
+
+
+def _with_answer_checks(side: SideResult, token_text) -> SideResult:
+    """`side` with the shares of its answer: its text and byte tokens' display strings (`TokenText`)."""
+    tokens = [token_text(i) for i in side.token_ids if token_text.kind(i) in (TEXT, BYTE)]
+    return replace(side, punctuation_share=punctuation_share(tokens), repeated_share=repeated_share(tokens))
 
 
 # -- bandwidth -----------------------------------------------------------------------------------------------------
@@ -389,20 +425,20 @@ class RaceRunner:
             raise RuntimeError(f"the {side} side ended before its first forward")
         if side == "diffusion":
             summary = self.engine.summarize(last, count)
-            forwards = summary.forwards
+            forwards, token_text = summary.forwards, self.engine.token_text
             model, text, token_ids = str(self.engine.source), summary.text, summary.token_ids
         else:
-            forwards = last.forwards
+            forwards, token_text = last.forwards, self.ar.token_text
             model, text, token_ids = self.ar.source, self.ar.text(last.committed_ids), list(last.committed_ids)
         tokens, seconds = last.committed_tokens, last.elapsed_s
-        return SideResult(
+        return _with_answer_checks(SideResult(
             name=side, model=model, text=text, token_ids=token_ids, tokens=tokens, forwards=forwards,
             seconds=seconds, tokens_per_second=tokens / seconds if seconds > 0 else 0.0,
             tokens_per_forward=tokens / forwards if forwards else 0.0, time_to_first_token_s=first_token_s,
             seconds_per_forward=seconds / forwards if forwards else 0.0,
             seconds_per_token=seconds / tokens if tokens else None, stop_reason=last.stop_reason,
             prompt_tokens=last.prompt_tokens, position=position, warm_up_s=warm_s, trace=trace,
-        )
+        ), token_text)
 
 
 def _with_bound(side: SideResult, bytes_per_forward: int, bandwidth: float) -> SideResult:

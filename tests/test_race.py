@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from engine.autoregressive import AutoregressiveDecoder, TokenFrame, check_temperature, eos_ids
-from engine.race import ORDERS, RaceResult, RaceRunner, SideResult, explanation, weights_bytes_per_forward
+from engine.race import (ORDERS, RaceResult, RaceRunner, SideResult, punctuation_share, repeated_share,
+                         weights_bytes_per_forward)
 
 PROMPTS = [("In the beginning", True), ("Blessed are the", True), ("Tell me what happened after the flood.", False)]
 
@@ -168,7 +169,18 @@ def test_race_counts_are_consistent_and_the_sides_take_turns(engine, small):
     summary = result.summary()
     json.dumps(summary)
     assert summary["speedup"] == result.speedup and "trace" not in summary["diffusion"]
-    assert "ms per canvas forward" in summary["explanation"] and summary["fairness"]
+    verdict = summary["verdict"]
+    assert verdict["winner"] in ("diffusion", "autoregressive") and verdict["bound"] == "compute"
+    assert summary["fairness"]
+    assert verdict["cost_ratio"] == pytest.approx(result.diffusion.seconds_per_forward
+                                                  / result.autoregressive.seconds_per_forward)
+    assert set(verdict["faults"]) == {"diffusion", "autoregressive"}
+    for side in (result.diffusion, result.autoregressive):
+        assert 0 <= side.punctuation_share <= 1 and 0 <= side.repeated_share <= 1
+        assert summary[side.name]["faults"] == list(side.faults) == verdict["faults"][side.name]
+    from diffgemma_ui.race_view import explanation
+
+    assert "ms per canvas forward" in explanation(result)  # the words live in the view, the facts in the engine
 
 
 @pytest.mark.slow
@@ -229,7 +241,8 @@ def side_result(name, **changes):
 
 
 def test_result_card_escapes_and_explains_either_winner():
-    from diffgemma_ui.race_view import result_html
+    from diffgemma_ui.race_view import explanation, result_html
+    from diffgemma_ui.text import escape_html
 
     slow = RaceResult(side_result("diffusion", tokens_per_second=2.0, seconds_per_forward=1.0,
                                   tokens_per_forward=2.0, seconds_per_token=0.5),
@@ -238,16 +251,19 @@ def test_result_card_escapes_and_explains_either_winner():
     assert slow.speedup == pytest.approx(0.5)
     text = explanation(slow)
     assert text.startswith("Autoregressive decoding wins") and "1000.00 ms per canvas forward" in text
-    assert "compute-bound" in text
-    html = result_html(slow, explanation=text)
+    assert "compute-bound" in text and slow.verdict()["winner"] == "autoregressive"
+    html = result_html(slow)
+    assert escape_html(text) in html
     assert 'data-speedup="0.5"' in html and "2.0x slower" in html and "<script" not in html
     fast = RaceResult(side_result("diffusion", tokens_per_second=12.0, tokens_per_forward=3.0),
                       side_result("autoregressive"), ("autoregressive", "diffusion"), 7, 64, 256, "cuda:0", 3000.0)
     assert explanation(fast).startswith("Diffusion wins") and "reading the weights" in explanation(fast)
+    assert fast.verdict() == {"winner": "diffusion", "stopped_side": None, "cost_ratio": 1.0, "bound": "memory",
+                              "faults": {"diffusion": [], "autoregressive": []}}
 
 
 def test_a_stopped_race_names_no_winner_and_says_which_side_was_cut_short():
-    from diffgemma_ui.race_view import result_html
+    from diffgemma_ui.race_view import explanation, result_html
 
     cut_short = RaceResult(side_result("diffusion", tokens_per_second=300.0, seconds_per_token=0.003),
                            side_result("autoregressive", tokens=334, tokens_per_second=145.0, stop_reason="cancelled",
@@ -257,7 +273,8 @@ def test_a_stopped_race_names_no_winner_and_says_which_side_was_cut_short():
     text = explanation(cut_short)
     assert text.startswith("No winner: the race was stopped while the autoregressive side ran after 334 tokens")
     assert "Diffusion wins" not in text and "decoding wins" not in text
-    html = result_html(cut_short, explanation=text)
+    assert cut_short.verdict()["winner"] is None and cut_short.verdict()["stopped_side"] == "autoregressive"
+    html = result_html(cut_short)
     assert "the autoregressive side was cut short after 334 tokens, so no speedup is given" in html
     assert 'data-speedup=""' in html and "Stopped before both sides ran" not in html
     never_ran = RaceResult(side_result("diffusion", stop_reason="cancelled"), None, ("diffusion", "autoregressive"),
@@ -274,11 +291,51 @@ def test_answers_of_very_different_lengths_are_called_out_under_the_speedup():
     short = RaceResult(side_result("diffusion", tokens=41, tokens_per_second=400.0),
                        side_result("autoregressive", tokens=256, tokens_per_second=190.0, stop_reason="max_new_tokens"),
                        ("diffusion", "autoregressive"), 7, 256, 64, "cpu", None)
-    html = result_html(short, explanation=explanation(short))
+    html = result_html(short)
     assert "diffusion wrote 41 tokens (ended at end-of-sequence), autoregressive 256 (reached max new tokens)" in html
     close = RaceResult(side_result("diffusion", tokens=150), side_result("autoregressive", tokens=256),
                        ("diffusion", "autoregressive"), 7, 256, 64, "cpu", None)
     assert "dg-race-lengths" not in result_html(close)
+
+
+def test_answer_checks_count_punctuation_only_tokens_and_repeated_runs():
+    assert punctuation_share([",", " ,", "\n", " the", "2", "<0xE2>", "  "]) == pytest.approx(2 / 5)  # spaces: neither
+    assert punctuation_share([]) == punctuation_share(["\n"]) == 0.0 and repeated_share([]) == 0.0
+    assert repeated_share([" a", " b", " c", " d"] * 3) == pytest.approx(8 / 12)  # the first run is not a repeat
+    assert repeated_share(" the cat sat on the mat and then the dog ran".split(" ")) == 0.0
+    assert repeated_share(["x"] * 5) == pytest.approx(4 / 5) and repeated_share(["x"] * 4) == 0.0
+    commas = side_result("diffusion", tokens=41, punctuation_share=0.8)
+    loop = side_result("autoregressive", repeated_share=0.9, punctuation_share=0.6)  # as much as code may have
+    assert commas.faults == ("punctuation",) and loop.faults == ("repetition",) and side_result("x").faults == ()
+    assert commas.summary()["faults"] == ["punctuation"]
+
+
+def test_the_card_says_so_beside_the_speedup_when_an_answer_is_mostly_punctuation_or_repeats():
+    from diffgemma_ui.race_view import caveat_text, explanation, result_html
+
+    # 41 tokens, mostly commas, at 2.78x the speed of 256 readable autoregressive tokens
+    commas = RaceResult(side_result("diffusion", tokens=41, tokens_per_second=278.0, punctuation_share=0.78),
+                        side_result("autoregressive", tokens=256, tokens_per_second=100.0,
+                                    stop_reason="max_new_tokens"),
+                        ("diffusion", "autoregressive"), 7, 256, 64, "cpu", None)
+    assert commas.verdict()["winner"] == "diffusion"
+    assert commas.verdict()["faults"] == {"diffusion": ["punctuation"], "autoregressive": []}
+    html = result_html(commas)
+    speedup = html[html.index('<p class="dg-race-speedup">'):]
+    speedup = speedup[:speedup.index("</p>")]
+    assert "2.78x the autoregressive speed" in speedup and "dg-race-caveat" in speedup  # beside the speedup
+    assert "The diffusion answer is mostly punctuation (78% of its visible tokens have no letter or digit)" in speedup
+    assert "not readable text" in speedup and 'data-faults="diffusion"' in html
+    assert explanation(commas).startswith("Diffusion wins on speed alone:")
+    looping = RaceResult(side_result("diffusion"), side_result("autoregressive", repeated_share=0.9,
+                                                               punctuation_share=0.7),
+                         ("diffusion", "autoregressive"), 7, 64, 64, "cpu", None)
+    assert "The autoregressive answer is mostly punctuation (70% of its visible tokens have no letter or digit) and " \
+           "repeats itself (90% of its tokens repeat an earlier run of 4)." in caveat_text(looping)
+    clean = RaceResult(side_result("diffusion"), side_result("autoregressive"), ("diffusion", "autoregressive"), 7,
+                       64, 64, "cpu", None)
+    assert caveat_text(clean) == "" and "dg-race-caveat" not in result_html(clean)
+    assert 'data-faults=""' in result_html(clean) and "alone" not in explanation(clean)
 
 
 def test_panels_escape_model_text_and_follow_the_replay_clock():
@@ -318,6 +375,20 @@ def test_cli_race_prints_one_json_object(capsys):
     for side in ("diffusion", "autoregressive"):
         assert summary[side]["tokens"] > 0 and isinstance(summary[side]["text"], str)
     assert summary["diffusion"]["forwards"] <= 2
+
+
+def test_cli_verdict_line_gives_the_facts_on_one_line():
+    from engine.race_cli import verdict_line
+
+    commas = RaceResult(side_result("diffusion", tokens_per_second=8.0, seconds_per_forward=0.5,
+                                    punctuation_share=0.9, repeated_share=0.7),
+                        side_result("autoregressive"), ("diffusion", "autoregressive"), 7, 64, 64, "cpu", None)
+    assert verdict_line(commas.verdict()) == ("winner=diffusion stopped_side=none cost_ratio=2.00 bound=compute "
+                                              "faults=diffusion:punctuation+repetition")
+    stopped = RaceResult(side_result("diffusion", stop_reason="cancelled"), None, ("diffusion", "autoregressive"), 7,
+                         64, 64, "cuda:0", None, cancelled=True)
+    assert verdict_line(stopped.verdict()) == ("winner=none stopped_side=diffusion cost_ratio=n/a bound=memory "
+                                               "faults=none")
 
 
 def test_cli_race_refuses_bad_input_before_loading(capsys):
@@ -491,7 +562,7 @@ def test_gpu_bandwidth_bound_fields_follow_from_bytes_and_bandwidth(engine, smal
         assert side.bandwidth_bound_s_per_forward == pytest.approx(bytes_per_forward / 2e9)
         assert side.bandwidth_bound_tokens_per_second == pytest.approx(
             side.tokens_per_forward / side.bandwidth_bound_s_per_forward)
-    html = result_html(result, explanation=explanation(result))
+    html = result_html(result)
     assert "bandwidth bound per forward" in html and "2 GB/s" in html
 
 
