@@ -378,7 +378,7 @@ def test_cli_race_prints_one_json_object(capsys):
 
 
 def test_cli_verdict_line_gives_the_facts_on_one_line():
-    from engine.race_cli import verdict_line
+    from engine.cli import verdict_line
 
     commas = RaceResult(side_result("diffusion", tokens_per_second=8.0, seconds_per_forward=0.5,
                                     punctuation_share=0.9, repeated_share=0.7),

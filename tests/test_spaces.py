@@ -30,7 +30,8 @@ from deploy.space import front_matter, normalize, read_pins, write_space
 from deploy.targets import REAL_MODEL, SDK_PROVIDED, TARGETS
 from diffgemma_ui.deployment import default_threads, queue_plan, space_cpu_cores, space_id, zero_gpu
 from diffgemma_ui.zerogpu import GpuBudget, StopFlag, gpu_size_for, make_playground, weight_bytes
-from engine.memory import memory_report, meta_model
+from engine.loading import meta_model
+from engine.memory import memory_report
 
 REPO = Path(__file__).resolve().parent.parent
 EMULATION = Path(__file__).resolve().parent / "zerogpu_emulation.py"
