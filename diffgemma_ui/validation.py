@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine import PRESET_NAMES, DiffusionSettings, preset
-from engine.settings import MAX_PROMPT_CHARS, check_prompt, parse_flag, parse_seed, shown, spec
+from engine.settings import MAX_PROMPT_CHARS, check_prompt, parse_flag, parse_seed, spec  # noqa: F401
 from engine.settings import SETTING_NAMES as ALL_SETTING_NAMES
 
-__all__ = ["MAX_PROMPT_CHARS", "check_prompt", "shown"]
 ADAPTIVE_STOPPING_INFO = spec("adaptive_stopping").help
 UI_MAX_NEW_TOKENS = spec("max_new_tokens").ui_high
 UI_MAX_DENOISING_STEPS = spec("max_denoising_steps").ui_high
