@@ -7,7 +7,7 @@
    (`engine.memory`), for each choice.
 2. A full-width build of that config with `--layers` text layers (every real width, vocabulary 262,144, 128
    experts of 704; the last layer full attention, the others sliding; the vision tower cut to one layer, its real
-   bytes come from step 1) with random bf16 weights (`gpu_quantization.random_cpu_model`: views of one seeded
+   bytes come from step 1) with random bf16 weights (`benchmarks/gpu/steps.py`'s `random_cpu_model`: views of one seeded
    N(0, 0.02) pool, the same weights for every choice), quantized on the CPU by `quantize_model` (what
    `load_model` runs after its CPU load), each choice in a fresh process. Printed: bytes per sliding and full
    layer, embeddings, vision tower, extrapolated to the real 25 sliding + 5 full layers; and one decoder forward's
@@ -43,14 +43,15 @@ from torch.nn.utils import parametrize
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
 
 from engine.loading import REPO_ROOT  # noqa: E402
-from engine.memory import memory_report, meta_model  # noqa: E402
+from engine.loading import meta_model  # noqa: E402
+from engine.memory import memory_report  # noqa: E402
 from engine.quantization import QUANTIZATIONS, quantize_model  # noqa: E402
 
 CPU_CHOICES = ("none", "4bit", "8bit")  # what bitsandbytes runs on the CPU; fp8 needs CUDA (engine/loading.py)
-from gpu_quantization import random_cpu_model  # noqa: E402  (benchmarks/, the script's own folder)
+from steps import random_cpu_model  # noqa: E402  (benchmarks/gpu/steps.py, the GPU kit's)
 
 REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
 TINY_VISION = dict(num_hidden_layers=1)

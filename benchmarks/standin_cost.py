@@ -44,7 +44,7 @@ from standin import ensure_standin  # noqa: E402
 
 PROMPT = "In the beginning"
 H100_BANDWIDTH = 3.35e12  # bytes/s
-FORWARD_GB = 51.6  # weights a real 26B-A4B decoder forward reads, bf16 (benchmarks/gpu_full_scale.py's census)
+FORWARD_GB = 51.6  # weights a real 26B-A4B decoder forward reads, bf16 (benchmarks/gpu/steps.py's census)
 
 
 def median_ms(function, repeats: int) -> float:

@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     space.add_argument("out", type=Path, help="folder to write (new or empty)")
     space.add_argument("--model", default=None, help="hub id to serve instead of the target's (gpu, zerogpu)")
     space.add_argument("--quantization", default=None, choices=("none", "4bit", "8bit"),
-                       help="gpu target only: 4bit or 8bit fit a 24 GB card (default: none, bf16)")
+                       help="gpu target only: 8bit fits a 48 GB card, 4bit a 24 GB one (default: none, bf16)")
     return parser
 
 

@@ -104,9 +104,7 @@ def front_matter(target: Target, model: str | None, quantization: str) -> dict:
     """The Space's front matter fields for `target` serving `model` (None: the embedded model)."""
     base = front_matter_from_readme()
     pins = {pin.key: pin.version for pin in read_pins()}
-    hardware = target.hardware
-    if target.name == "gpu" and quantization != "none":
-        hardware = "l4x1"  # 24 GB fits the 26B model at 4 and 8 bit
+    hardware = target.quantized_hardware.get(quantization, target.hardware)
     fields = {
         "title": f"{base.get('title', 'DiffGemma Playground')}{target.title_suffix}",
         "emoji": base.get("emoji", "🌫️"),

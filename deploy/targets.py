@@ -1,14 +1,6 @@
-"""The three Hugging Face Spaces this project deploys to, and what each one's files must say.
+"""The three Hugging Face Spaces this project deploys to (`cpu`, `gpu`, `zerogpu`) and what each one's files say.
 
-Facts from the hub's Spaces configuration and ZeroGPU documentation, as filed in issue 18 (not checked online
-from this machine):
-- front matter: `python_version` (default 3.10, below what the pinned numpy and transformers require), `sdk_version`
-  (the Gradio the Space installs itself), `suggested_hardware` (a hint; the hardware is chosen in the Space's
-  settings), `models`, `preload_from_hub` (fetch weights at build time), `startup_duration_timeout` (default 30 min);
-- requirements.txt must not list gradio, spaces or huggingface_hub (the SDK installs its own);
-- ZeroGPU supports the torch versions its docs list (2.8 to 2.11 at the time of writing), not 2.13;
-- the 26B model in bf16 (about 52 GB) needs `a100-large` (80 GB) on a dedicated GPU and ZeroGPU's `xlarge` size;
-  4-bit fits a 24 GB card (`l4x1`).
+Why each value is what it is (front matter keys, Python and torch versions, hardware): docs/deploy.md.
 """
 
 from __future__ import annotations
@@ -30,7 +22,8 @@ class Target:
     Attributes:
         name: `cpu`, `gpu` or `zerogpu` (the command's `--target`).
         title_suffix: added to the Space's title.
-        hardware: the `suggested_hardware` value.
+        hardware: the `suggested_hardware` value; `quantized_hardware` the value for a `--quantization` choice
+            whose weights fit a smaller card.
         python_version: the Space's Python (must satisfy every pinned package's Requires-Python).
         torch_version: the torch pinned in the Space's requirements; `torch_supported` (a PEP 440 specifier) the
             versions the target supports.
@@ -54,6 +47,7 @@ class Target:
     model: str | None
     variables: dict[str, str] = field(default_factory=dict)
     quantizations: tuple[str, ...] = ("none",)
+    quantized_hardware: dict[str, str] = field(default_factory=dict)
     packages_left_out: tuple[str, ...] = ("bitsandbytes",)
     startup_timeout: str | None = None
     ship_tiny_model: bool = False
@@ -72,9 +66,10 @@ TARGETS = {
         name="gpu", title_suffix=" (26B, GPU)", hardware="a100-large", python_version="3.11",
         torch_version="2.13.0", torch_supported=ANY_TORCH, torch_index=None, model=REAL_MODEL,
         variables={"DIFFGEMMA_MODEL": REAL_MODEL, "DIFFGEMMA_DEVICE": "cuda"},
-        quantizations=("none", "4bit", "8bit"), packages_left_out=(), startup_timeout="1h",
-        notes=("Hardware: Nvidia A100 large (80 GB) for bf16; with --quantization 4bit an L4 (24 GB, `l4x1`) or "
-               "A10G large.",
+        quantizations=("none", "4bit", "8bit"), quantized_hardware={"4bit": "l4x1", "8bit": "l40sx1"},
+        packages_left_out=(), startup_timeout="1h",
+        notes=("Hardware: Nvidia A100 large (80 GB) for bf16; with --quantization 8bit (27 GB of weights) an L40S "
+               "(48 GB, `l40sx1`); with 4bit (16 GB) an L4 (24 GB, `l4x1`) or A10G large.",
                "If the model repository is gated, add a secret HF_TOKEN (a read token of an account that was granted "
                "access) in the Space's settings.",),
     ),

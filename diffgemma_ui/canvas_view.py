@@ -55,6 +55,8 @@ def chip_html(
     cell: TokenCell | None = None,
     draft_cell: TokenCell | None = None,
     fixed: bool = False,
+    remelted: bool = False,
+    alternatives: Sequence[tuple[str, float]] = (),
 ) -> str:
     """One canvas position as a `<span>` chip.
 
@@ -71,6 +73,9 @@ def chip_html(
             and labelled (class `dg-tok-<style>`), without the confidence colour.
         fixed: the position was given, not denoised (an infill template's text): class `dg-fixed`, said in the
             tooltip, drawn without the confidence colour (it was never sampled).
+        remelted: the position was accepted earlier in the block and renoised in this forward: class `dg-remelt`.
+        alternatives: (token string, probability) of the forward's likeliest tokens, the draft first: listed in the
+            tooltip under "why this token?" (the page shows the tooltip as a popup on a tap).
 
     Returns:
         HTML text; the tooltip (`title`) lists token, what it is (special tokens, bytes), confidence, entropy and
@@ -95,6 +100,12 @@ def chip_html(
             lines.append(f"current guess: \u201c{guess.text}\u201d" + (f" ({guess.detail})" if guess.detail else ""))
     elif kind == "pad":
         lines.append("after end-of-sequence: dropped")
+    if remelted:
+        lines.insert(1, "re-melted: accepted at an earlier step, renoised in this one")
+    if alternatives:
+        shown_alts = token_cells([token for token, _ in alternatives])
+        lines.append("why this token? " + " \u00b7 ".join(
+            f"\u201c{alt.text}\u201d {probability:.0%}" for alt, (_, probability) in zip(shown_alts, alternatives)))
     if cell.detail:
         lines.insert(1, cell.detail)
     if fixed:
@@ -105,7 +116,7 @@ def chip_html(
         background = viridis(confidence)
         style = f' style="background:{background};color:{text_on(background)}"'
     classes = (f"dg-chip dg-{kind}" + ("" if cell.style == "text" else f" dg-tok-{cell.style}")
-               + (" dg-fixed" if fixed else ""))
+               + (" dg-fixed" if fixed else "") + (" dg-remelt" if remelted else ""))
     return f'<span class="{classes}" title="{title}"{style}>{cell.html}</span>'
 
 
@@ -131,6 +142,8 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
             f"T={_number(frame.temperature, 2)}",
             f"{accepted}/{n} accepted",
         ]
+        if frame.block_remelts:
+            header_bits.append(f"{frame.block_remelts} re-melted")
         if frame.stop_reason == "cancelled":
             header_bits.append("stopped")
         flags = [bool(a) for a in frame.accepted]
@@ -152,6 +165,8 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
                 cell=cells[pos],
                 draft_cell=None if flags[pos] else drafts[pos],
                 fixed=fixed[pos],
+                remelted=bool(frame.remelted) and frame.remelted[pos],
+                alternatives=_alternatives(frame, pos),
             ))
     else:
         start = frame.block_index * n
@@ -159,6 +174,8 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
         forwards = frame.step_index + 1
         header_bits.append(f"{forwards} forward{'s' if forwards != 1 else ''}")
         header_bits.append("stopped early (stable)" if frame.block_stopped_early else "all steps")
+        if frame.block_remelts:
+            header_bits.append(f"{frame.block_remelts} re-melted")
         pads = sum(1 for k in (frame.draft_kinds or [])[:kept] if k == PAD)
         if kept < n:
             header_bits.append(f"{kept - pads} token{'s' if kept - pads != 1 else ''} kept, end-of-sequence")
@@ -175,6 +192,7 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
                 first_accepted_step=frame.first_accepted_step[pos],
                 cell=cells[pos],
                 fixed=fixed[pos],
+                alternatives=_alternatives(frame, pos),
             ))
     state = "live" if live else "done"
     header = escape_html(" \u00b7 ".join(header_bits))
@@ -184,12 +202,20 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
     )
 
 
+def _alternatives(frame: Frame, position: int) -> list[tuple[str, float]]:
+    """(token string, probability) of the frame's alternatives at `position` ([] when the frame has none)."""
+    if not frame.top_tokens:
+        return []
+    return list(zip(frame.top_tokens[position], frame.top_probs[position]))
+
+
 def legend_html() -> str:
     """The colour legend: confidence scale (viridis), what a noisy chip, a special token and a byte look like."""
     stops = ", ".join(viridis(i / 10) for i in range(11))
     return (
         '<div class="dg-legend" aria-hidden="true">'
         '<span class="dg-chip dg-noisy">noise</span><span>renoised</span>'
+        '<span class="dg-chip dg-noisy dg-remelt">melt</span><span>re-melted (was accepted)</span>'
         f'<span class="dg-scale" style="background:linear-gradient(90deg, {stops})"></span>'
         "<span>confidence 0 \u2192 1</span>"
         '<span class="dg-chip dg-committed dg-tok-special">eos</span><span>special token (not text)</span>'

@@ -83,7 +83,8 @@ def reuse_html(report: TurnReport | None, turn: int = 0, *, regenerated: bool = 
     if report is None:
         return IDLE_REUSE_HTML
     saved = (f" \u00b7 about {report.prefill_saved_s * 1000:,.1f} ms of prefill saved (estimate: reused tokens "
-             "\u00d7 the extra prefill time per token measured in this conversation)"
+             "\u00d7 the extra prefill time per token measured in this conversation, at most what encoding them "
+             "took)"
              if report.reused_tokens and report.prefill_saved_s is not None else "")
     head = f"Turn {turn}{' (regenerated)' if regenerated else ''} \u00b7 " if turn else ""
     text = (f"{head}prompt {report.prompt_tokens:,} tokens: {report.reused_tokens:,} reused from the previous "

@@ -55,7 +55,8 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
     """
     if frame is None:
         return {label: "\u2013" for label in (
-            "tokens/s", "tokens/forward", "forwards/block", "elapsed", "first frame", "tokens", "progress")}
+            "tokens/s", "tokens/forward", "forwards/block", "ms/forward", "forwards used", "elapsed", "first frame",
+            "tokens", "progress")}
     fpb = frame.forwards_per_block
     last = committed if committed is not None else (frame if frame.block_done or not fpb else None)
     rates = last if last is not None else frame
@@ -68,15 +69,42 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
         if counting:
             progress += " \u00b7 tokens/s from the first committed block"
     none = "\u2013" if frame.done else "\u2026"
+    per_forward_ms = ms_per_forward(frame)
     return {
         "tokens/s": none if counting else format_number(rates.tokens_per_second, 1),
         "tokens/forward": none if counting else format_number(rates.tokens_per_forward, 2),
         "forwards/block": forwards_per_block,
+        "ms/forward": format_number(per_forward_ms, 0 if per_forward_ms >= 10 else 1),
+        "forwards used": f"{frame.forward_index + 1:,} of {forward_budget(frame):,}",
         "elapsed": format_number(frame.elapsed_s, 2, " s"),
         "first frame": format_number(frame.time_to_first_frame_s * 1000, 0, " ms"),
         "tokens": f"{frame.committed_tokens:,}",
         "progress": progress,
     }
+
+
+def ms_per_forward(frame: Frame) -> float:
+    """Engine milliseconds per decoder forward: after the first forward, the time since it over the forwards since
+    (prefill and the first forward excluded); before that, the time to the first frame."""
+    later = frame.forward_index
+    if later < 1:
+        return frame.time_to_first_frame_s * 1000
+    return (frame.elapsed_s - frame.time_to_first_frame_s) / later * 1000
+
+
+def forward_budget(frame: Frame) -> int:
+    """The most decoder forwards the canvases started so far could have taken (`max_denoising_steps` each)."""
+    return (frame.block_index + 1) * frame.max_denoising_steps
+
+
+def short_answer_note(frame: Frame) -> str:
+    """On a finished run whose answer filled less than half of the canvas positions it paid for, one line saying so
+    (every decoder forward computes the whole canvas, so a short answer costs as much as a full one); else ""."""
+    positions = (frame.block_index + 1) * frame.canvas_length
+    if not frame.done or frame.stop_reason != "eos" or 2 * frame.committed_tokens >= positions:
+        return ""
+    return (f"a {frame.committed_tokens:,}-token answer paid for {positions:,} canvas positions: every forward "
+            "denoises the whole canvas, so tokens/s counts only the answer")
 
 
 def stat_cards_html(values: dict[str, str]) -> str:
@@ -118,6 +146,9 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
             f"{frame.forward_index + 1:,} forward{'' if frame.forward_index == 0 else 's'}"
             f' <span class="dg-rate-note">{escape_html(RATE_NOTE)}</span></div>'
         )
+    short = short_answer_note(frame) if frame is not None else ""
+    if short:
+        footer += f'<div class="dg-meter-note dg-short-answer">{escape_html(short)}</div>'
     banner = f'<div class="dg-meter-notice" role="status">{escape_html(notice)}</div>' if notice else ""
     return (
         f'<div class="dg-meter" data-state="{state}" data-tps="{tps:.6g}" data-ttff="{ttff:.6g}">'

@@ -25,6 +25,10 @@ NOT_ACCEPTED_COLOUR = "rgba(140,140,140,0.45)"
 GRID = "rgba(128,128,128,0.22)"
 ACCEPTED_COLOUR = "#E69F00"  # Okabe-Ito orange and sky blue: a colour-blind-safe pair, readable on light and dark
 ENTROPY_COLOUR = "#56B4E9"
+# Mode bar buttons that do nothing here: no view reads a selection
+MODEBAR_REMOVE = ["select2d", "lasso2d"]
+# The strip at the top of a plot where Plotly shows its mode bar on hover (a row of 24 px buttons)
+TOOLBAR_PX = 28
 
 
 class FigureSpec(dict):
@@ -45,19 +49,28 @@ class FigureSpec(dict):
         return go.Figure(self)
 
 
-def _layout(title: str, **extra) -> dict:
+def _layout(title: str, *, below_toolbar: bool = False, **extra) -> dict:
+    """The shared layout: `title` (escaped) at the top left, transparent backgrounds, `extra` on top.
+
+    below_toolbar: move the title and the top margin down by `TOOLBAR_PX` (the figure grows by as much), so that
+    the mode bar shown on hover does not cover the title of a plot too narrow for both on one row.
+    """
+    drop = TOOLBAR_PX if below_toolbar else 0
+    height = HEIGHT + drop
     layout = {
-        "title": {"text": escape_plotly(title), "x": 0.01, "xanchor": "left", "y": 0.985, "yanchor": "top",
-                  "font": {"size": 14}},
-        "height": HEIGHT,
+        "title": {"text": escape_plotly(title), "x": 0.01, "xanchor": "left", "y": round(1 - (5 + drop) / height, 3),
+                  "yanchor": "top", "font": {"size": 14}},
+        "height": height,
         "margin": {"l": 48, "r": 16, "t": 40, "b": 40},
         "paper_bgcolor": "rgba(0,0,0,0)",
         "plot_bgcolor": "rgba(0,0,0,0)",
         "font": {"family": "Inter, system-ui, sans-serif", "size": 12, "color": "#7c8494"},
         "hoverlabel": {"font": {"family": "ui-monospace, SFMono-Regular, Menlo, monospace", "size": 12}},
         "showlegend": False,
+        "modebar": {"remove": MODEBAR_REMOVE},
     }
     layout.update(extra)
+    layout["margin"] = {**layout["margin"], "t": layout["margin"]["t"] + drop}
     return layout
 
 
@@ -70,10 +83,12 @@ def _round(value: float, digits: int = 3) -> float:
     return round(value, digits) if value == value else 0.0  # NaN -> 0
 
 
-def empty_figure(title: str, message: str = "Fills in as the canvas denoises") -> FigureSpec:
-    """A placeholder figure: no data, `message` in the middle (escaped)."""
+def empty_figure(title: str, message: str = "Fills in as the canvas denoises", *,
+                 below_toolbar: bool = False) -> FigureSpec:
+    """A placeholder figure: no data, `message` in the middle (escaped); `below_toolbar` as in the figure it
+    stands for, so the plot keeps its height when that figure replaces it."""
     return FigureSpec(data=[], layout=_layout(
-        title,
+        title, below_toolbar=below_toolbar,
         xaxis={"visible": False}, yaxis={"visible": False},
         annotations=[{"text": escape_plotly(message), "showarrow": False,
                       "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "font": {"size": 13}}],
@@ -101,8 +116,6 @@ def _legend_line(*lines: str) -> dict:
             "xanchor": "left", "yanchor": "bottom", "font": {"size": 11}}
 
 
-# Shown rows of a heatmap at least this many (a one-row heatmap would otherwise fill the figure as tall stripes)
-MIN_HEATMAP_ROWS = 8
 # Plotly's updatemenu buttons hover to a fixed near-white; dark text on a light button reads in both themes
 BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color": "#0f172a", "size": 12}}
 
@@ -145,9 +158,8 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
             )
         hover_text.append(hover_row)
     y = list(range(1, steps + 1))
-    # Rows keep their height as a block fills: a live block reserves its remaining steps, a short one a few rows
+    # Rows keep their height as a block fills: a live block reserves its remaining steps, a finished one shows its own
     rows = steps if frames[-1].block_done or frames[-1].done else max(steps, frames[-1].max_denoising_steps)
-    rows = max(rows, min(MIN_HEATMAP_ROWS, frames[-1].max_denoising_steps))
     data = [
         {
             "type": "heatmap", "z": z, "x": list(range(n)), "y": y, "hoverongaps": False,
@@ -218,7 +230,7 @@ def unmasking_order(frame: Frame | None) -> FigureSpec:
     grey bar. Hover text: position, escaped draft token, step or "not accepted yet".
     """
     if frame is None:
-        return empty_figure("Unmasking order")
+        return empty_figure("Unmasking order", below_toolbar=True)
     n = frame.canvas_length
     steps = max(1, frame.max_denoising_steps)
     last = max([s for s in frame.first_accepted_step if s >= 0], default=0) + 1
@@ -240,7 +252,7 @@ def unmasking_order(frame: Frame | None) -> FigureSpec:
         "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>",
     }]
     return FigureSpec(data=data, layout=_layout(
-        _block_title([frame], "Unmasking order"),
+        _block_title([frame], "Unmasking order"), below_toolbar=True,
         xaxis=_axis("position", range=[-0.5, n - 0.5]),
         yaxis=_axis("first accepted at step", range=[0, min(steps, max(last, 1)) + 0.5],
                     dtick=max(1, math.ceil(min(steps, max(last, 1)) / 6))),
@@ -250,10 +262,16 @@ def unmasking_order(frame: Frame | None) -> FigureSpec:
     ))
 
 
+def whole_step(span: int, most: int = 7) -> int:
+    """The tick step for an axis of whole counts from 0 to `span`: the smallest of 1, 2, 5, 10, 20, 50... that puts
+    at most `most` steps on it (an overlaying axis would otherwise take the other axis's tick positions)."""
+    return next(m * 10**e for e in range(20) for m in (1, 2, 5) if span <= most * m * 10**e)
+
+
 def entropy_and_acceptance(frames: Sequence[Frame]) -> FigureSpec:
     """Mean entropy (nats, line, left axis) and positions accepted (bars, right axis) per step of one block."""
     if not frames:
-        return empty_figure("Entropy and acceptance per step")
+        return empty_figure("Entropy and acceptance per step", below_toolbar=True)
     steps = list(range(1, len(frames) + 1))
     entropy = [_round(f.mean_entropy) for f in frames]
     accepted = [f.accepted_count for f in frames]
@@ -267,12 +285,12 @@ def entropy_and_acceptance(frames: Sequence[Frame]) -> FigureSpec:
          "hovertemplate": "step %{x}<br>mean entropy %{y:.3f} nats<extra></extra>"},
     ]
     return FigureSpec(data=data, layout=_layout(
-        _block_title(frames, "Entropy & acceptance"),
+        _block_title(frames, "Entropy & acceptance"), below_toolbar=True,
         xaxis=_axis("step", range=[0.5, max(len(frames), 1) + 0.5], tick0=1,
                     dtick=max(1, math.ceil(len(frames) / 8))),  # whole steps only, even for a 2-step block
         yaxis=_axis("mean entropy (nats)", rangemode="tozero"),
         yaxis2={"title": {"text": "accepted positions"}, "overlaying": "y", "side": "right", "range": [0, n],
-                "showgrid": False, "zeroline": False},
+                "showgrid": False, "zeroline": False, "tickmode": "linear", "tick0": 0, "dtick": whole_step(n)},
         margin={"l": 52, "r": 52, "t": 64, "b": 40},
         showlegend=True,
         legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 1.0, "yanchor": "bottom",

@@ -68,7 +68,7 @@ BOOT_JS = r"""
     plotly.textContent = await unpack("dg-plotly");
     document.head.appendChild(plotly);
     const data = JSON.parse(await unpack("dg-views"));
-    const frames = data.frames, last = frames.length - 1, config = {displaylogo: false, responsive: true};
+    const frames = data.frames, last = frames.length - 1, config = {displaylogo: false, responsive: true, showSendToCloud: false};
     const slider = $("dg-replay-slider"), play = $("dg-replay-play"), root = document.body;
     const done = Array.from(document.querySelectorAll("#dg-stack .dg-block"));
     let current = -1, shownBlock = -1, timer = null;

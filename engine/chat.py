@@ -34,8 +34,9 @@ class TurnReport:
     prefill_s: measured seconds of this turn's encoder prefill (all encoded_tokens);
     prefill_saved_s: an estimate, reused_tokens x the marginal prefill seconds per token (`marginal_seconds_per_token`
         over this session's measured prefills, the encoder call's fixed cost left out, since a re-encode would pay it
-        too); None until the session has measured prefills of two different lengths, or when their slope is not
-        positive (`benchmarks/chat_reuse.py` measures the true figure by re-encoding);
+        too), and never more than the measured seconds this session spent encoding those reused tokens; None until
+        the session has measured prefills of two different lengths, or when their slope is not positive
+        (`benchmarks/chat_reuse.py` measures the true figure by re-encoding);
     dropped_turns: earlier turns cut to fit the context; note: a sentence for the visitor ("" when nothing to say).
     """
 
@@ -108,12 +109,13 @@ class ChatSession:
         self._cache = None  # KV cache holding exactly self._cache_ids
         self._cache_ids: list[int] = []
         self._prefills: list[tuple[int, float]] = []  # (tokens, seconds) of the latest encoder calls
+        self._cache_prefill_s = 0.0  # measured prefill seconds that encoded what the cache holds
 
     def clear(self) -> None:
         """Forget the conversation and its cache (the system message stays)."""
         self.messages = [m for m in self.messages if m["role"] == "system"]
         self.thoughts, self.last_report, self.last_result = [], None, None
-        self._cache, self._cache_ids = None, []
+        self._cache, self._cache_ids, self._cache_prefill_s = None, [], 0.0
 
     def _ids(self, messages, thinking: bool, **kwargs) -> list[int]:
         extra = {"enable_thinking": thinking} if self.engine.supports_thinking else {}
@@ -208,9 +210,10 @@ class ChatSession:
             if device.type == "cuda":
                 torch.cuda.synchronize()
         prefill_s = time.perf_counter() - start
+        reused_cost_s = self._cache_prefill_s if reused else 0.0  # what encoding the reused tokens took here
         # The cached prefix is kept whatever happens to the answer (Regenerate and a cancelled turn reuse it);
         # denoise extends a copy with the answer's canvases
-        self._cache, self._cache_ids = base, ids[:stable]
+        self._cache, self._cache_ids, self._cache_prefill_s = base, ids[:stable], reused_cost_s + prefill_s
         cache = copy.deepcopy(base)
         count, last = 0, None
         for frame in denoise(model, tensor[:, stable:], settings, token_text=self.engine.token_text,
@@ -232,7 +235,8 @@ class ChatSession:
         cut_note = "; ".join(n for n in notes if n)
         self.last_report = TurnReport(
             prompt_tokens=len(ids), reused_tokens=reused, encoded_tokens=encoded, prefill_s=prefill_s,
-            prefill_saved_s=None if rate is None or not reused else reused * rate, dropped_turns=dropped, note=cut_note)
+            prefill_saved_s=None if rate is None or not reused else min(reused * rate, reused_cost_s),
+            dropped_turns=dropped, note=cut_note)
         self.last_result = result
         kept_thoughts = self.thoughts[len(self.thoughts) - (len([m for m in messages if m["role"] == "assistant"])):]
         self.messages = messages + [{"role": "assistant", "content": result.text}]

@@ -12,14 +12,16 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
 
 from .autoregressive import AR_TEMPERATURE, check_temperature
 from .chat import ChatSession
 from .engine import DiffusionEngine
 from .infill import filled_text, infill_frames, parse_template
-from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, model_location
-from .memory import memory_command
+from .loading import (DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, meta_model,
+                      model_location)
+from .memory import format_report, memory_report
 from .race import RaceRunner
 from .race_memory import race_runner
 from .settings import (PRESET_NAMES, SETTING_NAMES, SETTINGS, DiffusionSettings, check_prompt, parse_seed,
@@ -295,6 +297,23 @@ def replay(trace_path: Path, html_path: Path) -> int:
         return 2
     print(f"wrote {html_path} ({html_path.stat().st_size / 2**20:.2f} MiB, {len(trace.frames)} forwards)",
           file=sys.stderr)
+    return 0
+
+
+def memory_command(model: str, quantization: str, dtype: str, as_json: bool) -> int:
+    """`python -m engine memory`: print the report of `model` (built on the meta device) as a table or one JSON
+    object; returns the exit status (2 and one line on stderr for a config that cannot be read)."""
+    torch_dtype = torch.bfloat16 if dtype == "auto" else getattr(torch, dtype)
+    try:
+        report = memory_report(meta_model(model, torch_dtype), quantization)
+    except ModelLoadError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(json.dumps(report))
+    else:
+        dtype_name = str(torch_dtype).removeprefix("torch.")
+        print(format_report(report, f"{model}: {quantization}, unquantized tensors in {dtype_name}"))
     return 0
 
 

@@ -1,39 +1,19 @@
 """`fp8`: FP8 weights through transformers' FineGrainedFP8 integration, on CUDA GPUs of compute capability >= 8.9.
 
-transformers' `FineGrainedFP8Config` replaces every `nn.Linear` by `FP8Linear` and every module named `*.experts` by
-`FP8Experts`: weights stored as `float8_e4m3fn` with one float32 inverse scale (`*_scale_inv`) per block of
-`FP8_BLOCK_SIZE` (rows x columns), activations quantized per token block at run time, matmuls on the GPU's FP8
-units through the Hub kernels `kernels-community/finegrained-fp8` (Triton) or DeepGEMM (block 128 on Hopper and
-Blackwell only). `FP8Experts` fits DiffusionGemma's experts: the same fused `gate_up_proj` `[E, 2*I, H]` and
-`down_proj` `[E, H, I]`, gate = `act_fn(gate) * up` with the text config's `hidden_activation`
-(`gelu_pytorch_tanh`), no bias, no softcap or clamp.
-
-What the library does not cover by itself, and what this module does about it:
-- Tied modules: by default the quantizer skips every module whose weights are tied, and in DiffusionGemma the
-  encoder ties every text-layer weight to the decoder's: only the experts (replaced by module name), the vision
-  tower and the self-conditioning MLP would be converted, attention and dense MLPs left in bf16. `fp8_config`
-  passes its own `modules_to_not_convert` (the LM head and the routers, as for 4bit/8bit), which turns that default
-  off. The library then converts both sides, loads the decoder's weights and ties the encoder's FP8 `weight`
-  tensors to them, but not the new `*_scale_inv` tensors (its tie map is computed before the replacement): the
-  encoder's scales are left "missing" (freshly initialised), a wrong encoder. `share_fp8_tied_modules` makes each
-  encoder module the decoder's module after loading.
-- Block size: the library default, 128 x 128, does not divide DiffusionGemma's expert width (704) or dense MLP width
-  (2112). `Fp8Quantize` then leaves that tensor in bf16, and `FP8Experts`' grouped_mm / batched_mm forwards (the
-  default on CUDA) hand the bf16 tensor to the FP8 kernel (only the eager loop checks the dtype). With 128 x 128,
-  all 30 `experts.down_proj` (7.6B weights, 15.2 GB) and the dense MLPs would stay bf16. `FP8_BLOCK_SIZE` is
-  therefore 64 x 64, which divides every text-layer width of the 26B config (`check_fp8_shapes` refuses a model
-  whose experts it does not divide). This takes the Triton kernel, not DeepGEMM; not yet run on a GPU here.
-  Left in bf16 even so: the vision tower's MLP (4304 wide; 0.27B weights).
-
-Counting without a GPU: `convert_to_fp8` applies the same library calls (the quantizer's own module replacement,
-then its `Fp8Quantize` op tensor by tensor) to a model already in memory, also on the meta device, which is how
-`engine.memory` counts fp8 bytes of a config alone.
+What the library leaves out for DiffusionGemma (tied encoder scales, a block size that divides its widths) and
+what this module adds is in docs/quantization.md; `convert_to_fp8` also runs on the meta device, for counting.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers import DiffusionGemmaForBlockDiffusion, FineGrainedFP8Config
+from transformers.integrations.finegrained_fp8 import FP8Experts, FP8Linear
+from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
+from transformers.utils import import_utils
+
+from .quantization import text_layer_pairs
 
 FP8_BLOCK_SIZE = (64, 64)
 FP8_SKIPPED = ["lm_head", "router.proj"]  # the tied vocabulary matrix and the routing decisions stay as they are
@@ -43,8 +23,6 @@ FP8_MIN_CAPABILITY = (8, 9)  # Ada (8.9), Hopper (9.0), Blackwell (10.x, 12.x): 
 def fp8_config():
     """The `FineGrainedFP8Config` of the `fp8` choice: blocks of `FP8_BLOCK_SIZE`, dynamic activation scales, tied
     modules converted (only `FP8_SKIPPED` kept as they are)."""
-    from transformers import FineGrainedFP8Config  # noqa: PLC0415
-
     return FineGrainedFP8Config(weight_block_size=FP8_BLOCK_SIZE, modules_to_not_convert=list(FP8_SKIPPED))
 
 
@@ -61,12 +39,18 @@ def fp8_refusal(device: torch.device) -> str | None:
     if tuple(capability) < FP8_MIN_CAPABILITY:
         return (f"fp8 quantization needs compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
                 f"{torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}: {advice}")
-    from transformers.utils.import_utils import is_kernels_available  # noqa: PLC0415
-
-    if not is_kernels_available():
-        return ("fp8 quantization needs the kernels package (transformers fetches its FP8 matmul kernel from the "
-                "Hugging Face Hub with it): pip install kernels")
+    if not import_utils.is_kernels_available():
+        return kernels_refusal()
     return None
+
+
+def kernels_refusal() -> str:
+    """The one line for a CUDA GPU that could run fp8 but lacks the `kernels` package in the version range the
+    installed transformers accepts (its FP8 matmul kernel is then fetched from the Hugging Face Hub)."""
+    low, high = (getattr(import_utils, name, None) for name in ("KERNELS_MIN_VERSION", "KERNELS_MAX_VERSION"))
+    wanted = f"kernels>={low},<{high}" if low and high else "the kernels package"
+    return (f"fp8 quantization needs {wanted} (what this transformers accepts), and its FP8 matmul kernel is "
+            "downloaded from the Hugging Face Hub when the model loads: without both, use --quantization 8bit or 4bit")
 
 
 def check_fp8_shapes(config) -> None:
@@ -83,15 +67,11 @@ def check_fp8_shapes(config) -> None:
 
 
 def _fp8_quantizer():
-    from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer  # noqa: PLC0415
-
     return FineGrainedFP8HfQuantizer(fp8_config(), pre_quantized=False)
 
 
 def fp8_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of every `FP8Linear` / `FP8Experts` of `model`, each module once."""
-    from transformers.integrations.finegrained_fp8 import FP8Experts, FP8Linear  # noqa: PLC0415
-
     return [(name, m) for name, m in model.named_modules() if isinstance(m, (FP8Linear, FP8Experts))]
 
 
@@ -99,8 +79,6 @@ def share_fp8_tied_modules(model: nn.Module) -> int:
     """Make each encoder text-layer FP8 module whose FP8 weights are the decoder's (tied) the decoder's module, so
     it also uses the decoder's scales (the library leaves the encoder's `*_scale_inv` uninitialised). Returns how
     many were shared; a module whose weights are not the very same tensors is left alone."""
-    from .quantization import text_layer_pairs  # noqa: PLC0415
-
     shared = 0
     for encoder_layer, decoder_layer in text_layer_pairs(model):
         for path, decoder_module in fp8_modules(decoder_layer):
@@ -124,8 +102,6 @@ def convert_to_fp8(model: nn.Module, device: torch.device | str) -> nn.Module:
     `from_pretrained` leaves it. Then tied encoder modules are shared (`share_fp8_tied_modules`) and the rest of the
     model moves to `device`. Returns `model` (changed in place).
     """
-    from transformers.integrations.finegrained_fp8 import FP8Experts, FP8Linear  # noqa: PLC0415
-
     device = torch.device(device)
     quantizer = _fp8_quantizer()
     originals = {name: dict(module.named_parameters(recurse=False))
@@ -157,8 +133,6 @@ def from_pretrained_fp8(where: str, device: torch.device, dtype: torch.dtype, **
     """`DiffusionGemmaForBlockDiffusion.from_pretrained` with the `fp8` config, every tensor placed on `device` and
     quantized there as it loads (the library's on-the-fly path: the GPU never holds the bf16 model), then the tied
     encoder modules shared with the decoder's (`share_fp8_tied_modules`)."""
-    from transformers import DiffusionGemmaForBlockDiffusion  # noqa: PLC0415
-
     network = DiffusionGemmaForBlockDiffusion.from_pretrained(
         where, dtype=dtype, device_map={"": device}, quantization_config=fp8_config(), **common)
     share_fp8_tied_modules(network)

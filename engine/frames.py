@@ -22,6 +22,13 @@ class Frame:
         entropy: entropy of the temperature-scaled distribution, in nats.
         first_accepted_step: the 0-based step at which the position was first accepted (-1: not yet): the
             unmasking order.
+        remelted: the position was accepted at an earlier forward of this block and renoised in this one (there is
+            no mask token: an accepted token can melt back into noise). block_remelts: how many re-melts this block
+            has had so far, this forward's included.
+        top_ids, top_probs: per position, the k likeliest tokens of this forward's temperature-scaled distribution
+            and their probabilities (k = `engine.sampling.ALTERNATIVES`), the draft token first, probabilities
+            non-increasing: "why this token?"; top_tokens: their display strings. Empty lists where the producer did
+            not record them.
         input_tokens, draft_tokens: the same ids as display strings (one token each, see `engine.tokens.TokenText`:
             decoded text, a special token's own piece such as `<pad>`, a byte piece's bytes as `<0xE2>`).
         input_kinds, draft_kinds: each token's kind ("text", "byte", "pad", "eos", "special"; see
@@ -78,11 +85,21 @@ class Frame:
     stop_reason: str = ""
     input_kinds: list[str] = dataclasses.field(default_factory=list)
     draft_kinds: list[str] = dataclasses.field(default_factory=list)
+    remelted: list[bool] = dataclasses.field(default_factory=list)
+    block_remelts: int = 0
+    top_ids: list[list[int]] = dataclasses.field(default_factory=list)
+    top_probs: list[list[float]] = dataclasses.field(default_factory=list)
+    top_tokens: list[list[str]] = dataclasses.field(default_factory=list)
 
     @property
     def accepted_count(self) -> int:
         """Positions accepted in this forward."""
         return sum(self.accepted)
+
+    @property
+    def remelted_count(self) -> int:
+        """Positions renoised in this forward after being accepted earlier in the block."""
+        return sum(self.remelted)
 
     @property
     def mean_entropy(self) -> float:

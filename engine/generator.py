@@ -54,6 +54,7 @@ class _Progress:
     committed_ids: list = dataclasses.field(default_factory=list)
     committed_tokens: int = 0
     first_frame_s: float = 0.0
+    block_remelts: int = 0
 
 
 @torch.no_grad()
@@ -144,10 +145,12 @@ def denoise(
     token_kind = getattr(token_text, "kind", None)  # `TokenText.kind`; plain callables give no kinds
 
     def make_frame(block, step_index, temperature, input_canvas, argmax_canvas, processed_logits, first_accepted,
-                   block_done, stopped_early, done, stop_reason) -> Frame:
-        confidence, entropy = frame_statistics(sampler, processed_logits, argmax_canvas)
-        input_list, draft_list, accepted_list, first_list, confidence_list, entropy_list = host_lists(
-            input_canvas[0], argmax_canvas[0], _accepted_mask(sampler)[0], first_accepted, confidence, entropy)
+                   remelted, block_done, stopped_early, done, stop_reason) -> Frame:
+        confidence, entropy, top_ids, top_probs = frame_statistics(sampler, processed_logits, argmax_canvas)
+        (input_list, draft_list, accepted_list, first_list, confidence_list, entropy_list, remelted_list, top_id_rows,
+         top_prob_rows) = host_lists(input_canvas[0], argmax_canvas[0], _accepted_mask(sampler)[0], first_accepted,
+                                     confidence, entropy, remelted, top_ids, top_probs)
+        progress.block_remelts += sum(remelted_list)
         elapsed = clock.now()
         if progress.forwards == 1:
             progress.first_frame_s = elapsed
@@ -164,6 +167,11 @@ def denoise(
             confidence=confidence_list,
             entropy=entropy_list,
             first_accepted_step=first_list,
+            remelted=remelted_list,
+            block_remelts=progress.block_remelts,
+            top_ids=top_id_rows,
+            top_probs=top_prob_rows,
+            top_tokens=[[token_text(i) for i in row] for row in top_id_rows],
             input_tokens=[token_text(i) for i in input_list],
             draft_tokens=[token_text(i) for i in draft_list],
             input_kinds=[token_kind(i) for i in input_list] if token_kind else [],
@@ -211,6 +219,7 @@ def denoise(
             )
             argmax_canvas = current_canvas
             first_accepted = torch.full((canvas_length,), -1, dtype=torch.long, device=device)
+            progress.block_remelts = 0
 
         # Denoising steps count down (N..1), as in generate()
         for step_index, cur_step in enumerate(reversed(range(1, n_steps + 1))):
@@ -232,8 +241,9 @@ def denoise(
                         diffusion_stopping_criteria=diffusion_stopping_criteria, **model_kwargs,
                     )
                 )
-                newly = _accepted_mask(sampler)[0] & (first_accepted < 0)
-                first_accepted[newly] = step_index
+                accepted_now = _accepted_mask(sampler)[0]
+                remelted = (first_accepted >= 0) & ~accepted_now  # accepted earlier in this block, renoised now
+                first_accepted[accepted_now & (first_accepted < 0)] = step_index
                 stopped_early = cur_step > 1 and bool(finished_denoising.all())  # before its last step
                 block_done = stopped_early or cur_step == 1
                 done, stop_reason = False, ""
@@ -258,7 +268,7 @@ def denoise(
                     (generation_config.t_max - generation_config.t_min) * cur_step / n_steps
                 )
                 frame = make_frame(block, step_index, temperature, input_canvas, argmax_canvas,
-                                   self_conditioning_logits, first_accepted, block_done, stopped_early, done,
+                                   self_conditioning_logits, first_accepted, remelted, block_done, stopped_early, done,
                                    stop_reason)
             yield frame
             if block_done:
@@ -280,16 +290,33 @@ def _accepted_mask(sampler) -> torch.BoolTensor:
     return sampler_state(sampler).accepted_token_mask
 
 
-def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entropy) -> tuple[list, ...]:
-    """A frame's per-position tensors (each `[canvas_length]`, on the model's device) as Python lists, moved to the
-    host in one transfer (one device synchronization instead of six): (input ids, draft ids, accepted flags,
-    first-accepted steps, confidence, entropy) as (int, int, bool, int, float, float) lists. float64 holds every
-    token id and float32 value exactly."""
-    rows = torch.stack([t.to(torch.float64) for t in (input_ids, draft_ids, accepted, first_accepted, confidence,
-                                                      entropy)]).tolist()
-    ids_in, ids_draft, flags, first, conf, ent = rows
+def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted=None, top_ids=None,
+               top_probs=None) -> tuple[list, ...]:
+    """A frame's per-position tensors (on the model's device) as Python lists, moved to the host in one transfer (one
+    device synchronization instead of one per tensor).
+
+    Args: input ids, draft ids, accepted flags, first-accepted steps, confidence, entropy, re-melted flags, each
+    `[canvas_length]`; alternative ids and probabilities `[canvas_length, k]`. Missing optional ones come back empty.
+    Returns: (input ids, draft ids, accepted, first-accepted steps, confidence, entropy, re-melted, alternative id
+    rows, alternative probability rows) as int, int, bool, int, float, float, bool lists and two lists of k-lists.
+    float64 holds every token id and float32 value exactly.
+    """
+    length = input_ids.shape[0]
+    rows = [input_ids, draft_ids, accepted, first_accepted, confidence, entropy]
+    if remelted is not None:
+        rows.append(remelted)
+    k = 0 if top_ids is None else top_ids.shape[-1]
+    values = torch.cat([t.to(torch.float64).reshape(-1) for t in rows + ([top_ids, top_probs] if k else [])])
+    values = values.tolist()
+    per_position = [values[i * length:(i + 1) * length] for i in range(len(rows))]
+    ids_in, ids_draft, flags, first, conf, ent = per_position[:6]
+    melted = [v != 0.0 for v in per_position[6]] if remelted is not None else []
+    offset = len(rows) * length
+    top_id_rows = [[int(v) for v in values[offset + p * k:offset + (p + 1) * k]] for p in range(length)] if k else []
+    offset += length * k
+    top_prob_rows = [values[offset + p * k:offset + (p + 1) * k] for p in range(length)] if k else []
     return ([int(v) for v in ids_in], [int(v) for v in ids_draft], [v != 0.0 for v in flags],
-            [int(v) for v in first], conf, ent)
+            [int(v) for v in first], conf, ent, melted, top_id_rows, top_prob_rows)
 
 
 def strip_after_eos(token_ids: list[int], eos_token_id: int | list[int] | None) -> list[int]:

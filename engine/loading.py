@@ -10,13 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
-from .quantization import QUANTIZATIONS  # re-exported for the CLI and app.py
+from .fp8 import check_fp8_shapes, fp8_refusal, from_pretrained_fp8
+from .memory import memory_report
+from .quantization import QUANTIZATIONS, bitsandbytes_missing, quantize_model  # QUANTIZATIONS: for the CLI, app.py
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO_ROOT / "assets" / "models" / "diffgemma-tiny"
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+FIT_HEADROOM = 1.15  # the cache, activations and logits, and the allocator's slack, on top of the weights
 
 
 class ModelLoadError(RuntimeError):
@@ -93,16 +97,16 @@ def set_serving_threads(device: torch.device, threads: int | None = None) -> int
 def check_quantization(quantization: str, device: torch.device) -> None:
     """Refuse, with one line, a quantization the device cannot run: bitsandbytes' 4-bit and 8-bit kernels used
     here exist for CUDA and the CPU, not for Apple's MPS; fp8 needs a CUDA GPU of compute capability 8.9 or newer
-    and the `kernels` package (`engine.fp8.fp8_refusal`)."""
+    and the `kernels` package (`engine.fp8.fp8_refusal`); 4bit and 8bit need bitsandbytes installed."""
     if quantization == "fp8":
-        from .fp8 import fp8_refusal  # noqa: PLC0415
-
         if (refusal := fp8_refusal(device)) is not None:
             raise ModelLoadError(refusal)
         return
     if quantization != "none" and device.type not in ("cuda", "cpu"):
         raise ModelLoadError(f"{quantization} quantization runs on CUDA or the CPU (bitsandbytes), not on {device.type}: "
                              "use --device cuda, --device cpu or --quantization none")
+    if quantization != "none" and (missing := bitsandbytes_missing()) is not None:
+        raise ModelLoadError(missing)
 
 
 def model_location(model: str | Path) -> tuple[str, dict]:
@@ -125,8 +129,6 @@ def read_config(model: str | Path):
     Raises:
         ModelLoadError: no readable config, or not a DiffusionGemma one.
     """
-    from transformers import AutoConfig  # noqa: PLC0415
-
     where, common = model_location(model)
     try:
         config = AutoConfig.from_pretrained(where, **common)
@@ -140,6 +142,45 @@ def read_config(model: str | Path):
     return config
 
 
+def meta_model(model, dtype: torch.dtype = torch.bfloat16):
+    """`DiffusionGemmaForBlockDiffusion` of `model` (a config, a folder that may hold only config.json, or a hub
+    id) on the meta device: every tensor shaped, none allocated (about a second for the 26B config).
+
+    Raises:
+        ModelLoadError: no readable config, or not a DiffusionGemma config.
+    """
+    config = model if hasattr(model, "get_text_config") else read_config(model)
+    with torch.device("meta"):
+        return DiffusionGemmaForBlockDiffusion._from_config(config, dtype=dtype)
+
+
+def check_fits(config, dtype: torch.dtype, quantization: str, device: torch.device, free: int | None = None) -> int:
+    """Refuse, with one line, a model whose weights in `quantization` (counted on the meta device, `memory_report`)
+    plus `FIT_HEADROOM` exceed the free memory of CUDA `device`, naming the quantization that would fit; returns
+    the weights' bytes. fp8 is counted as 8bit (both about one byte per weight). Other devices: not checked, 0.
+
+    Args:
+        free: free bytes (default: `torch.cuda.mem_get_info(device)`, now).
+
+    Raises:
+        ModelLoadError: it does not fit.
+    """
+    if device.type != "cuda":
+        return 0
+    free = torch.cuda.mem_get_info(device)[0] if free is None else free
+    meta = meta_model(config, dtype)
+    needs = {choice: memory_report(meta, choice)["total_bytes"] for choice in ("none", "8bit", "4bit")}
+    needed = needs["8bit" if quantization == "fp8" else quantization]
+    if needed * FIT_HEADROOM <= free:
+        return needed
+    fitting = [choice for choice in ("8bit", "4bit") if needs[choice] * FIT_HEADROOM <= free]
+    advice = (f"use --quantization {fitting[0]} (about {needs[fitting[0]] / 1e9:.1f} GB)" if fitting
+              else f"not even 4bit fits (about {needs['4bit'] / 1e9:.1f} GB): use a larger GPU or --device cpu")
+    raise ModelLoadError(
+        f"the {'unquantized' if quantization == 'none' else quantization} weights need about {needed / 1e9:.1f} GB "
+        f"(+{FIT_HEADROOM - 1:.0%} for the cache and activations) but {device} has {free / 1e9:.1f} GB free: {advice}")
+
+
 def load_model(
     model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto", quantization: str = "none"
 ) -> LoadedModel:
@@ -147,7 +188,8 @@ def load_model(
 
     Args:
         model: a local folder, or a hub id such as `google/diffusiongemma-26B-A4B-it` (needs network or cache).
-        device: `auto|cpu|cuda|mps`; on CUDA weights are placed by accelerate (`device_map="auto"`).
+        device: `auto|cpu|cuda|mps`: every weight goes to that device (never spread onto the CPU); on CUDA a model
+            that does not fit is refused first (`check_fits`).
         dtype: `auto|float32|bfloat16|float16` (`auto`: bf16 on CUDA, fp32 elsewhere).
         quantization: `none|4bit|8bit` (engine/quantization.py: experts and tied linears too), on CUDA or CPU;
             quantized while moving to the device, one tensor at a time. `fp8` (engine/fp8.py): CUDA with compute
@@ -155,10 +197,9 @@ def load_model(
 
     Raises:
         ModelLoadError: missing folder, not a DiffusionGemma checkpoint, unreadable or corrupt weights, bad
-            device/dtype/quantization, quantization on MPS or without bitsandbytes, fp8 on a CPU or an older GPU.
+            device/dtype/quantization, quantization on MPS or without bitsandbytes, fp8 on a CPU or an older GPU,
+            a model larger than the GPU's free memory.
     """
-    from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
-
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     torch_device = resolve_device(device)
@@ -168,12 +209,11 @@ def load_model(
     where, common = model_location(model)
     config = read_config(model)
     if quantization == "fp8":
-        from .fp8 import check_fp8_shapes  # noqa: PLC0415
-
         try:
             check_fp8_shapes(config)
         except ValueError as error:
             raise ModelLoadError(str(error)) from error
+    check_fits(config, torch_dtype, quantization, torch_device)
 
     kwargs = {"dtype": torch_dtype, **common}
     if quantization != "none":
@@ -181,12 +221,10 @@ def load_model(
         # onto the device one tensor at a time (engine/quantization.py): the GPU never holds the bf16 model
         kwargs["device_map"] = "cpu"
     elif torch_device.type == "cuda":
-        kwargs["device_map"] = "auto"
+        kwargs["device_map"] = {"": torch_device}
 
     try:
         if quantization == "fp8":
-            from .fp8 import from_pretrained_fp8  # noqa: PLC0415
-
             network = from_pretrained_fp8(where, torch_device, torch_dtype, **common)
         else:
             network = DiffusionGemmaForBlockDiffusion.from_pretrained(where, **kwargs)
@@ -202,8 +240,6 @@ def load_model(
             "files (tokenizer.json) are missing or wrong"
         )
     if quantization in ("4bit", "8bit"):
-        from .quantization import quantize_model  # noqa: PLC0415
-
         network = quantize_model(network, quantization, torch_device)
     elif torch_device.type != "cuda":
         network = network.to(torch_device)

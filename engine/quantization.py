@@ -1,27 +1,6 @@
-"""Weight quantization that covers the whole DiffusionGemma network: the fused 3-D experts and the tied linears.
-
-transformers' `BitsAndBytesConfig` replaces `nn.Linear` modules only, and skips tied ones. In DiffusionGemma about
-22.8B of the 25.8B parameters are the fused expert tensors `experts.gate_up_proj` `[E, 2*I, H]` and
-`experts.down_proj` `[E, H, I]`, and the encoder shares (ties) every text-layer weight with the decoder, so that
-path quantizes about 0.2B parameters and leaves the model near its bf16 size. Here each parameter is quantized in
-place through a `torch.nn.utils.parametrize` parametrization (bitsandbytes' own mechanism for parameters outside
-`nn.Linear`, `bitsandbytes.nn.parametrize`): the stored tensor is the packed bytes, and reading the parameter
-returns it dequantized in the model's dtype. The forward code of transformers runs unchanged.
-
-Choices (`QUANTIZATIONS`):
-- `4bit`: NF4, blocks of 64 with one float32 scale each (0.5625 bytes per weight), bitsandbytes'
-  `replace_parameter_4bit` (QLoRA's NF4; Dettmers et al. 2023).
-- `8bit`: bitsandbytes' blockwise dynamic 8-bit (`quantize_blockwise`, blocks of 256 with a float32 scale each,
-  1.0156 bytes per weight; Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization").
-Both run on CUDA and on the CPU (bitsandbytes 0.50 has CPU kernels for them).
-- `fp8`: float8_e4m3fn weights with a float32 scale per 64 x 64 block, FP8 matmuls, through transformers'
-  `FineGrainedFP8Config` (engine/fp8.py: what it covers of this model, and what is added); CUDA GPUs of compute
-  capability 8.9 or newer only.
-
-What 4bit and 8bit quantize: every expert tensor and every `nn.Linear` weight (attention, dense MLP, self-conditioning,
-vision tower and its projection), except the router (`router.proj`, 0.04% of the weights, decides which experts
-run) and the tied embedding / LM head (kept in the model dtype). Tied encoder/decoder modules are first made one
-module (`share_tied_modules`), so each shared weight is quantized once and both sides read the same bytes.
+"""Weight quantization of the whole DiffusionGemma network (fused 3-D experts and tied linears too): `4bit` (NF4)
+and `8bit` (blockwise dynamic 8-bit) through bitsandbytes parametrizations, on CUDA and the CPU; `fp8` lives in
+engine/fp8.py. What is quantized and why: docs/quantization.md.
 """
 
 from __future__ import annotations
@@ -129,13 +108,13 @@ def quantization_targets(model: nn.Module) -> list[Target]:
     return targets
 
 
-def _require_bitsandbytes():
-    from .loading import ModelLoadError  # noqa: PLC0415
-
+def bitsandbytes_missing() -> str | None:
+    """The one line saying that bitsandbytes (which 4bit and 8bit need) cannot be imported, or None when it can."""
     try:
-        import bitsandbytes  # noqa: F401, PLC0415
+        import bitsandbytes  # noqa: F401, PLC0415 - optional: only 4bit and 8bit need it
     except ImportError as error:
-        raise ModelLoadError("quantization needs bitsandbytes: pip install bitsandbytes==0.50.2") from error
+        return f"4bit and 8bit quantization need bitsandbytes ({error}): pip install bitsandbytes==0.50.2"
+    return None
 
 
 def quantize_parameter(module: nn.Module, param: str, quantization: str) -> None:
@@ -173,22 +152,19 @@ def quantize_model(model: nn.Module, quantization: str, device: torch.device | s
     holds more than the quantized model plus one full-precision tensor (the largest: one layer's
     `experts.gate_up_proj`, 1.0 GB in bf16 for the 26B model). Returns `model` (changed in place).
 
-    `fp8` goes through `engine.fp8.convert_to_fp8` (the same tensor-at-a-time path, with transformers' FP8 ops);
-    `load_model` itself loads fp8 with `from_pretrained`, this path serves a model built in memory (benchmarks).
+    `fp8` has its own path of the same shape, `engine.fp8.convert_to_fp8`.
 
     Raises:
-        ModelLoadError: bitsandbytes is not installed.
-        ValueError: unknown `quantization`.
+        ImportError: bitsandbytes is not installed (one line).
+        ValueError: `quantization` other than none, 4bit or 8bit.
     """
     if quantization == "none":
         return model.to(device)
-    if quantization == "fp8":
-        from .fp8 import convert_to_fp8  # noqa: PLC0415
-
-        return convert_to_fp8(model, device)
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
-    _require_bitsandbytes()
+    if quantization not in BITSANDBYTES_QUANTIZATIONS:
+        raise ValueError(
+            f"quantize_model runs none, 4bit or 8bit (fp8: engine.fp8.convert_to_fp8), got {quantization!r}")
+    if (missing := bitsandbytes_missing()) is not None:
+        raise ImportError(missing)
     device = torch.device(device)
     share_tied_modules(model)
     for target in quantization_targets(model):

@@ -29,6 +29,7 @@ import torch
 
 from .autoregressive import AutoregressiveDecoder, TokenFrame, check_temperature
 from .engine import DiffusionEngine
+from .memory import stored_tensors
 from .settings import DiffusionSettings, draw_seed, parse_seed
 
 SIDES = ("diffusion", "autoregressive")
@@ -227,18 +228,15 @@ def _experts(config) -> tuple[int, int] | None:
 
 
 def weights_bytes_per_forward(modules: list[torch.nn.Module], config, positions: int) -> int:
-    """Bytes of weights one forward over `positions` tokens reads: every parameter of `modules` once (shared
-    tensors counted once), mixture-of-experts weights (parameters named `experts`) scaled by the expected share of
-    experts the tokens touch, 1 - (1 - k/E)^positions for top-k of E experts with uniform routing (an estimate)."""
+    """Bytes of weights one forward over `positions` tokens reads: every tensor of `modules` once
+    (`engine.memory.stored_tensors`), mixture-of-experts weights (parameters named `experts`) scaled by the expected
+    share of experts the tokens touch, 1 - (1 - k/E)^positions for top-k of E experts with uniform routing (an estimate)."""
     experts = _experts(config)
     share = 1.0 if experts is None else 1.0 - (1.0 - experts[1] / experts[0]) ** positions
-    seen, total = set(), 0.0
-    for module in modules:
-        for name, param in module.named_parameters():
-            if param.data_ptr() in seen or "vision" in name or "audio" in name:
-                continue
-            seen.add(param.data_ptr())
-            size = param.numel() * param.element_size()
+    total = 0.0
+    for name, tensor in stored_tensors(*modules):
+        if "vision" not in name and "audio" not in name:
+            size = tensor.numel() * tensor.element_size()
             total += size * share if ".experts." in f".{name}" else size
     return int(total)
 

@@ -15,19 +15,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from .autoregressive import AutoregressiveDecoder
 from .loading import ModelLoadError
+from .memory import model_bytes
 from .race import RaceRunner
 
 HEADROOM = 1.15  # KV cache, activations and the allocator's slack on top of the weights
-
-
-def loaded_bytes(model: torch.nn.Module) -> int:
-    """Bytes of a loaded model's parameters and buffers (shared tensors counted once)."""
-    seen, total = set(), 0
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor.data_ptr() not in seen:
-            seen.add(tensor.data_ptr())
-            total += tensor.numel() * tensor.element_size()
-    return total
 
 
 def causal_lm_bytes(model_id: str, dtype: torch.dtype) -> int:
@@ -73,7 +64,7 @@ def check_fit(engine, ar_model: str, dtype: torch.dtype, free: int | None = None
             f"the autoregressive model {ar_model} needs about {needed / gib:.1f} GiB "
             f"({str(dtype).removeprefix('torch.')} weights, plus {HEADROOM - 1:.0%} for its cache) next to the "
             "diffusion model's "
-            f"{loaded_bytes(engine.model) / gib:.1f} GiB, but {engine.device} has {free / gib:.1f} GiB free: "
+            f"{model_bytes(engine.model) / gib:.1f} GiB, but {engine.device} has {free / gib:.1f} GiB free: "
             "run without --ar-model to race against the diffusion model's own causal encoder")
     return needed
 

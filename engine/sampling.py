@@ -70,6 +70,9 @@ def sampler_state(sampler):
     return getattr(accept, "__self__", sampler)
 
 
+ALTERNATIVES = 5
+
+
 def canvas_statistics(processed_logits: torch.Tensor, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-position confidence and entropy of one canvas, computed from the logits (when no recording is at hand).
 
@@ -79,26 +82,64 @@ def canvas_statistics(processed_logits: torch.Tensor, draft_ids: torch.Tensor) -
     Returns:
         (confidence `[canvas_length]`: probability of the draft token, entropy `[canvas_length]` in nats), float32.
     """
-    log_probs = torch.log_softmax(processed_logits.float(), dim=-1)
-    entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
+    log_probs, entropy = _log_probs_and_entropy(processed_logits)
     confidence = log_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1).exp()
     return confidence, entropy
 
 
-def frame_statistics(sampler, processed_logits: torch.Tensor, draft_ids: torch.Tensor
+def _log_probs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probabilities `[..., vocab]`, entropy `[...]` in nats) of `logits`, float32."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    return log_probs, -(log_probs.exp() * log_probs).sum(dim=-1)
+
+
+def top_alternatives(log_probs: torch.Tensor, draft_ids: torch.Tensor, k: int = ALTERNATIVES
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(confidence, entropy) `[canvas_length]`, float32, of the last step (batch item 0).
+    """Each position's `k` likeliest tokens, the draft token first.
+
+    Args:
+        log_probs: normalized log-probabilities `[canvas_length, vocab]` (the sampler's own).
+        draft_ids: argmax canvas `[canvas_length]`.
+    Returns:
+        (ids `[canvas_length, k]` int64, probabilities `[canvas_length, k]` float32), probabilities non-increasing
+        along each row; where tokens tie with the draft, the draft still comes first.
+    """
+    k = min(k, log_probs.shape[-1])
+    values, ids = log_probs.topk(k, dim=-1)
+    draft = draft_ids.unsqueeze(-1)
+    missing = ~(ids == draft).any(dim=-1)
+    if bool(missing.any()):
+        ids[missing, -1] = draft_ids[missing]
+        values[missing, -1] = log_probs.gather(-1, draft).squeeze(-1)[missing]
+    order = torch.where(ids == draft, torch.inf, values).argsort(dim=-1, descending=True, stable=True)
+    return ids.gather(-1, order), values.gather(-1, order).float().exp()
+
+
+def frame_statistics(sampler, processed_logits: torch.Tensor, draft_ids: torch.Tensor, k: int = ALTERNATIVES
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(confidence, entropy, alternative ids, alternative probabilities) of the last step (batch item 0).
 
     Args:
         sampler: the run's sampler; a `RecordingEntropyBoundSampler` gives its own numbers (and drops its reference
-            to the log-probabilities), any other falls back to `canvas_statistics(processed_logits)`.
+            to the log-probabilities), any other falls back to a pass over `processed_logits`.
         processed_logits: temperature-scaled logits `[1, canvas_length, vocab]` (read only by the fallback).
         draft_ids: the argmax canvas `[1, canvas_length]`.
+        k: alternatives per position (`top_alternatives`); 0 for none.
+    Returns:
+        confidence and entropy `[canvas_length]` float32; ids `[canvas_length, k]` and probabilities
+        `[canvas_length, k]` (`top_alternatives`), all on the logits' device.
     """
     state = sampler_state(sampler)
     entropy, log_probs = getattr(state, "token_entropy", None), getattr(state, "log_probs", None)
     if entropy is None or log_probs is None:
-        return canvas_statistics(processed_logits[0], draft_ids[0])
-    state.log_probs = None
-    confidence = log_probs[0].gather(-1, draft_ids[0].unsqueeze(-1)).squeeze(-1).float().exp()
-    return confidence, entropy[0].float()
+        log_probs, entropy = _log_probs_and_entropy(processed_logits[0])
+    else:
+        state.log_probs = None
+        log_probs, entropy = log_probs[0], entropy[0].float()
+    confidence = log_probs.gather(-1, draft_ids[0].unsqueeze(-1)).squeeze(-1).float().exp()
+    if k > 0:
+        top_ids, top_probs = top_alternatives(log_probs, draft_ids[0], k)
+    else:
+        top_ids = torch.empty((log_probs.shape[0], 0), dtype=torch.long, device=log_probs.device)
+        top_probs = torch.empty((log_probs.shape[0], 0), dtype=torch.float32, device=log_probs.device)
+    return confidence, entropy, top_ids, top_probs

@@ -16,7 +16,9 @@ from .settings import MAX_PROMPT_CHARS, MAX_SEED, DiffusionSettings
 from .tokens import TEXT, TOKEN_KINDS
 
 TRACE_FORMAT = "diffgemma-trace"
-TRACE_VERSION = 1
+TRACE_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 has no alternatives
+MAX_ALTERNATIVES = 20
 MAX_TRACE_BYTES = 20 * 1024 * 1024
 MAX_CANVAS_LENGTH = 4096
 MAX_FRAMES = 20_000
@@ -109,6 +111,8 @@ class Trace:
         for frame in kept:
             ids.update(frame.input_ids)
             ids.update(frame.draft_ids)
+            for row in frame.top_ids:
+                ids.update(row)
         ids.update(kept[-1].committed_ids)
         document = {
             "format": TRACE_FORMAT,
@@ -218,6 +222,9 @@ def _compact(frame: Frame) -> dict:
         "stopped_early": bool(frame.block_stopped_early),
         "done": bool(frame.done),
     }
+    if frame.top_ids:
+        compact["alternatives"] = [{"ids": list(ids), "probs": [_rounded(p, FLOAT_DIGITS) for p in probs]}
+                                   for ids, probs in zip(frame.top_ids, frame.top_probs)]
     if frame.block_done:
         compact["committed_ids"] = list(frame.committed_ids)
         compact["committed_tokens"] = int(frame.committed_tokens)
@@ -237,7 +244,8 @@ def load_trace(source) -> Trace:
     """Load and check a trace from JSON text, UTF-8 bytes, or a file path (`pathlib.Path`).
 
     Raises:
-        TraceError: over `MAX_TRACE_BYTES`, not UTF-8 JSON, or anything `parse_trace` refuses; one message each.
+        TraceError: over `MAX_TRACE_BYTES`, empty, not UTF-8 JSON, or anything `parse_trace` refuses; one message
+            each.
     """
     if isinstance(source, Path):
         try:
@@ -255,6 +263,8 @@ def load_trace(source) -> Trace:
         text = bytes(source).decode("utf-8")
     except UnicodeDecodeError as error:
         raise TraceError(f"the trace is not UTF-8 text (byte {error.start})") from None
+    if not text.strip():
+        raise TraceError("the trace file is empty (0 bytes)" if not text else "the trace file holds only whitespace")
     try:
         document = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as error:
@@ -290,9 +300,9 @@ def parse_trace(document) -> Trace:
     if doc.get("format") != TRACE_FORMAT:
         raise TraceError(f"not a DiffGemma trace: 'format' must be {TRACE_FORMAT!r}, got {_shown(doc.get('format'))}")
     version = doc.get("version")
-    if version != TRACE_VERSION or isinstance(version, bool):
-        raise TraceError(f"trace version {_shown(version)} is not supported: this playground reads version "
-                         f"{TRACE_VERSION} (a newer trace needs a newer playground)")
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
+        raise TraceError(f"trace version {_shown(version)} is not supported: this playground reads versions "
+                         f"{' and '.join(map(str, READABLE_VERSIONS))} (a newer trace needs a newer playground)")
     model_doc = _object(doc.get("model"), "model")
     canvas = _int(model_doc.get("canvas_length"), "model.canvas_length", 1, MAX_CANVAS_LENGTH)
     model = ModelInfo(
@@ -393,8 +403,11 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
                                  f"canvas(es) of {canvas}")
             committed_tokens = _int(f.get("committed_tokens"), f"{where}: committed_tokens", 0, len(committed))
             forwards_per_block = forwards_per_block + [step + 1]
+        top_ids, top_probs = _alternatives(f.get("alternatives"), where, canvas, tokens)
         if step == 0:
-            first_accepted = [-1] * canvas
+            first_accepted, block_remelts = [-1] * canvas, 0
+        remelted = [s >= 0 and not a for a, s in zip(accepted, first_accepted)]
+        block_remelts += sum(remelted)
         first_accepted = [step if (a and s < 0) else s for a, s in zip(accepted, first_accepted)]
         forwards = index + 1
         cur_step = n_steps - step
@@ -404,7 +417,8 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
             max_denoising_steps=n_steps,
             temperature=settings.t_min + (settings.t_max - settings.t_min) * cur_step / n_steps,
             input_ids=input_ids, draft_ids=draft_ids, accepted=accepted, confidence=confidence, entropy=entropy,
-            first_accepted_step=list(first_accepted),
+            first_accepted_step=list(first_accepted), remelted=remelted, block_remelts=block_remelts,
+            top_ids=top_ids, top_probs=top_probs, top_tokens=[[tokens[i] for i in row] for row in top_ids],
             input_tokens=[tokens[i] for i in input_ids], draft_tokens=[tokens[i] for i in draft_ids],
             block_done=block_done, block_stopped_early=stopped_early, done=done,
             committed_ids=list(committed), committed_tokens=committed_tokens,
@@ -483,6 +497,29 @@ def _floats(value, where: str, length: int, high: float) -> list[float]:
         if isinstance(item, bool) or not isinstance(item, (int, float)) or not 0.0 <= item <= high:
             raise TraceError(f"{where}: entries are numbers in [0, {high:g}], got {_shown(item)}")
     return [float(item) for item in values]
+
+
+def _alternatives(value, where: str, canvas: int, tokens: dict[int, str]
+                  ) -> tuple[list[list[int]], list[list[float]]]:
+    """A frame's alternatives (absent: none) as (id rows, probability rows), each row sorted by probability."""
+    if value is None:
+        return [], []
+    rows = _list(value, f"{where}: alternatives", canvas)
+    top_ids, top_probs = [], []
+    for position, item in enumerate(rows):
+        place = f"{where}: alternatives[{position}]"
+        row = _object(item, place)
+        ids = _ids(row.get("ids"), f"{place}.ids", None)
+        probs = _list(row.get("probs"), f"{place}.probs", len(ids))
+        if not 1 <= len(ids) <= MAX_ALTERNATIVES:
+            raise TraceError(f"{place}: 1 to {MAX_ALTERNATIVES} alternatives, got {len(ids)}")
+        probs = _floats(probs, f"{place}.probs", len(ids), 1.0)
+        if any(a < b for a, b in zip(probs, probs[1:])):
+            raise TraceError(f"{place}: probs must not increase")
+        _known(ids, tokens, f"{place}.ids")
+        top_ids.append(ids)
+        top_probs.append(probs)
+    return top_ids, top_probs
 
 
 def _token_table(value) -> dict[int, str]:

@@ -1,9 +1,5 @@
-"""A faithful stand-in for google/diffusiongemma-26B-A4B-it that runs on a small CPU.
-
-The real checkpoint's files and structure (config.json from `assets/configs/diffusiongemma-26B-A4B-it` with only
-depth, width, heads, experts and vision depth scaled down; its generation_config.json byte for byte; the Gemma
-tokenizer with Gemma 4's special tokens at their ids; a Gemma 4 chat template; processor_config.json; sharded bf16
-safetensors with an index) and random weights: it tests code paths, not text.
+"""A stand-in for google/diffusiongemma-26B-A4B-it that runs on a small CPU: the real checkpoint's files and structure,
+a scaled-down network and random weights, to test code paths, not text (docs/standin.md).
 
     from standin import ensure_standin
     path = ensure_standin()          # built once (about a minute), then reused

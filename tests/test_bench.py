@@ -1,4 +1,4 @@
-"""`benchmarks/bench.py` and the pure parts of `benchmarks/gpu_full_scale.py` on tiny settings.
+"""`benchmarks/bench.py` on tiny settings (the GPU kit's own parts: tests/test_gpu_kit.py).
 
 Fast and free of timing assertions: the numbers only have to be sane (positive, consistent with each other, the
 same tokens on every path).
@@ -12,7 +12,6 @@ import sys
 import urllib.request
 
 import pytest
-import torch
 
 from engine.loading import REPO_ROOT
 
@@ -46,11 +45,6 @@ def fixed(engine):
 def results(engine, fixed):
     """The whole benchmark (UI part aside) once, on the tiny setting."""
     return bench.run_benchmark(engine, model="embedded", mode=TINY, prompt=PROMPT, threads=1, ui=False, base=fixed)
-
-
-def load_gpu_script():
-    """benchmarks/gpu_full_scale.py as a module (it imports `bench`, loaded above under that name)."""
-    return load_script("gpu_full_scale")
 
 
 def test_counted_ids_stop_at_the_first_eos_and_drop_pads(engine):
@@ -160,59 +154,3 @@ def test_launched_app_serves_and_stops(engine):
             assert page.status == 200
         assert bench.peak_rss_mb(process.pid) is None or bench.peak_rss_mb(process.pid) > 0
     assert process.poll() is not None
-
-
-# -- benchmarks/gpu_full_scale.py: what can be checked without a GPU ---------------------------------------------
-def test_full_scale_config_matches_the_published_parameter_counts():
-    gpu = load_gpu_script()
-    census = gpu.meta_census(gpu.build_config())
-    assert census.text_total == pytest.approx(25.2e9, rel=0.01)       # "26B" total, 25.2B without vision
-    assert census.active_per_token == pytest.approx(3.8e9, rel=0.02)  # "A4B": ~3.8B active
-    assert (census.num_experts, census.top_k) == (128, 8)
-    config = gpu.build_config()
-    assert config.canvas_length == 256 and config.text_config.hidden_size == 2816
-    assert config.text_config.layer_types.count("full_attention") == 5
-
-
-def test_bandwidth_bound_arithmetic():
-    gpu = load_gpu_script()
-    census = gpu.WeightCensus(dense=100, experts=800, vocab_matrix=50, self_conditioning=10, num_experts=8, top_k=2)
-    assert census.text_total == 960 and census.active_per_token == 100 + 200 + 50
-    active = gpu.bytes_per_pass(census, canvas_length=4, bytes_per_param=2, routing="active")
-    assert active["decoder_forward"] == (100 + 200 + 10 + 2 * 50) * 2
-    assert active["encoder_pass"] == (100 + 200) * 2
-    assert gpu.expected_experts_hit(8, 2, 1) == pytest.approx(2.0)
-    assert gpu.expected_experts_hit(128, 8, 256) == pytest.approx(128, abs=0.01)
-    expected = gpu.bytes_per_pass(census, canvas_length=256, bytes_per_param=2, routing="expected")
-    assert expected["decoder_forward"] == pytest.approx((100 + 800 + 10 + 100) * 2, rel=1e-6)
-    # 16 forwards of 1 GB and one encoder pass of 0.5 GB at 1 GB/s: 16.5 s per 256-token canvas
-    assert gpu.bandwidth_bound_tokens_per_second(1e9, 0.5e9, 16, 256, 1e9) == pytest.approx(256 / 16.5)
-    with pytest.raises(ValueError, match="routing"):
-        gpu.bytes_per_pass(census, 4, 2, "all")
-
-
-def test_full_scale_bounds_next_to_published_figures(capsys):
-    gpu = load_gpu_script()
-    assert gpu.main(["--bounds-only"]) == 0
-    out = capsys.readouterr().out
-    assert "H200 4.8 TB/s" in out and "published FP8 1288" in out and "H100 3.35 TB/s" in out
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
-def test_full_scale_without_cuda_skips_cleanly(capsys):
-    assert load_gpu_script().main([]) == 0
-    assert "no CUDA GPU here; nothing measured" in capsys.readouterr().out
-
-
-@pytest.mark.slow
-def test_full_scale_measurement_runs_on_a_tiny_variant():
-    gpu = load_gpu_script()
-    args = gpu.build_parser().parse_args(["--tiny", "--device", "cpu", "--steps", "2", "--blocks", "2", "--repeats",
-                                          "1", "--prompt-tokens", "16", "--no-compile"])
-    results = gpu.run(args)
-    assert results["config"] == "tiny" and results["skipped"] == []
-    (variant,) = results["variants"]
-    assert variant["cache_implementation"] == "dynamic" and variant["same_tokens"] is True
-    assert 0 < variant["bare_generate"]["tokens"]["median"] <= 2 * 16  # no EOS: full canvases (pads dropped)
-    assert variant["engine_overhead_ratio"]["median"] > 0
-    assert "tiny on cpu" in gpu.format_report(results)

@@ -51,6 +51,24 @@ def test_follow_up_with_reused_cache_matches_reencoding_the_conversation(engine,
     assert [f.draft_ids for f in follow_up] == [f.draft_ids for f in fresh]
 
 
+def test_the_saving_shown_never_exceeds_what_encoding_the_reused_tokens_cost(engine, monkeypatch):
+    import engine.chat as chat_module
+
+    settings = engine.recommended.replace(max_new_tokens=engine.canvas_length, max_denoising_steps=2)
+    session = ChatSession(engine)
+    # a slope fitted to noisy timings can be far steeper than any prefill measured (1 s per token here)
+    monkeypatch.setattr(chat_module, "marginal_seconds_per_token", lambda points: 1.0)
+    _, first = session.reply("Hello", settings, seed=1)
+    _, second = session.reply("More please", settings, seed=1)
+    assert second.reused_tokens > 0 and second.prefill_saved_s is not None
+    assert second.prefill_saved_s <= first.prefill_s < second.reused_tokens * 1.0  # the cap is what bites
+    _, third = session.reply("And more", settings, seed=1)
+    assert third.prefill_saved_s <= first.prefill_s + second.prefill_s  # every turn that encoded the reused part
+    monkeypatch.setattr(chat_module, "marginal_seconds_per_token", lambda points: 1e-9)
+    _, fourth = session.reply("Last one", settings, seed=1)
+    assert fourth.prefill_saved_s == pytest.approx(fourth.reused_tokens * 1e-9)  # below the cap: the estimate
+
+
 def test_regenerate_reuses_the_prompt_and_replaces_only_the_last_answer(engine):
     settings = engine.recommended.replace(max_new_tokens=engine.canvas_length, max_denoising_steps=2)
     session = ChatSession(engine)

@@ -161,3 +161,32 @@ def test_stopped_early_means_before_the_last_step(engine):
     assert ends
     for frame in ends:
         assert frame.block_stopped_early == (frame.step_index + 1 < frame.max_denoising_steps), frame.step_index
+
+
+def test_alternatives_start_with_the_draft_token_and_are_sorted_probabilities(engine):
+    settings = short(engine, adaptive_stopping=False, max_denoising_steps=4, t_min=0.5, t_max=1.0)
+    frames = list(engine.frames("In the beginning", settings, raw=True, seed=2))
+    vocab = engine.model.config.text_config.vocab_size
+    for f in frames:
+        assert len(f.top_ids) == len(f.top_probs) == engine.canvas_length
+        for position, (ids, probs) in enumerate(zip(f.top_ids, f.top_probs)):
+            assert len(ids) == len(probs) == 5 and len(set(ids)) == 5 and all(0 <= i < vocab for i in ids)
+            assert ids[0] == f.draft_ids[position]
+            assert probs[0] == pytest.approx(f.confidence[position], rel=1e-5)
+            assert all(a >= b for a, b in zip(probs, probs[1:])) and sum(probs) <= 1 + 1e-5
+
+
+def test_remelt_flags_match_a_count_made_by_hand_from_the_accepted_flags(engine):
+    settings = short(engine, adaptive_stopping=False, max_denoising_steps=12, t_min=0.5, t_max=1.0,
+                     entropy_bound=0.5)
+    frames = list(engine.frames("The Lord is my shepherd", settings, raw=True, seed=4))
+    total = 0
+    for block in sorted({f.block_index for f in frames}):
+        seen, in_block = [False] * engine.canvas_length, 0
+        for f in (f for f in frames if f.block_index == block):
+            by_hand = [seen[p] and not f.accepted[p] for p in range(engine.canvas_length)]
+            in_block += sum(by_hand)
+            assert f.remelted == by_hand and f.remelted_count == sum(by_hand) and f.block_remelts == in_block
+            seen = [s or a for s, a in zip(seen, f.accepted)]
+            total += sum(by_hand)
+    assert total > 0  # warm sampling over 12 steps renoises some accepted positions: the test sees re-melts

@@ -10,7 +10,8 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
 )
 
 from engine.generator import host_lists
-from engine.sampling import RecordingEntropyBoundSampler, canvas_statistics, frame_statistics, with_recording
+from engine.sampling import (RecordingEntropyBoundSampler, canvas_statistics, frame_statistics, top_alternatives,
+                             with_recording)
 
 
 def _samplers(entropy_bound: float, vocab: int = 500, canvas: int = 32):
@@ -32,7 +33,7 @@ def test_recording_sampler_accepts_what_the_library_sampler_accepts(entropy_boun
     assert torch.equal(recording.accepted_token_mask, library.accepted_token_mask)
 
     confidence, entropy = canvas_statistics(logits[0], logits[0].argmax(-1))
-    recorded_confidence, recorded_entropy = frame_statistics(recording, logits, logits.argmax(-1))
+    recorded_confidence, recorded_entropy, _, _ = frame_statistics(recording, logits, logits.argmax(-1))
     torch.testing.assert_close(recorded_entropy, entropy, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(recorded_confidence, confidence, rtol=1e-5, atol=1e-6)
 
@@ -40,7 +41,8 @@ def test_recording_sampler_accepts_what_the_library_sampler_accepts(entropy_boun
 def test_frame_statistics_fall_back_to_the_logits_without_a_recording():
     logits = torch.randn(1, 16, 100)
     library, _ = _samplers(0.1, vocab=100, canvas=16)
-    confidence, entropy = frame_statistics(library, logits, logits.argmax(-1))
+    confidence, entropy, top_ids, _ = frame_statistics(library, logits, logits.argmax(-1))
+    assert torch.equal(top_ids, logits[0].topk(5, dim=-1).indices)
     expected_confidence, expected_entropy = canvas_statistics(logits[0], logits[0].argmax(-1))
     assert torch.equal(confidence, expected_confidence) and torch.equal(entropy, expected_entropy)
 
@@ -66,5 +68,30 @@ def test_host_lists_keep_ids_flags_and_floats_exactly():
     entropy = torch.tensor([12.476, 0.0, 3.5e-8, 1.0], dtype=torch.float32)
     lists = host_lists(ids, draft, accepted, first, confidence, entropy)
     assert lists == (ids.tolist(), draft.tolist(), accepted.tolist(), first.tolist(), confidence.tolist(),
-                     entropy.tolist())
+                     entropy.tolist(), [], [], [])
     assert [type(v) for v in (lists[0][0], lists[2][0], lists[4][0])] == [int, bool, float]
+
+
+def test_host_lists_carry_remelt_flags_and_alternatives_in_the_same_transfer():
+    ids, draft = torch.tensor([5, 262_143, 9]), torch.tensor([7, 8, 9])
+    flags, first = torch.tensor([True, False, False]), torch.tensor([0, 2, -1])
+    floats = torch.tensor([0.5, 0.25, 1.0])
+    remelted = torch.tensor([False, True, False])
+    top_ids = torch.tensor([[7, 1, 2], [8, 262_143, 0], [9, 4, 3]])
+    top_probs = torch.tensor([[0.5, 0.2, 0.1], [0.25, 0.25, 0.125], [1.0, 0.0, 0.0]])
+    lists = host_lists(ids, draft, flags, first, floats, floats, remelted, top_ids, top_probs)
+    assert lists[6] == [False, True, False]
+    assert lists[7] == top_ids.tolist() and lists[8] == top_probs.tolist()
+    assert type(lists[7][1][1]) is int
+
+
+def test_alternatives_put_the_draft_first_even_when_tokens_tie():
+    log_probs = torch.log_softmax(torch.tensor([[1.0, 3.0, 3.0, 0.0, 2.0, 3.0], [5.0, 1.0, 1.0, 1.0, 1.0, 1.0]]), -1)
+    draft = torch.tensor([5, 0])  # position 0: three tokens tie at the top; the draft is the last of them
+    ids, probs = top_alternatives(log_probs, draft, k=2)
+    assert ids[:, 0].tolist() == [5, 0]
+    assert torch.all(probs[:, :-1] >= probs[:, 1:]) and torch.all(probs.sum(-1) <= 1 + 1e-6)
+    torch.testing.assert_close(probs[:, 0], log_probs.gather(-1, draft[:, None]).squeeze(-1).exp())
+    many_ties = torch.log_softmax(torch.zeros(1, 8), -1)
+    ids, _ = top_alternatives(many_ties, torch.tensor([7]), k=3)
+    assert ids[0, 0].item() == 7 and len(set(ids[0].tolist())) == 3

@@ -74,3 +74,48 @@ def test_a_block_taller_than_the_stack_shows_its_header_on_a_phone_and_no_plot_t
                                          for t in toolbars.all())
     assert not problems, problems
     page.close()
+
+
+# (fill of each play/pause label, fill of its button) and, for one plot hovered, the boxes of its title and mode bar
+BUTTON_FILLS = """() => [...document.querySelectorAll('#dg-heatmap .updatemenu-button')].map(b =>
+  [getComputedStyle(b.querySelector('text')).fill, getComputedStyle(b.querySelector('rect')).fill])"""
+TITLE_AND_BAR = """id => { const root = document.querySelector(id), box = e => e.getBoundingClientRect();
+  const t = box(root.querySelector('.gtitle')), m = box(root.querySelector('.modebar'));
+  return {title: [t.left, t.top, t.right, t.bottom], bar: [m.left, m.top, m.right, m.bottom]}; }"""
+
+
+def _luminance(css_rgb: str) -> float:
+    """WCAG relative luminance of "rgb(r, g, b)"."""
+    channels = [int(c) / 255 for c in css_rgb[css_rgb.index("(") + 1:css_rgb.index(")")].split(",")[:3]]
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def _contrast(a: str, b: str) -> float:
+    high, low = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_play_buttons_read_and_the_mode_bar_leaves_the_plot_titles_clear(browser, served_app, theme):
+    url = served_app[1] + ("?__theme=dark" if theme == "dark" else "")
+    page, problems = open_page(browser, url, width=1400, height=1000)
+    set_number(page, "Max new tokens", 64)
+    set_number(page, "Max denoising steps", 4)
+    page.get_by_label("Adaptive stopping").uncheck()  # a block of several steps: the heatmap gets its buttons
+    page.fill("#dg-seed input", "0")
+    page.click("#dg-generate")
+    page.wait_for_selector(".dg-meter[data-state='done']", timeout=120_000)
+    page.wait_for_selector("#dg-heatmap .updatemenu-button")
+    fills = page.evaluate(BUTTON_FILLS)
+    assert len(fills) == 2 and all(_contrast(text, button) >= 4.5 for text, button in fills), fills
+    for plot in ("#dg-heatmap", "#dg-order", "#dg-entropy"):
+        page.locator(plot).hover()
+        page.wait_for_function(f"getComputedStyle(document.querySelector('{plot} .modebar')).opacity === '1'")
+        boxes = page.evaluate(TITLE_AND_BAR, plot)
+        title, bar = boxes["title"], boxes["bar"]
+        overlap = min(title[2], bar[2]) > max(title[0], bar[0]) and min(title[3], bar[3]) > max(title[1], bar[1])
+        assert not overlap, (plot, boxes)
+    page.locator("#dg-plot-row").screenshot(path=str(ARTIFACTS / f"plots_hover_{theme}.png"))
+    assert not problems, problems
+    page.close()

@@ -23,10 +23,10 @@ from torch.nn.utils import parametrize
 
 from engine import DEFAULT_MODEL, DiffusionEngine, ModelLoadError, load_model
 from engine.cli import main as cli_main
-from engine.loading import REPO_ROOT, check_quantization
-from engine.memory import GROUPS, memory_report, meta_model
+from engine.loading import REPO_ROOT, check_fits, check_quantization, meta_model
+from engine.memory import GROUPS, memory_report, model_bytes
 from engine.fp8 import FP8_BLOCK_SIZE, check_fp8_shapes, fp8_refusal, from_pretrained_fp8
-from engine.quantization import BITSANDBYTES_QUANTIZATIONS, QUANTIZATIONS, is_experts, quantized_nbytes
+from engine.quantization import BITSANDBYTES_QUANTIZATIONS, is_experts, quantized_nbytes
 
 REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
 CHOICES = list(BITSANDBYTES_QUANTIZATIONS)  # the choices that run on a CPU
@@ -178,25 +178,50 @@ def test_refusals_are_one_clear_line(tmp_path):
     assert out.returncode == 2 and out.stderr.startswith("error: model folder") and out.stderr.count("\n") == 1
 
 
-def test_gpu_quantization_script_runs_every_choice_on_a_tiny_config(capsys):
-    """benchmarks/gpu_quantization.py's CPU-side logic (random tied model, load through quantize_model, fixed-step
-    generation), on the tiny variant on the CPU."""
-    spec = importlib.util.spec_from_file_location("gpu_quantization", REPO_ROOT / "benchmarks" / "gpu_quantization.py")
-    gpu_quantization = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_quantization)
+def test_cuda_loads_onto_the_device_and_refuses_a_model_that_does_not_fit(monkeypatch):
+    """`device="cuda"` places every weight on the GPU (never `device_map="auto"`, which spreads a large model onto
+    the CPU without a word), after a meta-device count of the weights against the free memory."""
+    import engine.loading as loading
 
-    model = gpu_quantization.random_cpu_model(gpu_quantization.build_config(tiny=True))
-    encoder, decoder = model.model.encoder.language_model.layers[1], model.model.decoder.layers[1]
-    assert encoder.experts.down_proj is decoder.experts.down_proj  # tied, so quantized once
-    assert gpu_quantization.main(["--tiny", "--device", "cpu", "--steps", "1,2", "--json"]) == 0
-    results = json.loads(capsys.readouterr().out)
-    by_choice = {r["quantization"]: r for r in results["choices"]}
-    assert set(by_choice) == set(QUANTIZATIONS) and not any("error" in r for r in by_choice.values())
-    assert by_choice.pop("fp8") == {"quantization": "fp8", "skipped": fp8_refusal(torch.device("cpu"))}
-    for r in by_choice.values():
-        assert [run["steps"] for run in r["runs"]] == [1, 2]
-        assert all(run["tokens"] == results["canvas_length"] and run["tokens_per_second"] > 0 for run in r["runs"])
-    assert by_choice["4bit"]["weights_bytes"] < by_choice["8bit"]["weights_bytes"] < by_choice["none"]["weights_bytes"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10_000_000, 80_000_000_000))
+    with pytest.raises(ModelLoadError) as info:  # 27.7 MB of fp32 weights, 10 MB free
+        load_model(DEFAULT_MODEL, device="cuda", dtype="float32")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("the unquantized weights need about 0.0 GB")
+    assert message.endswith("cuda has 0.0 GB free: use --quantization 4bit (about 0.0 GB)")
+    seen = {}
+
+    def from_pretrained(where, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop before touching CUDA")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80_000_000_000, 80_000_000_000))
+    monkeypatch.setattr(loading.DiffusionGemmaForBlockDiffusion, "from_pretrained", from_pretrained)
+    with pytest.raises(ModelLoadError, match="stop before touching CUDA"):
+        load_model(DEFAULT_MODEL, device="cuda")
+    assert seen["device_map"] == {"": torch.device("cuda")} and seen["dtype"] == torch.bfloat16
+
+
+def test_fit_check_counts_the_26b_on_the_meta_device_and_names_what_fits():
+    config = meta_model(REAL_CONFIG).config
+    gb = 1e9
+    assert check_fits(config, torch.bfloat16, "none", torch.device("cuda"), free=int(70 * gb)) == pytest.approx(
+        51.6 * gb, rel=0.01)
+    with pytest.raises(ModelLoadError, match=r"need about 51\.\d GB .* has 40\.0 GB free: use --quantization 8bit"):
+        check_fits(config, torch.bfloat16, "none", torch.device("cuda"), free=int(40 * gb))
+    with pytest.raises(ModelLoadError, match=r"has 24\.0 GB free: use --quantization 4bit \(about 1[45]\.\d GB\)"):
+        check_fits(config, torch.bfloat16, "8bit", torch.device("cuda"), free=int(24 * gb))
+    with pytest.raises(ModelLoadError, match="not even 4bit fits"):
+        check_fits(config, torch.bfloat16, "4bit", torch.device("cuda"), free=int(8 * gb))
+    assert check_fits(config, torch.bfloat16, "none", torch.device("cpu"), free=0) == 0  # only CUDA is checked
+
+
+def test_model_bytes_is_the_memory_reports_total():
+    for quantization in ("none", "4bit"):
+        model = load_model(device="cpu", quantization=quantization).model
+        assert model_bytes(model) == memory_report(model)["total_bytes"]
+    assert model_bytes(meta_model(DEFAULT_MODEL, torch.float32)) == model_bytes(load_model(device="cpu").model)
 
 
 def test_header_shows_the_weights_memory_of_the_loaded_model():
@@ -222,8 +247,9 @@ def test_fp8_is_refused_on_a_cpu_and_an_older_gpu_with_one_line(monkeypatch, tmp
     assert refusal.startswith("fp8 quantization needs compute capability 8.9") and "A100-SXM4-80GB has 8.0" in refusal
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100 or H200
     monkeypatch.setattr("transformers.utils.import_utils.is_kernels_available", lambda: False)
-    assert fp8_refusal(torch.device("cuda")) == ("fp8 quantization needs the kernels package (transformers fetches its "
-                                                 "FP8 matmul kernel from the Hugging Face Hub with it): pip install kernels")
+    assert fp8_refusal(torch.device("cuda")) == (
+        "fp8 quantization needs kernels>=0.18.2,<0.19.0 (what this transformers accepts), and its FP8 matmul kernel "
+        "is downloaded from the Hugging Face Hub when the model loads: without both, use --quantization 8bit or 4bit")
     monkeypatch.setattr("transformers.utils.import_utils.is_kernels_available", lambda: True)
     assert fp8_refusal(torch.device("cuda")) is None
 
@@ -300,3 +326,22 @@ def test_fp8_refuses_expert_widths_its_blocks_do_not_divide(standin):
     with pytest.raises(ValueError, match=r"^fp8 quantizes blocks of 64x64; this model's moe_intermediate_size 32 is"):
         check_fp8_shapes(read_config(standin))
     check_fp8_shapes(read_config(REAL_CONFIG))  # 2816 and 704: accepted
+
+
+def test_loading_modules_import_one_way_and_only_optional_packages_late():
+    """quantization <- fp8 <- memory <- loading: each imports only modules before it, at the top; inside a
+    function only an optional heavy package (bitsandbytes) is imported."""
+    import ast
+
+    order = ["quantization", "fp8", "memory", "loading"]
+    for index, name in enumerate(order):
+        tree = ast.parse((REPO_ROOT / "engine" / f"{name}.py").read_text())
+        top = set(tree.body)
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if node not in top:
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                assert all(m.split(".")[0] == "bitsandbytes" for m in modules), (name, modules)
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                assert node.module in order[:index], (name, node.module)

@@ -70,6 +70,21 @@ def test_replay_plays_offline_to_the_last_step(browser, tmp_path):
         page.context.close()
 
 
+def test_replay_plots_keep_only_buttons_that_work_offline_and_count_in_whole_positions(browser, tmp_path):
+    trace = synthetic_trace(canvas=64, steps=8, blocks=2, vocab=262_144)
+    page, requests, problems = open_offline(browser, write_replay(trace, tmp_path / "replay.html"))
+    try:
+        for plot in ("#dg-heatmap", "#dg-order", "#dg-entropy"):
+            titles = page.locator(f"{plot} .modebar-btn").evaluate_all("bs => bs.map(b => b.dataset.title)")
+            assert "Download plot as a PNG" in titles and "Reset axes" in titles, titles
+            assert not {"Box Select", "Lasso Select", "Share chart..."} & set(titles), (plot, titles)
+        ticks = page.locator("#dg-entropy .y2tick text").all_text_contents()
+        assert ticks == ["0", "10", "20", "30", "40", "50", "60"], ticks  # not the left axis's 17.3, 34.6, ...
+        assert problems == [] and requests == [page.url]
+    finally:
+        page.context.close()
+
+
 def test_hostile_trace_replays_without_running_its_strings(browser, tmp_path):
     path = write_replay(hostile_trace(), tmp_path / "hostile.html")
     page, requests, problems = open_offline(browser, path)

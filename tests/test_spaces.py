@@ -21,17 +21,21 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from huggingface_hub import SpaceHardware
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from deploy.space import normalize, read_pins, write_space
+from deploy.space import front_matter, normalize, read_pins, write_space
 from deploy.targets import REAL_MODEL, SDK_PROVIDED, TARGETS
 from diffgemma_ui.deployment import default_threads, queue_plan, space_cpu_cores, space_id, zero_gpu
 from diffgemma_ui.zerogpu import GpuBudget, StopFlag, gpu_size_for, make_playground, weight_bytes
+from engine.memory import memory_report, meta_model
 
 REPO = Path(__file__).resolve().parent.parent
 EMULATION = Path(__file__).resolve().parent / "zerogpu_emulation.py"
+# GPU memory of the dedicated Space hardware the gpu target suggests (the hub's Spaces GPU table)
+SPACE_GPU_MEMORY_GB = {"a100-large": 80, "l40sx1": 48, "l4x1": 24}
 
 
 def _front_matter(readme: Path) -> dict:
@@ -64,10 +68,11 @@ def spaces_dir(tmp_path_factory):
     for name in TARGETS:
         write_space(name, root / name)
     write_space("gpu", root / "gpu-4bit", quantization="4bit")
+    write_space("gpu", root / "gpu-8bit", quantization="8bit")
     return root
 
 
-@pytest.mark.parametrize("name", [*TARGETS, "gpu-4bit"])
+@pytest.mark.parametrize("name", [*TARGETS, "gpu-4bit", "gpu-8bit"])
 def test_space_front_matter_names_versions_every_pin_accepts(spaces_dir, name):
     target = TARGETS[name.split("-")[0]]
     fields = _front_matter(spaces_dir / name / "README.md")
@@ -80,7 +85,8 @@ def test_space_front_matter_names_versions_every_pin_accepts(spaces_dir, name):
     assert fields["sdk"] == "gradio" and fields["sdk_version"] == pins["gradio"].version
     assert (spaces_dir / name / fields["app_file"]).is_file()
     assert fields["suggested_hardware"] == {"cpu": "cpu-basic", "gpu": "a100-large", "gpu-4bit": "l4x1",
-                                            "zerogpu": "zero-a10g"}[name]
+                                            "gpu-8bit": "l40sx1", "zerogpu": "zero-a10g"}[name]
+    assert fields["suggested_hardware"] in {flavor.value for flavor in SpaceHardware}
     if target.model is None:
         assert "models" not in fields and "preload_from_hub" not in fields
         assert (spaces_dir / name / "assets/models/diffgemma-tiny/model.safetensors").is_file()
@@ -90,7 +96,7 @@ def test_space_front_matter_names_versions_every_pin_accepts(spaces_dir, name):
         assert not (spaces_dir / name / "assets/models").exists()
 
 
-@pytest.mark.parametrize("name", [*TARGETS, "gpu-4bit"])
+@pytest.mark.parametrize("name", [*TARGETS, "gpu-4bit", "gpu-8bit"])
 def test_space_requirements_fit_the_target(spaces_dir, name):
     target = TARGETS[name.split("-")[0]]
     python = Version(str(_front_matter(spaces_dir / name / "README.md")["python_version"]))
@@ -104,7 +110,7 @@ def test_space_requirements_fit_the_target(spaces_dir, name):
     for pin in read_pins():
         if pin.key in {normalize(n) for n in SDK_PROVIDED} | {"torch"}:
             continue
-        if pin.key == "bitsandbytes" and name != "gpu-4bit" and name != "gpu":
+        if pin.key == "bitsandbytes" and not name.startswith("gpu"):
             assert pin.key not in listed, "bitsandbytes only where quantization can be used"
             continue
         assert pin.key in listed, f"{pin.name} missing from the {name} Space"
@@ -146,6 +152,18 @@ def test_deploy_command_refuses_bad_arguments(tmp_path):
         done = subprocess.run([*run, *args], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_gpu_target_suggests_a_card_that_holds_the_weights():
+    """Each `--quantization` of the gpu target suggests hardware whose GPU memory holds the 26B model's weights, as
+    `python -m engine memory` counts them (8bit's 27 GB do not fit the 24 GB L4 that 4bit's 16 GB fit)."""
+    model = meta_model(REPO / "assets" / "configs" / "diffusiongemma-26B-A4B-it")
+    target = TARGETS["gpu"]
+    for quantization in target.quantizations:
+        hardware = front_matter(target, REAL_MODEL, quantization)["suggested_hardware"]
+        weights = memory_report(model, quantization)["total_bytes"]
+        assert weights < SPACE_GPU_MEMORY_GB[hardware] * 1e9, (quantization, hardware, weights)
 
 
 def test_repo_readme_front_matter_names_a_python_the_pins_accept():

@@ -149,10 +149,10 @@ def test_generate_api_on_the_standin(standin_engine):
     assert summary["token_ids"] == expected.token_ids and text == expected.text
 
 
-def test_gpu_full_scale_builds_the_real_checkpoints_config():
+def test_gpu_kit_builds_the_real_checkpoints_config():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_full_scale_real", REPO / "benchmarks" / "gpu_full_scale.py")
+    spec = importlib.util.spec_from_file_location("gpu_steps_real", REPO / "benchmarks" / "gpu" / "steps.py")
     gpu = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = gpu  # its dataclasses look their module up there
     spec.loader.exec_module(gpu)

@@ -21,7 +21,8 @@ from engine.trace import (MAX_TRACE_BYTES, TRACE_VERSION, ModelInfo, Trace, Trac
 EXACT_FIELDS = ("block_index", "step_index", "forward_index", "canvas_length", "max_denoising_steps", "temperature",
                 "input_ids", "draft_ids", "accepted", "first_accepted_step", "input_tokens", "draft_tokens",
                 "block_done", "block_stopped_early", "done", "committed_ids", "committed_tokens",
-                "forwards_per_block", "prompt_tokens", "seed", "stop_reason", "input_kinds", "draft_kinds")
+                "forwards_per_block", "prompt_tokens", "seed", "stop_reason", "input_kinds", "draft_kinds",
+                "remelted", "block_remelts", "top_ids", "top_tokens")
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,9 @@ def assert_same_run(loaded, original):
             assert getattr(back, name) == getattr(frame, name), name
         assert back.confidence == pytest.approx(frame.confidence, abs=5e-4)
         assert back.entropy == pytest.approx(frame.entropy, abs=5e-4)
+        assert len(back.top_probs) == len(frame.top_probs)
+        for got, want in zip(back.top_probs, frame.top_probs):
+            assert got == pytest.approx(want, abs=5e-4)
         assert back.elapsed_s == pytest.approx(frame.elapsed_s, abs=1e-6)
         assert back.tokens_per_second == pytest.approx(frame.tokens_per_second, rel=1e-4)
         assert back.tokens_per_forward == pytest.approx(frame.tokens_per_forward)
@@ -62,6 +66,8 @@ def test_export_then_load_gives_identical_frames(engine):
     assert doc["model"]["dtype"] == "float32"
     assert doc["prompt"]["ids"] == engine.encode_prompt("In the beginning", raw=True)[0].tolist()
     used = set(doc["prompt"]["ids"]) | {i for f in original for i in f.input_ids + f.draft_ids}
+    used |= {i for f in original for row in f.top_ids for i in row}
+    assert all(len(f["alternatives"]) == engine.canvas_length for f in doc["frames"])
     assert {int(k) for k in doc["tokens"]} == used
     assert all(len(str(c).split(".")[-1]) <= 3 for f in doc["frames"] for c in f["confidence"] + f["entropy"])
     assert loaded.text == engine.summarize(original[-1], len(original)).text
@@ -93,6 +99,21 @@ def test_synthetic_round_trip_is_exact(small_doc):
     assert all(f.time_to_first_frame_s == trace.frames[0].elapsed_s for f in trace.frames)
 
 
+@pytest.mark.slow
+def test_a_version_1_trace_still_loads_without_alternatives(engine):
+    settings = engine.recommended.replace(max_new_tokens=engine.canvas_length, max_denoising_steps=3,
+                                          adaptive_stopping=False)
+    trace = record_trace(engine, "In the beginning", settings, raw=True, seed=3)
+    doc = trace.to_dict()
+    doc["version"] = 1
+    for frame in doc["frames"]:
+        del frame["alternatives"]
+    old = load_trace(json.dumps(doc))
+    assert [f.draft_ids for f in old.frames] == [f.draft_ids for f in trace.frames]
+    assert all(f.top_ids == [] and f.top_probs == [] for f in old.frames)
+    assert [f.remelted for f in old.frames] == [f.remelted for f in trace.frames]  # derived from the flags
+
+
 def _mutated(doc: dict, change) -> dict:
     doc = copy.deepcopy(doc)
     change(doc)
@@ -111,7 +132,7 @@ def _set(path: str, value):
 
 REFUSED = {
     "wrong format": (_set("format", "something-else"), "not a DiffGemma trace"),
-    "newer version": (_set("version", 2), "trace version 2 is not supported"),
+    "newer version": (_set("version", 3), "trace version 3 is not supported"),
     "version as text": (_set("version", "1"), "trace version '1' is not supported"),
     "version true": (_set("version", True), "trace version True is not supported"),
     "absurd canvas": (_set("model.canvas_length", 10**9), "model.canvas_length must be an integer in [1, 4096]"),
@@ -142,6 +163,13 @@ REFUSED = {
     "unknown kind": (lambda d: d.__setitem__("kinds", {next(iter(d["tokens"])): "weird"}),
                      "must be one of text, byte, pad, eos, special, got 'weird'"),
     "kind of an unlisted id": (_set("kinds", {"999999": "eos"}), "kinds: keys are token ids listed in tokens"),
+    "alternatives of another length": (_set("frames.0.alternatives", []),
+                                       "frame 0: alternatives has 0 entries; the canvas has 16 positions"),
+    "alternatives rising": (lambda d: d["frames"][0].__setitem__("alternatives", [
+        {"ids": [i, i], "probs": [0.1, 0.5]} for i in d["frames"][0]["draft_ids"]]),
+        "frame 0: alternatives[0]: probs must not increase"),
+    "alternative ids unknown": (lambda d: d["frames"][0].__setitem__("alternatives", [
+        {"ids": [999_999], "probs": [0.5]}] * 16), "alternatives[0].ids: token id 999999 has no string"),
     "frames not objects": (_set("frames", [1, 2]), "frame 0 must be a JSON object, got int"),
     "too many frames": (_set("frames", [{}] * 20_001), "the trace has 20,001 frames; the limit is 20,000"),
     "prompt not text": (_set("prompt.text", ["<script>"]), "prompt.text must be a string, got list"),
@@ -166,6 +194,8 @@ def test_each_bad_trace_is_refused_with_its_message(small_doc, case):
     ("[" * 100_000 + "]" * 100_000, "the trace is not valid JSON"),
     ("[1, 2]", "the trace must be a JSON object, got list"),
     ('{"n": ' + "9" * 5000 + "}", "the trace is not valid JSON"),
+    ("", "the trace file is empty (0 bytes)"),
+    (" \n\t", "the trace file holds only whitespace"),
 ])
 def test_malformed_json_is_refused(text, message):
     with pytest.raises(TraceError, match=re.escape(message)):
@@ -184,6 +214,10 @@ def test_oversized_and_non_utf8_traces_are_refused(tmp_path):
         load_trace(b'{"format": "\xff"}')
     with pytest.raises(TraceError, match="cannot read the trace file"):
         load_trace(tmp_path / "missing.json")
+    empty = tmp_path / "empty.json"
+    empty.write_bytes(b"")  # an upload of a 0-byte file
+    with pytest.raises(TraceError, match=re.escape("the trace file is empty (0 bytes)")):
+        load_trace(empty)
 
 
 HOSTILE = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'

@@ -232,6 +232,44 @@ def test_unmasking_order_and_entropy_values():
     assert plots.entropy_and_acceptance(_hostile_block(steps=3) * 10)["layout"]["xaxis"]["dtick"] == 4
 
 
+def test_a_finished_heatmap_shows_its_own_steps_and_no_empty_rows():
+    short = [make_frame(step=k, max_denoising_steps=16, block_done=k == 2) for k in range(3)]
+    for animate in (False, True):
+        layout = plots.confidence_heatmap(short, animate=animate)["layout"]
+        assert sorted(layout["yaxis"]["range"]) == [0.5, 3.5]  # rows 1..3, none empty below them
+    stopped = [make_frame(step=k, max_denoising_steps=16, done=k == 1, stop_reason="cancelled" if k else "")
+               for k in range(2)]
+    assert sorted(plots.confidence_heatmap(stopped)["layout"]["yaxis"]["range"]) == [0.5, 2.5]
+    live = [make_frame(step=k, max_denoising_steps=16) for k in range(3)]
+    assert sorted(plots.confidence_heatmap(live)["layout"]["yaxis"]["range"]) == [0.5, 16.5]  # rows kept steady
+
+
+def test_entropy_plot_counts_positions_in_whole_numbers():
+    for n, step in ((4, 1), (16, 5), (64, 10), (256, 50), (1000, 200)):
+        assert plots.whole_step(n) == step
+    frames = [make_frame(step=k, block_done=k == 2) for k in range(3)]
+    right = plots.entropy_and_acceptance(frames)["layout"]["yaxis2"]
+    assert right["range"] == [0, N] and right["tickmode"] == "linear"  # not "sync": the left axis's odd positions
+    assert right["tick0"] == 0 and isinstance(right["dtick"], int) and right["dtick"] == plots.whole_step(N)
+    assert plots.entropy_and_acceptance(frames).to_plotly().layout.yaxis2.dtick == 5
+
+
+def test_plots_drop_selection_buttons_and_keep_narrow_titles_clear_of_the_mode_bar():
+    frames = [make_frame(step=k, block_done=k == 2) for k in range(3)]
+    figures = {"heatmap": plots.confidence_heatmap(frames), "order": plots.unmasking_order(frames[-1]),
+               "entropy": plots.entropy_and_acceptance(frames), "empty heatmap": plots.confidence_heatmap([]),
+               "empty order": plots.unmasking_order(None), "empty entropy": plots.entropy_and_acceptance([])}
+    for name, fig in figures.items():
+        assert {"select2d", "lasso2d"} <= set(fig["layout"]["modebar"]["remove"]), name  # no view reads a selection
+    for name in ("order", "entropy", "empty order", "empty entropy"):  # half-width plots: the bar spans the top
+        layout = figures[name]["layout"]
+        title_top_px = (1 - layout["title"]["y"]) * layout["height"]
+        assert title_top_px >= plots.TOOLBAR_PX and layout["margin"]["t"] >= plots.TOOLBAR_PX + 40, name
+        assert layout["height"] == plots.HEIGHT + plots.TOOLBAR_PX, name  # the plot area keeps its height
+    assert figures["order"]["layout"]["height"] == figures["empty order"]["layout"]["height"]  # no jump on a run
+    assert figures["entropy"]["layout"]["height"] == figures["empty entropy"]["layout"]["height"]
+
+
 def test_empty_figures_and_gradio_accepts_figure_specs():
     for fig in (plots.confidence_heatmap([]), plots.unmasking_order(None), plots.entropy_and_acceptance([])):
         fig.to_plotly()
@@ -711,7 +749,7 @@ def test_live_plots_follow_every_block_and_name_its_step(monkeypatch):
 def test_plot_legends_short_heatmaps_and_a_readable_play_button():
     one_step = plots.confidence_heatmap([make_frame(step=0)], animate=False)
     low, high = sorted(one_step["layout"]["yaxis"]["range"])
-    assert high - low >= min(plots.MIN_HEATMAP_ROWS, make_frame().max_denoising_steps)  # not one tall stripe
+    assert high - low == make_frame().max_denoising_steps  # a live block reserves its rows: not one tall stripe
     legend = one_step["layout"]["annotations"][0]["text"]
     assert "white dot" in legend and "accepted" in legend
     order = plots.unmasking_order(make_frame(step=1))

@@ -1,0 +1,57 @@
+"""Branching a run from one of its forwards: pins hold, same seed same branch, context and budget carried on."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.branch import branch_canvas, branch_frames, changed_share
+from synthetic import synthetic_frame
+
+pytestmark = pytest.mark.slow
+
+
+def _run(engine, **changes):
+    settings = engine.recommended.replace(**{"max_new_tokens": 2 * engine.canvas_length, "max_denoising_steps": 6,
+                                             "adaptive_stopping": False, "t_min": 0.5, "t_max": 1.0, **changes})
+    prompt_ids = engine.encode_prompt("In the beginning", raw=True)[0].tolist()
+    frames = list(engine.frames("In the beginning", settings, raw=True, seed=2))  # two canvases, no EOS
+    return settings, prompt_ids, frames
+
+
+def test_pinned_tokens_hold_and_the_same_seed_gives_the_same_branch(engine):
+    settings, prompt_ids, frames = _run(engine)
+    point = frames[2]
+    pins = {0: point.draft_ids[5], 7: 42}
+    first = list(branch_frames(engine, prompt_ids, point, pins, settings, seed=3))
+    again = list(branch_frames(engine, prompt_ids, point, pins, settings, seed=3))
+    assert [f.draft_ids for f in first] == [f.draft_ids for f in again]
+    block = [f for f in first if f.block_index == 0]
+    assert all(f.draft_ids[0] == pins[0] and f.draft_ids[7] == 42 for f in block)
+    accepted_then = [p for p, a in enumerate(point.accepted) if a and p not in pins]
+    assert all(block[0].input_ids[p] == point.draft_ids[p] for p in accepted_then)  # the branch starts from there
+
+
+def test_a_branch_from_a_later_block_reads_the_committed_blocks_and_has_the_budget_left(engine):
+    settings, prompt_ids, frames = _run(engine)
+    later = next(f for f in frames if f.block_index == 1)
+    if frames[-1].stop_reason != "max_new_tokens":
+        pytest.skip("the run ended at EOS in its first block")
+    branch = list(branch_frames(engine, prompt_ids, later, {}, settings, seed=1))
+    assert branch[0].prompt_tokens == len(prompt_ids) + engine.canvas_length
+    assert {f.block_index for f in branch} == {0}  # one canvas of budget was left
+
+
+def test_bad_pins_are_refused_before_any_work(engine):
+    settings, prompt_ids, frames = _run(engine, max_new_tokens=engine.canvas_length)
+    with pytest.raises(ValueError, match="pinned position"):
+        branch_frames(engine, prompt_ids, frames[0], {engine.canvas_length: 1}, settings)
+    with pytest.raises(ValueError, match="pinned token"):
+        branch_frames(engine, prompt_ids, frames[0], {0: 10**9}, settings)
+
+
+def test_branch_canvas_and_changed_share_without_a_model():
+    frame = synthetic_frame(4, list("abcd"), accepted=[True, False, True, False])
+    assert branch_canvas(frame, {1: 77}) == [0, 77, 2, -1]
+    assert changed_share([1, 2, 3, 4], [1, 9, 3, 9]) == 0.5
+    with pytest.raises(ValueError):
+        changed_share([1], [1, 2])
