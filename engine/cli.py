@@ -13,12 +13,14 @@ import sys
 from pathlib import Path
 
 import torch
+from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
 
 from .autoregressive import AR_TEMPERATURE, check_temperature
 from .chat import ChatSession
 from .engine import DiffusionEngine
 from .infill import filled_text, infill_frames, parse_template
-from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, meta_model
+from .loading import (DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, meta_model,
+                      model_location)
 from .memory import format_report, memory_report
 from .race import RaceRunner
 from .race_memory import race_runner
@@ -101,21 +103,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def checked_options(args: argparse.Namespace) -> tuple[int | None, dict]:
-    """(the seed, the settings flags given) of `args`, each parsed: the checks that need no model."""
+    """(the seed, the settings flags given) of `args`, each parsed, and with the checkpoint's generation config
+    readable, the settings they make (t_min < t_max): the checks that need no weights."""
     seed = parse_seed(args.seed)
     changes = {name: getattr(args, name) for name in SETTING_NAMES if getattr(args, name, None) is not None}
     for name, value in changes.items():
         parse_setting(name, value)
+    recommended = config_recommended(args.model)
+    if recommended is not None:
+        chosen_settings(args, recommended, changes)
     return seed, changes
+
+
+def config_recommended(model: str) -> DiffusionSettings | None:
+    """The recommended settings from `model`'s generation_config.json alone; None where it cannot be read (the
+    model's load then says what is wrong)."""
+    try:
+        where, common = model_location(model)
+        config = DiffusionGemmaGenerationConfig.from_pretrained(where, local_files_only=common["local_files_only"])
+        return DiffusionSettings.from_generation_config(config)
+    except Exception:  # noqa: BLE001 - any failure is the load's to report
+        return None
 
 
 def load_engine(args: argparse.Namespace) -> DiffusionEngine:
     return DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
 
 
-def chosen_settings(args: argparse.Namespace, engine: DiffusionEngine, changes: dict) -> DiffusionSettings:
-    """The preset named by `--preset` over the checkpoint's recommended settings, then the settings flags."""
-    return preset(args.preset, engine.recommended).with_values(changes)
+def chosen_settings(args: argparse.Namespace, recommended: DiffusionSettings, changes: dict) -> DiffusionSettings:
+    """The preset named by `--preset` over the checkpoint's `recommended` settings, then the settings flags."""
+    return preset(args.preset, recommended).with_values(changes)
 
 
 def fail(error: BaseException) -> int:
@@ -139,7 +156,7 @@ def generate_command(args: argparse.Namespace) -> int:
         check_prompt(args.prompt)
         seed, changes = checked_options(args)
         engine = load_engine(args)
-        settings = chosen_settings(args, engine, changes)
+        settings = chosen_settings(args, engine.recommended, changes)
         if args.trace:
             frames = list(engine.frames(args.prompt, settings, raw=args.raw, seed=seed, thinking=args.thinking))
             result = engine.summarize(frames[-1], len(frames))
@@ -183,7 +200,7 @@ def race_command(args: argparse.Namespace) -> int:
         engine = load_engine(args)
         runner = race_runner(engine, args.ar_model) if args.ar_model else RaceRunner(engine)
         result = runner.run(
-            args.prompt, chosen_settings(args, engine, changes), raw=args.raw, seed=seed,
+            args.prompt, chosen_settings(args, engine.recommended, changes), raw=args.raw, seed=seed,
             ar_temperature=args.ar_temperature, order=args.order.replace("-", " "), warm_up=args.warm_up)
     except (ModelLoadError, ValueError) as error:
         return fail(error)
@@ -211,7 +228,7 @@ def chat_command(args: argparse.Namespace, stdin=None) -> int:
     try:
         seed, changes = checked_options(args)
         engine = load_engine(args)
-        settings = chosen_settings(args, engine, changes)
+        settings = chosen_settings(args, engine.recommended, changes)
         if args.thinking and not engine.supports_thinking:
             raise ValueError("thinking needs a chat template with a thinking mode (enable_thinking); this model's "
                              "template has none")
@@ -254,7 +271,7 @@ def infill_command(args: argparse.Namespace) -> int:
         seed, changes = checked_options(args)
         parse_template(args.template, None)
         engine = load_engine(args)
-        layout, frames = infill_frames(engine, args.template, chosen_settings(args, engine, changes),
+        layout, frames = infill_frames(engine, args.template, chosen_settings(args, engine.recommended, changes),
                                        prompt=args.prompt, seed=seed)
         count, last = 0, None
         for last in frames:

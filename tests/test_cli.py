@@ -143,3 +143,15 @@ def test_every_subcommand_checks_the_shared_flags_before_loading(capsys, command
     assert "max_denoising_steps must be in [1, 512], got 0" in capsys.readouterr().err
     assert main([*command, "--seed", "-7", "--model", "/nonexistent/model"]) == 2
     assert "seed must be an integer in [0, " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["race", "--prompt", "x"], ["chat"],
+                                     ["infill", "--template", "a [___] b"]])
+def test_settings_that_clash_with_the_checkpoints_are_refused_before_loading(capsys, monkeypatch, command):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("engine.cli.load_model", no_load)
+    # the embedded model recommends t_max 0.05: a t_min of 0.9 alone cannot run, nor can the careful preset under it
+    assert main([*command, "--t-min", "0.9"]) == 2
+    assert "t_min must be below t_max" in capsys.readouterr().err
