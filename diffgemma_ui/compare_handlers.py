@@ -7,7 +7,6 @@ limits and ZeroGPU behave as for Generate.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import gradio as gr
 
 from engine import Frame
 from engine.diffusers_sampler import SCHEDULERS, PipelineRun, diffusers_available
-from engine.settings import MAX_SEED
+from engine.settings import draw_seed
 
 from . import plots
 from .compare_view import NOT_RUN, side_html, verdict_html
@@ -73,7 +72,7 @@ class CompareHandlers:
             gr.Error: an invalid input on either side, an unknown sampler, or a raw prompt for diffusers' pipeline.
         """
         if seed is None or (isinstance(seed, (int, float)) and seed < 0) or str(seed).strip() == "":
-            seed = random.SystemRandom().randrange(0, min(MAX_SEED, 2**31 - 1))
+            seed = draw_seed()
         requests = [self._request(prompt, raw, seed, max_new_tokens, eb, steps, adaptive)
                     for eb, steps, adaptive in ((a_entropy_bound, a_steps, a_adaptive),
                                                 (b_entropy_bound, b_steps, b_adaptive))]

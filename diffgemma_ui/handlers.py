@@ -8,7 +8,6 @@ events; they only use the engine's public API (`frames`, `summarize`, `encode_pr
 from __future__ import annotations
 
 import dataclasses
-import random
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from engine import DiffusionEngine, DiffusionSettings, Frame
-from engine.settings import MAX_SEED
+from engine.settings import draw_seed
 
 from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html
@@ -424,8 +423,8 @@ class Playground:
 
     @staticmethod
     def random_seed() -> str:
-        """The random-seed button: a fresh seed in [0, 2**31 - 1] (short enough to read and retype), as text."""
-        return str(random.SystemRandom().randrange(0, min(MAX_SEED, 2**31 - 1)))
+        """The random-seed button: a fresh seed (`engine.settings.draw_seed`), as text."""
+        return str(draw_seed())
 
     def generate_api(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                      stability_threshold, confidence_threshold, adaptive_stopping, seed,

@@ -26,6 +26,7 @@ from .race import RaceRunner
 from .race_memory import race_runner
 from .settings import (PRESET_NAMES, SETTING_NAMES, SETTINGS, DiffusionSettings, check_prompt, parse_seed,
                        parse_setting, preset)
+from .replay_page import write_replay
 from .trace import TraceError, load_trace, trace_of_run
 
 RACE_ORDERS = ("alternate", "diffusion-first", "autoregressive-first")
@@ -293,8 +294,6 @@ def infill_command(args: argparse.Namespace) -> int:
 
 def replay(trace_path: Path, html_path: Path) -> int:
     """`python -m engine replay`: load and check the trace, write its offline HTML replay; 2 on a refused trace."""
-    from .replay_page import write_replay
-
     try:
         trace = load_trace(trace_path)
         write_replay(trace, html_path)

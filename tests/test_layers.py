@@ -34,6 +34,7 @@ def test_no_file_patches_sys_path():
 
 
 def test_seeds_are_drawn_in_one_place():
-    drawers = [p.name for p in (REPO / "engine").glob("*.py")
+    files = [*(REPO / "engine").glob("*.py"), *(REPO / "diffgemma_ui").glob("*.py"), REPO / "app.py"]
+    drawers = [p.name for p in files
                if any(word in p.read_text() for word in ("randbits(", "import random", "SystemRandom", "randrange("))]
     assert drawers == ["settings.py"]
