@@ -166,6 +166,7 @@ def test_thinking_changes_the_standin_prompt_ids_exactly_as_its_template(standin
         2, 105, 2364, 107, 11355, 563, 506, 7217, 3730, 236881, 106, 107, 105, 4368, 107, 100, 45518, 107, 101]
 
 
+@pytest.mark.slow
 def test_cli_chat_reads_turns_from_stdin_and_reuses_the_cache(monkeypatch, capsys):
     import io
     import json

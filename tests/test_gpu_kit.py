@@ -94,6 +94,7 @@ def test_install_problems_name_a_wrong_version_or_folder():
                         "no bitsandbytes CUDA library loaded: ['/x/libbitsandbytes_cpu.so']"]
 
 
+@pytest.mark.slow
 def test_random_models_are_tied_and_built_once_per_tensor():
     config = steps.build_config(tiny=True)
     model = steps.random_model(config, "cpu", torch.bfloat16)
@@ -130,6 +131,7 @@ def test_quantization_steps_run_every_bitsandbytes_choice_on_the_tiny_config(tmp
     assert weights["4bit"] < weights["8bit"] < none
 
 
+@pytest.mark.slow
 def test_preflight_runs_each_path_and_records_the_refusals(tmp_path):
     assert steps.run_step("preflight", tmp_path, rehearsal=True) == 0
     data = read(tmp_path, "preflight")

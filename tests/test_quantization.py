@@ -88,6 +88,7 @@ def check_quantized(model, quantization: str) -> None:
         assert not parametrize.is_parametrized(decoder_layer.router.proj)  # routing stays in full precision
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantization", CHOICES)
 def test_embedded_model_quantizes_experts_and_generates_reproducibly(quantization):
     plain = load_model(device="cpu")
@@ -116,6 +117,7 @@ def test_scaled_standin_of_the_real_config_quantizes_and_generates(standin, quan
     assert runs[0] and runs[0] == runs[1]
 
 
+@pytest.mark.slow
 def test_quantized_logits_stay_close_to_full_precision():
     """4-bit and 8-bit change the decoder's output a little, 8-bit less than 4-bit (same inputs)."""
     ids = torch.arange(5, 69).unsqueeze(0)
@@ -133,6 +135,7 @@ def test_quantized_logits_stay_close_to_full_precision():
     assert 0 < kl("8bit") < kl("4bit") < 0.1
 
 
+@pytest.mark.slow
 def test_memory_report_equals_the_tensors_bytes():
     """Unquantized: the report's total is the bytes of every distinct parameter and buffer. Quantized: the report
     computed on the meta device (from the config alone) equals the report of the model quantized for real, group by
@@ -155,6 +158,7 @@ def test_memory_report_equals_the_tensors_bytes():
         assert real["groups"]["experts"] == experts_bytes
 
 
+@pytest.mark.slow
 def test_memory_command_reads_a_config_only_folder_on_the_meta_device(capsys):
     """The full 26B config: 25.8B parameters, bf16 about 51.6 GB; 4-bit under 18 GB and 8-bit under 30 GB."""
     assert cli_main(["memory", "--model", str(REAL_CONFIG), "--quantization", "4bit", "--json"]) == 0
@@ -168,6 +172,7 @@ def test_memory_command_reads_a_config_only_folder_on_the_meta_device(capsys):
     assert four["total_bytes"] < 18e9 < eight["total_bytes"] < 30e9 < full["total_bytes"]
 
 
+@pytest.mark.slow
 def test_refusals_are_one_clear_line(tmp_path):
     with pytest.raises(ModelLoadError, match="^4bit quantization runs on CUDA or the CPU .*not on mps") as info:
         check_quantization("4bit", torch.device("mps"))
@@ -203,6 +208,7 @@ def test_cuda_loads_onto_the_device_and_refuses_a_model_that_does_not_fit(monkey
     assert seen["device_map"] == {"": torch.device("cuda")} and seen["dtype"] == torch.bfloat16
 
 
+@pytest.mark.slow
 def test_fit_check_counts_the_26b_on_the_meta_device_and_names_what_fits():
     config = meta_model(REAL_CONFIG).config
     gb = 1e9
@@ -217,6 +223,7 @@ def test_fit_check_counts_the_26b_on_the_meta_device_and_names_what_fits():
     assert check_fits(config, torch.bfloat16, "none", torch.device("cpu"), free=0) == 0  # only CUDA is checked
 
 
+@pytest.mark.slow
 def test_model_bytes_is_the_memory_reports_total():
     for quantization in ("none", "4bit"):
         model = load_model(device="cpu", quantization=quantization).model
@@ -301,6 +308,7 @@ def test_fp8_meta_count_equals_what_transformers_fp8_loading_produces(fp8_standi
     assert vision_q.weight.dtype == torch.bfloat16  # 32 rows: not a multiple of the block, kept by the library
 
 
+@pytest.mark.slow
 def test_fp8_meta_report_of_the_real_config_converts_every_expert():
     """The 26B config on the meta device: every experts module FP8Experts with float8_e4m3fn tensors and a float32
     scale per 64 x 64 block; the report is the sum of the converted tensors' bytes; 27.0 GB in all."""
