@@ -62,8 +62,8 @@ def replay_data(trace: Trace) -> dict:
 
     Token ids become indices into one `tokens` list (display strings, in order of first use); per frame the canvas
     as `input`/`draft` indices, `accepted` as a string of 0/1, confidence and entropy as integer thousandths (the
-    trace's 3 decimals, exactly). What the player derives itself (first accepted step, forwards per block, rates,
-    temperature) is left out, and of `committed_ids` only their count is kept. The seed is a string (JavaScript
+    trace's 3 decimals, exactly), and the alternatives, where recorded, as `alt_ids` (index rows) and `alt_milli`. What the player derives itself (first accepted step, re-melts, forwards per block,
+    rates, temperature) is left out, and of `committed_ids` only their count is kept. The seed is a string (JavaScript
     numbers hold 53 bits).
     """
     index: dict[int, int] = {}
@@ -82,6 +82,9 @@ def replay_data(trace: Trace) -> dict:
             "elapsed_s": frame.elapsed_s, "block_done": frame.block_done,
             "stopped_early": frame.block_stopped_early, "stop_reason": frame.stop_reason,
         }
+        if frame.top_ids:
+            item["alt_ids"] = [ids(row) for row in frame.top_ids]
+            item["alt_milli"] = [[round(p * 1000) for p in row] for row in frame.top_probs]
         if frame.block_done:
             item["committed"] = len(frame.committed_ids)
             item["committed_tokens"] = frame.committed_tokens

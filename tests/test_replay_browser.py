@@ -62,6 +62,11 @@ def varied_trace(*, stopped: bool = False) -> Trace:
     for frame in doc["frames"]:
         frame["draft_ids"][:4] = run
         frame["input_ids"][:4] = run
+        # alternatives: the draft, then the noisy input token; 0.625 and 0.125 are exact ties for "{:.0%}"
+        frame["alternatives"] = [{"ids": [d, i], "probs": [0.625, 0.125]}
+                                 for d, i in zip(frame["draft_ids"], frame["input_ids"])]
+    first_block = [f for f in doc["frames"] if f["block"] == 0]
+    first_block[1]["accepted"][6], first_block[2]["accepted"][6] = 1, 0  # position 6 re-melts at step 3
     end = doc["frames"][-1]
     end["committed_ids"] = end["committed_ids"][:2 * 24 + 5]
     end["committed_tokens"] = 2 * 24 + 4
@@ -189,8 +194,9 @@ def test_page_draws_what_the_playground_views_draw(browser, tmp_path, stopped):
         shown = page.evaluate(SHOWN_VIEWS, len(trace.frames) - 1)
         canvas = shown["canvas"] + shown["stack"]
         for marker in ("dg-tok-bytes", "dg-tok-bytecont", "dg-tok-byte\"", "dg-tok-pad", "dg-tok-eos",
-                       "dg-tok-special", "dg-sp", "dg-noisy" if stopped else "dg-pad"):
+                       "dg-tok-special", "dg-sp", "dg-noisy" if stopped else "dg-pad", "why this token?"):
             assert marker in canvas, marker  # every kind of chip was compared
+        assert any(f.block_remelts for f in trace.frames)  # re-melt marks and counts were compared too
         assert ("stopped at step 3" if stopped else "kept, end-of-sequence") in canvas + json.dumps(shown)
         page.keyboard.press("Home")
         SHOTS.mkdir(parents=True, exist_ok=True)

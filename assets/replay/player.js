@@ -20,7 +20,7 @@ function frameModels(data) {
   const n = data.model.canvas_length, s = data.settings, maxSteps = s.max_denoising_steps;
   const kindOf = data.kinds ? (i) => data.kinds[i] || TEXT : null;
   const firstFrame = data.frames[0].elapsed_s;
-  let first = [], forwardsPerBlock = [], committed = 0, committedTokens = 0;
+  let first = [], forwardsPerBlock = [], committed = 0, committedTokens = 0, blockRemelts = 0;
   return data.frames.map((raw, index) => {
     if (raw.block_done) {
       committed = raw.committed;
@@ -28,12 +28,14 @@ function frameModels(data) {
       forwardsPerBlock = forwardsPerBlock.concat([raw.step + 1]);
     }
     const accepted = Array.from(raw.accepted, (c) => c === "1");
-    if (raw.step === 0) first = new Array(n).fill(-1);
+    if (raw.step === 0) { first = new Array(n).fill(-1); blockRemelts = 0; }
+    const remelted = first.map((step, p) => step >= 0 && !accepted[p]);  // accepted before, renoised now
+    blockRemelts += remelted.filter(Boolean).length;
     first = first.map((step, p) => (accepted[p] && step < 0 ? raw.step : step));
     const f = {
       forward: index, block: raw.block, step: raw.step, maxSteps, canvasLength: n,
       temperature: s.t_min + (s.t_max - s.t_min) * (maxSteps - raw.step) / maxSteps,
-      accepted, first, blockDone: raw.block_done, stoppedEarly: raw.stopped_early,
+      accepted, first, remelted, blockRemelts, blockDone: raw.block_done, stoppedEarly: raw.stopped_early,
       done: Boolean(raw.stop_reason), stopReason: raw.stop_reason, committed, committedTokens,
       forwardsPerBlock, elapsed: raw.elapsed_s, firstFrame,
       tokensPerSecond: raw.elapsed_s > 0 ? committedTokens / raw.elapsed_s : 0,
@@ -47,6 +49,8 @@ function frameModels(data) {
     lazy(f, "inputKinds", () => (kindOf ? raw.input.map(kindOf) : null));
     lazy(f, "draftKinds", () => (kindOf ? raw.draft.map(kindOf) : null));
     lazy(f, "labels", () => draftLabels(f.draftTokens, f.draftKinds));
+    lazy(f, "alternatives", () => (raw.alt_ids ? raw.alt_ids.map((row, p) => row.map((i, k) =>
+      [data.tokens[i], raw.alt_milli[p][k] / 1000])) : null));
     f.draftLabels = () => f.labels;
     return f;
   });
@@ -56,13 +60,14 @@ function frameModels(data) {
 // or, when `live` is false, the finished block (committed tokens, pads after end-of-sequence)
 function positions(f, live) {
   const n = f.canvasLength, flags = f.accepted;
-  const common = (pos) => ({pos, confidence: f.confidence[pos], entropy: f.entropy[pos], first: f.first[pos]});
+  const common = (pos) => ({pos, confidence: f.confidence[pos], entropy: f.entropy[pos], first: f.first[pos],
+    remelted: false, alternatives: f.alternatives ? f.alternatives[pos] : []});
   if (live) {
     const shown = flags.map((a, p) => (a ? f.draftTokens[p] : f.inputTokens[p]));
     const kinds = f.draftKinds && f.inputKinds ? flags.map((a, p) => (a ? f.draftKinds[p] : f.inputKinds[p])) : null;
     const cells = tokenCells(shown, kinds, flags), drafts = tokenCells(f.draftTokens, f.draftKinds);
     return flags.map((a, pos) => ({...common(pos), kind: a ? "accepted" : "noisy", cell: cells[pos],
-      guess: a ? null : drafts[pos]}));
+      guess: a ? null : drafts[pos], remelted: f.remelted[pos]}));
   }
   const kept = Math.max(0, Math.min(n, f.committed - f.block * n));
   const cells = tokenCells(f.draftTokens, f.draftKinds, flags.map((_, pos) => pos < kept));
@@ -77,11 +82,13 @@ function blockModel(f, live) {
   if (live) {
     header.push(`step ${f.step + 1}/${f.maxSteps}`, `T=${fixed(f.temperature, 2)}`,
       `${f.accepted.filter(Boolean).length}/${n} accepted`);
+    if (f.blockRemelts) header.push(`${f.blockRemelts} re-melted`);
     if (f.stopReason === "cancelled") header.push("stopped");
   } else {
     const kept = Math.max(0, Math.min(n, f.committed - f.block * n));
     const pads = (f.draftKinds || []).slice(0, kept).filter((k) => k === PAD).length;
     header.push(plural(f.step + 1, "forward"), f.stoppedEarly ? "stopped early (stable)" : "all steps");
+    if (f.blockRemelts) header.push(`${f.blockRemelts} re-melted`);
     if (kept < n) header.push(`${plural(kept - pads, "token")} kept, end-of-sequence`);
     if (pads) header.push(`${plural(pads, "pad")} (not counted)`);
   }
@@ -129,7 +136,7 @@ async function main() {
   frames.forEach((f) => { (blocks[f.block] = blocks[f.block] || []).push(f); });
   const finished = new Map();  // block index -> its section in the stack, built once
   // No Box Select, Lasso Select or Share: they do nothing in an offline page
-  const config = {displaylogo: false, responsive: true,
+  const config = {displaylogo: false, responsive: true, showSendToCloud: false,
     modeBarButtonsToRemove: ["select2d", "lasso2d", "sendDataToCloud"]};
   const slider = $("dg-replay-slider"), play = $("dg-replay-play"), root = document.body;
   let current = -1, shownBlock = -1, timer = null;

@@ -34,6 +34,12 @@ function chipLines(p) {
   } else if (p.kind === "pad") {
     lines.push("after end-of-sequence: dropped");
   }
+  if (p.remelted) lines.splice(1, 0, "re-melted: accepted at an earlier step, renoised in this one");
+  if (p.alternatives.length) {
+    const cells = tokenCells(p.alternatives.map(([token]) => token));
+    lines.push("why this token? " + p.alternatives.map(([, probability], k) =>
+      `${quoted(cells[k].text)} ${fixed(probability * 100, 0)}%`).join(DOT));
+  }
   if (p.cell.detail) lines.splice(1, 0, p.cell.detail);
   return lines;
 }
@@ -44,7 +50,8 @@ const chipPositions = new WeakMap();
 // One canvas position as a chip (canvas_view.chip_html); `p` is a position of the frame model
 function chip(p) {
   const style = p.cell.style === TEXT ? "" : ` dg-tok-${p.cell.style}`;
-  const attributes = {class: `dg-chip dg-${p.kind}${style}`, title: chipLines(p).join("\n")};
+  const attributes = {class: `dg-chip dg-${p.kind}${style}${p.remelted ? " dg-remelt" : ""}`,
+    title: chipLines(p).join("\n")};
   if ((p.kind === "accepted" || p.kind === "committed") && !CONTROL_STYLES.has(p.cell.style)) {
     const background = viridis(p.confidence);
     attributes.style = `background:${background};color:${textOn(background)}`;
@@ -78,6 +85,7 @@ function legendView() {
   const stops = VIRIDIS.map((_, i) => viridis(i / 10)).join(", ");
   return el("div", {class: "dg-legend", "aria-hidden": "true"},
     el("span", {class: "dg-chip dg-noisy"}, "noise"), el("span", {}, "renoised"),
+    el("span", {class: "dg-chip dg-noisy dg-remelt"}, "melt"), el("span", {}, "re-melted (was accepted)"),
     el("span", {class: "dg-scale", style: `background:linear-gradient(90deg, ${stops})`}),
     el("span", {}, "confidence 0 \u2192 1"),
     el("span", {class: "dg-chip dg-committed dg-tok-special"}, "eos"), el("span", {}, "special token (not text)"),
@@ -98,15 +106,31 @@ function meterValues(f) {
     progress = `block ${f.block + 1}${DOT}step ${f.step + 1}/${f.maxSteps}`;
     if (counting) progress += `${DOT}tokens/s from the first committed block`;
   }
+  const perForwardMs = msPerForward(f);
   return {
     "tokens/s": counting ? none : formatNumber(f.tokensPerSecond, 1),
     "tokens/forward": counting ? none : formatNumber(f.tokensPerForward, 2),
     "forwards/block": fpb.length ? formatCount(fpb.reduce((a, b) => a + b, 0) / fpb.length, 1) : `\u2265 ${f.step + 1}`,
+    "ms/forward": formatNumber(perForwardMs, perForwardMs >= 10 ? 0 : 1),
+    "forwards used": `${grouped(String(f.forward + 1))} of ${grouped(String((f.block + 1) * f.maxSteps))}`,
     "elapsed": formatNumber(f.elapsed, 2, " s"),
     "first frame": formatNumber(f.firstFrame * 1000, 0, " ms"),
     "tokens": grouped(String(f.committedTokens)),
     "progress": progress,
   };
+}
+
+// meter.ms_per_forward: engine ms per decoder forward after the first (prefill excluded); before it, the first's
+function msPerForward(f) {
+  return f.forward < 1 ? f.firstFrame * 1000 : (f.elapsed - f.firstFrame) / f.forward * 1000;
+}
+
+// meter.short_answer_note: an answer ended at EOS that filled under half of the positions it paid for
+function shortAnswerNote(f) {
+  const positions = (f.block + 1) * f.canvasLength;
+  if (!f.done || f.stopReason !== "eos" || 2 * f.committedTokens >= positions) return "";
+  return `a ${grouped(String(f.committedTokens))}-token answer paid for ${grouped(String(positions))} canvas ` +
+    "positions: every forward denoises the whole canvas, so tokens/s counts only the answer";
 }
 
 // A meter label with a line break allowed after each "/" ("tokens/<wbr>s")
@@ -134,26 +158,32 @@ function meterView(f) {
     ` engine clock${DOT}seed ${f.seed}${DOT}prompt ${grouped(String(prompt))} token${prompt === 1 ? "" : "s"}${DOT}` +
     `${grouped(String(f.forward + 1))} forward${f.forward === 0 ? "" : "s"} `,
     el("span", {class: "dg-rate-note"}, RATE_NOTE));
+  const short = shortAnswerNote(f);
   return el("div", {class: "dg-meter", "data-state": f.done ? "done" : "running", "data-tps": general(tps),
-    "data-ttff": general(ttff)}, cards, footer);
+    "data-ttff": general(ttff)}, cards, footer, short ? el("div", {class: "dg-meter-note dg-short-answer"}, short) : null);
 }
 
 // -- figures (plots.py) -------------------------------------------------------------------------------------------
 
-const HEIGHT = 330, MIN_HEATMAP_ROWS = 8;
+const HEIGHT = 330, TOOLBAR_PX = 28;
 const GRID = "rgba(128,128,128,0.22)", NOT_ACCEPTED_COLOUR = "rgba(140,140,140,0.45)";
 const ACCEPTED_COLOUR = "#E69F00", ENTROPY_COLOUR = "#56B4E9";
 const round3 = (x) => Number(fixed(x, 3));
 
-function layout(title, extra) {
-  return Object.assign({
-    title: {text: escapePlotly(title), x: 0.01, xanchor: "left", y: 0.985, yanchor: "top", font: {size: 14}},
-    height: HEIGHT, margin: {l: 48, r: 16, t: 40, b: 40},
+// plots._layout; belowToolbar: title and top margin moved down by TOOLBAR_PX, clear of the hover mode bar
+function layout(title, extra, belowToolbar = false) {
+  const drop = belowToolbar ? TOOLBAR_PX : 0, height = HEIGHT + drop;
+  const spec = Object.assign({
+    title: {text: escapePlotly(title), x: 0.01, xanchor: "left", y: round3(1 - (5 + drop) / height), yanchor: "top",
+      font: {size: 14}},
+    height, margin: {l: 48, r: 16, t: 40, b: 40},
     paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
     font: {family: "Inter, system-ui, sans-serif", size: 12, color: "#7c8494"},
     hoverlabel: {font: {family: "ui-monospace, SFMono-Regular, Menlo, monospace", size: 12}},
     showlegend: false,
   }, extra);
+  spec.margin = Object.assign({}, spec.margin, {t: spec.margin.t + drop});
+  return spec;
 }
 
 const axis = (title, extra) => Object.assign({title: {text: title}, gridcolor: GRID, zeroline: false}, extra);
@@ -189,8 +219,7 @@ function heatmapFigure(frames) {
     f.accepted.forEach((a, pos) => { if (a) { dotsX.push(pos); dotsY.push(row + 1); } });
   });
   const last = frames[frames.length - 1];
-  let rows = last.blockDone || last.done ? frames.length : Math.max(frames.length, last.maxSteps);
-  rows = Math.max(rows, Math.min(MIN_HEATMAP_ROWS, last.maxSteps));
+  const rows = last.blockDone || last.done ? frames.length : Math.max(frames.length, last.maxSteps);
   const data = [
     {type: "heatmap", z, x: [...Array(n).keys()], y: frames.map((_, i) => i + 1), hoverongaps: false,
       hovertext: hover, hovertemplate: "%{hovertext}<extra></extra>", colorscale: "Viridis", zmin: 0, zmax: 1,
@@ -241,7 +270,13 @@ function orderFigure(f) {
     bargap: 0.15,
     annotations: [legendLine("bar height and colour: step first accepted", "short grey bar: not accepted yet")],
     margin: {l: 48, r: 16, t: 72, b: 40},
-  })};
+  }, true)};
+}
+
+// plots.whole_step: the tick step (1, 2, 5, 10, 20, 50...) that puts at most `most` steps on 0..span
+function wholeStep(span, most = 7) {
+  for (let e = 0; e < 20; e++) for (const m of [1, 2, 5]) if (span <= most * m * 10 ** e) return m * 10 ** e;
+  return 10 ** 20;
 }
 
 // plots.entropy_and_acceptance: mean entropy (line) and positions accepted (bars) per step of one block
@@ -261,10 +296,10 @@ function entropyFigure(frames) {
       dtick: Math.max(1, Math.ceil(frames.length / 8))}),
     yaxis: axis("mean entropy (nats)", {rangemode: "tozero"}),
     yaxis2: {title: {text: "accepted positions"}, overlaying: "y", side: "right", range: [0, n], showgrid: false,
-      zeroline: false},
+      zeroline: false, tickmode: "linear", tick0: 0, dtick: wholeStep(n)},
     margin: {l: 52, r: 52, t: 64, b: 40},
     showlegend: true,
     legend: {orientation: "h", x: 0, xanchor: "left", y: 1.0, yanchor: "bottom", font: {size: 11},
       bgcolor: "rgba(0,0,0,0)"},
-  })};
+  }, true)};
 }
