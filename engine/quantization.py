@@ -44,9 +44,7 @@ class Blockwise8bitParametrization(nn.Module):
 
     @torch.no_grad()
     def forward(self, quantized: torch.Tensor) -> torch.Tensor:
-        from bitsandbytes import functional as F  # noqa: PLC0415
-
-        return F.dequantize_blockwise(quantized, self.quant_state)
+        return bitsandbytes().functional.dequantize_blockwise(quantized, self.quant_state)
 
 
 def is_experts(module: nn.Module) -> bool:
@@ -108,10 +106,23 @@ def quantization_targets(model: nn.Module) -> list[Target]:
     return targets
 
 
+def bitsandbytes():
+    """The bitsandbytes package with its `functional` and `nn.parametrize` modules loaded (an optional dependency:
+    only 4bit and 8bit need it, so it is imported on first use).
+
+    Raises:
+        ImportError: bitsandbytes is not installed or does not load.
+    """
+    import bitsandbytes.functional  # noqa: PLC0415 - optional heavy dependency
+    import bitsandbytes.nn.parametrize  # noqa: PLC0415
+
+    return bitsandbytes
+
+
 def bitsandbytes_missing() -> str | None:
     """The one line saying that bitsandbytes (which 4bit and 8bit need) cannot be imported, or None when it can."""
     try:
-        import bitsandbytes  # noqa: F401, PLC0415 - optional: only 4bit and 8bit need it
+        bitsandbytes()
     except ImportError as error:
         return f"4bit and 8bit quantization need bitsandbytes ({error}): pip install bitsandbytes==0.50.2"
     return None
@@ -126,23 +137,20 @@ def quantize_parameter(module: nn.Module, param: str, quantization: str) -> None
     Raises:
         ValueError: unknown `quantization`.
     """
-    from bitsandbytes.nn import parametrize as bnb_parametrize  # noqa: PLC0415
-
+    bnb = bitsandbytes()
     if quantization == "4bit":
-        bnb_parametrize.replace_parameter_4bit(module, param, quant_type="nf4", blocksize=NF4_BLOCKSIZE)
+        bnb.nn.parametrize.replace_parameter_4bit(module, param, quant_type="nf4", blocksize=NF4_BLOCKSIZE)
         return
     if quantization != "8bit":
         raise ValueError(f"quantization must be 4bit or 8bit, got {quantization!r}")
-    from bitsandbytes import functional as F  # noqa: PLC0415
-
     original = getattr(module, param)
-    codes, state = F.quantize_blockwise(original.data, blocksize=BLOCKWISE8_BLOCKSIZE)
+    codes, state = bnb.functional.quantize_blockwise(original.data, blocksize=BLOCKWISE8_BLOCKSIZE)
     setattr(module, param, nn.Parameter(codes, requires_grad=False))
     del original
     parametrize.register_parametrization(module, param, Blockwise8bitParametrization(state), unsafe=True)
     # bitsandbytes' hooks: dequantize once per forward of `module`, however often the forward reads the parameter
-    module.register_forward_pre_hook(bnb_parametrize._enable_parametrization_cache)
-    module.register_forward_hook(bnb_parametrize._disable_parametrization_cache, always_call=True)
+    module.register_forward_pre_hook(bnb.nn.parametrize._enable_parametrization_cache)
+    module.register_forward_hook(bnb.nn.parametrize._disable_parametrization_cache, always_call=True)
 
 
 def quantize_model(model: nn.Module, quantization: str, device: torch.device | str) -> nn.Module:
