@@ -13,7 +13,7 @@ from .loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadErr
 from .chat_cli import add_chat_parser, chat_command
 from .infill_cli import add_infill_parser, infill_command
 from .race_cli import add_race_parser, race_command
-from .settings import check_seed, check_setting
+from .settings import PRESET_NAMES, check_seed, check_setting, preset
 from .trace import TraceError, load_trace, trace_of_run
 
 
@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--thinking", action="store_true",
                      help="let the model think first (chat templates with enable_thinking, e.g. Gemma 4)")
     gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--preset", default="recommended", choices=PRESET_NAMES,
+                     help="denoising settings relative to the model's recommended ones (the flags below override)")
     gen.add_argument("--max-new-tokens", type=int)
     gen.add_argument("--steps", type=int, help="max denoising steps per canvas")
     gen.add_argument("--entropy-bound", type=float)
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in changes.items():
             check_setting(name, value)
         engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
-        settings = engine.recommended.replace(**changes)
+        settings = preset(args.preset, engine.recommended).replace(**changes)
         if args.no_adaptive_stopping:
             settings = settings.replace(adaptive_stopping=False)
         if args.trace:
