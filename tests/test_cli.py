@@ -51,6 +51,24 @@ def test_no_adaptive_stopping_runs_every_step(capsys):
     assert result["forwards_per_block"] == [4]
 
 
+def test_preset_selects_its_settings_and_flags_override_it(capsys):
+    from engine import DEFAULT_MODEL, DiffusionSettings, preset
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
+
+    config = DiffusionGemmaGenerationConfig.from_pretrained(DEFAULT_MODEL)
+    recommended = DiffusionSettings.from_generation_config(config)
+    small = [a for a in SMALL if a not in ("--steps", "4")]
+    for name in ("fast", "careful"):
+        assert main(["generate", *small, "--json", "--preset", name, "--no-adaptive-stopping"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["forwards_per_block"] == [preset(name, recommended).max_denoising_steps], name
+    assert main(["generate", *small, "--json", "--preset", "careful", "--steps", "3", "--no-adaptive-stopping"]) == 0
+    assert json.loads(capsys.readouterr().out)["forwards_per_block"] == [3]
+    with pytest.raises(SystemExit):
+        main(["generate", *SMALL, "--preset", "turbo"])
+    assert "invalid choice: 'turbo'" in capsys.readouterr().err
+
+
 def test_text_output_prints_text_and_a_summary_line(capsys):
     assert main(["generate", *SMALL]) == 0
     captured = capsys.readouterr()

@@ -14,10 +14,16 @@ Figures printed (and written as JSON with `--json-out`):
 - speed on this machine: diffusion tokens/s against greedy autoregressive decoding with the same weights
   (`engine.autoregressive.AutoregressiveDecoder.from_diffusion`: the causal encoder, one forward per token) on the
   same prompts and token budget, prompts alternating which side runs first; peak RSS;
+- what a watcher sees (`training.denoising`), for the recommended settings and for the fast and careful presets
+  (`engine.settings.preset`), each with its own race: median decoder forwards per canvas, the share of a canvas the
+  first forward accepts, at how many different steps positions are first accepted, the longest run of one
+  punctuation character, each preset's forwards over the recommended settings', every target marked met or missed;
 - a low-temperature sweep (`TEMPERATURES`, every fourth prompt): `<pad>` written as content and EOS endings.
 
-Run: `python -m training.evaluate --model assets/models/diffgemma-tiny` (`--sweep` compares sampler settings on
-`DEV_PROMPTS`, `--canvas-costs` times decoder forwards at canvas 32..256).
+Run: `python -m training.evaluate --model assets/models/diffgemma-tiny` (`--settings JSON` evaluates changes to the
+recommended settings, `--prompts dev` the development prompts, `--denoising-only` skips the validation losses and
+the low-temperature sweep; `--sweep denoise|cold|wide` compares sampler settings on `DEV_PROMPTS`,
+`--canvas-costs` times decoder forwards at canvas 32..256).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import json
 import math
 import re
 import resource
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -34,7 +41,9 @@ import torch
 from engine.autoregressive import AutoregressiveDecoder
 from engine.engine import DiffusionEngine
 from engine.loading import DEFAULT_MODEL, load_model
+from engine.settings import PRESET_NAMES, RANGES, preset
 from .data import ExampleSampler
+from .denoising import PRESET_TARGETS, TARGETS, check, denoising_figures, observe
 from .model_config import PAD_ID
 from .train import losses
 
@@ -179,14 +188,21 @@ def sample_quality(engine: DiffusionEngine, settings, dictionary: set[str], prom
 
     `pads_as_content` counts `<pad>` ids among the generated tokens (the engine drops the pads `generate()` writes
     after an EOS, so any left were written by the model mid-answer); `eos_endings` counts answers that stopped at an
-    EOS id rather than at `max_new_tokens`."""
+    EOS id rather than at `max_new_tokens`. The denoising figures (`training.denoising.denoising_figures`) come from
+    each run's frames."""
     texts, samples, forwards, tokens, seconds, canvases, pads, eos = [], [], 0, 0, 0.0, 0, 0, 0
     pad_id = engine.model.generation_config.pad_token_id
     for seed, (prompt, raw) in enumerate(prompts):
-        result = engine.generate(prompt, settings, raw=raw, seed=seed)
+        blocks, count, last = [], 0, None
+        for last in engine.frames(prompt, settings, raw=raw, seed=seed):
+            count += 1
+            observe(last, blocks)
+        result = engine.summarize(last, count)
         texts.append(result.text)
         samples.append({"prompt": prompt, "raw": raw, "seed": seed, "text": result.text, "tokens": result.tokens,
-                        "forwards_per_block": list(result.forwards_per_block), "stop_reason": result.stop_reason})
+                        "forwards_per_block": list(result.forwards_per_block), "stop_reason": result.stop_reason,
+                        "first_forward_accepted": [b["first_forward_accepted"] for b in blocks],
+                        "acceptance_steps": [b["acceptance_steps"] for b in blocks]})
         forwards += result.forwards
         canvases += len(result.forwards_per_block)
         tokens += result.tokens
@@ -199,6 +215,7 @@ def sample_quality(engine: DiffusionEngine, settings, dictionary: set[str], prom
         "distinct_2": corpus_d2,
         "distinct_2_per_sample": mean_d2,
         "mean_forwards_per_canvas": forwards / canvases,
+        **denoising_figures(samples, engine.canvas_length),
         "max_denoising_steps": settings.max_denoising_steps,
         "tokens_per_second": tokens / seconds,
         "tokens_per_forward": tokens / forwards,
@@ -234,7 +251,7 @@ def speed_against_ar(engine: DiffusionEngine, settings, prompts=EVAL_PROMPTS[::2
             totals[side][1] += seconds
     diffusion, autoregressive = (totals[s][0] / totals[s][1] for s in ("diffusion", "autoregressive"))
     return {"diffusion_tokens_per_second": diffusion, "ar_tokens_per_second": autoregressive,
-            "diffusion_over_ar": diffusion / autoregressive,
+            "diffusion_over_ar": diffusion / autoregressive, "prompts": len(prompts),
             "diffusion_tokens": totals["diffusion"][0], "ar_tokens": totals["autoregressive"][0]}
 
 
@@ -290,6 +307,8 @@ def canvas_length_costs(lengths=(32, 64, 128, 256), steps: int = 8, repeats: int
     return rows
 
 
+# Settings a report prints (the token budget is the same for all)
+SETTING_KEYS = [k for k in RANGES if k != "max_new_tokens"]
 # Changes to the recommended settings compared by `--sweep`
 SWEEP = [
     {},
@@ -315,16 +334,105 @@ COLD_SWEEP = [
 ]
 
 
-def print_sweep(engine: DiffusionEngine, dictionary: set[str], sweep: list[dict] = SWEEP) -> None:
-    """Print a sweep table (`SWEEP` or `COLD_SWEEP`: changes to the recommended settings, one row each) on
-    `DEV_PROMPTS`, at the recommended token budget, as the card measures."""
-    print(f"{'changes':<50} {'dict':>6} {'d2':>6} {'fwd/canvas':>10} {'TPF':>6} {'tok/s':>7} {'pads':>5} {'EOS':>4}")
+# Schedules that show denoising (`--sweep denoise`): every row sets the temperature schedule, entropy bound and steps
+# (stability and confidence thresholds as recommended unless the row sets them), from the 26B checkpoint's own
+# shape (high temperature, tight bound) down to few steps.
+DENOISE_SWEEP = [
+    {"t_max": 1.0, "t_min": 0.1, "entropy_bound": 0.5, "max_denoising_steps": 16},
+    {"t_max": 0.8, "t_min": 0.05, "entropy_bound": 0.5, "max_denoising_steps": 16},
+    {"t_max": 0.8, "t_min": 0.05, "entropy_bound": 0.5, "max_denoising_steps": 14},
+    {"t_max": 0.8, "t_min": 0.05, "entropy_bound": 0.5, "max_denoising_steps": 12},
+    {"t_max": 0.8, "t_min": 0.05, "entropy_bound": 1.0, "max_denoising_steps": 12},
+    {"t_max": 0.8, "t_min": 0.1, "entropy_bound": 0.25, "max_denoising_steps": 12},
+    {"t_max": 0.6, "t_min": 0.05, "entropy_bound": 0.5, "max_denoising_steps": 12},
+    {"t_max": 0.6, "t_min": 0.02, "entropy_bound": 0.5, "max_denoising_steps": 12},
+    {"t_max": 0.8, "t_min": 0.05, "entropy_bound": 0.5, "max_denoising_steps": 24, "confidence_threshold": 0.5},
+    {"t_max": 0.8, "t_min": 0.05, "entropy_bound": 0.5, "max_denoising_steps": 24, "confidence_threshold": 1.0},
+]
+SWEEPS = {"wide": SWEEP, "cold": COLD_SWEEP, "denoise": DENOISE_SWEEP}
+
+
+def print_sweep(engine: DiffusionEngine, dictionary: set[str], sweep: list[dict] = SWEEP,
+                prompts=DEV_PROMPTS) -> None:
+    """Print a sweep table (`SWEEPS`: changes to the recommended settings, one row each) on `prompts`
+    (`DEV_PROMPTS` unless told), at the recommended token budget, as the card measures: word figures, the
+    denoising figures of `TARGETS` and speed."""
+    print(f"{'changes':<104} {'dict':>6} {'d2':>6} {'fwd':>5} {'first':>6} {'steps':>5} {'punct':>5} "
+          f"{'TPF':>6} {'tok/s':>6} {'pads':>4} {'EOS':>3}")
     for changes in sweep:
         settings = engine.recommended.replace(**changes)
-        q = sample_quality(engine, settings, dictionary, DEV_PROMPTS)
-        print(f"{json.dumps(changes):<50} {q['dictionary_word_rate']:6.3f} {q['distinct_2']:6.3f} "
-              f"{q['mean_forwards_per_canvas']:10.1f} {q['tokens_per_forward']:6.2f} {q['tokens_per_second']:7.1f} "
-              f"{q['pads_as_content']:5d} {q['eos_endings']:4d}", flush=True)
+        q = sample_quality(engine, settings, dictionary, prompts)
+        print(f"{json.dumps(changes):<104} {q['dictionary_word_rate']:6.3f} {q['distinct_2']:6.3f} "
+              f"{q['median_forwards_per_canvas']:5.1f} {q['max_first_forward_accepted_share']:6.2f} "
+              f"{q['median_acceptance_steps']:5.1f} {q['longest_punctuation_run']:5d} {q['tokens_per_forward']:6.2f} "
+              f"{q['tokens_per_second']:6.1f} {q['pads_as_content']:4d} {q['eos_endings']:3d}", flush=True)
+
+
+def preset_run(engine: DiffusionEngine, name: str, settings, dictionary: set[str], prompts, race_prompts) -> dict:
+    """Preset `name` of `settings`: its settings, sample figures on `prompts` and race on `race_prompts`."""
+    chosen = preset(name, settings)
+    return {"settings": chosen.__dict__, "quality": sample_quality(engine, chosen, dictionary, prompts),
+            "speed": speed_against_ar(engine, chosen, race_prompts)}
+
+
+def _preset_run_in_process(model: str, name: str, settings, prompts, race_prompts) -> dict:
+    """`preset_run` in a worker process of its own (its own model copy and dictionary)."""
+    torch.set_num_threads(1)
+    return preset_run(DiffusionEngine(load_model(model, device="cpu")), name, settings, load_dictionary(), prompts,
+                      race_prompts)
+
+
+def denoising_report(engine: DiffusionEngine, settings, dictionary: set[str], prompts=EVAL_PROMPTS,
+                     race_prompts=None, jobs: int = 1) -> dict:
+    """`settings` and their presets (`engine.settings.preset`) on `prompts`: each one's sample figures and race
+    against same-weights greedy AR (on `race_prompts`, every other prompt unless told), each preset's median
+    forwards per canvas over the settings' own, and every target of `TARGETS` and `PRESET_TARGETS` marked.
+    `jobs` > 1 runs the presets in that many worker processes of one thread each (same figures, less wall time on a
+    machine with idle cores; the races then share the machine with the other presets)."""
+    race_prompts = prompts[::2] if race_prompts is None else race_prompts
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        with ProcessPoolExecutor(min(jobs, len(PRESET_NAMES)), mp_context=get_context("spawn")) as pool:
+            futures = {name: pool.submit(_preset_run_in_process, engine.source, name, settings, prompts,
+                                         race_prompts) for name in PRESET_NAMES}
+            runs = {name: future.result() for name, future in futures.items()}
+    else:
+        runs = {name: preset_run(engine, name, settings, dictionary, prompts, race_prompts) for name in PRESET_NAMES}
+    base = runs["recommended"]["quality"]["median_forwards_per_canvas"]
+    for run in runs.values():
+        run["forwards_ratio"] = run["quality"]["median_forwards_per_canvas"] / base
+    targets = [{"figure": figure, "comparison": comparison, "bound": bound,
+                "value": runs["recommended"]["quality"][figure],
+                "met": check(runs["recommended"]["quality"][figure], comparison, bound)}
+               for figure, comparison, bound in TARGETS]
+    targets += [{"figure": f"{name} forwards ratio", "comparison": comparison, "bound": bound,
+                 "value": runs[name]["forwards_ratio"], "met": check(runs[name]["forwards_ratio"], comparison, bound)}
+                for name, comparison, bound in PRESET_TARGETS]
+    return {"runs": runs, "targets": targets}
+
+
+def print_denoising_report(report: dict, prompts: int) -> None:
+    """Print `denoising_report`'s figures: one line per setting, then the targets."""
+    print(f"settings and presets on {prompts} prompts (race on every other):")
+    for name, run in report["runs"].items():
+        q, s = run["quality"], run["speed"]
+        print(f"  {name}: {json.dumps({k: run['settings'][k] for k in SETTING_KEYS})}")
+        print(f"    forwards per canvas median {q['median_forwards_per_canvas']:.1f} (mean "
+              f"{q['mean_forwards_per_canvas']:.1f}, {run['forwards_ratio']:.2f}x recommended); first forward "
+              f"accepts median {q['median_first_forward_accepted_share']:.1%}, at most "
+              f"{q['max_first_forward_accepted_share']:.1%} of a canvas; positions first accepted at "
+              f"{q['median_acceptance_steps']:.1f} different steps (median)")
+        print(f"    longest punctuation run {q['longest_punctuation_run']} ({q['answers_with_punctuation_run_over_3']} "
+              f"answers over 3); distinct-2 {q['distinct_2']:.3f}; dictionary words {q['dictionary_word_rate']:.1%}; "
+              f"EOS endings {q['eos_endings']}/{q['answers']}; {q['mean_generated_tokens']:.0f} tokens per answer")
+        print(f"    {q['tokens_per_second']:.1f} tokens/s, {q['tokens_per_forward']:.2f} tokens per forward; race: "
+              f"diffusion {s['diffusion_tokens_per_second']:.1f} tokens/s, same-weights greedy AR "
+              f"{s['ar_tokens_per_second']:.1f} tokens/s: {s['diffusion_over_ar']:.2f}x", flush=True)
+    print("targets:")
+    for t in report["targets"]:
+        print(f"  {t['figure']} {t['comparison']} {t['bound']}: {t['value']:.3f} {'met' if t['met'] else 'MISSED'}")
 
 
 def main() -> None:
@@ -333,11 +441,21 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     parser.add_argument("--after-end", choices=("end", "pad"), default="end",
                         help="what the model was trained to read after a text's end (v1: pad)")
-    parser.add_argument("--sweep", nargs="?", const="wide", choices=("wide", "cold"),
-                        help="compare sampling settings on every other prompt (wide: SWEEP, cold: COLD_SWEEP)")
+    parser.add_argument("--settings", type=json.loads, default={},
+                        help="JSON object of changes to the model's recommended settings, e.g. '{\"t_max\": 0.8}'")
+    parser.add_argument("--prompts", choices=("eval", "dev"), default="eval",
+                        help="EVAL_PROMPTS (report) or DEV_PROMPTS (choose); a sweep always uses DEV_PROMPTS")
+    parser.add_argument("--every", type=int, default=1, help="use every n-th prompt only (a quicker look)")
+    parser.add_argument("--sweep", nargs="?", const="wide", choices=tuple(SWEEPS),
+                        help="compare sampling settings on the development prompts (wide: SWEEP, cold: COLD_SWEEP, "
+                             "denoise: DENOISE_SWEEP)")
+    parser.add_argument("--denoising-only", action="store_true",
+                        help="only the settings' and presets' sample, denoising and race figures with their targets")
     parser.add_argument("--canvas-costs", action="store_true", help="time decoder forwards at canvas 32..256")
     parser.add_argument("--validation-only", action="store_true", help="only the validation losses")
     parser.add_argument("--batches", type=int, default=20, help="validation batches of 16 per noise level")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="run the recommended settings and the presets in this many processes (one thread each)")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
     if args.canvas_costs:
@@ -349,40 +467,56 @@ def main() -> None:
     if seen:
         raise SystemExit(f"evaluation prompts found in the training text: {seen}")
     engine = DiffusionEngine(load_model(args.model, device="cpu"))
+    engine.recommended = engine.recommended.replace(**args.settings)
     dictionary = load_dictionary()
+    prompts = (DEV_PROMPTS if args.prompts == "dev" or args.sweep else EVAL_PROMPTS)[::args.every]
     if args.sweep:
-        print_sweep(engine, dictionary, sweep=COLD_SWEEP if args.sweep == "cold" else SWEEP)
+        print_sweep(engine, dictionary, sweep=SWEEPS[args.sweep], prompts=prompts)
         return
 
-    report = {"model": args.model, "settings": engine.recommended.__dict__}
-    report["validation"] = validation_losses(
-        engine.model, engine.tokenizer, args.corpus, batches=args.batches, after_end=args.after_end
-    )
-    v = report["validation"]
-    print("validation (World English Bible held-out chapters; denoising CE on text positions):")
-    for t in (0.25, 0.5, 0.75):
-        print(f"  denoising CE at t={t}: {v[f'diffusion_ce_t{t}']:.3f} nats/token (unigram baseline {v['unigram_ce']:.3f})")
-    print(f"  encoder next-token perplexity: {v['encoder_perplexity']:.1f} (unigram baseline {v['unigram_perplexity']:.1f})")
-    if args.validation_only:
-        return
-    report["reference_dictionary_word_rate"] = reference_dictionary_rate(args.corpus, dictionary)
-    report["quality"] = q = sample_quality(engine, engine.recommended, dictionary)
-    print(f"samples on {len(EVAL_PROMPTS)} prompts not in the training text, recommended settings:")
-    print(f"  dictionary words: {q['dictionary_word_rate']:.1%} (real validation text: "
-          f"{report['reference_dictionary_word_rate']:.1%})")
+    report = {"model": args.model, "settings": engine.recommended.__dict__, "prompts": args.prompts}
+    with ThreadPoolExecutor(1) as background:  # with --jobs the presets' workers run while this process measures
+        denoising = background.submit(denoising_report, engine, engine.recommended, dictionary, prompts,
+                                      jobs=args.jobs) if args.jobs > 1 else None
+        if not args.denoising_only:
+            report["validation"] = validation_losses(
+                engine.model, engine.tokenizer, args.corpus, batches=args.batches, after_end=args.after_end
+            )
+            v = report["validation"]
+            print("validation (World English Bible held-out chapters; denoising CE on text positions):")
+            for t in (0.25, 0.5, 0.75):
+                print(f"  denoising CE at t={t}: {v[f'diffusion_ce_t{t}']:.3f} nats/token "
+                      f"(unigram baseline {v['unigram_ce']:.3f})")
+            print(f"  encoder next-token perplexity: {v['encoder_perplexity']:.1f} "
+                  f"(unigram baseline {v['unigram_perplexity']:.1f})", flush=True)
+            if args.validation_only:
+                return
+            report["reference_dictionary_word_rate"] = reference_dictionary_rate(args.corpus, dictionary)
+            report["temperature_sweep"] = temperature_sweep(engine, dictionary)
+        report["denoising"] = denoising.result() if denoising else denoising_report(
+            engine, engine.recommended, dictionary, prompts)
+    recommended = report["denoising"]["runs"]["recommended"]
+    report["quality"] = q = recommended["quality"]
+    report["speed"] = s = recommended["speed"]
+    print(f"samples on {len(prompts)} prompts not in the training text, recommended settings:")
+    print(f"  dictionary words: {q['dictionary_word_rate']:.1%}"
+          + (f" (real validation text: {report['reference_dictionary_word_rate']:.1%})"
+             if "reference_dictionary_word_rate" in report else ""))
     print(f"  distinct-2: {q['distinct_2']:.3f} over all samples, {q['distinct_2_per_sample']:.3f} per sample")
     print(f"  decoder forwards per canvas: {q['mean_forwards_per_canvas']:.1f} of at most {q['max_denoising_steps']}; "
           f"{q['tokens_per_forward']:.2f} tokens per forward; {q['mean_generated_tokens']:.0f} tokens per answer")
-    print(f"  <pad> written as content: {q['pads_as_content']}; answers ended by EOS: {q['eos_endings']}/{q['answers']}")
-    report["speed"] = s = speed_against_ar(engine, engine.recommended)
-    print(f"speed on this machine ({len(EVAL_PROMPTS[::2])} prompts): diffusion {s['diffusion_tokens_per_second']:.1f} tokens/s, same-weights greedy AR "
-          f"{s['ar_tokens_per_second']:.1f} tokens/s: {s['diffusion_over_ar']:.2f}x")
-    report["temperature_sweep"] = rows = temperature_sweep(engine, dictionary)
-    print("low-temperature sweep (5 prompts, at most 128 tokens):")
-    for row in rows:
-        print(f"  t {row['t_max']} -> {row['t_min']}: <pad> as content {row['pads_as_content']}, EOS endings "
-              f"{row['eos_endings']}/{row['answers']}, dictionary words {row['dictionary_word_rate']:.1%}, "
-              f"{row['mean_forwards_per_canvas']:.1f} forwards per canvas, {row['mean_generated_tokens']:.0f} tokens")
+    print(f"  <pad> written as content: {q['pads_as_content']}; "
+          f"answers ended by EOS: {q['eos_endings']}/{q['answers']}")
+    print(f"speed on this machine ({s['prompts']} prompts): diffusion {s['diffusion_tokens_per_second']:.1f} tokens/s, "
+          f"same-weights greedy AR {s['ar_tokens_per_second']:.1f} tokens/s: {s['diffusion_over_ar']:.2f}x")
+    print_denoising_report(report["denoising"], len(prompts))
+    if "temperature_sweep" in report:
+        print("low-temperature sweep (5 prompts, at most 128 tokens):")
+        for row in report["temperature_sweep"]:
+            print(f"  t {row['t_max']} -> {row['t_min']}: <pad> as content {row['pads_as_content']}, EOS endings "
+                  f"{row['eos_endings']}/{row['answers']}, dictionary words {row['dictionary_word_rate']:.1%}, "
+                  f"{row['mean_forwards_per_canvas']:.1f} forwards per canvas, "
+                  f"{row['mean_generated_tokens']:.0f} tokens")
     report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {report['peak_rss_mib']:.0f} MiB")
     if args.json_out:
