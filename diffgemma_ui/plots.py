@@ -25,6 +25,7 @@ NOT_ACCEPTED_COLOUR = "rgba(140,140,140,0.45)"
 GRID = "rgba(128,128,128,0.22)"
 ACCEPTED_COLOUR = "#E69F00"  # Okabe-Ito orange and sky blue: a colour-blind-safe pair, readable on light and dark
 ENTROPY_COLOUR = "#56B4E9"
+REMELT_COLOUR = "#f97316"  # the canvas's re-melt outline (assets/style.css .dg-remelt)
 # Mode bar buttons that do nothing here: no view reads a selection
 MODEBAR_REMOVE = ["select2d", "lasso2d"]
 # The strip at the top of a plot where Plotly shows its mode bar on hover (a row of 24 px buttons)
@@ -131,20 +132,24 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
         hover: per-cell hover text with the token (False: numbers only, a lighter figure for live updates).
 
     Returns:
-        A `FigureSpec`: a heatmap (z in [0, 1], viridis) plus dots on the cells accepted at that step; hover text
+        A `FigureSpec`: a heatmap (z in [0, 1], viridis) plus dots on the cells accepted at that step and crosses
+        on the cells re-melted at that step (accepted at an earlier step, renoised at this one); hover text
         per cell: step, position, escaped draft token, accepted or renoised, confidence, entropy.
     """
     if not frames:
         return empty_figure("Confidence per step and position")
     n = frames[0].canvas_length
     steps = len(frames)
-    z, hover_text, dots_x, dots_y = [], [], [], []
+    z, hover_text, dots_x, dots_y, melt_x, melt_y = [], [], [], [], [], []
     for row, frame in enumerate(frames):
         z.append([_round(c) for c in frame.confidence])
         for pos in range(n):
             if frame.accepted[pos]:
                 dots_x.append(pos)
                 dots_y.append(row + 1)
+            elif frame.remelted and frame.remelted[pos]:
+                melt_x.append(pos)
+                melt_y.append(row + 1)
         if not hover:
             continue
         hover_row = []
@@ -174,13 +179,18 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
             "marker": {"symbol": "circle", "size": 4, "color": "rgba(255,255,255,0.85)",
                        "line": {"width": 0.5, "color": "rgba(0,0,0,0.6)"}},
         },
+        {
+            "type": "scatter", "mode": "markers", "x": melt_x, "y": melt_y, "hoverinfo": "skip",
+            "name": "re-melted at this step", "marker": {"symbol": "x", "size": 7, "color": REMELT_COLOUR},
+        },
     ]
     layout = _layout(
         _block_title(frames, "Confidence per step and position"),
         xaxis=_axis("position", range=[-0.5, n - 0.5], showgrid=False),
         yaxis=_axis("step", range=[rows + 0.5, 0.5], autorange=False, showgrid=False,
                     dtick=max(1, math.ceil(rows / 8))),
-        annotations=[_legend_line("colour: confidence of the draft token", "white dot: accepted at that step")],
+        annotations=[_legend_line("colour: confidence of the draft token",
+                                  "white dot: accepted at that step \u00b7 orange \u00d7: re-melted (accepted before)")],
         margin={"l": 48, "r": 16, "t": 72, "b": 40},
     )
     if animate and steps > 1:

@@ -94,6 +94,7 @@ def expected_views(trace: Trace, k: int) -> dict:
         "meter": meter.meter_html(frame),
         "heatmap": {"z": heatmap["data"][0]["z"], "hovertext": heatmap["data"][0]["hovertext"],
                     "dots": [heatmap["data"][1]["x"], heatmap["data"][1]["y"]],
+                    "melts": [heatmap["data"][2]["x"], heatmap["data"][2]["y"]],
                     "title": heatmap["layout"]["title"]["text"], "yrange": heatmap["layout"]["yaxis"]["range"]},
         "order": {"y": order["data"][0]["y"], "hovertext": order["data"][0]["hovertext"],
                   "colours": order["data"][0]["marker"]["color"], "title": order["layout"]["title"]["text"],
@@ -107,10 +108,10 @@ SHOWN_VIEWS = """(k) => {
     window.dgReplay.show(k);
     const html = (id) => document.getElementById(id).innerHTML;
     const plot = (id) => document.getElementById(id);
-    const [heat, dots] = plot('dg-heatmap').data, order = plot('dg-order').data[0], entropy = plot('dg-entropy').data;
+    const [heat, dots, melts] = plot('dg-heatmap').data, order = plot('dg-order').data[0], entropy = plot('dg-entropy').data;
     return {
         canvas: html('dg-canvas'), stack: html('dg-stack'), meter: html('dg-meter'),
-        heatmap: {z: heat.z, hovertext: heat.hovertext, dots: [dots.x, dots.y],
+        heatmap: {z: heat.z, hovertext: heat.hovertext, dots: [dots.x, dots.y], melts: [melts.x, melts.y],
                   title: plot('dg-heatmap').layout.title.text, yrange: plot('dg-heatmap').layout.yaxis.range},
         order: {y: order.y, hovertext: order.hovertext, colours: order.marker.color,
                 title: plot('dg-order').layout.title.text, yrange: plot('dg-order').layout.yaxis.range},

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diffgemma_ui import meter
+from diffgemma_ui import meter, plots
 from diffgemma_ui.canvas_view import block_html
 from synthetic import parse_html, synthetic_frame
 
@@ -66,3 +66,15 @@ def test_a_short_answer_that_paid_for_a_whole_canvas_is_called_out():
     budget = synthetic_frame(64, ["t"] * 64, step=5, block_done=True, done=True, stop_reason="max_new_tokens",
                              committed=list(range(12)), forwards_per_block=[6])
     assert "paid for" not in meter.meter_html(budget)  # a token budget cut the answer, not the model
+
+
+def test_the_heatmap_crosses_the_cells_that_re_melted_at_each_step():
+    n = 4
+    frames = [synthetic_frame(n, list("abcd"), step=0, accepted=[True, True, False, False]),
+              synthetic_frame(n, list("abcd"), step=1, accepted=[False, True, True, False],
+                              remelted=[True, False, False, False], block_remelts=1),
+              synthetic_frame(n, list("abcd"), step=2, accepted=[True, False, False, False],
+                              remelted=[False, True, True, False], block_remelts=3)]
+    heat, dots, melts = plots.confidence_heatmap(frames, animate=False)["data"]
+    assert list(zip(melts["x"], melts["y"])) == [(0, 2), (1, 3), (2, 3)]  # (position, 1-based step)
+    assert not set(zip(melts["x"], melts["y"])) & set(zip(dots["x"], dots["y"]))

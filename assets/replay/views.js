@@ -167,7 +167,7 @@ function meterView(f) {
 
 const HEIGHT = 330, TOOLBAR_PX = 28;
 const GRID = "rgba(128,128,128,0.22)", NOT_ACCEPTED_COLOUR = "rgba(140,140,140,0.45)";
-const ACCEPTED_COLOUR = "#E69F00", ENTROPY_COLOUR = "#56B4E9";
+const ACCEPTED_COLOUR = "#E69F00", ENTROPY_COLOUR = "#56B4E9", REMELT_COLOUR = "#f97316";
 const round3 = (x) => Number(fixed(x, 3));
 
 // plots._layout; belowToolbar: title and top margin moved down by TOOLBAR_PX, clear of the hover mode bar
@@ -207,7 +207,7 @@ function blockTitle(frames, what) {
 // plots.confidence_heatmap(frames, animate=False, hover=True): confidence per (step, position) of one block
 function heatmapFigure(frames) {
   const n = frames[0].confidence.length;
-  const z = [], hover = [], dotsX = [], dotsY = [];
+  const z = [], hover = [], dotsX = [], dotsY = [], meltX = [], meltY = [];
   frames.forEach((f, row) => {
     z.push(f.confidence.map(round3));
     const labels = f.draftLabels();
@@ -216,7 +216,9 @@ function heatmapFigure(frames) {
         `${f.accepted[pos] ? "accepted" : "renoised"}<br>` +
         `confidence ${fixed(c, 3)}${DOT}entropy ${fixed(f.entropy[pos], 3)} nats`;
     }));
-    f.accepted.forEach((a, pos) => { if (a) { dotsX.push(pos); dotsY.push(row + 1); } });
+    f.accepted.forEach((a, pos) => {
+      if (a) { dotsX.push(pos); dotsY.push(row + 1); } else if (f.remelted[pos]) { meltX.push(pos); meltY.push(row + 1); }
+    });
   });
   const last = frames[frames.length - 1];
   const rows = last.blockDone || last.done ? frames.length : Math.max(frames.length, last.maxSteps);
@@ -227,12 +229,15 @@ function heatmapFigure(frames) {
     {type: "scatter", mode: "markers", x: dotsX, y: dotsY, hoverinfo: "skip", name: "accepted at this step",
       marker: {symbol: "circle", size: 4, color: "rgba(255,255,255,0.85)",
         line: {width: 0.5, color: "rgba(0,0,0,0.6)"}}},
+    {type: "scatter", mode: "markers", x: meltX, y: meltY, hoverinfo: "skip", name: "re-melted at this step",
+      marker: {symbol: "x", size: 7, color: REMELT_COLOUR}},
   ];
   return {data, layout: layout(blockTitle(frames, "Confidence per step and position"), {
     xaxis: axis("position", {range: [-0.5, n - 0.5], showgrid: false}),
     yaxis: axis("step", {range: [rows + 0.5, 0.5], autorange: false, showgrid: false,
       dtick: Math.max(1, Math.ceil(rows / 8))}),
-    annotations: [legendLine("colour: confidence of the draft token", "white dot: accepted at that step")],
+    annotations: [legendLine("colour: confidence of the draft token",
+      "white dot: accepted at that step \u00b7 orange \u00d7: re-melted (accepted before)")],
     margin: {l: 48, r: 16, t: 72, b: 40},
   })};
 }
