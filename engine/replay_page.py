@@ -22,6 +22,7 @@ PLAYER_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js")  # in load 
 STYLESHEETS = (PLAYER_DIR / "theme.css", ASSETS_DIR / "style.css", PLAYER_DIR / "page.css")
 PLOTLY_GZ = ASSETS_DIR / "vendor" / "plotly-cartesian-4.1.1.min.js.gz"
 PLAY_INTERVAL_MS = 350
+PRESENT_INTERVAL_MS = 1400  # narration speed: a caption a teacher can read aloud per forward
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 PAGE = """<!DOCTYPE html>
@@ -39,7 +40,9 @@ PAGE = """<!DOCTYPE html>
 <button id="dg-replay-play" type="button" class="primary" aria-label="play">&#9654;</button>
 <button id="dg-replay-next" type="button" aria-label="next step">&#9654;&#10073;</button>
 <input id="dg-replay-slider" type="range" min="0" max="0" step="1" value="0" aria-label="step">
-<span id="dg-replay-label"></span><span id="dg-replay-error" role="alert"></span></div>
+<span id="dg-replay-label"></span><button id="dg-replay-present" type="button">Present</button>
+<span id="dg-replay-error" role="alert"></span></div>
+<p id="dg-replay-caption" role="status" aria-live="polite"></p>
 <div id="dg-meter"></div>
 <section class="dg-card"><div id="dg-legend"></div><div id="dg-stack"></div><div id="dg-canvas"></div></section>
 <section class="dg-card"><div id="dg-heatmap"></div></section>
@@ -48,7 +51,7 @@ PAGE = """<!DOCTYPE html>
 <section class="dg-card"><h2>Generated text</h2><pre id="dg-replay-text"></pre></section>
 <p class="dg-meter-note">Replayed from a DiffGemma Playground trace (format version <span id="dg-replay-version">\
 </span>); timings are the engine clock of the original run. Keys: &#8592; &#8594; step, Home/End, space plays or \
-pauses.</p>
+pauses, P presents (B: next block, Esc: leave).</p>
 </main>
 <script type="application/json" id="dg-replay-data">{data}</script>
 <script type="application/octet-stream" id="dg-plotly">{plotly}</script>
@@ -102,6 +105,7 @@ def replay_data(trace: Trace) -> dict:
         "kinds": kinds,
         "frames": frames,
         "interval_ms": PLAY_INTERVAL_MS,
+        "present_interval_ms": PRESENT_INTERVAL_MS,
     }
 
 

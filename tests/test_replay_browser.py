@@ -306,3 +306,46 @@ def test_replay_requests_nothing_even_online(browser, tmp_path):
         assert "'unsafe-inline'" not in csp.split(";")[1]  # no inline script but the player (by its hash)
     finally:
         page.context.close()
+
+
+def test_presenter_view_keys_and_captions(browser, tmp_path):
+    trace = varied_trace()
+    path = write_replay(trace, tmp_path / "present.html")
+    context = browser.new_context(offline=True, viewport={"width": 1280, "height": 720})
+    page = context.new_page()
+    problems = []
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    try:
+        page.goto(path.as_uri() + "#present")
+        page.wait_for_function("document.body.dataset.ready === 'true'")
+        assert page.evaluate("document.body.classList.contains('dg-present')")
+        assert page.evaluate("document.body.dataset.forward") == "0"  # presenting starts at the first forward
+        caption = page.locator("#dg-replay-caption")
+        assert caption.is_visible() and "starts as 24 random tokens" in caption.inner_text()
+        assert not page.locator("#dg-replay-prompt").is_visible() and not page.locator("#dg-order").is_visible()
+        assert page.locator("#dg-canvas").is_visible() and page.locator("#dg-heatmap").is_visible()
+        page.keyboard.press("ArrowRight")
+        assert page.evaluate("document.body.dataset.forward") == "1"
+        assert "positions accepted" in caption.inner_text()
+        page.keyboard.press("ArrowLeft")
+        assert page.evaluate("document.body.dataset.forward") == "0"
+        page.keyboard.press("b")  # next block: its first forward
+        first_of_block_2 = next(i for i, f in enumerate(trace.frames) if f.block_index == 1)
+        assert page.evaluate("document.body.dataset.forward") == str(first_of_block_2)
+        page.keyboard.press("End")
+        assert "token budget is spent" in caption.inner_text() and "Block 3 is committed" in caption.inner_text()
+        page.keyboard.press("Home")
+        page.keyboard.press(" ")
+        assert page.evaluate("document.body.dataset.playing") == "true"
+        page.keyboard.press(" ")
+        assert page.evaluate("document.body.dataset.playing") == "false"
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "present-1280x720.png"))
+        page.keyboard.press("Escape")
+        assert not page.evaluate("document.body.classList.contains('dg-present')")
+        assert page.locator("#dg-replay-prompt").is_visible()
+        page.keyboard.press("p")
+        assert page.evaluate("document.body.classList.contains('dg-present')")
+        assert problems == []
+    finally:
+        context.close()

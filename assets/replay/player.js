@@ -172,6 +172,7 @@ async function main() {
     const order = orderFigure(f);
     Plotly.react("dg-order", order.data, order.layout, config);
     $("dg-replay-label").textContent = `forward ${k + 1}/${last + 1}${DOT}block ${f.block + 1}${DOT}step ${f.step + 1}`;
+    $("dg-replay-caption").textContent = caption(f, f.step > 0 ? frames[k - 1] : null);
     slider.value = String(k);
     current = k;
     root.dataset.forward = String(k);
@@ -188,8 +189,22 @@ async function main() {
     play.textContent = "\u275a\u275a";
     play.setAttribute("aria-label", "pause");
     root.dataset.playing = "true";
-    timer = setInterval(() => { if (current >= last) pause(); else show(current + 1); }, data.interval_ms);
+    const interval = root.classList.contains("dg-present") ? data.present_interval_ms : data.interval_ms;
+    timer = setInterval(() => { if (current >= last) pause(); else show(current + 1); }, interval);
   }
+  // Presenter view: canvas, meter, heatmap and a caption in large type; settings, prompt and text hidden
+  function present(on) {
+    const playing = timer !== null;
+    pause();
+    root.classList.toggle("dg-present", on);
+    $("dg-replay-present").textContent = on ? "Leave" : "Present";
+    if (playing) start();
+  }
+  const nextBlock = () => {
+    const next = frames.findIndex((f) => f.block > frames[current].block);
+    return next < 0 ? last : next;
+  };
+  $("dg-replay-present").addEventListener("click", () => present(!root.classList.contains("dg-present")));
   play.addEventListener("click", () => (timer === null ? start() : pause()));
   $("dg-replay-prev").addEventListener("click", () => { pause(); show(current - 1); });
   $("dg-replay-next").addEventListener("click", () => { pause(); show(current + 1); });
@@ -199,10 +214,14 @@ async function main() {
     const moves = {ArrowLeft: current - 1, ArrowRight: current + 1, Home: 0, End: last};
     if (event.key in moves) { event.preventDefault(); pause(); show(moves[event.key]); }
     else if (event.key === " ") { event.preventDefault(); timer === null ? start() : pause(); }
+    else if (event.key === "b" || event.key === "B") { event.preventDefault(); pause(); show(nextBlock()); }
+    else if (event.key === "p" || event.key === "P") { event.preventDefault(); present(true); }
+    else if (event.key === "Escape") { present(false); }
   });
   window.dgReplay = {show, frames, positions, positionOf: (chipNode) => chipPositions.get(chipNode)};
   pause();
   show(last);
+  if (/(^|[#&])present(=1)?($|&)/.test(location.hash.slice(1))) { present(true); show(0); }
   root.dataset.ready = "true";
 }
 

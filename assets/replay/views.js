@@ -308,3 +308,30 @@ function entropyFigure(frames) {
       bgcolor: "rgba(0,0,0,0)"},
   }, true)};
 }
+
+// -- presenter captions ----------------------------------------------------------------------------------------
+
+// One plain-language line for frame `f` (its block's previous frame `prev`, or null) that a teacher can read aloud
+function caption(f, prev) {
+  const n = f.canvasLength, accepted = f.accepted.filter(Boolean).length;
+  const fresh = f.first.filter((step) => step === f.step).length;
+  const melted = f.remelted.filter(Boolean).length;
+  let line;
+  if (!prev) {
+    line = `Forward ${f.forward + 1}: block ${f.block + 1} starts as ${n} random tokens; the model keeps the ` +
+      `${plural(accepted, "position")} it is surest of and renoises the other ${n - accepted}.`;
+  } else {
+    line = `Forward ${f.forward + 1}: ${accepted} of ${n} positions accepted, ${fresh} for the first time; ` +
+      `${n - accepted} renoised.`;
+    if (melted) line += ` ${plural(melted, "token")} melted back into noise: accepted before, not now.`;
+  }
+  if (f.blockDone) {
+    line += ` Block ${f.block + 1} is committed after ${plural(f.step + 1, "forward")}` +
+      (f.stoppedEarly ? ": its likeliest tokens had settled." : ".");
+  }
+  if (f.done) {
+    line += {eos: " End of sequence: the answer is complete.", max_new_tokens: " The token budget is spent.",
+      cancelled: " The run was stopped here."}[f.stopReason] || "";
+  }
+  return line;
+}
