@@ -234,7 +234,7 @@ def test_a_refused_request_after_a_run_marks_the_results_as_the_previous_runs(br
 def test_shift_enter_runs_and_the_block_slider_follows_the_keyboard(browser, served_app):
     _, url = served_app
     page, problems = open_page(browser, url)
-    page.fill("#dg-prompt textarea", "And")  # seed 0, 6 steps: the embedded model (v2) writes two blocks
+    page.fill("#dg-prompt textarea", "The")  # seed 0, 6 steps: the embedded model (v2) writes two blocks
     page.check("#dg-raw input[type=checkbox]")
     set_number(page, "Max new tokens", 128)
     set_number(page, "Max denoising steps", 6)
