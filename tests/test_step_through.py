@@ -66,10 +66,10 @@ def test_stepping_is_not_refused_on_zero_gpu(steps, monkeypatch):
 
 
 def set_up_two_blocks_of_six_forwards(page):
-    """Raw "And", 128 tokens, 6 steps, adaptive stopping off: with seed 0 the embedded model (v2) writes two blocks."""
+    """Raw "The", 128 tokens, 6 steps, adaptive stopping off: with seed 0 the embedded model (v2) writes two blocks."""
     from pages import set_number
 
-    page.fill("#dg-prompt textarea", "And")
+    page.fill("#dg-prompt textarea", "The")
     page.check("#dg-raw input[type=checkbox]")
     set_number(page, "Max new tokens", 128)
     set_number(page, "Max denoising steps", 6)
