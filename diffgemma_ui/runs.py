@@ -298,7 +298,7 @@ class RunRegistry:
 
 
 DEFAULT_MAX_RUN_S = 300.0  # no single run (UI or API) holds the engine for longer
-API_POLL_S = 0.02  # how often a served API call checks its run (and notices a cancelled job)
+API_WAIT_S = 0.25  # how long a served API call waits on its run before checking that its client is still there
 STOP_WAIT_S = 10.0  # Stop waits this long at most for the run's last frame (one decoder forward)
 # How long after a tab closed Gradio's record of it is dropped: every unload handler of the app has run by then
 DROP_DELAY_S = 5.0
@@ -398,8 +398,8 @@ class Runner:
     async def served(self, start: Callable[[], RunWorker], request) -> RunSnapshot:
         """An API call's run to its end: `start()` (in a thread: it validates and may block) starts it; it is
         registered under the caller's session (`<session>:api:<n>`, stopped through `unload` when the client
-        disconnects) and watched from the event loop, so a cancelled job or a dropped result stream stops it within
-        a poll. Returns the final snapshot.
+        disconnects) and waited on in a thread, so its end is seen at once and a cancelled job or a dropped result
+        stream stops it within `API_WAIT_S`. Returns the final snapshot.
 
         Raises:
             ClientGone: the client went away (the run is stopped).
@@ -410,11 +410,10 @@ class Runner:
         self.registry.register(key, worker)
         try:
             snap = worker.snapshot()
-            while not snap.finished:
-                await asyncio.sleep(API_POLL_S)
-                if not client_alive():
+            while not snap.finished:  # woken by the run's own end, not by a timer
+                snap = await asyncio.to_thread(worker.wait, API_WAIT_S)
+                if not snap.finished and not client_alive():
                     raise ClientGone("the client went away: run stopped")
-                snap = worker.snapshot()
         finally:
             self.finish(key, worker)
         return snap
