@@ -152,12 +152,16 @@ def denoise(
          top_prob_rows) = host_lists(input_canvas[0], argmax_canvas[0], _accepted_mask(sampler)[0], first_accepted,
                                      confidence, entropy, remelted, top_ids, top_probs)
         progress.block_remelts += sum(remelted_list)
-        if describe_many is not None:
-            described = describe_many(input_list + draft_list)
-            strings, kinds = [d[0] for d in described], [d[1] for d in described]
+        canvas_ids = input_list + draft_list
+        top_flat = [i for row in top_id_rows for i in row]
+        if describe_many is not None:  # canvas and alternatives in one batch
+            described = describe_many(canvas_ids + top_flat)
+            strings, kinds = [d[0] for d in described], [d[1] for d in described[:len(canvas_ids)]]
         else:
-            strings = [token_text(i) for i in input_list + draft_list]
-            kinds = [token_kind(i) for i in input_list] + [token_kind(i) for i in draft_list] if token_kind else []
+            strings = [token_text(i) for i in canvas_ids + top_flat]
+            kinds = [token_kind(i) for i in canvas_ids] if token_kind else []
+        k = len(top_id_rows[0]) if top_id_rows else 0
+        top_strings = strings[len(canvas_ids):]
         elapsed = clock.now()
         if progress.forwards == 1:
             progress.first_frame_s = elapsed
@@ -178,9 +182,9 @@ def denoise(
             block_remelts=progress.block_remelts,
             top_ids=top_id_rows,
             top_probs=top_prob_rows,
-            top_tokens=[[token_text(i) for i in row] for row in top_id_rows],
+            top_tokens=[top_strings[p * k:(p + 1) * k] for p in range(len(top_id_rows))],
             input_tokens=strings[:canvas_length],
-            draft_tokens=strings[canvas_length:],
+            draft_tokens=strings[canvas_length:len(canvas_ids)],
             input_kinds=kinds[:canvas_length],
             draft_kinds=kinds[canvas_length:],
             block_done=block_done,
