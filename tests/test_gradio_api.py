@@ -90,31 +90,47 @@ def run_app(*args, env=None, timeout=120):
                           timeout=timeout, env=full_env, cwd=REPO)
 
 
-def test_app_help_lists_every_option():
-    result = run_app("--help")
-    assert result.returncode == 0
+def test_app_help_lists_every_option(capsys):
+    import app
+
+    with pytest.raises(SystemExit) as exited:
+        app.build_parser().parse_args(["--help"])
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
     for option in ("--model", "--device", "--dtype", "--quantization", "--threads", "--max-run-seconds", "--host",
                    "--port", "--share", "DIFFGEMMA_MODEL", "DIFFGEMMA_THREADS", "DIFFGEMMA_MAX_RUN_SECONDS",
                    "GRADIO_SERVER_NAME"):
-        assert option in result.stdout
+        assert option in shown
 
 
-def test_app_model_load_failure_is_one_clear_line():
-    result = run_app("--model", "/nonexistent/model-folder", "--device", "cpu")
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+def test_app_model_load_failure_is_one_clear_line(capsys, monkeypatch):
+    import app
+    from pages import free_port
+
+    monkeypatch.setattr(app, "limit_malloc_arenas", lambda: None)  # a serving-process setting, not this process's
+    assert app.main(["--model", "/nonexistent/model-folder", "--device", "cpu", "--port", str(free_port())]) == 2
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "does not exist" in errors[0]
 
 
-def test_app_rejects_bad_thread_counts_and_time_limits_before_loading():
-    for bad in ("0", "-2", "many"):
-        result = run_app("--threads", bad)
-        assert result.returncode == 2 and "threads must be 'auto' or an integer >= 1" in result.stderr
-        assert "Loading" not in result.stdout
-    for bad in ("-1", "nan", "inf", "soon"):
-        result = run_app("--max-run-seconds", bad)
-        assert result.returncode == 2 and "max run seconds must be a number >= 0" in result.stderr
+@pytest.mark.parametrize("flag, bad, message", [
+    *(("--threads", bad, "threads must be 'auto' or an integer >= 1") for bad in ("0", "-2", "many")),
+    *(("--max-run-seconds", bad, "max run seconds must be a number >= 0") for bad in ("-1", "nan", "inf", "soon")),
+])
+def test_app_rejects_bad_thread_counts_and_time_limits(capsys, flag, bad, message):
+    import app
+
+    with pytest.raises(SystemExit) as exited:
+        app.build_parser().parse_args([flag, bad])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_app_refuses_a_bad_flag_before_loading():
+    result = run_app("--threads", "0")
+    assert result.returncode == 2 and "threads must be 'auto' or an integer >= 1" in result.stderr
+    assert "Loading" not in result.stdout
 
 
 def test_app_environment_defaults():

@@ -8,14 +8,13 @@ steps and one canvas.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from engine.cli import main as cli_main
 from engine.generator import strip_after_eos
 from engine.parity import STANDIN_PARITY_CASES, run_case
 from standin.build import REAL_CONFIG_DIR, TEXT_SCALE, VISION_SCALE
@@ -114,13 +113,12 @@ def test_frames_at_the_real_vocabulary_and_canvas(standin_engine):
     assert sum(frame.accepted) >= 1
 
 
-def test_cli_on_the_standin_with_thinking(standin_path, standin_engine):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "engine", "generate", "--model", str(standin_path), "--device", "cpu",
-               "--prompt", "Why is the sky blue?", "--thinking", "--steps", "1", "--seed", "5", "--json"]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout)
+def test_cli_on_the_standin_with_thinking(standin_path, standin_engine, capsys):
+    status = cli_main(["generate", "--model", str(standin_path), "--device", "cpu", "--prompt", "Why is the sky blue?",
+                       "--thinking", "--steps", "1", "--seed", "5", "--json"])
+    out, err = capsys.readouterr()
+    assert status == 0, err[-2000:]
+    result = json.loads(out)
     prompt = standin_engine.encode_prompt("Why is the sky blue?", thinking=True)
     assert result["prompt_tokens"] == prompt.shape[1]
     assert result["seed"] == 5 and result["forwards"] == 1 and len(result["token_ids"]) > 0
