@@ -23,8 +23,8 @@ from .handlers import API_SUMMARY_KEYS, Job, Playground
 from .meter import meter_html
 from .runs import RunWorker, session_key
 from .session import SessionState
-from .tab import (PRIVATE, PlotClock, TabState, api_run, checked, empty_plots, live_plots, live_run, refusal_box,
-                  refusing, setting_control, user_error, wire_stop)
+from .tab import (PRIVATE, PlotClock, TabState, api_run, buttons, checked, empty_plots, live_plots, live_run,
+                  refusal_box, refusing, setting_control, user_error, wire_stop)
 from .text import escape_html, plain_text
 from .thought_view import thought_html
 from .validation import MAX_PROMPT_CHARS, build_settings, check_flag, check_prompt, check_ui_seed, preset_values
@@ -263,13 +263,9 @@ class ChatTab:
         """(Send, Stop, Regenerate, Clear) updates; None leaves them as they are."""
         if running is None:
             return (gr.skip(),) * 4
-        if running:
-            return (gr.update(interactive=False), gr.update(interactive=True), gr.update(interactive=False),
-                    gr.update(interactive=False))
         chat = state.chat
         answer = chat is not None and bool(chat.messages) and chat.messages[-1]["role"] == "assistant"
-        return (gr.update(interactive=True), gr.update(interactive=False), gr.update(interactive=answer),
-                gr.update(interactive=True))
+        return *buttons(running), gr.update(interactive=answer and not running), gr.update(interactive=not running)
 
     def unload(self, request: gr.Request) -> None:
         """A browser tab closed: stop its turn and drop its conversation and encoder cache at once."""

@@ -105,15 +105,13 @@ class GpuBudget:
         for field, name in (("seconds_per_forward", "DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD"),
                             ("setup_s", "DIFFGEMMA_ZEROGPU_SETUP_SECONDS"),
                             ("quota_s", "DIFFGEMMA_ZEROGPU_QUOTA_SECONDS")):
-            text = env.get(name, "").strip()
-            if not text:
-                continue
-            try:
-                values[field] = float(text)
-            except ValueError:
-                raise ValueError(f"{name} must be a number > 0, got {text!r}") from None
-            if not (math.isfinite(values[field]) and values[field] > 0):
-                raise ValueError(f"{name} must be a number > 0, got {text!r}")
+            if text := env.get(name, "").strip():
+                try:
+                    values[field] = float(text)
+                except ValueError:
+                    values[field] = math.nan
+                if not (math.isfinite(values[field]) and values[field] > 0):
+                    raise ValueError(f"{name} must be a number > 0, got {text!r}")
         return cls(size=size, **values)
 
     @staticmethod
