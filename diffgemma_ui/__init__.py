@@ -6,7 +6,7 @@
 - The tab skeleton: `tab` (errors, the refusal box, settings controls and API signatures from the settings table),
   `validation` (input checks).
 - Tabs: `handlers` + `blocks` (Playground and the app), `step_through`, `keep` + `keep_blocks` (traces, replay,
-  /export), `race_*`, `compare_*`, `chat_*`, `infill_*` (each: `_handlers` logic, `_blocks` layout, `_view` HTML).
+  /export), `race_tab`, `compare_tab`, `chat_tab`, `infill_tab` (each: layout, handlers, API and views).
 - Views: `text` (escaping, in one place), `colors`, `canvas_view`, `token_view`, `thought_view`, `plots`, `meter`
   (the offline replay page is the engine's: `engine.replay_page`).
 """

@@ -11,19 +11,15 @@ from engine.loading import DEFAULT_MODEL
 from engine.race import RaceRunner
 
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
-from .chat_blocks import build_chat_tab
-from .chat_handlers import ChatTab
-from .compare_blocks import build_compare_tab
-from .compare_handlers import CompareHandlers
+from .chat_tab import ChatTab, build_chat_tab
+from .compare_tab import CompareHandlers, build_compare_tab
 from .deployment import QUEUE_PLANS, queue_plan
 from .handlers import initial_outputs
-from .infill_blocks import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, build_infill_tab
-from .infill_handlers import InfillTab
+from .infill_tab import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, InfillTab, build_infill_tab
 from .keep import KeepHandlers
 from .keep_blocks import build_keep_controls, build_step_controls, wire_keep, wire_step_through
 from .meter import meter_html
-from .race_blocks import build_race_tab
-from .race_handlers import RaceTab
+from .race_tab import RaceTab, build_race_tab
 from .session import SessionState
 from .step_through import StepThroughHandlers
 from .tab import API_SETTINGS, Param, checked, refusal_box, register_api, setting_control, setting_params

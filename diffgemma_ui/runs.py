@@ -1,10 +1,8 @@
 """The one run mechanism: every tab's model work is a frame source iterated in a worker thread into a record.
 
-`RunWorker` owns one run: a daemon thread pulls items from a frame source (`DiffusionEngine.frames`, a chat turn,
-an infill, a race or a comparison) into a record; `updates()` yields coalesced snapshots. Stop, a closed tab (no
-reader for `abandon_after_s`, or `Runner.unload`), an abandoned API call (`Runner.api_served`) and the server's time
-limit all end a run here. `Runner` starts every run of an app (on ZeroGPU through its `place` hook, in the GPU
-process) and keeps which session runs what.
+`RunWorker` owns one run and reads it as coalesced snapshots (`updates`); `Runner` starts every run of an app and
+keeps which session runs what. Stop, a closed tab (no reader for `abandon_after_s`, or `Runner.unload`), an
+abandoned API call (`Runner.served`) and the server's time limit all end a run here.
 """
 
 from __future__ import annotations
@@ -27,10 +25,7 @@ from .record import RunRecord, RunSnapshot
 
 FrameSource = Callable[[threading.Event], Iterator[Frame]]
 DEFAULT_MAX_FPS = 15.0
-# Chips the browser redraws per second at most: headless Chromium with software raster on the 2-core CPU showed
-# 6.6-9.1 of 15 updates/s at 256 positions and 14.2 at 64 (benchmarks/browser_canvas_cost.py), so the default live
-# rate falls from 15 updates/s to 7 at the real checkpoint's 256-position canvas instead of letting updates queue
-LIVE_POSITIONS_PER_SECOND = 1800.0
+LIVE_POSITIONS_PER_SECOND = 1800.0  # chips a browser redraws per second at most (docs/design.md, Concurrency)
 DEFAULT_READER_BUDGET = 0.05  # the UI may take at most 5% of wall time: the meter must show >= 95% of bare speed
 STOP_GRACE_S = 2.0  # after Stop, frames already on their way (ZeroGPU pipes them across) are read this long
 LOG = logging.getLogger(__name__)
@@ -52,14 +47,6 @@ class RunTimeLimitExceeded(RuntimeError):
     """A run went past the server's time limit per run and was stopped; the blocks it committed are kept."""
 
 
-def time_limit_error(limit_s: float, forwards: int, *, blocks_kept: bool = True) -> RunTimeLimitExceeded:
-    """The error of a run stopped at the server's limit of `limit_s` seconds per run after `forwards` decoder
-    forwards; `blocks_kept`: the message says its finished blocks are kept (they are shown)."""
-    kept = " (finished blocks are kept)" if blocks_kept else ""
-    return RunTimeLimitExceeded(f"the run reached this server's limit of {limit_s:g} s per run and was stopped after "
-                                f"{forwards} decoder forwards{kept}: lower max_new_tokens or max_denoising_steps")
-
-
 def is_out_of_memory(error: BaseException | None) -> bool:
     """Whether `error` is the device (`torch.OutOfMemoryError`) or the host (`MemoryError`) running out of memory."""
     return isinstance(error, (MemoryError, torch.OutOfMemoryError))
@@ -75,8 +62,7 @@ def release_memory() -> None:
 
 
 def _without_tracebacks(error: BaseException) -> BaseException:
-    """`error` with the tracebacks of it and its causes dropped: a traceback keeps the failed run's frames, and with
-    them its tensors (KV cache, logits), alive for as long as the error is kept (in the record, for the reader)."""
+    """`error` with the tracebacks of it and its causes dropped (they would keep the failed run's tensors alive)."""
     seen = set()
     current = error
     while current is not None and id(current) not in seen:
@@ -87,20 +73,10 @@ def _without_tracebacks(error: BaseException) -> BaseException:
 
 
 class RunWorker:
-    """One generation running in a background thread.
-
-    Args:
-        source: called once in the worker thread with the run's stop event; returns the frame iterator. Exceptions
-            it raises (e.g. ValueError for a bad prompt) end the run and are reported in the final snapshot.
-        keep_history: keep every frame (for the plots); False keeps only the newest (for the API).
-        abandon_after_s: stop the run when no reader has polled for this many seconds (None: never).
-        time_limit_s: stop the run once it has run this many seconds (None: never); it then ends with a
-            `RunTimeLimitExceeded` error saying so, after the engine's final frame.
-        stop_event: the run's stop signal (default: a new `threading.Event`); anything with `set()` and
-            `is_set()`, e.g. `zerogpu.StopFlag`, which also reaches a run in another process.
-        record: where the items go (default: a `RunRecord` of frames); anything with `add`, `finish`, `count`,
-            `finished` and `snapshot`, e.g. a race's record of (side, frame) items.
-    """
+    """One run in a background thread: `source(stop_event)` returns the frame iterator (what it raises ends the run
+    and is in the final snapshot), iterated into `record` (default: a `RunRecord`, all frames or with
+    `keep_history` False the newest). The run stops itself when no reader polled for `abandon_after_s` or after
+    `time_limit_s` (then with `RunTimeLimitExceeded`); `stop_event`: anything with `set()` and `is_set()`."""
 
     def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0,
                  time_limit_s: float | None = None, stop_event: threading.Event | None = None, record=None):
@@ -126,6 +102,9 @@ class RunWorker:
     def stop(self) -> None:
         """Ask the run to stop: sets `stop_event` (the engine yields a final "cancelled" frame within a forward)."""
         self.stop_event.set()
+        self._notify()
+
+    def _notify(self) -> None:
         with self._changed:
             self._changed.notify_all()
 
@@ -152,8 +131,7 @@ class RunWorker:
                 if self.take(frame):
                     break
         except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
-            if not isinstance(exc, ValueError):  # the operator gets the traceback; the user only the message
-                # As text: a log record holding the traceback object would keep the failed run's tensors alive
+            if not isinstance(exc, ValueError):  # the operator gets the traceback (as text), the user the message
                 LOG.error("run failed: %s", "".join(traceback.format_exception(exc)).rstrip())
             error = _without_tracebacks(exc)
         finally:
@@ -165,19 +143,20 @@ class RunWorker:
                     pass
             iterator = close = None
             if self._timed_out and error is None:
-                error = time_limit_error(self.time_limit_s, self.record.count)
+                error = RunTimeLimitExceeded(
+                    f"the run reached this server's limit of {self.time_limit_s:g} s per run and was stopped after "
+                    f"{self.record.count} decoder forwards (finished blocks are kept): lower max_new_tokens or "
+                    "max_denoising_steps")
             if is_out_of_memory(error):
                 release_memory()
             self.record.finish(error)
-            with self._changed:
-                self._changed.notify_all()
+            self._notify()
 
     def take(self, frame) -> bool:
-        """Record one item of the run (in the worker thread); returns whether the run is over: its final frame, or
-        a source that went on for `STOP_GRACE_S` after Stop."""
+        """Record one item (in the worker thread); returns whether the run is over: its final frame, or a source
+        that went on for `STOP_GRACE_S` after Stop."""
         self.record.add(frame)
-        with self._changed:
-            self._changed.notify_all()
+        self._notify()
         if getattr(frame, "done", False):
             return True
         now = time.monotonic()
@@ -186,9 +165,7 @@ class RunWorker:
         if self.time_limit_s is not None and now - self._started > self.time_limit_s:
             self._timed_out = True
             self.stop_event.set()
-        if self.stop_event.is_set():
-            # The engine yields one more frame (cancelled) at most one forward later, after the frames it had
-            # already sent; a source that ignores the event is closed instead.
+        if self.stop_event.is_set():  # the engine's cancelled frame comes within a forward; else the source is closed
             self._after_stop += 1
             self._stopped_at = self._stopped_at or now
             return self._after_stop >= 2 and now - self._stopped_at > STOP_GRACE_S
@@ -202,16 +179,10 @@ class RunWorker:
 
     def updates(self, max_fps: float = DEFAULT_MAX_FPS, poll_s: float = 0.2,
                 reader_budget: float | None = DEFAULT_READER_BUDGET) -> Iterator[RunSnapshot]:
-        """Coalesced snapshots: at most `max_fps` per second, each with the newest frame, the final one always.
-
-        Frames that arrive between two snapshots are not lost (they are in the record), only not rendered one by
-        one. `reader_budget` caps the share of wall time the reader spends on snapshots (rendering, and in the app
-        Gradio's postprocessing and sending, measured from each `yield` to the next request, smoothed): the gap
-        between snapshots stretches to `reader_time / reader_budget`, so on a small CPU the UI's work cannot slow
-        the engine, which shares the CPU, by more than that share (None: only `max_fps` limits). Ends after
-        yielding the snapshot with `finished=True`; neither it nor the first frame is ever held back. Waiting here
-        counts as polling, so a run is only abandoned when its reader stops iterating.
-        """
+        """Coalesced snapshots: at most `max_fps` a second, each with the newest frame; the first and the final
+        (`finished=True`, the last) are never held back. `reader_budget`: the most share of wall time the reader may
+        spend between a `yield` and its next request (the gap stretches to `reader_time / reader_budget`; None:
+        only `max_fps` limits). Waiting here counts as polling."""
         interval = 1.0 / max_fps if max_fps and max_fps > 0 else 0.0
         seen = -1
         next_allowed = 0.0
@@ -258,10 +229,7 @@ class RunWorker:
 
 
 class RunRegistry:
-    """Which worker each browser session is running (one registry per app, not module state).
-
-    Used to stop a session's run when its tab closes (Gradio's unload event) and to count active runs.
-    """
+    """Which worker each browser session is running (one per app): to stop a closed tab's runs and count runs."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -300,8 +268,7 @@ class RunRegistry:
 DEFAULT_MAX_RUN_S = 300.0  # no single run (UI or API) holds the engine for longer
 API_WAIT_S = 0.25  # how long a served API call waits on its run before checking that its client is still there
 STOP_WAIT_S = 10.0  # Stop waits this long at most for the run's last frame (one decoder forward)
-# How long after a tab closed Gradio's record of it is dropped: every unload handler of the app has run by then
-DROP_DELAY_S = 5.0
+DROP_DELAY_S = 5.0  # a closed tab's Gradio record is dropped this long after (every unload handler has run)
 
 
 def pushed(run: Callable[[Callable[[object], None]], object]) -> Iterator:
@@ -330,12 +297,9 @@ class ClientGone(RuntimeError):
 
 
 def job_alive_check() -> Callable[[], bool]:
-    """A function answering whether the current Gradio job's client is still there (call it in the handler's own
-    context, where Gradio set the job's event id; the returned function may be called from anywhere).
-
-    Gradio marks a job `alive = False` when its client goes away (a dropped result stream, a closed client) but
-    only checks it between two outputs of a generator; outside a queued job this always answers True.
-    """
+    """A function answering whether the current Gradio job's client is still there (Gradio marks a job
+    `alive = False` when its client goes away); call it in the handler's own context. Outside a queued job it
+    always answers True."""
     blocks = LocalContext.blocks.get(None)
     event_id = LocalContext.event_id.get(None)
     queue = getattr(blocks, "_queue", None)
@@ -375,8 +339,8 @@ class Runner:
     def start(self, source: FrameSource, key: str | None = None, *, keep_history: bool = True, stop_event=None,
               record=None, limit_s: float | None = None) -> RunWorker:
         """Start `source` in a `RunWorker` under the app's limits, registered as `key` (None: not registered; a key
-        `<session>...` is stopped when that tab closes); `record`: as `RunWorker`'s; `limit_s`: a tighter
-        time limit for this run (ZeroGPU's granted time). The caller ends it with `finish`."""
+        `<session>...` is stopped when that tab closes); `limit_s`: a tighter time limit (ZeroGPU's granted time).
+        The caller ends it with `finish`."""
         limits = [limit for limit in (self.max_run_s, limit_s) if limit is not None]
         worker = RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
                            time_limit_s=min(limits) if limits else None, stop_event=stop_event,
@@ -396,10 +360,9 @@ class Runner:
         return worker.updates(self.max_fps, reader_budget=self.reader_budget)
 
     async def served(self, start: Callable[[], RunWorker], request) -> RunSnapshot:
-        """An API call's run to its end: `start()` (in a thread: it validates and may block) starts it; it is
-        registered under the caller's session (`<session>:api:<n>`, stopped through `unload` when the client
-        disconnects) and waited on in a thread, so its end is seen at once and a cancelled job or a dropped result
-        stream stops it within `API_WAIT_S`. Returns the final snapshot.
+        """An API call's run to its end: `start()` (in a thread: it validates and may block) starts it, registered
+        under the caller's session (`<session>:api:<n>`); a cancelled job or a dropped result stream stops it within
+        `API_WAIT_S`. Returns the final snapshot.
 
         Raises:
             ClientGone: the client went away (the run is stopped).
@@ -427,12 +390,8 @@ class Runner:
 
 
 class ClosedSessionDropper:
-    """Drops Gradio's own record of each closed session `delay_s` seconds after its tab closed.
-
-    Gradio keeps one record per session hash in `blocks.state_holder.session_data` (every component's last value)
-    until 10,000 later sessions have come; this drops a closed tab's at once. A queued event of a closed session
-    that starts after the drop makes a fresh, empty record.
-    """
+    """Drops Gradio's own record of each closed session (`blocks.state_holder.session_data`, which Gradio keeps
+    until 10,000 later sessions have come) `delay_s` seconds after its tab closed."""
 
     def __init__(self, blocks, delay_s: float = DROP_DELAY_S):
         self.blocks = blocks

@@ -1,10 +1,8 @@
 """ZeroGPU (Hugging Face Spaces' shared GPUs): every tab's model work runs in the GPU process ZeroGPU forks.
 
-`ZeroGpuPlayground.start_job` asks `spaces.GPU` for a GPU where Gradio has put the visitor's request in context (their
-quota identity) and runs the job's source there; its `Job` and its `StopFlag` (a file: Stop, a closed tab, an
-abandoned API call and the time limit reach the child) are pickled across, as is each frame it yields. `GpuBudget`
-sizes the GPU time a job asks for and refuses one that cannot fit the quota. The main process never touches CUDA
-(`load_zero_gpu_model`, `cpu_view`). Off ZeroGPU nothing here is used (`make_playground`).
+`ZeroGpuPlayground.start_job` runs a job's source under `spaces.GPU`; the `Job`, its `StopFlag` and each frame are
+pickled across. `GpuBudget` sizes the GPU time a job asks for and refuses one that cannot fit the quota. The main
+process never touches CUDA. Off ZeroGPU nothing here is used (`make_playground`).
 """
 
 from __future__ import annotations
@@ -38,19 +36,14 @@ from .validation import RunRequest
 
 LOG = logging.getLogger(__name__)
 GpuSize = str  # "large" (half a card) or "xlarge" (the whole card), as `spaces.GPU(size=...)` takes it
-# `spaces` 0.51.3 switches its own default to "xlarge" above this many bytes of packed weights (configs.json); the
-# 26B model in bf16 (about 52 GB) is above it, 4-bit below
-XLARGE_WEIGHTS_BYTES = 45_097_156_608
+XLARGE_WEIGHTS_BYTES = 45_097_156_608  # `spaces`' own switch to "xlarge" (the 26B model in bf16 is above it)
 MIN_RUN_S = 5.0  # the shortest time limit a run gets (its estimate may be a fraction of a second)
 
 
 # -- the stop signal ----------------------------------------------------------------------------------------------
 class StopFlag:
-    """A stop signal that works across processes: set when its file exists. Only the path is pickled.
-
-    Duck-types what `RunWorker` and the engine use of `threading.Event` (`set`, `is_set`). One `os.stat` per
-    decoder forward is the cost. `discard()` removes the file once the run is over.
-    """
+    """A stop signal across processes (`set`, `is_set` as `threading.Event`'s): set when its file exists; only
+    the path is pickled. `discard()` removes the file once the run is over."""
 
     def __init__(self, directory: str | os.PathLike | None = None):
         folder = Path(directory) if directory is not None else _flag_dir()
@@ -83,13 +76,11 @@ class GpuBudget:
     """How much ZeroGPU time a request asks for, and which requests are refused up front.
 
     Attributes:
-        seconds_per_forward: assumed seconds per decoder forward on the ZeroGPU card (an operator setting, not a
-            measurement: set it from the Space's own logs; env DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD).
-        setup_s: seconds allowed for the GPU process's start (weights to the GPU, the one-time warm-up, prefill;
-            env DIFFGEMMA_ZEROGPU_SETUP_SECONDS).
-        quota_s: the daily quota every request must fit (default 120 s, an unauthenticated visitor's: the smallest;
+        seconds_per_forward: assumed seconds per decoder forward (env DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD).
+        setup_s: seconds for the GPU process's start: weights, warm-up, prefill (env DIFFGEMMA_ZEROGPU_SETUP_SECONDS).
+        quota_s: the quota every request must fit (default 120 s, an unauthenticated visitor's;
             env DIFFGEMMA_ZEROGPU_QUOTA_SECONDS).
-        size: "large" or "xlarge"; ZeroGPU charges an xlarge second twice (`spaces.zero.client.schedule`).
+        size: "large" or "xlarge" (an xlarge second is charged twice).
     """
 
     seconds_per_forward: float = 0.1
@@ -107,28 +98,25 @@ class GpuBudget:
 
     @classmethod
     def from_environment(cls, size: GpuSize, environ: Mapping[str, str] | None = None) -> "GpuBudget":
-        """The budget from DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD, _SETUP_SECONDS and _QUOTA_SECONDS (defaults where
-        unset). Raises ValueError naming the variable when one is not a number > 0."""
+        """The budget from the environment (defaults where unset); ValueError names a variable that is not a
+        number > 0."""
         env = os.environ if environ is None else environ
         values = {}
         for field, name in (("seconds_per_forward", "DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD"),
                             ("setup_s", "DIFFGEMMA_ZEROGPU_SETUP_SECONDS"),
                             ("quota_s", "DIFFGEMMA_ZEROGPU_QUOTA_SECONDS")):
-            text = env.get(name, "").strip()
-            if not text:
-                continue
-            try:
-                values[field] = float(text)
-            except ValueError:
-                raise ValueError(f"{name} must be a number > 0, got {text!r}") from None
-            if not (math.isfinite(values[field]) and values[field] > 0):
-                raise ValueError(f"{name} must be a number > 0, got {text!r}")
+            if text := env.get(name, "").strip():
+                try:
+                    values[field] = float(text)
+                except ValueError:
+                    values[field] = math.nan
+                if not (math.isfinite(values[field]) and values[field] > 0):
+                    raise ValueError(f"{name} must be a number > 0, got {text!r}")
         return cls(size=size, **values)
 
     @staticmethod
     def forwards(settings: DiffusionSettings, canvas_length: int) -> int:
-        """Decoder forwards a request may take at most: whole canvases x `max_denoising_steps` (adaptive stopping
-        only ever uses fewer)."""
+        """Decoder forwards a request may take at most: whole canvases x `max_denoising_steps`."""
         return math.ceil(settings.max_new_tokens / canvas_length) * settings.max_denoising_steps
 
     def duration_s(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> int:
@@ -162,8 +150,7 @@ class GpuBudget:
 
 
 def weight_bytes(model) -> int:
-    """Bytes of a model's weights as stored: every parameter and buffer once, quantized ones by their packed bytes
-    (`engine.memory.memory_report`)."""
+    """Bytes of a model's weights as stored (`engine.memory.memory_report`)."""
     return memory_report(model)["total_bytes"]
 
 
@@ -185,14 +172,11 @@ def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:
 
 # -- loading --------------------------------------------------------------------------------------------------------
 def load_zero_gpu_model(model: str, dtype: str = "auto", quantization: str = "none"):
-    """Load a checkpoint for ZeroGPU: on the CPU, then `.to("cuda")` in this (the main) thread, where `spaces` has
-    patched torch: the weights become placeholders and are packed at launch, and the main process never initialises
-    CUDA. Returns the `LoadedModel` with `device` cuda. Call after `import spaces`.
+    """Load a checkpoint for ZeroGPU (after `import spaces`): on the CPU, then `.to("cuda")`, which `spaces`
+    turns into placeholders packed at launch. Returns the `LoadedModel` with `device` cuda.
 
     Raises:
-        ModelLoadError: as `engine.load_model`, and for quantization (not offered on ZeroGPU: how the packed
-            bitsandbytes weights and their quantization state travel through ZeroGPU's CUDA emulation was never
-            checked; bf16 asks for an xlarge GPU instead).
+        ModelLoadError: as `engine.load_model`, and for any quantization (not offered on ZeroGPU).
     """
     if quantization != "none":
         raise ModelLoadError(f"{quantization} quantization is not offered on ZeroGPU (its packed weights under "
@@ -205,8 +189,7 @@ def load_zero_gpu_model(model: str, dtype: str = "auto", quantization: str = "no
 
 
 def cpu_view(engine: DiffusionEngine) -> DiffusionEngine:
-    """A shallow copy of `engine` whose `device` is the CPU: the main process of a ZeroGPU Space encodes prompts and
-    checks budgets with it (the tokenizer and config are shared; its model is never run)."""
+    """A shallow copy of `engine` on the CPU, for the main process's checks (its model is never run)."""
     view = copy.copy(engine)
     view.device = torch.device("cpu")
     return view
@@ -217,17 +200,9 @@ _WARMED_PID: int | None = None  # the process whose model has been warmed up (a 
 
 
 class ZeroGpuPlayground(Playground):
-    """`Playground` whose runs execute under `spaces.GPU`, in the GPU process ZeroGPU forks.
-
-    Args:
-        engine: the engine whose model `load_zero_gpu_model` placed (device cuda on a real Space; any device in an
-            emulation).
-        budget: the `GpuBudget` (default: `GpuBudget.from_environment` with `gpu_size_for(engine.model)`).
-        spaces_module: the imported `spaces` package (default: imported here).
-        Other keyword arguments: as `Playground`.
-
-    `self.engine` is a CPU view of `engine` (checks, summaries); `self.gpu_engine` runs in the GPU process.
-    """
+    """`Playground` whose runs execute under `spaces.GPU`, in the GPU process ZeroGPU forks; `self.engine` is a
+    CPU view of `engine` (checks, summaries), `self.gpu_engine` runs in the GPU process. `budget`: default from
+    the environment; `spaces_module`: the imported `spaces` (default: imported here)."""
 
     def __init__(self, engine: DiffusionEngine, *, budget: GpuBudget | None = None, spaces_module=None, **kwargs):
         super().__init__(cpu_view(engine), **kwargs)
@@ -254,12 +229,8 @@ class ZeroGpuPlayground(Playground):
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
                   receive=None) -> RunWorker:
-        """Ask ZeroGPU for a GPU and start `job` there; returns the `RunWorker` reading what it yields.
-
-        Must be called where Gradio has put the visitor's request in context (the handler, or a thread started with
-        a copy of its context, as `asyncio.to_thread` does): the first frame is pulled here, which is when `spaces`
-        schedules the GPU with the visitor's quota identity. Blocks until then (the platform's queue shows its own
-        notices).
+        """Ask ZeroGPU for a GPU and start `job` there; returns the `RunWorker` reading what it yields. Call it
+        where Gradio has the visitor's request in context (their quota identity): it blocks until the first frame.
 
         Raises:
             gr.Error: the platform refused (quota, no GPU) or the run failed before its first frame.
@@ -276,8 +247,7 @@ class ZeroGpuPlayground(Playground):
                 LOG.error("ZeroGPU run failed to start: %s", "".join(traceback.format_exception(error)).rstrip())
                 raise user_error(describe_error(error)) from None
             raise
-        # The GPU process's set-up is over once the first frame is here: the run may take the forwards' share of the
-        # time it asked for, then stops itself, keeping its finished blocks, before the platform would abort it
+        # Set-up is over with the first frame: the run may take the forwards' share of the time it asked for
         left = max(MIN_RUN_S, self.gpu_seconds(job, stop) - self.budget.setup_s)
 
         def source(_stop) -> Iterator[Frame]:
@@ -290,8 +260,8 @@ class ZeroGpuPlayground(Playground):
         return self.runs.start(source, key, keep_history=keep_history, stop_event=stop, record=record, limit_s=left)
 
     def step_frames(self, request: RunRequest) -> Iterator[Frame]:
-        """A stepped run on ZeroGPU, which lends a GPU per call: step n is a GPU call that runs the first n forwards
-        (the same seed, so the same tokens as one run) and sends the last."""
+        """A stepped run on ZeroGPU: step n is a GPU call that runs the first n forwards (the same seed, so the same
+        tokens as one run) and sends the last."""
         request = dataclasses.replace(request, seed=draw_seed() if request.seed is None else request.seed)
         self.check_job(Job("steps", None, request.settings))
         for count in itertools.count(1):
@@ -307,12 +277,8 @@ class ZeroGpuPlayground(Playground):
 
     # -- in the GPU process ----------------------------------------------------------------------------------------
     def _frames_on_gpu(self, job: Job, stop: StopFlag) -> Iterator[Frame]:
-        """The function `spaces.GPU` runs in its forked process: warm up once per process, then what the job's
-        source yields (`Playground.sources`: generation, race, infill, chat) on the GPU engine.
-
-        Errors become `gr.Error` with the message every other path shows (`describe_error`): `spaces` passes only
-        a `gr.Error`'s message back, any other error arrives as its class name.
-        """
+        """What `spaces.GPU` runs in its forked process: warm up once per process, then the job's source on the
+        GPU engine. Errors become `gr.Error` (`spaces` passes only a `gr.Error`'s message back)."""
         global _WARMED_PID
         try:
             if _WARMED_PID != os.getpid():

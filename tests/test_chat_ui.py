@@ -1,4 +1,4 @@
-"""The Chat tab (diffgemma_ui/chat_*.py): escaped transcript, the reuse note, two turns reusing the cache,
+"""The Chat tab (diffgemma_ui/chat_tab.py): escaped transcript, the reuse note, two turns reusing the cache,
 Regenerate, Stop and a closed tab, the thinking switch only where the template has one, `/chat`, and the tab in
 Chromium. Screenshots go to artifacts/chat/."""
 
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from diffgemma_ui.chat_handlers import ChatState, ChatTab, parse_history
-from diffgemma_ui.chat_view import history_html, reuse_html
+from diffgemma_ui.chat_tab import ChatState, ChatTab, history_html, parse_history, reuse_html
+from diffgemma_ui.tab import stop_run
 from engine.chat import TurnReport
 from synthetic import parse_html
 
@@ -131,7 +131,7 @@ def test_stop_and_a_closed_tab_leave_the_conversation_as_it_was(tab):
     # Stop: the turn ends within a forward, the conversation is unchanged and the message stays in its box
     stream = tab.send_stream(state, "Tell me a long story", "careful", 1024, 2, False)
     next(stream)
-    tab.stop(state)
+    stop_run(state)  # the Stop button
     out = final(list(stream))
     assert 'data-state="stopped"' in out["reuse"] and state.chat.messages == kept
     assert not isinstance(out["message"], dict) or out["message"].get("value") != ""
@@ -163,7 +163,7 @@ def test_bad_chat_input_is_refused_before_anything_runs(tab):
 
 def test_chat_and_infill_are_not_refused_on_zero_gpu(tab, monkeypatch):
     """Chat and Infill run in the GPU process on ZeroGPU (tests/test_spaces.py): nothing refuses them there."""
-    from diffgemma_ui.infill_handlers import InfillTab
+    from diffgemma_ui.infill_tab import InfillTab
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     assert tab.check_turn("hi", "recommended", 64, 0, False) is None
@@ -173,7 +173,7 @@ def test_chat_and_infill_are_not_refused_on_zero_gpu(tab, monkeypatch):
 
 
 def test_thinking_switch_only_where_the_template_has_one(engine, standin_engine):
-    from diffgemma_ui.chat_blocks import build_chat_tab
+    from diffgemma_ui.chat_tab import build_chat_tab
     from diffgemma_ui.handlers import Playground
 
     for model, shown in ((engine, False), (standin_engine, True)):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from diffgemma_ui.compare_handlers import CompareHandlers
-from diffgemma_ui.compare_view import side_html, verdict_html
+from diffgemma_ui.compare_tab import CompareHandlers, side_html, verdict_html
+from diffgemma_ui.tab import stop_run
 from engine import DiffusionSettings
 from synthetic import parse_html, synthetic_frame
 
@@ -46,14 +46,14 @@ def test_compare_runs_a_then_b_with_one_seed(engine):
 
     playground = Playground(engine)
     started = []
-    start_run = playground.start_run
+    start_job = playground.start_job
 
-    def recording_start_run(request, **kwargs):
+    def recording_start_job(job, *args, **kwargs):
         assert all(not worker.running for worker in started), "B started while A was running"
-        started.append(start_run(request, **kwargs))
+        started.append(start_job(job, *args, **kwargs))
         return started[-1]
 
-    playground.start_run = recording_start_run
+    playground.start_job = recording_start_job
     views = list(CompareHandlers(playground).compare("In the beginning", True, -1, 128, 0.5, 3, False, 2.0, 2, True))
     assert len(started) == 2
     card_a, card_b, verdict, text_a, text_b, heatmap_a, heatmap_b = views[-1]
@@ -108,10 +108,10 @@ def test_compare_tab_in_the_browser(browser, served_app):
 
 
 @pytest.mark.slow
-def test_diffusers_scheduler_as_side_b(engine, monkeypatch):
+def test_diffusers_scheduler_as_side_b(engine):
     pytest.importorskip("diffusers")
-    from diffgemma_ui.compare_handlers import DIFFUSERS_PREFIX
-    from diffgemma_ui.handlers import Playground
+    from diffgemma_ui.compare_tab import DIFFUSERS_PREFIX, pipeline_source
+    from diffgemma_ui.handlers import Job, Playground
     from engine.diffusers_sampler import pipeline_frames, turn_end_id
 
     settings = engine.recommended.replace(max_new_tokens=128, max_denoising_steps=3)
@@ -133,23 +133,22 @@ def test_diffusers_scheduler_as_side_b(engine, monkeypatch):
         DIFFUSERS_PREFIX + "EntropyBoundScheduler"))
     card_a, card_b, verdict, _, text_b, _, heatmap_b = views[-1]
     assert "EntropyBoundScheduler" in card_b and 'data-state="done"' in verdict and heatmap_b["data"]
-    monkeypatch.setattr("diffgemma_ui.compare_handlers.POLL_S", 0.05)
     playground = Playground(engine, max_run_s=0.3)  # a first canvas of 64 forwards takes longer
+    CompareHandlers(playground)
     request = playground.checked_request("Tell me about the flood.", False, 1024, 64, 0.5, 0.05, 0.1, 1, 0.05, False,
                                          4, ui_limits=True)
-    lasts = [None, None]
-    live = CompareHandlers(playground)._pipeline_side(request, "BlockRefinementScheduler", lasts, lambda: lasts[1])
+    exact = []  # side B is the runs' "pipeline" job: the time limit, Stop and closing are the run mechanism's
+    worker = playground.start_job(Job("pipeline", (request, "BlockRefinementScheduler"), request.settings),
+                                  keep_history=False, receive=exact.extend)
+    snaps = list(worker.updates(20.0, reader_budget=None))
     with pytest.raises(Exception, match="limit of 0.3 s per run"):
-        list(live)
-    assert lasts[1] is not None and not lasts[1].done  # frames were shown while the pipeline ran
+        raise snaps[-1].error
+    live = [snap.latest for snap in snaps[:-1] if snap.latest is not None]
+    assert live and not live[-1].done  # frames were shown while the pipeline ran
+    assert exact and exact[-1].stop_reason == "cancelled" and snaps[-1].latest == exact[-1]
     stopped = threading.Event()
     stopped.set()  # Stop before the first forward: the side ends with no frame and no error
-    early = CompareHandlers(Playground(engine))._pipeline_side(request, "BlockRefinementScheduler", [None, None],
-                                                                lambda: None, stopped)
-    with pytest.raises(StopIteration) as ended:
-        while True:
-            next(early)
-    assert ended.value.value == []
+    assert list(pipeline_source(engine, (request, "BlockRefinementScheduler"), stopped)) == []
 
 
 @pytest.mark.slow
@@ -174,7 +173,7 @@ def test_a_pipeline_run_is_read_while_it_runs_and_stops_within_a_step(engine):
 @pytest.mark.slow
 def test_diffusers_side_b_refuses_raw_prompts(engine):
     pytest.importorskip("diffusers")
-    from diffgemma_ui.compare_handlers import DIFFUSERS_PREFIX
+    from diffgemma_ui.compare_tab import DIFFUSERS_PREFIX
     from diffgemma_ui.handlers import Playground
 
     with pytest.raises(Exception, match="always applies the chat template"):
@@ -192,14 +191,14 @@ def test_a_sampler_that_ignores_the_bound_is_not_shown_with_one():
 
 @pytest.mark.slow
 def test_stop_ends_the_running_side_and_b_never_starts(engine):
-    from diffgemma_ui.compare_handlers import CompareState
+    from diffgemma_ui.compare_tab import CompareState
     from diffgemma_ui.handlers import Playground
 
     handlers, state = CompareHandlers(Playground(engine)), CompareState()
     views = handlers.compare("In the beginning", True, 0, 1024, 0.5, 64, False, 0.5, 64, False, state=state)
     first = next(views)
     assert 'data-side="A" data-state="running"' in first[0]
-    handlers.stop(state)
+    stop_run(state)  # the Stop button
     card_a, card_b, verdict, text_a, *_ = list(views)[-1]
     assert 'data-state="stopped"' in card_a and "Stopped" not in card_b and 'data-state="not run"' in card_b
     assert "press Compare A and B to start" not in card_b and "Stop came before this side" in card_b
@@ -209,7 +208,7 @@ def test_stop_ends_the_running_side_and_b_never_starts(engine):
 def test_a_refused_comparison_marks_the_previous_one_and_a_stop_while_queued_runs_nothing(engine):
     import gradio as gr
 
-    from diffgemma_ui.compare_handlers import CompareState
+    from diffgemma_ui.compare_tab import CompareState
     from diffgemma_ui.handlers import Playground
 
     playground = Playground(engine)
@@ -226,10 +225,10 @@ def test_a_refused_comparison_marks_the_previous_one_and_a_stop_while_queued_run
     assert "decoder forwards" in marked  # the previous comparison's own figures stay
 
     started = []
-    start_run = playground.start_run
-    playground.start_run = lambda request, **kwargs: started.append(request) or start_run(request, **kwargs)
+    start_job = playground.start_job
+    playground.start_job = lambda job, *a, **kwargs: started.append(job) or start_job(job, *a, **kwargs)
     handlers.request(*args, state=state)  # accepted, then Stop while it waits in the queue
-    handlers.stop(state)
+    stop_run(state)
     card_a, card_b, verdict, *_ = list(handlers.compare(*args, state=state))[-1]
     assert started == [] and 'data-state="stopped"' in card_a and 'data-state="not run"' in card_b
     handlers.request(*args, state=state)  # the next accepted request runs again

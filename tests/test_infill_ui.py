@@ -1,4 +1,4 @@
-"""The Infill tab (diffgemma_ui/infill_*.py): fixed positions marked on the canvas and never changing, plots over the
+"""The Infill tab (diffgemma_ui/infill_tab.py): fixed positions marked on the canvas and never changing, plots over the
 blank positions, escaped template text, a plain refusal when the template does not fit, `/infill`, and the tab in
 Chromium. Screenshots go to artifacts/infill/."""
 
@@ -9,8 +9,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from diffgemma_ui.infill_handlers import InfillState, InfillTab
-from diffgemma_ui.infill_view import blank_frames, blank_plots, filled_html, infill_canvas_html
+from diffgemma_ui.infill_tab import InfillState, InfillTab, blank_frames, blank_plots, filled_html, infill_canvas_html
 from engine.infill import InfillLayout
 from synthetic import parse_html, synthetic_frame
 

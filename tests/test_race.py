@@ -178,7 +178,7 @@ def test_race_counts_are_consistent_and_the_sides_take_turns(engine, small):
     for side in (result.diffusion, result.autoregressive):
         assert 0 <= side.punctuation_share <= 1 and 0 <= side.repeated_share <= 1
         assert summary[side.name]["faults"] == list(side.faults) == verdict["faults"][side.name]
-    from diffgemma_ui.race_view import explanation
+    from diffgemma_ui.race_tab import explanation
 
     assert "ms per canvas forward" in explanation(result)  # the words live in the view, the facts in the engine
 
@@ -241,7 +241,7 @@ def side_result(name, **changes):
 
 
 def test_result_card_escapes_and_explains_either_winner():
-    from diffgemma_ui.race_view import explanation, result_html
+    from diffgemma_ui.race_tab import explanation, result_html
     from diffgemma_ui.text import escape_html
 
     slow = RaceResult(side_result("diffusion", tokens_per_second=2.0, seconds_per_forward=1.0,
@@ -263,7 +263,7 @@ def test_result_card_escapes_and_explains_either_winner():
 
 
 def test_a_stopped_race_names_no_winner_and_says_which_side_was_cut_short():
-    from diffgemma_ui.race_view import explanation, result_html
+    from diffgemma_ui.race_tab import explanation, result_html
 
     cut_short = RaceResult(side_result("diffusion", tokens_per_second=300.0, seconds_per_token=0.003),
                            side_result("autoregressive", tokens=334, tokens_per_second=145.0, stop_reason="cancelled",
@@ -286,7 +286,7 @@ def test_a_stopped_race_names_no_winner_and_says_which_side_was_cut_short():
 
 
 def test_answers_of_very_different_lengths_are_called_out_under_the_speedup():
-    from diffgemma_ui.race_view import result_html
+    from diffgemma_ui.race_tab import result_html
 
     short = RaceResult(side_result("diffusion", tokens=41, tokens_per_second=400.0),
                        side_result("autoregressive", tokens=256, tokens_per_second=190.0, stop_reason="max_new_tokens"),
@@ -311,7 +311,7 @@ def test_answer_checks_count_punctuation_only_tokens_and_repeated_runs():
 
 
 def test_the_card_says_so_beside_the_speedup_when_an_answer_is_mostly_punctuation_or_repeats():
-    from diffgemma_ui.race_view import caveat_text, explanation, result_html
+    from diffgemma_ui.race_tab import caveat_text, explanation, result_html
 
     # 41 tokens, mostly commas, at 2.78x the speed of 256 readable autoregressive tokens
     commas = RaceResult(side_result("diffusion", tokens=41, tokens_per_second=278.0, punctuation_share=0.78),
@@ -339,7 +339,7 @@ def test_the_card_says_so_beside_the_speedup_when_an_answer_is_mostly_punctuatio
 
 
 def test_panels_escape_model_text_and_follow_the_replay_clock():
-    from diffgemma_ui.race_view import frame_at, panel_html
+    from diffgemma_ui.race_tab import frame_at, panel_html
 
     frames = [TokenFrame(i, 7, "<b>", [7] * (i + 1), i + 1, 0.0, i == 2, "eos" if i == 2 else "", 0.1 * (i + 1),
                          0.1, (i + 1) / (0.1 * (i + 1)), 1.0, 3, 0) for i in range(3)]
@@ -354,7 +354,7 @@ def test_panels_escape_model_text_and_follow_the_replay_clock():
 
 
 def test_a_side_stopped_before_its_first_token_shows_no_rate_and_no_replay_caret():
-    from diffgemma_ui.race_view import panel_html
+    from diffgemma_ui.race_tab import panel_html
 
     stopped = TokenFrame(0, 7, "x", [], 0, 0.0, True, "cancelled", 0.4, 0.0, 0.0, 0.0, 3, 0)
     html = panel_html("autoregressive", stopped, text="", model="m", position=1, state="done", t=float("inf"))
@@ -548,7 +548,7 @@ def test_app_refuses_an_ar_model_that_does_not_fit_at_start(causal_lm, monkeypat
 @pytest.mark.slow
 def test_gpu_bandwidth_bound_fields_follow_from_bytes_and_bandwidth(engine, small, monkeypatch):
     """The bound as a GPU run computes it (measured bandwidth stood in for: there is no GPU here)."""
-    from diffgemma_ui.race_view import result_html
+    from diffgemma_ui.race_tab import result_html
     from engine.race import side_weights_bytes
 
     runner = RaceRunner(engine)
@@ -570,7 +570,7 @@ def test_gpu_bandwidth_bound_fields_follow_from_bytes_and_bandwidth(engine, smal
 def test_race_tab_runs_then_replays_and_resets_buttons_on_failure(engine, monkeypatch):
     import gradio as gr
 
-    from diffgemma_ui.race_handlers import RaceSession, RaceTab
+    from diffgemma_ui.race_tab import RaceSession, RaceTab
 
     tab, session = RaceTab(RaceRunner(engine)), RaceSession()
     inputs = ("In the beginning", True, "fast", 64, 0, 0.0, "diffusion first")
@@ -594,7 +594,7 @@ def test_race_tab_runs_then_replays_and_resets_buttons_on_failure(engine, monkey
 
 def test_race_is_not_refused_on_zero_gpu(engine, monkeypatch):
     """The race runs in the GPU process on ZeroGPU (tests/test_spaces.py): its checks pass there as anywhere."""
-    from diffgemma_ui.race_handlers import RaceTab
+    from diffgemma_ui.race_tab import RaceTab
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     assert RaceTab(RaceRunner(engine)).check_inputs("In the beginning", True, "fast", 64, 0, 0.0, "alternate") is None

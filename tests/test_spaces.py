@@ -585,6 +585,30 @@ def test_zerogpu_runs_race_chat_and_infill_in_the_gpu_process(zerogpu_space):
 
 
 @pytest.mark.slow
+def test_zerogpu_compares_both_sides_in_the_gpu_process(zerogpu_space):
+    pytest.importorskip("diffusers")
+    url, ids, log, server_pid = zerogpu_space
+    session, token = uuid.uuid4().hex[:10], _visitor_token("visitor-compare")
+    chosen = {"Prompt": "Who made the light?", "Max new tokens": 64, "A: max denoising steps": 2,
+              "B: max denoising steps": 2, "B: sampler": "diffusers: BlockRefinementScheduler", "Seed": 3}
+    labels = [item["label"] for item in ids["compare_inputs"]]
+    assert set(chosen) <= set(labels), labels
+    values = [chosen.get(item["label"], item["value"]) for item in ids["compare_inputs"]]
+    start = len(_log(log))
+    (messages,) = _stream(url, ids["compare"], values, session, token).values()
+    done = messages[-1]
+    assert done["msg"] == "process_completed" and done["success"], done
+    card_a, card_b, verdict = done["output"]["data"][:3]
+    assert 'data-state="done"' in card_a and 'data-state="done"' in card_b and "BlockRefinementScheduler" in card_b
+    assert 'data-state="done"' in verdict
+    # Both sides are jobs of the one run mechanism: each a GPU call of its own, run in the GPU process
+    entries = _wait_log(log, lambda e: sum(x["event"] == "release" for x in e[start:]) >= 2)[start:]
+    ran = {x["kind"]: x["pid"] for x in entries if x["event"] == "source"}
+    assert set(ran) == {"generate", "pipeline"} and server_pid not in ran.values(), entries
+    assert [x["fail"] for x in entries if x["event"] == "release"] == [False, False]
+
+
+@pytest.mark.slow
 def test_zerogpu_steps_through_a_run_one_gpu_call_per_step(zerogpu_space):
     url, ids, log, server_pid = zerogpu_space
     session, token = uuid.uuid4().hex[:10], _visitor_token("visitor-steps")

@@ -111,11 +111,13 @@ def main(port: int, log_path: str) -> None:
     step = next(fn for fn in app.fns.values() if (button, "click") in [tuple(t) for t in fn.targets])
     ids["next_step"] = step._id
     ids["step_inputs"] = [getattr(block, "label", None) for block in step.inputs]
-    # The run step's inputs, for a client that joins the queue as the page does: label and default value of each
-    ids["generate_inputs"] = [
-        {"label": getattr(block, "label", None),
-         "value": block.value if isinstance(block.value, (str, int, float, bool, type(None))) else None}
-        for block in fns["generate_stream"].inputs]
+    compare = next(fn for fn in app.fns.values() if getattr(fn.fn, "__name__", None) == "compare")
+    ids["compare"] = compare._id
+    # A run step's inputs, for a client that joins the queue as the page does: label and default value of each
+    for name, fn in (("generate_inputs", fns["generate_stream"]), ("compare_inputs", compare)):
+        ids[name] = [{"label": getattr(block, "label", None),
+                      "value": block.value if isinstance(block.value, (str, int, float, bool, type(None))) else None}
+                     for block in fn.inputs]
     ids["playground"] = type(app.playground).__name__
     ids["budget"] = {"size": app.playground.budget.size}
     _, url, _ = app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)

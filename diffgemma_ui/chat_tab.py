@@ -1,0 +1,439 @@
+"""The Chat tab and `/chat`: one multi-turn conversation per visitor, each answer denoised like the main view.
+
+The conversation (`engine.chat.ChatSession`, its messages and encoder cache) lives in the visitor's `ChatState`;
+each turn is the "chat" job of the run mechanism, rendered by the Playground's renderer. `/chat` is stateless: the
+client sends the history (JSON) and gets it back with the new turn. Every message is shown as escaped plain text.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import gradio as gr
+
+from engine import PRESET_NAMES, DiffusionSettings
+from engine.chat import ChatSession, TurnReport
+from engine.conversation import check_messages
+
+from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html
+from .handlers import API_SUMMARY_KEYS, Job, Playground
+from .meter import meter_html
+from .runs import RunWorker, session_key
+from .session import SessionState
+from .tab import (PRIVATE, PlotClock, TabState, api_run, buttons, checked, empty_plots, live_plots, live_run,
+                  refusal_box, refusing, setting_control, user_error, wire_stop)
+from .text import escape_html, plain_text
+from .thought_view import thought_html
+from .validation import MAX_PROMPT_CHARS, build_settings, check_flag, check_prompt, check_ui_seed, preset_values
+
+MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text; longer conversations are cut by the engine anyway
+CHAT_MAX_NEW_TOKENS = 128  # default answer budget: two canvases of the embedded model, half of one of the real one
+INTRO = ("A conversation through the checkpoint's chat template. Each answer is denoised on the canvas; from the "
+         "second turn on, the encoder reuses the cache of the earlier turns and only encodes what is new (the note "
+         "above the meter says how much). The conversation stays in this browser tab's session.")
+IDLE_METER_NOTE = "engine clock \u00b7 press Send to start"
+STOPPED_NOTE = ('<div class="dg-chat-reuse" data-state="stopped">Stopped: this turn was not added to the '
+                "conversation.</div>")
+EMPTY_CHAT_HTML = ('<div class="dg-chat-history dg-empty" data-turns="0"><p>Write a message and press <b>Send</b>: '
+                   "each answer is denoised on the canvas beside the conversation (below it on a phone), and later "
+                   "turns reuse the encoder cache of earlier ones.</p></div>")
+IDLE_REUSE_HTML = ('<div class="dg-chat-reuse" data-state="idle">Cache reuse: the first turn encodes its whole '
+                   "prompt; each later turn encodes only what is new.</div>")
+ROLE_LABELS = {"system": "System", "user": "You", "assistant": "Model"}
+
+
+# -- the turn as a job -----------------------------------------------------------------------------------------------
+@dataclass
+class ChatTurn:
+    """A turn as a job's payload: what to answer (`text`; None: regenerate the last answer), its settings, the
+    conversation so far, and off ZeroGPU the visitor's `ChatSession` itself (never pickled: the GPU process
+    rebuilds it from the messages)."""
+
+    text: str | None
+    settings: DiffusionSettings
+    seed: int | None
+    thinking: bool
+    messages: list
+    thoughts: list
+    session: ChatSession | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "session": None}
+
+
+@dataclass(frozen=True)
+class ChatOutcome:
+    """What a turn left, sent after its final frame: the conversation and the turn's report and result."""
+
+    messages: list
+    thoughts: list
+    report: object
+    result: object
+
+    def apply(self, chat: ChatSession) -> None:
+        chat.messages, chat.thoughts, chat.last_report, chat.last_result = (
+            self.messages, self.thoughts, self.report, self.result)
+
+
+def chat_source(engine, turn: ChatTurn, stop) -> Iterator:
+    """The "chat" source: the turn's frames, then its `ChatOutcome`."""
+    chat = turn.session
+    if chat is None:
+        chat = ChatSession(engine)
+        chat.messages, chat.thoughts = list(turn.messages), list(turn.thoughts)
+    if turn.text is None:
+        yield from chat.regenerate(turn.settings, seed=turn.seed, thinking=turn.thinking, stop_event=stop)
+    else:
+        yield from chat.turn(turn.text, turn.settings, seed=turn.seed, thinking=turn.thinking, stop_event=stop)
+    yield ChatOutcome(chat.messages, chat.thoughts, chat.last_report, chat.last_result)
+
+
+def parse_history(history) -> list[dict]:
+    """The `/chat` history: JSON text ("" for none) of alternating {"role": "user" | "assistant", "content": str}
+    messages, from a user message to an answer.
+
+    Raises:
+        ValueError: not text, longer than `MAX_HISTORY_CHARS`, not JSON, malformed messages, a system message or
+            roles out of order; the message names the problem.
+    """
+    if history is None or (isinstance(history, str) and not history.strip()):
+        return []
+    if not isinstance(history, str):
+        raise ValueError("history must be JSON text: a list of {\"role\", \"content\"} messages")
+    if len(history) > MAX_HISTORY_CHARS:
+        raise ValueError(f"history is {len(history):,} characters; the limit is {MAX_HISTORY_CHARS:,}")
+    try:
+        messages = json.loads(history)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"history is not valid JSON ({error.msg} at character {error.pos})") from None
+    if messages == []:
+        return []
+    messages = check_messages(messages)
+    for i, message in enumerate(messages):
+        expected = "user" if i % 2 == 0 else "assistant"
+        if message["role"] == "system":
+            raise ValueError(f"history message {i} is a system message: pass it as `system` instead")
+        if message["role"] != expected:
+            raise ValueError(f"history message {i} has role {message['role']!r} where {expected!r} was expected: "
+                             "turns alternate user, assistant, starting with user")
+    if len(messages) % 2:
+        raise ValueError("history ends with a user message: it must end with the model's answer (the new message "
+                         "goes in `message`)")
+    return messages
+
+
+# -- the tab -----------------------------------------------------------------------------------------------------------
+class ChatState(TabState):
+    """A visitor's chat: the conversation, its turn in progress, the renderer's caches and the turn counts."""
+
+    def __init__(self):
+        super().__init__()
+        self.chat: ChatSession | None = None
+        self.view = SessionState()  # the renderer's caches (finished blocks' HTML)
+        self.turns = 0  # turns answered so far (for the note)
+        self.cut_turns = 0  # oldest turns cut to fit the context, all turns together
+
+    def session(self, engine) -> ChatSession:
+        """The conversation, created on first use."""
+        if self.chat is None:
+            self.chat = ChatSession(engine)
+        return self.chat
+
+
+class ChatTab:
+    """Handlers of the Chat tab and `/chat`, bound to a `handlers.Playground`."""
+
+    def __init__(self, playground: Playground):
+        self.playground = playground
+        self.engine = playground.engine
+        playground.sources["chat"] = chat_source
+        # Conversations by session hash, dropped with their encoder cache when their tab closes (weak)
+        self.sessions: weakref.WeakValueDictionary[str, ChatState] = weakref.WeakValueDictionary()
+
+    def settings(self, preset_name, max_new_tokens):
+        """The preset's denoising settings with the visitor's token budget, within the UI's limits (ValueError)."""
+        values = dict(preset_values(preset_name, self.engine.recommended), max_new_tokens=max_new_tokens)
+        return build_settings(values, ui_limits=True)
+
+    def check_thinking(self, thinking) -> bool:
+        thinking = check_flag("thinking", thinking)
+        if thinking and not self.engine.supports_thinking:
+            raise ValueError("thinking needs a chat template with a thinking mode (enable_thinking); this model's "
+                             "template has none")
+        return thinking
+
+    def check_turn(self, message, preset_name, max_new_tokens, seed, thinking) -> None:
+        """Send's first step: every check of the inputs, nothing run (raises gr.Error)."""
+        with refusing():
+            check_prompt(message)
+            settings = self.settings(preset_name, max_new_tokens)
+            self.engine.check_settings(settings)
+            self.playground.check_job(Job("chat", None, settings))
+            check_ui_seed(seed)
+            self.check_thinking(thinking)
+
+    def check_regenerate(self, state: ChatState, preset_name, max_new_tokens, thinking) -> None:
+        """Regenerate's first step (raises gr.Error): there must be an answer to replace."""
+        chat = state.chat if state is not None else None
+        if chat is None or not chat.messages or chat.messages[-1]["role"] != "assistant":
+            raise user_error("nothing to regenerate: the conversation has no answer yet")
+        self.check_turn("x", preset_name, max_new_tokens, -1, thinking)
+
+    def send_stream(self, state: ChatState, message, preset_name, max_new_tokens, seed, thinking,
+                    request: gr.Request = None) -> Iterator[tuple]:
+        """Send: add `message` and stream the answer. Yields the tab's outputs (`build_chat_tab`); the message box
+        is emptied once the turn is answered, a stopped turn leaves it and the conversation as they were.
+
+        Raises:
+            gr.Error: bad input or a turn that does not fit the context (before anything runs), or a failed run.
+        """
+        self.check_turn(message, preset_name, max_new_tokens, seed, thinking)
+        settings, seed, thinking = self.settings(preset_name, max_new_tokens), check_ui_seed(seed), bool(thinking)
+        text = check_prompt(message)
+        yield from self._stream(state, ChatTurn(text, settings, seed, thinking, [], []), text, request)
+
+    def regenerate_stream(self, state: ChatState, preset_name, max_new_tokens, thinking,
+                          request: gr.Request = None) -> Iterator[tuple]:
+        """Regenerate: answer the last message again with a new random seed, replacing the last answer. As
+        `send_stream`."""
+        self.check_regenerate(state, preset_name, max_new_tokens, thinking)
+        settings, thinking = self.settings(preset_name, max_new_tokens), bool(thinking)
+        text = state.chat.messages[-2]["content"]
+        yield from self._stream(state, ChatTurn(None, settings, None, thinking, [], []), text, request)
+
+    def _stream(self, state: ChatState, turn: ChatTurn, user_text: str, request) -> Iterator[tuple]:
+        playground = self.playground
+        regenerating = turn.text is None
+        state = state if state is not None else ChatState()
+        state.halt()
+        chat = state.session(self.engine)
+        turn.messages, turn.thoughts, turn.session = list(chat.messages), list(chat.thoughts), chat
+        # the conversation before the turn (Regenerate: without its last answer), shown while the turn runs
+        shown, shown_thoughts = turn.messages, turn.thoughts
+        if regenerating:
+            shown, shown_thoughts = shown[:-2], shown_thoughts[:-1]
+        view = state.view
+        view.snapshot, view.finished_html, view.stacked_blocks = None, [], -1
+        session_hash = getattr(request, "session_hash", None)
+        if session_hash:
+            self.sessions[session_hash] = state
+        chat.last_report = chat.last_result = None
+        clock = PlotClock(wait_first=True)
+        with live_run(playground, Job("chat", turn, turn.settings), session_key(request, state, ":chat"), state,
+                      receive=lambda outcome: outcome.apply(chat)) as worker:
+            for index, snap in enumerate(playground.runs.updates(worker)):
+                view.snapshot = snap
+                out = playground.render(view, snap, final=snap.finished, plots_due=clock.due(snap.block_count),
+                                        first=index == 0)
+                if not snap.finished:
+                    history = gr.skip()
+                    if index == 0 or isinstance(out.stack, str):  # a block was committed: the answer grew
+                        history = history_html(shown, shown_thoughts, pending_user=user_text,
+                                               pending_answer=out.text, cut_turns=state.cut_turns)
+                    yield (history, gr.skip(), out.stack, out.canvas, out.meter, out.heatmap, out.order,
+                           out.entropy, gr.skip(), *self._buttons(state, running=index == 0 or None))
+                    continue
+                yield self._final(state, snap, out, regenerating)
+                if snap.error is not None:
+                    raise user_error(snap.error)
+
+    def _final(self, state: ChatState, snap, out, regenerating: bool) -> tuple:
+        """The turn's last view; Regenerate's turn replaces the last answer and leaves the message box alone."""
+        chat = state.chat
+        if chat is None:  # the tab closed meanwhile (`unload`): nothing to show to anyone
+            return (EMPTY_CHAT_HTML, STOPPED_NOTE, *(gr.skip(),) * 7, *self._buttons(state, running=False))
+        answered = (snap.error is None and snap.latest is not None and snap.latest.done
+                    and snap.latest.stop_reason != "cancelled" and chat.last_report is not None)
+        if answered:
+            state.turns += 0 if regenerating else 1  # a regenerated answer replaces the last turn's
+            state.cut_turns += chat.last_report.dropped_turns
+            reuse = reuse_html(chat.last_report, state.turns, regenerated=regenerating)
+        else:
+            reuse = STOPPED_NOTE
+        history = history_html(chat.messages, chat.thoughts, cut_turns=state.cut_turns)
+        message = gr.update(value="") if answered and not regenerating else gr.skip()
+        return (history, reuse, out.stack, out.canvas, out.meter, out.heatmap, out.order, out.entropy, message,
+                *self._buttons(state, running=False))
+
+    @staticmethod
+    def _buttons(state: ChatState, running: bool | None) -> tuple:
+        """(Send, Stop, Regenerate, Clear) updates; None leaves them as they are."""
+        if running is None:
+            return (gr.skip(),) * 4
+        chat = state.chat
+        answer = chat is not None and bool(chat.messages) and chat.messages[-1]["role"] == "assistant"
+        return *buttons(running), gr.update(interactive=answer and not running), gr.update(interactive=not running)
+
+    def unload(self, request: gr.Request) -> None:
+        """A browser tab closed: stop its turn and drop its conversation and encoder cache at once."""
+        state = self.sessions.pop(getattr(request, "session_hash", None) or "", None)
+        if state is not None:
+            state.halt()
+            state.chat = None
+            state.view.release()
+
+    def clear(self, state: ChatState) -> tuple:
+        """Clear: forget the conversation and its encoder cache; the tab's outputs as before the first turn."""
+        if state is not None:
+            state.halt()
+            if state.chat is not None:
+                state.chat.clear()
+            state.turns = state.cut_turns = 0
+            state.view.snapshot = None
+        return (EMPTY_CHAT_HTML, IDLE_REUSE_HTML, "", CHAT_EMPTY_CANVAS_HTML, meter_html(None, note=IDLE_METER_NOTE),
+                *empty_plots(), gr.skip(), *self._buttons(state or ChatState(), running=False))
+
+    async def chat_api(self, message, history, system, thinking, max_new_tokens, max_denoising_steps, entropy_bound,
+                       t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                       request: gr.Request = None) -> tuple[str, dict]:
+        """`/chat`: answer `message` after `history` (JSON text, `parse_history`) with an optional `system` message;
+        settings and seed as `/generate`'s. Returns (answer, summary): `/generate`'s keys, `report`
+        (`TurnReport.to_dict()`) and `history`, the conversation with this turn. Raises gr.Error."""
+        chat = None
+
+        def start() -> RunWorker:
+            nonlocal chat
+            with refusing():
+                run = Playground.parse(message, False, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
+                                       t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                                       ui_limits=False, thinking=thinking)
+                self.check_thinking(run.thinking)
+                if system is not None and not isinstance(system, str):
+                    raise ValueError("system must be text")
+                chat = ChatSession(self.engine, system=system if system and system.strip() else None)
+                earlier = parse_history(history)
+                chat.messages = chat.messages + earlier
+                chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
+                turn = ChatTurn(run.prompt, run.settings, run.seed, run.thinking, chat.messages, chat.thoughts)
+                job = Job("chat", turn, run.settings)
+                self.playground.check_job(job)
+            return self.playground.start_job(job, keep_history=False, receive=lambda outcome: outcome.apply(chat))
+
+        await api_run(self.playground, start, request)
+        if chat.last_result is None:
+            raise user_error("the turn was stopped before its answer was complete")
+        result = chat.last_result.to_dict()
+        summary = {key: result[key] for key in API_SUMMARY_KEYS}
+        summary["report"] = chat.last_report.to_dict()
+        summary["history"] = [m for m in chat.messages if m["role"] != "system"]
+        return plain_text(result["text"]), summary
+
+
+def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
+    """The Chat tab's components and events, inside the caller's `gr.Tab` (and `gr.Blocks`) context;
+    `example_messages` are offered under the message box."""
+    engine = chat.engine
+    state = gr.State(ChatState())
+    gr.Markdown(INTRO, elem_id="dg-chat-intro")
+    with gr.Row(equal_height=False, elem_id="dg-chat-main"):
+        with gr.Column(min_width=0, elem_id="dg-chat-left"):
+            history = gr.HTML(EMPTY_CHAT_HTML, elem_id="dg-chat-history")
+            message = gr.Textbox(label="Message", lines=2, max_lines=6, elem_id="dg-chat-message",
+                                 placeholder=f"Write a message (at most {MAX_PROMPT_CHARS:,} characters); "
+                                             "Shift+Enter sends")
+            if example_messages:
+                gr.Examples([[m] for m in example_messages], inputs=[message], elem_id="dg-chat-examples",
+                            label="Example messages: click one to fill the box",
+                            examples_per_page=len(example_messages))
+            thinking = gr.Checkbox(label="Think first (the thought is shown apart, collapsed, and not fed back)",
+                                   value=False, visible=engine.supports_thinking, elem_id="dg-chat-thinking")
+            with gr.Row(elem_id="dg-chat-buttons"):
+                send = gr.Button("Send", variant="primary", elem_id="dg-chat-send", scale=2, min_width=80)
+                stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="dg-chat-stop", scale=1,
+                                 min_width=64)
+                regenerate = gr.Button("Regenerate", interactive=False, elem_id="dg-chat-regenerate", scale=1,
+                                       min_width=100)
+                clear = gr.Button("Clear", elem_id="dg-chat-clear", scale=1, min_width=64)
+            refusal = refusal_box("chat")
+            with gr.Row(elem_id="dg-chat-settings"):
+                preset_box = gr.Dropdown(list(PRESET_NAMES), value="recommended", label="Preset",
+                                         elem_id="dg-chat-preset", min_width=140)
+                max_new_tokens = setting_control("max_new_tokens", label="Max new tokens per answer", info=None,
+                                                 value=min(CHAT_MAX_NEW_TOKENS, engine.recommended.max_new_tokens),
+                                                 elem_id="dg-chat-max-new", min_width=180)
+                seed = gr.Textbox(value="-1", label="Seed", info="-1 = random; Regenerate always draws a new one",
+                                  max_lines=1, max_length=24, elem_id="dg-chat-seed", min_width=140)
+        with gr.Column(min_width=0, elem_id="dg-chat-output"):
+            reuse = gr.HTML(IDLE_REUSE_HTML, elem_id="dg-chat-reuse")
+            meter = gr.HTML(meter_html(None, note=IDLE_METER_NOTE), elem_id="dg-chat-meter")
+            with gr.Column(min_width=0, elem_id="dg-chat-canvas-wrap", elem_classes=["dg-canvas-card"]):
+                gr.HTML(legend_html())
+                stack = gr.HTML("", elem_id="dg-chat-stack")
+                canvas = gr.HTML(CHAT_EMPTY_CANVAS_HTML, elem_id="dg-chat-canvas")
+            with gr.Accordion("Plots of this answer's block", open=False, elem_id="dg-chat-plots"):
+                heatmap, order, entropy = live_plots("chat")
+
+    outputs = [history, reuse, stack, canvas, meter, heatmap, order, entropy, message, send, stop, regenerate, clear]
+    run = dict(outputs=outputs, concurrency_id="engine", trigger_mode="once", **PRIVATE)
+    turn_inputs = [message, preset_box, max_new_tokens, seed, thinking]
+    checked([send.click, message.submit], chat.check_turn, inputs=turn_inputs, box=refusal,
+            trigger_mode="once").success(chat.send_stream, inputs=[state, *turn_inputs], **run)
+    regen_inputs = [preset_box, max_new_tokens, thinking]
+    checked([regenerate.click], chat.check_regenerate, inputs=[state, *regen_inputs], box=refusal,
+            trigger_mode="once").success(chat.regenerate_stream, inputs=[state, *regen_inputs], **run)
+    wire_stop(stop, state)
+    clear.click(chat.clear, inputs=[state], outputs=outputs, concurrency_limit=None, **PRIVATE)
+
+
+# -- views (pure; every message is untrusted: escaped plain text, never Markdown or HTML) --------------------------
+def _bubble(role: str, text: str, *, extra: str = "", state: str = "") -> str:
+    label = ROLE_LABELS.get(role, role)
+    body = escape_html(plain_text(text)) if text else '<span class="dg-chat-empty">(empty answer)</span>'
+    state_attr = f' data-state="{escape_html(state)}"' if state else ""
+    return (f'<div class="dg-chat-msg dg-chat-{escape_html(role)}"{state_attr}>'
+            f'<div class="dg-chat-role">{escape_html(label)}</div>{extra}'
+            f'<div class="dg-chat-text">{body}</div></div>')
+
+
+def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pending_user: str | None = None,
+                 pending_answer: str = "", pending_state: str = "writing", cut_turns: int = 0) -> str:
+    """The conversation as HTML: a bubble per message ({"role", "content"}; `thoughts`: each answer's thought),
+    then the turn in progress (`pending_user`, None: none; its answer so far; `pending_state` "writing" or
+    "stopped"), and a note of `cut_turns` cut to fit the context. The outer element has `data-turns`."""
+    if not messages and pending_user is None and not cut_turns:
+        return EMPTY_CHAT_HTML
+    parts = []
+    if cut_turns:
+        parts.append(f'<p class="dg-chat-cut">{cut_turns} oldest turn{"s" if cut_turns != 1 else ""} cut to fit '
+                     "the model's context: the model no longer sees them.</p>")
+    answers = 0
+    for message in messages:
+        extra = ""
+        if message["role"] == "assistant":
+            extra = thought_html(thoughts[answers] if answers < len(thoughts) else "")
+            answers += 1
+        parts.append(_bubble(message["role"], message["content"], extra=extra))
+    turns = sum(1 for m in messages if m["role"] == "user")
+    if pending_user is not None:
+        turns += 1
+        parts.append(_bubble("user", pending_user))
+        tag = ("writing\u2026" if pending_state == "writing"
+               else "stopped: this turn is not kept in the conversation")
+        parts.append(_bubble("assistant", pending_answer, state=pending_state,
+                             extra=f'<div class="dg-chat-tag">{escape_html(tag)}</div>')
+                     .replace('<span class="dg-chat-empty">(empty answer)</span>', ""))
+    # the log sits in a column-reverse scroller (assets/chat_infill.css), which keeps its newest end in view
+    return f'<div class="dg-chat-history" data-turns="{turns}"><div class="dg-chat-log">{"".join(parts)}</div></div>'
+
+
+def reuse_html(report: TurnReport | None, turn: int = 0, *, regenerated: bool = False) -> str:
+    """What the turn's encoder cache saved (tokens reused, encoded, prefill seconds, the estimated saving, the
+    history-cut note); `IDLE_REUSE_HTML` for None. `turn`: its number (0: not shown). The outer element carries
+    `data-reused`, `data-prompt` and `data-encoded`."""
+    if report is None:
+        return IDLE_REUSE_HTML
+    saved = (f" \u00b7 about {report.prefill_saved_s * 1000:,.1f} ms of prefill saved (estimate: reused tokens "
+             "\u00d7 the extra prefill time per token measured in this conversation, at most what encoding them "
+             "took)"
+             if report.reused_tokens and report.prefill_saved_s is not None else "")
+    head = f"Turn {turn}{' (regenerated)' if regenerated else ''} \u00b7 " if turn else ""
+    text = (f"{head}prompt {report.prompt_tokens:,} tokens: {report.reused_tokens:,} reused from the previous "
+            f"turn's cache (not re-encoded), {report.encoded_tokens:,} encoded \u00b7 prefill "
+            f"{report.prefill_s * 1000:,.1f} ms{saved}")
+    note = f'<div class="dg-chat-cut">{escape_html(report.note)}</div>' if report.note else ""
+    return (f'<div class="dg-chat-reuse" data-state="done" data-reused="{report.reused_tokens}" '
+            f'data-prompt="{report.prompt_tokens}" data-encoded="{report.encoded_tokens}">'
+            f"{escape_html(text)}{note}</div>")

@@ -1,0 +1,314 @@
+"""The Compare tab: one prompt and seed under settings A, then under settings B, side by side.
+
+B starts only once A has finished (one queued event, in the engine's slot). Each side is a job of the run
+mechanism: "generate", or for B with one of diffusers' schedulers the "pipeline" job (`pipeline_source`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import gradio as gr
+
+from engine import PRESET_NAMES, DiffusionSettings, Frame, preset
+from engine.diffusers_sampler import SCHEDULERS, PipelineRun, diffusers_available
+from engine.settings import draw_seed
+
+from . import plots
+from .handlers import Job
+from .meter import REFUSED_NOTICE, meter_html
+from .runs import STOP_WAIT_S, session_key
+from .tab import (PRIVATE, TabState, checked, describe_error, live_run, refusal_box, setting_control, user_error,
+                  wire_stop)
+from .text import escape_html, plain_text
+
+POLL_S = 0.5  # how often the tab redraws a running side
+PIPELINE_POLL_S = 0.05  # how often the pipeline source looks for a new forward (and for Stop)
+ENGINE_SAMPLER = "engine: entropy bound (transformers)"
+DIFFUSERS_PREFIX = "diffusers: "
+SIDES = ("A", "B")
+DEFAULT_SIDES = {"A": "recommended", "B": "fast"}
+INTRO = (
+    "One prompt, one seed, two settings: **A** runs to the end, then **B** (never both at once, so neither slows the "
+    "other). Compare the decoder forwards each needed, tokens per forward, tokens/s, the texts and the confidence "
+    "heatmaps of their first canvas."
+)
+IDLE_NOTE = "engine clock \u00b7 press Compare A and B to start"
+NOT_RUN = "not run"  # a side's state when Stop came before its turn
+NOT_RUN_NOTE = "not run: Stop came before this side's turn \u00b7 press Compare A and B to run both"
+
+
+def sampler_choices() -> list[str]:
+    """The samplers side B offers: the engine's, and diffusers' schedulers when diffusers is installed."""
+    return [ENGINE_SAMPLER, *([DIFFUSERS_PREFIX + name for name in SCHEDULERS] if diffusers_available() else [])]
+
+
+def pipeline_source(engine, payload: tuple, stop) -> Iterator:
+    """The "pipeline" source: (request, scheduler) through diffusers' `DiffusionGemmaPipeline` on `engine`'s model:
+    its newest frame as forwards land, then the call's exact frames (one list) and its last frame; nothing when
+    `stop` was set before it started. Raises what the call raised."""
+    request, scheduler = payload
+    run = PipelineRun(engine, request.prompt, request.settings, scheduler, request.seed)
+    if stop.is_set():
+        return
+    run.start()
+    shown = 0
+    try:
+        while not run.wait(PIPELINE_POLL_S):
+            if stop.is_set():
+                run.stop()
+            elif run.forwards > shown:
+                shown = run.forwards
+                yield run.latest()
+    finally:
+        run.stop()
+        run.wait(10.0)  # the next run must not start while the pipeline still holds the device
+    if run.error is not None:
+        raise run.error
+    frames = run.frames()
+    if frames:
+        yield frames
+        yield frames[-1]
+
+
+class CompareState(TabState):
+    """A visitor's comparison: `stopped` is cleared when a request is accepted (a Stop while it waits in the queue
+    still counts); `running` while one runs; `shown`: the last frames (A, B) of the last one that ended."""
+
+    def __init__(self):
+        super().__init__()
+        self.running = False
+        self.shown: tuple[Frame | None, Frame | None] | None = None
+
+
+class CompareHandlers:
+    """Event handlers of the Compare tab, bound to a `handlers.Playground`."""
+
+    def __init__(self, playground):
+        self.playground = playground
+        self.engine = playground.engine
+        playground.sources["pipeline"] = pipeline_source
+
+    def _checked(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
+                 b_steps, b_adaptive, b_sampler) -> tuple[list, str | None]:
+        """Both sides' checked requests (one seed: -1 or empty draws it) and B's diffusers scheduler (None: the
+        engine's sampler); raises gr.Error."""
+        if seed is None or (isinstance(seed, (int, float)) and seed < 0) or str(seed).strip() == "":
+            seed = draw_seed()
+        rec = self.engine.recommended
+        requests = [self.playground.checked_request(
+            prompt, raw, max_new_tokens, steps, bound, rec.t_min, rec.t_max, rec.stability_threshold,
+            rec.confidence_threshold, adaptive, seed, ui_limits=True)
+            for bound, steps, adaptive in ((a_entropy_bound, a_steps, a_adaptive),
+                                           (b_entropy_bound, b_steps, b_adaptive))]
+        if b_sampler not in sampler_choices():
+            raise user_error(f"unknown sampler {str(b_sampler)[:60]!r}")
+        scheduler = b_sampler[len(DIFFUSERS_PREFIX):] if b_sampler.startswith(DIFFUSERS_PREFIX) else None
+        if scheduler is not None and requests[1].raw:
+            raise user_error("diffusers' pipeline always applies the chat template: untick raw prompt to use it")
+        return requests, scheduler
+
+    def request(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
+                b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None) -> None:
+        """The first step of Compare A and B: check both sides as `compare` will, and clear the visitor's Stop
+        (raises gr.Error; `refused` then marks the previous comparison)."""
+        self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
+                      b_steps, b_adaptive, b_sampler)
+        if state is not None:
+            state.stopped.clear()
+
+    @staticmethod
+    def refused(state: CompareState | None):
+        """After `request` refused: the verdict still on the page marked as the previous run's, or `gr.skip()`
+        when none ended yet or one is still running."""
+        if state is None or state.running or state.shown is None:
+            return gr.skip()
+        return verdict_html(*state.shown, notice=REFUSED_NOTICE)
+
+    def compare(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
+                b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None,
+                request: gr.Request = None) -> Iterator[tuple]:
+        """Run A then B (one prompt, seed and token budget; each side its bound, steps and adaptive stopping; B may
+        use a diffusers scheduler); Stop ends the running side and B does not start after a stopped A. Yields (A
+        card, B card, verdict, A text, B text, A heatmap, B heatmap) as they run and at the end.
+
+        Raises:
+            gr.Error: an invalid input on either side (before anything runs), or a run that failed.
+        """
+        requests, scheduler = self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps,
+                                            a_adaptive, b_entropy_bound, b_steps, b_adaptive, b_sampler)
+        b_reads_bound = scheduler is None or scheduler == "EntropyBoundScheduler"  # the others ignore bound and t
+        sampler_note = (scheduler or "") + ("" if b_reads_bound else " (its own defaults for what it samples with)")
+        state = state if state is not None else CompareState()
+        lasts, texts, states = [None, None], ["", ""], ["waiting", "waiting"]
+        heatmaps = [plots.confidence_heatmap([]), plots.confidence_heatmap([])]
+
+        def view():
+            return (side_html("A", requests[0].settings, lasts[0], states[0]),
+                    side_html("B", requests[1].settings, lasts[1], states[1], sampler=sampler_note,
+                              bound_and_t=b_reads_bound),
+                    verdict_html(*lasts), texts[0], texts[1], heatmaps[0], heatmaps[1])
+
+        state.running = True
+        key = session_key(request, state, ":compare")
+        try:
+            for side, run in enumerate(requests):
+                if state.stopped.is_set():  # stopped while it waited in the queue, or during A
+                    break
+                states[side] = "running"
+                exact: list[Frame] = []  # the pipeline's frames, exact once it ended
+                job, options = Job("generate", run, run.settings), {}
+                if side == 1 and scheduler is not None:
+                    job, options = Job("pipeline", (run, scheduler), run.settings), dict(keep_history=False,
+                                                                                          receive=exact.extend)
+                with live_run(self.playground, job, key, state, **options) as worker:
+                    if state.stopped.is_set():  # Stop came while this side started
+                        worker.stop()
+                    for snap in worker.updates(1.0 / POLL_S, reader_budget=None):
+                        if not snap.finished:
+                            lasts[side] = snap.latest
+                            yield view()
+                worker.join(STOP_WAIT_S)  # B must not start while A still holds the device
+                if state.stopped.is_set() and snap.error is None and snap.latest is None:
+                    states[side] = "stopped"  # stopped before its first decoder forward
+                    break
+                if snap.error is not None or snap.latest is None:
+                    reason = describe_error(snap.error) if snap.error is not None else "no decoder forward"
+                    raise user_error(f"Run {SIDES[side]} failed: {reason}")
+                lasts[side] = snap.latest
+                texts[side] = plain_text(self.engine.summarize(snap.latest, len(exact) or snap.frames_seen).text)
+                block = [f for f in exact if f.block_index == 0] if exact else snap.block_frames(0)
+                heatmaps[side] = plots.confidence_heatmap(block, animate=True, hover=True)
+                states[side] = "stopped" if state.stopped.is_set() else "done"
+            if states[0] == "waiting":
+                states[0] = "stopped"
+            states[:] = [NOT_RUN if s == "waiting" else s for s in states]  # B after a stopped A
+            yield view()
+        finally:
+            state.running = False
+            state.shown = (lasts[0], lasts[1])
+
+
+def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
+    """Create the Compare tab's components in the current Blocks context (inside a `gr.Tab`) and wire them."""
+    rec = compare.engine.recommended
+    gr.Markdown(INTRO)
+    with gr.Row(equal_height=False):
+        prompt = gr.Textbox(label="Prompt", value=default_prompt, lines=2, max_lines=6, scale=3,
+                            elem_id="dg-compare-prompt")
+        with gr.Column(scale=2, min_width=240):
+            raw = gr.Checkbox(label="Raw prompt (no chat template)", value=False, elem_id="dg-compare-raw")
+            with gr.Row():
+                seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random, one for both",
+                                 elem_id="dg-compare-seed", min_width=100)
+                max_new_tokens = setting_control("max_new_tokens", rec.max_new_tokens, info=None,
+                                                 elem_id="dg-compare-max-new", min_width=160)
+    sides = {}
+    with gr.Row(equal_height=False):
+        for side in SIDES:
+            settings = preset(DEFAULT_SIDES[side], rec)
+            with gr.Column(min_width=260, elem_id=f"dg-compare-settings-{side}"):
+                name = gr.Dropdown(list(PRESET_NAMES), value=DEFAULT_SIDES[side], label=f"Settings {side}: preset",
+                                   elem_id=f"dg-compare-preset-{side}")
+                entropy_bound = setting_control("entropy_bound", settings.entropy_bound,
+                                                label=f"{side}: entropy bound", info="nats")
+                steps = setting_control("max_denoising_steps", settings.max_denoising_steps,
+                                        label=f"{side}: max denoising steps", info=None)
+                adaptive = setting_control("adaptive_stopping", settings.adaptive_stopping,
+                                           label=f"{side}: adaptive stopping")
+                if side == "B":
+                    sampler = gr.Dropdown(sampler_choices(), value=ENGINE_SAMPLER, label="B: sampler",
+                                          info="diffusers' schedulers run its DiffusionGemmaPipeline (chat prompts)",
+                                          elem_id="dg-compare-sampler")
+            sides[side] = (name, entropy_bound, steps, adaptive)
+    with gr.Row():
+        run = gr.Button("Compare A and B", variant="primary", elem_id="dg-compare-run", scale=3)
+        stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="dg-compare-stop", scale=1)
+    refusal = refusal_box("compare")
+    state = gr.State(CompareState())
+    verdict = gr.HTML(verdict_html(None, None), elem_id="dg-compare-verdict")
+    outputs = {}
+    with gr.Row(equal_height=False):
+        for side in SIDES:
+            with gr.Column(min_width=300, elem_id=f"dg-compare-{side}"):
+                card = gr.HTML(side_html(side, None, None, "waiting"), elem_id=f"dg-compare-card-{side}")
+                text = gr.Textbox(label=f"Text {side}", lines=3, max_lines=10, interactive=False,
+                                  elem_id=f"dg-compare-text-{side}")
+                heatmap = gr.Plot(plots.confidence_heatmap([]), show_label=False, elem_id=f"dg-compare-heatmap-{side}")
+            outputs[side] = (card, text, heatmap)
+
+    unqueued = dict(concurrency_limit=None, **PRIVATE)
+    for name, entropy_bound, steps, adaptive in sides.values():
+        def apply(choice):
+            settings = preset(choice, rec)
+            return settings.entropy_bound, settings.max_denoising_steps, settings.adaptive_stopping
+
+        name.change(apply, inputs=[name], outputs=[entropy_bound, steps, adaptive], **unqueued)
+    inputs = [prompt, raw, seed, max_new_tokens, *sides["A"][1:], *sides["B"][1:], sampler, state]
+    requested = checked([run.click], compare.request, inputs=inputs, box=refusal, refused=compare.refused,
+                        refused_inputs=[state], refused_outputs=[verdict], trigger_mode="once")
+    requested.success(lambda: (gr.update(interactive=False), gr.update(interactive=True)), inputs=None,
+                      outputs=[run, stop], **unqueued)
+    compared = requested.success(
+        compare.compare, inputs=inputs,
+        outputs=[outputs["A"][0], outputs["B"][0], verdict, outputs["A"][1], outputs["B"][1], outputs["A"][2],
+                 outputs["B"][2]],
+        api_visibility="private", concurrency_id="engine", show_progress="minimal", trigger_mode="once",
+    )
+    compared.then(lambda: (gr.update(interactive=True), gr.update(interactive=False)), inputs=None,
+                  outputs=[run, stop], **unqueued)
+    wire_stop(stop, state)
+
+
+# -- views (pure; numbers are the engine's clock and counts, as in the meter) --------------------------------------
+def settings_label(settings: DiffusionSettings, *, bound_and_t: bool = True) -> str:
+    """A one-line summary of the settings that differ between presets; `bound_and_t` False leaves out the
+    entropy bound and temperatures (for a sampler that does not read them)."""
+    bound = f"entropy bound {settings.entropy_bound:g} \u00b7 " if bound_and_t else ""
+    schedule = f"t {settings.t_max:g}\u2192{settings.t_min:g} \u00b7 " if bound_and_t else ""
+    return (f"{bound}max {settings.max_denoising_steps} steps \u00b7 {schedule}adaptive stopping "
+            f"{'on' if settings.adaptive_stopping else 'off'}")
+
+
+def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None, state: str,
+              sampler: str = "", bound_and_t: bool = True) -> str:
+    """One side's card: its name, settings (and `sampler`, when not the engine's), state ("waiting", "running",
+    "done", "stopped" or `NOT_RUN`) and the meter of its newest frame."""
+    label = settings_label(settings, bound_and_t=bound_and_t) if settings is not None else ""
+    label = f"{sampler} \u00b7 {label}" if sampler else label
+    return (f'<div class="dg-compare-side" data-side="{escape_html(side)}" data-state="{escape_html(state)}">'
+            f'<h3>{escape_html(side)} \u00b7 {escape_html(state)}</h3><p class="dg-meter-note">{escape_html(label)}</p>'
+            f"{meter_html(last, note=NOT_RUN_NOTE if state == NOT_RUN else IDLE_NOTE)}</div>")
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{b / a:.2f}\u00d7" if a > 0 else "\u2013"
+
+
+def verdict_html(a: Frame | None, b: Frame | None, *, notice: str | None = None) -> str:
+    """Two finished runs compared: forwards, tokens per forward, tokens/s and whether the texts agree (B against
+    A); empty until both are done. `notice`: a line above it (and `data-state="refused"`)."""
+    banner = f'<div class="dg-meter-notice" role="status">{escape_html(notice)}</div>' if notice else ""
+    if a is None or b is None or not (a.done and b.done):
+        state = "refused" if notice else "pending"
+        return f'<div class="dg-compare-verdict" data-state="{state}">{banner}</div>'
+    forwards_a, forwards_b = a.forward_index + 1, b.forward_index + 1
+    same = a.committed_ids == b.committed_ids
+    first_difference = next((i for i, (x, y) in enumerate(zip(a.committed_ids, b.committed_ids)) if x != y),
+                            min(len(a.committed_ids), len(b.committed_ids)))
+    rows = [
+        ("decoder forwards", f"{forwards_a:,}", f"{forwards_b:,}", _ratio(forwards_a, forwards_b)),
+        ("tokens per forward", f"{a.tokens_per_forward:.2f}", f"{b.tokens_per_forward:.2f}",
+         _ratio(a.tokens_per_forward, b.tokens_per_forward)),
+        ("tokens/s (engine clock)", f"{a.tokens_per_second:.1f}", f"{b.tokens_per_second:.1f}",
+         _ratio(a.tokens_per_second, b.tokens_per_second)),
+        ("seconds", f"{a.elapsed_s:.2f}", f"{b.elapsed_s:.2f}", _ratio(a.elapsed_s, b.elapsed_s)),
+        ("tokens", f"{a.committed_tokens:,}", f"{b.committed_tokens:,}", ""),
+    ]
+    body = "".join(f"<tr><th>{escape_html(name)}</th><td>{escape_html(x)}</td><td>{escape_html(y)}</td>"
+                   f"<td>{escape_html(r)}</td></tr>" for name, x, y, r in rows)
+    texts = ("the same tokens" if same else f"different tokens from token {first_difference + 1}")
+    return (f'<div class="dg-compare-verdict" data-state="{"refused" if notice else "done"}" '
+            f'data-same="{str(same).lower()}">{banner}'
+            f"<table><thead><tr><th></th><th>A</th><th>B</th><th>B / A</th></tr></thead><tbody>{body}</tbody>"
+            f"</table><p>Same prompt and seed ({escape_html(str(a.seed))}): {escape_html(texts)}.</p></div>")

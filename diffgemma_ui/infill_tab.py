@@ -1,0 +1,280 @@
+"""The Infill tab and `/infill`: a template's blanks denoised inside one canvas while its fixed text stays put.
+
+A fill is the "infill" job of the run mechanism (`engine.infill`). The canvas marks the fixed positions (chips of
+class `dg-fixed`); the plots are `plots`' figures cut down to the blank positions. Template and model text are
+escaped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator, Sequence
+
+import gradio as gr
+
+from engine import PRESET_NAMES, Frame
+from engine.infill import InfillLayout, filled_text, infill_frames, layout_template
+
+from . import plots
+from .canvas_view import block_html, legend_html
+from .handlers import API_SUMMARY_KEYS, Job, previous_run_meter, status_text
+from .meter import meter_html, run_meter_html
+from .runs import RunWorker, session_key
+from .tab import (PRIVATE, PlotClock, TabState, api_run, buttons, checked, live_plots, live_run, refusal_box,
+                  refusing, setting_control, user_error, wire_stop)
+from .text import escape_html, plain_text
+from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, check_ui_seed, preset_values
+
+SYNTAX = ("Write a text with **blanks**: `[___]` is one token, `[___ 12]` twelve (1 to the canvas length). Everything "
+          "else is fixed text: it is placed in the canvas from the first step and never renoised (marked on the "
+          "canvas), while the decoder denoises only the blanks. The whole template must fit one canvas "
+          "({canvas} tokens); special-token text you type stays plain text.")
+EMBEDDED_TEMPLATE = "In the beginning God created the [___ 2] and the [___ 3]. And the earth was without [___ 2]."
+INSTRUCTION_TEMPLATE = "The capital of France is [___ 2], and the capital of Italy is [___ 2]."
+IDLE_METER_NOTE = ("engine clock \u00b7 press Fill to start \u00b7 tokens, tokens/s and tokens/forward count the "
+                   "blanks the model filled, not the fixed text")
+EMPTY_INFILL_HTML = ('<div class="dg-canvas dg-empty" data-forward="-1"><p>Write a template with blanks and press '
+                     "<b>Fill</b>: the template's own text is placed in the canvas and stays fixed while the blanks "
+                     "denoise.</p></div>")
+FIXED_LEGEND_HTML = ('<div class="dg-legend dg-infill-legend" aria-hidden="true">'
+                     '<span class="dg-chip dg-accepted dg-fixed">the</span><span>fixed by the template (given at '
+                     "every step, never renoised)</span><span>other chips: the blanks being denoised</span></div>")
+_PER_POSITION = ("input_ids", "draft_ids", "accepted", "confidence", "entropy", "first_accepted_step",
+                 "input_tokens", "draft_tokens", "input_kinds", "draft_kinds")
+_POSITION = re.compile(r"position (\d+)")
+
+
+def infill_source(engine, payload: tuple, stop) -> Iterator:
+    """The "infill" source: the frames of (template, settings, context or None, seed) filled by `engine`."""
+    template, settings, context, seed = payload
+    return infill_frames(engine, template, settings, prompt=context, seed=seed, stop_event=stop)[1]
+
+
+class InfillState(TabState):
+    """A visitor's fill in progress."""
+
+
+class InfillTab:
+    """Handlers of the Infill tab and `/infill`, bound to a `handlers.Playground`."""
+
+    def __init__(self, playground):
+        self.playground = playground
+        self.engine = playground.engine
+        playground.sources["infill"] = infill_source
+
+    def layout(self, template) -> InfillLayout:
+        """The template's layout (raises ValueError: bad syntax, or a template that does not fit one canvas)."""
+        pad = self.engine.model.generation_config.pad_token_id
+        return layout_template(self.engine.tokenizer, template, self.engine.canvas_length, pad if pad is not None
+                               else 0)
+
+    def request(self, template, context, preset_name, max_denoising_steps, seed):
+        """(layout, context or None, settings, seed) from the tab's inputs, within the UI's limits (ValueError)."""
+        layout = self.layout(template)
+        context = check_prompt(context) if isinstance(context, str) and context.strip() else None
+        values = dict(preset_values(preset_name, self.engine.recommended), max_new_tokens=self.engine.canvas_length,
+                      max_denoising_steps=max_denoising_steps)
+        settings = build_settings(values, ui_limits=True)
+        self.engine.check_settings(settings)
+        self.playground.check_job(Job("infill", None, settings))
+        return layout, context, settings, check_ui_seed(seed)
+
+    def check_inputs(self, template, context, preset_name, max_denoising_steps, seed) -> None:
+        """Fill's first step: every check, nothing run (raises gr.Error)."""
+        with refusing():
+            self.request(template, context, preset_name, max_denoising_steps, seed)
+
+    def fill_stream(self, state: InfillState, template, context, preset_name, max_denoising_steps, seed,
+                    request: gr.Request = None) -> Iterator[tuple]:
+        """Fill: denoise the template's blanks. Yields (canvas, meter, filled template, filled text, heatmap, order,
+        entropy, Fill button, Stop button), the plots over the blank positions only.
+
+        Raises:
+            gr.Error: a bad template or input (before anything runs) or a failed run.
+        """
+        with refusing():
+            layout, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
+        state = state if state is not None else InfillState()
+        state.stop()
+        job = Job("infill", (template, settings, context, seed), settings)
+        clock = PlotClock(wait_first=True)
+        skip = gr.skip()
+        tokenizer = self.engine.tokenizer
+        with live_run(self.playground, job, session_key(request, state, ":infill"), state) as worker:
+            for index, snap in enumerate(self.playground.runs.updates(worker)):
+                latest, final = snap.latest, snap.finished
+                status = status_text(latest, snap.error) if final else ("" if latest else "Encoding\u2026")
+                canvas = infill_canvas_html(latest, layout, status)
+                meter = run_meter_html(latest, committed=latest if latest is not None and latest.block_done else None,
+                                       final=final)
+                ids = None if latest is None else (latest.committed_ids if latest.block_done else latest.draft_ids)
+                filled = filled_html(tokenizer, layout, ids, live=not final)
+                text = skip
+                if final:
+                    text = plain_text(filled_text(tokenizer, layout, ids)[0]) if ids else ""
+                heatmap = order = entropy = skip
+                if clock.due() or final:
+                    heatmap, order, entropy = blank_plots(snap.block_frames(0), layout.blanks, final=final)
+                yield (canvas, meter, filled, text, heatmap, order, entropy,
+                       *(buttons(not final) if index == 0 or final else (skip, skip)))
+                if final and snap.error is not None:
+                    raise user_error(snap.error)
+
+    @staticmethod
+    def refused(state: InfillState):
+        """After Fill's checks refused: the previous fill's meter marked as the previous run's, or `gr.skip()`."""
+        worker = getattr(state, "worker", None)
+        return previous_run_meter(None if worker is None else worker.snapshot(), worker is not None and worker.running)
+
+    async def infill_api(self, template, context, max_denoising_steps, entropy_bound, t_min, t_max,
+                         stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                         request: gr.Request = None) -> tuple[str, dict]:
+        """`/infill`: fill `template`'s blanks after an optional raw `context`; settings and seed as `/generate`'s
+        (the token budget is one canvas). Returns (filled text, summary): `/generate`'s keys plus `fills`,
+        `blank_positions`, `fixed_positions` and `template_positions`. Raises gr.Error."""
+        layout = None
+
+        def start() -> RunWorker:
+            nonlocal layout
+            with refusing():
+                if not isinstance(context, str):
+                    raise ValueError("context must be text (\"\" for none)")
+                values = dict(max_new_tokens=self.engine.canvas_length, max_denoising_steps=max_denoising_steps,
+                              entropy_bound=entropy_bound, t_min=t_min, t_max=t_max,
+                              stability_threshold=stability_threshold, confidence_threshold=confidence_threshold,
+                              adaptive_stopping=adaptive_stopping)
+                settings = build_settings(values, ui_limits=False)
+                payload = (template, settings, check_prompt(context) if context.strip() else None,
+                           check_ui_seed(seed))
+                layout = self.layout(template)
+                job = Job("infill", payload, settings)
+                self.playground.check_job(job)
+            return self.playground.start_job(job, keep_history=False)
+
+        snap = await api_run(self.playground, start, request)
+        if snap.latest is None or snap.latest.stop_reason == "cancelled":
+            raise user_error("the fill was stopped before it was complete")
+        result = self.engine.summarize(snap.latest, snap.frames_seen).to_dict()
+        text, fills = filled_text(self.engine.tokenizer, layout, snap.latest.committed_ids)
+        summary = {key: result[key] for key in API_SUMMARY_KEYS}
+        summary.update(fills=[plain_text(f) for f in fills], blank_positions=layout.blanks,
+                       fixed_positions=[i for i, f in enumerate(layout.fixed[:layout.template_positions]) if f],
+                       template_positions=layout.template_positions)
+        return plain_text(text), summary
+
+
+def build_infill_tab(infill: InfillTab, default_template: str) -> None:
+    """The Infill tab's components and events, inside the caller's `gr.Tab` (and `gr.Blocks`) context."""
+    engine = infill.engine
+    state = gr.State(InfillState())
+    gr.Markdown(SYNTAX.format(canvas=engine.canvas_length), elem_id="dg-infill-syntax")
+    with gr.Row(equal_height=False, elem_id="dg-infill-main"):
+        with gr.Column(min_width=0, elem_id="dg-infill-left"):
+            template = gr.Textbox(label="Template", value=default_template, lines=4, max_lines=10,
+                                  elem_id="dg-infill-template",
+                                  info="blanks as described above \u00b7 Shift+Enter fills \u00b7 at most "
+                                       f"{MAX_PROMPT_CHARS:,} characters")
+            context = gr.Textbox(label="Context (optional)", lines=1, max_lines=4,
+                                 placeholder="raw text the encoder reads before the canvas",
+                                 elem_id="dg-infill-context")
+            with gr.Row(elem_id="dg-infill-settings"):
+                preset_box = gr.Dropdown(list(PRESET_NAMES), value="recommended", label="Preset",
+                                         elem_id="dg-infill-preset", min_width=140)
+                steps = setting_control("max_denoising_steps", engine.recommended.max_denoising_steps, info=None,
+                                        label="Denoising steps (at most)", elem_id="dg-infill-steps", min_width=180)
+                seed = gr.Textbox(value="0", label="Seed", info="-1 = random", max_lines=1, max_length=24,
+                                  elem_id="dg-infill-seed", min_width=120)
+            with gr.Row(elem_id="dg-infill-buttons"):
+                fill = gr.Button("Fill", variant="primary", elem_id="dg-infill-run", scale=3)
+                stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="dg-infill-stop", scale=1)
+            refusal = refusal_box("infill")
+            filled = gr.HTML("", elem_id="dg-infill-filled")
+            text = gr.Textbox(label="Filled text", lines=2, max_lines=8, interactive=False, buttons=["copy"],
+                              elem_id="dg-infill-text")
+        with gr.Column(min_width=0, elem_id="dg-infill-output"):
+            meter = gr.HTML(meter_html(None, note=IDLE_METER_NOTE), elem_id="dg-infill-meter")
+            canvas = gr.HTML(EMPTY_INFILL_HTML, elem_id="dg-infill-canvas", elem_classes=["dg-canvas-card"])
+            with gr.Accordion("Plots of the blank positions", open=True, elem_id="dg-infill-plots"):
+                heatmap, order, entropy = live_plots("infill")
+
+    inputs = [template, context, preset_box, steps, seed]
+    accepted = checked([fill.click, template.submit], infill.check_inputs, inputs=inputs, box=refusal,
+                       refused=infill.refused, refused_inputs=[state], refused_outputs=[meter], trigger_mode="once")
+    accepted.success(infill.fill_stream, inputs=[state, *inputs],
+                     outputs=[canvas, meter, filled, text, heatmap, order, entropy, fill, stop],
+                     concurrency_id="engine", trigger_mode="once", **PRIVATE)
+    wire_stop(stop, state)
+
+
+# -- views (pure) ----------------------------------------------------------------------------------------------------
+def infill_canvas_html(frame: Frame | None, layout: InfillLayout | None, status: str = "") -> str:
+    """The infill canvas: the legends and the canvas of `frame` with every fixed position marked, plus a status
+    line. The outer element carries `data-forward` and `data-fixed` (fixed positions)."""
+    if frame is None or layout is None:
+        if not status:
+            return EMPTY_INFILL_HTML
+        return f'<div class="dg-canvas" data-forward="-1"><p class="dg-status">{escape_html(status)}</p></div>'
+    block = block_html(frame, live=not frame.block_done, fixed=layout.fixed)
+    status_html = f'<p class="dg-status">{escape_html(status)}</p>' if status else ""
+    return (f'<div class="dg-canvas dg-infill-canvas" data-forward="{frame.forward_index}" '
+            f'data-fixed="{sum(layout.fixed)}">{legend_html()}{FIXED_LEGEND_HTML}{block}{status_html}</div>')
+
+
+def filled_html(tokenizer, layout: InfillLayout | None, canvas_ids: Sequence[int] | None, *, live: bool) -> str:
+    """The template with each run of blanks shown as what the canvas holds there (`<mark>`), from a frame's draft
+    (`live`) or its committed ids; special tokens skipped. "" before a run."""
+    if layout is None or canvas_ids is None:
+        return ""
+    ids = list(canvas_ids[:layout.template_positions])
+    parts, start = [], 0
+    for i in range(1, layout.template_positions + 1):
+        if i == layout.template_positions or layout.fixed[i] != layout.fixed[start]:
+            text = escape_html(plain_text(tokenizer.decode(ids[start:i], skip_special_tokens=True)))
+            if layout.fixed[start]:
+                parts.append(text)
+            else:
+                parts.append(f'<mark class="dg-fill" title="positions {start}\u2013{i - 1}">{text or "&#8709;"}</mark>')
+            start = i
+    state = "live" if live else "done"
+    label = "Current draft of the blanks" if live else "Filled template"
+    return (f'<div class="dg-filled" data-state="{state}"><div class="dg-filled-label">{label}</div>'
+            f'<div class="dg-filled-text">{"".join(parts)}</div></div>')
+
+
+def blank_frames(frames: Sequence[Frame], blanks: Sequence[int]) -> list[Frame]:
+    """`frames` with every per-position field cut down to the `blanks` positions (`canvas_length` = blanks)."""
+    index = list(blanks)
+    cut = []
+    for frame in frames:
+        fields = {name: [getattr(frame, name)[i] for i in index] for name in _PER_POSITION
+                  if len(getattr(frame, name)) == frame.canvas_length}
+        cut.append(dataclasses.replace(frame, canvas_length=len(index), **fields))
+    return cut
+
+
+def _at_blanks(figure: plots.FigureSpec, blanks: Sequence[int], hover_keys=("hovertext",)) -> plots.FigureSpec:
+    """A figure's position axis (and its hover texts' "position k") put back on the blanks' canvas positions."""
+    def fix(text):
+        return _POSITION.sub(lambda m: f"position {blanks[int(m.group(1))]}", text) if isinstance(text, str) else text
+
+    for trace in figure.get("data", []):
+        if "x" in trace and trace.get("type") in ("heatmap", "bar", "scatter") and trace.get("yaxis") != "y2":
+            trace["x"] = [blanks[int(x)] for x in trace["x"]]
+        for key in hover_keys:
+            if key in trace:
+                trace[key] = [[fix(t) for t in row] if isinstance(row, list) else fix(row) for row in trace[key]]
+    axis = figure["layout"].get("xaxis", {})
+    if axis.get("visible", True):
+        axis.update(type="category", title={"text": "canvas position (blanks only)"})
+    return figure
+
+
+def blank_plots(frames: Sequence[Frame], blanks: Sequence[int], *, final: bool) -> tuple:
+    """(confidence heatmap, unmasking order, entropy and acceptance) of the blank positions only (`final`: with
+    hover text and the heatmap's step slider)."""
+    cut = blank_frames(frames, blanks)
+    heatmap = _at_blanks(plots.confidence_heatmap(cut, animate=final, hover=final), blanks)
+    order = _at_blanks(plots.unmasking_order(cut[-1] if cut else None), blanks)
+    entropy = plots.entropy_and_acceptance(cut)  # per step: the x axis is steps, not positions
+    return heatmap, order, entropy

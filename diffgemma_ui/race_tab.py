@@ -1,0 +1,501 @@
+"""The Race tab and `/race`: block diffusion against autoregressive decoding on one prompt, then both replayed.
+
+A race (`engine.race.RaceRunner.run`: one side, then the other) is the "race" job of the run mechanism; its
+(side, frame) items and its result go to a `RaceProgress`. The running side's panel follows it live; then both
+traces are replayed side by side on the engine clock and the result card says why it came out as it did.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gradio as gr
+
+from engine import PRESET_NAMES
+from engine.autoregressive import check_temperature
+from engine.race import ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner, SideResult
+
+from .canvas_view import STOP_REASONS, block_html
+from .handlers import Job, Playground
+from .meter import format_number, stat_cards_html
+from .runs import RunWorker, pushed, session_key
+from .tab import (PRIVATE, TabState, api_run, buttons, checked, live_run, refusal_box, refusing, setting_control,
+                  user_error, wire_stop)
+from .text import escape_html, plain_text
+from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, preset_values
+
+DEFAULT_RACE_PROMPT = "Tell me what happened after the flood."
+LIVE_INTERVAL_S = 0.25  # live panels re-render at most 4 times a second: the engine shares the CPU
+REPLAY_FPS = 12.0
+SKIP3 = (gr.skip(),) * 3
+TITLES = {"diffusion": "Block diffusion", "autoregressive": "Autoregressive"}
+SUBTITLES = {"diffusion": "canvas by canvas", "autoregressive": "token by token"}
+FIGURES = ("tokens/s", "tokens/forward", "forwards", "first token", "time", "tokens")
+WAITING_TEXT = {1: "runs first", 2: "waits its turn: it runs after the other side"}
+RULES_BEFORE_A_RACE = (
+    "The same prompt runs through block diffusion and through token-by-token autoregressive decoding, one after "
+    "the other (never at once), each after a warm-up; then both are replayed side by side on the engine's clock. "
+    "Both sides stop at their first end-of-sequence token within the same token budget."
+)
+FAULT_TEXT = {  # `SideResult.faults` in words, with the share that set each off
+    "punctuation": "is mostly punctuation ({:.0%} of its visible tokens have no letter or digit)",
+    "repetition": f"repeats itself ({{:.0%}} of its tokens repeat an earlier run of {REPEAT_N})",
+}
+
+
+def model_name(source) -> str:
+    """A model's name for the page: the folder name of a local path, a hub id (org/name) unchanged."""
+    text = str(source)
+    return Path(text).name if Path(text).expanduser().exists() else text
+
+
+# -- state -----------------------------------------------------------------------------------------------------------
+@dataclass
+class RaceProgress:
+    """A race's record, its own snapshot: per side every frame in order and the engine seconds of its first
+    committed token; the order the sides ran in; the result once both are done; decoded texts, cached."""
+
+    frames: dict = field(default_factory=lambda: {side: [] for side in SIDES})
+    first_token_s: dict = field(default_factory=dict)
+    order: list = field(default_factory=list)
+    result: RaceResult | None = None
+    error: BaseException | None = None
+    finished: bool = False
+    texts: dict = field(default_factory=dict)
+    count: int = 0
+    latest: object = None
+
+    def add(self, item) -> None:
+        """One `(side, frame)` item of the race, or its `RaceResult`."""
+        if isinstance(item, RaceResult):
+            self.result = item
+            return
+        side, frame = item
+        if side not in self.order:
+            self.order.append(side)
+        if side not in self.first_token_s and frame.committed_tokens > 0:
+            self.first_token_s[side] = frame.elapsed_s
+        self.frames[side].append(frame)
+        self.count, self.latest = self.count + 1, frame
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.error, self.finished = error, True
+
+    @property
+    def frames_seen(self) -> int:
+        return self.count
+
+    def snapshot(self) -> "RaceProgress":
+        return self
+
+    def running_side(self) -> str | None:
+        """The side whose frames arrive now (None before the first frame or once the race is over)."""
+        return None if self.finished or not self.order else self.order[-1]
+
+
+class RaceSession(TabState):
+    """A visitor's race: the run in progress and the finished race's `progress` (for the replay, which Stop
+    ends)."""
+
+    def __init__(self):
+        super().__init__()
+        self.progress: RaceProgress | None = None
+
+
+@dataclass(frozen=True)
+class RaceRequest:
+    """A validated race: the run request plus the AR side's temperature and the order."""
+
+    run: RunRequest
+    ar_temperature: float
+    order: str
+
+
+# -- the tab -----------------------------------------------------------------------------------------------------------
+class RaceTab:
+    """Handlers of the Race tab and `/race` around one `RaceRunner`; runs go through `playground` (default: one of
+    its own), whose engine checks them (on ZeroGPU a CPU view)."""
+
+    def __init__(self, runner: RaceRunner, playground: Playground | None = None):
+        self.runner = runner
+        self.playground = playground or Playground(runner.engine)
+        same = self.playground.engine is runner.engine
+        self.checker = runner if same else RaceRunner(self.playground.engine)
+        self.playground.sources["race"] = self.race_items
+
+    @property
+    def models(self) -> dict[str, str]:
+        """Each side's model as the page names it."""
+        ar = self.runner.ar
+        diffusion = model_name(self.runner.engine.source)
+        return {"diffusion": diffusion,
+                "autoregressive": f"{diffusion}'s causal encoder" if ar.shared_weights else model_name(ar.source)}
+
+    def check(self, run: RunRequest, ar_temperature, order) -> RaceRequest:
+        """Race-level checks of a validated run request (both models' budgets, temperature, order); raises
+        gr.Error."""
+        with refusing():
+            self.checker.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
+                               seed=run.seed)
+            race = RaceRequest(run=run, ar_temperature=check_temperature(ar_temperature), order=order)
+            self.playground.check_job(self.job(race))
+            return race
+
+    def ui_request(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> RaceRequest:
+        """The tab's inputs (a preset for the denoising settings) validated with the UI's limits; raises gr.Error."""
+        with refusing():
+            values = dict(preset_values(preset_name, self.runner.engine.recommended), max_new_tokens=max_new_tokens)
+            run = build_request(prompt, raw, values, seed, ui_limits=True)
+        return self.check(run, ar_temperature, order)
+
+    def check_inputs(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> None:
+        """The Race button's first step: every check, nothing run (raises gr.Error)."""
+        self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
+
+    def job(self, race: RaceRequest) -> Job:
+        """The race as a job: both sides' forwards (the autoregressive side one per token of the budget)."""
+        return Job("race", race, race.run.settings, extra_forwards=self.checker.budget(race.run.settings))
+
+    def race_items(self, engine, race: RaceRequest, stop: threading.Event) -> Iterator:
+        """The "race" source: each side's (side, frame) as it runs, then the `RaceResult`."""
+        run = race.run
+        return pushed(lambda emit: self.runner.run(
+            run.prompt, run.settings, raw=run.raw, seed=run.seed, ar_temperature=race.ar_temperature,
+            order=race.order, on_frame=lambda side, frame: emit((side, frame)), stop_event=stop))
+
+    # -- rendering -------------------------------------------------------------------------------------------------
+    def side_text(self, progress: RaceProgress, side: str, frame) -> str:
+        """The decoded answer of `frame` (special tokens skipped), cached by side and length."""
+        if frame is None:
+            return ""
+        ids = frame.committed_ids
+        key = (side, len(ids))
+        if key not in progress.texts:
+            progress.texts[key] = (self.runner.engine.tokenizer.decode(ids, skip_special_tokens=True)
+                                   if side == "diffusion" else self.runner.ar.text(ids))
+        return progress.texts[key]
+
+    def panel(self, progress: RaceProgress, side: str, state: str, t: float | None = None) -> str:
+        """One side's panel: `state` as in `panel_html`; `t`: replay time (None: its newest frame)."""
+        frames = progress.frames[side]
+        frame = frame_at(frames, t) if t is not None else (frames[-1] if frames else None)
+        position = progress.order.index(side) + 1 if side in progress.order else None
+        return panel_html(side, frame, text=self.side_text(progress, side, frame), model=self.models[side],
+                          position=position, state=state, t=t, first_token_s=progress.first_token_s.get(side))
+
+    def live_panels(self, progress: RaceProgress) -> tuple[str, str]:
+        running = progress.running_side()
+        return tuple(self.panel(progress, side, "running" if side == running else
+                                "done" if progress.frames[side] else "waiting") for side in SIDES)
+
+    # -- events ----------------------------------------------------------------------------------------------------
+    def race_stream(self, session: RaceSession, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature,
+                    order, request: gr.Request = None) -> Iterator[tuple]:
+        """The Race button: run the race, the running side's panel live. Yields (diffusion panel, autoregressive
+        panel, result, Race button, Stop button); the finished race is kept in `session` for `replay_stream`.
+
+        Raises:
+            gr.Error: bad input (before anything runs) or a failure during the race (the buttons are reset first).
+        """
+        race = self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
+        session = session if session is not None else RaceSession()
+        session.stop()  # one race per session
+        session.progress = None
+        session.stopped.clear()
+        key = session_key(request, session, ":race")
+        with live_run(self.playground, self.job(race), key, session, record=RaceProgress()) as worker:
+            progress = worker.record
+            yield (*self.live_panels(progress), result_html(None), *buttons(True))
+            for snap in worker.updates(1.0 / LIVE_INTERVAL_S, reader_budget=None):
+                if not snap.finished:
+                    yield (*self.live_panels(progress), *SKIP3)
+            if progress.error is not None:
+                yield (*self.live_panels(progress), gr.skip(), *buttons(False))
+                raise user_error(progress.error)
+            session.progress = progress
+
+    def replay_stream(self, session: RaceSession) -> Iterator[tuple]:
+        """After the race: both sides replayed on the engine clock (time 0 = each side's start) at most
+        `REPLAY_FPS` renders a second, then the result card; Stop ends the replay. Outputs as `race_stream`'s."""
+        progress = session.progress if session is not None else None
+        if progress is None or progress.result is None:
+            yield (*SKIP3, *buttons(False))
+            return
+        result = progress.result
+        if not result.cancelled:
+            total = max(side.seconds for side in (result.diffusion, result.autoregressive))
+            start = time.monotonic()
+            while (t := time.monotonic() - start) < total and not session.stopped.is_set():
+                yield (*(self.panel(progress, side, "replay", t) for side in SIDES), *SKIP3)
+                time.sleep(1.0 / REPLAY_FPS)
+        final = tuple(self.panel(progress, side, "done", float("inf")) for side in SIDES)  # no caret, no "replay"
+        yield (*final, result_html(result), *buttons(False))
+
+    async def race_api(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
+                       stability_threshold, confidence_threshold, adaptive_stopping, seed, ar_temperature, order,
+                       request: gr.Request = None) -> tuple[str, str, dict]:
+        """`/race`: `/generate`'s inputs (same checks, the API's limits), the AR temperature and the order.
+        Returns (diffusion text, autoregressive text, summary); raises gr.Error."""
+        def start() -> RunWorker:
+            with refusing():
+                run = Playground.parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
+                                       t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
+                                       ui_limits=False)
+            race = self.check(run, ar_temperature, order)
+            return self.playground.start_job(self.job(race), record=RaceProgress())
+
+        result = (await api_run(self.playground, start, request)).result
+        texts = [plain_text(side.text) if side is not None else "" for side in (result.diffusion,
+                                                                                  result.autoregressive)]
+        return texts[0], texts[1], result.summary()
+
+
+def build_race_tab(race: RaceTab) -> None:
+    """The Race tab's components and events, inside the caller's `gr.Tab` (and `gr.Blocks`) context."""
+    rec = race.runner.engine.recommended
+    session = gr.State(RaceSession())
+    with gr.Row(equal_height=False, elem_id="dg-race-controls"):
+        with gr.Column(scale=3, min_width=0):
+            prompt = gr.Textbox(label="Prompt", lines=2, max_lines=6, value=DEFAULT_RACE_PROMPT,
+                                info=f"at most {MAX_PROMPT_CHARS:,} characters", elem_id="dg-race-prompt")
+            raw = gr.Checkbox(label="Raw prompt (no chat template)", value=False, elem_id="dg-race-raw")
+        with gr.Column(scale=2, min_width=0):
+            with gr.Row():
+                preset_box = gr.Dropdown(list(PRESET_NAMES), value="recommended", label="Diffusion preset",
+                                         elem_id="dg-race-preset", min_width=120)
+                max_new_tokens = setting_control("max_new_tokens", rec.max_new_tokens, label="Token budget",
+                                                 info="both sides; whole canvases", elem_id="dg-race-budget",
+                                                 min_width=160)
+            with gr.Row():
+                temperature = gr.Number(value=0.0, minimum=0.0, label="AR temperature", info="0 = greedy",
+                                        elem_id="dg-race-temperature", min_width=120)
+                seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random", elem_id="dg-race-seed",
+                                 min_width=120)
+                order = gr.Dropdown(list(ORDERS), value="alternate", label="Who runs first",
+                                    elem_id="dg-race-order", min_width=140)
+            with gr.Row():
+                start = gr.Button("Race", variant="primary", elem_id="dg-race-start", scale=3)
+                stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="dg-race-stop", scale=1)
+            refusal = refusal_box("race")
+    with gr.Row(equal_height=False, elem_id="dg-race-panels"):
+        panels = [gr.HTML(panel_html(side, None, text="", model=race.models[side], position=None, state="idle"),
+                          elem_id=f"dg-race-{side}", min_width=0) for side in SIDES]
+    result = gr.HTML(result_html(None), elem_id="dg-race-result")
+
+    inputs = [prompt, raw, preset_box, max_new_tokens, seed, temperature, order]
+    outputs = [*panels, result, start, stop]
+    run = dict(fn=race.race_stream, inputs=[session, *inputs], outputs=outputs, concurrency_id="engine",
+               trigger_mode="once", **PRIVATE)
+    # The replay needs no engine: it runs outside the engine's queue slot, so the next visitor's run can start
+    replay = dict(fn=race.replay_stream, inputs=[session], outputs=outputs, concurrency_limit=None, **PRIVATE)
+    checked([start.click], race.check_inputs, inputs=inputs, box=refusal, trigger_mode="once").success(
+        **run).success(**replay)
+    wire_stop(stop, session)
+
+
+# -- views (pure; every model string escaped) ----------------------------------------------------------------------
+def frame_at(frames: Sequence, t: float):
+    """The newest of `frames` (in order) whose `elapsed_s` is at most `t` (engine seconds), or None before it."""
+    index = bisect_right([f.elapsed_s for f in frames], t)
+    return frames[index - 1] if index else None
+
+
+def side_figures(frame, *, t: float | None = None, first_token_s: float | None = None) -> dict[str, str]:
+    """A side's figures as display strings, keyed by `FIGURES` label, for its newest `frame` (None: nothing yet)
+    at replay time `t` (None: the frame's own time; a done side's clock stops at its last frame); rates show "…"
+    until the first token is committed."""
+    if frame is None:
+        return {label: "\u2013" for label in FIGURES}
+    elapsed = frame.elapsed_s if t is None or frame.done else max(t, frame.elapsed_s)
+    forwards = frame.forward_index + 1
+    tokens = frame.committed_tokens
+    counting = tokens == 0 and not frame.done
+    none = tokens == 0 and frame.done  # stopped before its first token: no rate to show, not a rate of 0
+    shown_first = first_token_s is not None and first_token_s <= elapsed
+
+    def rate(value: float, digits: int) -> str:
+        return "\u2026" if counting else "\u2013" if none else format_number(value, digits)
+
+    return {
+        "tokens/s": rate(tokens / elapsed if elapsed > 0 else 0.0, 1),
+        "tokens/forward": rate(tokens / forwards, 2),
+        "forwards": f"{forwards:,}",
+        "first token": (format_number(first_token_s, 2, " s") if shown_first
+                        else "\u2013" if frame.done else "\u2026"),
+        "time": format_number(elapsed, 2, " s"),
+        "tokens": f"{tokens:,}",
+    }
+
+
+def panel_html(side: str, frame, *, text: str, model: str, position: int | None, state: str,
+               t: float | None = None, first_token_s: float | None = None) -> str:
+    """One side's panel: its answer so far (`text`), figures and, for diffusion, the canvas being denoised.
+
+    `side`: "diffusion" or "autoregressive"; `frame`: its newest frame (None: not started); `position`: 1 or 2,
+    when it runs; `state`: "idle", "waiting", "running", "replay" or "done"; `t`, `first_token_s`: as in
+    `side_figures`. The outer element carries `data-side`, `data-state` and `data-tokens`.
+    """
+    figures = side_figures(frame, t=t, first_token_s=first_token_s)
+    if state == "idle":
+        note = "press Race to start"
+    elif state == "waiting":
+        note = WAITING_TEXT.get(position or 2, "")
+    elif frame is not None and frame.done and (t is None or t >= frame.elapsed_s):
+        note = STOP_REASONS.get(frame.stop_reason, frame.stop_reason) or "done"
+    else:
+        note = {"running": "running now", "replay": "replay"}.get(state, "")
+    order = f" \u00b7 ran {'first' if position == 1 else 'second'}" if position and state in ("replay", "done") else ""
+    canvas = ""
+    if side == "diffusion" and frame is not None and not frame.block_done and state in ("running", "replay"):
+        canvas = f'<div class="dg-race-canvas">{block_html(frame, live=True)}</div>'
+    answer = escape_html(text) if text else ""
+    caret = '<span class="dg-race-caret"></span>' if state in ("running", "replay") and not (
+        frame is not None and frame.done) else ""
+    placeholder = "" if answer or caret else '<span class="dg-race-empty">The answer appears here.</span>'
+    tokens = frame.committed_tokens if frame is not None else 0
+    return (
+        f'<div class="dg-race-panel" data-side="{side}" data-state="{escape_html(state)}" data-tokens="{tokens}">'
+        f'<div class="dg-race-head"><h3>{TITLES[side]}</h3><span>{SUBTITLES[side]} \u00b7 '
+        f'{escape_html(model)}{order}</span></div>'
+        f'<div class="dg-meter dg-race-meter">{stat_cards_html(figures)}'
+        f'<div class="dg-meter-note">{escape_html(note)} \u00b7 engine clock</div></div>'
+        f'<div class="dg-race-answer">{answer}{caret}{placeholder}</div>{canvas}</div>'
+    )
+
+
+def _ms(seconds: float | None, digits: int = 2) -> str:
+    return "\u2013" if seconds is None else format_number(seconds * 1000, digits, " ms")
+
+
+def cost_table_html(result: RaceResult) -> str:
+    """Cost per forward x tokens per forward on both sides (and the GPU bandwidth bound where measured)."""
+    sides = [s for s in (result.diffusion, result.autoregressive) if s is not None]
+    bound = any(s.bandwidth_bound_s_per_forward for s in sides)
+    head = "<tr><th></th><th>cost per forward</th><th>tokens per forward</th><th>cost per token</th>"
+    if bound:
+        head += "<th>bandwidth bound per forward</th><th>bound tokens/s</th>"
+    rows = []
+    for side in sides:
+        cells = [TITLES[side.name], _ms(side.seconds_per_forward),
+                 format_number(side.tokens_per_forward, 2) if side.tokens else "\u2013", _ms(side.seconds_per_token)]
+        if bound:
+            cells += [_ms(side.bandwidth_bound_s_per_forward, 3),
+                      format_number(side.bandwidth_bound_tokens_per_second, 0)]
+        rows.append("<tr>" + "".join(f"<td>{escape_html(c)}</td>" for c in cells) + "</tr>")
+    caption = "measured: engine seconds / forwards; cost per token = cost per forward / tokens per forward"
+    if bound:
+        caption += (f"; bound = weights' bytes per forward / {format_number(result.memory_bandwidth_gb_s, 0)} GB/s "
+                    "measured memory bandwidth")
+    return (f'<table class="dg-race-costs"><caption>{escape_html(caption)}</caption>{head}</tr>'
+            f'{"".join(rows)}</table>')
+
+
+def speedup_text(result: RaceResult) -> str:
+    """The headline ("Diffusion ran at 3.20x the autoregressive speed ..."); a stopped race gives no speedup."""
+    speedup = result.speedup
+    if result.cancelled:
+        side = result.stopped_side
+        stopped = getattr(result, side) if side else None
+        if stopped is None:
+            return f"Stopped before the {side} side ran: no speedup."
+        return f"Stopped: the {side} side was cut short after {stopped.tokens} tokens, so no speedup is given."
+    if speedup is None:
+        return "No speedup: a side made no tokens."
+    text = f"Diffusion ran at {speedup:.2f}x the autoregressive speed"
+    if speedup < 1:
+        text += f" ({1 / speedup:.1f}x slower)"
+    return text + " (tokens/s on both sides)"
+
+
+def caveat_text(result: RaceResult) -> str:
+    """A warning for beside the speedup when a side's answer is mostly punctuation or repeats itself ("" when
+    neither is)."""
+    sentences = []
+    for side in (result.diffusion, result.autoregressive):
+        if side is None:
+            continue
+        shares = {"punctuation": side.punctuation_share, "repetition": side.repeated_share}
+        clauses = [FAULT_TEXT[fault].format(shares[fault]) for fault in side.faults]
+        if clauses:
+            sentences.append(f"The {side.name} answer {' and '.join(clauses)}.")
+    if not sentences:
+        return ""
+    return " ".join(sentences) + " The speedup counts tokens per second, not readable text."
+
+
+def _side_cost(side: SideResult, forward: str) -> str:
+    ms = 1000.0
+    return (f"{side.seconds_per_forward * ms:.2f} ms per {forward} / {side.tokens_per_forward:.2f} tokens per "
+            f"forward = {side.seconds_per_token * ms:.2f} ms per token.")
+
+
+def explanation(result: RaceResult) -> str:
+    """Plain text saying why the race came out as it did, from `result.verdict()` and both sides' cost per forward
+    and tokens per forward; "" when a side is missing or made no tokens."""
+    d, a = result.diffusion, result.autoregressive
+    if d is None or a is None or d.tokens == 0 or a.tokens == 0:
+        return ""
+    verdict = result.verdict()
+    per_token = f"Diffusion: {_side_cost(d, 'canvas forward')} Autoregressive: {_side_cost(a, 'forward')}"
+    ratio = verdict["cost_ratio"]
+    costs = (f"a canvas forward cost {'far more than' if ratio is None else f'{ratio:.1f}x'} an autoregressive "
+             f"forward here, and each committed {d.tokens_per_forward:.2f} tokens against 1.")
+    if verdict["winner"] is None:  # both sides ran, one of them cut short
+        side = verdict["stopped_side"]
+        why = (f"No winner: the race was stopped while the {side} side ran after {getattr(result, side).tokens} "
+               f"tokens. So far {costs}")
+    else:
+        winner = "Diffusion wins" if verdict["winner"] == "diffusion" else "Autoregressive decoding wins"
+        alone = " on speed alone" if any(verdict["faults"].values()) else ""  # the caveat beside the speedup says why
+        why = f"{winner}{alone}: {costs}"
+    if verdict["bound"] == "memory":
+        device_note = ("On a GPU at batch size 1 both kinds of forward are bound by reading the weights from memory, "
+                       "so a forward that commits several tokens should win; the bandwidth bound below is that floor.")
+        if d.bandwidth_bound_s_per_forward and a.bandwidth_bound_s_per_forward:
+            device_note += (f" Bandwidth bound: {d.bandwidth_bound_s_per_forward * 1000:.3f} ms per canvas forward, "
+                            f"{a.bandwidth_bound_s_per_forward * 1000:.3f} ms per autoregressive forward.")
+    else:
+        device_note = (f"On a {result.device.split(':')[0].upper()} a forward's cost grows with the positions it "
+                       f"computes (compute-bound): a canvas forward computes {result.canvas_length} positions, an "
+                       "autoregressive forward one, so diffusion wins only when it commits more tokens per forward "
+                       "than that cost ratio.")
+    return f"{why} {per_token} {device_note}"
+
+
+def lengths_text(result: RaceResult) -> str:
+    """A warning when one side wrote at least twice the tokens of the other ("" otherwise)."""
+    d, a = result.diffusion, result.autoregressive
+    if d is None or a is None or min(d.tokens, a.tokens) == 0 or max(d.tokens, a.tokens) < 2 * min(d.tokens, a.tokens):
+        return ""
+    return (f"The answers differ in length: diffusion wrote {d.tokens} tokens "
+            f"({STOP_REASONS.get(d.stop_reason, d.stop_reason)}), autoregressive {a.tokens} "
+            f"({STOP_REASONS.get(a.stop_reason, a.stop_reason)}). The speedup compares tokens per second, not the "
+            "time to an answer of the same length.")
+
+
+def result_html(result: RaceResult | None) -> str:
+    """The result card under the panels (None: before any race, the rules only); the outer element carries
+    `data-speedup` and `data-faults` (the sides whose answer is faulted, space-separated)."""
+    if result is None:
+        return ('<div class="dg-race-result" data-state="idle"><p class="dg-race-rules">'
+                f'{escape_html(RULES_BEFORE_A_RACE)}</p></div>')
+    speedup = "" if result.speedup is None else f"{result.speedup:.6g}"
+    lengths = lengths_text(result)
+    lengths = f'<p class="dg-race-lengths">{escape_html(lengths)}</p>' if lengths else ""
+    caveat = caveat_text(result)
+    caveat = f'<span class="dg-race-caveat">{escape_html(caveat)}</span>' if caveat else ""
+    faulted = " ".join(name for name, faults in result.verdict()["faults"].items() if faults)
+    return (
+        f'<div class="dg-race-result" data-state="done" data-speedup="{speedup}" data-faults="{faulted}">'
+        f'<p class="dg-race-speedup">{escape_html(speedup_text(result))}{caveat}</p>'
+        f"{lengths}"
+        f"{cost_table_html(result)}"
+        f'<p class="dg-race-explain">{escape_html(explanation(result))}</p>'
+        f'<p class="dg-race-rules">{escape_html(result.fairness)} Length: {escape_html(result.length_rule)}. '
+        f"Seed {escape_html(str(result.seed))}.</p></div>"
+    )
