@@ -1,10 +1,5 @@
-"""Keeping runs: the trace and offline-replay downloads after a run, replaying an uploaded trace without the model,
-and the `/export` API (run, return the trace).
-
-`KeepHandlers` holds the event handlers; `keep_blocks` lays out their components and wires them. A replayed trace
-is drawn with the same pure view builders as a live run (`canvas_view`, `meter`, `plots`), from the trace's frames
-and token strings only: the loaded model's tokenizer is never asked about a trace's ids (it may be another model's).
-"""
+"""Keeping runs (`KeepHandlers`, laid out by `keep_blocks`): trace and offline-replay downloads, replaying an upload
+with the live view's builders from the trace's own token strings (never the loaded tokenizer), the `/export` API."""
 
 from __future__ import annotations
 
@@ -97,12 +92,8 @@ def render_trace(trace: Trace, count: int) -> StreamOutputs:
 
 
 class KeepHandlers:
-    """Event handlers for keeping and replaying runs, bound to a `handlers.Playground`.
-
-    Session state used: `session.request` (the `RunRequest` of the session's last run, set by the Generate handler),
-    `session.snapshot`, `session.trace` (the trace being replayed, or the last run's once exported) and
-    `session.keep_dir` (this session's download folder: replaced at each export, so old files do not pile up).
-    """
+    """Handlers bound to a `handlers.Playground`; they use `session.request` (the last run's), `snapshot`, `trace`
+    (replayed, or the last run's once exported) and `keep_dir` (the session's download folder, replaced each time)."""
 
     def __init__(self, playground):
         self.playground = playground
@@ -146,12 +137,8 @@ class KeepHandlers:
 
     # -- replaying an uploaded trace -----------------------------------------------------------------------------
     def check_upload(self, session: SessionState, path) -> None:
-        """The upload's first step: check the trace (nothing shown), so a refused file shows its message without
-        marking the live view with error badges. Keeps the loaded trace for `load_upload` in the session.
-
-        Raises:
-            gr.Error: a run is in progress, or the trace is refused (`engine.trace.load_trace`'s message).
-        """
+        """The upload's first step: check the trace, kept for `load_upload` (raises gr.Error: a run in progress, or
+        `load_trace`'s message)."""
         if path is None or session is None:
             return
         if session.run_in_progress:
@@ -162,14 +149,8 @@ class KeepHandlers:
             raise user_error(f"This trace cannot be replayed: {error}") from None
 
     def load_upload(self, session: SessionState, path) -> tuple:
-        """The trace upload: check the file, show the whole run, and set up the replay slider.
-
-        Returns the stream outputs (see `StreamOutputs.as_tuple`), then the replay slider's and the two download
-        buttons' updates (a loaded trace can be downloaded again, as JSON and as an offline page).
-
-        Raises:
-            gr.Error: a run is in progress, or the trace is refused (`engine.trace.load_trace`'s message).
-        """
+        """The trace upload: show the whole run; returns the stream outputs, then the replay slider's and the two
+        download buttons' updates. Raises gr.Error as `check_upload`."""
         if path is None:
             return tuple(gr.skip() for _ in range(STREAM_WIDTH + 3))
         if session is None:
@@ -213,13 +194,9 @@ class KeepHandlers:
             time.sleep(interval_s)
 
     def replay_run(self, session: SessionState) -> Iterator[tuple]:
-        """The Playground's Replay button: play the last run (or the loaded trace) back from its first decoder
-        forward, slowly enough to watch: a run can end in under a second, faster than the eye follows. Each forward
-        is shown for `REPLAY_TOTAL_S` / forwards seconds, within 0.15-0.6 s. Yields as `replay_play`.
-
-        Raises:
-            gr.Error: a run is in progress, or there is no kept run to replay.
-        """
+        """The Replay button: play the last run (or the loaded trace) from its first forward, each forward shown
+        `REPLAY_TOTAL_S` / forwards seconds (0.15-0.6 s); yields as `replay_play`. Raises gr.Error: nothing to
+        replay."""
         if session is not None and session.run_in_progress:
             raise user_error("A run is in progress: replay it once it has finished.")
         trace = getattr(session, "trace", None)
@@ -230,12 +207,8 @@ class KeepHandlers:
 
     # -- /export -------------------------------------------------------------------------------------------------
     async def export_served(self, *inputs, request: gr.Request = None) -> dict:
-        """`/export`: validate the eleven `/generate` inputs (API limits), run to the end, return the trace as a
-        dict (`docs/trace.md`). A cancelled or disconnected job stops its run, as for `/generate`.
-
-        Raises:
-            gr.Error: invalid input, a run too long to keep as a trace, or an engine failure.
-        """
+        """`/export`: the `/generate` inputs run to the end (stopped as `/generate`'s), returned as a trace dict
+        (`docs/trace.md`). Raises gr.Error: invalid input, a run too long for a trace, an engine failure."""
         def start():
             run = self.playground.checked_request(*inputs, ui_limits=False)
             try:
