@@ -10,6 +10,7 @@ from engine import PRESET_NAMES, DiffusionEngine
 from engine.loading import DEFAULT_MODEL
 from engine.race import RaceRunner
 
+from .branch_tab import BranchTab
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
 from .chat_blocks import build_chat_tab
 from .chat_handlers import ChatTab
@@ -196,6 +197,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                             order = gr.Plot(start.order, show_label=False, elem_id="dg-order", min_width=280)
                             entropy = gr.Plot(start.entropy, show_label=False, elem_id="dg-entropy", min_width=280)
                         keep_controls = build_keep_controls()
+                        BranchTab(playground).build(session)
                 with gr.Accordion("How it works", open=False, elem_id="dg-explainer"):
                     gr.Markdown(EXPLAINER_PATH.read_text(encoding="utf-8"))
             with gr.Tab("Race", id="race", elem_id="dg-tab-race"):

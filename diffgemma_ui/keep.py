@@ -25,10 +25,8 @@ from .session import SessionState
 from .tab import user_error
 from .text import plain_text
 
-# A trace keeps every frame: ~40 bytes per canvas position per decoder forward (ids, flags, two rounded floats).
-MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40
+MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # a trace takes ~40 bytes per canvas position per decoder forward
 PLAY_INTERVAL_S = 0.25
-# The Playground's Replay button: a replay lasts about REPLAY_TOTAL_S, each forward shown between these bounds
 REPLAY_TOTAL_S, REPLAY_MIN_INTERVAL_S, REPLAY_MAX_INTERVAL_S = 8.0, 0.15, 0.6
 STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))  # components of the live view
 
@@ -48,13 +46,8 @@ def check_traceable(settings, canvas_length: int) -> None:
 def snapshot_upto(trace: Trace, count: int) -> RunSnapshot:
     """A finished `RunSnapshot` of the first `count` frames of `trace` (at least 1, at most all)."""
     count = max(1, min(int(count), len(trace.frames)))
-    blocks: list[list] = []
-    for frame in trace.frames[:count]:
-        if not blocks or blocks[-1][-1].block_index != frame.block_index:
-            blocks.append([])
-        blocks[-1].append(frame)
-    return RunSnapshot(frames_seen=count, latest=trace.frames[count - 1],
-                       blocks=tuple(tuple(b) for b in blocks), finished=True)
+    blocks = tuple(dataclasses.replace(trace, frames=trace.frames[:count]).blocks)
+    return RunSnapshot(frames_seen=count, latest=trace.frames[count - 1], blocks=blocks, finished=True)
 
 
 def committed_text(trace: Trace, count: int) -> str:
@@ -101,10 +94,8 @@ class KeepHandlers:
 
     # -- downloads after a run -----------------------------------------------------------------------------------
     def export_files(self, session: SessionState) -> tuple:
-        """After a run: write its trace and offline replay, and keep the trace for the Replay button; returns the two
-        download buttons' updates (emptied when there is nothing to keep: no frame, a failed run, or a run too long
-        for a trace), the replay slider's (hidden: the view now shows the run, not a replay), then the Replay
-        button's (enabled when the run was kept)."""
+        """After a run: write its trace and offline replay and keep the trace; returns the two download buttons'
+        updates (emptied when there is nothing to keep), the replay slider's (hidden) and the Replay button's."""
         hidden = (gr.update(value=None, interactive=False), gr.update(value=None, interactive=False),
                   gr.update(visible=False), gr.update(interactive=False))
         snap = getattr(session, "snapshot", None)
@@ -209,21 +200,17 @@ class KeepHandlers:
     async def export_served(self, *inputs, request: gr.Request = None) -> dict:
         """`/export`: the `/generate` inputs run to the end (stopped as `/generate`'s), returned as a trace dict
         (`docs/trace.md`). Raises gr.Error: invalid input, a run too long for a trace, an engine failure."""
+        kept = {}
+
         def start():
-            run = self.playground.checked_request(*inputs, ui_limits=False)
+            kept["run"] = run = self.playground.checked_request(*inputs, ui_limits=False)
             try:
                 check_traceable(run.settings, self.engine.canvas_length)
             except ValueError as error:
                 raise user_error(str(error)) from None
-            return run, self.playground.start_run(run, keep_history=True)
+            return self.playground.start_run(run, keep_history=True)
 
-        kept = {}
-
-        def started():
-            kept["run"], worker = start()
-            return worker
-
-        snap = await self.playground.served(started, request)
+        snap = await self.playground.served(start, request)
         run = kept["run"]
         self.playground._api_result(snap)  # raises gr.Error for a failed run
         frames = [frame for block in snap.blocks for frame in block]
