@@ -196,6 +196,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                         with gr.Row(elem_id="dg-plot-row"):
                             order = gr.Plot(start.order, show_label=False, elem_id="dg-order", min_width=280)
                             entropy = gr.Plot(start.entropy, show_label=False, elem_id="dg-entropy", min_width=280)
+                        present = gr.Button("Present: full screen, for a class", elem_id="dg-present", size="sm")
                         keep_controls = build_keep_controls()
                         BranchTab(playground).build(session)
                 with gr.Accordion("How it works", open=False, elem_id="dg-explainer"):
@@ -232,7 +233,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                   box=refusal)
         wire_step_through(step_controls, StepThroughHandlers(playground), session, run_inputs, stream_outputs,
                           stop_button=stop, box=refusal)
-        wire_presenter(playground, session, step_controls.present)
+        wire_presenter(playground, session, present)
         dice.click(playground.random_seed, inputs=None, outputs=[seed], api_visibility="private",
                    concurrency_limit=None, show_progress="hidden")
         preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs[1:],

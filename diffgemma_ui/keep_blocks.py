@@ -80,7 +80,6 @@ class StepControls:
     next_step: gr.Button
     run_to_end: gr.Button
     replay: gr.Button
-    present: gr.Button
     note: gr.Markdown
 
 
@@ -90,12 +89,10 @@ def build_step_controls() -> StepControls:
         next_step = gr.Button("Next step", elem_id="dg-next-step", size="sm", scale=1)
         run_to_end = gr.Button("Run to end", elem_id="dg-run-to-end", size="sm", scale=1)
         replay = gr.Button("\u25b6 Replay", elem_id="dg-replay-run", size="sm", scale=1, interactive=False)
-        present = gr.Button("Present", elem_id="dg-present", size="sm", scale=1)
     note = gr.Markdown("Step through a run: **Next step** runs one decoder forward (from the prompt and settings "
                        "above), **Run to end** the rest. **Replay** plays the last run back slowly, one forward "
-                       "at a time; **Present** plays it full screen for a class (Esc leaves).",
-                       elem_id="dg-step-note")
-    return StepControls(next_step, run_to_end, replay, present, note)
+                       "at a time.", elem_id="dg-step-note")
+    return StepControls(next_step, run_to_end, replay, note)
 
 
 def wire_step_through(controls: StepControls, steps, session, run_inputs: list, stream_outputs: list,
