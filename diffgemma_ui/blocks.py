@@ -10,6 +10,7 @@ from engine import PRESET_NAMES, DiffusionEngine
 from engine.loading import DEFAULT_MODEL
 from engine.race import RaceRunner
 
+from .branch_tab import BranchTab
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
 from .chat_tab import ChatTab, build_chat_tab
 from .compare_tab import CompareHandlers, build_compare_tab
@@ -19,6 +20,7 @@ from .infill_tab import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, InfillTab, buil
 from .keep import KeepHandlers
 from .keep_blocks import build_keep_controls, build_step_controls, wire_keep, wire_step_through
 from .meter import meter_html
+from .presenter import present_head, wire_presenter
 from .race_tab import RaceTab, build_race_tab
 from .session import SessionState
 from .step_through import StepThroughHandlers
@@ -50,6 +52,7 @@ class PlaygroundBlocks(gr.Blocks):
         kwargs.setdefault("theme", playground_theme())
         kwargs.setdefault("css_paths", [CSS_PATH, CHAT_INFILL_CSS_PATH])
         kwargs.setdefault("head_paths", [HEAD_PATH])
+        kwargs.setdefault("head", present_head())
         return super().launch(*args, **kwargs)
 
 
@@ -112,17 +115,10 @@ def text_only_badge(engine: DiffusionEngine) -> str:
 def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
               reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
               max_run_s: float | None = DEFAULT_MAX_RUN_S, race: RaceRunner | None = None) -> gr.Blocks:
-    """Build the playground for a loaded engine (the model is fixed: web users cannot choose it or any file).
-
-    Args:
-        engine: the `DiffusionEngine` every session shares (each run has its own random state and stop event).
-        max_fps, reader_budget, abandon_after_s, max_run_s: see `Playground`.
-        race: the Race tab's runner (default: the engine against its own causal encoder).
-
-    Returns:
-        A `gr.Blocks` with its queue configured (1 run at a time on CUDA, 4 on CPU); `launch()` applies the theme
-        and CSS. The handlers object is available as `app.playground` (for tests).
-    """
+    """The playground of the loaded `engine` every session shares (web users cannot choose a model or any file):
+    a `gr.Blocks` with its queue configured, `app.playground` its handlers; `max_fps`, `reader_budget`,
+    `abandon_after_s`, `max_run_s` as `Playground`'s; `race`: the Race tab's runner (default: the engine against its
+    own causal encoder)."""
     playground = make_playground(engine, max_fps=max_fps, reader_budget=reader_budget,
                                  abandon_after_s=abandon_after_s, max_run_s=max_run_s)
     race_tab = RaceTab(race or RaceRunner(engine), playground)
@@ -135,8 +131,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
     with PlaygroundBlocks(title="DiffGemma Playground", analytics_enabled=False) as app:
         session = gr.State(SessionState())
         gr.HTML(header_html(engine), elem_id="dg-header-block")
-        # Three areas; assets/style.css lays them out as a grid: controls above settings on the left and the
-        # live view on the right; on a phone: controls, live view, settings.
+        # Three areas, laid out as a grid by assets/style.css (on a phone: controls, live view, settings)
         with gr.Tabs(elem_id="dg-tabs"):
             with gr.Tab("Playground", id="playground", elem_id="dg-tab-playground"):
                 with gr.Row(equal_height=False, elem_id="dg-main"):
@@ -163,8 +158,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                             # text, not a number box: a browser number holds integers exactly only below 2**53
                             seed = gr.Textbox(value="0", label="Seed", info="-1 = random", elem_id="dg-seed",
                                               max_lines=1, max_length=24, scale=2, min_width=200)
-                            # a word, not an emoji (a box without an emoji font); named "Random seed" for screen
-                            # readers by assets/head.html
+                            # a word, not an emoji; named "Random seed" for screen readers by assets/head.html
                             dice = gr.Button("Random", elem_id="dg-dice", scale=0, min_width=76)
                     with gr.Column(min_width=0, elem_id="dg-settings-col"):
                         with gr.Accordion("Denoising settings", open=True, elem_id="dg-settings"):
@@ -198,7 +192,9 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                         with gr.Row(elem_id="dg-plot-row"):
                             order = gr.Plot(start.order, show_label=False, elem_id="dg-order", min_width=280)
                             entropy = gr.Plot(start.entropy, show_label=False, elem_id="dg-entropy", min_width=280)
+                        present = gr.Button("Present: full screen, for a class", elem_id="dg-present", size="sm")
                         keep_controls = build_keep_controls()
+                        BranchTab(playground).build(session)
                 with gr.Accordion("How it works", open=False, elem_id="dg-explainer"):
                     gr.Markdown(EXPLAINER_PATH.read_text(encoding="utf-8"))
             with gr.Tab("Race", id="race", elem_id="dg-tab-race"):
@@ -214,11 +210,8 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
         run_inputs = [prompt, raw, *settings_inputs[:7], adaptive, seed]
         stream_outputs = [stack, canvas, meter, text, heatmap, order, entropy, block, generate, stop, thought]
         ticket = gr.Textbox(visible=False, elem_id="dg-ticket")  # which request of the session a run step serves
-        # Every trigger that starts a run goes through one chain (see diffgemma_ui/session.py): `request_run` checks
-        # the inputs in a step of its own (a refused request shows its message without an error badge on the
-        # canvas) and takes a ticket that stops the session's current run; the run step then serves only the
-        # newest ticket. "multiple": a trigger during a run is a restart, never silently dropped.
-        # A refused request leaves the previous run on the page: `refused` marks it as the previous run's.
+        # Every run trigger: `request_run` checks and takes a ticket (stopping the session's run), the run step serves
+        # only the newest ticket (diffgemma_ui/session.py); "multiple": a trigger during a run restarts it
         requested = checked([generate.click, prompt.submit], playground.request_run, box=refusal,
                             inputs=[session, *run_inputs, thinking], outputs=[ticket, meter, generate, stop],
                             refused=playground.refused, refused_inputs=[session], refused_outputs=[meter],
@@ -228,8 +221,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
             api_visibility="private", concurrency_id="engine", show_progress="full",
             show_progress_on=[canvas], trigger_mode="multiple",
         )
-        # Stop also cancels the run step: a run still waiting in the queue leaves it; a running one is stopped and
-        # its final view rendered by `stop`
+        # Stop also cancels the run step (a queued run leaves the queue); `stop` renders a running one's final view
         stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step],
                    api_visibility="private", concurrency_limit=None, show_progress="hidden")
         keep = KeepHandlers(playground)
@@ -237,6 +229,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                   box=refusal)
         wire_step_through(step_controls, StepThroughHandlers(playground), session, run_inputs, stream_outputs,
                           stop_button=stop, box=refusal)
+        wire_presenter(playground, session, present)
         dice.click(playground.random_seed, inputs=None, outputs=[seed], api_visibility="private",
                    concurrency_limit=None, show_progress="hidden")
         preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs[1:],
@@ -261,7 +254,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
     plan = queue_plan(engine.device.type)  # set on purpose on every path (see deployment.QUEUE_PLANS)
     app.queue(default_concurrency_limit=plan.concurrency, max_size=plan.max_size)
     app.playground = playground
-    playground.closed_sessions = ClosedSessionDropper(app)  # Gradio would keep a closed tab's record (issue 13)
+    playground.closed_sessions = ClosedSessionDropper(app)  # Gradio would keep a closed tab's record
     app.race = race_tab
     app.chat, app.infill = chat_tab, infill_tab
     app.keep = keep
@@ -269,9 +262,8 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
 
 
 def register_apis(playground, race: RaceTab, chat: ChatTab, infill: InfillTab, keep: KeepHandlers) -> None:
-    """The endpoints `/generate`, `/race`, `/chat`, `/infill` and `/export`, in the current Blocks context: each
-    takes the settings of the settings table (defaults: the checkpoint's recommended ones) between its own
-    parameters."""
+    """The endpoints `/generate`, `/race`, `/chat`, `/infill`, `/export`: each takes the settings table's settings
+    (defaults: the checkpoint's recommended ones) between its own parameters."""
     rec = playground.engine.recommended
     required = inspect.Parameter.empty
     run: list[Param] = [("prompt", str, required), ("raw", bool, False), *setting_params(rec), ("seed", int, -1)]

@@ -1,9 +1,5 @@
-"""The playground's event handlers: validation, starting runs in workers, coalesced rendering, the API.
-
-`Playground` ties one `DiffusionEngine` to the views. Its methods are what `blocks.build_app` wires to Gradio
-events; they only use the engine's public API (`frames`, `summarize`, `encode_prompt`, `check_budget`,
-`recommended`, `canvas_length`, `device`).
-"""
+"""The playground's event handlers (`Playground`, wired by `blocks.build_app`): validation, runs in workers,
+coalesced rendering, the API; only the engine's public API is used."""
 
 from __future__ import annotations
 
@@ -59,20 +55,14 @@ class StreamOutputs:
     thought: object = ""  # the thought channel (`thought_view.thought_html`); "" hides it
 
     def as_tuple(self) -> tuple:
-        return (self.stack, self.canvas, self.meter, self.text, self.heatmap, self.order, self.entropy, self.block,
-                self.generate_button, self.stop_button, self.thought)
+        return tuple(getattr(self, field.name) for field in dataclasses.fields(self))
 
 
 @dataclass(frozen=True)
 class Job:
-    """One piece of model work for the run mechanism (`Playground.start_job`).
-
-    Attributes:
-        kind: the source that does it (a key of `Playground.sources`: "generate", "race", "infill", ...).
-        payload: its inputs, plain values (on ZeroGPU they are pickled to the GPU process).
-        settings: the denoising settings its GPU time follows; extra_forwards: forwards beyond their canvases x
-            steps (a race's autoregressive side).
-    """
+    """One piece of model work for `Playground.start_job`: `kind` (a key of `Playground.sources`), `payload` (plain
+    values: pickled to the GPU process on ZeroGPU), the `settings` its GPU time follows, and `extra_forwards` beyond
+    its canvases x steps (a race's autoregressive side)."""
 
     kind: str
     payload: object
@@ -87,9 +77,8 @@ def generation_frames(engine: DiffusionEngine, request: RunRequest, stop) -> Ite
 
 
 def received(frames: Iterator, receive) -> Iterator:
-    """`frames`, its items that are not frames handed to `receive(item)` instead; after a done frame the source
-    is run to its end (a chat turn records itself, and says so, after its final frame) before that frame is passed
-    on. `receive` None: `frames` as they are."""
+    """`frames`, its non-frame items handed to `receive(item)` (None: none are), the source run to its end after a
+    done frame before that frame is passed on (a chat turn records itself after its final frame)."""
     if receive is None:
         yield from frames
         return
@@ -124,9 +113,8 @@ def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
 
 
 def previous_run_meter(snap: RunSnapshot | None, running: bool):
-    """The meter of the run still on the page (`snap`), marked as the previous run's (`meter.refused_meter_html`),
-    for a request that was refused after it; `gr.skip()` when no run was shown or it is still `running` (its next
-    frame would hide the mark)."""
+    """The meter of the run on the page (`snap`) marked as the previous run's, after a refused request; `gr.skip()`
+    when there is none or it is still `running`."""
     if snap is None or snap.latest is None or running:
         return gr.skip()
     finished = snap.finished_blocks()
@@ -134,17 +122,8 @@ def previous_run_meter(snap: RunSnapshot | None, running: bool):
 
 
 class Playground:
-    """Event handlers bound to one engine.
-
-    Args:
-        engine: a loaded `DiffusionEngine`.
-        max_fps: most live renders per second (the newest frame each time; the final frame always); None: the
-            default for the engine's canvas (`worker.default_live_rate`: 15/s at 64 positions, 7/s at 256).
-        reader_budget: most share of wall time the live view's rendering and sending may take (see
-            `RunWorker.updates`); None: only `max_fps` limits.
-        abandon_after_s: a run whose reader stops polling for this long stops itself (closed tab).
-        max_run_s: a run (UI or API) that lasts longer is stopped with a clear error (None: no limit).
-    """
+    """Event handlers bound to one loaded `engine`; `max_fps` (None: `runs.default_live_rate`), `reader_budget`,
+    `abandon_after_s` and `max_run_s` (None: no limit) as `runs.Runner`'s."""
 
     def __init__(self, engine: DiffusionEngine, *, max_fps: float | None = None,
                  reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
@@ -189,21 +168,13 @@ class Playground:
 
     def check_inputs(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                      stability_threshold, confidence_threshold, adaptive_stopping, seed, thinking=False) -> None:
-        """The Generate button's first step: the UI's checks of the eleven inputs (and `thinking`), nothing run.
-
-        Raises:
-            gr.Error: the message of the first check that fails (the run step repeats the checks).
-        """
+        """The Generate button's first step: the UI's checks of the eleven inputs and `thinking` (raises gr.Error)."""
         self.checked_request(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                              stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True,
                              thinking=thinking)
 
     def checked_request(self, *inputs, ui_limits: bool, thinking=False) -> RunRequest:
-        """`parse` then `check_request` of the eleven inputs (the API's order), before anything runs.
-
-        Raises:
-            gr.Error: the first failing check's message (unexpected failures are logged with their traceback).
-        """
+        """`parse` then `check_request` of the eleven inputs (the API's order); raises gr.Error."""
         try:
             run = self.parse(*inputs, ui_limits=ui_limits, thinking=thinking)
             self.check_request(run)
@@ -243,14 +214,9 @@ class Playground:
     # -- rendering -----------------------------------------------------------------------------------------------
     def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool,
                first: bool = True) -> StreamOutputs:
-        """The view of `snap`; `first` is the run's first render, `final` its last.
-
-        Finished blocks never change: their HTML is cached in `session` and the stack component is only re-sent
-        when a block finishes, so a new frame re-sends just the live block. Live plots have no hover text (cheaper
-        to draw many times); the final render has full hover text and the heatmap's step slider and play button.
-        The buttons are only updated on the first and final renders (each `gr.update` of a component costs the
-        server a config rebuild, on the same CPU as the engine).
-        """
+        """The view of `snap` (`first`: the run's first render, `final`: its last): finished blocks' HTML cached in
+        `session` and re-sent only when one finishes; hover text and the heatmap's animation only in the final
+        render; the buttons updated only in the first and final ones."""
         finished = snap.finished_blocks()
         for frame in finished[len(session.finished_html):]:
             session.finished_html.append(block_html(frame, live=False))
@@ -290,15 +256,8 @@ class Playground:
 
     # -- events --------------------------------------------------------------------------------------------------
     def request_run(self, session: SessionState, *inputs) -> tuple:
-        """The first step of every trigger that starts a run (Generate, Shift+Enter): check the eleven inputs, then
-        take the session's next ticket, which stops its current run (see `session`), and show the run as waiting.
-
-        Returns:
-            (ticket, meter, Generate update, Stop update); the ticket travels with the run step's request.
-
-        Raises:
-            gr.Error: a refused request (the current run, if any, goes on).
-        """
+        """Every run trigger's first step: check the inputs (raises gr.Error; a current run goes on), take the
+        session's next ticket (stopping its run), return (ticket, waiting meter, Generate and Stop updates)."""
         self.check_inputs(*inputs)
         if session is None:
             return 0, gr.skip(), gr.skip(), gr.skip()
@@ -307,26 +266,15 @@ class Playground:
                 gr.update(interactive=True))
 
     def refused(self, session: SessionState):
-        """After `request_run` refused a request: mark the previous run's results, still on the page, as the previous
-        run's (the meter says so above its figures). Nothing changes when there is no previous run, or when the
-        session's run is still going (a refused request leaves it running; its next frame would hide the mark).
-
-        Returns:
-            the meter's HTML, or `gr.skip()`.
-        """
+        """After a refused request: the meter marking the results on the page as the previous run's (`gr.skip()`
+        when there are none or the run still goes on)."""
         return previous_run_meter(getattr(session, "snapshot", None), session is not None and session.run_in_progress)
 
     def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
                         t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed, ticket=None,
                         thinking=False, request: gr.Request = None) -> Iterator[tuple]:
-        """The run step: validate, start a worker, yield coalesced renders until the final frame.
-
-        `ticket` comes from `request_run` (None: claim one here). A request whose ticket went stale while it waited in
-        the queue (a later trigger, or Stop) yields nothing; a run whose ticket goes stale stops yielding, so only the
-        newest run of a session ever reaches the page.
-
-        Raises:
-            gr.Error: invalid input (before anything runs) or an engine failure during the run.
+        """The run step: validate, start a worker, yield coalesced renders until the final frame. A stale `ticket`
+        (from `request_run`; a later trigger or Stop) yields nothing more. Raises gr.Error: bad input, engine failure.
         """
         run = self.checked_request(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                                    stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True,
@@ -337,9 +285,6 @@ class Playground:
         if ticket is not None and not session.is_current(ticket):
             return
         key = session_key(request, session)
-        # The plots still show placeholders on a session's first run: leave them until there is a block to draw, so
-        # the browser is not busy redrawing empty figures while the first decoder forward runs; a new block is
-        # plotted at once
         clock = PlotClock(wait_first=session.snapshot is None)
         worker = self.start_run(run)
         if not session.begin(worker, ticket):
@@ -387,8 +332,7 @@ class Playground:
                                    stop_button=gr.update(interactive=False)).as_tuple()
 
     def unload(self, request: gr.Request) -> None:
-        """A browser tab closed: stop its session's runs, release what the session held (frames, HTML), and have
-        Gradio's own record of the session (last values of every component) dropped a few seconds later."""
+        """A browser tab closed: stop its runs and release the session's state (Gradio's own record soon after)."""
         key = getattr(request, "session_hash", None)
         self.runs.unload(key)
         session = self.sessions.pop(key, None) if key else None
@@ -410,8 +354,8 @@ class Playground:
                 plots.entropy_and_acceptance(frames))
 
     def apply_preset(self, name) -> tuple:
-        """The preset dropdown: the values of `PRESET_FIELDS` for preset `name`; no change for "custom" (a setting
-        was edited by hand), and a gr.Warning and no change for an unknown name."""
+        """The preset dropdown: the `PRESET_FIELDS` values of preset `name` (no change for "custom"; a gr.Warning for
+        an unknown name)."""
         if name == CUSTOM_PRESET:
             return tuple(gr.skip() for _ in PRESET_FIELDS)
         try:
@@ -429,16 +373,9 @@ class Playground:
     def generate_api(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                      stability_threshold, confidence_threshold, adaptive_stopping, seed,
                      thinking=False) -> tuple[str, dict]:
-        """`/generate`: run to the end and return (text, summary dict). `thinking`: let a checkpoint whose chat
-        template has a thinking mode think first (chat prompts only); the text is then the answer alone.
-
-        The summary has frames, forwards, tokens_per_second, tokens_per_forward, seconds (engine clock), seed,
-        token_ids, stop_reason, forwards_per_block, time_to_first_frame_s, prompt_tokens, tokens (non-pad generated
-        tokens: what both rates count) and thought (the thought channel's text, "" if none). `seed` -1 draws one.
-
-        Raises:
-            gr.Error: invalid input, with the validation message.
-        """
+        """`/generate`: run to the end and return (text, summary): the summary's keys are `API_SUMMARY_KEYS`
+        (seconds on the engine clock; tokens: non-pad generated ones, what both rates count). `thinking`: think
+        first where the chat template can (the text is the answer alone). Raises gr.Error on invalid input."""
         worker = self._start_api_run(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                                      stability_threshold, confidence_threshold, adaptive_stopping, seed,
                                      thinking=thinking)
@@ -451,15 +388,8 @@ class Playground:
     async def generate_api_served(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
                                   t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
                                   thinking=False, request: gr.Request = None) -> tuple[str, dict]:
-        """`/generate` as the server runs it: `generate_api`, but a job that goes away stops its run.
-
-        The run is watched from the event loop, so a cancelled job (gradio_client's `Job.cancel()`, Gradio's
-        `/cancel`) stops it at once, and it is registered under the caller's session (`<session_hash>:api:<n>`), so
-        a client that disconnects (its heartbeat closes: `Client.close()`, a dead process) stops it through `unload`;
-        a job whose result stream was dropped (a REST caller gone) is noticed at the next poll
-        (`runs.job_alive_check`). Either way the engine ends within one decoder forward and the concurrency slot is
-        free for the next job.
-        """
+        """`/generate` as the server runs it: `generate_api`, but a cancelled job, a disconnected client or a dropped
+        result stream stops its run within one decoder forward (`tab.served`)."""
         inputs = (prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
                   confidence_threshold, adaptive_stopping, seed)
         snap = await self.served(lambda: self._start_api_run(*inputs, thinking=thinking), request)
@@ -470,8 +400,7 @@ class Playground:
         return await served(self.runs, start, request)
 
     def _start_api_run(self, *inputs, thinking=False) -> RunWorker:
-        """Validate the eleven API inputs and `thinking` (API limits, not the UI's) and start the run; raises
-        gr.Error."""
+        """Validate the eleven API inputs and `thinking` (API limits) and start the run; raises gr.Error."""
         return self.start_run(self.checked_request(*inputs, ui_limits=False, thinking=thinking), keep_history=False)
 
     def _api_result(self, snap: RunSnapshot) -> tuple[str, dict]:

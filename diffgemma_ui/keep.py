@@ -1,10 +1,5 @@
-"""Keeping runs: the trace and offline-replay downloads after a run, replaying an uploaded trace without the model,
-and the `/export` API (run, return the trace).
-
-`KeepHandlers` holds the event handlers; `keep_blocks` lays out their components and wires them. A replayed trace
-is drawn with the same pure view builders as a live run (`canvas_view`, `meter`, `plots`), from the trace's frames
-and token strings only: the loaded model's tokenizer is never asked about a trace's ids (it may be another model's).
-"""
+"""Keeping runs (`KeepHandlers`, laid out by `keep_blocks`): trace and offline-replay downloads, replaying an upload
+with the live view's builders from the trace's own token strings (never the loaded tokenizer), the `/export` API."""
 
 from __future__ import annotations
 
@@ -30,10 +25,8 @@ from .session import SessionState
 from .tab import user_error
 from .text import plain_text
 
-# A trace keeps every frame: ~40 bytes per canvas position per decoder forward (ids, flags, two rounded floats).
-MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40
+MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # a trace takes ~40 bytes per canvas position per decoder forward
 PLAY_INTERVAL_S = 0.25
-# The Playground's Replay button: a replay lasts about REPLAY_TOTAL_S, each forward shown between these bounds
 REPLAY_TOTAL_S, REPLAY_MIN_INTERVAL_S, REPLAY_MAX_INTERVAL_S = 8.0, 0.15, 0.6
 STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))  # components of the live view
 
@@ -53,13 +46,8 @@ def check_traceable(settings, canvas_length: int) -> None:
 def snapshot_upto(trace: Trace, count: int) -> RunSnapshot:
     """A finished `RunSnapshot` of the first `count` frames of `trace` (at least 1, at most all)."""
     count = max(1, min(int(count), len(trace.frames)))
-    blocks: list[list] = []
-    for frame in trace.frames[:count]:
-        if not blocks or blocks[-1][-1].block_index != frame.block_index:
-            blocks.append([])
-        blocks[-1].append(frame)
-    return RunSnapshot(frames_seen=count, latest=trace.frames[count - 1],
-                       blocks=tuple(tuple(b) for b in blocks), finished=True)
+    blocks = tuple(dataclasses.replace(trace, frames=trace.frames[:count]).blocks)
+    return RunSnapshot(frames_seen=count, latest=trace.frames[count - 1], blocks=blocks, finished=True)
 
 
 def committed_text(trace: Trace, count: int) -> str:
@@ -97,12 +85,8 @@ def render_trace(trace: Trace, count: int) -> StreamOutputs:
 
 
 class KeepHandlers:
-    """Event handlers for keeping and replaying runs, bound to a `handlers.Playground`.
-
-    Session state used: `session.request` (the `RunRequest` of the session's last run, set by the Generate handler),
-    `session.snapshot`, `session.trace` (the trace being replayed, or the last run's once exported) and
-    `session.keep_dir` (this session's download folder: replaced at each export, so old files do not pile up).
-    """
+    """Handlers bound to a `handlers.Playground`; they use `session.request` (the last run's), `snapshot`, `trace`
+    (replayed, or the last run's once exported) and `keep_dir` (the session's download folder, replaced each time)."""
 
     def __init__(self, playground):
         self.playground = playground
@@ -110,10 +94,8 @@ class KeepHandlers:
 
     # -- downloads after a run -----------------------------------------------------------------------------------
     def export_files(self, session: SessionState) -> tuple:
-        """After a run: write its trace and offline replay, and keep the trace for the Replay button; returns the two
-        download buttons' updates (emptied when there is nothing to keep: no frame, a failed run, or a run too long
-        for a trace), the replay slider's (hidden: the view now shows the run, not a replay), then the Replay
-        button's (enabled when the run was kept)."""
+        """After a run: write its trace and offline replay and keep the trace; returns the two download buttons'
+        updates (emptied when there is nothing to keep), the replay slider's (hidden) and the Replay button's."""
         hidden = (gr.update(value=None, interactive=False), gr.update(value=None, interactive=False),
                   gr.update(visible=False), gr.update(interactive=False))
         snap = getattr(session, "snapshot", None)
@@ -146,12 +128,8 @@ class KeepHandlers:
 
     # -- replaying an uploaded trace -----------------------------------------------------------------------------
     def check_upload(self, session: SessionState, path) -> None:
-        """The upload's first step: check the trace (nothing shown), so a refused file shows its message without
-        marking the live view with error badges. Keeps the loaded trace for `load_upload` in the session.
-
-        Raises:
-            gr.Error: a run is in progress, or the trace is refused (`engine.trace.load_trace`'s message).
-        """
+        """The upload's first step: check the trace, kept for `load_upload` (raises gr.Error: a run in progress, or
+        `load_trace`'s message)."""
         if path is None or session is None:
             return
         if session.run_in_progress:
@@ -162,14 +140,8 @@ class KeepHandlers:
             raise user_error(f"This trace cannot be replayed: {error}") from None
 
     def load_upload(self, session: SessionState, path) -> tuple:
-        """The trace upload: check the file, show the whole run, and set up the replay slider.
-
-        Returns the stream outputs (see `StreamOutputs.as_tuple`), then the replay slider's and the two download
-        buttons' updates (a loaded trace can be downloaded again, as JSON and as an offline page).
-
-        Raises:
-            gr.Error: a run is in progress, or the trace is refused (`engine.trace.load_trace`'s message).
-        """
+        """The trace upload: show the whole run; returns the stream outputs, then the replay slider's and the two
+        download buttons' updates. Raises gr.Error as `check_upload`."""
         if path is None:
             return tuple(gr.skip() for _ in range(STREAM_WIDTH + 3))
         if session is None:
@@ -213,13 +185,9 @@ class KeepHandlers:
             time.sleep(interval_s)
 
     def replay_run(self, session: SessionState) -> Iterator[tuple]:
-        """The Playground's Replay button: play the last run (or the loaded trace) back from its first decoder
-        forward, slowly enough to watch: a run can end in under a second, faster than the eye follows. Each forward
-        is shown for `REPLAY_TOTAL_S` / forwards seconds, within 0.15-0.6 s. Yields as `replay_play`.
-
-        Raises:
-            gr.Error: a run is in progress, or there is no kept run to replay.
-        """
+        """The Replay button: play the last run (or the loaded trace) from its first forward, each forward shown
+        `REPLAY_TOTAL_S` / forwards seconds (0.15-0.6 s); yields as `replay_play`. Raises gr.Error: nothing to
+        replay."""
         if session is not None and session.run_in_progress:
             raise user_error("A run is in progress: replay it once it has finished.")
         trace = getattr(session, "trace", None)
@@ -230,27 +198,19 @@ class KeepHandlers:
 
     # -- /export -------------------------------------------------------------------------------------------------
     async def export_served(self, *inputs, request: gr.Request = None) -> dict:
-        """`/export`: validate the eleven `/generate` inputs (API limits), run to the end, return the trace as a
-        dict (`docs/trace.md`). A cancelled or disconnected job stops its run, as for `/generate`.
+        """`/export`: the `/generate` inputs run to the end (stopped as `/generate`'s), returned as a trace dict
+        (`docs/trace.md`). Raises gr.Error: invalid input, a run too long for a trace, an engine failure."""
+        kept = {}
 
-        Raises:
-            gr.Error: invalid input, a run too long to keep as a trace, or an engine failure.
-        """
         def start():
-            run = self.playground.checked_request(*inputs, ui_limits=False)
+            kept["run"] = run = self.playground.checked_request(*inputs, ui_limits=False)
             try:
                 check_traceable(run.settings, self.engine.canvas_length)
             except ValueError as error:
                 raise user_error(str(error)) from None
-            return run, self.playground.start_run(run, keep_history=True)
+            return self.playground.start_run(run, keep_history=True)
 
-        kept = {}
-
-        def started():
-            kept["run"], worker = start()
-            return worker
-
-        snap = await self.playground.served(started, request)
+        snap = await self.playground.served(start, request)
         run = kept["run"]
         self.playground._api_result(snap)  # raises gr.Error for a failed run
         frames = [frame for block in snap.blocks for frame in block]

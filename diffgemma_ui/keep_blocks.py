@@ -48,10 +48,8 @@ def build_keep_controls() -> KeepControls:
 
 def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_outputs: list, run_events,
               replay_button: gr.Button, box) -> None:
-    """Wire the controls: downloads after each run event in `run_events` (Gradio dependencies of the Generate run),
-    the upload, the replay slider and its play button, and the Playground's `replay_button` (plays the last run
-    back). `stream_outputs` are the live view's components, in `StreamOutputs.as_tuple` order; `box`: the tab's
-    refusal box (`tab.refusal_box`), which shows why an upload or a replay was refused."""
+    """Wire the controls: downloads after each of `run_events`, the upload, the replay slider and play button, and
+    `replay_button` (the last run played back) into `stream_outputs`; `box` (`tab.refusal_box`) says why not."""
     html, refusal = box
     shown = dict(fn=shown_refusal, inputs=[refusal], outputs=[html], concurrency_limit=None, **PRIVATE)
     private = dict(api_visibility="private", show_progress="hidden")
@@ -65,11 +63,9 @@ def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_output
     uploaded = controls.upload.upload(guard_stream(keep.check_upload), inputs=[refusal, session, controls.upload],
                                       outputs=None, concurrency_limit=2, **private)
     uploaded.then(**shown)
-    uploaded.success(
-                           keep.load_upload, inputs=[session, controls.upload],
-                           outputs=[*stream_outputs, controls.replay_slider, controls.trace_button,
-                                    controls.html_button],
-                           concurrency_limit=2, api_visibility="private", show_progress="minimal")
+    uploaded.success(keep.load_upload, inputs=[session, controls.upload], outputs=[
+        *stream_outputs, controls.replay_slider, controls.trace_button, controls.html_button], concurrency_limit=2,
+                     api_visibility="private", show_progress="minimal")
     controls.replay_slider.input(keep.replay_step, inputs=[session, controls.replay_slider], outputs=stream_outputs,
                                  concurrency_limit=None, trigger_mode="always_last", **private)
     controls.play.click(guard_stream(keep.replay_play), inputs=[refusal, session, controls.replay_slider],
@@ -101,9 +97,8 @@ def build_step_controls() -> StepControls:
 
 def wire_step_through(controls: StepControls, steps, session, run_inputs: list, stream_outputs: list,
                       stop_button: gr.Button | None = None, box=None) -> None:
-    """Wire "Next step" and "Run to end" (`step_through.StepThroughHandlers`); they share the engine's queue slot
-    with runs (concurrency_id "engine"). `stop_button` also pauses a "Run to end" (outside the queue); `box`: the
-    tab's refusal box (`tab.refusal_box`), which shows why a step was refused."""
+    """Wire "Next step" and "Run to end" (`step_through.StepThroughHandlers`, in the engine's queue slot);
+    `stop_button` also pauses a "Run to end"; `box` (`tab.refusal_box`) says why a step was refused."""
     html, refusal = box
     common = dict(inputs=[refusal, session, *run_inputs], outputs=[*stream_outputs, controls.note],
                   api_visibility="private", concurrency_id="engine", show_progress="hidden")

@@ -1,9 +1,6 @@
-"""The offline replay page: one self-contained HTML file that plays a trace back in the browser.
-
-The page is the trace's data as JSON (`replay_data`) plus the static player in `assets/replay/` (JS and CSS, inlined)
-and the vendored Plotly bundle (gzip, base64; the browser unpacks it). The player draws the playground's canvas,
-meter and plots from that data; it puts every trace string into the page as text, never as markup. The page makes no
-network request (its Content-Security-Policy allows none). `docs/trace.md` describes the page's data.
+"""The offline replay page: one self-contained HTML file that plays a trace back in the browser: the trace's data
+(`replay_data`, described in `docs/trace.md`), the player of `assets/replay/` and the vendored Plotly, inlined. Every
+trace string goes into the page as text; the page makes no network request (its Content-Security-Policy allows none).
 """
 
 from __future__ import annotations
@@ -35,14 +32,14 @@ PAGE = """<!DOCTYPE html>
 <div class="dg-header"><div><h1>DiffGemma replay</h1><p id="dg-replay-settings"></p></div>
 <div class="dg-badges" id="dg-replay-badges"></div></div>
 <section class="dg-card"><h2>Prompt</h2><pre id="dg-replay-prompt"></pre></section>
-<div id="dg-replay-controls">
+<div id="dg-replay-controls" class="dg-controls">
 <button id="dg-replay-prev" type="button" aria-label="previous step">&#9664;</button>
 <button id="dg-replay-play" type="button" class="primary" aria-label="play">&#9654;</button>
 <button id="dg-replay-next" type="button" aria-label="next step">&#9654;&#10073;</button>
 <input id="dg-replay-slider" type="range" min="0" max="0" step="1" value="0" aria-label="step">
 <span id="dg-replay-label"></span><button id="dg-replay-present" type="button">Present</button>
 <span id="dg-replay-error" role="alert"></span></div>
-<p id="dg-replay-caption" role="status" aria-live="polite"></p>
+<p id="dg-replay-caption" class="dg-caption" role="status" aria-live="polite"></p>
 <div id="dg-meter"></div>
 <section class="dg-card"><div id="dg-legend"></div><div id="dg-stack"></div><div id="dg-canvas"></div></section>
 <section class="dg-card"><div id="dg-heatmap"></div></section>
@@ -61,14 +58,10 @@ pauses, P presents (B: next block, Esc: leave).</p>
 
 
 def replay_data(trace: Trace) -> dict:
-    """What the player needs of `trace`, as a JSON-ready dict (schema: `docs/trace.md`, "The offline replay page").
-
-    Token ids become indices into one `tokens` list (display strings, in order of first use); per frame the canvas
-    as `input`/`draft` indices, `accepted` as a string of 0/1, confidence and entropy as integer thousandths (the
-    trace's 3 decimals, exactly), and the alternatives, where recorded, as `alt_ids` (index rows) and `alt_milli`. What the player derives itself (first accepted step, re-melts, forwards per block,
-    rates, temperature) is left out, and of `committed_ids` only their count is kept. The seed is a string (JavaScript
-    numbers hold 53 bits).
-    """
+    """What the player needs of `trace`, as a JSON-ready dict (schema: `docs/trace.md`, "The offline replay page"):
+    token ids as indices into one `tokens` list; per frame `input`/`draft` indices, `accepted` as 0/1 text,
+    confidence and entropy in integer thousandths, alternatives as `alt_ids`/`alt_milli`; nothing the player derives;
+    the seed as a string (JavaScript numbers hold 53 bits)."""
     index: dict[int, int] = {}
 
     def ids(values) -> list[int]:
@@ -109,7 +102,7 @@ def replay_data(trace: Trace) -> dict:
     }
 
 
-def _script_json(data: dict) -> str:
+def script_json(data: dict) -> str:
     """`data` as JSON text that is inert inside a `<script>` element: no `<` (so no `</script>` or `<!--`) and no
     lone surrogate (not UTF-8), both written as JSON escapes; other non-ASCII text kept as is."""
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -117,13 +110,13 @@ def _script_json(data: dict) -> str:
     return text.replace("<", "\\u003c")
 
 
-def player_script(player_dir: Path = PLAYER_DIR) -> str:
-    """The player's JavaScript: the files of `PLAYER_SCRIPTS`, in order, inside one function scope.
+def player_script(player_dir: Path = PLAYER_DIR, names: tuple[str, ...] = PLAYER_SCRIPTS) -> str:
+    """The player's JavaScript: the files `names`, in order, inside one function scope.
 
     Raises:
         FileNotFoundError: a player file is missing.
     """
-    body = "\n".join((player_dir / name).read_text(encoding="utf-8") for name in PLAYER_SCRIPTS)
+    body = "\n".join((player_dir / name).read_text(encoding="utf-8") for name in names)
     return f'\n(() => {{\n"use strict";\n{body}\n}})();\n'
 
 
@@ -140,7 +133,7 @@ def replay_html(trace: Trace, *, plotly_gz: Path = PLOTLY_GZ) -> str:
            "img-src data:; font-src data:")
     css = "\n".join(path.read_text(encoding="utf-8") for path in STYLESHEETS)
     plotly = base64.b64encode(plotly_gz.read_bytes()).decode("ascii")
-    return PAGE.format(csp=csp, css=css, data=_script_json(replay_data(trace)), plotly=plotly, player=player)
+    return PAGE.format(csp=csp, css=css, data=script_json(replay_data(trace)), plotly=plotly, player=player)
 
 
 def write_replay(trace: Trace, path) -> Path:

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from benchmarks.browser import synthetic_trace
-from engine.replay_page import _script_json, replay_data, replay_html
+from engine.replay_page import script_json, replay_data, replay_html
 from engine.trace import (MAX_TRACE_BYTES, TRACE_VERSION, ModelInfo, Trace, TraceError, load_trace, record_trace,
                           trace_of_run)
 
@@ -275,7 +275,7 @@ def test_replay_data_keeps_what_the_player_needs_exactly():
 
 
 def test_page_json_is_inert_and_valid_utf8():
-    text = _script_json({"a": "</script><!--\ud800", "b": "\u00e9\U0001f600"})
+    text = script_json({"a": "</script><!--\ud800", "b": "\u00e9\U0001f600"})
     assert "<" not in text and "\\ud800" in text and "\u00e9\U0001f600" in text
     text.encode("utf-8")  # a lone surrogate would not encode
     assert json.loads(text) == {"a": "</script><!--\ud800", "b": "\u00e9\U0001f600"}

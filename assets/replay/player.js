@@ -1,8 +1,5 @@
-// The replay player, part 4: the page's data as frame models, the controls, and the page itself.
-// A frame model holds what engine/trace.py derives on load (first accepted step, forwards per block, rates,
-// temperature); `positions(f, live)` is everything the canvas knows of each position, and a chip's own is
-// `chipPositions.get(chip)` (views.js): what a per-token popup would show.
-// The data is engine/replay_page.py's `replay_data`; docs/trace.md describes it.
+// The replay player, part 4: frame models of the data (engine/replay_page.py's `replay_data`, holding what
+// engine/trace.py derives on load), the player over them (`mountPlayer`, also the live presenter's) and the page.
 
 const $ = (id) => document.getElementById(id);
 
@@ -122,30 +119,27 @@ async function unpack(id) {  // a gzip file inlined as base64, as text
   return await new Response(stream).text();
 }
 
-async function main() {
-  if (typeof DecompressionStream === "undefined") {
-    throw new Error("this browser cannot unpack the replay (it needs DecompressionStream: Chrome 80+, " +
-                    "Firefox 113+, Safari 16.4+)");
-  }
-  if (matchMedia("(prefers-color-scheme: dark)").matches) document.documentElement.classList.add("dark");
-  const data = JSON.parse($("dg-replay-data").textContent);
-  fillPage(data);
-  (0, eval)(await unpack("dg-plotly"));  // defines window.Plotly
-  const frames = frameModels(data), last = frames.length - 1;
-  const blocks = [];
-  frames.forEach((f) => { (blocks[f.block] = blocks[f.block] || []).push(f); });
-  const finished = new Map();  // block index -> its section in the stack, built once
-  // No Box Select, Lasso Select or Share: they do nothing in an offline page
+// The player of `data` in the elements `find(id)` gives (one that is missing is not drawn), its state on `root`'s
+// dataset: show a forward, play and pause (at narration speed while `presenting()`), the keys while `active()`.
+// `load(data)` plays another run, or more frames of this one (`same`); P and Esc call `onPresent(true | false)`.
+function mountPlayer(find, data, root, {presenting, onPresent, active = () => true}) {
   const config = {displaylogo: false, responsive: true, showSendToCloud: false,
     modeBarButtonsToRemove: ["select2d", "lasso2d", "sendDataToCloud"]};
-  const slider = $("dg-replay-slider"), play = $("dg-replay-play"), root = document.body;
-  let current = -1, shownBlock = -1, timer = null;
-  slider.max = String(last);
+  const slider = find("dg-replay-slider"), play = find("dg-replay-play");
+  let frames = [], blocks = [], last = -1, finished = new Map(), current = -1, shown = "", timer = null;
 
+  function load(next, same = false) {
+    data = next;
+    frames = frameModels(data);
+    last = frames.length - 1;
+    blocks = [];
+    frames.forEach((f) => { (blocks[f.block] = blocks[f.block] || []).push(f); });
+    if (!same) { finished = new Map(); shown = ""; current = -1; }
+    slider.max = String(last);
+  }
   function stackSections(f) {
-    const done = f.blockDone ? f.block + 1 : f.block;
     const sections = [];
-    for (let b = 0; b < done; b++) {
+    for (let b = 0; b < (f.blockDone ? f.block + 1 : f.block); b++) {
       const end = blocks[b][blocks[b].length - 1];
       if (!end.blockDone) continue;
       if (!finished.has(b)) finished.set(b, blockView(blockModel(end, false)));
@@ -153,26 +147,26 @@ async function main() {
     }
     return sections;
   }
-
+  function plot(id, figure) { if (find(id)) Plotly.react(find(id), figure.data, figure.layout, config); }
   function show(k) {
     k = Math.max(0, Math.min(last, k));
     const f = frames[k], block = blocks[f.block];
     const stack = stackView(stackSections(f));
-    $("dg-stack").replaceChildren(...(stack ? [stack] : []));
+    find("dg-stack").replaceChildren(...(stack ? [stack] : []));
+    if (stack) stack.scrollTop = stack.scrollHeight;  // the newest finished block in view
     const status = k === last ? (f.stopReason in STOP_REASONS ? STOP_REASONS[f.stopReason] : f.stopReason) : "";
-    $("dg-canvas").replaceChildren(liveView(f.forward, f.blockDone ? null : blockModel(f, true), status));
-    $("dg-meter").replaceChildren(meterView(f));
-    if (f.block !== shownBlock) {
-      const heatmap = heatmapFigure(block), entropy = entropyFigure(block);
-      Plotly.react("dg-heatmap", heatmap.data, heatmap.layout, config);
-      Plotly.react("dg-entropy", entropy.data, entropy.layout, config);
-      shownBlock = f.block;
+    find("dg-canvas").replaceChildren(liveView(f.forward, f.blockDone ? null : blockModel(f, true), status));
+    find("dg-meter").replaceChildren(meterView(f));
+    if (`${f.block}:${block.length}` !== shown) {
+      plot("dg-heatmap", heatmapFigure(block));
+      plot("dg-entropy", entropyFigure(block));
+      shown = `${f.block}:${block.length}`;
     }
-    Plotly.relayout("dg-heatmap", {shapes: heatmapCover(f.step, block.length)});
-    const order = orderFigure(f);
-    Plotly.react("dg-order", order.data, order.layout, config);
-    $("dg-replay-label").textContent = `forward ${k + 1}/${last + 1}${DOT}block ${f.block + 1}${DOT}step ${f.step + 1}`;
-    $("dg-replay-caption").textContent = caption(f, f.step > 0 ? frames[k - 1] : null);
+    Plotly.relayout(find("dg-heatmap"), {shapes: heatmapCover(f.step, block.length)});
+    plot("dg-order", orderFigure(f));
+    find("dg-replay-label").textContent = `forward ${k + 1}/${last + 1}${DOT}block ${f.block + 1}${DOT}step ` +
+      `${f.step + 1}`;
+    find("dg-replay-caption").textContent = caption(f, f.step > 0 ? frames[k - 1] : null);
     slider.value = String(k);
     current = k;
     root.dataset.forward = String(k);
@@ -184,49 +178,70 @@ async function main() {
     play.setAttribute("aria-label", "play");
     root.dataset.playing = "false";
   }
-  function start() {
-    if (current >= last) show(0);
+  function start() {  // at the end of a run still going, it waits for the next forward
+    if (current >= last && frames[last].done) show(0);
     play.textContent = "\u275a\u275a";
     play.setAttribute("aria-label", "pause");
     root.dataset.playing = "true";
-    const interval = root.classList.contains("dg-present") ? data.present_interval_ms : data.interval_ms;
-    timer = setInterval(() => { if (current >= last) pause(); else show(current + 1); }, interval);
+    timer = setInterval(() => {
+      if (current < last) show(current + 1);
+      else if (frames[last].done) pause();
+    }, presenting() ? data.present_interval_ms : data.interval_ms);
   }
-  // Presenter view: canvas, meter, heatmap and a caption in large type; settings, prompt and text hidden
-  function present(on) {
-    const playing = timer !== null;
-    pause();
-    root.classList.toggle("dg-present", on);
-    $("dg-replay-present").textContent = on ? "Leave" : "Present";
-    if (playing) start();
-  }
+  const toggle = () => (timer === null ? start() : pause());
   const nextBlock = () => {
     const next = frames.findIndex((f) => f.block > frames[current].block);
     return next < 0 ? last : next;
   };
-  $("dg-replay-present").addEventListener("click", () => present(!root.classList.contains("dg-present")));
-  play.addEventListener("click", () => (timer === null ? start() : pause()));
-  $("dg-replay-prev").addEventListener("click", () => { pause(); show(current - 1); });
-  $("dg-replay-next").addEventListener("click", () => { pause(); show(current + 1); });
+  play.addEventListener("click", toggle);
+  find("dg-replay-prev").addEventListener("click", () => { pause(); show(current - 1); });
+  find("dg-replay-next").addEventListener("click", () => { pause(); show(current + 1); });
   slider.addEventListener("input", () => { pause(); show(Number(slider.value)); });
   document.addEventListener("keydown", (event) => {
+    if (!active() || last < 0) return;
     if (event.target && event.target !== slider && /^(INPUT|TEXTAREA|SELECT)$/.test(event.target.tagName)) return;
     const moves = {ArrowLeft: current - 1, ArrowRight: current + 1, Home: 0, End: last};
     if (event.key in moves) { event.preventDefault(); pause(); show(moves[event.key]); }
-    else if (event.key === " ") { event.preventDefault(); timer === null ? start() : pause(); }
+    else if (event.key === " ") { event.preventDefault(); toggle(); }
     else if (event.key === "b" || event.key === "B") { event.preventDefault(); pause(); show(nextBlock()); }
-    else if (event.key === "p" || event.key === "P") { event.preventDefault(); present(true); }
-    else if (event.key === "Escape") { present(false); }
+    else if (event.key === "p" || event.key === "P") { event.preventDefault(); onPresent(true); }
+    else if (event.key === "Escape") { onPresent(false); }
   });
-  window.dgReplay = {show, frames, positions, positionOf: (chipNode) => chipPositions.get(chipNode)};
-  pause();
-  show(last);
-  if (/(^|[#&])present(=1)?($|&)/.test(location.hash.slice(1))) { present(true); show(0); }
+  load(data);
+  return {show, start, pause, load, playing: () => timer !== null, last: () => last, frames: () => frames};
+}
+
+async function main() {
+  if (typeof DecompressionStream === "undefined") {
+    throw new Error("this browser cannot unpack the replay (it needs DecompressionStream: Chrome 80+, " +
+                    "Firefox 113+, Safari 16.4+)");
+  }
+  if (matchMedia("(prefers-color-scheme: dark)").matches) document.documentElement.classList.add("dark");
+  const data = JSON.parse($("dg-replay-data").textContent), root = document.body;
+  fillPage(data);
+  (0, eval)(await unpack("dg-plotly"));  // defines window.Plotly
+  // Presenter view: canvas, meter, heatmap and a caption in large type; settings, prompt and text hidden
+  const present = (on) => {
+    const playing = player.playing();
+    player.pause();
+    root.classList.toggle("dg-present", on);
+    $("dg-replay-present").textContent = on ? "Leave" : "Present";
+    if (playing) player.start();
+  };
+  const player = mountPlayer($, data, root, {presenting: () => root.classList.contains("dg-present"),
+    onPresent: present});
+  $("dg-replay-present").addEventListener("click", () => present(!root.classList.contains("dg-present")));
+  window.dgReplay = {show: player.show, frames: player.frames(), positions,
+    positionOf: (chipNode) => chipPositions.get(chipNode)};
+  player.show(player.last());
+  if (/(^|[#&])present(=1)?($|&)/.test(location.hash.slice(1))) { present(true); player.show(0); }
   root.dataset.ready = "true";
 }
 
-main().catch((error) => {
-  $("dg-replay-error").textContent = String((error && error.message) || error);
-  document.body.dataset.ready = "error";
-  throw error;
-});
+if ($("dg-replay-data")) {
+  main().catch((error) => {
+    $("dg-replay-error").textContent = String((error && error.message) || error);
+    document.body.dataset.ready = "error";
+    throw error;
+  });
+}

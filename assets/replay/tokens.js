@@ -1,8 +1,6 @@
 // The replay player, part 2: what one canvas position shows, by token kind (a port of diffgemma_ui/token_view.py).
-// Text tokens show their text with whitespace marks; special tokens (pad, end-of-sequence, markers) a short label;
-// byte pieces are read together with their neighbours as UTF-8 (characters on their first byte's position, the
-// rest as "+80 94", a byte that forms no character as "0xE2"). A cell: {text, parts, style, detail}: `text` for
-// tooltips, `parts` ([text, isMark] pairs) for the chip, `style` its dg-tok-* class, `detail` a tooltip line.
+// A cell: {text, parts, style, detail}: `text` for tooltips, `parts` ([text, isMark] pairs) for the chip, `style`
+// its dg-tok-* class, `detail` a tooltip line.
 
 const PAD = "pad", EOS = "eos", SPECIAL = "special", BYTE = "byte", TEXT = "text";
 const CONTROL_STYLES = new Set([SPECIAL, PAD, EOS]);

@@ -1,7 +1,5 @@
-// The replay player, part 3: the playground's views, built as DOM elements and Plotly figures from the frame
-// model (player.js). Ports of diffgemma_ui/canvas_view.py, meter.py and plots.py: same elements, classes and
-// figures. Every trace string goes in as a text node, an attribute value, or an escaped Plotly label; no view
-// ever parses markup.
+// The replay player, part 3: ports of diffgemma_ui/canvas_view.py, meter.py and plots.py as DOM elements and Plotly
+// figures; every trace string goes in as a text node, an attribute value or an escaped Plotly label, never markup.
 
 const STOP_REASONS = {eos: "ended at end-of-sequence", max_new_tokens: "reached max new tokens", cancelled: "stopped",
   filled: "filled the blanks", "": ""};
@@ -160,7 +158,8 @@ function meterView(f) {
     el("span", {class: "dg-rate-note"}, RATE_NOTE));
   const short = shortAnswerNote(f);
   return el("div", {class: "dg-meter", "data-state": f.done ? "done" : "running", "data-tps": general(tps),
-    "data-ttff": general(ttff)}, cards, footer, short ? el("div", {class: "dg-meter-note dg-short-answer"}, short) : null);
+    "data-ttff": general(ttff)}, cards, footer,
+    short ? el("div", {class: "dg-meter-note dg-short-answer"}, short) : null);
 }
 
 // -- figures (plots.py) -------------------------------------------------------------------------------------------
@@ -217,7 +216,8 @@ function heatmapFigure(frames) {
         `confidence ${fixed(c, 3)}${DOT}entropy ${fixed(f.entropy[pos], 3)} nats`;
     }));
     f.accepted.forEach((a, pos) => {
-      if (a) { dotsX.push(pos); dotsY.push(row + 1); } else if (f.remelted[pos]) { meltX.push(pos); meltY.push(row + 1); }
+      if (a) { dotsX.push(pos); dotsY.push(row + 1); }
+      else if (f.remelted[pos]) { meltX.push(pos); meltY.push(row + 1); }
     });
   });
   const last = frames[frames.length - 1];

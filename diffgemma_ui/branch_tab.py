@@ -1,0 +1,142 @@
+"""Branch from a step: pick a forward of the last run or an uploaded trace, pin tokens, denoise on from that canvas
+(`engine.branch`) with the run's seed or another, and show the branch beside the original with the share changed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from engine import DiffusionSettings, Frame
+from engine.branch import branch_frames, changed_share
+from engine.settings import parse_seed
+from engine.trace import ModelInfo
+
+from .canvas_view import block_html
+from .handlers import Job
+from .runs import session_key
+from .tab import PRIVATE, describe_error, refusal_html
+from .text import escape_html
+
+BRANCH_HELP = ("Pick a forward of the last run or of an uploaded trace. Its accepted tokens are the branch's start; "
+               "click a token to pin it (a noisy one: the model's guess there), or type `position=word` (`12= the`; "
+               "several with `;`). An empty seed keeps the run's seed, -1 draws one.")
+
+
+@dataclass(frozen=True)
+class BranchJob:
+    """A branch for the run mechanism (`branch_source`)."""
+
+    prompt_ids: tuple[int, ...]
+    frame: Frame
+    pins: dict[int, int]
+    settings: DiffusionSettings
+    seed: int | None
+
+
+def branch_source(engine, job: BranchJob, stop):
+    """The "branch" frame source (`handlers.Playground.sources`)."""
+    return branch_frames(engine, job.prompt_ids, job.frame, job.pins, job.settings, seed=job.seed, stop_event=stop)
+
+
+def parse_pins(text, frame: Frame, tokenizer) -> dict[int, int]:
+    """Pins from `position` (keep `frame`'s draft token there) or `position=word` (the word's tokens from there on),
+    `;`-separated, as position -> token id.
+
+    Raises:
+        ValueError: a pin that is neither, a position off the canvas, an empty word, a word that runs past its end.
+    """
+    n, pins = frame.canvas_length, {}
+    for item in filter(None, (part.strip() for part in str(text or "").split(";"))):
+        where, typed, word = item.partition("=")
+        if not where.strip().isdigit():
+            raise ValueError(f"a pin is `position` or `position=word`, got {item!r}")
+        position = int(where)
+        ids = tokenizer(word, add_special_tokens=False).input_ids if typed else [frame.draft_ids[min(position, n - 1)]]
+        if position >= n or not ids or position + len(ids) > n:
+            raise ValueError(f"pin {item!r} must hold at least one token and fit the canvas (positions 0-{n - 1})")
+        pins.update(zip(range(position, position + len(ids)), ids))
+    return pins
+
+
+class BranchTab:
+    """The "Branch from a step" controls and handlers, bound to a `handlers.Playground` (reads `session.trace`)."""
+
+    def __init__(self, playground):
+        self.playground, self.engine = playground, playground.engine
+        playground.sources["branch"] = branch_source
+
+    def build(self, session) -> None:
+        """Create and wire the controls in the current Blocks context (an accordion, closed)."""
+        with gr.Accordion("Branch from a step", open=False, elem_id="dg-branch") as accordion:
+            gr.Markdown(BRANCH_HELP)
+            forward = gr.Slider(1, 2, value=1, step=1, label="Branch from decoder forward", elem_id="dg-branch-step")
+            start = gr.HTML("", elem_id="dg-branch-from")
+            with gr.Row():
+                pins = gr.Textbox(label="Pins", placeholder="12; 30= the", max_lines=1, elem_id="dg-branch-pins",
+                                  scale=3)
+                seed = gr.Textbox(label="Seed", placeholder="the run's", max_lines=1, max_length=24, scale=1,
+                                  elem_id="dg-branch-seed")
+                run = gr.Button("Branch", variant="primary", elem_id="dg-branch-run", scale=1)
+            box = gr.HTML("", elem_id="dg-branch-refusal", elem_classes=["dg-refusal-box"])
+            result = gr.HTML("", elem_id="dg-branch-result")
+        accordion.expand(lambda s: self.pick(s, None), inputs=[session], outputs=[forward, start, pins], **PRIVATE)
+        forward.input(self.pick, inputs=[session, forward], outputs=[forward, start, pins], trigger_mode="always_last",
+                      **PRIVATE)
+        run.click(self.branch, inputs=[session, forward, pins, seed], outputs=[result, box], concurrency_id="engine",
+                  trigger_mode="once", **PRIVATE)
+
+    def pick(self, session, forward) -> tuple:
+        """The forward slider (None: the last forward): its range, that forward's block (chips to pin), no pins."""
+        trace = getattr(session, "trace", None)
+        if trace is None:
+            return gr.update(), '<p class="dg-status">Generate, or upload a trace, to branch from it.</p>', ""
+        count = len(trace.frames)
+        k = max(1, min(count, int(forward or count)))
+        frame = trace.frames[k - 1]
+        return gr.update(maximum=max(2, count), value=k), block_html(frame, live=not frame.block_done), ""
+
+    def branch(self, session, forward, pins_text, seed, request: gr.Request = None):
+        """The Branch button: yields (the original and the branch side by side, the refusal box's reason)."""
+        trace = getattr(session, "trace", None)
+        if trace is None or session.run_in_progress:
+            yield gr.skip(), refusal_html("Nothing to branch from: generate (and let the run finish), or upload one.")
+            return
+        try:
+            if (trace.model.name, trace.model.canvas_length) != (ModelInfo.of(self.engine).name,
+                                                                 self.engine.canvas_length):
+                raise ValueError(f"this trace is of {trace.model.name}: branch it where that model is loaded")
+            frame = trace.frames[max(1, min(len(trace.frames), int(forward or len(trace.frames)))) - 1]
+            pins = parse_pins(pins_text, frame, self.engine.tokenizer)
+            job = Job("branch", BranchJob(tuple(trace.prompt_ids), frame, pins, trace.settings,
+                                          trace.seed if not str(seed or "").strip() else parse_seed(seed)),
+                      trace.settings)
+            self.playground.check_job(job)
+        except ValueError as error:
+            yield gr.skip(), refusal_html(str(error))
+            return
+        original = [f for f in trace.frames if f.block_index == frame.block_index][-1]
+        key = session_key(request, session, ":branch")
+        worker = self.playground.start_job(job, key)
+        try:
+            for snap in self.playground.runs.updates(worker):
+                if snap.error is not None:
+                    yield gr.skip(), refusal_html(describe_error(snap.error))
+                elif snap.latest is not None:
+                    yield self.view(original, snap, frame, pins), ""
+        finally:
+            self.playground.runs.finish(key, worker)
+
+    def view(self, original: Frame, snap, start: Frame, pins: dict[int, int]) -> str:
+        """The original block and the branch's first block side by side, the share changed and the branch's text."""
+        end = snap.blocks[0][-1]
+        share = changed_share(original.draft_ids, end.draft_ids)
+        fixed = [p in pins for p in range(end.canvas_length)]
+        text = escape_html(self.engine.summarize(snap.latest, snap.frames_seen).text)
+        return (f'<div class="dg-branch" data-changed="{share:.4f}" data-done="{str(snap.finished).lower()}"><p>'
+                f"Branch from forward {start.forward_index + 1} (block {start.block_index + 1}, step "
+                f"{start.step_index + 1}) \u00b7 seed {end.seed} \u00b7 {len(pins)} pinned \u00b7 <b>{share:.0%} of "
+                f"the block's positions changed</b>{'' if end.block_done else ' so far'}</p>"
+                f'<div class="dg-branch-pair"><section><h4>Original</h4>{block_html(original, live=False)}</section>'
+                f"<section><h4>Branch</h4>{block_html(end, live=not end.block_done, fixed=fixed)}</section></div>"
+                f'<p class="dg-branch-text">Branch text: {text}</p></div>')

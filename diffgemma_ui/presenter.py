@@ -1,0 +1,71 @@
+"""The live presenter's data: the session's run (live, last, or a replayed trace) as the replay player's JSON.
+
+The page's presenter (`assets/replay/present.js`) asks each second for the frames it lacks; each answer is
+`engine.replay_page.replay_data` of those frames with the run's `key`, so it plays the replay page's way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import gradio as gr
+
+from engine.replay_page import player_script, replay_data, script_json
+from engine.trace import ModelInfo, Trace
+
+PRESENT_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js", "present.js")
+
+
+def present_head() -> str:
+    """The `<script>` that gives the live page the player and its presenter overlay."""
+    return f"<script>{player_script(names=PRESENT_SCRIPTS)}</script>"
+
+
+def run_frames(session) -> tuple[list, Trace | None]:
+    """The frames of the session's run on the page and the trace they belong to (None: a run of this app)."""
+    snap, trace = getattr(session, "snapshot", None), getattr(session, "trace", None)
+    if snap is not None and snap.blocks:
+        if trace is not None and snap.blocks[0][0] is trace.frames[0]:
+            return list(trace.frames), trace
+        return [frame for block in snap.blocks for frame in block], None
+    return (list(trace.frames), trace) if trace is not None else ([], None)
+
+
+def present_chunk(engine, session, have) -> str:
+    """JSON text of the frames of the session's run after the `have` ("key:count") the page holds: the player's data
+    (`replay_data`) plus `key` (which run); `{"key": null}` when there is no run, no frames when nothing is new."""
+    frames, trace = run_frames(session)
+    request = getattr(session, "request", None)
+    if not frames or (trace is None and request is None):
+        return json.dumps({"key": None})
+    key = str(id(frames[0]))
+    held, _, count = str(have or "").partition(":")
+    start = int(count) if held == key and count.isdigit() else 0
+    new = frames[start:]
+    if not new:
+        return json.dumps({"key": key, "frames": []})
+    if trace is not None:
+        part = dataclasses.replace(trace, frames=tuple(new))
+    else:
+        ids = {i for f in new for row in (f.input_ids, f.draft_ids, *f.top_ids) for i in row}
+        kinds = {i: k for f in new for row, ks in ((f.input_ids, f.input_kinds), (f.draft_ids, f.draft_kinds))
+                 for i, k in zip(row, ks) if k != "text"} if all(f.input_kinds for f in new) else None
+        part = Trace(model=ModelInfo.of(engine), settings=request.settings, seed=new[-1].seed, prompt=request.prompt,
+                     raw=request.raw, prompt_ids=(), tokens={i: engine.token_text(i) for i in ids}, text="",
+                     frames=tuple(new), kinds=kinds)
+    data = replay_data(part)
+    data.update(key=key, prompt_tokens=new[-1].prompt_tokens if trace is None else data["prompt_tokens"])
+    return script_json(data)
+
+
+def wire_presenter(playground, session, present: gr.Button) -> None:
+    """The `present` button, the hidden button the presenter clicks to fetch a chunk, and where the chunk goes."""
+    present.click(None, js="() => window.dgPresenter.open()", api_visibility="private", show_progress="hidden")
+    have = gr.Textbox(visible="hidden", elem_id="dg-present-have")
+    chunk = gr.Textbox(visible="hidden", elem_id="dg-present-data")
+    poll = gr.Button(visible="hidden", elem_id="dg-present-poll")
+    poll.click(lambda s, h: present_chunk(playground.engine, s, h), inputs=[session, have], outputs=[chunk],
+               js="(s, h) => [s, window.dgPresenter.have()]", api_visibility="private", concurrency_limit=None,
+               show_progress="hidden", queue=False).then(
+        None, [chunk], None, js="(c) => window.dgPresenter.feed(c)", api_visibility="private", show_progress="hidden")
