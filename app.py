@@ -23,7 +23,7 @@ from diffgemma_ui.malloc_arenas import limit_malloc_arenas
 from diffgemma_ui.zerogpu import load_zero_gpu_model
 from engine import DiffusionEngine, ModelLoadError, load_model
 from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, set_serving_threads
-from engine.race_memory import race_runner
+from engine.race import race_runner
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")

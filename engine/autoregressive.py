@@ -15,9 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper
 
 from .engine import encode_text
-from .generator import EngineClock
+from .generator import EngineClock, RunRandomState
 from .loading import ModelLoadError
-from .random_state import RunRandomState
 from .settings import SettingSpec, parse_seed, parse_setting
 from .tokens import TokenText, eos_id_list
 

@@ -16,8 +16,7 @@ import torch
 from .conversation import check_messages, conversation_ids
 from .engine import DiffusionEngine, GenerationResult
 from .frames import Frame
-from .generator import denoise
-from .random_state import RunRandomState
+from .generator import RunRandomState, denoise
 from .settings import DiffusionSettings, check_prompt, parse_seed
 
 PREFILL_POINTS = 16  # the prefills (newest) the saving estimate's slope is fitted to

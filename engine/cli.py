@@ -22,8 +22,7 @@ from .infill import filled_text, infill_frames, parse_template
 from .loading import (DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, meta_model,
                       model_location)
 from .memory import format_report, memory_report
-from .race import RaceRunner
-from .race_memory import race_runner
+from .race import RaceRunner, race_runner
 from .settings import (PRESET_NAMES, SETTING_NAMES, SETTINGS, DiffusionSettings, check_prompt, parse_seed,
                        parse_setting, preset)
 from .replay_page import write_replay

@@ -15,8 +15,7 @@ from transformers import LogitsProcessor
 
 from .engine import DiffusionEngine, encode_text
 from .frames import Frame
-from .generator import denoise
-from .random_state import RunRandomState
+from .generator import RunRandomState, denoise
 from .settings import MAX_PROMPT_CHARS, DiffusionSettings, check_prompt, parse_seed
 from .tokens import eos_id_list
 

@@ -257,6 +257,10 @@ class DiffusionSettings:
         return dataclasses.replace(self, **{name: parse_setting(name, values[name], ui=ui)
                                             for name in SETTING_NAMES if name in values})
 
+    def temperature_at(self, cur_step: int) -> float:
+        """The schedule's temperature at remaining step `cur_step` (N at a canvas's first forward, 1 at its last)."""
+        return self.t_min + (self.t_max - self.t_min) * cur_step / self.max_denoising_steps
+
     def generate_kwargs(self) -> dict:
         """Keyword arguments that make `model.generate()` run with exactly these settings."""
         kwargs = {

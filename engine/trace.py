@@ -410,12 +410,11 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
         block_remelts += sum(remelted)
         first_accepted = [step if (a and s < 0) else s for a, s in zip(accepted, first_accepted)]
         forwards = index + 1
-        cur_step = n_steps - step
         first_frame_s = frames[0].elapsed_s if frames else elapsed
         frames.append(Frame(
             block_index=block, step_index=step, forward_index=index, canvas_length=canvas,
             max_denoising_steps=n_steps,
-            temperature=settings.t_min + (settings.t_max - settings.t_min) * cur_step / n_steps,
+            temperature=settings.temperature_at(n_steps - step),
             input_ids=input_ids, draft_ids=draft_ids, accepted=accepted, confidence=confidence, entropy=entropy,
             first_accepted_step=list(first_accepted), remelted=remelted, block_remelts=block_remelts,
             top_ids=top_ids, top_probs=top_probs, top_tokens=[[tokens[i] for i in row] for row in top_ids],
