@@ -1,5 +1,5 @@
 """Canvas infill: a template's fixed text (`[___]` one token, `[___ 12]` twelve blanks) stays put in one canvas while
-the decoder fills its blanks.
+the decoder fills its blanks; a branch of a run denoises on from one of its forwards with pinned tokens.
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,11 +24,8 @@ BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
 
 @dataclass(frozen=True)
 class InfillLayout:
-    """Where a template puts its tokens in the canvas.
-
-    canvas_ids: `canvas_length` ids: fixed tokens (template text, then pads), blanks as -1;
-    fixed: `canvas_length` flags, True where the position is fixed; blanks: blank positions' indices in order;
-    template_positions: positions the template takes (fixed text plus blanks), the rest being pads.
+    """Where a template puts its tokens in the canvas: `canvas_ids` (fixed tokens, then pads; -1 for blanks), `fixed`
+    flags, `blanks` (positions in order), `template_positions` (fixed text plus blanks; the rest are pads).
     """
 
     canvas_ids: list[int]
@@ -38,12 +35,11 @@ class InfillLayout:
 
 
 def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
-    """The template as alternating parts: fixed text (str) and blank lengths (int, tokens). `canvas_length` None
-    checks the syntax only (no model loaded yet): a blank's upper bound is then not checked.
+    """The template as alternating fixed text (str) and blank lengths (int); `canvas_length` None checks syntax only.
 
     Raises:
-        ValueError: not text, empty, too long, no blank, a blank of 0 or more than `canvas_length` tokens, or a
-            `[___` that is not a well-formed blank (names it and gives the syntax).
+        ValueError: not text, empty, too long, no blank, a blank of 0 or over `canvas_length` tokens, or a malformed
+            `[___` (named, with the syntax).
     """
     if not isinstance(template, str) or not template.strip():
         raise ValueError("infill template is empty: write text with blanks such as [___] or [___ 12]")
@@ -70,13 +66,11 @@ def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
 
 
 def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -> InfillLayout:
-    """Tokenize the template's text (plain text) and lay it out in one canvas. Spaces that end a text before a blank
-    are dropped: word tokens carry their leading space ("▁God"), so "beginning [___]" would otherwise fix a lone
-    space token before the blank and the filled text would read "beginning  God".
+    """Tokenize the template's text as plain text and lay it out in one canvas; spaces ending a text before a blank
+    are dropped (the blank's first word token brings its own).
 
     Raises:
-        ValueError: what `parse_template` raises; a template that takes more positions than one canvas has
-            (the message gives both counts).
+        ValueError: as `parse_template`; a template longer than one canvas (both counts given).
     """
     ids: list[int] = []
     fixed: list[bool] = []
@@ -104,15 +98,8 @@ def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -
 
 
 class FixedPositionsLogitsProcessor(LogitsProcessor):
-    """Puts all probability of each fixed canvas position on its fixed token and forbids `banned` ids in blanks.
-
-    Args:
-        layout: the `InfillLayout`; banned: ids blanks may not take (EOS ids, pad); device: the logits' device.
-
-    Call: `(input_ids, scores [batch, canvas_length, vocab]) -> scores`, changed in place (the decoder's raw logits,
-    which nothing else reads; no second [canvas x vocab] buffer at the real 262,144 vocabulary): fixed rows become
-    0 at the fixed token and -inf elsewhere, so softmax, argmax and sampling all give the fixed token and its
-    entropy is 0; banned ids become -inf in blank rows.
+    """Puts all probability of each fixed position on its fixed token (0 there, -inf elsewhere: entropy 0) and
+    forbids `banned` ids (EOS, pad) in blanks; changes the raw logits `[batch, canvas_length, vocab]` in place.
     """
 
     def __init__(self, layout: InfillLayout, banned: list[int], device: torch.device):
@@ -133,11 +120,8 @@ class FixedPositionsLogitsProcessor(LogitsProcessor):
 def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSettings | None = None, *,
                   prompt: str | None = None, seed: int | None = None,
                   stop_event: threading.Event | None = None) -> tuple[InfillLayout, Iterator[Frame]]:
-    """Lay out `template` and denoise its blanks: (layout, frames), one `Frame` per decoder forward of one canvas.
-
-    `prompt`: optional raw context the encoder reads before the canvas (default: `<bos>` only). `settings`'s
-    `max_new_tokens` is set to one canvas. Every frame's `input_ids` and `draft_ids` hold the fixed tokens at the
-    fixed positions; their speed figures count the blanks only (see `count_blanks_only`).
+    """Lay out `template` and denoise its blanks in one canvas: (layout, frames), one `Frame` per decoder forward;
+    `prompt`: raw context before the canvas (default `<bos>`); speed figures count the blanks only.
 
     Raises:
         ValueError: bad template, prompt, seed or settings; a template that does not fit one canvas.
@@ -166,12 +150,9 @@ def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSet
 
 
 def count_blanks_only(frames: Iterator[Frame], layout: InfillLayout) -> Iterator[Frame]:
-    """`frames` with their speed figures counting the tokens the model wrote (the blanks) and not the template's
-    fixed text, which it only copied: once the canvas is committed, `committed_tokens` is the number of blank
-    positions, `tokens_per_second` that over `elapsed_s` and `tokens_per_forward` that over the forwards so far.
-    (Blanks may not take EOS or pad, so every blank is a written token.) Frames before the commit are unchanged. The
-    last frame of a fill that completed has `stop_reason` "filled" (the generator's "max_new_tokens": the canvas is
-    the whole budget)."""
+    """`frames` with committed tokens and rates counting the blanks (what the model wrote), not the copied template;
+    a completed fill's last frame has `stop_reason` "filled".
+    """
     blanks = len(layout.blanks)
     for frame in frames:
         if frame.done and frame.stop_reason == "max_new_tokens":  # the one canvas is the whole budget
@@ -185,8 +166,7 @@ def count_blanks_only(frames: Iterator[Frame], layout: InfillLayout) -> Iterator
 
 
 def filled_text(tokenizer, layout: InfillLayout, canvas_ids: list[int]) -> tuple[str, list[str]]:
-    """(the template with its blanks filled, the text of each run of adjacent blank positions) from a final
-    canvas's ids (pads after the template dropped, special tokens skipped)."""
+    """(the template with its blanks filled, the text of each run of adjacent blanks) from a final canvas's ids."""
     ids = list(canvas_ids[:layout.template_positions])
     text = tokenizer.decode(ids, skip_special_tokens=True)
     fills, run = [], []
@@ -197,3 +177,60 @@ def filled_text(tokenizer, layout: InfillLayout, canvas_ids: list[int]) -> tuple
             fills.append(tokenizer.decode(run, skip_special_tokens=True))
             run = []
     return text, fills
+
+
+# -- branch ----------------------------------------------------------------------------------------------------------
+
+def branch_canvas(frame: Frame, pins: Mapping[int, int]) -> list[int]:
+    """The branch's first canvas ids (-1 where noise goes): `frame`'s accepted drafts, then `pins` (position -> id)."""
+    canvas = [draft if accepted else -1 for draft, accepted in zip(frame.draft_ids, frame.accepted)]
+    for position, token in pins.items():
+        canvas[position] = token
+    return canvas
+
+
+def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
+    """The share (0 to 1) of positions whose token differs between two canvases; `ValueError` for unequal or 0
+    lengths.
+    """
+    if len(original) != len(branch) or not original:
+        raise ValueError(f"canvases to compare must have the same positive length, got {len(original)} and "
+                         f"{len(branch)}")
+    return sum(a != b for a, b in zip(original, branch)) / len(original)
+
+
+def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Frame, pins: Mapping[int, int],
+                  settings: DiffusionSettings, *, seed: int | None = None,
+                  stop_event: threading.Event | None = None) -> Iterator[Frame]:
+    """Denoise on from `frame` of a run of `prompt_ids`, one `Frame` per forward; `pins` (position -> id) stay fixed
+    in the first block; the token budget is what the run had left after its committed blocks.
+
+    Raises:
+        ValueError: a pin outside the canvas or vocabulary, a bad seed or settings, no token budget left.
+    """
+    canvas_length, vocab = engine.canvas_length, engine.model.config.text_config.vocab_size
+    for position, token in pins.items():
+        if not (isinstance(position, int) and 0 <= position < canvas_length):
+            raise ValueError(f"a pinned position must be in [0, {canvas_length - 1}], got {position!r}")
+        if not (isinstance(token, int) and 0 <= token < vocab):
+            raise ValueError(f"a pinned token must be an id in [0, {vocab - 1}], got {token!r}")
+    committed = list(frame.committed_ids[:frame.block_index * canvas_length])
+    left = settings.max_new_tokens - len(committed)
+    if left < 1:
+        raise ValueError("the run had no token budget left after this block: raise max_new_tokens to branch")
+    settings = settings.replace(max_new_tokens=left)
+    engine.check_settings(settings)
+    random_state = RunRandomState(parse_seed(seed))
+    input_ids = torch.tensor([list(prompt_ids) + committed], dtype=torch.long, device=engine.device)
+    engine.check_budget(input_ids.shape[1], settings)
+    start = branch_canvas(frame, pins)
+    layout = InfillLayout(canvas_ids=[pins.get(p, -1) for p in range(canvas_length)],
+                          fixed=[p in pins for p in range(canvas_length)],
+                          blanks=[p for p in range(canvas_length) if p not in pins], template_positions=canvas_length)
+    with random_state.active():
+        noise = torch.randint(0, vocab, (1, canvas_length), device=engine.device)
+    known = torch.tensor(start, dtype=torch.long, device=engine.device).view(1, -1)
+    initial = torch.where(known >= 0, known, noise)
+    processors = [FixedPositionsLogitsProcessor(layout, [], engine.device)] if pins else None
+    return denoise(engine.model, input_ids, settings, token_text=engine.token_text, stop_event=stop_event,
+                   random_state=random_state, logits_processors=processors, initial_canvas=initial)
