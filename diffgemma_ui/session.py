@@ -1,10 +1,6 @@
-"""Per-browser-session state, held in a `gr.State`: the session's one run, its tickets, and its last snapshot.
-
-One run per session, whatever starts it. Every trigger (Generate, Shift+Enter, any future one) first takes a
-ticket (`claim`), which stops the session's current run and makes every older ticket stale; the run step then
-starts only if its ticket is still the newest (`begin`), after the previous run's stream has ended, and a stream
-whose ticket went stale stops yielding (`is_current`). So the page only ever receives views of the newest run,
-and its buttons are set by that run alone.
+"""Per-browser-session state in a `gr.State`: the session's one run, its tickets and last snapshot. Every trigger
+takes a ticket (`claim`: stops the current run, stales older tickets); a run starts only if its ticket is still the
+newest (`begin`), after the previous stream ended, and a stale stream stops yielding (`is_current`).
 """
 
 from __future__ import annotations
@@ -19,17 +15,9 @@ PREVIOUS_STREAM_WAIT_S = 10.0
 
 
 class SessionState:
-    """What one browser session remembers between events.
-
-    Attributes:
-        worker: the session's current (or last) run, or None.
-        ticket: the newest ticket handed out (0: none yet); `running_ticket`: the ticket `worker` runs for.
-        snapshot: the last rendered snapshot (for re-rendering the plots of another block after the run).
-        finished_html: rendered HTML of the current run's finished blocks (a cache; blocks never change once done).
-        stacked_blocks: how many finished blocks the page's stack component shows (-1: none sent this run).
-
-    Gradio deep-copies a `gr.State`'s initial value for each new session; a copy is always a fresh, empty state
-    (a run's thread and events cannot and must not be shared between sessions).
+    """What one browser session remembers between events: its `worker`, the newest `ticket` and the `running_ticket`,
+    the last `snapshot`, the finished blocks' HTML cache and how many the stack shows. A deep copy (Gradio's per
+    session copy) is always a fresh, empty state.
     """
 
     def __init__(self):
@@ -60,11 +48,8 @@ class SessionState:
         return ticket == self.ticket
 
     def begin(self, worker: RunWorker, ticket: int | None = None) -> bool:
-        """Make `worker` the session's run for `ticket` (None: claim one now) and reset the caches.
-
-        Waits (at most `PREVIOUS_STREAM_WAIT_S`) for the previous run's stream to end first, so its last view
-        reaches the page before this run's first. Returns False, and stops `worker`, when `ticket` went stale
-        meanwhile.
+        """Make `worker` the run for `ticket` (None: claim one) after the previous stream ended (waiting at most
+        `PREVIOUS_STREAM_WAIT_S`); False, and `worker` stopped, when the ticket went stale meanwhile.
         """
         if ticket is None:
             ticket = self.claim()
@@ -103,8 +88,9 @@ class SessionState:
         return False
 
     def withdraw(self) -> tuple[int, RunWorker | None]:
-        """Stop: stale every ticket and stop the run. Returns (the ticket that was newest, the worker of that ticket,
-        or None when that ticket's run had not started: it was still waiting in the queue)."""
+        """Stop: stale every ticket and stop the run; returns (the newest ticket, its worker or None if it had not
+        started).
+        """
         with self._lock:
             ticket = self.ticket
             self.ticket += 1
@@ -113,7 +99,7 @@ class SessionState:
         return ticket, worker
 
     def release(self) -> None:
-        """Drop everything the session holds (the tab closed): stops the run, frees its frames and HTML."""
+        """Drop everything the session holds (the tab closed): stop the run, free its frames and HTML."""
         with self._lock:
             self.ticket += 1
         self.stop()

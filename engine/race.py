@@ -17,7 +17,7 @@ import torch
 from accelerate import init_empty_weights
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .autoregressive import AutoregressiveDecoder, TokenFrame, check_temperature
+from .autoregressive import AutoregressiveDecoder, check_temperature
 from .engine import DiffusionEngine
 from .loading import ModelLoadError
 from .memory import model_bytes, stored_tensors
