@@ -155,10 +155,8 @@ class AutoregressiveDecoder:
 
     def frames(self, prompt: str, max_new_tokens: int, *, raw: bool = False, temperature: float = 0.0,
                seed: int | None = None, stop_event: threading.Event | None = None) -> Iterator[TokenFrame]:
-        """Validate and encode `prompt`, then yield one `TokenFrame` per forward (`decode`).
-
-        Raises:
-            ValueError: bad prompt, max_new_tokens, temperature, seed or budget (before any work is done).
+        """Validate and encode `prompt`, then yield one `TokenFrame` per forward (`decode`); `ValueError` (before any
+        work) for a bad prompt, max_new_tokens, temperature, seed or budget.
         """
         max_new_tokens = parse_setting("max_new_tokens", max_new_tokens)
         temperature = check_temperature(temperature)
@@ -172,11 +170,9 @@ class AutoregressiveDecoder:
     def decode(self, input_ids: torch.LongTensor, max_new_tokens: int, *, temperature: float = 0.0,
                random_state: RunRandomState | None = None,
                stop_event: threading.Event | None = None) -> Iterator[TokenFrame]:
-        """Decode after `input_ids` `[1, prompt_length]` until EOS or `max_new_tokens`, one `TokenFrame` per forward:
-        greedy at temperature 0, else sampled from `random_state`; `stop_event` ends it with a "cancelled" frame.
-
-        Raises:
-            ValueError: batch size other than 1, or `max_new_tokens` < 1.
+        """Decode after `input_ids` `[1, prompt_length]` until EOS or `max_new_tokens`, one `TokenFrame` per forward,
+        greedy at temperature 0, else sampled; `stop_event` ends it "cancelled". `ValueError` for batch != 1 or no
+        budget.
         """
         if input_ids.ndim != 2 or input_ids.shape[0] != 1:
             raise ValueError(f"input_ids must have shape [1, prompt_length], got {tuple(input_ids.shape)}")

@@ -127,13 +127,10 @@ class ChatSession:
 
     def turn(self, text: str, settings: DiffusionSettings | None = None, *, seed: int | None = None,
              thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
-        """Add the user's `text` and denoise the answer, one `Frame` per decoder forward (`prompt_tokens`: the whole
-        conversation). A completed turn joins `messages` and sets `last_report` and `last_result`; a cancelled one
-        leaves the conversation as it was.
-
-        Raises:
-            ValueError: bad text, seed or settings; thinking without a thinking template; a user turn that alone does
-                not fit the context (before any work is done).
+        """Add the user's `text` and denoise the answer, one `Frame` per forward (`prompt_tokens`: the whole
+        conversation); a completed turn joins `messages` and sets `last_report` and `last_result`, a cancelled one
+        changes nothing. `ValueError` (before any work) for bad text, seed or settings, thinking without a thinking
+        template, or a user turn that alone does not fit the context.
         """
         text = check_prompt(text)
         settings = settings or self.engine.recommended

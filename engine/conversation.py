@@ -32,13 +32,9 @@ def supports_thinking(tokenizer) -> bool:
 
 
 def chat_prompt_ids(tokenizer, content: str, **template_kwargs) -> list[int]:
-    """Ids of `content` as one user turn plus the generation prompt, its special-token strings kept as plain text.
-
-    template_kwargs go to the template (e.g. `enable_thinking=True`); BOS is included when the template writes it.
-
-    Raises:
-        ValueError: the text holds the reserved U+E000...U+E001 placeholder, or the template changes the user text
-            so that it cannot be told apart from its markers.
+    """Ids of `content` as one user turn plus the generation prompt, its special-token strings kept as plain text
+    (`template_kwargs` go to the template). `ValueError` for text holding the reserved U+E000...U+E001 placeholder or
+    a template that changes the user text beyond telling it apart from its markers.
     """
     if _PLACEHOLDER in content:
         raise ValueError("prompt contains a reserved private-use sequence (U+E000 ... U+E001)")
@@ -80,10 +76,8 @@ def _placeholder(index: int) -> str:
 
 
 def check_messages(messages) -> list[dict]:
-    """`messages` as a list of {"role", "content"} dicts (roles: `ROLES`), lone surrogates replaced.
-
-    Raises:
-        ValueError: not a non-empty list, a bad message, role or content, or the reserved U+E000...U+E001 sequence.
+    """`messages` as a list of {"role", "content"} dicts (roles: `ROLES`), lone surrogates replaced; `ValueError` for
+    an empty or bad list, message, role or content, or the reserved U+E000...U+E001 sequence.
     """
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError("a conversation is a non-empty list of messages")
@@ -103,11 +97,8 @@ def check_messages(messages) -> list[dict]:
 
 
 def conversation_ids(tokenizer, messages, *, add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
-    """Ids of `messages` (`check_messages`) through the chat template, texts as plain text; one user message gives
-    `chat_prompt_ids`'s ids. template_kwargs go to the template.
-
-    Raises:
-        ValueError: bad messages; no chat template; a template that changes the texts other than by trimming.
+    """Ids of `messages` (`check_messages`) through the chat template, texts as plain text (one user message gives
+    `chat_prompt_ids`'s); `ValueError` for bad messages, no template, or one that changes the texts beyond trimming.
     """
     messages = check_messages(messages)
     if not chat_template_text(tokenizer):

@@ -49,12 +49,9 @@ class PipelineStopped(Exception):
 
 
 class PipelineRun:
-    """One `DiffusionGemmaPipeline` call with `scheduler` on the engine's model in a background thread, read as
-    frames while it runs: `start()`, `frames()`, `stop()` (its last frame is then "cancelled"), `wait(timeout)`;
-    `error` holds what the call raised. Settings map to the pipeline's arguments; `seed` seeds its `torch.Generator`.
-
-    Raises (at construction):
-        ValueError: bad prompt or scheduler name. ImportError: diffusers is not installed.
+    """One `DiffusionGemmaPipeline` call on the engine's model in a background thread, read as frames while it runs:
+    `start()`, `frames()`, `stop()` (the last frame then "cancelled"), `wait(timeout)`, `error` (what it raised).
+    `ValueError` for a bad prompt or scheduler, `ImportError` without diffusers (at construction).
     """
 
     def __init__(self, engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int):

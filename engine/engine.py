@@ -28,11 +28,8 @@ def lowest_safe_temperature(logit_cap: float, dtype: torch.dtype) -> float:
 
 def check_temperature_schedule(settings: DiffusionSettings, *, logit_cap: float | None,
                                feedback_dtype: torch.dtype) -> None:
-    """Refuse a schedule whose softcapped logits / temperature overflow float32, or, for logits fed back to the next
-    step, `feedback_dtype` (the decoder embeddings'). logit_cap: `final_logit_softcapping` (None: no cap).
-
-    Raises:
-        ValueError: one line naming t_min and t_max, the temperature reached, the limit and what to change.
+    """Refuse (`ValueError` naming t_min and t_max) a schedule whose softcapped logits over the temperature overflow
+    float32, or, for logits fed back to the next step, `feedback_dtype`; logit_cap None: no softcap.
     """
     cap = float(logit_cap) if logit_cap else UNCAPPED_LOGIT_BOUND
     n = settings.max_denoising_steps
@@ -56,11 +53,9 @@ def check_temperature_schedule(settings: DiffusionSettings, *, logit_cap: float 
 
 
 def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinking: bool = False) -> torch.LongTensor:
-    """Token ids `[1, prompt_length]` of `prompt` on `device`: as is (`raw`, `<bos>` prepended where the tokenizer adds
-    none) or as one chat user turn (`chat_prompt_ids`); `thinking` sets the template's `enable_thinking`.
-
-    Raises:
-        ValueError: a bad prompt (`check_prompt`); `thinking` with a raw prompt or a template without thinking.
+    """Token ids `[1, prompt_length]` of `prompt` on `device`: as is (`raw`, `<bos>` prepended where missing) or as a
+    chat user turn (`chat_prompt_ids`, `thinking`: `enable_thinking`); `ValueError` for a bad prompt or thinking with
+    a raw prompt or a template without it.
     """
     prompt = check_prompt(prompt)
     prompt = prompt.encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates become U+FFFD
@@ -152,10 +147,8 @@ class DiffusionEngine:
     def frames(self, prompt: str, settings: DiffusionSettings | None = None, *, raw: bool = False,
                seed: int | None = None, stop_event: threading.Event | None = None,
                thinking: bool = False) -> Iterator[Frame]:
-        """Validate, encode and denoise `prompt`, yielding one `Frame` per decoder forward (`denoise`).
-
-        Raises:
-            ValueError: bad prompt, seed, budget, settings or thinking request (before any work is done).
+        """Validate, encode and denoise `prompt`, one `Frame` per decoder forward (`denoise`); `ValueError` (before
+        any work) for a bad prompt, seed, budget, settings or thinking request.
         """
         settings = settings or self.recommended
         seed = parse_seed(seed)

@@ -103,20 +103,12 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
             stop_event: threading.Event | None = None, random_state: RunRandomState | None = None,
             past_key_values=None, logits_processors: list | None = None,
             initial_canvas: torch.LongTensor | None = None) -> Iterator[Frame]:
-    """Run block diffusion on `input_ids` `[1, prompt_length]` and yield a `Frame` after every decoder forward.
+    """Run block diffusion on `input_ids` `[1, prompt_length]`, yielding a `Frame` after every decoder forward.
 
-    Args:
-        token_text: id -> display string (`engine.tokens.TokenText`). seed: as `torch.manual_seed` before
-            `generate()` (None: drawn); random_state overrides it.
-        stop_event: when set, ends before the next forward with a final "cancelled" frame (closing the generator also
-            ends it).
-        past_key_values: a cache already holding the tokens before `input_ids` (a chat's earlier turns), updated in
-            place, as `generate(past_key_values=...)`.
-        logits_processors: applied before the temperature schedule, as `generate(logits_processor=...)`.
-        initial_canvas: `[1, canvas_length]` ids for the first canvas, as `generate(decoder_input_ids=...)`.
-
-    Raises:
-        ValueError: batch size other than 1.
+    `token_text`: id -> display string; `seed` (None: drawn) or `random_state`; `stop_event`: ends before the next
+    forward with a "cancelled" frame; `past_key_values`, `logits_processors` and `initial_canvas` act as
+    `generate()`'s `past_key_values`, `logits_processor` and `decoder_input_ids`. `ValueError` for a batch other than
+    1.
     """
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must have shape [1, prompt_length], got {tuple(input_ids.shape)}")

@@ -36,10 +36,7 @@ class InfillLayout:
 
 def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
     """The template as alternating fixed text (str) and blank lengths (int); `canvas_length` None checks syntax only.
-
-    Raises:
-        ValueError: not text, empty, too long, no blank, a blank of 0 or over `canvas_length` tokens, or a malformed
-            `[___` (named, with the syntax).
+    `ValueError` for no text, too long, no blank, a blank of 0 or over `canvas_length` tokens, or a malformed `[___`.
     """
     if not isinstance(template, str) or not template.strip():
         raise ValueError("infill template is empty: write text with blanks such as [___] or [___ 12]")
@@ -66,11 +63,8 @@ def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
 
 
 def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -> InfillLayout:
-    """Tokenize the template's text as plain text and lay it out in one canvas; spaces ending a text before a blank
-    are dropped (the blank's first word token brings its own).
-
-    Raises:
-        ValueError: as `parse_template`; a template longer than one canvas (both counts given).
+    """Tokenize the template's text as plain text and lay it out in one canvas (spaces before a blank dropped: its
+    first word token brings its own); `ValueError` as `parse_template` or for a template longer than one canvas.
     """
     ids: list[int] = []
     fixed: list[bool] = []
@@ -120,11 +114,8 @@ class FixedPositionsLogitsProcessor(LogitsProcessor):
 def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSettings | None = None, *,
                   prompt: str | None = None, seed: int | None = None,
                   stop_event: threading.Event | None = None) -> tuple[InfillLayout, Iterator[Frame]]:
-    """Lay out `template` and denoise its blanks in one canvas: (layout, frames), one `Frame` per decoder forward;
-    `prompt`: raw context before the canvas (default `<bos>`); speed figures count the blanks only.
-
-    Raises:
-        ValueError: bad template, prompt, seed or settings; a template that does not fit one canvas.
+    """Lay out `template` and denoise its blanks in one canvas: (layout, frames), one `Frame` per forward; `prompt`:
+    raw context before the canvas (default `<bos>`). `ValueError` for a bad template, prompt, seed or settings.
     """
     settings = (settings or engine.recommended).replace(max_new_tokens=engine.canvas_length)
     engine.check_settings(settings)
@@ -202,11 +193,9 @@ def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
 def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Frame, pins: Mapping[int, int],
                   settings: DiffusionSettings, *, seed: int | None = None,
                   stop_event: threading.Event | None = None) -> Iterator[Frame]:
-    """Denoise on from `frame` of a run of `prompt_ids`, one `Frame` per forward; `pins` (position -> id) stay fixed
-    in the first block; the token budget is what the run had left after its committed blocks.
-
-    Raises:
-        ValueError: a pin outside the canvas or vocabulary, a bad seed or settings, no token budget left.
+    """Denoise on from `frame` of a run of `prompt_ids`, `pins` (position -> id) fixed in the first block, with the
+    token budget the run had left; `ValueError` for a pin outside canvas or vocabulary, bad seed or settings, no
+    budget.
     """
     canvas_length, vocab = engine.canvas_length, engine.model.config.text_config.vocab_size
     for position, token in pins.items():

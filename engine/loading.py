@@ -72,11 +72,8 @@ def available_cpus() -> int:
 
 
 def set_serving_threads(device: torch.device, threads: int | None = None) -> int:
-    """Set torch's intra-op CPU threads for serving beside a web server and return the count: `threads`, or on CPU
-    one fewer than `available_cpus()` (at least 1); elsewhere torch's own setting.
-
-    Raises:
-        ValueError: `threads` is given and below 1.
+    """Set torch's CPU threads for serving beside a web server and return the count: `threads`, else on CPU one fewer
+    than `available_cpus()` (at least 1), else torch's own. `ValueError` for `threads` below 1.
     """
     if threads is not None:
         if isinstance(threads, bool) or int(threads) != threads or threads < 1:
@@ -165,12 +162,9 @@ def load_model(
     model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto", quantization: str = "none"
 ) -> LoadedModel:
     """Load `DiffusionGemmaForBlockDiffusion` and its tokenizer onto `device` (`auto|cpu|cuda|mps`, never spread) in
-    `dtype` (`auto`: bf16 on CUDA, fp32 elsewhere), quantized with `quantization` (`none|4bit|8bit|fp8`, see
-    `engine.quantization`); on CUDA a model that does not fit is refused first (`check_fits`).
-
-    Raises:
-        ModelLoadError: missing or non-DiffusionGemma checkpoint, unreadable weights or tokenizer, a bad or
-            unavailable device/dtype/quantization, a model larger than the GPU's free memory.
+    `dtype` (`auto`: bf16 on CUDA, else fp32), quantized as `quantization` says (`none|4bit|8bit|fp8`); on CUDA a
+    model that does not fit is refused first. `ModelLoadError` for a missing or wrong checkpoint, unreadable weights
+    or tokenizer, an unavailable device, dtype or quantization, or too little GPU memory.
     """
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")

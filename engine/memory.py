@@ -48,12 +48,9 @@ def model_bytes(model: nn.Module) -> int:
 
 
 def memory_report(model: nn.Module, quantization: str = "none") -> dict:
-    """Bytes of `model`'s tensors, `{"total_bytes": N, "groups": {group: N}}` (`GROUPS`), each tensor once as stored;
-    with a `quantization`, not-yet-quantized targets count as `quantized_nbytes` says (tied modules get shared) and
-    an unconverted meta model is converted to fp8 in place.
-
-    Raises:
-        ValueError: unknown `quantization`; `fp8` for an unconverted model outside the meta device.
+    """Bytes of `model`'s tensors as stored, each once: `{"total_bytes": N, "groups": {group: N}}`; with a
+    `quantization`, unquantized targets count as `quantized_nbytes` says (an unconverted meta model is converted to
+    fp8 in place). `ValueError` for an unknown choice or fp8 of an unconverted model off the meta device.
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")

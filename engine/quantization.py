@@ -146,12 +146,9 @@ def quantize_parameter(module: nn.Module, param: str, quantization: str) -> None
 
 
 def quantize_model(model: nn.Module, quantization: str, device: torch.device | str) -> nn.Module:
-    """Quantize `model` (on the CPU) onto `device` one tensor at a time, so the device never holds more than the
-    quantized model plus one full-precision tensor; returns `model` (changed in place).
-
-    Raises:
-        ImportError: bitsandbytes is not installed (one line).
-        ValueError: `quantization` other than none, 4bit or 8bit.
+    """Quantize `model` (on the CPU) onto `device` one tensor at a time (the device never holds more than the
+    quantized model and one full-precision tensor); returns it, changed in place. `ImportError` without bitsandbytes,
+    `ValueError` for a choice other than none, 4bit or 8bit.
     """
     if quantization == "none":
         return model.to(device)

@@ -318,14 +318,10 @@ class RaceRunner:
     def run(self, prompt: str, settings: DiffusionSettings | None = None, *, raw: bool = False, seed=None,
             ar_temperature=0.0, order: str = "alternate", warm_up: bool = True,
             on_frame: FrameCallback | None = None, stop_event: threading.Event | None = None) -> RaceResult:
-        """Race `prompt` through both sides, one after the other, and return both results.
-
-        settings: the diffusion side's (its `max_new_tokens` in whole canvases is both budgets); seed: both sides';
-        ar_temperature: 0 greedy; order: one of `ORDERS`; on_frame(side, frame): called after every forward (a
-        `Frame` or a `TokenFrame`), its time not counted; stop_event: stops within one forward.
-
-        Raises:
-            ValueError: bad input (see `check`), before anything runs.
+        """Race `prompt` through both sides one after the other; `settings`' `max_new_tokens` (whole canvases) is
+        both budgets, `seed` both seeds, `ar_temperature` 0 greedy; `on_frame(side, frame)` runs after every forward
+        (its time not counted); `stop_event` stops within one forward. `ValueError` (see `check`) before anything
+        runs.
         """
         settings = settings or self.engine.recommended
         seed = parse_seed(seed)
@@ -406,11 +402,7 @@ HEADROOM = 1.15  # KV cache, activations and the allocator's slack on top of the
 
 
 def causal_lm_bytes(model_id: str, dtype: torch.dtype) -> int:
-    """Bytes the weights of causal LM `model_id` take in `dtype`, from its config alone (meta device).
-
-    Raises:
-        ModelLoadError: no readable config.
-    """
+    """Bytes of causal LM `model_id`'s weights in `dtype`, from its config alone; `ModelLoadError` without one."""
     local = Path(str(model_id)).expanduser()
     try:
         config = AutoConfig.from_pretrained(str(local) if local.exists() else model_id, trust_remote_code=False,
@@ -432,11 +424,8 @@ def free_bytes(device: torch.device) -> int:
 
 
 def check_fit(engine, ar_model: str, dtype: torch.dtype, free: int | None = None) -> int:
-    """Refuse `ar_model` when it does not fit next to `engine`'s model in `free` bytes (default: measured now);
-    returns its bytes.
-
-    Raises:
-        ModelLoadError: one line with both models' needs and the free memory.
+    """Refuse (`ModelLoadError`, one line with both needs) `ar_model` when it does not fit next to `engine`'s model
+    in `free` bytes (default: measured now); returns its bytes.
     """
     needed = causal_lm_bytes(ar_model, dtype)
     free = free_bytes(engine.device) if free is None else free
@@ -452,10 +441,8 @@ def check_fit(engine, ar_model: str, dtype: torch.dtype, free: int | None = None
 
 
 def race_runner(engine, ar_model: str):
-    """A `RaceRunner` against the separate causal LM `ar_model` in the engine's dtype, once `check_fit` allows it.
-
-    Raises:
-        ModelLoadError: it does not fit or does not load.
+    """A `RaceRunner` against causal LM `ar_model` in the engine's dtype once `check_fit` allows; `ModelLoadError`
+    else.
     """
     dtype = engine.model.dtype
     check_fit(engine, ar_model, dtype)

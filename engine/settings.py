@@ -127,11 +127,8 @@ def parse_flag(name: str, value) -> bool:
 
 
 def parse_setting(name: str, value, *, ui: bool = False) -> int | float | bool:
-    """`value` (a number, a numeric string, or a flag as `parse_flag` takes it) as setting `name`'s kind; `ui=True`
-    also holds it to the UI range. t_min < t_max is `DiffusionSettings`'s check.
-
-    Raises:
-        ValueError: one line starting with the setting's name and giving its range; an unknown name.
+    """`value` (a number, numeric string, or a flag as `parse_flag` takes it) as setting `name`'s kind, in its range
+    (`ui=True`: the UI's); `ValueError` starting with the name and giving the range. t_min < t_max is checked apart.
     """
     return spec(name).parse(value, ui=ui)
 
@@ -226,10 +223,8 @@ class DiffusionSettings:
         return dataclasses.replace(self, **changes)
 
     def with_values(self, values, *, ui: bool = False) -> "DiffusionSettings":
-        """A copy with every setting present in `values` parsed (`parse_setting`, in `SETTINGS` order) and applied.
-
-        Raises:
-            ValueError: an unknown name, a bad value, or t_min >= t_max.
+        """A copy with every setting present in `values` parsed (in `SETTINGS` order) and applied; `ValueError` for
+        an unknown name, a bad value or t_min >= t_max.
         """
         for name in values:
             spec(name)

@@ -82,11 +82,9 @@ class Trace:
     @classmethod
     def from_frames(cls, frames, *, model: ModelInfo, settings: DiffusionSettings, prompt: str, raw: bool,
                     prompt_ids, token_text, text: str) -> "Trace":
-        """The trace of a run from its frames and context (`token_text(id) -> str`); a trailing "cancelled" frame
-        that repeats the previous forward replaces it. Frames come back compact (as `load_trace(trace.to_json())`).
-
-        Raises:
-            TraceError: no frames, or frames that do not form one run.
+        """The trace of a run from its frames and context (`token_text(id) -> str`), frames as `load_trace` gives
+        them back; a trailing "cancelled" repeat of the last forward replaces it. `TraceError` for frames that are
+        not one run.
         """
         kept: list[Frame] = []
         for frame in frames:
@@ -135,11 +133,7 @@ class Trace:
 def record_trace(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings | None = None, *,
                  raw: bool = False, seed: int | None = None, stop_event: threading.Event | None = None,
                  thinking: bool = False) -> Trace:
-    """Run `prompt` to the end on `engine` and return its `Trace` (arguments as `DiffusionEngine.frames`).
-
-    Raises:
-        ValueError: bad prompt, seed or budget (before any work is done).
-    """
+    """Run `prompt` to the end on `engine` (arguments as `DiffusionEngine.frames`) and return its `Trace`."""
     settings = settings or engine.recommended
     frames = list(engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop_event, thinking=thinking))
     return trace_of_run(engine, frames, prompt=prompt, settings=settings, raw=raw, thinking=thinking)
@@ -216,10 +210,8 @@ def _rounded(value: float, digits: int) -> float:
 # -- loading ------------------------------------------------------------------------------------------------------
 
 def load_trace(source) -> Trace:
-    """Load and check a trace from JSON text, UTF-8 bytes or a `pathlib.Path`.
-
-    Raises:
-        TraceError: over `MAX_TRACE_BYTES`, empty, not UTF-8 JSON, or what `parse_trace` refuses; one message each.
+    """Load and check a trace from JSON text, UTF-8 bytes or a `pathlib.Path`; `TraceError` (one message) for an
+    oversized, empty or non-UTF-8-JSON source or what `parse_trace` refuses.
     """
     if isinstance(source, Path):
         try:
@@ -259,12 +251,9 @@ def _no_constant(name: str):
 
 
 def parse_trace(document) -> Trace:
-    """Check a decoded trace document (`docs/trace.md`: format and readable version, every field's type and range,
-    sizes, per-position lists of `canvas_length`, every id in `tokens`, frames forming one run) and build its
-    `Trace`; unknown keys are ignored.
-
-    Raises:
-        TraceError: the first problem, named with its place (e.g. "frame 3: confidence has 63 entries ...").
+    """Check a decoded trace document (`docs/trace.md`: format and version, every field's type, range and size, every
+    id in `tokens`, frames forming one run; unknown keys ignored) and build its `Trace`; `TraceError` names the first
+    problem and its place ("frame 3: confidence has 63 entries ...").
     """
     doc = _object(document, "the trace")
     if doc.get("format") != TRACE_FORMAT:
