@@ -94,7 +94,6 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
     fixed = [bool(f) for f in fixed] if fixed is not None else [False] * frame.canvas_length
     n = frame.canvas_length
     header_bits = [f"Block {frame.block_index + 1}"]
-    chips = []
     draft_kinds = frame.draft_kinds or None
     if live:
         accepted = sum(1 for a in frame.accepted if a)
@@ -111,14 +110,8 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
             kinds = [frame.draft_kinds[p] if flags[p] else frame.input_kinds[p] for p in range(n)]
         cells = token_cells(shown, kinds, groups=flags)
         drafts = token_cells(frame.draft_tokens, draft_kinds)
-        for pos in range(n):
-            chips.append(chip_html(
-                shown[pos], kind="accepted" if flags[pos] else "noisy", position=pos,
-                confidence=frame.confidence[pos], entropy=frame.entropy[pos],
-                first_accepted_step=frame.first_accepted_step[pos],
-                draft=None if flags[pos] else frame.draft_tokens[pos], cell=cells[pos],
-                draft_cell=None if flags[pos] else drafts[pos], fixed=fixed[pos],
-                remelted=bool(frame.remelted) and frame.remelted[pos], alternatives=_alternatives(frame, pos)))
+        looks = ["accepted" if flag else "noisy" for flag in flags]
+        melted = [bool(frame.remelted) and frame.remelted[pos] for pos in range(n)]
     else:
         start = frame.block_index * n
         kept = max(0, min(n, len(frame.committed_ids) - start))
@@ -132,13 +125,15 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
             header_bits.append(f"{kept - pads} token{'s' if kept - pads != 1 else ''} kept, end-of-sequence")
         if pads:
             header_bits.append(f"{pads} pad{'s' if pads != 1 else ''} (not counted)")
-        cells = token_cells(frame.draft_tokens, draft_kinds, groups=[pos < kept for pos in range(n)])
-        for pos in range(n):
-            chips.append(chip_html(
-                frame.draft_tokens[pos], kind="committed" if pos < kept else "pad", position=pos,
-                confidence=frame.confidence[pos], entropy=frame.entropy[pos],
-                first_accepted_step=frame.first_accepted_step[pos], cell=cells[pos], fixed=fixed[pos],
-                alternatives=_alternatives(frame, pos)))
+        shown = frame.draft_tokens
+        cells = drafts = token_cells(shown, draft_kinds, groups=[pos < kept for pos in range(n)])
+        looks = ["committed" if pos < kept else "pad" for pos in range(n)]
+        flags, melted = [True] * n, [False] * n  # a finished block shows no guesses and no re-melts
+    chips = [chip_html(shown[pos], kind=looks[pos], position=pos, confidence=frame.confidence[pos],
+                       entropy=frame.entropy[pos], first_accepted_step=frame.first_accepted_step[pos],
+                       draft=None if flags[pos] else frame.draft_tokens[pos], cell=cells[pos],
+                       draft_cell=None if flags[pos] else drafts[pos], fixed=fixed[pos], remelted=melted[pos],
+                       alternatives=_alternatives(frame, pos)) for pos in range(n)]
     state = "live" if live else "done"
     header = escape_html(" \u00b7 ".join(header_bits))
     return (f'<section class="dg-block dg-block-{state}" data-block="{frame.block_index}">'

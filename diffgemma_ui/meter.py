@@ -12,25 +12,25 @@ from .canvas_view import STOP_REASONS
 from .text import escape_html
 
 
-def format_number(value: float, digits: int = 1, unit: str = "") -> str:
-    """`value` with `digits` decimals, thousands separated, and `unit`; "–" for a missing or non-finite value."""
+def _finite(value) -> float | None:
     try:
         value = float(value)
     except (TypeError, ValueError):
-        return "\u2013"
-    if not math.isfinite(value):
-        return "\u2013"
-    return f"{value:,.{digits}f}{unit}"
+        return None
+    return value if math.isfinite(value) else None
+
+
+def format_number(value: float, digits: int = 1, unit: str = "") -> str:
+    """`value` with `digits` decimals, thousands separated, and `unit`; "–" for a missing or non-finite value."""
+    value = _finite(value)
+    return "\u2013" if value is None else f"{value:,.{digits}f}{unit}"
 
 
 def format_count(value: float, digits: int = 1) -> str:
     """A mean or count: an integral value as an integer ("32", not "32.0"), else with `digits` decimals."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return "\u2013"
-    if math.isfinite(value) and value == round(value):
-        return f"{int(round(value)):,}"
+    number = _finite(value)
+    if number is not None and number == round(number):
+        return f"{int(round(number)):,}"
     return format_number(value, digits)
 
 
@@ -118,12 +118,8 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
     progress = values.pop("progress")
     cards = stat_cards_html(values)
     rates = committed if committed is not None else frame
-    tps = 0.0 if rates is None or not rates.forwards_per_block else float(rates.tokens_per_second)
-    if not math.isfinite(tps):
-        tps = 0.0
-    ttff = 0.0 if frame is None else float(frame.time_to_first_frame_s)
-    if not math.isfinite(ttff):
-        ttff = 0.0
+    tps = 0.0 if rates is None or not rates.forwards_per_block else _finite(rates.tokens_per_second) or 0.0
+    ttff = 0.0 if frame is None else _finite(frame.time_to_first_frame_s) or 0.0
     state = state or ("idle" if frame is None else ("done" if frame.done else "running"))
     footer = f'<div class="dg-meter-note">{escape_html(note or IDLE_NOTE)}</div>'
     if frame is not None:

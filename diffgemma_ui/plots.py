@@ -75,11 +75,9 @@ def empty_figure(title: str, message: str = "Fills in as the canvas denoises", *
                  below_toolbar: bool = False) -> FigureSpec:
     """A placeholder figure with `message` in the middle (escaped); `below_toolbar` as the figure it stands for."""
     return FigureSpec(data=[], layout=_layout(
-        title, below_toolbar=below_toolbar,
-        xaxis={"visible": False}, yaxis={"visible": False},
-        annotations=[{"text": escape_plotly(message), "showarrow": False,
-                      "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "font": {"size": 13}}],
-    ))
+        title, below_toolbar=below_toolbar, xaxis={"visible": False}, yaxis={"visible": False},
+        annotations=[{"text": escape_plotly(message), "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5,
+                      "y": 0.5, "font": {"size": 13}}]))
 
 
 def _block_title(frames: Sequence[Frame], what: str) -> str:
@@ -132,11 +130,9 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
         labels = draft_labels(frame)
         for pos in range(n):
             accepted = bool(frame.accepted[pos])
-            hover_row.append(
-                f"step {row + 1} \u00b7 position {pos}<br>"
-                f"\u201c{escape_plotly(labels[pos])}\u201d {'accepted' if accepted else 'renoised'}<br>"
-                f"confidence {frame.confidence[pos]:.3f} \u00b7 entropy {frame.entropy[pos]:.3f} nats"
-            )
+            hover_row.append(f"step {row + 1} \u00b7 position {pos}<br>"
+                             f"\u201c{escape_plotly(labels[pos])}\u201d {'accepted' if accepted else 'renoised'}<br>"
+                             f"confidence {frame.confidence[pos]:.3f} \u00b7 entropy {frame.entropy[pos]:.3f} nats")
         hover_text.append(hover_row)
     y = list(range(1, steps + 1))
     # Rows keep their height as a block fills: a live block reserves its remaining steps, a finished one shows its own
@@ -177,9 +173,8 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
                      "y1": steps + 0.5, "fillcolor": "rgba(128,128,128,0.88)", "line": {"width": 0},
                      "layer": "above", "visible": k < steps - 1}]
 
-        frame_objects = [
-            {"name": f"step {k + 1}", "layout": {"shapes": cover(k), "sliders[0].active": k}} for k in range(steps)
-        ]
+        frame_objects = [{"name": f"step {k + 1}", "layout": {"shapes": cover(k), "sliders[0].active": k}}
+                         for k in range(steps)]
         instant = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
         layout["sliders"] = [{
             "active": steps - 1,
@@ -187,24 +182,17 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
             # in a row of its own under the play/pause buttons: side by side they overlap on a phone
             "pad": {"t": 92, "b": 4}, "len": 1.0, "x": 0.0, "y": 0, "ticklen": 3, "minorticklen": 0,
             "font": {"size": 10},
-            "steps": [
-                {"label": str(k + 1), "method": "animate", "args": [[frame_objects[k]], instant]}
-                for k in range(steps)
-            ],
-        }]
+            "steps": [{"label": str(k + 1), "method": "animate", "args": [[frame_objects[k]], instant]}
+                      for k in range(steps)]}]
         layout["updatemenus"] = [{
             "type": "buttons", "direction": "left", "showactive": False, "x": 0.0, "y": 0, "xanchor": "left",
             "yanchor": "top", "pad": {"t": 58, "r": 8}, **BUTTON_STYLE,
             "buttons": [
-                {"label": "\u25b6", "method": "animate",
-                 "args": [frame_objects, {"mode": "immediate", "fromcurrent": False,
-                                          "frame": {"duration": 220, "redraw": True},
-                                          "transition": {"duration": 0}}]},
-                {"label": "\u275a\u275a", "method": "animate",
-                 "args": [[None], {"mode": "immediate", "frame": {"duration": 0, "redraw": False},
-                                   "transition": {"duration": 0}}]},
-            ],
-        }]
+                {"label": "\u25b6", "method": "animate", "args": [frame_objects, {
+                    "mode": "immediate", "fromcurrent": False, "frame": {"duration": 220, "redraw": True},
+                    "transition": {"duration": 0}}]},
+                {"label": "\u275a\u275a", "method": "animate", "args": [[None], {
+                    "mode": "immediate", "frame": {"duration": 0, "redraw": False}, "transition": {"duration": 0}}]}]}]
         layout["height"] = HEIGHT + 110
         layout["margin"] = {**layout["margin"], "b": 150}
     return FigureSpec(data=data, layout=layout)

@@ -24,15 +24,18 @@ class SessionState:
         self.worker: RunWorker | None = None
         self.ticket = 0
         self.running_ticket = 0
-        self.snapshot: RunSnapshot | None = None
-        self.finished_html: list[str] = []
-        self.stacked_blocks = -1  # finished blocks shown in the stack component (-1: not rendered this run)
+        self._clear_views()
         self._lock = threading.Lock()
         self._stream_done = threading.Event()
         self._stream_done.set()
 
     def __deepcopy__(self, memo) -> "SessionState":
         return SessionState()
+
+    def _clear_views(self) -> None:
+        self.snapshot: RunSnapshot | None = None
+        self.finished_html: list[str] = []
+        self.stacked_blocks = -1  # finished blocks shown in the stack component (-1: not rendered this run)
 
     # -- tickets -------------------------------------------------------------------------------------------------
     def claim(self) -> int:
@@ -61,9 +64,7 @@ class SessionState:
                 return False
             self.worker = worker
             self.running_ticket = ticket
-            self.snapshot = None
-            self.finished_html = []
-            self.stacked_blocks = -1
+            self._clear_views()
             self._stream_done.clear()
         return True
 
@@ -104,7 +105,5 @@ class SessionState:
             self.ticket += 1
         self.stop()
         self.worker = None
-        self.snapshot = None
-        self.finished_html = []
-        self.stacked_blocks = -1
+        self._clear_views()
         self._stream_done.set()
