@@ -45,13 +45,10 @@ def _number(value: float, digits: int = 3) -> str:
 def chip_html(token: str, *, kind: str, position: int, confidence: float, entropy: float, first_accepted_step: int,
               draft: str | None = None, cell: TokenCell | None = None, draft_cell: TokenCell | None = None,
               fixed: bool = False, remelted: bool = False, alternatives: Sequence[tuple[str, float]] = ()) -> str:
-    """One canvas position as a `<span>` chip whose tooltip lists the token, what it is, confidence, entropy, first
-    accepted step and, with `alternatives` [(token, probability)], "why this token?".
-
-    kind: "accepted" or "committed" (coloured by confidence), "noisy" (renoised: dimmed, struck through, `draft` its
-    current guess) or "pad" (after end-of-sequence); `cell`/`draft_cell`: how they look (`token_cells`; special
-    tokens dimmed and labelled); `fixed`: given by an infill template (no confidence colour); `remelted`: accepted
-    earlier, renoised now. `ValueError` for an unknown `kind`.
+    """One canvas position as a `<span>` chip with a tooltip (token, what it is, confidence, entropy, first accepted
+    step, "why this token?" from `alternatives`). kind: "accepted"/"committed" (coloured by confidence), "noisy"
+    (`draft`: its current guess) or "pad"; `cell`s from `token_cells`; `fixed`: given by a template; `remelted`:
+    renoised after acceptance. `ValueError` for an unknown `kind`.
     """
     if kind not in ("accepted", "noisy", "committed", "pad"):
         raise ValueError(f"unknown chip kind {kind!r}")
@@ -87,9 +84,8 @@ def chip_html(token: str, *, kind: str, position: int, confidence: float, entrop
 
 
 def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None) -> str:
-    """One block as HTML from its newest frame: live, accepted drafts coloured by confidence and noisy inputs struck
-    through; finished (`live=False`), the committed canvas with positions after end-of-sequence faded and pads
-    counted apart. `fixed`: per position, given rather than denoised (infill).
+    """One block as HTML from its newest frame: live (accepted drafts coloured, noisy inputs struck through) or
+    finished (the committed canvas, positions after end-of-sequence faded); `fixed`: per position, given (infill).
     """
     fixed = [bool(f) for f in fixed] if fixed is not None else [False] * frame.canvas_length
     n = frame.canvas_length

@@ -1,6 +1,5 @@
-"""How the app is served: the platform read from the environment it sets (Hugging Face Spaces: `SYSTEM`,
-`SPACE_ID`, `SPACES_ZERO_GPU`, `CPU_CORES`; never from which packages import), the queue plan, serving threads,
-glibc's malloc arenas and the listening port.
+"""How the app is served: the platform as its environment says (Spaces' `SYSTEM`, `SPACE_ID`, `SPACES_ZERO_GPU`,
+`CPU_CORES`), the queue plan, serving threads, glibc's malloc arenas and the listening port.
 """
 
 from __future__ import annotations

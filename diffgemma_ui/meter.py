@@ -39,10 +39,8 @@ RATE_NOTE = ("tokens/s and tokens/forward: committed blocks only (their tokens \
 
 
 def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[str, str]:
-    """The meter's figures as unescaped display strings keyed by label (`frame` None: dashes). Tokens/s and
-    tokens/forward are the committed blocks' (`committed`: the newest finished block's last frame), so they change
-    only when a block commits ("…" before the first, "–" once over); forwards/block is the mean over finished blocks
-    ("≥ n" while the first runs).
+    """The meter's figures as unescaped strings by label (`frame` None: dashes); tokens/s and tokens/forward are the
+    committed blocks' (`committed`: the newest finished block's last frame): "…" before the first, "–" once over.
     """
     if frame is None:
         return {label: "\u2013" for label in (
@@ -109,10 +107,8 @@ def stat_cards_html(values: dict[str, str]) -> str:
 
 def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str | None = None,
                state: str | None = None, notice: str | None = None) -> str:
-    """The meter as HTML: a card per `meter_values` figure, progress, seed and counts in a note below. `note`
-    replaces the idle note; `state` overrides `data-state` (idle, queued, running, done, refused); `notice`: a line
-    above the cards. `data-tps` and `data-ttff` hold the raw tokens/s and time to first frame in seconds ("0" before
-    any).
+    """The meter as HTML: a card per `meter_values` figure and a note; `note` replaces the idle note, `state` the
+    `data-state`, `notice` a line above the cards; `data-tps`/`data-ttff` hold the raw figures ("0" before any).
     """
     values = meter_values(frame, committed)
     progress = values.pop("progress")

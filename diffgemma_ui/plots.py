@@ -1,6 +1,5 @@
-"""Plotly views of a run as plain figure dicts built from frames (no plotly validation at run time): the confidence
-heatmap, the unmasking order, and entropy and acceptance per step. Token strings in hover texts go through
-`escape_plotly`.
+"""Plotly views of a run as plain figure dicts built from frames (no validation at run time): confidence heatmap,
+unmasking order, entropy and acceptance per step; hover tokens go through `escape_plotly`.
 """
 
 from __future__ import annotations
@@ -105,10 +104,9 @@ BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color"
 
 
 def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
-    """Confidence of the draft token per (step, position) of one block (`frames` in order; none: a placeholder): a
-    viridis heatmap with dots where a position was accepted and crosses where it re-melted; `hover`: per-cell token
-    text; `animate`: a step slider and play button (frames inlined in their arguments: Gradio drops a figure's
-    `frames`).
+    """Draft confidence per (step, position) of one block's `frames`: viridis cells, dots where accepted, crosses
+    where re-melted; `hover`: per-cell token text; `animate`: step slider and play button (frames inlined in their
+    args).
     """
     if not frames:
         return empty_figure("Confidence per step and position")

@@ -1,6 +1,5 @@
-"""Per-browser-session state in a `gr.State`: the session's one run, its tickets and last snapshot. Every trigger
-takes a ticket (`claim`: stops the current run, stales older tickets); a run starts only if its ticket is still the
-newest (`begin`), after the previous stream ended, and a stale stream stops yielding (`is_current`).
+"""Per-browser-session state in a `gr.State`: one run per session. Each trigger takes a ticket (`claim`), a run
+starts only while its ticket is the newest (`begin`), and a stale stream stops yielding (`is_current`).
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ PREVIOUS_STREAM_WAIT_S = 10.0
 
 
 class SessionState:
-    """What one browser session remembers between events: its `worker`, the newest `ticket` and the `running_ticket`,
-    the last `snapshot`, the finished blocks' HTML cache and how many the stack shows. A deep copy (Gradio's per
-    session copy) is always a fresh, empty state.
+    """What one browser session remembers: its `worker`, tickets, last `snapshot` and the finished blocks' HTML
+    cache; a deep copy (Gradio's per-session copy) is always a fresh, empty state.
     """
 
     def __init__(self):

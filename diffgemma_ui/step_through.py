@@ -1,6 +1,5 @@
-"""Step-through mode: one decoder forward per click ("Next step"), or the rest of the run ("Run to end"). The session
-keeps the engine's frame generator (its KV cache and random state) between clicks, so a stepped run's tokens are a
-normal run's; the positions first accepted in each forward are outlined.
+"""Step-through mode: one decoder forward per "Next step", or the rest with "Run to end". The engine's frame
+generator is kept between clicks, so a stepped run's tokens are a normal run's; new acceptances are outlined.
 """
 
 from __future__ import annotations
@@ -122,9 +121,8 @@ class StepThroughHandlers:
         return (*outputs.as_tuple(), step_note(latest) if latest is not None else "")
 
     def next_step(self, session: SessionState, *inputs) -> tuple:
-        """"Next step": one forward of the session's stepped run (started from the eleven run `inputs` if none);
-        returns the stream outputs and the note. `gr.Error` for invalid inputs, a normal run in progress or an engine
-        failure.
+        """"Next step": one forward of the session's stepped run (started from the run `inputs` if none): the stream
+        outputs and the note; `gr.Error` for bad inputs, a normal run in progress or an engine failure.
         """
         return self._advance(session, self._step_run(session, inputs))
 

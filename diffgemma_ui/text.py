@@ -1,6 +1,5 @@
-"""Making raw model strings safe and visible: the only place token text is escaped. Token strings may hold markup,
-quotes, whitespace, control characters, bidi overrides, emoji or right-to-left text; every view goes through these
-helpers before a string reaches HTML or a Plotly label.
+"""Making raw model strings safe and visible: the only place token text is escaped. Every view passes model strings
+(markup, quotes, whitespace, controls, bidi overrides, emoji) through these helpers before HTML or Plotly.
 """
 
 from __future__ import annotations

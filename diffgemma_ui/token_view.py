@@ -1,6 +1,5 @@
-"""What one canvas position shows, by token kind: text tokens their text (whitespace made visible), special tokens a
-short dimmed label ("pad", "turn start"), never their raw marker; consecutive byte pieces read together as UTF-8,
-each character on its first byte's position, the rest as "+80 94", a lone byte as "0xE2" (never U+FFFD).
+"""What one canvas position shows, by token kind: text its text (whitespace visible), special tokens a dimmed label,
+byte pieces read together as UTF-8 (a character on its first byte, the rest "+80 94", a lone byte "0xE2").
 """
 
 from __future__ import annotations
