@@ -1,5 +1,9 @@
-"""The offline replay page: one self-contained HTML file (no network request; its Content-Security-Policy allows
-none) that plays a trace back with the static player of `assets/replay/` and the vendored Plotly bundle.
+"""The offline replay page: one self-contained HTML file that plays a trace back in the browser.
+
+The page is the trace's data as JSON (`replay_data`) plus the static player in `assets/replay/` (JS and CSS, inlined)
+and the vendored Plotly bundle (gzip, base64; the browser unpacks it). The player draws the playground's canvas,
+meter and plots from that data; it puts every trace string into the page as text, never as markup. The page makes no
+network request (its Content-Security-Policy allows none). `docs/trace.md` describes the page's data.
 """
 
 from __future__ import annotations
@@ -16,18 +20,54 @@ ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 PLAYER_DIR = ASSETS_DIR / "replay"
 PLAYER_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js")  # in load order: each uses the ones before
 STYLESHEETS = (PLAYER_DIR / "theme.css", ASSETS_DIR / "style.css", PLAYER_DIR / "page.css")
-PAGE = PLAYER_DIR / "page.html"  # the page skeleton: str.format fields csp, css, data, plotly, player
 PLOTLY_GZ = ASSETS_DIR / "vendor" / "plotly-cartesian-4.1.1.min.js.gz"
 PLAY_INTERVAL_MS = 350
 PRESENT_INTERVAL_MS = 1400  # narration speed: a caption a teacher can read aloud per forward
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<title>DiffGemma replay</title>
+<style>{css}</style></head>
+<body data-ready="false" data-playing="false" data-forward="-1"><main>
+<div class="dg-header"><div><h1>DiffGemma replay</h1><p id="dg-replay-settings"></p></div>
+<div class="dg-badges" id="dg-replay-badges"></div></div>
+<section class="dg-card"><h2>Prompt</h2><pre id="dg-replay-prompt"></pre></section>
+<div id="dg-replay-controls">
+<button id="dg-replay-prev" type="button" aria-label="previous step">&#9664;</button>
+<button id="dg-replay-play" type="button" class="primary" aria-label="play">&#9654;</button>
+<button id="dg-replay-next" type="button" aria-label="next step">&#9654;&#10073;</button>
+<input id="dg-replay-slider" type="range" min="0" max="0" step="1" value="0" aria-label="step">
+<span id="dg-replay-label"></span><button id="dg-replay-present" type="button">Present</button>
+<span id="dg-replay-error" role="alert"></span></div>
+<p id="dg-replay-caption" role="status" aria-live="polite"></p>
+<div id="dg-meter"></div>
+<section class="dg-card"><div id="dg-legend"></div><div id="dg-stack"></div><div id="dg-canvas"></div></section>
+<section class="dg-card"><div id="dg-heatmap"></div></section>
+<div class="dg-plot-row"><section class="dg-card"><div id="dg-order"></div></section>
+<section class="dg-card"><div id="dg-entropy"></div></section></div>
+<section class="dg-card"><h2>Generated text</h2><pre id="dg-replay-text"></pre></section>
+<p class="dg-meter-note">Replayed from a DiffGemma Playground trace (format version <span id="dg-replay-version">\
+</span>); timings are the engine clock of the original run. Keys: &#8592; &#8594; step, Home/End, space plays or \
+pauses, P presents (B: next block, Esc: leave).</p>
+</main>
+<script type="application/json" id="dg-replay-data">{data}</script>
+<script type="application/octet-stream" id="dg-plotly">{plotly}</script>
+<script>{player}</script>
+</body></html>
+"""
 
 
 def replay_data(trace: Trace) -> dict:
-    """What the player needs of `trace`, JSON-ready (schema: `docs/trace.md`, "The offline replay page"): token ids
-    as indices into one `tokens` list, confidence, entropy and alternatives' probabilities as integer thousandths,
-    the seed as a string (JavaScript numbers hold 53 bits); what the player derives itself is left out.
+    """What the player needs of `trace`, as a JSON-ready dict (schema: `docs/trace.md`, "The offline replay page").
+
+    Token ids become indices into one `tokens` list (display strings, in order of first use); per frame the canvas
+    as `input`/`draft` indices, `accepted` as a string of 0/1, confidence and entropy as integer thousandths (the
+    trace's 3 decimals, exactly), and the alternatives, where recorded, as `alt_ids` (index rows) and `alt_milli`. What the player derives itself (first accepted step, re-melts, forwards per block,
+    rates, temperature) is left out, and of `committed_ids` only their count is kept. The seed is a string (JavaScript
+    numbers hold 53 bits).
     """
     index: dict[int, int] = {}
 
@@ -70,22 +110,29 @@ def replay_data(trace: Trace) -> dict:
 
 
 def _script_json(data: dict) -> str:
-    """`data` as JSON inert inside `<script>`: `<` and lone surrogates written as JSON escapes."""
+    """`data` as JSON text that is inert inside a `<script>` element: no `<` (so no `</script>` or `<!--`) and no
+    lone surrogate (not UTF-8), both written as JSON escapes; other non-ASCII text kept as is."""
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
     return text.replace("<", "\\u003c")
 
 
 def player_script(player_dir: Path = PLAYER_DIR) -> str:
-    """The player's JavaScript: `PLAYER_SCRIPTS` in order, in one function scope; `FileNotFoundError` if one is
-    missing.
+    """The player's JavaScript: the files of `PLAYER_SCRIPTS`, in order, inside one function scope.
+
+    Raises:
+        FileNotFoundError: a player file is missing.
     """
     body = "\n".join((player_dir / name).read_text(encoding="utf-8") for name in PLAYER_SCRIPTS)
     return f'\n(() => {{\n"use strict";\n{body}\n}})();\n'
 
 
 def replay_html(trace: Trace, *, plotly_gz: Path = PLOTLY_GZ) -> str:
-    """The self-contained offline replay page of `trace` (HTML text); `FileNotFoundError` for a missing asset."""
+    """The self-contained offline replay page of `trace` (HTML text; it loads nothing from anywhere).
+
+    Raises:
+        FileNotFoundError: the vendored Plotly bundle or a player file is missing.
+    """
     player = player_script()
     digest = base64.b64encode(hashlib.sha256(player.encode("utf-8")).digest()).decode("ascii")
     # Only the player runs (by its hash, so no inline handler would); it evaluates the unpacked Plotly bundle
@@ -93,12 +140,15 @@ def replay_html(trace: Trace, *, plotly_gz: Path = PLOTLY_GZ) -> str:
            "img-src data:; font-src data:")
     css = "\n".join(path.read_text(encoding="utf-8") for path in STYLESHEETS)
     plotly = base64.b64encode(plotly_gz.read_bytes()).decode("ascii")
-    return PAGE.read_text(encoding="utf-8").format(csp=csp, css=css, data=_script_json(replay_data(trace)),
-                                                   plotly=plotly, player=player)
+    return PAGE.format(csp=csp, css=css, data=_script_json(replay_data(trace)), plotly=plotly, player=player)
 
 
 def write_replay(trace: Trace, path) -> Path:
-    """Write `replay_html(trace)` to `path` (UTF-8) and return the path; `OSError` if it cannot be written."""
+    """Write `replay_html(trace)` to `path` (UTF-8) and return the path.
+
+    Raises:
+        OSError: the file cannot be written. FileNotFoundError: as `replay_html`.
+    """
     path = Path(path)
     path.write_text(replay_html(trace), encoding="utf-8")
     return path
