@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.infill import branch_canvas, branch_frames, changed_share
+from engine.branch import branch_canvas, branch_frames, changed_share
 from synthetic import synthetic_frame
 
 pytestmark = pytest.mark.slow
