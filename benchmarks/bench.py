@@ -52,14 +52,17 @@ from dataclasses import dataclass
 
 import psutil
 import torch
+from gradio_client import Client
 from transformers.generation.streamers import BaseStreamer, TextDiffusionStreamer
 
+from engine.diffusers_sampler import make_scheduler, turn_end_id
 from engine.engine import DiffusionEngine
 from engine.generator import strip_after_eos
 from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, REPO_ROOT, load_model
 from engine.race import RaceResult, RaceRunner
 from engine.sampling import canvas_statistics
 from engine.settings import DiffusionSettings, preset
+from standin import ensure_standin
 
 TOKENS_COUNTED = ("generated tokens up to and including the first EOS; prompt and pad tokens are never counted; "
                   "seconds include prompt encoding and prefill")
@@ -328,7 +331,6 @@ def measure_ui_overhead(engine: DiffusionEngine, url: str, prompt: str, settings
     """(b) the same runs through the app at `url` (its `/generate` API, via gradio_client) against bare
     `generate()`; `ui_overhead_ratio` (target <= 1.05) = client round trip / bare seconds, run by run.
     `app_pid`: the app's process, whose CPU time counts too (None: the app runs in this process)."""
-    from gradio_client import Client
 
     input_ids = engine.encode_prompt(prompt, raw=raw)
     client = Client(url, verbose=False)
@@ -513,7 +515,6 @@ class Ways:
     def __init__(self, engine: DiffusionEngine, prompt: str, settings: DiffusionSettings):
         from diffusers import DiffusionGemmaPipeline
 
-        from engine.diffusers_sampler import make_scheduler, turn_end_id
 
         if settings.adaptive_stopping:
             raise ValueError("the ways comparison needs adaptive stopping off (every way then runs the same forwards)")
@@ -871,7 +872,6 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     if args.standin:
-        from standin import ensure_standin
 
         args.model = str(ensure_standin())
     engine = DiffusionEngine(load_model(args.model, args.device, args.dtype))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -22,16 +23,31 @@ import random
 import re
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+from playwright.async_api import async_playwright
+from playwright.sync_api import sync_playwright
+from transformers import AutoTokenizer
+
 from benchmarks.bench import free_port, launched_app, run_command
+from diffgemma_ui import build_app, canvas_view
+from diffgemma_ui.canvas_view import live_html, stack_html
+from diffgemma_ui.runs import default_live_rate
+from diffgemma_ui.session import SessionState
+from engine import DiffusionEngine, load_model
 from engine.frames import Frame
+from engine.loading import DEFAULT_MODEL, set_serving_threads
+from engine.replay_page import replay_html
 from engine.settings import DiffusionSettings
+from engine.tokens import TokenText
 from engine.trace import ModelInfo, Trace
+from standin import ensure_standin
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 CHROMIUM = "/usr/bin/chromium"
@@ -142,7 +158,6 @@ def percentile(values, q):
 
 def random_frames(token_text, vocabulary: int, positions: int, count: int, seed: int):
     """`count` live frames of `positions` random ids (about 30% accepted), strings and kinds from `token_text`."""
-    from engine import Frame
 
     rng = random.Random(seed)
     frames = []
@@ -167,9 +182,7 @@ def random_frames(token_text, vocabulary: int, positions: int, count: int, seed:
 
 def finished_stack(token_text, vocabulary: int, positions: int, blocks: int) -> str:
     """`stack_html` of `blocks` finished blocks of `positions` random tokens ("" for none)."""
-    import dataclasses
 
-    from diffgemma_ui.canvas_view import stack_html
 
     done = []
     for b, frame in enumerate(random_frames(token_text, vocabulary, positions, blocks, seed=99)):
@@ -250,15 +263,9 @@ def main_canvas(argv: list[str] | None = None) -> int:
     if (args.rate is not None and args.rate <= 0) or args.updates < 1 or min(args.positions) < 1:
         raise SystemExit("error: --rate must be positive, --updates and --positions at least 1")
 
-    from playwright.sync_api import sync_playwright
-    from transformers import AutoTokenizer
 
-    from diffgemma_ui.canvas_view import live_html
-    from diffgemma_ui.runs import default_live_rate
-    from engine.tokens import TokenText
 
     if args.tokenizer is None:
-        from standin import ensure_standin
 
         args.tokenizer = ensure_standin()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
@@ -268,7 +275,6 @@ def main_canvas(argv: list[str] | None = None) -> int:
     print(f"tokenizer {args.tokenizer} ({vocabulary:,} ids); load average {os.getloadavg()[0]:.2f} at start",
           flush=True)
 
-    import tempfile
 
     with launched_app(args.model, "cpu", timeout_s=300) as (url, _):
         if True:
@@ -374,7 +380,6 @@ def generate_in_thread(engine, prompt, settings, seed):
 def stream_in_process(playground, prompt, settings, seed) -> float:
     """Tokens/s of one run through the UI's own streaming handler, in this process, without a browser: the worker
     thread, coalescing and every render (HTML, figures) but no HTTP or DOM. Read from the final meter."""
-    from diffgemma_ui.session import SessionState
 
     last = None
     for outputs in playground.generate_stream(
@@ -418,12 +423,7 @@ def main_latency(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
 
-    import torch
-    from playwright.sync_api import sync_playwright
 
-    from diffgemma_ui import build_app
-    from engine import DiffusionEngine, load_model
-    from engine.loading import DEFAULT_MODEL, set_serving_threads
 
     engine = DiffusionEngine(load_model(args.model or DEFAULT_MODEL, args.device))
     set_serving_threads(engine.device)  # as app.py does
@@ -630,7 +630,6 @@ async def _visit(browser, url: str, seed: int, *, keep_open: bool, timeout_s: fl
 
 async def _drive(url: str, pid: int, sessions: int, concurrent: int, every: int, settle_s: float, keep_tabs: bool,
                  timeout_s: float, log) -> SessionsReport:
-    from playwright.async_api import async_playwright
 
     report = SessionsReport(sessions=sessions, concurrent=concurrent, keep_tabs=keep_tabs)
 
@@ -782,7 +781,6 @@ def synthetic_trace(canvas: int = 256, steps: int = 48, blocks: int = 1, vocab: 
 
 def main_replay(argv: list[str] | None = None) -> int:
     """`replay`: trace and offline replay size of a synthetic run of the real model's size."""
-    from engine.replay_page import replay_html
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.browser replay", description=REPLAY_DOC)
     parser.add_argument("--canvas", type=int, default=256)
@@ -813,14 +811,9 @@ def main_render(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=60)
     args = parser.parse_args(argv)
 
-    from transformers import AutoTokenizer
 
-    from diffgemma_ui import canvas_view
-    from engine import Frame
-    from engine.tokens import TokenText
 
     if args.tokenizer is None:
-        from standin import ensure_standin
 
         args.tokenizer = ensure_standin()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)

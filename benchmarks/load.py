@@ -24,6 +24,9 @@ import time
 import urllib.parse
 from dataclasses import asdict, dataclass, field
 
+from gradio_client import Client
+from gradio_client.utils import Status
+
 from benchmarks.bench import launched_app
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
@@ -99,8 +102,6 @@ def api_arguments(settings: dict, prompt: str, seed: int) -> list:
 def run_client(url: str, index: int, requests: int, settings: dict, deadline: float, start: threading.Barrier,
                outcomes: list[Outcome], lock: threading.Lock) -> None:
     """One user: its own `Client` (Gradio session) sends `requests` requests one after another until `deadline`."""
-    from gradio_client import Client
-    from gradio_client.utils import Status
 
     client = Client(url, verbose=False)
     try:
@@ -135,7 +136,6 @@ def run_client(url: str, index: int, requests: int, settings: dict, deadline: fl
 
 def verify_solo(url: str, settings: dict, outcomes: list[Outcome], deadline: float) -> None:
     """Run each completed (prompt, seed) again alone and set `matched_solo` (None when out of time)."""
-    from gradio_client import Client
 
     client = Client(url, verbose=False)
     try:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
+from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
 from benchmarks.bench import run_command
 from benchmarks.gpu.steps import random_cpu_model
@@ -36,6 +37,8 @@ from engine.memory import memory_report
 from engine.quantization import QUANTIZATIONS, quantize_model
 from engine.sampling import RecordingEntropyBoundSampler, canvas_statistics, frame_statistics
 from engine.tokens import token_text_for
+from standin import ensure_standin
+from training.evaluate import EVAL_PROMPTS, load_dictionary, sample_quality
 
 CPU_CHOICES = ("none", "4bit", "8bit")  # what bitsandbytes runs on the CPU; fp8 needs CUDA (engine/loading.py)
 H100_BANDWIDTH = 3.35e12  # bytes/s
@@ -66,7 +69,6 @@ PROMPT_TOKENS, SEED = 64, 0
 
 def full_width_config(layers: int):
     """The real config with `layers` text layers (the last full attention) and a one-layer vision tower."""
-    from transformers import DiffusionGemmaConfig
 
     real = json.loads((REAL_CONFIG / "config.json").read_text())
     full_index = layers - 1
@@ -195,7 +197,6 @@ def one_choice(layers: int, quantization: str, out: Path) -> None:
 def mapped_load_memory() -> dict:
     """Memory (MB, this process) of the loading path's first step on a bf16 checkpoint: `from_pretrained(dtype=
     bfloat16, device_map="cpu")` of a 2-layer model with 1.1 GB of weights, saved to a temporary folder."""
-    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
     real = json.loads((REAL_CONFIG / "config.json").read_text())
     text = dict(real["text_config"], num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
@@ -282,9 +283,6 @@ def extrapolate(measured: dict, layer_types: list[str], real_report: dict, real_
 
 def embedded_quality(prompts: int, choices: list[str]) -> dict:
     """Step 3: dictionary-word rate and tokens per forward of the embedded model per choice."""
-    from engine.engine import DiffusionEngine
-    from engine.loading import load_model
-    from training.evaluate import EVAL_PROMPTS, load_dictionary, sample_quality
 
     dictionary = load_dictionary()
     results, reference = {}, None
@@ -482,7 +480,6 @@ def main_standin(argv: list[str] | None = None) -> int:
     parser.add_argument("--forward-gb", type=float, default=FORWARD_GB)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    from standin import ensure_standin
 
     loaded = load_model(ensure_standin(), device="cpu")
     threads = set_serving_threads(loaded.device, args.threads)

@@ -34,7 +34,7 @@ def viridis(value: float) -> str:
 
 
 def text_on(background: str) -> str:
-    """Black or white, whichever reads better on `background` (`#rrggbb`), by relative luminance (WCAG)."""
+    """Black or white, whichever reads better on `background` (`#rrggbb`) by WCAG relative luminance."""
 
     def channel(c: int) -> float:
         c = c / 255

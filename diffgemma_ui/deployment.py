@@ -1,17 +1,19 @@
-"""Where the app is deployed, read from the environment the platform sets (never from which packages import).
-
-Hugging Face Spaces set `SYSTEM=spaces` and `SPACE_ID` on every Space, `SPACES_ZERO_GPU` on ZeroGPU hardware (the
-variable the `spaces` package and Gradio read themselves) and `CPU_CORES` with the Space's CPU allowance. The `spaces`
-package is preinstalled on every Gradio Space and installable anywhere, so whether it imports says nothing.
+"""How the app is served: the platform as its environment says (Spaces' `SYSTEM`, `SPACE_ID`, `SPACES_ZERO_GPU`,
+`CPU_CORES`), the queue plan, serving threads, glibc's malloc arenas and the listening port.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 TRUE_WORDS = ("1", "t", "true", "yes", "on")  # `spaces.config.boolean` accepts 1, t, true (case-insensitive)
+M_ARENA_MAX = -8  # glibc's malloc.h
+SERVING_ARENAS = 2
 
 
 def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -19,15 +21,14 @@ def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
 
 
 def zero_gpu(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process runs on ZeroGPU hardware: `SPACES_ZERO_GPU` is set to a true word (1, t, true, yes, on;
-    any case), the condition under which `spaces.GPU` stops being a no-op."""
+    """Whether this process runs on ZeroGPU hardware: `SPACES_ZERO_GPU` is a true word (1, t, true, yes, on; any
+    case), when `spaces.GPU` stops being a no-op."""
     return _environ(environ).get("SPACES_ZERO_GPU", "").strip().lower() in TRUE_WORDS
 
 
 def space_id(environ: Mapping[str, str] | None = None) -> str | None:
-    """The Space's id (`owner/name`) when running on Hugging Face Spaces (`SYSTEM=spaces`), else None.
-
-    A Space without `SPACE_ID` (never seen, but cheap to handle) gives "unknown"."""
+    """The Space's id (`owner/name`, "unknown" without `SPACE_ID`) on Hugging Face Spaces (`SYSTEM=spaces`), else
+    None."""
     env = _environ(environ)
     if env.get("SYSTEM", "").strip().lower() != "spaces":
         return None
@@ -35,11 +36,8 @@ def space_id(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def space_cpu_cores(environ: Mapping[str, str] | None = None) -> int | None:
-    """The CPU cores a Space is allotted (`CPU_CORES`, a whole number >= 1), or None off Spaces or when unset/bad.
-
-    On a Space the container sees the host's CPUs (`os.cpu_count()`), not its allowance, so thread counts must come
-    from here.
-    """
+    """A Space's CPU allowance (`CPU_CORES`, a whole number >= 1; its container sees the host's CPUs), or None off
+    Spaces or when unset or bad."""
     if space_id(environ) is None:
         return None
     text = _environ(environ).get("CPU_CORES", "").strip()
@@ -51,26 +49,22 @@ def space_cpu_cores(environ: Mapping[str, str] | None = None) -> int | None:
 
 
 def default_threads(environ: Mapping[str, str] | None = None) -> int | None:
-    """Torch CPU threads to serve with when none were asked for: one fewer than a Space's `CPU_CORES` (at least 1,
-    leaving a core to the web server, as `engine.loading.set_serving_threads` does with the CPUs it can see), or None
-    (let `set_serving_threads` decide) off Spaces."""
+    """Torch CPU threads when none were asked for: one fewer than a Space's `CPU_CORES` (at least 1), or None off
+    Spaces (`engine.loading.set_serving_threads` decides)."""
     cores = space_cpu_cores(environ)
     return None if cores is None else max(1, cores - 1)
 
 
 @dataclass(frozen=True)
 class QueuePlan:
-    """How the Gradio queue is set up: `concurrency` runs at once on the engine, `max_size` events waiting (None:
-    unbounded). Set on purpose on every path: Gradio silently uses `max_size=1` on ZeroGPU when the app sets none."""
+    """The Gradio queue: `concurrency` runs at once on the engine, `max_size` events waiting (None: unbounded).
+    Always set: Gradio silently uses `max_size=1` on ZeroGPU when the app sets none."""
 
     concurrency: int
     max_size: int | None
 
 
-# A CPU serves a few small runs side by side; one dedicated GPU is best used by one run at a time; the queue behind
-# them is unbounded there (each run is capped by the server's time limit per run, so every wait ends). On ZeroGPU each
-# run gets its own GPU from the platform, which queues GPU requests itself (with its own notices and quota), so
-# several runs may be in flight and Gradio's queue only holds a few events beyond them.
+# A CPU serves a few small runs side by side, a GPU one at a time; on ZeroGPU the platform queues GPU requests itself
 QUEUE_PLANS = {
     "cpu": QueuePlan(concurrency=4, max_size=None),
     "cuda": QueuePlan(concurrency=1, max_size=None),
@@ -83,3 +77,34 @@ def queue_plan(device_type: str, environ: Mapping[str, str] | None = None) -> Qu
     if zero_gpu(environ):
         return QUEUE_PLANS["zerogpu"]
     return QUEUE_PLANS["cuda" if device_type == "cuda" else "cpu"]
+
+
+def limit_malloc_arenas(arenas: int = SERVING_ARENAS, environ: Mapping[str, str] | None = None) -> int | None:
+    """Set glibc's malloc arena limit to `arenas` (as `MALLOC_ARENA_MAX` would: each run's thread would otherwise
+    keep its own arena's high-water mark) and return it; None when `MALLOC_ARENA_MAX` is set or the C library is
+    not glibc. Call it before the model loads. `ValueError` for `arenas` < 1."""
+    if arenas < 1:
+        raise ValueError(f"arenas must be >= 1, got {arenas}")
+    if _environ(environ).get("MALLOC_ARENA_MAX", "").strip():
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+        libc.gnu_get_libc_version  # noqa: B018 - only glibc has it
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return arenas if mallopt(M_ARENA_MAX, arenas) == 1 else None
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why the server could not listen on `host`:`port` (an OSError's message), or None when it can (bound with
+    SO_REUSEADDR as uvicorn does, so a port in TIME_WAIT counts as free)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            return error.strerror or str(error)
+    return None

@@ -1,7 +1,5 @@
-"""The live speed meter: engine-clock figures from the newest frame, as HTML stat cards.
-
-Every number comes from the frame (`elapsed_s`, `tokens_per_second`, ... measured by the engine's own clock), never
-from the UI's wall clock, so how fast the browser renders cannot change what the meter shows.
+"""The live speed meter as HTML stat cards: every figure comes from the newest frame's engine clock, never the UI's
+wall clock, so how fast the browser renders cannot change it.
 """
 
 from __future__ import annotations
@@ -14,44 +12,35 @@ from .canvas_view import STOP_REASONS
 from .text import escape_html
 
 
-def format_number(value: float, digits: int = 1, unit: str = "") -> str:
-    """`value` with `digits` decimals, thousands separated, and `unit`; "–" for a missing or non-finite value."""
+def _finite(value) -> float | None:
     try:
         value = float(value)
     except (TypeError, ValueError):
-        return "\u2013"
-    if not math.isfinite(value):
-        return "\u2013"
-    return f"{value:,.{digits}f}{unit}"
+        return None
+    return value if math.isfinite(value) else None
+
+
+def format_number(value: float, digits: int = 1, unit: str = "") -> str:
+    """`value` with `digits` decimals, thousands separated, and `unit`; "–" for a missing or non-finite value."""
+    value = _finite(value)
+    return "\u2013" if value is None else f"{value:,.{digits}f}{unit}"
 
 
 def format_count(value: float, digits: int = 1) -> str:
     """A mean or count: an integral value as an integer ("32", not "32.0"), else with `digits` decimals."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return "\u2013"
-    if math.isfinite(value) and value == round(value):
-        return f"{int(round(value)):,}"
+    number = _finite(value)
+    if number is not None and number == round(number):
+        return f"{int(round(number)):,}"
     return format_number(value, digits)
 
 
-RATE_NOTE = "tokens/s and tokens/forward: committed blocks only (their tokens \u00f7 the engine time and forwards they took)"
+RATE_NOTE = ("tokens/s and tokens/forward: committed blocks only (their tokens \u00f7 the engine time and forwards "
+             "they took)")
 
 
 def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[str, str]:
-    """The meter's figures as display strings (unescaped), keyed by label.
-
-    Args:
-        frame: the run's newest frame (None: dashes everywhere).
-        committed: the last frame of the newest finished block (None: `frame` itself when it ends a block; else the
-            frame's own whole-run figures, for views that have no block history).
-
-    Tokens/s and tokens/forward are the committed blocks' (non-pad tokens up to EOS, never the prompt) over the
-    engine time and forwards up to their commit, so they hold still while a block is denoised and change only when
-    one is committed: the block in progress is shown as progress ("block 3 · step 19/32"), never as speed, and a
-    run stopped mid-block keeps the figure of its finished blocks. Until the first commit they show "…" ("–" once
-    the run is over). Forwards/block is the mean over finished blocks ("≥ n" while the first block runs).
+    """The meter's figures as unescaped strings by label (`frame` None: dashes); tokens/s and tokens/forward are the
+    committed blocks' (`committed`: the newest finished block's last frame): "…" before the first, "–" once over.
     """
     if frame is None:
         return {label: "\u2013" for label in (
@@ -84,8 +73,9 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
 
 
 def ms_per_forward(frame: Frame) -> float:
-    """Engine milliseconds per decoder forward: after the first forward, the time since it over the forwards since
-    (prefill and the first forward excluded); before that, the time to the first frame."""
+    """Engine milliseconds per decoder forward after the first (prefill excluded); before that, the time to first
+    frame.
+    """
     later = frame.forward_index
     if later < 1:
         return frame.time_to_first_frame_s * 1000
@@ -98,8 +88,9 @@ def forward_budget(frame: Frame) -> int:
 
 
 def short_answer_note(frame: Frame) -> str:
-    """On a finished run whose answer filled less than half of the canvas positions it paid for, one line saying so
-    (every decoder forward computes the whole canvas, so a short answer costs as much as a full one); else ""."""
+    """On a finished run whose answer filled under half of the canvas positions it paid for, one line saying so; else
+    "".
+    """
     positions = (frame.block_index + 1) * frame.canvas_length
     if not frame.done or frame.stop_reason != "eos" or 2 * frame.committed_tokens >= positions:
         return ""
@@ -108,52 +99,37 @@ def short_answer_note(frame: Frame) -> str:
 
 
 def stat_cards_html(values: dict[str, str]) -> str:
-    """One stat card per `label: value` (both plain text, escaped here), as the meter shows them."""
-    return "".join(
-        f'<div class="dg-stat"><span class="dg-stat-value">{escape_html(v)}</span>'
-        f'<span class="dg-stat-label">{escape_html(k).replace("/", "/<wbr>")}</span></div>'
-        for k, v in values.items()
-    )
+    """One stat card per `label: value` (plain text, escaped here)."""
+    return "".join(f'<div class="dg-stat"><span class="dg-stat-value">{escape_html(v)}</span>'
+                   f'<span class="dg-stat-label">{escape_html(k).replace("/", "/<wbr>")}</span></div>'
+                   for k, v in values.items())
 
 
 def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str | None = None,
                state: str | None = None, notice: str | None = None) -> str:
-    """The meter as HTML: one card per figure of `meter_values(frame)`; progress, seed and counts in a note below.
-
-    `committed`: see `meter_values`. `note` replaces the idle note ("press Generate to start") when there is no frame; `state` overrides
-    `data-state` ("idle", "queued", "running", "done", "refused"). `notice`: a line shown above the cards (why the
-    figures below are not the latest request's). `data-tps` and `data-ttff` on the outer element hold the raw
-    tokens/s shown (committed blocks) and time to first frame in seconds (for tests and benchmarks; "0" before a
-    commit or a frame).
+    """The meter as HTML: a card per `meter_values` figure and a note; `note` replaces the idle note, `state` the
+    `data-state`, `notice` a line above the cards; `data-tps`/`data-ttff` hold the raw figures ("0" before any).
     """
     values = meter_values(frame, committed)
     progress = values.pop("progress")
     cards = stat_cards_html(values)
     rates = committed if committed is not None else frame
-    tps = 0.0 if rates is None or not rates.forwards_per_block else float(rates.tokens_per_second)
-    if not math.isfinite(tps):
-        tps = 0.0
-    ttff = 0.0 if frame is None else float(frame.time_to_first_frame_s)
-    if not math.isfinite(ttff):
-        ttff = 0.0
+    tps = 0.0 if rates is None or not rates.forwards_per_block else _finite(rates.tokens_per_second) or 0.0
+    ttff = 0.0 if frame is None else _finite(frame.time_to_first_frame_s) or 0.0
     state = state or ("idle" if frame is None else ("done" if frame.done else "running"))
     footer = f'<div class="dg-meter-note">{escape_html(note or IDLE_NOTE)}</div>'
     if frame is not None:
-        footer = (
-            f'<div class="dg-meter-note"><span class="dg-progress">{escape_html(progress)}</span> engine clock'
-            f" \u00b7 seed {escape_html(str(frame.seed))} \u00b7 prompt {frame.prompt_tokens:,} "
-            f"token{'' if frame.prompt_tokens == 1 else 's'} \u00b7 "
-            f"{frame.forward_index + 1:,} forward{'' if frame.forward_index == 0 else 's'}"
-            f' <span class="dg-rate-note">{escape_html(RATE_NOTE)}</span></div>'
-        )
+        footer = (f'<div class="dg-meter-note"><span class="dg-progress">{escape_html(progress)}</span> engine clock'
+                  f" \u00b7 seed {escape_html(str(frame.seed))} \u00b7 prompt {frame.prompt_tokens:,} "
+                  f"token{'' if frame.prompt_tokens == 1 else 's'} \u00b7 "
+                  f"{frame.forward_index + 1:,} forward{'' if frame.forward_index == 0 else 's'}"
+                  f' <span class="dg-rate-note">{escape_html(RATE_NOTE)}</span></div>')
     short = short_answer_note(frame) if frame is not None else ""
     if short:
         footer += f'<div class="dg-meter-note dg-short-answer">{escape_html(short)}</div>'
     banner = f'<div class="dg-meter-notice" role="status">{escape_html(notice)}</div>' if notice else ""
-    return (
-        f'<div class="dg-meter" data-state="{state}" data-tps="{tps:.6g}" data-ttff="{ttff:.6g}">'
-        f"{banner}{cards}{footer}</div>"
-    )
+    return (f'<div class="dg-meter" data-state="{state}" data-tps="{tps:.6g}" data-ttff="{ttff:.6g}">'
+            f"{banner}{cards}{footer}</div>")
 
 
 IDLE_NOTE = "engine clock \u00b7 press Generate to start"
@@ -161,8 +137,7 @@ STARTING_NOTE = "starting: encoding the prompt, then the first decoder forward"
 
 
 def run_meter_html(frame: Frame | None, *, committed: Frame | None = None, final: bool) -> str:
-    """The meter of a run that has started (`final`: its last view): `meter_html(frame, committed=committed)`, except
-    before its first frame, when it says the run is starting (`data-state="running"`), not idle."""
+    """The meter of a started run (`final`: its last view), "starting" (running, not idle) before its first frame."""
     if frame is None and not final:
         return meter_html(None, note=STARTING_NOTE, state="running")
     return meter_html(frame, committed=committed)
@@ -173,18 +148,13 @@ REFUSED_NOTICE = ("Not run: the request was refused (its message says why). Ever
 
 
 def refused_meter_html(frame: Frame | None, *, committed: Frame | None = None) -> str:
-    """The meter of the previous run (`frame`, `committed` as in `meter_html`) with `REFUSED_NOTICE` above its cards
-    and `data-state="refused"`: shown when a new request was refused, so the results left on the page are not taken
-    for the refused request's."""
+    """The previous run's meter with `REFUSED_NOTICE` above it (`data-state="refused"`), after a refused request."""
     return meter_html(frame, committed=committed, state="refused", notice=REFUSED_NOTICE)
 
 
 def waiting_meter_html(replacing: bool = False) -> str:
-    """The meter of a run that was requested but has not started: it waits in the queue for a free engine slot.
-
-    `replacing`: the request stopped the session's run in progress (a second Generate or Shift+Enter), which the
-    meter says. The `.dg-queue-position` span is filled in the browser (assets/head.html) from Gradio's own queue
-    status.
+    """The meter of a queued run (`replacing`: it stopped the session's run in progress); the browser fills in
+    `.dg-queue-position` from Gradio's queue status.
     """
     html = meter_html(None, note="\u0000", state="queued")
     replaced = "Replaced the run in progress (stopped) \u00b7 " if replacing else ""

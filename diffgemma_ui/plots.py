@@ -1,11 +1,5 @@
-"""Plotly views of a run, built as plain figure dicts from frames (fast: no plotly object validation at run time).
-
-- `confidence_heatmap`: step x position confidence of one block, with a step slider and a play button.
-- `unmasking_order`: per position, the step at which it was first accepted.
-- `entropy_and_acceptance`: mean entropy and accepted positions per step.
-
-Every builder returns a `FigureSpec` (a dict in Plotly's figure schema that `gr.Plot` can display). Token strings
-in hover texts go through `escape_plotly` (Plotly renders a subset of HTML in labels).
+"""Plotly views of a run as plain figure dicts built from frames (no validation at run time): confidence heatmap,
+unmasking order, entropy and acceptance per step; hover tokens go through `escape_plotly`.
 """
 
 from __future__ import annotations
@@ -13,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+
+import plotly.graph_objects as go
 
 from engine import Frame
 
@@ -26,35 +22,25 @@ GRID = "rgba(128,128,128,0.22)"
 ACCEPTED_COLOUR = "#E69F00"  # Okabe-Ito orange and sky blue: a colour-blind-safe pair, readable on light and dark
 ENTROPY_COLOUR = "#56B4E9"
 REMELT_COLOUR = "#f97316"  # the canvas's re-melt outline (assets/style.css .dg-remelt)
-# Mode bar buttons that do nothing here: no view reads a selection
-MODEBAR_REMOVE = ["select2d", "lasso2d"]
-# The strip at the top of a plot where Plotly shows its mode bar on hover (a row of 24 px buttons)
-TOOLBAR_PX = 28
+MODEBAR_REMOVE = ["select2d", "lasso2d"]  # mode bar buttons that do nothing here: no view reads a selection
+TOOLBAR_PX = 28  # the strip at the top where Plotly shows its mode bar on hover
 
 
 class FigureSpec(dict):
-    """A Plotly figure as a plain dict (`{"data": [...], "layout": {...}}`).
-
-    `gr.Plot` accepts it like a `plotly.graph_objects.Figure` (it only calls `to_json()`); `to_plotly()` builds the
-    validated Figure (slower; for tests and notebooks).
-    """
+    """A Plotly figure as a plain dict that `gr.Plot` accepts like a `Figure` (it only calls `to_json()`)."""
 
     def to_json(self) -> str:
         """The figure as JSON text (what `gr.Plot` sends to the browser)."""
         return json.dumps(self, separators=(",", ":"), allow_nan=False)
 
     def to_plotly(self):
-        """A validated `plotly.graph_objects.Figure` (raises ValueError on an invalid property)."""
-        import plotly.graph_objects as go
-
+        """A validated `plotly.graph_objects.Figure` (ValueError on an invalid property; for tests)."""
         return go.Figure(self)
 
 
 def _layout(title: str, *, below_toolbar: bool = False, **extra) -> dict:
-    """The shared layout: `title` (escaped) at the top left, transparent backgrounds, `extra` on top.
-
-    below_toolbar: move the title and the top margin down by `TOOLBAR_PX` (the figure grows by as much), so that
-    the mode bar shown on hover does not cover the title of a plot too narrow for both on one row.
+    """The shared layout: `title` (escaped) top left, transparent backgrounds, `extra` on top; `below_toolbar` moves
+    the title and top margin down by `TOOLBAR_PX` so the hover mode bar does not cover a narrow plot's title.
     """
     drop = TOOLBAR_PX if below_toolbar else 0
     height = HEIGHT + drop
@@ -86,19 +72,15 @@ def _round(value: float, digits: int = 3) -> float:
 
 def empty_figure(title: str, message: str = "Fills in as the canvas denoises", *,
                  below_toolbar: bool = False) -> FigureSpec:
-    """A placeholder figure: no data, `message` in the middle (escaped); `below_toolbar` as in the figure it
-    stands for, so the plot keeps its height when that figure replaces it."""
+    """A placeholder figure with `message` in the middle (escaped); `below_toolbar` as the figure it stands for."""
     return FigureSpec(data=[], layout=_layout(
-        title, below_toolbar=below_toolbar,
-        xaxis={"visible": False}, yaxis={"visible": False},
-        annotations=[{"text": escape_plotly(message), "showarrow": False,
-                      "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "font": {"size": 13}}],
-    ))
+        title, below_toolbar=below_toolbar, xaxis={"visible": False}, yaxis={"visible": False},
+        annotations=[{"text": escape_plotly(message), "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5,
+                      "y": 0.5, "font": {"size": 13}}]))
 
 
 def _block_title(frames: Sequence[Frame], what: str) -> str:
-    """`what · block b · step k/N · live` (or `· k steps` for a finished block, `· stopped at step k`): what the
-    figure shows, so a plot that updates less often than the canvas says which step it has reached."""
+    """`what · block b · step k/N · live` (`· k steps` finished, `· stopped at step k`)."""
     last = frames[-1]
     steps = last.step_index + 1
     if last.block_done:
@@ -111,10 +93,10 @@ def _block_title(frames: Sequence[Frame], what: str) -> str:
 
 
 def _legend_line(*lines: str) -> dict:
-    """A legend under the title (plain text, escaped; one line each, so a half-width plot does not clip it): what
-    the marks of a figure mean."""
-    return {"text": "<br>".join(escape_plotly(line) for line in lines), "showarrow": False, "align": "left", "xref": "paper", "yref": "paper", "x": 0, "y": 1.0,
-            "xanchor": "left", "yanchor": "bottom", "font": {"size": 11}}
+    """A legend under the title, one escaped line each (so a half-width plot does not clip it)."""
+    return {"text": "<br>".join(escape_plotly(line) for line in lines), "showarrow": False, "align": "left",
+            "xref": "paper", "yref": "paper", "x": 0, "y": 1.0, "xanchor": "left", "yanchor": "bottom",
+            "font": {"size": 11}}
 
 
 # Plotly's updatemenu buttons hover to a fixed near-white; dark text on a light button reads in both themes
@@ -122,19 +104,9 @@ BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color"
 
 
 def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
-    """Confidence of the draft token per (step, position) of one block.
-
-    Args:
-        frames: the block's frames in order (one per decoder forward; row k = step k). Empty gives a placeholder.
-        animate: add a step slider and a play/pause button. Their animation frames are Plotly frame objects
-            inlined in the slider and button arguments (Gradio's plot component drops a figure's `frames` list):
-            step k reveals rows 0..k and hides the later rows under a cover.
-        hover: per-cell hover text with the token (False: numbers only, a lighter figure for live updates).
-
-    Returns:
-        A `FigureSpec`: a heatmap (z in [0, 1], viridis) plus dots on the cells accepted at that step and crosses
-        on the cells re-melted at that step (accepted at an earlier step, renoised at this one); hover text
-        per cell: step, position, escaped draft token, accepted or renoised, confidence, entropy.
+    """Draft confidence per (step, position) of one block's `frames`: viridis cells, dots where accepted, crosses
+    where re-melted; `hover`: per-cell token text; `animate`: step slider and play button (frames inlined in their
+    args).
     """
     if not frames:
         return empty_figure("Confidence per step and position")
@@ -156,11 +128,9 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
         labels = draft_labels(frame)
         for pos in range(n):
             accepted = bool(frame.accepted[pos])
-            hover_row.append(
-                f"step {row + 1} \u00b7 position {pos}<br>"
-                f"\u201c{escape_plotly(labels[pos])}\u201d {'accepted' if accepted else 'renoised'}<br>"
-                f"confidence {frame.confidence[pos]:.3f} \u00b7 entropy {frame.entropy[pos]:.3f} nats"
-            )
+            hover_row.append(f"step {row + 1} \u00b7 position {pos}<br>"
+                             f"\u201c{escape_plotly(labels[pos])}\u201d {'accepted' if accepted else 'renoised'}<br>"
+                             f"confidence {frame.confidence[pos]:.3f} \u00b7 entropy {frame.entropy[pos]:.3f} nats")
         hover_text.append(hover_row)
     y = list(range(1, steps + 1))
     # Rows keep their height as a block fills: a live block reserves its remaining steps, a finished one shows its own
@@ -189,8 +159,9 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
         xaxis=_axis("position", range=[-0.5, n - 0.5], showgrid=False),
         yaxis=_axis("step", range=[rows + 0.5, 0.5], autorange=False, showgrid=False,
                     dtick=max(1, math.ceil(rows / 8))),
-        annotations=[_legend_line("colour: confidence of the draft token",
-                                  "white dot: accepted at that step \u00b7 orange \u00d7: re-melted (accepted before)")],
+        annotations=[_legend_line(
+            "colour: confidence of the draft token",
+            "white dot: accepted at that step \u00b7 orange \u00d7: re-melted (accepted before)")],
         margin={"l": 48, "r": 16, "t": 72, "b": 40},
     )
     if animate and steps > 1:
@@ -200,9 +171,8 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
                      "y1": steps + 0.5, "fillcolor": "rgba(128,128,128,0.88)", "line": {"width": 0},
                      "layer": "above", "visible": k < steps - 1}]
 
-        frame_objects = [
-            {"name": f"step {k + 1}", "layout": {"shapes": cover(k), "sliders[0].active": k}} for k in range(steps)
-        ]
+        frame_objects = [{"name": f"step {k + 1}", "layout": {"shapes": cover(k), "sliders[0].active": k}}
+                         for k in range(steps)]
         instant = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
         layout["sliders"] = [{
             "active": steps - 1,
@@ -210,34 +180,25 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
             # in a row of its own under the play/pause buttons: side by side they overlap on a phone
             "pad": {"t": 92, "b": 4}, "len": 1.0, "x": 0.0, "y": 0, "ticklen": 3, "minorticklen": 0,
             "font": {"size": 10},
-            "steps": [
-                {"label": str(k + 1), "method": "animate", "args": [[frame_objects[k]], instant]}
-                for k in range(steps)
-            ],
-        }]
+            "steps": [{"label": str(k + 1), "method": "animate", "args": [[frame_objects[k]], instant]}
+                      for k in range(steps)]}]
         layout["updatemenus"] = [{
             "type": "buttons", "direction": "left", "showactive": False, "x": 0.0, "y": 0, "xanchor": "left",
             "yanchor": "top", "pad": {"t": 58, "r": 8}, **BUTTON_STYLE,
             "buttons": [
-                {"label": "\u25b6", "method": "animate",
-                 "args": [frame_objects, {"mode": "immediate", "fromcurrent": False,
-                                          "frame": {"duration": 220, "redraw": True},
-                                          "transition": {"duration": 0}}]},
-                {"label": "\u275a\u275a", "method": "animate",
-                 "args": [[None], {"mode": "immediate", "frame": {"duration": 0, "redraw": False},
-                                   "transition": {"duration": 0}}]},
-            ],
-        }]
+                {"label": "\u25b6", "method": "animate", "args": [frame_objects, {
+                    "mode": "immediate", "fromcurrent": False, "frame": {"duration": 220, "redraw": True},
+                    "transition": {"duration": 0}}]},
+                {"label": "\u275a\u275a", "method": "animate", "args": [[None], {
+                    "mode": "immediate", "frame": {"duration": 0, "redraw": False}, "transition": {"duration": 0}}]}]}]
         layout["height"] = HEIGHT + 110
         layout["margin"] = {**layout["margin"], "b": 150}
     return FigureSpec(data=data, layout=layout)
 
 
 def unmasking_order(frame: Frame | None) -> FigureSpec:
-    """Per position, the step (1-based) at which it was first accepted, from a block's newest frame.
-
-    Bars are coloured by that step on the viridis scale (early = dark); positions not accepted yet get a short
-    grey bar. Hover text: position, escaped draft token, step or "not accepted yet".
+    """Per position, the step (1-based) it was first accepted at, from a block's newest frame: bars coloured by step,
+    a short grey bar for positions not accepted yet.
     """
     if frame is None:
         return empty_figure("Unmasking order", below_toolbar=True)
@@ -273,8 +234,7 @@ def unmasking_order(frame: Frame | None) -> FigureSpec:
 
 
 def whole_step(span: int, most: int = 7) -> int:
-    """The tick step for an axis of whole counts from 0 to `span`: the smallest of 1, 2, 5, 10, 20, 50... that puts
-    at most `most` steps on it (an overlaying axis would otherwise take the other axis's tick positions)."""
+    """The tick step (1, 2, 5, 10, 20, ...) that puts at most `most` ticks on an axis of whole counts 0..`span`."""
     return next(m * 10**e for e in range(20) for m in (1, 2, 5) if span <= most * m * 10**e)
 
 

@@ -10,14 +10,8 @@ from engine import Frame
 
 @dataclass(frozen=True)
 class RunSnapshot:
-    """An immutable view of a run at one moment.
-
-    Attributes:
-        frames_seen: frames received so far (= decoder forwards).
-        latest: the newest frame, or None before the first one.
-        blocks: per block, the frames received for it, in order (a tuple of tuples; block 0 first).
-        finished: the run is over (final frame received, or the engine raised).
-        error: the exception the engine raised, if any (already over).
+    """An immutable view of a run at one moment: `frames_seen` (decoder forwards), the `latest` frame, `blocks` (per
+    block its frames in order), `finished`, and the `error` the engine raised, if any.
     """
 
     frames_seen: int = 0
@@ -32,7 +26,7 @@ class RunSnapshot:
         return len(self.blocks)
 
     def block_frames(self, block: int | None = None) -> tuple[Frame, ...]:
-        """Frames of block `block` (default: the newest block; out-of-range values are clamped). Empty if none."""
+        """Frames of block `block` (default: the newest; out of range: clamped); () if none."""
         if not self.blocks:
             return ()
         if block is None:
@@ -58,7 +52,9 @@ class RunRecord:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, frame: Frame) -> None:
-        """Append one frame (frames of a block arrive in order; a new `block_index` opens a new block)."""
+        """Append one frame; a new `block_index` opens a block, a repeated forward marked cancelled replaces the
+        last.
+        """
         with self._lock:
             if self.keep_history:
                 if (frame.stop_reason == "cancelled" and self._current
@@ -92,10 +88,6 @@ class RunRecord:
     def snapshot(self) -> RunSnapshot:
         """A consistent immutable copy of the record right now."""
         with self._lock:
-            return RunSnapshot(
-                frames_seen=self._count,
-                latest=self._latest,
-                blocks=self._frozen + ((tuple(self._current),) if self._current else ()),
-                finished=self._finished,
-                error=self._error,
-            )
+            return RunSnapshot(frames_seen=self._count, latest=self._latest,
+                               blocks=self._frozen + ((tuple(self._current),) if self._current else ()),
+                               finished=self._finished, error=self._error)

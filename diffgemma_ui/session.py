@@ -1,10 +1,5 @@
-"""Per-browser-session state, held in a `gr.State`: the session's one run, its tickets, and its last snapshot.
-
-One run per session, whatever starts it. Every trigger (Generate, Shift+Enter, any future one) first takes a
-ticket (`claim`), which stops the session's current run and makes every older ticket stale; the run step then
-starts only if its ticket is still the newest (`begin`), after the previous run's stream has ended, and a stream
-whose ticket went stale stops yielding (`is_current`). So the page only ever receives views of the newest run,
-and its buttons are set by that run alone.
+"""Per-browser-session state in a `gr.State`: one run per session. Each trigger takes a ticket (`claim`), a run
+starts only while its ticket is the newest (`begin`), and a stale stream stops yielding (`is_current`).
 """
 
 from __future__ import annotations
@@ -19,32 +14,26 @@ PREVIOUS_STREAM_WAIT_S = 10.0
 
 
 class SessionState:
-    """What one browser session remembers between events.
-
-    Attributes:
-        worker: the session's current (or last) run, or None.
-        ticket: the newest ticket handed out (0: none yet); `running_ticket`: the ticket `worker` runs for.
-        snapshot: the last rendered snapshot (for re-rendering the plots of another block after the run).
-        finished_html: rendered HTML of the current run's finished blocks (a cache; blocks never change once done).
-        stacked_blocks: how many finished blocks the page's stack component shows (-1: none sent this run).
-
-    Gradio deep-copies a `gr.State`'s initial value for each new session; a copy is always a fresh, empty state
-    (a run's thread and events cannot and must not be shared between sessions).
+    """What one browser session remembers: its `worker`, tickets, last `snapshot` and the finished blocks' HTML
+    cache; a deep copy (Gradio's per-session copy) is always a fresh, empty state.
     """
 
     def __init__(self):
         self.worker: RunWorker | None = None
         self.ticket = 0
         self.running_ticket = 0
-        self.snapshot: RunSnapshot | None = None
-        self.finished_html: list[str] = []
-        self.stacked_blocks = -1  # finished blocks shown in the stack component (-1: not rendered this run)
+        self._clear_views()
         self._lock = threading.Lock()
         self._stream_done = threading.Event()
         self._stream_done.set()
 
     def __deepcopy__(self, memo) -> "SessionState":
         return SessionState()
+
+    def _clear_views(self) -> None:
+        self.snapshot: RunSnapshot | None = None
+        self.finished_html: list[str] = []
+        self.stacked_blocks = -1  # finished blocks shown in the stack component (-1: not rendered this run)
 
     # -- tickets -------------------------------------------------------------------------------------------------
     def claim(self) -> int:
@@ -60,11 +49,8 @@ class SessionState:
         return ticket == self.ticket
 
     def begin(self, worker: RunWorker, ticket: int | None = None) -> bool:
-        """Make `worker` the session's run for `ticket` (None: claim one now) and reset the caches.
-
-        Waits (at most `PREVIOUS_STREAM_WAIT_S`) for the previous run's stream to end first, so its last view
-        reaches the page before this run's first. Returns False, and stops `worker`, when `ticket` went stale
-        meanwhile.
+        """Make `worker` the run for `ticket` (None: claim one) after the previous stream ended (waiting at most
+        `PREVIOUS_STREAM_WAIT_S`); False, and `worker` stopped, when the ticket went stale meanwhile.
         """
         if ticket is None:
             ticket = self.claim()
@@ -76,9 +62,7 @@ class SessionState:
                 return False
             self.worker = worker
             self.running_ticket = ticket
-            self.snapshot = None
-            self.finished_html = []
-            self.stacked_blocks = -1
+            self._clear_views()
             self._stream_done.clear()
         return True
 
@@ -103,8 +87,9 @@ class SessionState:
         return False
 
     def withdraw(self) -> tuple[int, RunWorker | None]:
-        """Stop: stale every ticket and stop the run. Returns (the ticket that was newest, the worker of that ticket,
-        or None when that ticket's run had not started: it was still waiting in the queue)."""
+        """Stop: stale every ticket and stop the run; returns (the newest ticket, its worker or None if it had not
+        started).
+        """
         with self._lock:
             ticket = self.ticket
             self.ticket += 1
@@ -113,12 +98,10 @@ class SessionState:
         return ticket, worker
 
     def release(self) -> None:
-        """Drop everything the session holds (the tab closed): stops the run, frees its frames and HTML."""
+        """Drop everything the session holds (the tab closed): stop the run, free its frames and HTML."""
         with self._lock:
             self.ticket += 1
         self.stop()
         self.worker = None
-        self.snapshot = None
-        self.finished_html = []
-        self.stacked_blocks = -1
+        self._clear_views()
         self._stream_done.set()

@@ -1,9 +1,5 @@
-"""Step-through mode: one decoder forward per click ("Next step"), or the rest of the run ("Run to end").
-
-The session keeps the engine's frame generator between clicks (`DiffusionEngine.frames`: its KV cache and its own
-random state live in the generator), so stepping changes nothing about the run: its tokens are those of a normal run
-with the same prompt, settings and seed (tested). Each click renders with the playground's own `render`, and the
-positions the sampler accepted for the first time in this forward get an outline (`newly_accepted_style`).
+"""Step-through mode: one decoder forward per "Next step", or the rest with "Run to end". The engine's frame
+generator is kept between clicks, so a stepped run's tokens are a normal run's; new acceptances are outlined.
 """
 
 from __future__ import annotations
@@ -45,8 +41,9 @@ class StepRun:
 
 
 def newly_accepted_style(frame: Frame) -> str:
-    """A `<style>` element outlining the live canvas's chips first accepted in `frame`'s forward ("" when none or
-    when the block is finished). Chips are selected by position (`:nth-child`), so no model string is involved."""
+    """A `<style>` outlining the live chips first accepted in `frame`'s forward, selected by position (no model
+    string); "" when none or the block is finished.
+    """
     if frame.block_done:
         return ""
     positions = [pos for pos, step in enumerate(frame.first_accepted_step) if step == frame.step_index]
@@ -66,18 +63,17 @@ def step_note(frame: Frame) -> str:
 
 
 class StepThroughHandlers:
-    """"Next step" and "Run to end", bound to a `handlers.Playground` (its checks, engine and `render`).
-
-    Session state used: `session.step_run` (the `StepRun` in progress) and `session.request` (set to the stepped
-    run's request, so the run's trace can be kept like any other's).
+    """"Next step" and "Run to end" on a `handlers.Playground` (its checks, engine and `render`); keeps
+    `session.step_run` and sets `session.request` to the stepped run's request.
     """
 
     def __init__(self, playground):
         self.playground = playground
 
     def _step_run(self, session: SessionState, inputs) -> StepRun:
-        """The session's stepped run, or a new one for `inputs` when there is none, it finished, or another run or
-        a replay has used the view since."""
+        """The session's stepped run, or a new one for `inputs` when there is none, it finished, or another run or a
+        replay used the view since.
+        """
         run = getattr(session, "step_run", None)
         if run is not None and not run.done and getattr(session, "request", None) is run.request:
             return run
@@ -92,8 +88,7 @@ class StepThroughHandlers:
         return session.step_run
 
     def _advance(self, session: SessionState, run: StepRun, plots_due: bool = True, stop_button=None) -> tuple:
-        """One decoder forward of `run`, rendered (the plots only when `plots_due` or at the end; `stop_button` as
-        in `_render`)."""
+        """One decoder forward of `run`, rendered (plots when `plots_due` or at the end)."""
         with run.lock:
             if run.done:
                 return self._render(session, run, True, stop_button)
@@ -112,8 +107,7 @@ class StepThroughHandlers:
             return self._render(session, run, plots_due, stop_button)
 
     def _render(self, session: SessionState, run: StepRun, plots_due: bool, stop_button=None) -> tuple:
-        """The stream outputs and the note. Generate is left as it is (stepping is not a background run); Stop too,
-        unless `stop_button` (an update) is given: "Run to end" enables it while it runs."""
+        """The stream outputs and the note; Generate is skipped, Stop too unless `stop_button` (an update) is given."""
         snap = run.record.snapshot()
         session.snapshot = snap
         # A stepped run's first forward hides the block slider as a new run does (it would name the last run's block)
@@ -127,17 +121,15 @@ class StepThroughHandlers:
         return (*outputs.as_tuple(), step_note(latest) if latest is not None else "")
 
     def next_step(self, session: SessionState, *inputs) -> tuple:
-        """"Next step": one decoder forward of the session's stepped run (started from `inputs`, the eleven run
-        inputs, when there is none). Returns the stream outputs (`StreamOutputs.as_tuple`) and the note.
-
-        Raises:
-            gr.Error: invalid inputs, a normal run in progress, or an engine failure.
+        """"Next step": one forward of the session's stepped run (started from the run `inputs` if none): the stream
+        outputs and the note; `gr.Error` for bad inputs, a normal run in progress or an engine failure.
         """
         return self._advance(session, self._step_run(session, inputs))
 
     def run_to_end(self, session: SessionState, *inputs) -> Iterator[tuple]:
-        """"Run to end": the stepped run's remaining forwards (a new run when there is none), one render each
-        (the plots at most every `PLOT_INTERVAL_S` seconds, and at the end)."""
+        """"Run to end": the remaining forwards, one render each (plots at most every `PLOT_INTERVAL_S` and at the
+        end).
+        """
         run = self._step_run(session, inputs)
         run.pause.clear()
         last_plots = 0.0
@@ -151,10 +143,9 @@ class StepThroughHandlers:
             yield self._render(session, run, True, stop_button=gr.update(interactive=False))
 
     def pause(self, session: SessionState) -> tuple:
-        """Stop pressed during "Run to end": the stepped run ends its loop after the forward in progress and keeps
-        its state, so Next step or Run to end go on from there (its tokens stay those of a normal run). Returns
-        the stream outputs and the note, or skips everything when no stepped run is going on (Stop then belongs to
-        a normal run: `Playground.stop`)."""
+        """Stop during "Run to end": end after the forward in progress, keeping the run to go on from; skips
+        everything when no stepped run is going on (Stop then belongs to a normal run).
+        """
         run = getattr(session, "step_run", None) if session is not None else None
         if run is None or run.done:
             return tuple(gr.skip() for _ in range(len(initial_outputs().as_tuple()) + 1))  # the outputs and the note

@@ -1,8 +1,5 @@
-"""Making raw model strings safe and visible: the only place token text is escaped.
-
-Token strings come straight from the model and the tokenizer: they may hold markup (`<script>`), quotes,
-whitespace, newlines, control characters, bidirectional overrides, emoji or right-to-left text. Every view goes
-through these helpers before a string reaches HTML or a Plotly label.
+"""Making raw model strings safe and visible: the only place token text is escaped. Every view passes model strings
+(markup, quotes, whitespace, controls, bidi overrides, emoji) through these helpers before HTML or Plotly.
 """
 
 from __future__ import annotations
@@ -44,11 +41,9 @@ def _visible(token: str) -> str:
 
 
 def visible_token(token: str) -> str:
-    """Return `token` with whitespace and invisible characters replaced by visible marks (still unescaped).
-
-    Spaces become "·", newlines "↵", tabs "⇥", C0/C1 control characters their Unicode control picture or
-    `⟨U+XXXX⟩`, bidi overrides/isolates and zero-width characters `⟨U+XXXX⟩`. Emoji and right-to-left letters are
-    kept as they are. An empty string becomes "∅". Non-strings are converted with `str()` first.
+    """`token` (str() of a non-string) with whitespace and invisible characters as visible marks, still unescaped:
+    "·" space, "↵" newline, "⇥" tab, control pictures or `⟨U+XXXX⟩` for controls, bidi and zero-width characters; ""
+    becomes "∅".
     """
     if not isinstance(token, str):
         token = str(token)
@@ -58,20 +53,13 @@ def visible_token(token: str) -> str:
 
 
 def escape_html(text: str) -> str:
-    """Escape `text` for HTML element content *and* quoted attribute values.
-
-    Besides `& < > " '` (html.escape with quote=True) it also encodes `$`, `{`, `}` and the backtick, so a token
-    can never form a template placeholder in Gradio's HTML component templates.
+    """Escape `text` for HTML content and quoted attributes: `& < > " '` and also `$ { }` and the backtick, so a
+    token never forms a placeholder in Gradio's HTML templates.
     """
     if not isinstance(text, str):
         text = str(text)
-    return (
-        html.escape(text, quote=True)
-        .replace("$", "&#36;")
-        .replace("{", "&#123;")
-        .replace("}", "&#125;")
-        .replace("`", "&#96;")
-    )
+    return (html.escape(text, quote=True).replace("$", "&#36;").replace("{", "&#123;").replace("}", "&#125;")
+            .replace("`", "&#96;"))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -82,32 +70,20 @@ def token_html(token: str) -> str:
 
 @functools.lru_cache(maxsize=65536)
 def marked_token_html(token: str) -> str:
-    """`token_html`, with each whitespace mark ("·" for a space, as a "▁" piece decodes; "↵", "⇥", "␍") wrapped
-    in `<span class="dg-sp">` so that CSS can show it as a subtle marker apart from the token's own characters."""
+    """`token_html`, each whitespace mark wrapped in `<span class="dg-sp">` for CSS to show it apart."""
     if not isinstance(token, str):
         token = str(token)
     if not any(char in _VISIBLE for char in token):
         return token_html(token)
-    return "".join(
-        f'<span class="dg-sp">{_VISIBLE[char]}</span>' if char in _VISIBLE else token_html(char) for char in token
-    )
+    return "".join(f'<span class="dg-sp">{_VISIBLE[char]}</span>' if char in _VISIBLE else token_html(char)
+                   for char in token)
 
 
 def escape_plotly(text: str) -> str:
-    """Escape `text` for Plotly hover labels, titles and tick labels (whitespace kept as is).
-
-    Plotly renders a subset of HTML (`<br>`, `<b>`, `<a href>`...) in these strings and decodes entities, so
-    `html.escape` shows markup as literal text.
-    """
+    """Escape `text` for Plotly labels, titles and ticks (Plotly renders a subset of HTML and decodes entities)."""
     if not isinstance(text, str):
         text = str(text)
     return html.escape(text, quote=True)
-
-
-@functools.lru_cache(maxsize=65536)
-def token_plotly(token: str) -> str:
-    """A raw token for a Plotly label: `visible_token` then `escape_plotly` (cached: vocabularies repeat)."""
-    return escape_plotly(visible_token(token))
 
 
 def plain_text(text: str) -> str:

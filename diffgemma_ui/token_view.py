@@ -1,13 +1,5 @@
-"""What one canvas position shows: a token's display text, its style and its tooltip line, by token kind.
-
-Pure functions over a row of (token string, kind) pairs as frames carry them (`Frame.draft_tokens`/`draft_kinds`,
-kinds from `engine.tokens.TokenText`):
-- text tokens show their text (spaces and newlines made visible by `diffgemma_ui.text`);
-- special tokens (pad, end-of-sequence, BOS, turn/channel/tool markers, image markers, unused ids) show a short
-  label ("pad", "turn start", "unused94"), dimmed, never their raw marker text;
-- byte pieces (`<0xE2>`, parts of a UTF-8 character) are read together with their neighbours: consecutive byte
-  positions that form characters show the characters on the position of each character's first byte, the positions
-  holding the rest show their bytes as "+80 94"; a byte that forms no character shows "0xE2". Never U+FFFD.
+"""What one canvas position shows, by token kind: text its text (whitespace visible), special tokens a dimmed label,
+byte pieces read together as UTF-8 (a character on its first byte, the rest "+80 94", a lone byte "0xE2").
 """
 
 from __future__ import annotations
@@ -29,9 +21,9 @@ _ID = re.compile(r"<id:(-?\d+)>")
 
 @dataclass(frozen=True)
 class TokenCell:
-    """One position's look: `text` (what the chip shows, whitespace made visible, unescaped: for tooltips),
-    `html` (the same, escaped, with whitespace marks in `<span class="dg-sp">`), `style` (one of `STYLES`) and
-    `detail` (a tooltip line saying what the token is, unescaped; "" for plain text)."""
+    """One position's look: `text` (shown, unescaped, for tooltips), `html` (escaped, whitespace marks in spans),
+    `style` (one of `STYLES`) and `detail` (a tooltip line; "" for plain text).
+    """
 
     text: str
     html: str
@@ -45,9 +37,9 @@ def _cell(text: str, style: str, detail: str = "") -> TokenCell:
 
 
 def special_label(piece: str) -> str:
-    """A short label for a special token's piece: `<pad>` -> "pad", `<start_of_turn>` -> "start of turn",
-    `<|turn>` -> "turn start", `<turn|>` -> "turn end", `<|think|>` -> "think", `<id:N>` -> "id N"; other pieces
-    lose their brackets (`[multimodal]` -> "multimodal")."""
+    """A short label for a special token's piece: `<pad>` "pad", `<|turn>` "turn start", `<turn|>` "turn end",
+    `<id:N>` "id N"; other pieces lose their brackets.
+    """
     piece = str(piece)
     match = _ID.fullmatch(piece)
     if match:
@@ -65,8 +57,7 @@ def special_label(piece: str) -> str:
 
 
 def _utf8_units(data: bytes) -> list[tuple[int, int, str | None]]:
-    """`data` split into UTF-8 characters: (start, end, character), or (i, i + 1, None) for a byte that starts no
-    complete character (a lone lead byte, a stray continuation byte, an invalid byte)."""
+    """`data` split into UTF-8 characters (start, end, char), or (i, i + 1, None) for a byte that starts none."""
     units, i = [], 0
     while i < len(data):
         lead = data[i]
@@ -91,10 +82,9 @@ def _hex(data: bytes) -> str:
 def _byte_run(pieces: list[bytes]) -> list[TokenCell]:
     """The cells of consecutive byte positions, read as one UTF-8 byte string."""
     data = b"".join(pieces)
-    owner, start = [], 0  # owner[byte offset] = index of the position holding that byte
+    owner = []  # owner[byte offset] = index of the position holding that byte
     for index, piece in enumerate(pieces):
         owner.extend([index] * len(piece))
-        start += len(piece)
     shown: list[list[str]] = [[] for _ in pieces]
     notes: list[list[str]] = [[] for _ in pieces]
     for begin, end, char in _utf8_units(data):
@@ -125,16 +115,8 @@ def _byte_run(pieces: list[bytes]) -> list[TokenCell]:
 
 def token_cells(tokens: Sequence[str], kinds: Sequence[str] | None = None,
                 groups: Sequence[object] | None = None) -> list[TokenCell]:
-    """The look of each position of a row of tokens.
-
-    Args:
-        tokens: display strings, one per position (`Frame.draft_tokens` or a mix of draft and input tokens).
-        kinds: their kinds (`engine.tokens.TOKEN_KINDS`); None or empty: all text (frames that carry no kinds).
-        groups: optional key per position; byte positions are read together only within a run of equal keys (so
-            an accepted byte is never joined to a neighbouring noise byte).
-
-    Returns:
-        one `TokenCell` per position, same length as `tokens`.
+    """One `TokenCell` per token of a row (`kinds`: `TOKEN_KINDS`, None for all text); byte positions are read
+    together only within a run of equal `groups` keys (an accepted byte never joins a noise byte).
     """
     n = len(tokens)
     kinds = list(kinds) if kinds else [TEXT] * n
@@ -158,7 +140,7 @@ def token_cells(tokens: Sequence[str], kinds: Sequence[str] | None = None,
 
 @functools.lru_cache(maxsize=65536)
 def _single_cell(token: str, kind: str) -> TokenCell:
-    """The cell of a token read on its own (text or special; cached: a canvas redraws the same tokens often)."""
+    """The cell of a token read on its own (text or special; cached)."""
     if kind in (PAD, EOS, SPECIAL):
         what = {PAD: "pad", EOS: "end-of-sequence", SPECIAL: "special token"}[kind]
         return _cell(special_label(token), kind, f"{what} {token}: a control symbol, not text")
@@ -166,9 +148,9 @@ def _single_cell(token: str, kind: str) -> TokenCell:
 
 
 def draft_labels(frame) -> list[str]:
-    """What each position's draft token is, as one plain line per position (for hover labels; unescaped): the
-    visible text of a text or byte token, a special token's label with "(pad)", "(end-of-sequence)" or
-    "(special token)" after it, never its raw marker text."""
+    """Each position's draft token as one plain line for hover labels: visible text, or a special token's label with
+    "(pad)", "(end-of-sequence)" or "(special token)".
+    """
     cells = token_cells(frame.draft_tokens, frame.draft_kinds or None)
     suffix = {"pad": " (pad)", "eos": " (end-of-sequence)", "special": " (special token)"}
     return [cell.text + suffix.get(cell.style, "") for cell in cells]

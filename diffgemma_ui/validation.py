@@ -1,7 +1,5 @@
-"""Checking what arrives from the browser or the API before anything runs.
-
-Everything here raises `ValueError` with a message meant for the user (the UI turns it into `gr.Error`). The parsers
-are the engine's settings table's (`engine.settings`); this module adds the UI's request shape and presets.
+"""Checking what arrives from the browser or the API before anything runs, with the engine's settings table's
+parsers; every error is a `ValueError` meant for the user. Adds the UI's request shape and presets.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ check_ui_seed = parse_seed
 
 @dataclass(frozen=True)
 class RunRequest:
-    """A validated request: prompt text, `raw` (no chat template), settings, seed (None = draw one), `thinking`
-    (let a checkpoint whose chat template has a thinking mode think first; the engine checks it applies)."""
+    """A validated request: prompt, `raw` (no chat template), settings, seed (None: draw one), `thinking`."""
 
     prompt: str
     raw: bool
@@ -37,14 +34,8 @@ class RunRequest:
 
 
 def build_settings(values: dict, *, ui_limits: bool = True) -> DiffusionSettings:
-    """`DiffusionSettings` from raw values keyed by setting name (plus `adaptive_stopping`).
-
-    Args:
-        values: the seven numeric settings of `SETTING_NAMES` and `adaptive_stopping`.
-        ui_limits: also hold them to the live UI's ranges (the table's `ui_high`).
-
-    Raises:
-        ValueError: missing, non-numeric, NaN/inf, out-of-range values, or t_min >= t_max (engine messages).
+    """`DiffusionSettings` from raw values of `SETTING_NAMES` and `adaptive_stopping`, `ui_limits`: held to the UI's
+    ranges. `ValueError` (the engine's message) for a missing or bad value or t_min >= t_max.
     """
     values = {**{name: values.get(name) for name in SETTING_NAMES},
               "adaptive_stopping": values.get("adaptive_stopping", True)}
@@ -53,18 +44,13 @@ def build_settings(values: dict, *, ui_limits: bool = True) -> DiffusionSettings
 
 def build_request(prompt, raw, values: dict, seed, *, ui_limits: bool = True, thinking=False) -> RunRequest:
     """Validate everything a run needs; raises ValueError with the first problem found (prompt first)."""
-    return RunRequest(
-        prompt=check_prompt(prompt),
-        raw=check_flag("raw", raw),
-        settings=build_settings(values, ui_limits=ui_limits),
-        seed=check_ui_seed(seed),
-        thinking=check_flag("thinking", thinking),
-    )
+    return RunRequest(prompt=check_prompt(prompt), raw=check_flag("raw", raw),
+                      settings=build_settings(values, ui_limits=ui_limits), seed=check_ui_seed(seed),
+                      thinking=check_flag("thinking", thinking))
 
 
 def preset_values(name, recommended: DiffusionSettings) -> dict:
-    """The values of `PRESET_FIELDS` for preset `name` (see `engine.preset`); raises ValueError for an unknown
-    name."""
+    """The values of `PRESET_FIELDS` for preset `name` (`engine.preset`); `ValueError` for an unknown name."""
     if name not in PRESET_NAMES:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")
     settings = preset(name, recommended)

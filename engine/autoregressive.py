@@ -1,5 +1,5 @@
-"""Autoregressive decoding, one token per forward: the side block diffusion is raced against (by default the
-model's own causal encoder on the shared weights; `AutoregressiveDecoder.load` takes a separate causal LM).
+"""Autoregressive decoding, one token per forward: the side block diffusion races against (by default the model's own
+causal encoder on the shared weights; `AutoregressiveDecoder.load` takes a separate causal LM).
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper
 
 from .engine import encode_text
-from .generator import EngineClock
+from .generator import EngineClock, RunRandomState
 from .loading import ModelLoadError
-from .random_state import RunRandomState
 from .settings import SettingSpec, parse_seed, parse_setting
 from .tokens import TokenText, eos_id_list
 
@@ -33,17 +32,9 @@ def check_temperature(value) -> float:
 
 @dataclass(frozen=True)
 class TokenFrame:
-    """The state right after one autoregressive forward: the token it chose.
-
-    forward_index: 0-based forward (forward 0 is the prompt's prefill and chooses the first token);
-    token_id / token: the chosen token and its display string (raw model text: escape before rendering);
-    committed_ids: every generated id so far, this one included (up to and including EOS);
-    committed_tokens: how many of them are not pad; temperature: 0 for greedy;
-    done / stop_reason ("eos", "max_new_tokens", "cancelled" on the last frame, else "");
-    elapsed_s: engine-clock seconds since the run started (prefill included; time the consumer spends between
-    frames is not counted); time_to_first_token_s: elapsed_s of forward 0;
-    tokens_per_second = committed_tokens / elapsed_s; tokens_per_forward = committed_tokens / forwards (1 until a
-    pad is chosen); prompt_tokens; seed (the seed in force, drawn when none was given).
+    """The state after one autoregressive forward (forward 0 is the prefill): the chosen `token_id` and its display
+    `token` (raw: escape it), every generated id so far (`committed_ids`, up to EOS), non-pad `committed_tokens`,
+    `done`/`stop_reason`, engine-clock `elapsed_s` and rates, `prompt_tokens` and the `seed` in force.
     """
 
     forward_index: int
@@ -77,25 +68,18 @@ def eos_ids(generation_config) -> set[int]:
 
 
 def softcapped_logits(model, hidden_states: torch.Tensor) -> torch.Tensor:
-    """Float32 logits `[batch, vocab]` of the last position of `hidden_states` `[batch, length, hidden]`:
-    `tanh(lm_head(h) / cap) * cap`, exactly as `DiffusionGemmaForBlockDiffusion.forward` turns hidden states into
-    logits."""
+    """Float32 logits `[batch, vocab]` of the last position of `hidden_states` `[batch, length, hidden]`, softcapped
+    as `DiffusionGemmaForBlockDiffusion.forward` does.
+    """
     logits = model.lm_head(hidden_states[:, -1]).float()
     cap = model.final_logit_softcapping
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
 class AutoregressiveDecoder:
-    """Token-by-token decoding with a KV cache, one `TokenFrame` per forward.
-
-    Args:
-        model: a `DiffusionGemmaForBlockDiffusion` (its encoder and `lm_head` decode: `shared_weights=True`) or any
-            transformers causal LM (`shared_weights=False`).
-        tokenizer: the model's tokenizer (chat prompts go through its chat template).
-        source: where the model came from (shown on the page); device: where it runs.
-
-    Use `from_diffusion` for the same-weights decoder and `load` for a separate checkpoint. Several runs may iterate
-    from different threads at once; each has its own random state and cache.
+    """Token-by-token decoding with a KV cache, one `TokenFrame` per forward, on a DiffusionGemma model's encoder and
+    `lm_head` (`shared_weights`, `from_diffusion`) or a separate causal LM (`load`). Runs may iterate from several
+    threads at once.
     """
 
     def __init__(self, model, tokenizer, *, source: str, device: torch.device, shared_weights: bool):
@@ -118,11 +102,7 @@ class AutoregressiveDecoder:
 
     @classmethod
     def load(cls, model_id: str, device: torch.device, dtype: torch.dtype) -> "AutoregressiveDecoder":
-        """Load a separate causal LM (`AutoModelForCausalLM`, no remote code) and its tokenizer onto `device`.
-
-        Raises:
-            ModelLoadError: the checkpoint or its tokenizer cannot be loaded.
-        """
+        """Load a separate causal LM (no remote code) and its tokenizer onto `device`; `ModelLoadError` if it fails."""
         local = Path(str(model_id)).expanduser()
         common = {"trust_remote_code": False, "local_files_only": local.exists()}
         where = str(local) if local.exists() else str(model_id)
@@ -146,8 +126,9 @@ class AutoregressiveDecoder:
         return DynamicCache(config=self.model.config.get_text_config(decoder=True))
 
     def next_token_logits(self, step_ids: torch.LongTensor, cache: DynamicCache, position: int) -> torch.Tensor:
-        """One forward over `step_ids` `[1, n]` (the prompt, then one token at a time) at positions
-        `position..position+n-1`, appending to `cache`; returns float32 logits `[1, vocab]` of the last position."""
+        """One forward over `step_ids` `[1, n]` at positions from `position`, appending to `cache`; float32 logits
+        `[1, vocab]` of the last position.
+        """
         positions = torch.arange(position, position + step_ids.shape[1], device=step_ids.device).unsqueeze(0)
         if self.shared_weights:
             hidden = self.model.model.encoder(input_ids=step_ids, past_key_values=cache,
@@ -159,8 +140,9 @@ class AutoregressiveDecoder:
 
     # -- a run -------------------------------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str, raw: bool = False) -> torch.LongTensor:
-        """Prompt ids `[1, prompt_length]` on the device, encoded as `DiffusionEngine.encode_prompt` does (raises
-        ValueError for a bad prompt)."""
+        """Prompt ids `[1, prompt_length]` on the device, as `DiffusionEngine.encode_prompt`; `ValueError` for a bad
+        prompt.
+        """
         return encode_text(self.tokenizer, prompt, raw, self.device)
 
     def check_budget(self, prompt_tokens: int, max_new_tokens: int) -> None:
@@ -173,10 +155,8 @@ class AutoregressiveDecoder:
 
     def frames(self, prompt: str, max_new_tokens: int, *, raw: bool = False, temperature: float = 0.0,
                seed: int | None = None, stop_event: threading.Event | None = None) -> Iterator[TokenFrame]:
-        """Validate and encode `prompt`, then yield one `TokenFrame` per forward (see `decode`).
-
-        Raises:
-            ValueError: bad prompt, max_new_tokens, temperature, seed or budget (before any work is done).
+        """Validate and encode `prompt`, then yield one `TokenFrame` per forward (`decode`); `ValueError` (before any
+        work) for a bad prompt, max_new_tokens, temperature, seed or budget.
         """
         max_new_tokens = parse_setting("max_new_tokens", max_new_tokens)
         temperature = check_temperature(temperature)
@@ -190,18 +170,9 @@ class AutoregressiveDecoder:
     def decode(self, input_ids: torch.LongTensor, max_new_tokens: int, *, temperature: float = 0.0,
                random_state: RunRandomState | None = None,
                stop_event: threading.Event | None = None) -> Iterator[TokenFrame]:
-        """Decode after `input_ids` `[1, prompt_length]` until EOS or `max_new_tokens` tokens, one forward per token.
-
-        Args:
-            temperature: 0 picks the argmax (greedy); above 0 samples from softmax(logits / temperature).
-            random_state: the run's random state (default: a fresh seed); only sampling draws from it.
-            stop_event: when set, the run ends before the next forward with a final frame marked "cancelled".
-
-        Yields:
-            one `TokenFrame` per forward; the last has `done=True`.
-
-        Raises:
-            ValueError: batch size other than 1, or `max_new_tokens` < 1.
+        """Decode after `input_ids` `[1, prompt_length]` until EOS or `max_new_tokens`, one `TokenFrame` per forward,
+        greedy at temperature 0, else sampled; `stop_event` ends it "cancelled". `ValueError` for batch != 1 or no
+        budget.
         """
         if input_ids.ndim != 2 or input_ids.shape[0] != 1:
             raise ValueError(f"input_ids must have shape [1, prompt_length], got {tuple(input_ids.shape)}")
@@ -258,7 +229,7 @@ class AutoregressiveDecoder:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def warm_up(self) -> float:
-        """Pay first-run costs (kernel selection, allocator growth) with a short greedy run; returns seconds."""
+        """Pay first-run costs with a short greedy run; returns its seconds."""
         last = None
         for last in self.frames("Warm-up.", 4, raw=True, seed=0):
             pass

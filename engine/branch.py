@@ -1,8 +1,5 @@
-"""Branch a run from one of its decoder forwards: keep that canvas, pin chosen tokens, denoise on with a seed.
-
-The branch reads the run's prompt and the blocks it committed before the chosen forward's block; its first canvas
-starts from the chosen forward's canvas (accepted positions keep their draft token, pinned positions take the
-pinned token and keep it for the whole block, as Infill keeps a template's text; the rest is fresh noise).
+"""Branch a run from one of its decoder forwards: keep that canvas's accepted tokens, pin chosen tokens for the block
+(as Infill keeps a template's text), and denoise on with a new seed.
 """
 
 from __future__ import annotations
@@ -14,15 +11,13 @@ import torch
 
 from .engine import DiffusionEngine
 from .frames import Frame
-from .generator import denoise
+from .generator import RunRandomState, denoise
 from .infill import FixedPositionsLogitsProcessor, InfillLayout
-from .random_state import RunRandomState
 from .settings import DiffusionSettings, parse_seed
 
 
 def branch_canvas(frame: Frame, pins: Mapping[int, int]) -> list[int]:
-    """The branch's starting canvas ids (`canvas_length`; -1 where noise goes): `frame`'s accepted draft tokens, then
-    `pins` (position -> token id) on top."""
+    """The branch's first canvas ids (-1 where noise goes): `frame`'s accepted drafts, then `pins` (position -> id)."""
     canvas = [draft if accepted else -1 for draft, accepted in zip(frame.draft_ids, frame.accepted)]
     for position, token in pins.items():
         canvas[position] = token
@@ -30,10 +25,8 @@ def branch_canvas(frame: Frame, pins: Mapping[int, int]) -> list[int]:
 
 
 def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
-    """The share of positions (0 to 1) whose token differs between two canvases of the same length.
-
-    Raises:
-        ValueError: lengths differ or are 0.
+    """The share (0 to 1) of positions whose token differs between two canvases; `ValueError` for unequal or 0
+    lengths.
     """
     if len(original) != len(branch) or not original:
         raise ValueError(f"canvases to compare must have the same positive length, got {len(original)} and "
@@ -44,14 +37,11 @@ def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
 def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Frame, pins: Mapping[int, int],
                   settings: DiffusionSettings, *, seed: int | None = None,
                   stop_event: threading.Event | None = None) -> Iterator[Frame]:
-    """Denoise on from `frame` (a forward of a run of `prompt_ids` under `settings`), one `Frame` per forward.
+    """Denoise on from `frame` of a run of `prompt_ids`, one `Frame` per forward; `pins` (position -> id) stay fixed
+    in the first block; the token budget is what the run had left after its committed blocks.
 
-    Args:
-        pins: canvas position -> token id, fixed in the branch's first block.
-        settings: the branch's settings; its token budget is what the run had left after the committed blocks.
-        seed: the branch's seed (None: a fresh one).
     Raises:
-        ValueError: a pin outside the canvas or the vocabulary, a bad seed or settings, no token budget left.
+        ValueError: a pin outside the canvas or vocabulary, a bad seed or settings, no token budget left.
     """
     canvas_length, vocab = engine.canvas_length, engine.model.config.text_config.vocab_size
     for position, token in pins.items():

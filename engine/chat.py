@@ -16,8 +16,7 @@ import torch
 from .conversation import check_messages, conversation_ids
 from .engine import DiffusionEngine, GenerationResult
 from .frames import Frame
-from .generator import denoise
-from .random_state import RunRandomState
+from .generator import RunRandomState, denoise
 from .settings import DiffusionSettings, check_prompt, parse_seed
 
 PREFILL_POINTS = 16  # the prefills (newest) the saving estimate's slope is fitted to
@@ -26,18 +25,10 @@ _PROBE_ANSWER = "x"  # any text: only where the next turn's rendering starts to 
 
 @dataclass(frozen=True)
 class TurnReport:
-    """What one chat turn encoded and what it reused.
-
-    prompt_tokens: the conversation's tokens before the answer (whole history plus the new user turn);
-    reused_tokens: those taken from the previous turn's KV cache (not re-encoded);
-    encoded_tokens: those the encoder ran on this turn (prompt_tokens - reused_tokens);
-    prefill_s: measured seconds of this turn's encoder prefill (all encoded_tokens);
-    prefill_saved_s: an estimate, reused_tokens x the marginal prefill seconds per token (`marginal_seconds_per_token`
-        over this session's measured prefills, the encoder call's fixed cost left out, since a re-encode would pay it
-        too), and never more than the measured seconds this session spent encoding those reused tokens; None until
-        the session has measured prefills of two different lengths, or when their slope is not positive
-        (`benchmarks/chat_reuse.py` measures the true figure by re-encoding);
-    dropped_turns: earlier turns cut to fit the context; note: a sentence for the visitor ("" when nothing to say).
+    """What one chat turn encoded and reused: `prompt_tokens` (whole history plus the new turn), `reused_tokens`
+    (from the previous turn's KV cache), `encoded_tokens`, `prefill_s` (measured), `prefill_saved_s` (an estimate:
+    reused tokens x `marginal_seconds_per_token`, capped by the seconds once spent encoding them; None until it can
+    be fitted), `dropped_turns` (cut to fit the context) and a `note` for the visitor.
     """
 
     prompt_tokens: int
@@ -54,9 +45,9 @@ class TurnReport:
 
 
 def encode_into_cache(model, cache, ids: torch.LongTensor):
-    """Run the encoder on `ids` `[1, n]` after the `cache.get_seq_length()` tokens `cache` holds, adding their
-    states to `cache` (in place; also returned). The prefill step of `generate()` (`_prepare_encoder_inputs`, then
-    `model.model.encoder`) with positions continuing from the cache."""
+    """Run the encoder on `ids` `[1, n]` after the tokens `cache` holds, adding their states to `cache` (in place,
+    also returned): `generate()`'s prefill step with positions continuing from the cache.
+    """
     start, n = cache.get_seq_length(), ids.shape[1]
     position_ids = torch.arange(start, start + n, dtype=torch.int32, device=ids.device).unsqueeze(0)
     attention_mask = torch.ones((1, start + n), dtype=torch.bool, device=ids.device)
@@ -68,9 +59,9 @@ def encode_into_cache(model, cache, ids: torch.LongTensor):
 
 
 def marginal_seconds_per_token(points: list[tuple[int, float]]) -> float | None:
-    """The least-squares slope of prefill seconds against tokens encoded, over `points` (tokens, seconds): what one
-    more token adds to an encoder call, its fixed cost left out. None with fewer than two distinct token counts or a
-    slope that is not positive (timing noise)."""
+    """The least-squares slope of prefill seconds over tokens encoded in `points` [(tokens, seconds)]; None with
+    fewer than two distinct token counts or a slope that is not positive.
+    """
     if len({n for n, _ in points}) < 2:
         return None
     mean_n = sum(n for n, _ in points) / len(points)
@@ -90,14 +81,9 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class ChatSession:
-    """One visitor's conversation with a `DiffusionEngine` and the KV cache of its previous turn.
-
-    Args:
-        engine: the engine (its model must have a chat template).
-        system: optional system message, kept through history cuts.
-
-    Not thread-safe: one turn at a time per session (a session belongs to one visitor).
-    `messages` holds the conversation as the template sees it: answers without their thought channel.
+    """One visitor's conversation with `engine` and the KV cache of its previous turn; `system` is kept through
+    history cuts. One turn at a time. `messages` holds answers without their thought channel (`thoughts` keeps
+    those).
     """
 
     def __init__(self, engine: DiffusionEngine, system: str | None = None):
@@ -141,15 +127,10 @@ class ChatSession:
 
     def turn(self, text: str, settings: DiffusionSettings | None = None, *, seed: int | None = None,
              thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
-        """Add the user's `text` and denoise the answer, yielding one `Frame` per decoder forward.
-
-        Frames' `prompt_tokens` is the whole conversation's length. When the last frame is done (not cancelled) the
-        user message and the answer join `messages`, and `last_report` (`TurnReport`) and `last_result`
-        (`GenerationResult`) describe the turn; a cancelled turn leaves the conversation as it was.
-
-        Raises:
-            ValueError: bad text, seed or settings; thinking on a template without it; a user turn that alone
-                does not fit the context (before any work is done).
+        """Add the user's `text` and denoise the answer, one `Frame` per forward (`prompt_tokens`: the whole
+        conversation); a completed turn joins `messages` and sets `last_report` and `last_result`, a cancelled one
+        changes nothing. `ValueError` (before any work) for bad text, seed or settings, thinking without a thinking
+        template, or a user turn that alone does not fit the context.
         """
         text = check_prompt(text)
         settings = settings or self.engine.recommended
@@ -167,10 +148,8 @@ class ChatSession:
 
     def regenerate(self, settings: DiffusionSettings | None = None, *, seed: int | None = None,
                    thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
-        """Answer the last user message again (a new seed unless given), replacing the last answer.
-
-        Raises:
-            ValueError: nothing to regenerate yet, or what `turn` raises.
+        """Answer the last user message again, replacing the last answer; `ValueError` with no answer yet, or as
+        `turn`.
         """
         if not self.messages or self.messages[-1]["role"] != "assistant":
             raise ValueError("nothing to regenerate: the conversation has no answer yet")
@@ -244,10 +223,8 @@ class ChatSession:
 
     def reply(self, text: str, settings: DiffusionSettings | None = None, **kwargs) -> tuple[GenerationResult,
                                                                                           TurnReport]:
-        """Run a turn to the end; returns (result, report). Same arguments and errors as `turn`.
-
-        Raises:
-            RuntimeError: the turn was cancelled (through `stop_event`).
+        """Run a turn to the end; returns (result, report), arguments and errors as `turn`; `RuntimeError` if
+        cancelled.
         """
         for _ in self.turn(text, settings, **kwargs):
             pass

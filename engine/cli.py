@@ -1,8 +1,6 @@
-"""Command line: `python -m engine generate|race|chat|infill|replay|memory` (`--help` on each).
-
-The subcommands share the model flags and the settings flags generated from `engine.settings.SETTINGS`; everything
-that can be checked without the model is checked before it loads. Errors are one `error: ...` line on stderr and
-exit status 2.
+"""Command line: `python -m engine generate|race|chat|infill|replay|memory` (`--help` on each). Subcommands share the
+model flags and the settings flags made from `SETTINGS`; what needs no model is checked before it loads. Errors are
+one `error: ...` line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from .infill import filled_text, infill_frames, parse_template
 from .loading import (DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, meta_model,
                       model_location)
 from .memory import format_report, memory_report
-from .race import RaceRunner
-from .race_memory import race_runner
+from .race import RaceRunner, race_runner
 from .settings import (PRESET_NAMES, SETTING_NAMES, SETTINGS, DiffusionSettings, check_prompt, parse_seed,
                        parse_setting, preset)
 from .replay_page import write_replay
@@ -104,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def checked_options(args: argparse.Namespace) -> tuple[int | None, dict]:
-    """(the seed, the settings flags given) of `args`, each parsed, and with the checkpoint's generation config
-    readable, the settings they make (t_min < t_max): the checks that need no weights."""
+    """(seed, settings flags given), each parsed, and the settings they make checked against the checkpoint's
+    generation config when it is readable: the checks that need no weights.
+    """
     seed = parse_seed(args.seed)
     changes = {name: getattr(args, name) for name in SETTING_NAMES if getattr(args, name, None) is not None}
     for name, value in changes.items():
@@ -117,8 +115,7 @@ def checked_options(args: argparse.Namespace) -> tuple[int | None, dict]:
 
 
 def config_recommended(model: str) -> DiffusionSettings | None:
-    """The recommended settings from `model`'s generation_config.json alone; None where it cannot be read (the
-    model's load then says what is wrong)."""
+    """The recommended settings from `model`'s generation_config.json alone; None where it cannot be read."""
     try:
         where, common = model_location(model)
         config = DiffusionGemmaGenerationConfig.from_pretrained(where, local_files_only=common["local_files_only"])
@@ -184,8 +181,7 @@ def generate_command(args: argparse.Namespace) -> int:
 
 
 def verdict_line(verdict: dict) -> str:
-    """`RaceResult.verdict()` as one line of key=value facts, e.g. "winner=diffusion stopped_side=none
-    cost_ratio=3.10 bound=compute faults=diffusion:punctuation+repetition" ("none" and "n/a" for missing values)."""
+    """`RaceResult.verdict()` as one line of key=value facts ("winner=diffusion ... faults=none")."""
     faults = ",".join(f"{side}:{'+'.join(names)}" for side, names in verdict["faults"].items() if names) or "none"
     ratio = verdict["cost_ratio"]
     return (f"winner={verdict['winner'] or 'none'} stopped_side={verdict['stopped_side'] or 'none'} "
@@ -222,9 +218,9 @@ def race_command(args: argparse.Namespace) -> int:
 
 
 def chat_command(args: argparse.Namespace, stdin=None) -> int:
-    """`python -m engine chat < turns.txt`: one user turn per stdin line (empty lines skipped). Each answer goes to
-    stdout, the turn's report and any thought to stderr; `--json` prints one object per turn. A refused turn is
-    reported and the conversation goes on; the exit status is then 2."""
+    """`python -m engine chat < turns.txt`: one user turn per non-empty stdin line; answers to stdout, reports and
+    thoughts to stderr (`--json`: one object per turn). A refused turn is reported, the chat goes on, exit status 2.
+    """
     stdin = stdin or sys.stdin
     try:
         seed, changes = checked_options(args)
@@ -266,8 +262,7 @@ def chat_command(args: argparse.Namespace, stdin=None) -> int:
 
 
 def infill_command(args: argparse.Namespace) -> int:
-    """`python -m engine infill`: the template with its blanks filled (`[___]` one token, `[___ 12]` twelve), or one
-    JSON object {"text", "fills", "blank_positions", "template_positions", "result"}."""
+    """`python -m engine infill`: the template with its blanks filled, or one JSON object."""
     try:
         seed, changes = checked_options(args)
         parse_template(args.template, None)
@@ -309,8 +304,7 @@ def replay(trace_path: Path, html_path: Path) -> int:
 
 
 def memory_command(model: str, quantization: str, dtype: str, as_json: bool) -> int:
-    """`python -m engine memory`: print the report of `model` (built on the meta device) as a table or one JSON
-    object; returns the exit status (2 and one line on stderr for a config that cannot be read)."""
+    """`python -m engine memory`: `model`'s memory report (meta device) as a table or one JSON object."""
     torch_dtype = torch.bfloat16 if dtype == "auto" else getattr(torch, dtype)
     try:
         report = memory_report(meta_model(model, torch_dtype), quantization)

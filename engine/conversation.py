@@ -1,24 +1,83 @@
-"""Token ids of a whole conversation through the chat template, every message's text kept as plain text
-(the multi-turn form of `engine.prompts.chat_prompt_ids`).
+"""Chat prompts through the tokenizer's chat template with every message's text kept as plain text (typed
+special-token strings never become control tokens), thinking mode, and the thought channel of an answer.
 """
 
 from __future__ import annotations
 
-from .prompts import _PLACEHOLDER, chat_template_text
-
+# Private-use characters: no template or tokenizer gives them a meaning, and a prompt containing them is refused
+_PLACEHOLDER = "\ue000diffgemma-user-text\ue001"
+CHANNEL_OPEN, CHANNEL_CLOSE = "<|channel>", "<channel|>"
 ROLES = ("system", "user", "assistant")
 
+
+def _messages(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def _encode(tokenizer, text: str, **kwargs) -> list[int]:
+    return tokenizer(text, add_special_tokens=False, **kwargs)["input_ids"] if text else []
+
+
+def chat_template_text(tokenizer) -> str:
+    """The tokenizer's chat template source ("" when it has none; the default one of several named templates)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):
+        template = template.get("default", next(iter(template.values()), ""))
+    return template if isinstance(template, str) else ""
+
+
+def supports_thinking(tokenizer) -> bool:
+    """Whether the tokenizer's chat template takes `enable_thinking` (Gemma 4 checkpoints)."""
+    return "enable_thinking" in chat_template_text(tokenizer)
+
+
+def chat_prompt_ids(tokenizer, content: str, **template_kwargs) -> list[int]:
+    """Ids of `content` as one user turn plus the generation prompt, its special-token strings kept as plain text
+    (`template_kwargs` go to the template). `ValueError` for text holding the reserved U+E000...U+E001 placeholder or
+    a template that changes the user text beyond telling it apart from its markers.
+    """
+    if _PLACEHOLDER in content:
+        raise ValueError("prompt contains a reserved private-use sequence (U+E000 ... U+E001)")
+    render = dict(add_generation_prompt=True, tokenize=False, **template_kwargs)
+    rendered = tokenizer.apply_chat_template(_messages(content), **render)
+    marked = tokenizer.apply_chat_template(_messages(_PLACEHOLDER), **render)
+    prefix, found, suffix = marked.partition(_PLACEHOLDER)
+    if (not found or _PLACEHOLDER in suffix or len(prefix) + len(suffix) > len(rendered)
+            or not rendered.startswith(prefix) or not rendered.endswith(suffix)):
+        raise ValueError("this model's chat template changes the user text in a way the playground cannot keep "
+                         "apart from its markers; use a raw prompt")
+    user = rendered[len(prefix):len(rendered) - len(suffix)]
+    return (_encode(tokenizer, prefix) + _encode(tokenizer, user, split_special_tokens=True)
+            + _encode(tokenizer, suffix))
+
+
+def split_thought(token_ids: list[int], tokenizer) -> tuple[str, str]:
+    """(thought, answer) text of generated ids, special tokens skipped: the thought runs from `<|channel>` to
+    `<channel|>` (or the end), its first line (the channel's name) dropped; without one, ("", the whole text).
+    """
+    vocab = tokenizer.get_vocab()
+    open_id, close_id = vocab.get(CHANNEL_OPEN), vocab.get(CHANNEL_CLOSE)
+
+    def text(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    if open_id is None or open_id not in token_ids:
+        return "", text(token_ids)
+    start = token_ids.index(open_id)
+    end = token_ids.index(close_id, start) if close_id is not None and close_id in token_ids[start:] else None
+    channel = text(token_ids[start + 1:end])
+    _, newline, body = channel.partition("\n")
+    thought = body if newline else ""
+    answer = token_ids[:start] + (token_ids[end + 1:] if end is not None else [])
+    return thought.strip(), text(answer)
 
 def _placeholder(index: int) -> str:
     return _PLACEHOLDER.replace("user-text", f"text-{index}")
 
 
 def check_messages(messages) -> list[dict]:
-    """`messages` as a list of {"role", "content"} dicts with string contents and known roles.
-
-    Raises:
-        ValueError: not a list, a message that is not a dict, an unknown role (allowed: system, user, assistant), a
-            content that is not a string, or a content holding the reserved private-use sequence U+E000 ... U+E001.
+    """`messages` as a list of {"role", "content"} dicts (roles: `ROLES`), lone surrogates replaced; `ValueError` for
+    an empty or bad list, message, role or content, or the reserved U+E000...U+E001 sequence.
     """
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError("a conversation is a non-empty list of messages")
@@ -38,21 +97,8 @@ def check_messages(messages) -> list[dict]:
 
 
 def conversation_ids(tokenizer, messages, *, add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
-    """Ids of `messages` rendered by the tokenizer's chat template, message texts encoded as plain text.
-
-    Args:
-        tokenizer: a transformers tokenizer with a chat template.
-        messages: [{"role": "system" | "user" | "assistant", "content": str}, ...] (`check_messages`).
-        add_generation_prompt: end with the template's opening of a model turn.
-        template_kwargs: passed to the template (e.g. `enable_thinking=True`).
-
-    Returns:
-        the token ids (a list; BOS included when the template writes it). For one user message they equal
-        `engine.prompts.chat_prompt_ids`'s.
-
-    Raises:
-        ValueError: bad messages (`check_messages`); no chat template; a template that renders the texts other than
-            as they are or trimmed.
+    """Ids of `messages` (`check_messages`) through the chat template, texts as plain text (one user message gives
+    `chat_prompt_ids`'s); `ValueError` for bad messages, no template, or one that changes the texts beyond trimming.
     """
     messages = check_messages(messages)
     if not chat_template_text(tokenizer):
@@ -75,11 +121,7 @@ def conversation_ids(tokenizer, messages, *, add_generation_prompt: bool = True,
     else:
         raise ValueError("this model's chat template changes message text in a way the playground cannot keep "
                          "apart from its markers")
-
-    def encode(text: str, **kwargs) -> list[int]:
-        return tokenizer(text, add_special_tokens=False, **kwargs)["input_ids"] if text else []
-
     ids: list[int] = []
     for part, text in zip(parts, texts):
-        ids += encode(part) + encode(text, split_special_tokens=True)
-    return ids + encode(parts[-1])
+        ids += _encode(tokenizer, part) + _encode(tokenizer, text, split_special_tokens=True)
+    return ids + _encode(tokenizer, parts[-1])

@@ -20,8 +20,7 @@ SCHEDULERS = ("BlockRefinementScheduler", "DiscreteDDIMScheduler", "EntropyBound
 
 
 def diffusers_available() -> bool:
-    """Whether diffusers is installed (looked up without importing it: importing diffusers takes seconds, so an app
-    that offers its schedulers does not pay for them at start)."""
+    """Whether diffusers is installed, looked up without importing it (that takes seconds)."""
     return importlib.util.find_spec("diffusers") is not None
 
 
@@ -33,9 +32,9 @@ def _diffusers():
 
 
 def make_scheduler(name: str, settings: DiffusionSettings):
-    """A diffusers scheduler by class name, configured from `settings` (entropy bound and temperatures for
-    `EntropyBoundScheduler`; the others keep their defaults). Raises `ValueError` for an unknown name and
-    `ImportError` without diffusers."""
+    """A diffusers scheduler by class name, configured from `settings` (`EntropyBoundScheduler`: bound and
+    temperatures). `ValueError` for an unknown name, `ImportError` without diffusers.
+    """
     if name not in SCHEDULERS:
         raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {name!r}")
     cls = getattr(_diffusers(), name)
@@ -50,19 +49,9 @@ class PipelineStopped(Exception):
 
 
 class PipelineRun:
-    """One `DiffusionGemmaPipeline` call with `scheduler` on the engine's model, in a background thread, read as
-    frames while it runs (see the module docstring).
-
-    `settings`: max_new_tokens (the pipeline's `gen_length`), max_denoising_steps (`num_inference_steps`), adaptive
-    stopping (off: `confidence_threshold=None`), stability and confidence thresholds; `seed`: the pipeline's
-    `torch.Generator` seed.
-
-    Use: `run = PipelineRun(...).start()`; `run.frames()` at any time; `run.stop()` ends it after the current step
-    (its last frame then has `stop_reason` "cancelled"); `run.wait(timeout)` returns whether it ended. After the end,
-    `run.error` holds the exception the call raised, if any (not for a stop).
-
-    Raises (at construction):
-        ValueError: bad prompt or scheduler name. ImportError: diffusers is not installed.
+    """One `DiffusionGemmaPipeline` call on the engine's model in a background thread, read as frames while it runs:
+    `start()`, `frames()`, `stop()` (the last frame then "cancelled"), `wait(timeout)`, `error` (what it raised).
+    `ValueError` for a bad prompt or scheduler, `ImportError` without diffusers (at construction).
     """
 
     def __init__(self, engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int):
@@ -112,8 +101,7 @@ class PipelineRun:
         return frames[-1] if frames else None
 
     def frames(self, *, only_last: bool = False) -> list[Frame]:
-        """The frames so far, one per decoder forward; exact (from the output sequence) once the call completed.
-        `only_last`: just the newest (see `latest`)."""
+        """The frames so far, one per decoder forward (exact once the call completed); `only_last`: the newest only."""
         finished = self.finished  # read first: a step recorded after it is then only missed, never mislabelled
         steps = list(self._steps)
         sequence = self._sequence
@@ -161,10 +149,9 @@ class PipelineRun:
 
 
 def turn_end_id(tokenizer, eos) -> int | None:
-    """The end-of-sequence id that ends a chat answer: the first of `eos` (an id or a list, the generation config's)
-    that the chat template writes after an assistant message (Gemma 4: 106 `<turn|>`; the embedded model: 4
-    `<end_of_turn>`), else the first of `eos`. The pipeline stops early at one id only, and it always applies the
-    chat template: with `<eos>` (1) it would denoise every canvas of the token budget after the answer had ended."""
+    """The EOS id that ends a chat answer: the first of `eos` the chat template writes after an assistant message,
+    else the first of `eos` (the pipeline stops at one id only).
+    """
     ids = eos_id_list(eos)
     if not ids:
         return None
@@ -178,11 +165,8 @@ def turn_end_id(tokenizer, eos) -> int | None:
 
 
 def pipeline_frames(engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int) -> list[Frame]:
-    """Run `DiffusionGemmaPipeline` with `scheduler` to the end and return its frames (a `PipelineRun` waited for).
-
-    Raises:
-        ValueError: bad prompt or scheduler name. ImportError: diffusers is not installed. Whatever the pipeline
-        call raised.
+    """Run the pipeline with `scheduler` to the end and return its frames; raises as `PipelineRun` or what the call
+    raised.
     """
     run = PipelineRun(engine, prompt, settings, scheduler, seed).start()
     run.wait()
@@ -194,12 +178,9 @@ def pipeline_frames(engine, prompt: str, settings: DiffusionSettings, scheduler:
 def _frames_of(steps: list[dict], sequence: list[int], canvas_length: int, settings: DiffusionSettings, eos,
                pad_id, prompt_tokens: int, seed: int, token_text, *, complete: bool = True,
                stopped: bool = False, only_last: bool = False) -> list[Frame]:
-    """Frames from the recorded steps (a step with index 0 opens a block) and the pipeline's output sequence.
-
-    `complete`: the call has ended, so the last step ends its block and the run; else the newest block is still
-    being denoised. `stopped`: it ended by `PipelineRun.stop` (the last frame's stop reason is "cancelled" and the
-    block it was in is not committed). `only_last`: build the newest frame only (the others' token strings are what
-    costs: a running view polls this)."""
+    """Frames from the recorded steps (step 0 opens a block) and the output sequence. `complete`: the call ended;
+    `stopped`: by `stop()` (last block not committed); `only_last`: build only the newest frame.
+    """
     kind = getattr(token_text, "kind", None)
     frames: list[Frame] = []
     block = -1

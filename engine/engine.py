@@ -11,27 +11,51 @@ from dataclasses import dataclass
 import torch
 
 from .frames import Frame
-from .generator import denoise
+from .generator import RunRandomState, denoise
 from .loading import LoadedModel
-from .numerics import check_temperature_schedule
-from .prompts import chat_prompt_ids, split_thought, supports_thinking
-from .random_state import RunRandomState
+from .conversation import chat_prompt_ids, split_thought, supports_thinking
 from .settings import DiffusionSettings, check_prompt, parse_seed
 from .tokens import token_text_for
 
+SAFETY = 2.0  # headroom for rounding on the overflow limits
+UNCAPPED_LOGIT_BOUND = 1.0e4  # assumed logit bound of a model without a softcap
+
+
+def lowest_safe_temperature(logit_cap: float, dtype: torch.dtype) -> float:
+    """The smallest temperature `T` for which `logit_cap / T` (times `SAFETY`) is finite in `dtype`."""
+    return SAFETY * logit_cap / float(torch.finfo(dtype).max)
+
+
+def check_temperature_schedule(settings: DiffusionSettings, *, logit_cap: float | None,
+                               feedback_dtype: torch.dtype) -> None:
+    """Refuse (`ValueError` naming t_min and t_max) a schedule whose softcapped logits over the temperature overflow
+    float32, or, for logits fed back to the next step, `feedback_dtype`; logit_cap None: no softcap.
+    """
+    cap = float(logit_cap) if logit_cap else UNCAPPED_LOGIT_BOUND
+    n = settings.max_denoising_steps
+    lowest = settings.temperature_at(1)
+    sampler_floor = lowest_safe_temperature(2 * cap, torch.float32)
+    if lowest < sampler_floor:
+        raise ValueError(
+            f"t_min and t_max: the temperature schedule falls to {lowest:.3g} at the last of {n} steps "
+            f"(t_min + (t_max - t_min) / max_denoising_steps), below {sampler_floor:.3g}, where the scaled logits "
+            "overflow float32: raise t_min or t_max")
+    if n < 2:
+        return
+    fed_back = settings.temperature_at(2)  # the lowest temperature of a step whose logits are fed back
+    feedback_floor = lowest_safe_temperature(cap, feedback_dtype)
+    if fed_back < feedback_floor:
+        name = str(feedback_dtype).removeprefix("torch.")
+        raise ValueError(
+            f"t_min and t_max: the temperature schedule falls to {fed_back:.3g} at step {n - 1} of {n}, below "
+            f"{feedback_floor:.3g}, where the logits fed back to the next step overflow this model's {name}: "
+            "raise t_min or t_max")
+
 
 def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinking: bool = False) -> torch.LongTensor:
-    """Token ids `[1, prompt_length]` of `prompt` on `device`: as is (`raw`) or as one chat user turn with the
-    generation prompt (the tokenizer's chat template). In a chat prompt the user's text is text: special-token
-    strings typed in it (`<end_of_turn>`) are tokenized as plain pieces (`engine.prompts.chat_prompt_ids`); a raw
-    prompt is tokenized as is, so special tokens may be typed there on purpose.
-
-    A raw prompt starts with `<bos>`: Gemma 4's instruction-tuned tokenizer adds none (its chat template writes it),
-    and Gemma output degrades without it, so it is prepended where the tokenizer left it out. `thinking` passes
-    `enable_thinking=True` to a chat template that takes it (Gemma 4: the model may think in a thought channel first).
-
-    Raises:
-        ValueError: a bad prompt (`check_prompt`); `thinking` with a raw prompt or a template without thinking.
+    """Token ids `[1, prompt_length]` of `prompt` on `device`: as is (`raw`, `<bos>` prepended where missing) or as a
+    chat user turn (`chat_prompt_ids`, `thinking`: `enable_thinking`); `ValueError` for a bad prompt or thinking with
+    a raw prompt or a template without it.
     """
     prompt = check_prompt(prompt)
     prompt = prompt.encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates become U+FFFD
@@ -51,17 +75,8 @@ def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinkin
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """Summary of one finished run.
-
-    token_ids: generated ids (EOS kept, pads after it dropped); text: their decoded text, special tokens skipped
-    (the answer only when the model wrote a thought channel: see `thought`);
-    frames: frames yielded (= decoder forwards); forwards_per_block: forwards each canvas used;
-    seconds: engine time (prefill included); tokens_per_second: non-pad generated tokens / seconds;
-    tokens_per_forward: non-pad generated tokens / forwards (as `generate()` computes it);
-    time_to_first_frame_s; prompt_tokens; seed; stop_reason ("eos", "max_new_tokens", "cancelled");
-    tokens: non-pad generated tokens, the count both rates use (EOS and other special tokens count, pads never:
-    `generate()`'s `_compute_tokens_per_forward`; a pad mid-canvas does not stop generation, only EOS ids do);
-    thought: the thought channel's text when the model wrote one (`engine.prompts.split_thought`), else "".
+    """Summary of one finished run: ids (EOS kept), answer `text` and `thought` (`split_thought`), forwards,
+    engine seconds and rates; `tokens` counts non-pad generated tokens, as `generate()` does.
     """
 
     token_ids: list[int]
@@ -89,13 +104,8 @@ class GenerationResult:
 
 
 class DiffusionEngine:
-    """Runs DiffusionGemma block diffusion on text prompts, one frame per decoder forward.
-
-    Args:
-        loaded: a `LoadedModel` from `engine.loading.load_model`.
-
-    Thread safety: several runs may be iterated from different threads at once; each keeps its own random state
-    (`RunRandomState`), so its tokens do not depend on the others.
+    """Runs block diffusion on text prompts, one `Frame` per decoder forward. Runs may be iterated from several
+    threads at once; each keeps its own `RunRandomState`.
     """
 
     def __init__(self, loaded: LoadedModel):
@@ -124,67 +134,42 @@ class DiffusionEngine:
             raise ValueError(
                 f"prompt is {prompt_tokens:,} tokens and {settings.max_new_tokens} new tokens take {generated:,} "
                 f"(whole canvases of {self.canvas_length}); together over the model's context of "
-                f"{self.context_limit:,} tokens: shorten the prompt or lower max_new_tokens"
-            )
+                f"{self.context_limit:,} tokens: shorten the prompt or lower max_new_tokens")
 
     def check_settings(self, settings: DiffusionSettings) -> None:
-        """Raise `ValueError` (one line naming the setting) for settings this model's arithmetic cannot run, such as
-        a temperature schedule low enough to overflow its logits in its dtype (`engine.numerics`)."""
+        """Raise `ValueError` (one line naming the setting) for settings whose temperature schedule overflows
+        this model's logits (`check_temperature_schedule`).
+        """
         check_temperature_schedule(
             settings, logit_cap=getattr(self.model.config.get_text_config(), "final_logit_softcapping", None),
             feedback_dtype=self.model.model.decoder.embed_tokens.weight.dtype)
 
-    def frames(
-        self,
-        prompt: str,
-        settings: DiffusionSettings | None = None,
-        *,
-        raw: bool = False,
-        seed: int | None = None,
-        stop_event: threading.Event | None = None,
-        thinking: bool = False,
-    ) -> Iterator[Frame]:
-        """Validate, encode and denoise `prompt`, yielding one `Frame` per decoder forward (see `engine.generator`).
-        `thinking`: let a Gemma 4 checkpoint think first (see `encode_prompt`).
-
-        Raises:
-            ValueError: bad prompt, seed, budget, settings or thinking request (before any work is done).
+    def frames(self, prompt: str, settings: DiffusionSettings | None = None, *, raw: bool = False,
+               seed: int | None = None, stop_event: threading.Event | None = None,
+               thinking: bool = False) -> Iterator[Frame]:
+        """Validate, encode and denoise `prompt`, one `Frame` per decoder forward (`denoise`); `ValueError` (before
+        any work) for a bad prompt, seed, budget, settings or thinking request.
         """
         settings = settings or self.recommended
         seed = parse_seed(seed)
         self.check_settings(settings)
         input_ids = self.encode_prompt(prompt, raw=raw, thinking=thinking)
         self.check_budget(input_ids.shape[1], settings)
-        return denoise(
-            self.model, input_ids, settings, token_text=self.token_text, stop_event=stop_event,
-            random_state=RunRandomState(seed),
-        )
+        return denoise(self.model, input_ids, settings, token_text=self.token_text, stop_event=stop_event,
+                       random_state=RunRandomState(seed))
 
     def summarize(self, last: Frame, frames: int) -> GenerationResult:
         """The `GenerationResult` of a run whose last frame is `last`."""
         thought, answer = split_thought(list(last.committed_ids), self.tokenizer)
         return GenerationResult(
-            token_ids=list(last.committed_ids),
-            text=answer,
-            thought=thought,
-            frames=frames,
-            forwards_per_block=list(last.forwards_per_block),
-            seconds=last.elapsed_s,
-            tokens_per_second=last.tokens_per_second,
-            tokens_per_forward=last.tokens_per_forward,
-            time_to_first_frame_s=last.time_to_first_frame_s,
-            prompt_tokens=last.prompt_tokens,
-            seed=last.seed,
-            stop_reason=last.stop_reason,
-            tokens=last.committed_tokens,
-        )
+            token_ids=list(last.committed_ids), text=answer, thought=thought, frames=frames,
+            forwards_per_block=list(last.forwards_per_block), seconds=last.elapsed_s,
+            tokens_per_second=last.tokens_per_second, tokens_per_forward=last.tokens_per_forward,
+            time_to_first_frame_s=last.time_to_first_frame_s, prompt_tokens=last.prompt_tokens, seed=last.seed,
+            stop_reason=last.stop_reason, tokens=last.committed_tokens)
 
     def warm_up(self) -> float:
-        """Pay the one-time costs of a process's first run before a user does, and return the seconds it took.
-
-        Runs one short generation through the chat template and one raw (two canvases of two decoder forwards each,
-        adaptive stopping off) and discards them; other runs' random states are not touched.
-        """
+        """Pay a process's one-time first-run costs (one short chat and one raw run, seed 0); returns the seconds."""
         start = time.perf_counter()
         settings = self.recommended.replace(
             max_new_tokens=2 * self.canvas_length, max_denoising_steps=2, adaptive_stopping=False)

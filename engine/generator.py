@@ -1,5 +1,5 @@
-"""Step-by-step DiffusionGemma generation: `generate()`'s block loop, phase by phase with the library's own pieces,
-yielding one frame per decoder forward (same seed, same token ids as `generate()`; batch size 1).
+"""Step-by-step DiffusionGemma generation: `generate()`'s block loop with the library's own pieces, one `Frame` per
+decoder forward (same seed, same token ids as `generate()`; batch size 1), and the per-run random state.
 """
 
 from __future__ import annotations
@@ -9,22 +9,62 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList
 
 from .frames import Frame
-from .random_state import RunRandomState
 from .sampling import frame_statistics, sampler_state, with_recording
-from .settings import DiffusionSettings
+from .settings import DiffusionSettings, draw_seed
 from .tokens import eos_id_list
+
+_GLOBAL_RNG_LOCK = threading.RLock()
+
+
+class RunRandomState:
+    """One run's torch RNG state, seeded like `torch.manual_seed(seed)` (None draws one, kept in `seed`), so
+    concurrent runs neither disturb nor depend on each other.
+    """
+
+    def __init__(self, seed: int | None):
+        self.seed = draw_seed() if seed is None else seed
+        with _GLOBAL_RNG_LOCK:
+            saved = self._capture()
+            torch.manual_seed(self.seed)
+            self._state = self._capture()
+            self._restore(saved)
+
+    @staticmethod
+    def _capture():
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        return torch.get_rng_state(), cuda
+
+    @staticmethod
+    def _restore(state):
+        cpu, cuda = state
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+    @contextmanager
+    def active(self):
+        """Run the body with this run's random state installed, under the process-wide lock."""
+        with _GLOBAL_RNG_LOCK:
+            saved = self._capture()
+            self._restore(self._state)
+            try:
+                yield
+            finally:
+                self._state = self._capture()
+                self._restore(saved)
 
 
 class EngineClock:
-    """Sums the wall time spent inside `with clock:` sections (seconds); time between them is not counted.
-
-    On CUDA the section end synchronizes, so the figure includes queued GPU work."""
+    """Sums the seconds spent inside `with clock:` sections (CUDA synchronized at each end); time between them is not
+    counted.
+    """
 
     def __init__(self, device: torch.device):
         self.seconds = 0.0
@@ -58,45 +98,17 @@ class _Progress:
 
 
 @torch.no_grad()
-def denoise(
-    model,
-    input_ids: torch.LongTensor,
-    settings: DiffusionSettings,
-    *,
-    token_text: Callable[[int], str] = str,
-    seed: int | None = None,
-    stop_event: threading.Event | None = None,
-    random_state: RunRandomState | None = None,
-    past_key_values=None,
-    logits_processors: list | None = None,
-    initial_canvas: torch.LongTensor | None = None,
-) -> Iterator[Frame]:
-    """Run DiffusionGemma block diffusion on `input_ids` and yield a `Frame` after every decoder forward.
+def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
+            token_text: Callable[[int], str] = str, seed: int | None = None,
+            stop_event: threading.Event | None = None, random_state: RunRandomState | None = None,
+            past_key_values=None, logits_processors: list | None = None,
+            initial_canvas: torch.LongTensor | None = None) -> Iterator[Frame]:
+    """Run block diffusion on `input_ids` `[1, prompt_length]`, yielding a `Frame` after every decoder forward.
 
-    Args:
-        model: a `DiffusionGemmaForBlockDiffusion`.
-        input_ids: prompt ids `[1, prompt_length]` on the model's device.
-        settings: validated `DiffusionSettings`.
-        token_text: maps a token id to its display string (see `engine.tokens.TokenText`).
-        seed: like `torch.manual_seed(seed)` right before `model.generate()`; None draws a fresh seed.
-        stop_event: when set, generation ends before the next decoder forward with a final frame whose
-            `stop_reason` is "cancelled". Closing the generator also ends it (and frees the KV cache).
-        random_state: an explicit `RunRandomState` (overrides `seed`).
-        past_key_values: a transformers `Cache` already holding the encoder states of the tokens before
-            `input_ids` (a chat's earlier turns, `engine.chat`); `input_ids` then holds only the tokens after them
-            and positions continue from the cache's length, as `generate(past_key_values=...)` does. The cache is
-            updated in place. None: a fresh cache, as `generate()` prepares it.
-        logits_processors: transformers logits processors applied before the temperature schedule, as
-            `generate(logits_processor=...)` applies them (canvas infill, `engine.infill`).
-        initial_canvas: `[1, canvas_length]` ids the first canvas starts from instead of random tokens, as
-            `generate(decoder_input_ids=...)` takes it (the random canvas is still drawn, so draws stay in step).
-
-    Yields:
-        one `Frame` per decoder forward; the last has `done=True` and `stop_reason` in
-        {"eos", "max_new_tokens", "cancelled"}.
-
-    Raises:
-        ValueError: batch size other than 1.
+    `token_text`: id -> display string; `seed` (None: drawn) or `random_state`; `stop_event`: ends before the next
+    forward with a "cancelled" frame; `past_key_values`, `logits_processors` and `initial_canvas` act as
+    `generate()`'s `past_key_values`, `logits_processor` and `decoder_input_ids`. `ValueError` for a batch other than
+    1.
     """
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must have shape [1, prompt_length], got {tuple(input_ids.shape)}")
@@ -116,11 +128,8 @@ def denoise(
         max_new_canvases = math.ceil(max_new_tokens / canvas_length)
         if past_key_values is None:
             past_key_values = model._prepare_cache_for_generation(generation_config, 1, max_length)
-        eos_tensor = (
-            torch.tensor(generation_config.eos_token_id, device=device)
-            if generation_config.eos_token_id is not None
-            else None
-        )
+        eos_tensor = (torch.tensor(generation_config.eos_token_id, device=device)
+                      if generation_config.eos_token_id is not None else None)
         pad_id = generation_config.pad_token_id
         encoder_position_ids = torch.arange(cur_len - prompt_length, cur_len, dtype=torch.int32, device=device)
         encoder_position_ids = encoder_position_ids.unsqueeze(0)
@@ -137,8 +146,7 @@ def denoise(
         is_compiling = past_key_values.is_compileable and not generation_config.disable_compile
         if is_compiling:
             encoder_after_prefill, decoder_forward, sampler, diffusion_stopping_criteria = model._compile_functions(
-                sampler, diffusion_stopping_criteria
-            )
+                sampler, diffusion_stopping_criteria)
         else:
             encoder_after_prefill, decoder_forward = model.model.encoder, model.forward
         n_steps = generation_config.max_denoising_steps
@@ -166,41 +174,20 @@ def denoise(
         if progress.forwards == 1:
             progress.first_frame_s = elapsed
         return Frame(
-            block_index=block,
-            step_index=step_index,
-            forward_index=progress.forwards - 1,
-            canvas_length=canvas_length,
-            max_denoising_steps=n_steps,
-            temperature=temperature,
-            input_ids=input_list,
-            draft_ids=draft_list,
-            accepted=accepted_list,
-            confidence=confidence_list,
-            entropy=entropy_list,
-            first_accepted_step=first_list,
-            remelted=remelted_list,
-            block_remelts=progress.block_remelts,
-            top_ids=top_id_rows,
-            top_probs=top_prob_rows,
+            block_index=block, step_index=step_index, forward_index=progress.forwards - 1,
+            canvas_length=canvas_length, max_denoising_steps=n_steps, temperature=temperature,
+            input_ids=input_list, draft_ids=draft_list, accepted=accepted_list, confidence=confidence_list,
+            entropy=entropy_list, first_accepted_step=first_list, remelted=remelted_list,
+            block_remelts=progress.block_remelts, top_ids=top_id_rows, top_probs=top_prob_rows,
             top_tokens=[top_strings[p * k:(p + 1) * k] for p in range(len(top_id_rows))],
-            input_tokens=strings[:canvas_length],
-            draft_tokens=strings[canvas_length:len(canvas_ids)],
-            input_kinds=kinds[:canvas_length],
-            draft_kinds=kinds[canvas_length:],
-            block_done=block_done,
-            block_stopped_early=stopped_early,
-            done=done,
-            committed_ids=progress.committed_ids,
-            committed_tokens=progress.committed_tokens,
-            forwards_per_block=list(progress.forwards_per_block),
-            elapsed_s=elapsed,
-            time_to_first_frame_s=progress.first_frame_s,
+            input_tokens=strings[:canvas_length], draft_tokens=strings[canvas_length:len(canvas_ids)],
+            input_kinds=kinds[:canvas_length], draft_kinds=kinds[canvas_length:], block_done=block_done,
+            block_stopped_early=stopped_early, done=done, committed_ids=progress.committed_ids,
+            committed_tokens=progress.committed_tokens, forwards_per_block=list(progress.forwards_per_block),
+            elapsed_s=elapsed, time_to_first_frame_s=progress.first_frame_s,
             tokens_per_second=progress.committed_tokens / elapsed if elapsed > 0 else 0.0,
-            tokens_per_forward=progress.committed_tokens / progress.forwards,
-            prompt_tokens=prompt_length,
-            stop_reason=stop_reason,
-            seed=rng.seed,
-        )
+            tokens_per_forward=progress.committed_tokens / progress.forwards, prompt_tokens=prompt_length,
+            stop_reason=stop_reason, seed=rng.seed)
 
     frame = None
     is_prefill = True
@@ -210,13 +197,11 @@ def denoise(
             unprocessed_input_ids, encoder_mask_mapping = model._prepare_encoder_inputs(
                 input_ids=input_ids, attention_mask=attention_mask, encoder_position_ids=encoder_position_ids,
                 past_key_values=past_key_values, is_prefill=is_prefill, canvas_length=canvas_length,
-                batch_size=1, **model_kwargs,
-            )
+                batch_size=1, **model_kwargs)
             encoder_forward = model.model.encoder if is_prefill else encoder_after_prefill
             past_key_values = encoder_forward(
                 input_ids=unprocessed_input_ids, attention_mask=encoder_mask_mapping,
-                past_key_values=past_key_values, position_ids=encoder_position_ids, **model_kwargs,
-            ).past_key_values
+                past_key_values=past_key_values, position_ids=encoder_position_ids, **model_kwargs).past_key_values
             is_prefill = False
             # A fresh canvas of uniformly random tokens (or the caller's first canvas)
             if block == 0 and initial_canvas is not None:
@@ -225,9 +210,7 @@ def denoise(
                 model._prepare_denoiser_inputs(
                     decoder_attention_mask=decoder_attention_mask, past_key_values=past_key_values,
                     sampler=sampler, diffusion_stopping_criteria=diffusion_stopping_criteria, batch_size=1,
-                    device=device, model_kwargs=model_kwargs,
-                )
-            )
+                    device=device, model_kwargs=model_kwargs))
             argmax_canvas = current_canvas
             first_accepted = torch.full((canvas_length,), -1, dtype=torch.long, device=device)
             progress.block_remelts = 0
@@ -249,9 +232,7 @@ def denoise(
                         self_conditioning_logits=self_conditioning_logits, mask_mapping=mask_mapping,
                         past_key_values=past_key_values, finished_denoising=finished_denoising,
                         cur_step=cur_step, sampler=sampler, logits_processor=logits_processor,
-                        diffusion_stopping_criteria=diffusion_stopping_criteria, **model_kwargs,
-                    )
-                )
+                        diffusion_stopping_criteria=diffusion_stopping_criteria, **model_kwargs))
                 accepted_now = _accepted_mask(sampler)[0]
                 remelted = (first_accepted >= 0) & ~accepted_now  # accepted earlier in this block, renoised now
                 first_accepted[accepted_now & (first_accepted < 0)] = step_index
@@ -264,20 +245,17 @@ def denoise(
                     input_ids, finished_sequences = model._finalize_canvas(
                         input_ids=input_ids, finished_sequences=finished_sequences,
                         generation_config=generation_config, stopping_criteria=stopping_criteria,
-                        canvas_length=canvas_length, eos_tensor=eos_tensor,
-                    )
+                        canvas_length=canvas_length, eos_tensor=eos_tensor)
                     progress.forwards_per_block.append(step_index + 1)
                     progress.committed_ids = strip_after_eos(
-                        input_ids[0, prompt_length:].tolist(), generation_config.eos_token_id
-                    )
+                        input_ids[0, prompt_length:].tolist(), generation_config.eos_token_id)
                     progress.committed_tokens = sum(1 for t in progress.committed_ids if t != pad_id)
                     if bool(finished_sequences.all()):
                         done, stop_reason = True, "eos"
                     elif block == max_new_canvases - 1:
                         done, stop_reason = True, "max_new_tokens"
                 temperature = generation_config.t_min + (
-                    (generation_config.t_max - generation_config.t_min) * cur_step / n_steps
-                )
+                    (generation_config.t_max - generation_config.t_min) * cur_step / n_steps)
                 frame = make_frame(block, step_index, temperature, input_canvas, argmax_canvas,
                                    self_conditioning_logits, first_accepted, remelted, block_done, stopped_early, done,
                                    stop_reason)
@@ -290,27 +268,19 @@ def denoise(
             cur_len, decoder_attention_mask, attention_mask, encoder_position_ids, decoder_position_ids = (
                 model._prepare_kwargs_for_next_canvas(
                     attention_mask=attention_mask, decoder_attention_mask=decoder_attention_mask,
-                    decoder_position_ids=decoder_position_ids, canvas_length=canvas_length, cur_len=cur_len,
-                )
-            )
+                    decoder_position_ids=decoder_position_ids, canvas_length=canvas_length, cur_len=cur_len))
 
 
 def _accepted_mask(sampler) -> torch.BoolTensor:
-    """The sampler's accepted-token mask `[1, canvas_length]` of the last step (see `engine.sampling.sampler_state`
-    for where a compiled sampler keeps it)."""
+    """The sampler's accepted-token mask `[1, canvas_length]` of the last step (`sampler_state`)."""
     return sampler_state(sampler).accepted_token_mask
 
 
 def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted=None, top_ids=None,
                top_probs=None) -> tuple[list, ...]:
-    """A frame's per-position tensors (on the model's device) as Python lists, moved to the host in one transfer (one
-    device synchronization instead of one per tensor).
-
-    Args: input ids, draft ids, accepted flags, first-accepted steps, confidence, entropy, re-melted flags, each
-    `[canvas_length]`; alternative ids and probabilities `[canvas_length, k]`. Missing optional ones come back empty.
-    Returns: (input ids, draft ids, accepted, first-accepted steps, confidence, entropy, re-melted, alternative id
-    rows, alternative probability rows) as int, int, bool, int, float, float, bool lists and two lists of k-lists.
-    float64 holds every token id and float32 value exactly.
+    """A frame's per-position tensors as Python lists in one device transfer (float64 holds ids and float32 exactly):
+    (input ids, draft ids, accepted, first-accepted steps, confidence, entropy, re-melted, alternative id rows,
+    alternative probability rows); missing optional ones come back empty.
     """
     length = input_ids.shape[0]
     rows = [input_ids, draft_ids, accepted, first_accepted, confidence, entropy]

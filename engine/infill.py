@@ -15,8 +15,7 @@ from transformers import LogitsProcessor
 
 from .engine import DiffusionEngine, encode_text
 from .frames import Frame
-from .generator import denoise
-from .random_state import RunRandomState
+from .generator import RunRandomState, denoise
 from .settings import MAX_PROMPT_CHARS, DiffusionSettings, check_prompt, parse_seed
 from .tokens import eos_id_list
 
@@ -25,11 +24,8 @@ BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
 
 @dataclass(frozen=True)
 class InfillLayout:
-    """Where a template puts its tokens in the canvas.
-
-    canvas_ids: `canvas_length` ids: fixed tokens (template text, then pads), blanks as -1;
-    fixed: `canvas_length` flags, True where the position is fixed; blanks: blank positions' indices in order;
-    template_positions: positions the template takes (fixed text plus blanks), the rest being pads.
+    """Where a template puts its tokens in the canvas: `canvas_ids` (fixed tokens, then pads; -1 for blanks), `fixed`
+    flags, `blanks` (positions in order), `template_positions` (fixed text plus blanks; the rest are pads).
     """
 
     canvas_ids: list[int]
@@ -39,12 +35,8 @@ class InfillLayout:
 
 
 def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
-    """The template as alternating parts: fixed text (str) and blank lengths (int, tokens). `canvas_length` None
-    checks the syntax only (no model loaded yet): a blank's upper bound is then not checked.
-
-    Raises:
-        ValueError: not text, empty, too long, no blank, a blank of 0 or more than `canvas_length` tokens, or a
-            `[___` that is not a well-formed blank (names it and gives the syntax).
+    """The template as alternating fixed text (str) and blank lengths (int); `canvas_length` None checks syntax only.
+    `ValueError` for no text, too long, no blank, a blank of 0 or over `canvas_length` tokens, or a malformed `[___`.
     """
     if not isinstance(template, str) or not template.strip():
         raise ValueError("infill template is empty: write text with blanks such as [___] or [___ 12]")
@@ -71,13 +63,8 @@ def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
 
 
 def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -> InfillLayout:
-    """Tokenize the template's text (plain text) and lay it out in one canvas. Spaces that end a text before a blank
-    are dropped: word tokens carry their leading space ("▁God"), so "beginning [___]" would otherwise fix a lone
-    space token before the blank and the filled text would read "beginning  God".
-
-    Raises:
-        ValueError: what `parse_template` raises; a template that takes more positions than one canvas has
-            (the message gives both counts).
+    """Tokenize the template's text as plain text and lay it out in one canvas (spaces before a blank dropped: its
+    first word token brings its own); `ValueError` as `parse_template` or for a template longer than one canvas.
     """
     ids: list[int] = []
     fixed: list[bool] = []
@@ -105,15 +92,8 @@ def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -
 
 
 class FixedPositionsLogitsProcessor(LogitsProcessor):
-    """Puts all probability of each fixed canvas position on its fixed token and forbids `banned` ids in blanks.
-
-    Args:
-        layout: the `InfillLayout`; banned: ids blanks may not take (EOS ids, pad); device: the logits' device.
-
-    Call: `(input_ids, scores [batch, canvas_length, vocab]) -> scores`, changed in place (the decoder's raw logits,
-    which nothing else reads; no second [canvas x vocab] buffer at the real 262,144 vocabulary): fixed rows become
-    0 at the fixed token and -inf elsewhere, so softmax, argmax and sampling all give the fixed token and its
-    entropy is 0; banned ids become -inf in blank rows.
+    """Puts all probability of each fixed position on its fixed token (0 there, -inf elsewhere: entropy 0) and
+    forbids `banned` ids (EOS, pad) in blanks; changes the raw logits `[batch, canvas_length, vocab]` in place.
     """
 
     def __init__(self, layout: InfillLayout, banned: list[int], device: torch.device):
@@ -134,14 +114,8 @@ class FixedPositionsLogitsProcessor(LogitsProcessor):
 def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSettings | None = None, *,
                   prompt: str | None = None, seed: int | None = None,
                   stop_event: threading.Event | None = None) -> tuple[InfillLayout, Iterator[Frame]]:
-    """Lay out `template` and denoise its blanks: (layout, frames), one `Frame` per decoder forward of one canvas.
-
-    `prompt`: optional raw context the encoder reads before the canvas (default: `<bos>` only). `settings`'s
-    `max_new_tokens` is set to one canvas. Every frame's `input_ids` and `draft_ids` hold the fixed tokens at the
-    fixed positions; their speed figures count the blanks only (see `count_blanks_only`).
-
-    Raises:
-        ValueError: bad template, prompt, seed or settings; a template that does not fit one canvas.
+    """Lay out `template` and denoise its blanks in one canvas: (layout, frames), one `Frame` per forward; `prompt`:
+    raw context before the canvas (default `<bos>`). `ValueError` for a bad template, prompt, seed or settings.
     """
     settings = (settings or engine.recommended).replace(max_new_tokens=engine.canvas_length)
     engine.check_settings(settings)
@@ -167,12 +141,9 @@ def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSet
 
 
 def count_blanks_only(frames: Iterator[Frame], layout: InfillLayout) -> Iterator[Frame]:
-    """`frames` with their speed figures counting the tokens the model wrote (the blanks) and not the template's
-    fixed text, which it only copied: once the canvas is committed, `committed_tokens` is the number of blank
-    positions, `tokens_per_second` that over `elapsed_s` and `tokens_per_forward` that over the forwards so far.
-    (Blanks may not take EOS or pad, so every blank is a written token.) Frames before the commit are unchanged. The
-    last frame of a fill that completed has `stop_reason` "filled" (the generator's "max_new_tokens": the canvas is
-    the whole budget)."""
+    """`frames` with committed tokens and rates counting the blanks (what the model wrote), not the copied template;
+    a completed fill's last frame has `stop_reason` "filled".
+    """
     blanks = len(layout.blanks)
     for frame in frames:
         if frame.done and frame.stop_reason == "max_new_tokens":  # the one canvas is the whole budget
@@ -186,8 +157,7 @@ def count_blanks_only(frames: Iterator[Frame], layout: InfillLayout) -> Iterator
 
 
 def filled_text(tokenizer, layout: InfillLayout, canvas_ids: list[int]) -> tuple[str, list[str]]:
-    """(the template with its blanks filled, the text of each run of adjacent blank positions) from a final
-    canvas's ids (pads after the template dropped, special tokens skipped)."""
+    """(the template with its blanks filled, the text of each run of adjacent blanks) from a final canvas's ids."""
     ids = list(canvas_ids[:layout.template_positions])
     text = tokenizer.decode(ids, skip_special_tokens=True)
     fills, run = [], []

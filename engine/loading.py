@@ -1,6 +1,5 @@
-"""Load a DiffusionGemma checkpoint (local folder or hub id) with transformers, never with remote code.
-
-The default is the embedded diffgemma-tiny model shipped in `assets/models/diffgemma-tiny`.
+"""Load a DiffusionGemma checkpoint (local folder or hub id; default: the embedded diffgemma-tiny) with transformers,
+never with remote code.
 """
 
 from __future__ import annotations
@@ -12,9 +11,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
-from .fp8 import check_fp8_shapes, fp8_refusal, from_pretrained_fp8
 from .memory import memory_report
-from .quantization import QUANTIZATIONS, bitsandbytes_missing, quantize_model  # QUANTIZATIONS: for the CLI, app.py
+from .quantization import (QUANTIZATIONS, bitsandbytes_missing, check_fp8_shapes, fp8_refusal, from_pretrained_fp8,
+                           quantize_model)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO_ROOT / "assets" / "models" / "diffgemma-tiny"
@@ -29,8 +28,7 @@ class ModelLoadError(RuntimeError):
 
 @dataclass
 class LoadedModel:
-    """A loaded checkpoint: `model` (`DiffusionGemmaForBlockDiffusion`, eval mode), its `tokenizer`, where it came
-    from (`source`), and the resolved `device` and `dtype`."""
+    """A loaded checkpoint: `model` (eval mode), its `tokenizer`, `source`, and the resolved `device` and `dtype`."""
 
     model: object
     tokenizer: object
@@ -40,7 +38,7 @@ class LoadedModel:
 
 
 def resolve_device(device: str) -> torch.device:
-    """`auto` -> cuda if available, else mps if available, else cpu. Raises `ModelLoadError` for an absent device."""
+    """`auto` -> cuda, else mps, else cpu; `ModelLoadError` for an unknown or absent device."""
     if device not in DEVICES:
         raise ModelLoadError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     if device == "auto":
@@ -74,16 +72,8 @@ def available_cpus() -> int:
 
 
 def set_serving_threads(device: torch.device, threads: int | None = None) -> int:
-    """Set torch's intra-op CPU threads for serving the model beside a web server, and return the count.
-
-    On CPU the default (`threads=None`) is one fewer than `available_cpus()` (at least 1): the model's OpenMP team
-    then never waits for a thread that the server (or a browser on the same machine) has preempted. Measured on the
-    2-core development CPU with the embedded model: 1 thread runs it as fast as 2 (about 65 tokens/s at 256 tokens,
-    32 steps), while 2 threads next to the playground and a browser fell to 27 tokens/s (`benchmarks/ui_latency.py`).
-    On CUDA/MPS the default leaves torch's own setting (the CPU only launches kernels).
-
-    Raises:
-        ValueError: `threads` is given and below 1.
+    """Set torch's CPU threads for serving beside a web server and return the count: `threads`, else on CPU one fewer
+    than `available_cpus()` (at least 1), else torch's own. `ValueError` for `threads` below 1.
     """
     if threads is not None:
         if isinstance(threads, bool) or int(threads) != threads or threads < 1:
@@ -95,25 +85,23 @@ def set_serving_threads(device: torch.device, threads: int | None = None) -> int
 
 
 def check_quantization(quantization: str, device: torch.device) -> None:
-    """Refuse, with one line, a quantization the device cannot run: bitsandbytes' 4-bit and 8-bit kernels used
-    here exist for CUDA and the CPU, not for Apple's MPS; fp8 needs a CUDA GPU of compute capability 8.9 or newer
-    and the `kernels` package (`engine.fp8.fp8_refusal`); 4bit and 8bit need bitsandbytes installed."""
+    """Refuse (`ModelLoadError`, one line) a quantization `device` cannot run: 4bit/8bit need CUDA or the CPU and
+    bitsandbytes; fp8 as `fp8_refusal` says.
+    """
     if quantization == "fp8":
         if (refusal := fp8_refusal(device)) is not None:
             raise ModelLoadError(refusal)
         return
     if quantization != "none" and device.type not in ("cuda", "cpu"):
-        raise ModelLoadError(f"{quantization} quantization runs on CUDA or the CPU (bitsandbytes), not on {device.type}: "
-                             "use --device cuda, --device cpu or --quantization none")
+        raise ModelLoadError(f"{quantization} quantization runs on CUDA or the CPU (bitsandbytes), not on "
+                             f"{device.type}: use --device cuda, --device cpu or --quantization none")
     if quantization != "none" and (missing := bitsandbytes_missing()) is not None:
         raise ModelLoadError(missing)
 
 
 def model_location(model: str | Path) -> tuple[str, dict]:
-    """(where to load from, common `from_pretrained` options) for a local folder or a hub id.
-
-    Raises:
-        ModelLoadError: a path that does not exist and is not a hub id like 'org/name'.
+    """(where to load from, common `from_pretrained` options) for a local folder or a hub id; `ModelLoadError` for a
+    missing path that is not an 'org/name' id.
     """
     source = str(model)
     local = Path(source).expanduser()
@@ -124,10 +112,8 @@ def model_location(model: str | Path) -> tuple[str, dict]:
 
 
 def read_config(model: str | Path):
-    """The `DiffusionGemmaConfig` of `model` (a folder that may hold only config.json, or a hub id).
-
-    Raises:
-        ModelLoadError: no readable config, or not a DiffusionGemma one.
+    """The `DiffusionGemmaConfig` of `model` (a folder that may hold only config.json, or a hub id); `ModelLoadError`
+    for an unreadable or non-DiffusionGemma config.
     """
     where, common = model_location(model)
     try:
@@ -143,11 +129,8 @@ def read_config(model: str | Path):
 
 
 def meta_model(model, dtype: torch.dtype = torch.bfloat16):
-    """`DiffusionGemmaForBlockDiffusion` of `model` (a config, a folder that may hold only config.json, or a hub
-    id) on the meta device: every tensor shaped, none allocated (about a second for the 26B config).
-
-    Raises:
-        ModelLoadError: no readable config, or not a DiffusionGemma config.
+    """`DiffusionGemmaForBlockDiffusion` of `model` (a config, folder or hub id) on the meta device: shaped,
+    unallocated; `ModelLoadError` as `read_config`.
     """
     config = model if hasattr(model, "get_text_config") else read_config(model)
     with torch.device("meta"):
@@ -155,15 +138,9 @@ def meta_model(model, dtype: torch.dtype = torch.bfloat16):
 
 
 def check_fits(config, dtype: torch.dtype, quantization: str, device: torch.device, free: int | None = None) -> int:
-    """Refuse, with one line, a model whose weights in `quantization` (counted on the meta device, `memory_report`)
-    plus `FIT_HEADROOM` exceed the free memory of CUDA `device`, naming the quantization that would fit; returns
-    the weights' bytes. fp8 is counted as 8bit (both about one byte per weight). Other devices: not checked, 0.
-
-    Args:
-        free: free bytes (default: `torch.cuda.mem_get_info(device)`, now).
-
-    Raises:
-        ModelLoadError: it does not fit.
+    """On CUDA, refuse (`ModelLoadError`, one line naming a quantization that would fit) a model whose weights plus
+    `FIT_HEADROOM` exceed `free` bytes (default: free now); returns the weights' bytes (fp8 counted as 8bit), 0 off
+    CUDA.
     """
     if device.type != "cuda":
         return 0
@@ -184,21 +161,10 @@ def check_fits(config, dtype: torch.dtype, quantization: str, device: torch.devi
 def load_model(
     model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto", quantization: str = "none"
 ) -> LoadedModel:
-    """Load `DiffusionGemmaForBlockDiffusion` and its tokenizer.
-
-    Args:
-        model: a local folder, or a hub id such as `google/diffusiongemma-26B-A4B-it` (needs network or cache).
-        device: `auto|cpu|cuda|mps`: every weight goes to that device (never spread onto the CPU); on CUDA a model
-            that does not fit is refused first (`check_fits`).
-        dtype: `auto|float32|bfloat16|float16` (`auto`: bf16 on CUDA, fp32 elsewhere).
-        quantization: `none|4bit|8bit` (engine/quantization.py: experts and tied linears too), on CUDA or CPU;
-            quantized while moving to the device, one tensor at a time. `fp8` (engine/fp8.py): CUDA with compute
-            capability >= 8.9 only, quantized by transformers while loading onto the GPU.
-
-    Raises:
-        ModelLoadError: missing folder, not a DiffusionGemma checkpoint, unreadable or corrupt weights, bad
-            device/dtype/quantization, quantization on MPS or without bitsandbytes, fp8 on a CPU or an older GPU,
-            a model larger than the GPU's free memory.
+    """Load `DiffusionGemmaForBlockDiffusion` and its tokenizer onto `device` (`auto|cpu|cuda|mps`, never spread) in
+    `dtype` (`auto`: bf16 on CUDA, else fp32), quantized as `quantization` says (`none|4bit|8bit|fp8`); on CUDA a
+    model that does not fit is refused first. `ModelLoadError` for a missing or wrong checkpoint, unreadable weights
+    or tokenizer, an unavailable device, dtype or quantization, or too little GPU memory.
     """
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
@@ -230,7 +196,8 @@ def load_model(
             network = DiffusionGemmaForBlockDiffusion.from_pretrained(where, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(where, **common)
     except Exception as error:  # noqa: BLE001
-        raise ModelLoadError(f"cannot load weights or tokenizer from {source!r}: {type(error).__name__}: {error}") from error
+        raise ModelLoadError(
+            f"cannot load weights or tokenizer from {source!r}: {type(error).__name__}: {error}") from error
     vocab_size = getattr(getattr(network.config, "text_config", network.config), "vocab_size", None)
     if vocab_size and len(tokenizer) < vocab_size // 2:
         # Without tokenizer.json (or its equivalent) transformers builds an empty tokenizer that maps every prompt

@@ -1,5 +1,5 @@
 """Bytes of a model's tensors: `model_bytes` (the one count of a loaded model's weights) and `memory_report` (by
-group, also of a model on the meta device, as each quantization choice would store it; `python -m engine memory`).
+group, also of a model on the meta device as each quantization would store it; `python -m engine memory`).
 """
 
 from __future__ import annotations
@@ -9,11 +9,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .fp8 import convert_to_fp8, fp8_modules
-from .quantization import (
-    QUANTIZATIONS, quant_state_tensors, quantization_targets, quantized_nbytes, quantized_parameters,
-    share_tied_modules,
-)
+from .quantization import (QUANTIZATIONS, convert_to_fp8, fp8_modules, quant_state_tensors, quantization_targets,
+                           quantized_nbytes, quantized_parameters, share_tied_modules)
 
 GROUPS = ("experts", "attention", "embeddings", "vision_tower", "other")
 
@@ -32,8 +29,7 @@ def group_of(name: str) -> str:
 
 
 def stored_tensors(*modules: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every parameter, buffer and bitsandbytes quantization-state tensor of `modules`, each
-    tensor once however many modules or names share it (names relative to the module that holds it first)."""
+    """(name, tensor) of every parameter, buffer and bitsandbytes quant-state tensor of `modules`, each tensor once."""
     seen = set()
     for module in modules:
         named = [*module.named_parameters(), *module.named_buffers()]
@@ -45,23 +41,16 @@ def stored_tensors(*modules: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def model_bytes(model: nn.Module) -> int:
-    """Bytes a loaded model's parameters and buffers take as stored (quantized ones by their packed bytes and block
-    scales, shared tensors once); on the meta device, the bytes they would take."""
+    """Bytes a model's tensors take as stored (quantized ones packed, shared ones once; on the meta device, would
+    take).
+    """
     return sum(tensor.numel() * tensor.element_size() for _, tensor in stored_tensors(model))
 
 
 def memory_report(model: nn.Module, quantization: str = "none") -> dict:
-    """Bytes of `model`'s tensors: `{"total_bytes": N, "groups": {group: N}}` (groups of `GROUPS`).
-
-    Counts each parameter, buffer and quantization-state tensor (bitsandbytes block scales and code tables) once,
-    as stored: a tied or shared tensor counts once, a quantized one by its packed bytes. With `quantization` other
-    than `none`, parameters that `quantize_model` would quantize and that are not quantized yet (e.g. on the meta
-    device) count as `quantized_nbytes` says; this shares the tied modules of `model` (`share_tied_modules`). With
-    `fp8`, a model on the meta device that is not converted yet is converted in place (`convert_to_fp8`), and its
-    FP8 tensors and scales count as allocated.
-
-    Raises:
-        ValueError: unknown `quantization`; `fp8` for an unconverted model outside the meta device.
+    """Bytes of `model`'s tensors as stored, each once: `{"total_bytes": N, "groups": {group: N}}`; with a
+    `quantization`, unquantized targets count as `quantized_nbytes` says (an unconverted meta model is converted to
+    fp8 in place). `ValueError` for an unknown choice or fp8 of an unconverted model off the meta device.
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
@@ -73,7 +62,8 @@ def memory_report(model: nn.Module, quantization: str = "none") -> dict:
             convert_to_fp8(model, "meta")
     elif quantization != "none":
         share_tied_modules(model)
-        planned = {id(t.module._parameters[t.param]) for t in quantization_targets(model) if t.param in t.module._parameters}
+        planned = {id(t.module._parameters[t.param]) for t in quantization_targets(model)
+                   if t.param in t.module._parameters}
     groups = dict.fromkeys(GROUPS, 0)
     for name, tensor in stored_tensors(model):
         nbytes = quantized_nbytes(tensor.numel(), quantization) if id(tensor) in planned else None

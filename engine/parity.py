@@ -1,8 +1,7 @@
 """Parity check: the engine's committed tokens equal `model.generate()`'s for the same seed and settings.
 
-`python -m engine.parity [--model PATH] [--cases embedded|standin]` runs `PARITY_CASES` (or `STANDIN_PARITY_CASES`,
-for the stand-in of the 26B checkpoint: `python -m engine.parity --model "$(python -m standin)" --cases standin`) and
-prints one line per case and a summary; it exits non-zero on any mismatch. The test suite runs the same cases.
+`python -m engine.parity [--model PATH] [--cases embedded|standin]` prints a line per case; non-zero exit on a
+mismatch.
 """
 
 from __future__ import annotations
@@ -71,7 +70,7 @@ CASE_SETS = {"embedded": PARITY_CASES, "standin": STANDIN_PARITY_CASES}
 
 
 def run_case(engine: DiffusionEngine, case: ParityCase) -> tuple[list[int], list[int], str]:
-    """Return (generate() ids, engine ids, engine stop reason): generated ids up to and including the first EOS."""
+    """(generate() ids, engine ids, engine stop reason), generated ids up to and including the first EOS."""
     settings = engine.recommended.replace(**dict(case.changes))
     input_ids = engine.encode_prompt(case.prompt, raw=case.raw, thinking=case.thinking)
     torch.manual_seed(case.seed)

@@ -1,20 +1,6 @@
-"""The race: block diffusion against autoregressive decoding on one prompt, one side after the other.
-
-Fairness rules, all enforced here:
-- the two sides never share the device: they run one after the other, in an order that alternates from race to
-  race (or that the caller picks), and races never overlap each other;
-- each side runs right after a warm-up of its own, so neither pays one-time costs (kernel choice, allocator growth);
-- time is the engine clock (`EngineClock`: time inside the model code, CUDA synchronized, the consumer's time
-  excluded), from the start of prompt encoding, so a view can replay both traces on one common clock;
-- both sides have the same token budget (`max_new_tokens` rounded up to whole canvases, the diffusion side's
-  granularity) and both stop at their first EOS; tokens are counted the same way on both sides: generated tokens up
-  to and including EOS, pad ids never. The speedup is diffusion tokens/s over autoregressive tokens/s.
-
-Why either side can win: seconds per token = (seconds per forward) / (tokens per forward). A canvas forward runs
-the decoder over `canvas_length` positions; an autoregressive forward over one. On a CPU a forward's cost grows
-with the positions it computes (compute-bound), so a canvas forward costs many AR forwards; on a GPU at batch 1 both
-are bound by reading the weights from memory, so a forward that commits several tokens wins. `bandwidth_bound`
-gives that floor on a GPU: weights' bytes read per forward / measured memory bandwidth.
+"""The race: block diffusion against autoregressive decoding on one prompt, one side after the other, on the engine
+clock, each after its own warm-up, with the same token budget (fairness rules and why either side can win:
+docs/engine-notes.md).
 """
 
 from __future__ import annotations
@@ -24,12 +10,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
+import psutil
 import torch
+from accelerate import init_empty_weights
+from transformers import AutoConfig, AutoModelForCausalLM
 
-from .autoregressive import AutoregressiveDecoder, TokenFrame, check_temperature
+from .autoregressive import AutoregressiveDecoder, check_temperature
 from .engine import DiffusionEngine
-from .memory import stored_tensors
+from .loading import ModelLoadError
+from .memory import model_bytes, stored_tensors
 from .settings import DiffusionSettings, draw_seed, parse_seed
 from .tokens import BYTE, TEXT
 
@@ -55,19 +46,10 @@ def check_order(order) -> str:
 
 @dataclass(frozen=True)
 class SideResult:
-    """One side of a race, on its own engine clock.
-
-    name: "diffusion" or "autoregressive"; model: where its weights came from; text (raw model text) and token_ids
-    (up to and including EOS); tokens: counted tokens (pads excluded); forwards: decoder forwards (diffusion) or
-    token forwards (AR); seconds: engine seconds, prompt encoding and prefill included; tokens_per_second;
-    tokens_per_forward; time_to_first_token_s: engine seconds until the first token was committed (for diffusion,
-    the end of its first canvas); seconds_per_forward = seconds / forwards (the measured cost of one forward,
-    prefill shared out); seconds_per_token = seconds / tokens; stop_reason; prompt_tokens; position: 1 or 2 (when it
-    ran); warm_up_s: its warm-up's seconds; trace: [(elapsed_s, counted tokens)] after every forward;
-    weights_bytes_per_forward: weights read by one forward (estimate, see `weights_bytes_per_forward`);
-    bandwidth_bound_s_per_forward / bandwidth_bound_tokens_per_second: on a GPU, the floor that reading those bytes
-    at the measured bandwidth sets (None elsewhere); punctuation_share and repeated_share: `punctuation_share` and
-    `repeated_share` of its answer's text tokens (EOS, pads and other special tokens left out).
+    """One side of a race, on its own engine clock: its answer (`text`, `token_ids` up to EOS), counted `tokens`
+    (pads excluded), forwards, seconds (prefill included) and rates; `position` (1 or 2), `warm_up_s`, `trace`
+    [(elapsed_s, tokens)] per forward; on a GPU the weights read per forward and the bandwidth bound they set;
+    `punctuation_share` and `repeated_share` of its answer's text tokens.
     """
 
     name: str
@@ -95,9 +77,7 @@ class SideResult:
 
     @property
     def faults(self) -> tuple[str, ...]:
-        """What makes its answer a poor one to time, as data: "punctuation" (`punctuation_share` past
-        `PUNCTUATION_LIMIT`) and "repetition" (`repeated_share` past `REPETITION_LIMIT`), in that order; () for
-        neither."""
+        """("punctuation", "repetition"): the shares past `PUNCTUATION_LIMIT` / `REPETITION_LIMIT`, in that order."""
         return tuple(name for name, share, limit in (("punctuation", self.punctuation_share, PUNCTUATION_LIMIT),
                                                      ("repetition", self.repeated_share, REPETITION_LIMIT))
                      if share > limit)
@@ -118,13 +98,8 @@ class SideResult:
 
 @dataclass(frozen=True)
 class RaceResult:
-    """A finished (or stopped) race: both sides, the speedup and the rules it ran under.
-
-    speedup: diffusion tokens/s / autoregressive tokens/s (None when a side made no tokens, or the race was stopped);
-    order: the sides in the order they ran; seed; budget: the token budget of both sides; canvas_length: positions
-    a canvas forward computes; length_rule and
-    fairness: one sentence each; device; memory_bandwidth_gb_s: measured on a GPU (device-to-device copy), else None;
-    cancelled: the race was stopped before both sides finished.
+    """A finished (or stopped) race: both sides, the speedup (diffusion tokens/s over autoregressive tokens/s), the
+    order they ran in, seed, shared token budget, device and measured GPU bandwidth (GB/s, else None).
     """
 
     diffusion: SideResult | None
@@ -146,8 +121,7 @@ class RaceResult:
 
     @property
     def stopped_side(self) -> str | None:
-        """The side a Stop cut short or kept from running: the first in running order that is missing or ended
-        "cancelled"; None when the race was not stopped."""
+        """The first side in running order that a Stop cut short or kept from running; None unless cancelled."""
         if not self.cancelled:
             return None
         for name in self.order:
@@ -166,19 +140,13 @@ class RaceResult:
 
     @property
     def winner(self) -> str | None:
-        """The side with the higher tokens/s ("diffusion" on a tie), or None when there is no speedup (a side
-        missing or without tokens, or a stopped race). Speed only: see each side's `faults`."""
+        """The faster side ("diffusion" on a tie); None without a speedup. Speed only: see `faults`."""
         speedup = self.speedup
         return None if speedup is None else "diffusion" if speedup >= 1 else "autoregressive"
 
     def verdict(self) -> dict:
-        """Why the race came out as it did, as data (the views put it in words); JSON-ready.
-
-        winner and stopped_side: as the properties; cost_ratio: a canvas forward's measured seconds over an
-        autoregressive forward's (None unless both sides made tokens); bound: "memory" on a GPU (at batch 1 both
-        kinds of forward read all the weights, so tokens per forward decide), else "compute" (a forward costs in
-        proportion to the positions it computes: `canvas_length` against 1); faults: each side's `faults`, for the
-        sides that ran.
+        """Why the race came out as it did, JSON-ready: winner, stopped_side, cost_ratio (a canvas forward's seconds
+        over an AR forward's), bound ("memory" on a GPU, else "compute") and each side's faults.
         """
         d, a = self.diffusion, self.autoregressive
         ratio = None
@@ -206,16 +174,13 @@ class RaceResult:
 
 # -- answer checks -------------------------------------------------------------------------------------------------
 def punctuation_share(tokens: Sequence[str]) -> float:
-    """Share (0 to 1) of `tokens` (one display string per token) with no letter or digit in them (punctuation,
-    symbols), among those that are not whitespace only (a code answer's indentation counts for neither). 0.0 for
-    none."""
+    """Share of the non-blank `tokens` (display strings) with no letter or digit; 0.0 for none."""
     shown = [token for token in tokens if token.strip()]
     return sum(1 for token in shown if not any(c.isalnum() for c in token)) / len(shown) if shown else 0.0
 
 
 def repeated_share(tokens: Sequence[str], n: int = REPEAT_N) -> float:
-    """Share (0 to 1) of `tokens` that lie in a run of `n` tokens already seen earlier in the sequence (exact
-    strings; runs may overlap). 0.0 for fewer than `n` + 1 tokens."""
+    """Share of `tokens` inside a run of `n` tokens seen earlier (exact strings, runs may overlap); 0.0 for none."""
     seen: set[tuple[str, ...]] = set()
     repeated = [False] * len(tokens)
     for start in range(len(tokens) - n + 1):
@@ -234,9 +199,9 @@ def _with_answer_checks(side: SideResult, token_text) -> SideResult:
 
 # -- bandwidth -----------------------------------------------------------------------------------------------------
 def measure_memory_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 10) -> float | None:
-    """Measured memory bandwidth of a CUDA device in bytes/s: a device-to-device copy of `megabytes` MiB timed over
-    `repeats` copies (each reads and writes every byte, so 2 x bytes move). None off CUDA, or when the two buffers do
-    not fit in the free memory."""
+    """A CUDA device's memory bandwidth in bytes/s from timed device-to-device copies; None off CUDA or out of
+    memory.
+    """
     if device.type != "cuda":
         return None
     n = megabytes * 2**20
@@ -264,9 +229,9 @@ def _experts(config) -> tuple[int, int] | None:
 
 
 def weights_bytes_per_forward(modules: list[torch.nn.Module], config, positions: int) -> int:
-    """Bytes of weights one forward over `positions` tokens reads: every tensor of `modules` once
-    (`engine.memory.stored_tensors`), mixture-of-experts weights (parameters named `experts`) scaled by the expected
-    share of experts the tokens touch, 1 - (1 - k/E)^positions for top-k of E experts with uniform routing (an estimate)."""
+    """Bytes of weights one forward over `positions` tokens reads: every tensor of `modules` once, expert weights
+    scaled by the expected share of experts touched, 1 - (1 - k/E)^positions (uniform routing, an estimate).
+    """
     experts = _experts(config)
     share = 1.0 if experts is None else 1.0 - (1.0 - experts[1] / experts[0]) ** positions
     total = 0.0
@@ -292,10 +257,8 @@ def side_weights_bytes(engine: DiffusionEngine, ar: AutoregressiveDecoder) -> tu
 
 # -- the runner ----------------------------------------------------------------------------------------------------
 class RaceRunner:
-    """Runs races between `engine` (block diffusion) and `ar` (default: the same weights' causal encoder).
-
-    Races run one at a time (a lock), so two races never share the device. `order="alternate"` alternates which
-    side goes first from one race to the next.
+    """Runs races between `engine` and `ar` (default: the engine's own causal encoder), one race at a time;
+    "alternate" alternates which side goes first.
     """
 
     def __init__(self, engine: DiffusionEngine, ar: AutoregressiveDecoder | None = None):
@@ -314,11 +277,7 @@ class RaceRunner:
 
     def check(self, prompt: str, settings: DiffusionSettings, *, raw: bool, ar_temperature=0.0,
               order: str = "alternate", seed=None) -> None:
-        """Every check of a race before anything runs (prompt, budgets of both models, temperature, order, seed).
-
-        Raises:
-            ValueError: the first problem found, in words.
-        """
+        """Every check of a race before anything runs; raises `ValueError` naming the first problem."""
         check_order(order)
         check_temperature(ar_temperature)
         parse_seed(seed)
@@ -359,20 +318,10 @@ class RaceRunner:
     def run(self, prompt: str, settings: DiffusionSettings | None = None, *, raw: bool = False, seed=None,
             ar_temperature=0.0, order: str = "alternate", warm_up: bool = True,
             on_frame: FrameCallback | None = None, stop_event: threading.Event | None = None) -> RaceResult:
-        """Race `prompt` through both sides, one after the other, and return both results.
-
-        Args:
-            settings: the diffusion side's settings (default: the checkpoint's recommended ones); its
-                `max_new_tokens`, rounded up to whole canvases, is both sides' budget.
-            raw: no chat template, on both sides. seed: both sides' seed (None: one is drawn, used by both).
-            ar_temperature: 0: greedy autoregressive decoding; above 0: sampled at that temperature.
-            order: one of `ORDERS`. warm_up: warm each side up right before it runs.
-            on_frame: called as `on_frame(side, frame)` after every forward (a `Frame` for "diffusion", a
-                `TokenFrame` for "autoregressive"), from the calling thread; the time it takes is not counted.
-            stop_event: when set, the running side stops within one forward and the other does not start.
-
-        Raises:
-            ValueError: bad input (see `check`), before anything runs.
+        """Race `prompt` through both sides one after the other; `settings`' `max_new_tokens` (whole canvases) is
+        both budgets, `seed` both seeds, `ar_temperature` 0 greedy; `on_frame(side, frame)` runs after every forward
+        (its time not counted); `stop_event` stops within one forward. `ValueError` (see `check`) before anything
+        runs.
         """
         settings = settings or self.engine.recommended
         seed = parse_seed(seed)
@@ -447,3 +396,54 @@ def _with_bound(side: SideResult, bytes_per_forward: int, bandwidth: float) -> S
     return replace(side, weights_bytes_per_forward=bytes_per_forward, bandwidth_bound_s_per_forward=per_forward,
                    bandwidth_bound_tokens_per_second=side.tokens_per_forward / per_forward)
 
+
+# -- a separate autoregressive model -----------------------------------------------------------------------------
+HEADROOM = 1.15  # KV cache, activations and the allocator's slack on top of the weights
+
+
+def causal_lm_bytes(model_id: str, dtype: torch.dtype) -> int:
+    """Bytes of causal LM `model_id`'s weights in `dtype`, from its config alone; `ModelLoadError` without one."""
+    local = Path(str(model_id)).expanduser()
+    try:
+        config = AutoConfig.from_pretrained(str(local) if local.exists() else model_id, trust_remote_code=False,
+                                            local_files_only=local.exists())
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except Exception as error:  # noqa: BLE001 - one clear message
+        raise ModelLoadError(f"cannot read the autoregressive model {model_id!r}: {type(error).__name__}: "
+                             f"{' '.join(str(error).split())}") from error
+    parameters = {id(p): p.numel() for p in model.parameters()}
+    return sum(parameters.values()) * torch.empty((), dtype=dtype).element_size()
+
+
+def free_bytes(device: torch.device) -> int:
+    """Free memory where models go: the CUDA device's free memory, else the host's available RAM."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device.index or 0)[0]
+    return psutil.virtual_memory().available
+
+
+def check_fit(engine, ar_model: str, dtype: torch.dtype, free: int | None = None) -> int:
+    """Refuse (`ModelLoadError`, one line with both needs) `ar_model` when it does not fit next to `engine`'s model
+    in `free` bytes (default: measured now); returns its bytes.
+    """
+    needed = causal_lm_bytes(ar_model, dtype)
+    free = free_bytes(engine.device) if free is None else free
+    if needed * HEADROOM > free:
+        gib = 2**30
+        raise ModelLoadError(
+            f"the autoregressive model {ar_model} needs about {needed / gib:.1f} GiB "
+            f"({str(dtype).removeprefix('torch.')} weights, plus {HEADROOM - 1:.0%} for its cache) next to the "
+            "diffusion model's "
+            f"{model_bytes(engine.model) / gib:.1f} GiB, but {engine.device} has {free / gib:.1f} GiB free: "
+            "run without --ar-model to race against the diffusion model's own causal encoder")
+    return needed
+
+
+def race_runner(engine, ar_model: str):
+    """A `RaceRunner` against causal LM `ar_model` in the engine's dtype once `check_fit` allows; `ModelLoadError`
+    else.
+    """
+    dtype = engine.model.dtype
+    check_fit(engine, ar_model, dtype)
+    return RaceRunner(engine, AutoregressiveDecoder.load(ar_model, engine.device, dtype))

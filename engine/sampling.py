@@ -9,18 +9,10 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import Entro
 
 
 class RecordingEntropyBoundSampler(EntropyBoundSampler):
-    """`EntropyBoundSampler` that also records, at every acceptance, what it computed the acceptance from.
-
-    After `accept_canvas(..., logits, ...)` (logits `[batch, canvas_length, vocab]`, temperature-scaled):
-        token_entropy: `[batch, canvas_length]`, each position's entropy in nats (the sampler's own numbers).
-        log_probs: `[batch, canvas_length, vocab]`, the normalized logits (log-probabilities) the entropy came from:
-            a reference to the sampler's own tensor, not a copy. `frame_statistics` reads it and lets it go, so it
-            lives only until the frame is built (one [canvas x vocab] buffer longer than the library keeps it).
-    Both in the logits' dtype (float32: the model returns float32 logits), on their device.
-
-    Acceptance is transformers 5.23's `EntropyBoundSampler.accept_canvas` line for line (the entropy bound of
-    https://arxiv.org/abs/2505.24857: accept the k lowest-entropy positions whose entropy sum minus its maximum stays
-    within the bound); renoising and canvas initialization are inherited unchanged.
+    """`EntropyBoundSampler` (transformers 5.23's `accept_canvas`, line for line) that also keeps what each
+    acceptance was computed from: `token_entropy` `[batch, canvas_length]` in nats and `log_probs` `[batch,
+    canvas_length, vocab]` (a reference to the sampler's own tensor, dropped by `frame_statistics`), in the logits'
+    dtype.
     """
 
     token_entropy: torch.Tensor | None = None
@@ -28,11 +20,7 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
 
     @classmethod
     def of(cls, sampler: EntropyBoundSampler) -> "RecordingEntropyBoundSampler":
-        """A recording sampler with exactly the state of `sampler` (as `model._prepare_sampler` built it).
-
-        Raises:
-            TypeError: `sampler` is not an `EntropyBoundSampler` (another sampler needs its own recording twin).
-        """
+        """A recording sampler with exactly the state of `sampler`; `TypeError` for another sampler class."""
         if type(sampler) is not EntropyBoundSampler:
             raise TypeError(f"cannot record statistics of a {type(sampler).__name__}; expected EntropyBoundSampler")
         recording = cls.__new__(cls)
@@ -40,8 +28,9 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
         return recording
 
     def accept_canvas(self, current_canvas, denoiser_canvas, logits, cur_step):
-        """Accept denoiser tokens within the entropy bound (see the class docstring); returns the accepted canvas
-        `[batch, canvas_length]` and sets `accepted_token_mask`, `token_entropy` and `log_probs`."""
+        """Accept denoiser tokens within the entropy bound; returns the canvas `[batch, canvas_length]` and sets
+        `accepted_token_mask`, `token_entropy` and `log_probs`.
+        """
         dist = torch.distributions.Categorical(logits=logits)
         token_entropy = dist.entropy()  # (batch_size, canvas_length)
         self.token_entropy, self.log_probs = token_entropy, dist.logits
@@ -55,16 +44,13 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
 
 
 def with_recording(sampler):
-    """`RecordingEntropyBoundSampler.of(sampler)` for transformers' entropy-bound sampler; any other sampler as it is
-    (its frames then take their statistics from the logits: `frame_statistics`)."""
+    """`RecordingEntropyBoundSampler.of(sampler)` for the entropy-bound sampler; any other sampler as it is."""
     return RecordingEntropyBoundSampler.of(sampler) if type(sampler) is EntropyBoundSampler else sampler
 
 
 def sampler_state(sampler):
-    """The object the sampler's last `accept_canvas` wrote to.
-
-    With a static cache, `generate()` swaps in a `torch.compile`d `accept_canvas`, compiled once per model from the
-    first sampler's bound method; that method then writes onto the first sampler, so its state is read from there.
+    """The object the sampler's last `accept_canvas` wrote to: with a static cache `generate()` compiles the first
+    sampler's bound method once per model, which then writes onto that first sampler.
     """
     accept = getattr(sampler.accept_canvas, "_torchdynamo_orig_callable", sampler.accept_canvas)
     return getattr(accept, "__self__", sampler)
@@ -74,13 +60,8 @@ ALTERNATIVES = 5
 
 
 def canvas_statistics(processed_logits: torch.Tensor, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-position confidence and entropy of one canvas, computed from the logits (when no recording is at hand).
-
-    Args:
-        processed_logits: temperature-scaled logits `[canvas_length, vocab]`.
-        draft_ids: argmax canvas `[canvas_length]`.
-    Returns:
-        (confidence `[canvas_length]`: probability of the draft token, entropy `[canvas_length]` in nats), float32.
+    """(confidence, entropy in nats), float32 `[canvas_length]`, from temperature-scaled logits `[canvas_length,
+    vocab]` and the argmax canvas `draft_ids` `[canvas_length]`.
     """
     log_probs, entropy = _log_probs_and_entropy(processed_logits)
     confidence = log_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1).exp()
@@ -95,14 +76,8 @@ def _log_probs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 def top_alternatives(log_probs: torch.Tensor, draft_ids: torch.Tensor, k: int = ALTERNATIVES
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each position's `k` likeliest tokens, the draft token first.
-
-    Args:
-        log_probs: normalized log-probabilities `[canvas_length, vocab]` (the sampler's own).
-        draft_ids: argmax canvas `[canvas_length]`.
-    Returns:
-        (ids `[canvas_length, k]` int64, probabilities `[canvas_length, k]` float32), probabilities non-increasing
-        along each row; where tokens tie with the draft, the draft still comes first.
+    """Each position's `k` likeliest tokens from `log_probs` `[canvas_length, vocab]`, the draft token first: (ids
+    `[canvas_length, k]` int64, probabilities float32, non-increasing along each row).
     """
     k = min(k, log_probs.shape[-1])
     values, ids = log_probs.topk(k, dim=-1)
@@ -117,17 +92,9 @@ def top_alternatives(log_probs: torch.Tensor, draft_ids: torch.Tensor, k: int = 
 
 def frame_statistics(sampler, processed_logits: torch.Tensor, draft_ids: torch.Tensor, k: int = ALTERNATIVES
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(confidence, entropy, alternative ids, alternative probabilities) of the last step (batch item 0).
-
-    Args:
-        sampler: the run's sampler; a `RecordingEntropyBoundSampler` gives its own numbers (and drops its reference
-            to the log-probabilities), any other falls back to a pass over `processed_logits`.
-        processed_logits: temperature-scaled logits `[1, canvas_length, vocab]` (read only by the fallback).
-        draft_ids: the argmax canvas `[1, canvas_length]`.
-        k: alternatives per position (`top_alternatives`); 0 for none.
-    Returns:
-        confidence and entropy `[canvas_length]` float32; ids `[canvas_length, k]` and probabilities
-        `[canvas_length, k]` (`top_alternatives`), all on the logits' device.
+    """(confidence, entropy `[canvas_length]` float32, alternative ids and probabilities `[canvas_length, k]`) of the
+    last step, from a recording sampler's own numbers, else from `processed_logits` `[1, canvas_length, vocab]`;
+    `draft_ids` `[1, canvas_length]`; k=0 for no alternatives.
     """
     state = sampler_state(sampler)
     entropy, log_probs = getattr(state, "token_entropy", None), getattr(state, "log_probs", None)

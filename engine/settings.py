@@ -1,8 +1,5 @@
-"""The settings table: every denoising setting's name, type, range and help text, and the one parser of settings,
-seeds and prompts that the engine, the CLI, the UI and the API all use.
-
-Names and defaults are transformers' `DiffusionGemmaGenerationConfig`'s; a checkpoint's `generation_config.json`
-overrides the defaults (`DiffusionSettings.from_generation_config`). A new setting is one row of `SETTINGS`.
+"""The settings table (name, type, range, help of every denoising setting) and the one parser of settings, seeds and
+prompts that the engine, the CLI, the UI and the API use. Defaults come from the checkpoint's generation config.
 """
 
 from __future__ import annotations
@@ -28,10 +25,10 @@ SHOWN_CHARS = 40  # an echoed bad value is cut to this many characters: the mess
 
 @dataclass(frozen=True)
 class SettingSpec:
-    """One setting: `name` (a `DiffusionSettings` field), UI `label`, `kind` (int, float or bool), range `low` to
-    `high` (inclusive; `low` only when `low_inclusive`; None for bool), one-sentence `help`, CLI `flag`, and the UI
-    slider's top `ui_high` (<= high; None = high) and `ui_step` (a slider over an exclusive `low` starts one step
-    above it)."""
+    """One setting: `name` (a `DiffusionSettings` field), UI `label`, `kind` (int, float or bool), range
+    `low`..`high` (`low` inclusive only when `low_inclusive`; None for bool), one-sentence `help`, CLI `flag`, and
+    the UI slider's top `ui_high` (<= high; None = high) and `ui_step`.
+    """
 
     name: str
     label: str
@@ -130,23 +127,15 @@ def parse_flag(name: str, value) -> bool:
 
 
 def parse_setting(name: str, value, *, ui: bool = False) -> int | float | bool:
-    """`value` (a number, a numeric string, or for a bool setting as `parse_flag` takes it) as setting `name`'s kind.
-
-    `ui=True` also holds it to the UI's range (up to `ui_high`). A bare value check: the cross-field rule
-    t_min < t_max is `DiffusionSettings`'s.
-
-    Raises:
-        ValueError: one line starting with the setting's name and giving its range; an unknown name.
+    """`value` (a number, numeric string, or a flag as `parse_flag` takes it) as setting `name`'s kind, in its range
+    (`ui=True`: the UI's); `ValueError` starting with the name and giving the range. t_min < t_max is checked apart.
     """
     return spec(name).parse(value, ui=ui)
 
 
 def parse_seed(value) -> int | None:
-    """A seed: None, "" or -1 mean a random one (None); else an integer in [0, 2**63 - 1] (int, integral float, or
-    digit string).
-
-    Raises:
-        ValueError: anything else (fractions, NaN, other negatives, too large), naming the range.
+    """A seed: None, "" or -1 mean a random one (None); else an integer in [0, 2**63 - 1] (int, integral float or
+    digit string); `ValueError` naming the range for anything else.
     """
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
@@ -183,11 +172,8 @@ def draw_seed() -> int:
 
 
 def check_prompt(prompt) -> str:
-    """Return `prompt` if it is non-empty text of at most `MAX_PROMPT_CHARS` characters (emoji, right-to-left text
-    and control characters are accepted as they are).
-
-    Raises:
-        ValueError: None, not a string, empty or whitespace only, or too long (the message gives the limit).
+    """`prompt` if it is non-empty text of at most `MAX_PROMPT_CHARS` characters, else `ValueError` (giving the
+    limit).
     """
     if prompt is None:
         raise ValueError("prompt is empty: type something for the model to continue")
@@ -202,17 +188,8 @@ def check_prompt(prompt) -> str:
 
 @dataclass(frozen=True)
 class DiffusionSettings:
-    """Validated settings of one generation; construct it to validate (raises `ValueError` naming the setting).
-
-    Attributes:
-        max_new_tokens: generated tokens at most; rounded up to whole canvases of `canvas_length` tokens.
-        max_denoising_steps: decoder forwards per canvas at most.
-        entropy_bound: the entropy-bound sampler's budget (nats): per step it accepts the k lowest-entropy positions
-            whose entropy sum minus their max stays within it (https://arxiv.org/abs/2505.24857).
-        t_min, t_max: linear temperature schedule, t_max at the first step down towards t_min at the last.
-        stability_threshold: adaptive stopping needs the argmax canvas unchanged for this many steps.
-        confidence_threshold: ...and the mean per-position entropy (nats) below this.
-        adaptive_stopping: False runs every canvas for all `max_denoising_steps`.
+    """Validated settings of one generation (construct to validate; `ValueError` names the setting). Fields and
+    ranges: `SETTINGS`; the entropy bound is that of https://arxiv.org/abs/2505.24857.
     """
 
     max_new_tokens: int = 256
@@ -246,16 +223,17 @@ class DiffusionSettings:
         return dataclasses.replace(self, **changes)
 
     def with_values(self, values, *, ui: bool = False) -> "DiffusionSettings":
-        """A copy with every setting present in the mapping `values` parsed (`parse_setting`, in `SETTINGS` order:
-        the first bad one raises) and applied; `ui=True` holds them to the UI's ranges.
-
-        Raises:
-            ValueError: an unknown name, a bad value, or t_min >= t_max.
+        """A copy with every setting present in `values` parsed (in `SETTINGS` order) and applied; `ValueError` for
+        an unknown name, a bad value or t_min >= t_max.
         """
         for name in values:
             spec(name)
         return dataclasses.replace(self, **{name: parse_setting(name, values[name], ui=ui)
                                             for name in SETTING_NAMES if name in values})
+
+    def temperature_at(self, cur_step: int) -> float:
+        """The schedule's temperature at remaining step `cur_step` (N at a canvas's first forward, 1 at its last)."""
+        return self.t_min + (self.t_max - self.t_min) * cur_step / self.max_denoising_steps
 
     def generate_kwargs(self) -> dict:
         """Keyword arguments that make `model.generate()` run with exactly these settings."""
@@ -283,14 +261,8 @@ def _tidy(value: float) -> float:
 
 
 def preset(name: str, recommended: DiffusionSettings) -> DiffusionSettings:
-    """Return a named preset relative to the checkpoint's `recommended` settings.
-
-    - "recommended": the checkpoint's generation config as is.
-    - "fast": a looser entropy bound (x5) and a third of the steps: more tokens accepted per forward.
-    - "careful": a tighter entropy bound (/4) and twice the steps, colder sampling: fewer tokens per forward.
-
-    Raises:
-        ValueError: unknown preset name.
+    """The named preset over the checkpoint's `recommended` settings: "recommended" as is; "fast": entropy bound x5
+    and a third of the steps; "careful": bound /4, twice the steps, colder sampling. `ValueError` for another name.
     """
     if name == "recommended":
         return recommended

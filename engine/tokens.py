@@ -15,8 +15,7 @@ _PIPE_MARKER = re.compile(r"<\|[^<>\s]*>|<[^<>\s]*\|>")
 
 
 def byte_display(data: bytes) -> str:
-    """Bytes as byte-piece text, `<0xE2><0x80>`: the display string of a `byte` token (parse it back with
-    `parse_byte_display`)."""
+    """Bytes as byte-piece text, `<0xE2><0x80>`: a `byte` token's display string (`parse_byte_display` reverses it)."""
     return "".join(f"<0x{b:02X}>" for b in data)
 
 
@@ -34,25 +33,10 @@ def _byte_level_decoder() -> dict[str, int]:
 
 
 class TokenText:
-    """Maps a token id to its display string and its kind, cached.
-
-    Kinds (`kind(id)`):
-        "pad": the pad id. "eos": an end-of-sequence id (the generation config's list, e.g. [1, 106, 50]).
-        "special": any other control symbol: the tokenizer's special tokens and added tokens flagged special (BOS,
-        turn, channel and tool markers, unused ids), Gemma 4 `<|x>` / `<x|>` markers, the ids in `special_ids`
-        (image markers from the model config), and ids the tokenizer does not know (the model's vocabulary can be
-        larger; their string reads `<id:N>`). "byte": a piece that is not valid UTF-8 on its own (a byte-fallback
-        `<0xE2>`, or a byte-level BPE piece holding part of a character); its string lists its bytes as
-        `<0xE2><0x80>` (see `parse_byte_display`), never U+FFFD. "text": everything else.
-    Strings (`__call__`): `tokenizer.decode([id])` for text tokens (a "▁" piece decodes to a leading space), the
-    token's own piece (`<|turn>`, `<pad>`) for pad, eos and special tokens. Strings are raw model output: escape them
-    before rendering as HTML.
-
-    Args:
-        tokenizer: a transformers tokenizer.
-        eos_token_ids: end-of-sequence id or ids (default: the tokenizer's `eos_token_id`).
-        pad_token_id: the pad id (default: the tokenizer's).
-        special_ids: more ids to treat as special (e.g. the config's `image_token_id`, `boi_token_id`).
+    """Maps a token id to its display string and kind, cached. Kinds: "pad"; "eos" (the generation config's ids);
+    "special" (the tokenizer's special and added-special tokens, Gemma 4 `<|x>`/`<x|>` markers, `special_ids`, and
+    ids past the tokenizer, shown `<id:N>`); "byte" (a piece that is not UTF-8 alone, shown as `<0xE2><0x80>`);
+    "text". Text tokens show `decode([id])`, the others their own piece. Strings are raw model output: escape them.
     """
 
     def __init__(self, tokenizer, *, eos_token_ids: int | Iterable[int] | None = None,
@@ -78,7 +62,7 @@ class TokenText:
         self._byte_level = _byte_level_decoder() if type(decoder).__name__ == "ByteLevel" else None
 
     def __call__(self, token_id: int) -> str:
-        """The display string of `token_id` (see the class docstring)."""
+        """The display string of `token_id`."""
         return self.describe(token_id)[0]
 
     def kind(self, token_id: int) -> str:
@@ -93,8 +77,7 @@ class TokenText:
         return cached
 
     def describe_many(self, token_ids: list[int]) -> list[tuple[str, str]]:
-        """`describe` of each of `token_ids`, the uncached ones decoded in one batch by the tokenizer's backend (a
-        noise canvas brings up to a canvas of ids never seen before at every step)."""
+        """`describe` of each id, the uncached ones decoded in one batch by the tokenizer's backend."""
         cache = self._cache
         missing = [i for i in dict.fromkeys(token_ids) if i not in cache and 0 <= i < self._size]
         if missing and self._backend is not None:
@@ -125,8 +108,7 @@ class TokenText:
 
 
 def eos_id_list(eos_token_id: int | Iterable[int] | None) -> list[int]:
-    """A generation config's `eos_token_id` (an int, a list such as [1, 106, 50], or None) as a list of ints, in its
-    order (`diffusers_sampler.turn_end_id` picks by order)."""
+    """A generation config's `eos_token_id` (int, list or None) as a list of ints, in its order."""
     if eos_token_id is None:
         return []
     if isinstance(eos_token_id, int):
@@ -135,8 +117,9 @@ def eos_id_list(eos_token_id: int | Iterable[int] | None) -> list[int]:
 
 
 def token_text_for(tokenizer, model) -> TokenText:
-    """The `TokenText` of a loaded model: EOS ids and pad from its generation config (what stops generation),
-    and every `*_token_id` of its config (image, begin/end-of-image markers...) as special."""
+    """The `TokenText` of a loaded model: EOS and pad from its generation config, every `*_token_id` of its config as
+    special.
+    """
     generation = getattr(model, "generation_config", None)
     eos = getattr(generation, "eos_token_id", None)
     pad = getattr(generation, "pad_token_id", None)

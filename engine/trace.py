@@ -39,9 +39,9 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """Where a run came from: `name` (hub id, or a local folder's name, never its full path), `revision` (the hub
-    commit when known, else ""), `device` ("cpu", "cuda", ...), `dtype` ("float32", ...), `canvas_length`
-    (positions per canvas)."""
+    """Where a run came from: `name` (hub id or a local folder's name, never its path), `revision` (hub commit or
+    ""), `device`, `dtype`, `canvas_length`.
+    """
 
     name: str
     revision: str
@@ -63,17 +63,9 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class Trace:
-    """One generation, as a trace.
-
-    Attributes:
-        model: `ModelInfo`. settings: the run's `DiffusionSettings`. seed: the seed in force.
-        prompt: the prompt text; raw: True if it was tokenized as is (no chat template);
-        prompt_ids: the prompt's token ids, `[prompt_length]`.
-        tokens: display string of every id in the prompt and the frames (raw model strings: escape them).
-        kinds: the kind (`engine.tokens.TOKEN_KINDS`) of every canvas id that is not plain text, or None when the
-            frames carry no kinds (`Frame.input_kinds` empty).
-        text: the final generated text (special tokens skipped), as the engine decoded it.
-        frames: one `Frame` per decoder forward, as loaded from the compact form (see the module docstring).
+    """One generation as a trace: model, settings, seed, prompt (`raw`: no chat template) and its ids, `tokens`
+    (display string of every id used; raw model strings: escape them), `kinds` (the non-text kinds, or None), the
+    final `text`, and one `Frame` per decoder forward as loaded from the compact form.
     """
 
     model: ModelInfo
@@ -90,14 +82,9 @@ class Trace:
     @classmethod
     def from_frames(cls, frames, *, model: ModelInfo, settings: DiffusionSettings, prompt: str, raw: bool,
                     prompt_ids, token_text, text: str) -> "Trace":
-        """The trace of a run from its frames (as the engine yielded them) and its context.
-
-        A trailing "cancelled" frame that repeats the previous forward (see `engine.generator.denoise`) replaces
-        it. `token_text(id) -> str` gives the display strings. The returned trace's frames are the compact ones
-        (what `load_trace(trace.to_json())` gives back).
-
-        Raises:
-            TraceError: no frames, or frames that do not form one run.
+        """The trace of a run from its frames and context (`token_text(id) -> str`), frames as `load_trace` gives
+        them back; a trailing "cancelled" repeat of the last forward replaces it. `TraceError` for frames that are
+        not one run.
         """
         kept: list[Frame] = []
         for frame in frames:
@@ -114,36 +101,13 @@ class Trace:
             for row in frame.top_ids:
                 ids.update(row)
         ids.update(kept[-1].committed_ids)
-        document = {
-            "format": TRACE_FORMAT,
-            "version": TRACE_VERSION,
-            "model": model.__dict__,
-            "settings": {key: getattr(settings, key) for key in SETTING_KEYS},
-            "seed": int(kept[-1].seed),
-            "prompt": {"text": prompt, "raw": bool(raw), "ids": [int(i) for i in prompt_ids]},
-            "text": text,
-            "tokens": {str(i): token_text(i) for i in sorted(ids)},
-            "frames": [_compact(frame) for frame in kept],
-        }
-        kinds = _kinds_of(kept)
-        if kinds is not None:
-            document["kinds"] = kinds
-        return parse_trace(document)
+        return parse_trace(_document(model, settings, kept[-1].seed, prompt, raw, prompt_ids, text,
+                                     {i: token_text(i) for i in ids}, kept, _kinds_of(kept)))
 
     def to_dict(self) -> dict:
         """The trace as a JSON-ready dict in the schema of `docs/trace.md`."""
-        return {
-            "format": TRACE_FORMAT,
-            "version": TRACE_VERSION,
-            "model": dict(self.model.__dict__),
-            "settings": {key: getattr(self.settings, key) for key in SETTING_KEYS},
-            "seed": self.seed,
-            "prompt": {"text": self.prompt, "raw": self.raw, "ids": list(self.prompt_ids)},
-            "text": self.text,
-            "tokens": {str(i): s for i, s in sorted(self.tokens.items())},
-            "frames": [_compact(frame) for frame in self.frames],
-            **({"kinds": {str(i): k for i, k in sorted(self.kinds.items())}} if self.kinds is not None else {}),
-        }
+        return _document(self.model, self.settings, self.seed, self.prompt, self.raw, self.prompt_ids, self.text,
+                         self.tokens, self.frames, self.kinds)
 
     def to_json(self) -> str:
         """The trace as compact JSON text (UTF-8 safe: non-ASCII kept, no NaN)."""
@@ -169,11 +133,7 @@ class Trace:
 def record_trace(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings | None = None, *,
                  raw: bool = False, seed: int | None = None, stop_event: threading.Event | None = None,
                  thinking: bool = False) -> Trace:
-    """Run `prompt` to the end on `engine` and return its `Trace` (arguments as `DiffusionEngine.frames`).
-
-    Raises:
-        ValueError: bad prompt, seed or budget (before any work is done).
-    """
+    """Run `prompt` to the end on `engine` (arguments as `DiffusionEngine.frames`) and return its `Trace`."""
     settings = settings or engine.recommended
     frames = list(engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop_event, thinking=thinking))
     return trace_of_run(engine, frames, prompt=prompt, settings=settings, raw=raw, thinking=thinking)
@@ -181,12 +141,7 @@ def record_trace(engine: DiffusionEngine, prompt: str, settings: DiffusionSettin
 
 def trace_of_run(engine: DiffusionEngine, frames, *, prompt: str, settings: DiffusionSettings, raw: bool,
                  thinking: bool = False) -> Trace:
-    """The `Trace` of frames `engine` produced for `prompt` (re-encodes the prompt for its ids, with `thinking` as
-    the run had it).
-
-    Raises:
-        TraceError: no frames.
-    """
+    """The `Trace` of `frames` that `engine` produced for `prompt` (re-encoded for its ids); `TraceError` for none."""
     frames = list(frames)
     if not frames:
         raise TraceError("the run produced no frames (it ended before its first decoder forward)")
@@ -196,7 +151,21 @@ def trace_of_run(engine: DiffusionEngine, frames, *, prompt: str, settings: Diff
                              prompt_ids=prompt_ids, token_text=engine.token_text, text=text)
 
 
-def _kinds_of(frames: list[Frame]) -> dict[str, str] | None:
+def _document(model: ModelInfo, settings: DiffusionSettings, seed: int, prompt: str, raw: bool, prompt_ids, text: str,
+              tokens: dict[int, str], frames, kinds: dict[int, str] | None) -> dict:
+    """The JSON-ready trace document (the schema of `docs/trace.md`)."""
+    document = {
+        "format": TRACE_FORMAT, "version": TRACE_VERSION, "model": dict(model.__dict__),
+        "settings": {key: getattr(settings, key) for key in SETTING_KEYS}, "seed": int(seed),
+        "prompt": {"text": prompt, "raw": bool(raw), "ids": [int(i) for i in prompt_ids]}, "text": text,
+        "tokens": {str(i): s for i, s in sorted(tokens.items())}, "frames": [_compact(frame) for frame in frames],
+    }
+    if kinds is not None:
+        document["kinds"] = {str(i): k for i, k in sorted(kinds.items())}
+    return document
+
+
+def _kinds_of(frames: list[Frame]) -> dict[int, str] | None:
     """The non-text kinds of the frames' canvas ids, or None when any frame carries no kinds."""
     if not all(len(f.input_kinds) == len(f.input_ids) and len(f.draft_kinds) == len(f.draft_ids) for f in frames):
         return None
@@ -204,7 +173,7 @@ def _kinds_of(frames: list[Frame]) -> dict[str, str] | None:
     for frame in frames:
         for ids, frame_kinds in ((frame.input_ids, frame.input_kinds), (frame.draft_ids, frame.draft_kinds)):
             kinds.update((i, k) for i, k in zip(ids, frame_kinds) if k != TEXT)
-    return {str(i): k for i, k in sorted(kinds.items())}
+    return kinds
 
 
 def _compact(frame: Frame) -> dict:
@@ -241,11 +210,8 @@ def _rounded(value: float, digits: int) -> float:
 # -- loading ------------------------------------------------------------------------------------------------------
 
 def load_trace(source) -> Trace:
-    """Load and check a trace from JSON text, UTF-8 bytes, or a file path (`pathlib.Path`).
-
-    Raises:
-        TraceError: over `MAX_TRACE_BYTES`, empty, not UTF-8 JSON, or anything `parse_trace` refuses; one message
-            each.
+    """Load and check a trace from JSON text, UTF-8 bytes or a `pathlib.Path`; `TraceError` (one message) for an
+    oversized, empty or non-UTF-8-JSON source or what `parse_trace` refuses.
     """
     if isinstance(source, Path):
         try:
@@ -285,16 +251,9 @@ def _no_constant(name: str):
 
 
 def parse_trace(document) -> Trace:
-    """Check a decoded trace document (the schema of `docs/trace.md`) and build its `Trace`.
-
-    Checks: format and version (a trace of another version is refused: see the compatibility rule in the docs),
-    types and ranges of every field, sizes (canvas at most `MAX_CANVAS_LENGTH`, at most `MAX_FRAMES` frames, token
-    strings at most `MAX_TOKEN_CHARS`), per-position lists of exactly `canvas_length` entries, every id present in
-    `tokens`, and frames that form one run (steps counting up from 0 within a block, blocks from 0, a new block
-    only after a finished one, `done` only on the last frame). Unknown keys are ignored.
-
-    Raises:
-        TraceError: the first problem, named with its place (e.g. "frame 3: confidence has 63 entries ...").
+    """Check a decoded trace document (`docs/trace.md`: format and version, every field's type, range and size, every
+    id in `tokens`, frames forming one run; unknown keys ignored) and build its `Trace`; `TraceError` names the first
+    problem and its place ("frame 3: confidence has 63 entries ...").
     """
     doc = _object(document, "the trace")
     if doc.get("format") != TRACE_FORMAT:
@@ -410,12 +369,11 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
         block_remelts += sum(remelted)
         first_accepted = [step if (a and s < 0) else s for a, s in zip(accepted, first_accepted)]
         forwards = index + 1
-        cur_step = n_steps - step
         first_frame_s = frames[0].elapsed_s if frames else elapsed
         frames.append(Frame(
             block_index=block, step_index=step, forward_index=index, canvas_length=canvas,
             max_denoising_steps=n_steps,
-            temperature=settings.t_min + (settings.t_max - settings.t_min) * cur_step / n_steps,
+            temperature=settings.temperature_at(n_steps - step),
             input_ids=input_ids, draft_ids=draft_ids, accepted=accepted, confidence=confidence, entropy=entropy,
             first_accepted_step=list(first_accepted), remelted=remelted, block_remelts=block_remelts,
             top_ids=top_ids, top_probs=top_probs, top_tokens=[[tokens[i] for i in row] for row in top_ids],

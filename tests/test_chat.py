@@ -7,10 +7,8 @@ import pytest
 import torch
 
 from engine.chat import ChatSession
-from engine.conversation import check_messages, conversation_ids
-from engine.generator import denoise
-from engine.prompts import chat_prompt_ids
-from engine.random_state import RunRandomState
+from engine.conversation import chat_prompt_ids, check_messages, conversation_ids
+from engine.generator import RunRandomState, denoise
 
 
 def _capture_logits(model, monkeypatch):

@@ -15,10 +15,9 @@ import pytest
 import torch
 
 from engine import DEFAULT_MODEL, DiffusionEngine, load_model
-from engine.fp8 import fp8_refusal
 from engine.loading import REPO_ROOT
 from engine.memory import model_bytes
-from engine.quantization import BITSANDBYTES_QUANTIZATIONS, QUANTIZATIONS
+from engine.quantization import BITSANDBYTES_QUANTIZATIONS, QUANTIZATIONS, fp8_refusal
 
 KIT = REPO_ROOT / "benchmarks" / "gpu"
 

@@ -1,4 +1,4 @@
-"""Quantization (engine/quantization.py, engine/fp8.py) and the memory report (engine/memory.py), on the CPU.
+"""Quantization (engine/quantization.py, fp8 included) and the memory report (engine/memory.py), on the CPU.
 
 Each CPU choice (4bit, 8bit) loads the embedded model and a scaled stand-in of the real 26B config (its structure:
 5 sliding : 1 full attention layers with their own head sizes, tied encoder/decoder, a vision tower; widths cut
@@ -25,8 +25,8 @@ from engine import DEFAULT_MODEL, DiffusionEngine, ModelLoadError, load_model
 from engine.cli import main as cli_main
 from engine.loading import REPO_ROOT, check_fits, check_quantization, meta_model
 from engine.memory import GROUPS, memory_report, model_bytes
-from engine.fp8 import FP8_BLOCK_SIZE, check_fp8_shapes, fp8_refusal, from_pretrained_fp8
-from engine.quantization import BITSANDBYTES_QUANTIZATIONS, is_experts, quantized_nbytes
+from engine.quantization import (BITSANDBYTES_QUANTIZATIONS, FP8_BLOCK_SIZE, check_fp8_shapes, fp8_refusal,
+                                 from_pretrained_fp8, is_experts, quantized_nbytes)
 
 REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
 CHOICES = list(BITSANDBYTES_QUANTIZATIONS)  # the choices that run on a CPU
@@ -337,11 +337,11 @@ def test_fp8_refuses_expert_widths_its_blocks_do_not_divide(standin):
 
 
 def test_loading_modules_import_one_way_and_only_optional_packages_late():
-    """quantization <- fp8 <- memory <- loading: each imports only modules before it, at the top; inside a
+    """quantization <- memory <- loading: each imports only modules before it, at the top; inside a
     function only an optional heavy package (bitsandbytes) is imported."""
     import ast
 
-    order = ["quantization", "fp8", "memory", "loading"]
+    order = ["quantization", "memory", "loading"]
     for index, name in enumerate(order):
         tree = ast.parse((REPO_ROOT / "engine" / f"{name}.py").read_text())
         top = set(tree.body)

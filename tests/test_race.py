@@ -508,7 +508,7 @@ def causal_lm(engine, tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_separate_causal_lm_races_against_the_diffusion_model(engine, small, causal_lm):
-    from engine.race_memory import race_runner
+    from engine.race import race_runner
 
     runner = race_runner(engine, str(causal_lm))
     assert not runner.ar.shared_weights and runner.ar.eos_token_ids == {1, 4}
@@ -522,7 +522,7 @@ def test_a_separate_causal_lm_races_against_the_diffusion_model(engine, small, c
 
 def test_an_ar_model_that_does_not_fit_is_refused_with_both_needs(engine, causal_lm):
     from engine.loading import ModelLoadError
-    from engine.race_memory import causal_lm_bytes, check_fit
+    from engine.race import causal_lm_bytes, check_fit
 
     needed = causal_lm_bytes(str(causal_lm), torch.float32)
     assert needed > 0
@@ -537,9 +537,9 @@ def test_an_ar_model_that_does_not_fit_is_refused_with_both_needs(engine, causal
 @pytest.mark.slow
 def test_app_refuses_an_ar_model_that_does_not_fit_at_start(causal_lm, monkeypatch, capsys):
     import app
-    import engine.race_memory
+    import engine.race
 
-    monkeypatch.setattr(engine.race_memory, "free_bytes", lambda device: 1000)
+    monkeypatch.setattr(engine.race, "free_bytes", lambda device: 1000)
     assert app.main(["--device", "cpu", "--ar-model", str(causal_lm), "--port", "7999"]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "needs about" in lines[0] and "GiB free" in lines[0]

@@ -530,7 +530,7 @@ def test_zerogpu_api_generate_runs_the_same_way(zerogpu_space):
 def test_the_server_bounds_malloc_arenas_unless_the_operator_chose():
     import platform
 
-    from diffgemma_ui.malloc_arenas import limit_malloc_arenas
+    from diffgemma_ui.deployment import limit_malloc_arenas
 
     assert limit_malloc_arenas(environ={"MALLOC_ARENA_MAX": "4"}) is None  # the operator's value stays
     if platform.libc_ver()[0] == "glibc":
