@@ -102,6 +102,13 @@ def test_step_buttons_on_the_page(browser, served_app):
         page.close()
 
 
+SHOWS_FORWARD_WITH_DONE_BLOCKS = """([forward, done]) => {
+    const canvas = document.querySelector('#dg-canvas .dg-canvas');
+    return canvas && canvas.dataset.forward === String(forward)
+        && document.querySelectorAll('#dg-stack .dg-block-done').length === done;
+}"""
+
+
 def test_replay_plays_the_last_run_back_from_its_first_forward(browser, served_app):
     from pages import open_page
 
@@ -116,12 +123,11 @@ def test_replay_plays_the_last_run_back_from_its_first_forward(browser, served_a
         text = page.locator("#dg-text textarea").input_value()
         assert last == "11"
         page.click("#dg-replay-run")
-        page.wait_for_selector("#dg-canvas .dg-canvas[data-forward='0']", timeout=30_000)  # back to the start
-        assert page.locator("#dg-stack .dg-block-done").count() == 0
+        # back to the start: forward 0 with no finished block (one page update; polled, not read between two)
+        page.wait_for_function(SHOWS_FORWARD_WITH_DONE_BLOCKS, arg=[0, 0], timeout=30_000)
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "replay-start.png"), full_page=True)
-        page.wait_for_selector("#dg-canvas .dg-canvas[data-forward='6']", timeout=30_000)  # forward by forward
-        assert page.locator("#dg-stack .dg-block-done").count() == 1
+        page.wait_for_function(SHOWS_FORWARD_WITH_DONE_BLOCKS, arg=[6, 1], timeout=30_000)  # forward by forward
         page.wait_for_selector(f"#dg-canvas .dg-canvas[data-forward='{last}']", timeout=30_000)
         page.wait_for_selector("#dg-meter .dg-meter[data-state=done]", timeout=30_000)
         assert page.locator("#dg-text textarea").input_value() == text  # the run, as it ended
