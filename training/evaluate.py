@@ -33,18 +33,22 @@ import json
 import math
 import re
 import resource
-from concurrent.futures import ThreadPoolExecutor
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 import torch
+from transformers import DiffusionGemmaForBlockDiffusion
 
 from engine.autoregressive import AutoregressiveDecoder
 from engine.engine import DiffusionEngine
 from engine.loading import DEFAULT_MODEL, load_model
-from engine.settings import PRESET_NAMES, RANGES, preset
+from engine.settings import PRESET_NAMES, RANGES, DiffusionSettings, preset
 from .data import ExampleSampler
 from .denoising import PRESET_TARGETS, TARGETS, check, denoising_figures, observe
-from .model_config import PAD_ID
+from .model_config import PAD_ID, tiny_config
 from .train import losses
 
 DICTIONARY = Path("/usr/share/dict/words")
@@ -282,18 +286,11 @@ def canvas_length_costs(lengths=(32, 64, 128, 256), steps: int = 8, repeats: int
     Each measurement is one block of `steps` forwards (adaptive stopping off) after a 32-token prompt; the median of
     `repeats` runs after a warm-up. The per-token cost tells which canvas keeps a CPU answer within seconds.
     """
-    import statistics
-    import time
-
-    from transformers import DiffusionGemmaForBlockDiffusion
-
-    from engine.settings import DiffusionSettings
-    from .model_config import tiny_config
-
     rows = []
     for length in lengths:
         model = DiffusionGemmaForBlockDiffusion(tiny_config(canvas_length=length)).eval()
-        kwargs = DiffusionSettings(max_new_tokens=length, max_denoising_steps=steps, adaptive_stopping=False).generate_kwargs()
+        settings = DiffusionSettings(max_new_tokens=length, max_denoising_steps=steps, adaptive_stopping=False)
+        kwargs = settings.generate_kwargs()
         ids = torch.randint(5, 4096, (1, 32))
         times = []
         for run in range(repeats + 1):
@@ -391,9 +388,6 @@ def denoising_report(engine: DiffusionEngine, settings, dictionary: set[str], pr
     machine with idle cores; the races then share the machine with the other presets)."""
     race_prompts = prompts[::2] if race_prompts is None else race_prompts
     if jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-        from multiprocessing import get_context
-
         with ProcessPoolExecutor(min(jobs, len(PRESET_NAMES)), mp_context=get_context("spawn")) as pool:
             futures = {name: pool.submit(_preset_run_in_process, engine.source, name, settings, prompts,
                                          race_prompts) for name in PRESET_NAMES}
