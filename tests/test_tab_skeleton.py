@@ -15,6 +15,7 @@ from engine import DiffusionSettings
 from engine.settings import SETTINGS
 
 TABS = ("playground", "race", "compare", "chat", "infill")
+PANELS = ("branch",)  # a Playground panel with its own refusal box
 
 
 def test_user_error_words_every_error_once_without_a_traceback():
@@ -68,7 +69,7 @@ def test_every_tab_has_a_refusal_box_wired_to_its_checks(engine):
     app = build_app(engine)
     boxes = {block._id: block.elem_id for block in app.blocks.values()
              if isinstance(block, gr.HTML) and (block.elem_id or "").endswith("-refusal")}
-    assert sorted(boxes.values()) == sorted(f"dg-{tab}-refusal" for tab in TABS)
+    assert sorted(boxes.values()) == sorted(f"dg-{tab}-refusal" for tab in TABS + PANELS)
     written = {boxes[out] for dep in app.fns.values() for out in
                [getattr(o, "_id", o) for o in dep.outputs] if out in boxes}
     assert written == set(boxes.values())
