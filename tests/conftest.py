@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,6 +18,9 @@ SLOW_FIXTURES = frozenset({"engine", "standin_engine", "standin_path", "served_a
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: runs the embedded model or a browser (seconds, not milliseconds)")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # pytest-xdist: share the cores between the workers instead of each taking all of them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_collection_modifyitems(config, items):
