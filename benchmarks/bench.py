@@ -227,6 +227,13 @@ def same_tokens(a: list[Run], b: list[Run]) -> bool:
 
 
 # -- the measurements --------------------------------------------------------------------------------------------
+def against_bare(bare: list, runs: list, path: str, ratio_key: str) -> dict:
+    """Both paths' summaries, `ratio_key` (wall seconds, run by run) and `<ratio_key>_cpu`, same tokens, run count."""
+    return {"bare_generate": path_summary(bare), path: path_summary(runs), ratio_key: ratio(runs, bare),
+            f"{ratio_key}_cpu": ratio(runs, bare, "cpu_seconds"), "same_tokens": same_tokens(bare, runs),
+            "runs": len(runs)}
+
+
 def measure_engine_overhead(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings, mode: Mode,
                             raw: bool = True) -> dict:
     """(a) bare `generate()` against the engine yielding every frame; `engine_overhead_ratio` (target <= 1.03)."""
@@ -237,12 +244,7 @@ def measure_engine_overhead(engine: DiffusionEngine, prompt: str, settings: Diff
     }, mode.seeds, mode.repeats)
     engine_runs = runs["engine"]
     return {
-        "bare_generate": path_summary(runs["bare"]),
-        "engine_frames": path_summary(engine_runs),
-        "engine_overhead_ratio": ratio(engine_runs, runs["bare"]),
-        "engine_overhead_ratio_cpu": ratio(engine_runs, runs["bare"], "cpu_seconds"),
-        "same_tokens": same_tokens(runs["bare"], engine_runs),
-        "runs": len(engine_runs),
+        **against_bare(runs["bare"], engine_runs, "engine_frames", "engine_overhead_ratio"),
         "tokens_per_forward": spread([r.tokens / r.forwards for r in engine_runs], 3),
         "forwards_per_block": sorted({f for r in engine_runs for f in r.forwards_per_block}),
         "time_to_first_frame_s": spread([r.time_to_first_frame_s for r in engine_runs]),
@@ -340,14 +342,9 @@ def measure_ui_overhead(engine: DiffusionEngine, url: str, prompt: str, settings
     }, mode.seeds, mode.ui_repeats)
     client_runs = runs["client"]
     return {
-        "bare_generate": path_summary(runs["bare"]),
-        "gradio_client": path_summary(client_runs),
-        "ui_overhead_ratio": ratio(client_runs, runs["bare"]),
-        "ui_overhead_ratio_cpu": ratio(client_runs, runs["bare"], "cpu_seconds"),
+        **against_bare(runs["bare"], client_runs, "gradio_client", "ui_overhead_ratio"),
         "app_engine_over_bare": spread([c.engine_seconds / b.seconds for c, b in zip(client_runs, runs["bare"])]),
         "http_and_queue_s": spread([c.seconds - c.engine_seconds for c in client_runs]),
-        "same_tokens": same_tokens(runs["bare"], client_runs),
-        "runs": len(client_runs),
     }
 
 
