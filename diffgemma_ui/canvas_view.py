@@ -1,6 +1,5 @@
-"""The live canvas as HTML: one chip per canvas position, finished blocks stacked above the block being denoised.
-Every model string goes through `diffgemma_ui.text`, in element text and attributes alike.
-"""
+"""The live canvas as HTML: a chip per canvas position, finished blocks stacked above the block being denoised;
+every model string escaped by `diffgemma_ui.text`."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ _CONTROL_STYLES = ("special", "pad", "eos")
 
 
 def empty_canvas_html(button: str = "Generate") -> str:
-    """The canvas before any run: press `button` (the tab's own run button, plain text) to watch one."""
+    """The canvas before any run: press `button` to watch one."""
     return ('<div class="dg-canvas dg-empty" data-forward="-1">'
             f"<p>Press <b>{escape_html(button)}</b> to watch a canvas of random tokens denoise into text.</p></div>")
 
@@ -45,11 +44,9 @@ def _number(value: float, digits: int = 3) -> str:
 def chip_html(token: str, *, kind: str, position: int, confidence: float, entropy: float, first_accepted_step: int,
               draft: str | None = None, cell: TokenCell | None = None, draft_cell: TokenCell | None = None,
               fixed: bool = False, remelted: bool = False, alternatives: Sequence[tuple[str, float]] = ()) -> str:
-    """One canvas position as a `<span>` chip with a tooltip (token, what it is, confidence, entropy, first accepted
-    step, "why this token?" from `alternatives`). kind: "accepted"/"committed" (coloured by confidence), "noisy"
-    (`draft`: its current guess) or "pad"; `cell`s from `token_cells`; `fixed`: given by a template; `remelted`:
-    renoised after acceptance. `ValueError` for an unknown `kind`.
-    """
+    """One canvas position as a `<span>` chip with a tooltip. `kind`: accepted, committed, noisy (`draft`: its
+    guess) or pad (ValueError otherwise); `cell`s from `token_cells`; `fixed`: given by a template; `remelted`:
+    renoised after acceptance; `alternatives`: (token, probability) for "why this token?"."""
     if kind not in ("accepted", "noisy", "committed", "pad"):
         raise ValueError(f"unknown chip kind {kind!r}")
     cell = cell or token_cells([token])[0]
@@ -84,9 +81,8 @@ def chip_html(token: str, *, kind: str, position: int, confidence: float, entrop
 
 
 def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None) -> str:
-    """One block as HTML from its newest frame: live (accepted drafts coloured, noisy inputs struck through) or
-    finished (the committed canvas, positions after end-of-sequence faded); `fixed`: per position, given (infill).
-    """
+    """One block from its newest frame: `live` (accepted drafts coloured, noise struck through) or finished;
+    `fixed`: per position, given (infill)."""
     fixed = [bool(f) for f in fixed] if fixed is not None else [False] * frame.canvas_length
     n = frame.canvas_length
     header_bits = [f"Block {frame.block_index + 1}"]
@@ -137,14 +133,14 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
 
 
 def _alternatives(frame: Frame, position: int) -> list[tuple[str, float]]:
-    """(token string, probability) of the frame's alternatives at `position` ([] when the frame has none)."""
+    """(token, probability) of the frame's alternatives at `position`."""
     if not frame.top_tokens:
         return []
     return list(zip(frame.top_tokens[position], frame.top_probs[position]))
 
 
 def legend_html() -> str:
-    """The colour legend: confidence scale and what noisy, re-melted, special and byte chips look like."""
+    """The colour legend: the confidence scale and what each kind of chip looks like."""
     stops = ", ".join(viridis(i / 10) for i in range(11))
     return (
         '<div class="dg-legend" aria-hidden="true">'
@@ -160,9 +156,7 @@ def legend_html() -> str:
 
 
 def stack_html(finished: Sequence[Frame], *, finished_html: Sequence[str] | None = None) -> str:
-    """The finished blocks (each block's last frame, in order) stacked, "" for none; `finished_html`: the same blocks
-    pre-rendered (a cache, used when it matches one to one).
-    """
+    """The finished blocks (each block's last frame) stacked, "" for none; `finished_html`: a cache of them."""
     if not finished:
         return ""
     if finished_html is None or len(finished_html) != len(finished):
@@ -172,9 +166,8 @@ def stack_html(finished: Sequence[Frame], *, finished_html: Sequence[str] | None
 
 def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = "",
               fixed: Sequence[bool] | None = None) -> str:
-    """The block being denoised (`live`, not drawn once `block_done`) and an optional plain-text `status`, in a `<div
-    data-forward>` (the newest forward index, -1 if none); `EMPTY_CANVAS_HTML` when there is nothing to show.
-    """
+    """The block being denoised (`live`) and a plain-text `status` in a `<div data-forward>` (the newest
+    forward, -1 if none); `EMPTY_CANVAS_HTML` when there is nothing to show."""
     newest = newest if newest is not None else live
     if newest is None and not status:
         return EMPTY_CANVAS_HTML
@@ -186,9 +179,7 @@ def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = 
 
 def canvas_html(finished: Sequence[Frame], live: Frame | None, *, finished_html: Sequence[str] | None = None,
                 status: str = "") -> str:
-    """The whole canvas view in one string: the legend, `stack_html` above `live_html` (the app sends the three parts
-    to three components; this is for tests and exports).
-    """
+    """The legend, `stack_html` and `live_html` in one string (tests and exports)."""
     newest = live if live is not None else (finished[-1] if finished else None)
     if newest is None and not status:
         return EMPTY_CANVAS_HTML

@@ -1,4 +1,4 @@
-"""Layout and wiring of the "Keep or replay a run" controls (handlers: `keep.KeepHandlers`)."""
+"""Layout and wiring of the "Keep or replay a run" and step-through controls (handlers: `keep`, `step_through`)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,6 @@ KEEP_HELP = (
 
 @dataclass
 class KeepControls:
-    """The components `build_keep_controls` creates."""
-
     trace_button: gr.DownloadButton
     html_button: gr.DownloadButton
     upload: gr.File
@@ -30,7 +28,7 @@ class KeepControls:
 
 
 def build_keep_controls() -> KeepControls:
-    """Create the controls in the current Blocks context (an accordion, closed)."""
+    """The keep controls in an accordion, closed, in the current Blocks context."""
     with gr.Accordion("Keep or replay a run", open=False, elem_id="dg-keep"):
         gr.Markdown(KEEP_HELP)
         with gr.Row():
@@ -48,35 +46,32 @@ def build_keep_controls() -> KeepControls:
 
 def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_outputs: list, run_events,
               replay_button: gr.Button, box) -> None:
-    """Wire the controls: downloads after each of `run_events`, the upload, the replay slider and play button, and
-    `replay_button` (the last run played back) into `stream_outputs`; `box` (`tab.refusal_box`) says why not."""
+    """Wire downloads after each of `run_events`, the upload, the replay slider and play, and `replay_button`
+    into `stream_outputs`; `box` (`tab.refusal_box`) says why not."""
     html, refusal = box
     shown = dict(fn=shown_refusal, inputs=[refusal], outputs=[html], concurrency_limit=None, **PRIVATE)
-    private = dict(api_visibility="private", show_progress="hidden")
     for event in run_events:
         event.then(keep.export_files, inputs=[session],
                    outputs=[controls.trace_button, controls.html_button, controls.replay_slider, replay_button],
-                   concurrency_limit=2, **private)
+                   concurrency_limit=2, **PRIVATE)
     replay_button.click(guard_stream(keep.replay_run), inputs=[refusal, session],
                         outputs=[*stream_outputs, controls.replay_slider], concurrency_limit=None,
-                        trigger_mode="once", **private).then(**shown)
+                        trigger_mode="once", **PRIVATE).then(**shown)
     uploaded = controls.upload.upload(guard_stream(keep.check_upload), inputs=[refusal, session, controls.upload],
-                                      outputs=None, concurrency_limit=2, **private)
+                                      outputs=None, concurrency_limit=2, **PRIVATE)
     uploaded.then(**shown)
     uploaded.success(keep.load_upload, inputs=[session, controls.upload], outputs=[
         *stream_outputs, controls.replay_slider, controls.trace_button, controls.html_button], concurrency_limit=2,
                      api_visibility="private", show_progress="minimal")
     controls.replay_slider.input(keep.replay_step, inputs=[session, controls.replay_slider], outputs=stream_outputs,
-                                 concurrency_limit=None, trigger_mode="always_last", **private)
+                                 concurrency_limit=None, trigger_mode="always_last", **PRIVATE)
     controls.play.click(guard_stream(keep.replay_play), inputs=[refusal, session, controls.replay_slider],
                         outputs=[*stream_outputs, controls.replay_slider], concurrency_limit=None,
-                        trigger_mode="once", **private).then(**shown)
+                        trigger_mode="once", **PRIVATE).then(**shown)
 
 
 @dataclass
 class StepControls:
-    """The components `build_step_controls` creates."""
-
     next_step: gr.Button
     run_to_end: gr.Button
     replay: gr.Button
@@ -84,7 +79,7 @@ class StepControls:
 
 
 def build_step_controls() -> StepControls:
-    """Create the step-through buttons and their note in the current Blocks context."""
+    """The step-through buttons and their note in the current Blocks context."""
     with gr.Row(elem_id="dg-step-buttons"):
         next_step = gr.Button("Next step", elem_id="dg-next-step", size="sm", scale=1)
         run_to_end = gr.Button("Run to end", elem_id="dg-run-to-end", size="sm", scale=1)
@@ -97,8 +92,8 @@ def build_step_controls() -> StepControls:
 
 def wire_step_through(controls: StepControls, steps, session, run_inputs: list, stream_outputs: list,
                       stop_button: gr.Button | None = None, box=None) -> None:
-    """Wire "Next step" and "Run to end" (`step_through.StepThroughHandlers`, in the engine's queue slot);
-    `stop_button` also pauses a "Run to end"; `box` (`tab.refusal_box`) says why a step was refused."""
+    """Wire "Next step" and "Run to end" (in the engine's queue slot); `stop_button` also pauses a "Run to end";
+    `box` says why a step was refused."""
     html, refusal = box
     common = dict(inputs=[refusal, session, *run_inputs], outputs=[*stream_outputs, controls.note],
                   api_visibility="private", concurrency_id="engine", show_progress="hidden")

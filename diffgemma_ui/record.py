@@ -1,4 +1,4 @@
-"""What the UI remembers of one run: every frame, grouped by block, and read-only snapshots of it for rendering."""
+"""What the UI remembers of one run: its frames grouped by block, and read-only snapshots of them."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from engine import Frame
 
 @dataclass(frozen=True)
 class RunSnapshot:
-    """An immutable view of a run at one moment: `frames_seen` (decoder forwards), the `latest` frame, `blocks` (per
-    block its frames in order), `finished`, and the `error` the engine raised, if any.
-    """
+    """A run at one moment: `frames_seen`, the `latest` frame, `blocks` (each block's frames), `finished`,
+    and the `error` it raised."""
 
     frames_seen: int = 0
     latest: Frame | None = None
@@ -22,11 +21,10 @@ class RunSnapshot:
 
     @property
     def block_count(self) -> int:
-        """Blocks started so far."""
         return len(self.blocks)
 
     def block_frames(self, block: int | None = None) -> tuple[Frame, ...]:
-        """Frames of block `block` (default: the newest; out of range: clamped); () if none."""
+        """Frames of block `block` (default: the newest; clamped); () if none."""
         if not self.blocks:
             return ()
         if block is None:
@@ -34,16 +32,16 @@ class RunSnapshot:
         return self.blocks[max(0, min(int(block), len(self.blocks) - 1))]
 
     def finished_blocks(self) -> list[Frame]:
-        """The last frame of every finished block (whose last frame has `block_done`), in block order."""
+        """The last frame of every finished block, in order."""
         return [frames[-1] for frames in self.blocks if frames and frames[-1].block_done]
 
 
 @dataclass
 class RunRecord:
-    """Thread-safe, append-only record of a run's frames (one writer: the worker; any number of readers)."""
+    """A run's frames, appended by one writer and read by any number of readers."""
 
     keep_history: bool = True
-    _frozen: tuple[tuple[Frame, ...], ...] = ()  # blocks before the newest one: they no longer change
+    _frozen: tuple[tuple[Frame, ...], ...] = ()  # blocks before the newest (no longer changing)
     _current: list[Frame] = field(default_factory=list)
     _latest: Frame | None = None
     _count: int = 0
@@ -52,14 +50,12 @@ class RunRecord:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, frame: Frame) -> None:
-        """Append one frame; a new `block_index` opens a block, a repeated forward marked cancelled replaces the
-        last.
-        """
+        """Append a frame; a new `block_index` opens a block, a repeated forward marked cancelled replaces the last."""
         with self._lock:
             if self.keep_history:
                 if (frame.stop_reason == "cancelled" and self._current
                         and self._current[-1].forward_index == frame.forward_index):
-                    # The engine repeats the last forward's frame, marked cancelled: replace, do not add a step
+                    # the engine repeats the last forward, marked cancelled
                     self._current[-1] = frame
                 elif self._current and frame.block_index != self._current[-1].block_index:
                     self._frozen = self._frozen + (tuple(self._current),)
@@ -70,23 +66,21 @@ class RunRecord:
             self._count += 1
 
     def finish(self, error: BaseException | None = None) -> None:
-        """Mark the run over, optionally with the exception that ended it."""
+        """Mark the run over, with the exception that ended it."""
         with self._lock:
             self._finished = True
             self._error = error
 
     @property
     def count(self) -> int:
-        """Frames received so far."""
         return self._count
 
     @property
     def finished(self) -> bool:
-        """Whether `finish` was called."""
         return self._finished
 
     def snapshot(self) -> RunSnapshot:
-        """A consistent immutable copy of the record right now."""
+        """A consistent copy of the record right now."""
         with self._lock:
             return RunSnapshot(frames_seen=self._count, latest=self._latest,
                                blocks=self._frozen + ((tuple(self._current),) if self._current else ()),

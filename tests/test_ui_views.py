@@ -416,8 +416,8 @@ def test_the_default_live_rate_falls_for_large_canvases():
         [default_live_rate(n) for n in (64, 128, 256, 512)], reverse=True)
     with pytest.raises(ValueError, match="canvas_length"):
         default_live_rate(0)
-    assert Playground(FakeEngine()).max_fps == default_live_rate(FakeEngine.canvas_length)
-    assert Playground(FakeEngine(), max_fps=3.0).max_fps == 3.0  # an explicit rate is kept
+    assert Playground(FakeEngine()).runs.max_fps == default_live_rate(FakeEngine.canvas_length)
+    assert Playground(FakeEngine(), max_fps=3.0).runs.max_fps == 3.0  # an explicit rate is kept
 
 
 def test_worker_stretches_the_gap_so_a_slow_reader_keeps_to_its_budget():
