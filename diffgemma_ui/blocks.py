@@ -17,14 +17,13 @@ from .compare_tab import CompareHandlers, build_compare_tab
 from .deployment import queue_plan
 from .handlers import initial_outputs
 from .infill_tab import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, InfillTab, build_infill_tab
-from .keep import KeepHandlers
-from .keep_blocks import build_keep_controls, build_step_controls, wire_keep, wire_step_through
+from .keep import KeepHandlers, build_keep_controls, wire_keep
 from .meter import meter_html
 from .presenter import present_head, wire_presenter
 from .race_tab import RaceTab, build_race_tab
 from .runs import DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, ClosedSessionDropper
 from .session import SessionState
-from .step_through import StepThroughHandlers
+from .step_through import StepThroughHandlers, build_step_controls, wire_step_through
 from .tab import API_SETTINGS, PRIVATE, checked, refusal_box, register_api, setting_control, setting_params
 from .text import escape_html
 from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, SETTING_NAMES

@@ -1,16 +1,58 @@
-"""The live canvas as HTML: a chip per canvas position, finished blocks stacked above the block being denoised;
-every model string escaped by `diffgemma_ui.text`."""
+"""The live canvas as HTML: a chip per canvas position, finished blocks stacked above the block being denoised, the
+thought channel apart, and the viridis scale shared with the plots; model strings escaped by `diffgemma_ui.text`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from engine import Frame
 from engine.tokens import PAD
 
-from .colors import text_on, viridis
-from .text import escape_html
+from .text import escape_html, plain_text
 from .token_view import TokenCell, token_cells
+
+# viridis sampled at 0, 0.1, ..., 1.0 (matplotlib's table)
+VIRIDIS = (
+    "#440154", "#482475", "#414487", "#355f8d", "#2a788e", "#21918c",
+    "#22a884", "#44bf70", "#7ad151", "#bddf26", "#fde725",
+)
+PLOTLY_SCALE = "Viridis"
+
+
+def _rgb(hex_colour: str) -> tuple[int, int, int]:
+    return int(hex_colour[1:3], 16), int(hex_colour[3:5], 16), int(hex_colour[5:7], 16)
+
+
+def viridis(value: float) -> str:
+    """The viridis colour of `value` in [0, 1] as `#rrggbb` (clamped; non-numbers read as 0)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        value = 0.0
+    if not math.isfinite(value):
+        value = 0.0
+    value = min(1.0, max(0.0, value))
+    scaled = value * (len(VIRIDIS) - 1)
+    low = min(int(scaled), len(VIRIDIS) - 2)
+    frac = scaled - low
+    a, b = _rgb(VIRIDIS[low]), _rgb(VIRIDIS[low + 1])
+    r, g, bl = (round(x + (y - x) * frac) for x, y in zip(a, b))
+    return f"#{r:02x}{g:02x}{bl:02x}"
+
+
+def text_on(background: str) -> str:
+    """Black or white, whichever reads better on `background` (`#rrggbb`, WCAG luminance)."""
+
+    def channel(c: int) -> float:
+        c = c / 255
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (channel(c) for c in _rgb(background))
+    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    # contrast with black: (L + 0.05) / 0.05; with white: 1.05 / (L + 0.05)
+    return "#111111" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "#ffffff"
+
 
 # Token styles drawn dimmed and labelled, without the confidence colour: control symbols, not text
 _CONTROL_STYLES = ("special", "pad", "eos")
@@ -185,3 +227,13 @@ def canvas_html(finished: Sequence[Frame], live: Frame | None, *, finished_html:
         return EMPTY_CANVAS_HTML
     return (legend_html() + stack_html(finished, finished_html=finished_html)
             + live_html(live, newest=newest, status=status))
+
+
+def thought_html(thought: str) -> str:
+    """The thought channel's text as a collapsed `<details>`, escaped; "" when there is none."""
+    if not thought or not thought.strip():
+        return ""
+    words = len(thought.split())
+    return ('<details class="dg-thought"><summary>Thought \u00b7 '
+            f"{words:,} word{'s' if words != 1 else ''} (the model's reasoning before its answer; not part of the "
+            f'answer)</summary><div class="dg-thought-text">{escape_html(plain_text(thought))}</div></details>')

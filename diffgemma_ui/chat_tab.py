@@ -15,7 +15,7 @@ from engine import PRESET_NAMES, DiffusionSettings
 from engine.chat import ChatSession, TurnReport
 from engine.conversation import check_messages
 
-from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html
+from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html, thought_html
 from .handlers import API_SUMMARY_KEYS, Job, Playground
 from .meter import meter_html
 from .runs import RunWorker, session_key
@@ -23,7 +23,6 @@ from .session import SessionState
 from .tab import (PRIVATE, PlotClock, TabState, api_run, buttons, checked, empty_plots, live_plots, live_run,
                   refusal_box, refusing, setting_control, user_error, wire_stop)
 from .text import escape_html, plain_text
-from .thought_view import thought_html
 from .validation import MAX_PROMPT_CHARS, build_settings, check_flag, check_prompt, check_ui_seed, preset_values
 
 MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text

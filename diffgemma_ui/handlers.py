@@ -14,15 +14,13 @@ from engine import DiffusionEngine, DiffusionSettings, Frame
 from engine.settings import SETTING_NAMES, draw_seed
 
 from . import plots
-from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html
+from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html, thought_html
 from .meter import meter_html, refused_meter_html, run_meter_html, waiting_meter_html
-from .record import RunSnapshot
-from .runs import (DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, STOP_WAIT_S, Runner, RunWorker, default_live_rate,
-                   session_key)
+from .runs import (DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, STOP_WAIT_S, Runner, RunSnapshot, RunWorker,
+                   default_live_rate, session_key)
 from .session import SessionState
 from .tab import PlotClock, api_run, describe_error, empty_plots, refusing, user_error
 from .text import plain_text
-from .thought_view import thought_html
 from .validation import CUSTOM_PRESET, PRESET_FIELDS, RunRequest, build_request, preset_values
 
 API_SUMMARY_KEYS = (
@@ -53,8 +51,8 @@ class StreamOutputs:
 
 @dataclass(frozen=True)
 class Job:
-    """Model work for `Playground.start_job`: `kind` (a key of `Playground.sources`), a picklable `payload`, the
-    `settings` its GPU time follows and `extra_forwards` beyond canvases x steps."""
+    """Model work: `kind` (a key of `Playground.sources`), a picklable `payload`, the `settings` it runs under and
+    `extra_forwards` beyond canvases x steps (for the GPU budget)."""
 
     kind: str
     payload: object
@@ -69,8 +67,7 @@ def generation_frames(engine: DiffusionEngine, request: RunRequest, stop) -> Ite
 
 
 def received(frames: Iterator, receive) -> Iterator:
-    """`frames` with non-frame items handed to `receive` (None: none expected); after a done frame the source is
-    read to its end before that frame is passed on."""
+    """`frames`, non-frame items handed to `receive`; after a done frame the source is read to its end first."""
     if receive is None:
         yield from frames
         return
@@ -113,8 +110,7 @@ def previous_run_meter(snap: RunSnapshot | None, running: bool):
 
 
 class Playground:
-    """Handlers bound to one loaded `engine`; `max_fps` (None: `runs.default_live_rate`), `reader_budget`,
-    `abandon_after_s` and `max_run_s` (None: no limit) as `runs.Runner`'s."""
+    """Handlers bound to one loaded `engine`; the keywords as `runs.Runner`'s (`max_fps` None: by canvas)."""
 
     def __init__(self, engine: DiffusionEngine, *, max_fps: float | None = None,
                  reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
@@ -152,8 +148,8 @@ class Playground:
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
                   receive=None) -> RunWorker:
-        """Start `job` in the app's `Runner`, registered as `key`; `record` as `RunWorker`'s, `receive` as
-        `received`'s."""
+        """Start `job` in the app's `Runner`, registered as `key` (`record`, `receive` as `RunWorker`'s,
+        `received`'s)."""
         source = self.sources[job.kind]
         return self.runs.start(lambda stop: received(source(self.engine, job.payload, stop), receive), key,
                                keep_history=keep_history, record=record)
@@ -177,8 +173,8 @@ class Playground:
     # -- rendering -----------------------------------------------------------------------------------------------
     def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool,
                first: bool = True) -> StreamOutputs:
-        """The view of `snap` (`first`/`final`: the run's first/last render); finished blocks' HTML is cached in
-        `session` and sent only when one finishes, hover text only at the end, the buttons only first and last."""
+        """The view of `snap`; finished blocks' HTML cached in `session`, hover text only when `final`, the
+        buttons only when `first` or `final`."""
         finished = snap.finished_blocks()
         for frame in finished[len(session.finished_html):]:
             session.finished_html.append(block_html(frame, live=False))
@@ -217,8 +213,8 @@ class Playground:
 
     # -- events --------------------------------------------------------------------------------------------------
     def request_run(self, session: SessionState, *inputs) -> tuple:
-        """Every run trigger's first step: check the inputs (gr.Error), take the session's next ticket (stopping
-        its run); returns (ticket, waiting meter, Generate and Stop updates)."""
+        """A run trigger's first step: check the inputs (gr.Error), take a ticket (stopping the session's run);
+        returns (ticket, waiting meter, Generate and Stop updates)."""
         count = len(SETTING_NAMES) + 3  # prompt, raw, the settings, seed; then `thinking` from the page
         self.checked_request(*inputs[:count], ui_limits=True, thinking=inputs[count] if len(inputs) > count else False)
         if session is None:
@@ -234,8 +230,8 @@ class Playground:
     def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
                         t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed, ticket=None,
                         thinking=False, request: gr.Request = None) -> Iterator[tuple]:
-        """The run step: yields coalesced `StreamOutputs` tuples to the final frame; nothing once `ticket` is stale.
-        Raises gr.Error: bad input, engine failure."""
+        """The run step: yields `StreamOutputs` tuples to the final frame, nothing once `ticket` is stale;
+        gr.Error: bad input, engine failure."""
         run = self.checked_request(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                                    stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True,
                                    thinking=thinking)
@@ -268,8 +264,7 @@ class Playground:
             session.end_stream(worker)
 
     def stop(self, session: SessionState) -> tuple:
-        """The Stop button: stop the session's run, wait for its last frame and render the final view (a run still
-        queued shows that it left the queue)."""
+        """The Stop button: stop the session's run and render its final view (a queued run left the queue)."""
         if session is None:
             return initial_outputs().as_tuple()
         _, worker = session.withdraw()
@@ -326,8 +321,7 @@ class Playground:
         return str(draw_seed())
 
     def generate_api(self, *inputs, thinking=False) -> tuple[str, dict]:
-        """`/generate` run here to its end: (text, summary of `API_SUMMARY_KEYS`, seconds on the engine clock).
-        Raises gr.Error."""
+        """`/generate` to its end: (text, summary of `API_SUMMARY_KEYS`); gr.Error."""
         worker = self.start_api_run(*inputs, thinking=thinking)
         try:
             snap = worker.wait()

@@ -1,5 +1,5 @@
-"""Keeping runs (`KeepHandlers`, laid out by `keep_blocks`): trace and offline-replay downloads, replaying an
-uploaded trace from its own token strings, and `/export`."""
+"""Keeping runs: trace and offline-replay downloads, replaying an uploaded trace from its own token strings, and
+`/export` (`KeepHandlers`, and the controls' layout and wiring)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -20,9 +21,9 @@ from . import plots
 from .canvas_view import live_html, stack_html
 from .handlers import StreamOutputs, status_text
 from .meter import meter_html
-from .record import RunSnapshot
+from .runs import RunSnapshot
 from .session import SessionState
-from .tab import api_run, refusing, user_error
+from .tab import PRIVATE, api_run, guard_stream, refusing, shown_refusal, user_error
 from .text import plain_text
 
 MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # bytes per canvas position per decoder forward
@@ -207,3 +208,62 @@ class KeepHandlers:
         trace = await asyncio.to_thread(trace_of_run, self.engine, frames, prompt=run.prompt, settings=run.settings,
                                         raw=run.raw, thinking=getattr(run, "thinking", False))
         return trace.to_dict()
+
+
+KEEP_HELP = (
+    "After each run: its **trace** (JSON: settings, seed, prompt, every decoder forward; see `docs/trace.md`) and an "
+    "**offline replay** (one HTML file that plays the run with no model and no network). Upload a trace to replay "
+    "it here without running the model."
+)
+
+
+@dataclass
+class KeepControls:
+    trace_button: gr.DownloadButton
+    html_button: gr.DownloadButton
+    upload: gr.File
+    replay_slider: gr.Slider
+    play: gr.Button
+
+
+def build_keep_controls() -> KeepControls:
+    """The keep controls in an accordion, closed, in the current Blocks context."""
+    with gr.Accordion("Keep or replay a run", open=False, elem_id="dg-keep"):
+        gr.Markdown(KEEP_HELP)
+        with gr.Row():
+            trace_button = gr.DownloadButton("Download trace (JSON)", interactive=False, elem_id="dg-download-trace")
+            html_button = gr.DownloadButton("Download offline replay (HTML)", interactive=False,
+                                            elem_id="dg-download-html")
+        upload = gr.File(label=f"Replay a trace (.json, up to {MAX_TRACE_BYTES // 2**20} MB)", file_types=[".json"],
+                         type="filepath", file_count="single", elem_id="dg-upload-trace", height=110)
+        with gr.Row(equal_height=True):
+            replay_slider = gr.Slider(1, 2, value=1, step=1, label="Replay: decoder forward", visible=False,
+                                      elem_id="dg-replay-step", scale=4)
+            play = gr.Button("\u25b6 Play the replay", elem_id="dg-replay-play", scale=1, min_width=120)
+    return KeepControls(trace_button, html_button, upload, replay_slider, play)
+
+
+def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_outputs: list, run_events,
+              replay_button: gr.Button, box) -> None:
+    """Wire downloads after each of `run_events`, the upload, the replay slider and play, and `replay_button`
+    into `stream_outputs`; `box` (`tab.refusal_box`) says why not."""
+    html, refusal = box
+    shown = dict(fn=shown_refusal, inputs=[refusal], outputs=[html], concurrency_limit=None, **PRIVATE)
+    for event in run_events:
+        event.then(keep.export_files, inputs=[session],
+                   outputs=[controls.trace_button, controls.html_button, controls.replay_slider, replay_button],
+                   concurrency_limit=2, **PRIVATE)
+    replay_button.click(guard_stream(keep.replay_run), inputs=[refusal, session],
+                        outputs=[*stream_outputs, controls.replay_slider], concurrency_limit=None,
+                        trigger_mode="once", **PRIVATE).then(**shown)
+    uploaded = controls.upload.upload(guard_stream(keep.check_upload), inputs=[refusal, session, controls.upload],
+                                      outputs=None, concurrency_limit=2, **PRIVATE)
+    uploaded.then(**shown)
+    uploaded.success(keep.load_upload, inputs=[session, controls.upload], outputs=[
+        *stream_outputs, controls.replay_slider, controls.trace_button, controls.html_button], concurrency_limit=2,
+                     api_visibility="private", show_progress="minimal")
+    controls.replay_slider.input(keep.replay_step, inputs=[session, controls.replay_slider], outputs=stream_outputs,
+                                 concurrency_limit=None, trigger_mode="always_last", **PRIVATE)
+    controls.play.click(guard_stream(keep.replay_play), inputs=[refusal, session, controls.replay_slider],
+                        outputs=[*stream_outputs, controls.replay_slider], concurrency_limit=None,
+                        trigger_mode="once", **PRIVATE).then(**shown)

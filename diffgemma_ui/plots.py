@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 
 from engine import Frame
 
-from .colors import PLOTLY_SCALE, viridis
+from .canvas_view import PLOTLY_SCALE, viridis
 from .text import escape_plotly
 from .token_view import draft_labels
 

@@ -12,13 +12,12 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 from gradio.context import LocalContext
 
 from engine import Frame
-
-from .record import RunRecord, RunSnapshot
 
 FrameSource = Callable[[threading.Event], Iterator[Frame]]
 DEFAULT_MAX_FPS = 15.0
@@ -29,11 +28,89 @@ LOG = logging.getLogger(__name__)
 
 
 def default_live_rate(canvas_length: int) -> float:
-    """Live renders per second for `canvas_length` positions: `LIVE_POSITIONS_PER_SECOND / canvas_length` within
-    2..`DEFAULT_MAX_FPS`. ValueError: `canvas_length` below 1."""
+    """Live renders a second for `canvas_length` positions (2..15); ValueError below 1."""
     if canvas_length < 1:
         raise ValueError(f"canvas_length must be at least 1, got {canvas_length}")
     return max(2.0, min(DEFAULT_MAX_FPS, LIVE_POSITIONS_PER_SECOND / canvas_length))
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """A run at one moment: `frames_seen`, the `latest` frame, `blocks` (each block's frames), `finished`,
+    and the `error` it raised."""
+
+    frames_seen: int = 0
+    latest: Frame | None = None
+    blocks: tuple[tuple[Frame, ...], ...] = ()
+    finished: bool = False
+    error: BaseException | None = None
+
+    @property
+    def block_count(self) -> int:
+        return len(self.blocks)
+
+    def block_frames(self, block: int | None = None) -> tuple[Frame, ...]:
+        """Frames of block `block` (default: the newest; clamped); () if none."""
+        if not self.blocks:
+            return ()
+        if block is None:
+            return self.blocks[-1]
+        return self.blocks[max(0, min(int(block), len(self.blocks) - 1))]
+
+    def finished_blocks(self) -> list[Frame]:
+        """The last frame of every finished block, in order."""
+        return [frames[-1] for frames in self.blocks if frames and frames[-1].block_done]
+
+
+@dataclass
+class RunRecord:
+    """A run's frames, appended by one writer and read by any number of readers."""
+
+    keep_history: bool = True
+    _frozen: tuple[tuple[Frame, ...], ...] = ()  # blocks before the newest (no longer changing)
+    _current: list[Frame] = field(default_factory=list)
+    _latest: Frame | None = None
+    _count: int = 0
+    _finished: bool = False
+    _error: BaseException | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, frame: Frame) -> None:
+        """Append a frame; a new `block_index` opens a block, a repeated forward marked cancelled replaces the last."""
+        with self._lock:
+            if self.keep_history:
+                if (frame.stop_reason == "cancelled" and self._current
+                        and self._current[-1].forward_index == frame.forward_index):
+                    # the engine repeats the last forward, marked cancelled
+                    self._current[-1] = frame
+                elif self._current and frame.block_index != self._current[-1].block_index:
+                    self._frozen = self._frozen + (tuple(self._current),)
+                    self._current = [frame]
+                else:
+                    self._current.append(frame)
+            self._latest = frame
+            self._count += 1
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Mark the run over, with the exception that ended it."""
+        with self._lock:
+            self._finished = True
+            self._error = error
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def snapshot(self) -> RunSnapshot:
+        """A consistent copy of the record right now."""
+        with self._lock:
+            return RunSnapshot(frames_seen=self._count, latest=self._latest,
+                               blocks=self._frozen + ((tuple(self._current),) if self._current else ()),
+                               finished=self._finished, error=self._error)
 
 
 class RunTimeLimitExceeded(RuntimeError):
@@ -66,9 +143,8 @@ def _without_tracebacks(error: BaseException) -> BaseException:
 
 
 class RunWorker:
-    """One run in a background thread: `source(stop_event)`'s frames read into `record` (default: a `RunRecord`);
-    what it raises ends the run. It stops itself after `abandon_after_s` without a reader or past `time_limit_s`
-    (`RunTimeLimitExceeded`); `stop_event`: anything with `set()` and `is_set()`."""
+    """One run in a thread: `source(stop_event)` read into `record` (default `RunRecord`); it stops itself after
+    `abandon_after_s` unread or past `time_limit_s`; `stop_event`: any object with `set()` and `is_set()`."""
 
     def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0,
                  time_limit_s: float | None = None, stop_event: threading.Event | None = None, record=None):
@@ -166,8 +242,8 @@ class RunWorker:
 
     def updates(self, max_fps: float = DEFAULT_MAX_FPS, poll_s: float = 0.2,
                 reader_budget: float | None = DEFAULT_READER_BUDGET) -> Iterator[RunSnapshot]:
-        """Coalesced snapshots, at most `max_fps` a second, the first and the final never held back; the gap also
-        stretches to the reader's time / `reader_budget` (None: `max_fps` only)."""
+        """Coalesced snapshots, at most `max_fps` a second and the reader's time / `reader_budget` apart; the first
+        and the final never held back."""
         interval = 1.0 / max_fps if max_fps and max_fps > 0 else 0.0
         seen = -1
         next_allowed = 0.0
@@ -255,8 +331,7 @@ DROP_DELAY_S = 5.0  # a closed tab's Gradio record is dropped this long after
 
 
 def pushed(run: Callable[[Callable[[object], None]], object]) -> Iterator:
-    """What `run(emit)` (in a helper thread) hands to `emit`, as an iterator, then what it returns; its exception is
-    raised here."""
+    """What `run(emit)` (in a thread) hands to `emit`, as an iterator, then what it returns; its errors raised."""
     items: queue.Queue = queue.Queue()
 
     def target() -> None:
@@ -280,8 +355,7 @@ class ClientGone(RuntimeError):
 
 
 def job_alive_check() -> Callable[[], bool]:
-    """A function answering whether the current Gradio job's client is still there (True outside a queued job); call
-    it in the handler's context."""
+    """Whether the current Gradio job's client is still there, as a function (True outside a queued job)."""
     blocks = LocalContext.blocks.get(None)
     event_id = LocalContext.event_id.get(None)
     queue = getattr(blocks, "_queue", None)
@@ -301,8 +375,7 @@ def session_key(request, fallback: object, suffix: str = "") -> str:
 
 
 class Runner:
-    """Starts every run of one app and keeps which session runs what; `max_fps`, `reader_budget` as
-    `RunWorker.updates`'s, `abandon_after_s` as `RunWorker`'s, `max_run_s`: every run's time limit (None: none)."""
+    """Starts every run of one app and keeps which session runs what; `max_run_s`: each run's time limit."""
 
     def __init__(self, *, max_fps: float, reader_budget: float | None = DEFAULT_READER_BUDGET,
                  abandon_after_s: float = 30.0, max_run_s: float | None = DEFAULT_MAX_RUN_S):
@@ -315,8 +388,7 @@ class Runner:
 
     def start(self, source: FrameSource, key: str | None = None, *, keep_history: bool = True, stop_event=None,
               record=None, limit_s: float | None = None) -> RunWorker:
-        """Start `source` in a `RunWorker` under the app's limits (`limit_s`: a tighter one), registered as `key`
-        (None: not); end it with `finish`."""
+        """Start `source` in a `RunWorker` under the app's limits (`limit_s`: a tighter one), registered as `key`."""
         limits = [limit for limit in (self.max_run_s, limit_s) if limit is not None]
         worker = RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
                            time_limit_s=min(limits) if limits else None, stop_event=stop_event,
@@ -336,8 +408,7 @@ class Runner:
         return worker.updates(self.max_fps, reader_budget=self.reader_budget)
 
     async def served(self, start: Callable[[], RunWorker], request) -> RunSnapshot:
-        """An API call's run to its final snapshot: `start()` (in a thread) starts it under the caller's session;
-        a client gone stops it within `API_WAIT_S` and raises ClientGone."""
+        """An API call's run to its final snapshot, stopped within `API_WAIT_S` once its client left (ClientGone)."""
         client_alive = job_alive_check()
         worker = await asyncio.to_thread(start)
         key = f"{getattr(request, 'session_hash', None) or 'anon'}:api:{id(worker)}"

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from .record import RunSnapshot
-from .runs import RunWorker
+from .runs import RunSnapshot, RunWorker
 
 PREVIOUS_STREAM_WAIT_S = 10.0  # a new run waits this long for the previous stream
 

@@ -12,9 +12,9 @@ import gradio as gr
 from engine import Frame
 
 from .handlers import initial_outputs
-from .record import RunRecord
+from .runs import RunRecord
 from .session import SessionState
-from .tab import PlotClock, user_error
+from .tab import PRIVATE, PlotClock, guard_stream, shown_refusal, user_error
 
 NEW_OUTLINE = "#E69F00"  # the plots' accepted colour (Okabe-Ito orange)
 
@@ -138,3 +138,38 @@ class StepThroughHandlers:
         note = (f"Paused after forward {latest.forward_index + 1}: **Next step** or **Run to end** goes on from "
                 "here." if latest is not None else rendered[-1])
         return rendered[:-1] + (note,)
+
+
+@dataclass
+class StepControls:
+    next_step: gr.Button
+    run_to_end: gr.Button
+    replay: gr.Button
+    note: gr.Markdown
+
+
+def build_step_controls() -> StepControls:
+    """The step-through buttons and their note in the current Blocks context."""
+    with gr.Row(elem_id="dg-step-buttons"):
+        next_step = gr.Button("Next step", elem_id="dg-next-step", size="sm", scale=1)
+        run_to_end = gr.Button("Run to end", elem_id="dg-run-to-end", size="sm", scale=1)
+        replay = gr.Button("\u25b6 Replay", elem_id="dg-replay-run", size="sm", scale=1, interactive=False)
+    note = gr.Markdown("Step through a run: **Next step** runs one decoder forward (from the prompt and settings "
+                       "above), **Run to end** the rest. **Replay** plays the last run back slowly, one forward "
+                       "at a time.", elem_id="dg-step-note")
+    return StepControls(next_step, run_to_end, replay, note)
+
+
+def wire_step_through(controls: StepControls, steps, session, run_inputs: list, stream_outputs: list,
+                      stop_button: gr.Button | None = None, box=None) -> None:
+    """Wire "Next step" and "Run to end" (in the engine's queue slot); `stop_button` also pauses a "Run to end";
+    `box` says why a step was refused."""
+    html, refusal = box
+    common = dict(inputs=[refusal, session, *run_inputs], outputs=[*stream_outputs, controls.note],
+                  api_visibility="private", concurrency_id="engine", show_progress="hidden")
+    for button, handler in ((controls.next_step, steps.next_step), (controls.run_to_end, steps.run_to_end)):
+        button.click(guard_stream(handler), trigger_mode="once", **common).then(
+            shown_refusal, inputs=[refusal], outputs=[html], concurrency_limit=None, **PRIVATE)
+    if stop_button is not None:
+        stop_button.click(steps.pause, inputs=[session], outputs=[*stream_outputs, controls.note],
+                          api_visibility="private", concurrency_limit=None, show_progress="hidden")

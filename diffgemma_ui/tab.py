@@ -39,8 +39,7 @@ def describe_error(error: BaseException) -> str:
 
 
 def user_error(error: BaseException | str, *, prefix: str = "") -> gr.Error:
-    """The `gr.Error` for `error` (a message, or an exception in `describe_error`'s words); an unexpected exception
-    is logged."""
+    """The `gr.Error` for `error` (text, or an exception as `describe_error` words it); unexpected ones logged."""
     if isinstance(error, BaseException) and not isinstance(error, _EXPECTED):
         LOG.error("request failed: %s: %s", type(error).__name__, error, exc_info=error)
     message = error if isinstance(error, str) else describe_error(error)
@@ -57,8 +56,7 @@ def refusing() -> Iterator[None]:
 
 
 async def api_run(playground, start: Callable[[], RunWorker], request):
-    """An endpoint's run (`runs.Runner.served`) to its final snapshot. Raises gr.Error: `start` refused, the client
-    went away, or the run failed."""
+    """An endpoint's run to its final snapshot; gr.Error: `start` refused, the client left, the run failed."""
     try:
         snap = await playground.runs.served(start, request)
     except ClientGone as error:
@@ -70,8 +68,7 @@ async def api_run(playground, start: Callable[[], RunWorker], request):
 
 # -- a tab's state and run -----------------------------------------------------------------------------------------
 class TabState:
-    """A visitor's state in one tab (a `gr.State`): `worker`, its run, and `stopped`, set by Stop. A copy is always
-    fresh."""
+    """A visitor's state in one tab (a `gr.State`): its `worker` and `stopped` (Stop); copies are fresh."""
 
     def __init__(self):
         self.worker: RunWorker | None = None
@@ -157,8 +154,7 @@ def noting(refusal: Refusal) -> Iterator[None]:
 
 
 def guarded(fn: Callable, width: int) -> Callable:
-    """`fn` (a check step with `width` outputs) taking a `Refusal` first, noted as `noting` does; a pass also
-    returns "" for the box."""
+    """`fn` (a check step with `width` outputs) taking a `Refusal` first, noted; a pass adds "" for the box."""
     def step(refusal: Refusal, *inputs):
         with noting(refusal):
             result = fn(*inputs)
@@ -170,8 +166,8 @@ def guarded(fn: Callable, width: int) -> Callable:
 def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.HTML, gr.State],
             outputs: Sequence = (), refused: Callable | None = None, refused_inputs: Sequence = (),
             refused_outputs: Sequence = (), **options):
-    """Wire `triggers` to a check step `check(*inputs)` (one value per `outputs`, or gr.Error shown in `box`);
-    `refused(*refused_inputs)` then marks `refused_outputs`. Returns the event (`.success`: the run step)."""
+    """Wire `triggers` to `check(*inputs)` (a value per `outputs`, or gr.Error shown in `box`); `refused` then marks
+    `refused_outputs`. Returns the event (`.success`: the run step)."""
     html, state = box
     event = gr.on(list(triggers), guarded(check, len(outputs)), inputs=[state, *inputs], outputs=[*outputs, html],
                   concurrency_limit=None, **{**PRIVATE, **options})
@@ -228,8 +224,7 @@ def live_plots(tab: str) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
 
 
 class PlotClock:
-    """When live plots are due: every `PLOT_INTERVAL_S` at most, and when a new block starts; `wait_first` holds
-    the first back an interval."""
+    """When live plots are due: each `PLOT_INTERVAL_S` and at a new block (`wait_first`: not at once)."""
 
     def __init__(self, wait_first: bool = False):
         self.last = time.monotonic() if wait_first else 0.0
@@ -253,8 +248,8 @@ def setting_params(defaults: DiffusionSettings, names: Sequence[str] = API_SETTI
 
 
 def register_api(name: str, handler: Callable, params: Sequence[Param], returns, doc: str) -> None:
-    """Register `/name` in the current Blocks context: `await handler(*values, request=...)` behind a signature of
-    `params` (default `inspect.Parameter.empty`: required) returning `returns`."""
+    """Register `/name`: `await handler(*values, request=...)` behind a signature of `params` (default
+    `inspect.Parameter.empty`: required) returning `returns`."""
     parameters = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
                   for p, kind, default in params]
     parameters.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,

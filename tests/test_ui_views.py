@@ -15,7 +15,7 @@ import pytest
 
 from diffgemma_ui import canvas_view, meter, plots
 from diffgemma_ui.handlers import Playground, status_text
-from diffgemma_ui.record import RunRecord
+from diffgemma_ui.runs import RunRecord, RunTimeLimitExceeded, RunWorker, default_live_rate
 from diffgemma_ui.session import SessionState
 from diffgemma_ui.text import escape_html, escape_plotly, token_html, visible_token
 from diffgemma_ui.validation import (
@@ -26,7 +26,6 @@ from diffgemma_ui.validation import (
     check_ui_seed,
     preset_values,
 )
-from diffgemma_ui.runs import RunTimeLimitExceeded, RunWorker, default_live_rate
 from engine import DiffusionSettings, Frame
 from synthetic import parse_html, synthetic_frame
 
