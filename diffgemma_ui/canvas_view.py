@@ -206,14 +206,13 @@ def stack_html(finished: Sequence[Frame], *, finished_html: Sequence[str] | None
     return f'<div class="dg-stack" data-blocks="{len(finished)}">{"".join(finished_html)}</div>'
 
 
-def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = "",
-              fixed: Sequence[bool] | None = None) -> str:
+def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = "") -> str:
     """The block being denoised (`live`) and a plain-text `status` in a `<div data-forward>` (the newest
     forward, -1 if none); `EMPTY_CANVAS_HTML` when there is nothing to show."""
     newest = newest if newest is not None else live
     if newest is None and not status:
         return EMPTY_CANVAS_HTML
-    block = block_html(live, live=True, fixed=fixed) if live is not None and not live.block_done else ""
+    block = block_html(live, live=True) if live is not None and not live.block_done else ""
     forward = newest.forward_index if newest is not None else -1
     status_html = f'<p class="dg-status">{escape_html(status)}</p>' if status else ""
     return f'<div class="dg-canvas" data-forward="{forward}">{block}{status_html}</div>'

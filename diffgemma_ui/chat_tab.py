@@ -16,7 +16,7 @@ from engine.chat import ChatSession, TurnReport
 from engine.conversation import check_messages
 
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html, thought_html
-from .handlers import API_SUMMARY_KEYS, Job, Playground
+from .handlers import Job, Playground, api_summary
 from .meter import meter_html
 from .runs import RunWorker, session_key
 from .session import SessionState
@@ -124,11 +124,6 @@ class ChatState(TabState):
         self.turns = 0
         self.cut_turns = 0  # oldest turns cut to fit the context
 
-    def session(self, engine) -> ChatSession:
-        if self.chat is None:
-            self.chat = ChatSession(engine)
-        return self.chat
-
 
 class ChatTab:
     """Handlers of the Chat tab and `/chat`, bound to a `handlers.Playground`."""
@@ -190,7 +185,9 @@ class ChatTab:
         regenerating = turn.text is None
         state = state if state is not None else ChatState()
         state.halt()
-        chat = state.session(self.engine)
+        if state.chat is None:
+            state.chat = ChatSession(self.engine)
+        chat = state.chat
         turn.messages, turn.thoughts, turn.session = list(chat.messages), list(chat.thoughts), chat
         # shown while the turn runs (Regenerate: without its last answer)
         shown, shown_thoughts = turn.messages, turn.thoughts
@@ -293,11 +290,9 @@ class ChatTab:
         await api_run(self.playground, start, request)
         if chat.last_result is None:
             raise user_error("the turn was stopped before its answer was complete")
-        result = chat.last_result.to_dict()
-        summary = {key: result[key] for key in API_SUMMARY_KEYS}
-        summary["report"] = chat.last_report.to_dict()
-        summary["history"] = [m for m in chat.messages if m["role"] != "system"]
-        return plain_text(result["text"]), summary
+        text, summary = api_summary(chat.last_result)
+        summary.update(report=chat.last_report.to_dict(), history=[m for m in chat.messages if m["role"] != "system"])
+        return text, summary
 
 
 def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
@@ -366,9 +361,9 @@ def _bubble(role: str, text: str, *, extra: str = "", state: str = "") -> str:
 
 
 def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pending_user: str | None = None,
-                 pending_answer: str = "", pending_state: str = "writing", cut_turns: int = 0) -> str:
-    """The conversation: a bubble per message (with each answer's thought), the turn in progress (`pending_user`,
-    None: none; `pending_state` "writing" or "stopped") and a note of `cut_turns`; carries `data-turns`."""
+                 pending_answer: str = "", cut_turns: int = 0) -> str:
+    """The conversation: a bubble per message (with each answer's thought), the turn being written
+    (`pending_user`, None: none) and a note of `cut_turns`; carries `data-turns`."""
     if not messages and pending_user is None and not cut_turns:
         return EMPTY_CHAT_HTML
     parts = []
@@ -386,10 +381,8 @@ def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pend
     if pending_user is not None:
         turns += 1
         parts.append(_bubble("user", pending_user))
-        tag = ("writing\u2026" if pending_state == "writing"
-               else "stopped: this turn is not kept in the conversation")
-        parts.append(_bubble("assistant", pending_answer, state=pending_state,
-                             extra=f'<div class="dg-chat-tag">{escape_html(tag)}</div>')
+        parts.append(_bubble("assistant", pending_answer, state="writing",
+                             extra='<div class="dg-chat-tag">writing\u2026</div>')
                      .replace('<span class="dg-chat-empty">(empty answer)</span>', ""))
     return f'<div class="dg-chat-history" data-turns="{turns}"><div class="dg-chat-log">{"".join(parts)}</div></div>'
 

@@ -82,6 +82,12 @@ def received(frames: Iterator, receive) -> Iterator:
         yield item
 
 
+def api_summary(result) -> tuple[str, dict]:
+    """(text, summary of `API_SUMMARY_KEYS`) of a `GenerationResult`."""
+    values = result.to_dict()
+    return plain_text(values["text"]), {key: values[key] for key in API_SUMMARY_KEYS}
+
+
 def parse_ticket(ticket) -> int | None:
     """A run ticket from the page's hidden textbox, or None when there is none."""
     try:
@@ -343,8 +349,7 @@ class Playground:
             raise user_error(snap.error)
         if snap.latest is None:
             raise user_error("the run ended before the first decoder forward")
-        result = self.engine.summarize(snap.latest, snap.frames_seen).to_dict()
-        return plain_text(result["text"]), {key: result[key] for key in API_SUMMARY_KEYS}
+        return api_summary(self.engine.summarize(snap.latest, snap.frames_seen))
 
 
 def initial_outputs() -> StreamOutputs:

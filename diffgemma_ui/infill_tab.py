@@ -14,7 +14,7 @@ from engine.infill import InfillLayout, filled_text, infill_frames, layout_templ
 
 from . import plots
 from .canvas_view import block_html, legend_html
-from .handlers import API_SUMMARY_KEYS, Job, previous_run_meter, status_text
+from .handlers import Job, api_summary, previous_run_meter, status_text
 from .meter import meter_html, run_meter_html
 from .runs import RunWorker, session_key
 from .tab import (API_SETTINGS, PRIVATE, PlotClock, TabState, api_run, buttons, checked, live_plots, live_run,
@@ -143,9 +143,8 @@ class InfillTab:
         snap = await api_run(self.playground, start, request)
         if snap.latest is None or snap.latest.stop_reason == "cancelled":
             raise user_error("the fill was stopped before it was complete")
-        result = self.engine.summarize(snap.latest, snap.frames_seen).to_dict()
+        _, summary = api_summary(self.engine.summarize(snap.latest, snap.frames_seen))
         text, fills = filled_text(self.engine.tokenizer, layout, snap.latest.committed_ids)
-        summary = {key: result[key] for key in API_SUMMARY_KEYS}
         summary.update(fills=[plain_text(f) for f in fills], blank_positions=layout.blanks,
                        fixed_positions=[i for i, f in enumerate(layout.fixed[:layout.template_positions]) if f],
                        template_positions=layout.template_positions)
@@ -240,7 +239,7 @@ def blank_frames(frames: Sequence[Frame], blanks: Sequence[int]) -> list[Frame]:
     return cut
 
 
-def _at_blanks(figure: plots.FigureSpec, blanks: Sequence[int], hover_keys=("hovertext",)) -> plots.FigureSpec:
+def _at_blanks(figure: plots.FigureSpec, blanks: Sequence[int]) -> plots.FigureSpec:
     """A figure's position axis and hover texts put back on the blanks' canvas positions."""
     def fix(text):
         return _POSITION.sub(lambda m: f"position {blanks[int(m.group(1))]}", text) if isinstance(text, str) else text
@@ -248,9 +247,9 @@ def _at_blanks(figure: plots.FigureSpec, blanks: Sequence[int], hover_keys=("hov
     for trace in figure.get("data", []):
         if "x" in trace and trace.get("type") in ("heatmap", "bar", "scatter") and trace.get("yaxis") != "y2":
             trace["x"] = [blanks[int(x)] for x in trace["x"]]
-        for key in hover_keys:
-            if key in trace:
-                trace[key] = [[fix(t) for t in row] if isinstance(row, list) else fix(row) for row in trace[key]]
+        if "hovertext" in trace:
+            trace["hovertext"] = [[fix(t) for t in row] if isinstance(row, list) else fix(row)
+                                  for row in trace["hovertext"]]
     axis = figure["layout"].get("xaxis", {})
     if axis.get("visible", True):
         axis.update(type="category", title={"text": "canvas position (blanks only)"})
