@@ -1,7 +1,5 @@
-"""DiffGemma Playground: the Gradio app (Hugging Face Spaces entry point). `python app.py --help` lists the
-options; each has a DIFFGEMMA_* environment default (host and port also GRADIO_SERVER_NAME / GRADIO_SERVER_PORT,
-which Spaces sets). The model is chosen by whoever runs the server; web users cannot change it.
-"""
+"""DiffGemma Playground: the Gradio app and Spaces entry point; `python app.py --help` lists the options, each
+with a DIFFGEMMA_* environment default. The model is the server's choice; web users cannot change it."""
 
 from __future__ import annotations
 
@@ -24,13 +22,13 @@ def _env(name: str, default: str) -> str:
 
 
 def _fail(message: str) -> int:
-    """Print `message` as one `error:` line (library messages span several); returns exit status 2."""
+    """Print `message` as one `error:` line; returns exit status 2."""
     print(f"error: {' '.join(message.split())}", file=sys.stderr)
     return 2
 
 
 def _number(kind, text: str, what: str, check, out_of_range: str | None = None):
-    """`text` as `kind` passing `check`, else `ArgumentTypeError` "`what` (or `out_of_range`), got ..."."""
+    """`text` as `kind` passing `check`, else ArgumentTypeError naming `what` (or `out_of_range`)."""
     try:
         value = kind(text)
     except ValueError:
@@ -85,19 +83,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse options, load the model, warm it up, serve the app. Returns the exit status (2: bad model or options)."""
+    """Parse options, load and warm up the model, serve the app; returns the exit status (2: bad model or options)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     share_word = _env("DIFFGEMMA_SHARE", "false").lower()
     if share_word not in TRUE_WORDS + FALSE_WORDS:
         parser.error(f"DIFFGEMMA_SHARE must be one of {', '.join(TRUE_WORDS + FALSE_WORDS)}, got {share_word!r}")
-    if busy := port_in_use(args.host, args.port):  # before minutes of model loading, not after
+    if busy := port_in_use(args.host, args.port):  # before the model loads
         return _fail(f"cannot listen on {args.host}:{args.port} ({busy}): pick another port with --port or "
                      "DIFFGEMMA_PORT")
-    limit_malloc_arenas()  # before the model and the server's threads allocate (MALLOC_ARENA_MAX, if set, wins)
-    on_zero_gpu = zero_gpu()  # what the platform says (SPACES_ZERO_GPU), not whether `spaces` imports
+    limit_malloc_arenas()
+    on_zero_gpu = zero_gpu()
     if on_zero_gpu:
-        import spaces  # noqa: F401, PLC0415 - before anything touches CUDA: it patches torch for ZeroGPU
+        import spaces  # noqa: F401, PLC0415 - it patches torch before anything touches CUDA
     print(f"Loading {args.model} (device {args.device}, dtype {args.dtype}, quantization {args.quantization})...",
           flush=True)
     try:
@@ -113,10 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - one clear line, never a traceback
         return _fail(f"could not load the model: {type(error).__name__}: {error}")
     threads = set_serving_threads(engine.device, args.threads if args.threads is not None else default_threads())
-    if not on_zero_gpu:  # on ZeroGPU the GPU exists only inside a request: each GPU process warms up itself
+    if not on_zero_gpu:  # each ZeroGPU process warms up itself
         try:
             print(f"Warming up: {engine.warm_up():.1f} s", flush=True)
-        except Exception as error:  # noqa: BLE001 - a model that loads but cannot generate: one clear line
+        except Exception as error:  # noqa: BLE001 - one clear line
             return _fail(f"the model loaded but failed a first generation: {type(error).__name__}: {error}")
     try:
         race = race_runner(engine, args.ar_model) if args.ar_model else None
@@ -128,10 +126,10 @@ def main(argv: list[str] | None = None) -> int:
           f"http://{shown_host}:{args.port}", flush=True)
     if not args.share:
         print("For a public gradio.live link, start it with --share (or DIFFGEMMA_SHARE=1).", flush=True)
-    try:  # quiet unless sharing: Gradio's startup lines would say "set share=True in launch()", here --share
+    try:  # quiet unless sharing: Gradio's startup lines name launch() arguments, not --share
         app.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False,
                    quiet=not args.share)
-    except OSError as error:  # the port was taken while the model loaded
+    except OSError as error:
         return _fail(f"cannot listen on {args.host}:{args.port}: {error}")
     return 0
 

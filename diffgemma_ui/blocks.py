@@ -1,4 +1,4 @@
-"""Wiring only: the Gradio layout and which handler each event calls. Logic lives in `handlers.Playground`."""
+"""The app: the page's layout and which handler each Playground event calls (logic lives in the handlers)."""
 
 import inspect
 import json
@@ -14,111 +14,87 @@ from .branch_tab import BranchTab
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
 from .chat_tab import ChatTab, build_chat_tab
 from .compare_tab import CompareHandlers, build_compare_tab
-from .deployment import QUEUE_PLANS, queue_plan
+from .deployment import queue_plan
 from .handlers import initial_outputs
 from .infill_tab import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, InfillTab, build_infill_tab
-from .keep import KeepHandlers
-from .keep_blocks import build_keep_controls, build_step_controls, wire_keep, wire_step_through
+from .keep import KeepHandlers, build_keep_controls, wire_keep
 from .meter import meter_html
 from .presenter import present_head, wire_presenter
 from .race_tab import RaceTab, build_race_tab
+from .runs import DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, ClosedSessionDropper
 from .session import SessionState
-from .step_through import StepThroughHandlers
-from .tab import API_SETTINGS, Param, checked, refusal_box, register_api, setting_control, setting_params
+from .step_through import StepThroughHandlers, build_step_controls, wire_step_through
+from .tab import API_SETTINGS, PRIVATE, checked, refusal_box, register_api, setting_control, setting_params
 from .text import escape_html
 from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, SETTING_NAMES
-from .runs import DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, ClosedSessionDropper
 from .zerogpu import make_playground, weight_bytes
 
-DEFAULT_PROMPT = "Tell me what happened after the flood."  # a chat prompt, as the raw box starts unticked
+DEFAULT_PROMPT = "Tell me what happened after the flood."
 INSTRUCTION_DEFAULT_PROMPT = "Explain in three sentences how a diffusion language model writes text."
 RAW_INFO = ("chat: your text stays text, even <end_of_turn>; raw: special tokens you type (<bos>, <start_of_turn>) "
             "are read as control tokens, on purpose")
 PACKAGE_DIR = Path(__file__).resolve().parent
 ASSETS_DIR = PACKAGE_DIR.parent / "assets"
-CSS_PATH = ASSETS_DIR / "style.css"
-CHAT_INFILL_CSS_PATH = ASSETS_DIR / "chat_infill.css"  # the Chat and Infill tabs' own rules
-HEAD_PATH = ASSETS_DIR / "head.html"
 EXAMPLES_PATH = ASSETS_DIR / "examples.json"
 EXPLAINER_PATH = PACKAGE_DIR / "explainer.md"
-CONCURRENCY = {kind: plan.concurrency for kind, plan in QUEUE_PLANS.items()}  # runs at once, per deployment
 
 
 class PlaygroundBlocks(gr.Blocks):
-    """`gr.Blocks` whose `launch()` defaults to the playground's theme, CSS and head script (Gradio 6 takes them in
-    launch)."""
+    """`gr.Blocks` whose `launch()` defaults to the playground's theme, CSS and head (Gradio 6 takes them there)."""
 
     def launch(self, *args, **kwargs):
-        kwargs.setdefault("theme", playground_theme())
-        kwargs.setdefault("css_paths", [CSS_PATH, CHAT_INFILL_CSS_PATH])
-        kwargs.setdefault("head_paths", [HEAD_PATH])
+        kwargs.setdefault("theme", gr.themes.Soft(
+            primary_hue="violet", secondary_hue="teal", neutral_hue="slate",
+            font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif"],
+            font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]))
+        kwargs.setdefault("css_paths", [ASSETS_DIR / "style.css", ASSETS_DIR / "chat_infill.css"])
+        kwargs.setdefault("head_paths", [ASSETS_DIR / "head.html"])
         kwargs.setdefault("head", present_head())
         return super().launch(*args, **kwargs)
 
 
-def playground_theme() -> gr.themes.Base:
-    """The Gradio theme: Soft, violet accents, system fonts (nothing fetched from the network)."""
-    return gr.themes.Soft(
-        primary_hue="violet", secondary_hue="teal", neutral_hue="slate",
-        font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif"],
-        font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"],
-    )
-
-
 def load_examples(path: Path = EXAMPLES_PATH, *, embedded: bool = True) -> list[list]:
-    """`[[prompt, raw], ...]` from the examples JSON (`{"examples": [{"prompt": str, "raw": bool}, ...],
-    "instruction_examples": [...]}`): the Bible-style set for the embedded model, the instruction set for any other
-    checkpoint (the real DiffusionGemma and its stand-in), falling back to `examples` when the file has no such set."""
+    """`[[prompt, raw], ...]` from the examples JSON: its "examples" for the embedded model, else its
+    "instruction_examples" (falling back to "examples")."""
     data = json.loads(path.read_text(encoding="utf-8"))
     chosen = data["examples"] if embedded else data.get("instruction_examples") or data["examples"]
     return [[str(e["prompt"]), bool(e.get("raw", False))] for e in chosen]
 
 
 def is_embedded_model(engine: DiffusionEngine) -> bool:
-    """Whether `engine` runs the embedded diffgemma-tiny (its examples and default prompt are Bible-style)."""
+    """Whether `engine` runs the embedded diffgemma-tiny."""
     try:
         return Path(str(engine.source)).resolve() == DEFAULT_MODEL.resolve()
     except (OSError, RuntimeError):
         return False
 
 
-def weights_size(model) -> str:
-    """Device memory the loaded weights take, e.g. "15.6 GB" or "7.6 MB" (10^9 / 10^6 bytes): every parameter and
-    buffer as stored, quantized ones by their packed bytes (`engine.memory.memory_report`)."""
-    nbytes = weight_bytes(model)
-    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
-
-
 def header_html(engine: DiffusionEngine) -> str:
-    """The page header: title, one-line description, model name, device, canvas and weights' memory (escaped)."""
+    """The page header: title, model, device, canvas, the weights' memory as stored (escaped)."""
     model = escape_html(Path(str(engine.source)).name or str(engine.source))
-    device = escape_html(str(engine.device))
+    nbytes = weight_bytes(engine.model)
+    size = f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
+    text_only = ""
+    if getattr(getattr(engine.model, "config", None), "vision_config", None) is not None:
+        text_only = ('<span class="dg-badge dg-text-only" title="this checkpoint also reads images; the playground '
+                     'sends text prompts only">text only: the playground sends text</span>')
     return (
         '<div class="dg-header"><div><h1>DiffGemma Playground</h1>'
         "<p>Watch a block-diffusion language model turn random tokens into text, one canvas at a time.</p></div>"
         f'<div class="dg-badges"><span class="dg-badge">model: {model}</span>'
-        f'<span class="dg-badge">device: {device}</span>'
+        f'<span class="dg-badge">device: {escape_html(str(engine.device))}</span>'
         f'<span class="dg-badge">canvas: {int(engine.canvas_length)} tokens</span>'
         f'<span class="dg-badge" title="memory the weights take on the device, as stored (quantized or not)">'
-        f'weights: {weights_size(engine.model)}</span>{text_only_badge(engine)}</div></div>'
+        f"weights: {size}</span>{text_only}</div></div>"
     )
-
-
-def text_only_badge(engine: DiffusionEngine) -> str:
-    """For a checkpoint with a vision tower: a badge saying the playground sends text only ("" otherwise)."""
-    if getattr(getattr(engine.model, "config", None), "vision_config", None) is None:
-        return ""
-    return ('<span class="dg-badge dg-text-only" title="this checkpoint also reads images; the playground sends '
-            'text prompts only">text only: the playground sends text</span>')
 
 
 def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
               reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
               max_run_s: float | None = DEFAULT_MAX_RUN_S, race: RaceRunner | None = None) -> gr.Blocks:
-    """The playground of the loaded `engine` every session shares (web users cannot choose a model or any file):
-    a `gr.Blocks` with its queue configured, `app.playground` its handlers; `max_fps`, `reader_budget`,
-    `abandon_after_s`, `max_run_s` as `Playground`'s; `race`: the Race tab's runner (default: the engine against its
-    own causal encoder)."""
+    """The app of the loaded `engine`, shared by every session, its queue configured; `app.playground` holds its
+    handlers. `max_fps`, `reader_budget`, `abandon_after_s`, `max_run_s` as `Playground`'s; `race`: the Race tab's
+    runner (default: the engine against its own causal encoder)."""
     playground = make_playground(engine, max_fps=max_fps, reader_budget=reader_budget,
                                  abandon_after_s=abandon_after_s, max_run_s=max_run_s)
     race_tab = RaceTab(race or RaceRunner(engine), playground)
@@ -131,7 +107,6 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
     with PlaygroundBlocks(title="DiffGemma Playground", analytics_enabled=False) as app:
         session = gr.State(SessionState())
         gr.HTML(header_html(engine), elem_id="dg-header-block")
-        # Three areas, laid out as a grid by assets/style.css (on a phone: controls, live view, settings)
         with gr.Tabs(elem_id="dg-tabs"):
             with gr.Tab("Playground", id="playground", elem_id="dg-tab-playground"):
                 with gr.Row(equal_height=False, elem_id="dg-main"):
@@ -143,7 +118,6 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                         )
                         raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)",
                                           value=False, elem_id="dg-raw", info=RAW_INFO)
-                        # Only for checkpoints whose chat template has a thinking mode (Gemma 4: enable_thinking)
                         thinking = gr.Checkbox(label="Think first (the answer follows a thought, shown apart)",
                                                value=False, visible=engine.supports_thinking, elem_id="dg-thinking")
                         with gr.Row(elem_id="dg-buttons"):
@@ -155,10 +129,8 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                             preset_box = gr.Dropdown([*PRESET_NAMES, CUSTOM_PRESET], value="recommended",
                                                      label="Preset", elem_id="dg-preset", scale=2, min_width=150)
                         with gr.Row(elem_id="dg-seed-row", equal_height=True):
-                            # text, not a number box: a browser number holds integers exactly only below 2**53
                             seed = gr.Textbox(value="0", label="Seed", info="-1 = random", elem_id="dg-seed",
                                               max_lines=1, max_length=24, scale=2, min_width=200)
-                            # a word, not an emoji; named "Random seed" for screen readers by assets/head.html
                             dice = gr.Button("Random", elem_id="dg-dice", scale=0, min_width=76)
                     with gr.Column(min_width=0, elem_id="dg-settings-col"):
                         with gr.Accordion("Denoising settings", open=True, elem_id="dg-settings"):
@@ -177,11 +149,11 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                                     example_labels=[f"{p}  \u00b7  {'raw' if r else 'chat'}" for p, r in examples])
                     with gr.Column(min_width=0, elem_id="dg-output"):
                         meter = gr.HTML(meter_html(None), elem_id="dg-meter")
-                        with gr.Column(min_width=0, elem_id="dg-canvas-wrap"):  # one card: legend, finished, live
+                        with gr.Column(min_width=0, elem_id="dg-canvas-wrap"):
                             gr.HTML(legend_html(), elem_id="dg-legend")
-                            stack = gr.HTML("", elem_id="dg-stack")  # finished blocks: re-sent only when one finishes
+                            stack = gr.HTML("", elem_id="dg-stack")  # finished blocks
                             canvas = gr.HTML(EMPTY_CANVAS_HTML, elem_id="dg-canvas")  # the block being denoised
-                        thought = gr.HTML("", elem_id="dg-thought")  # the thought channel, collapsed (thinking)
+                        thought = gr.HTML("", elem_id="dg-thought")
                         text = gr.Textbox(label="Generated text", lines=3, max_lines=12, interactive=False,
                                           buttons=["copy"], elem_id="dg-text",
                                           placeholder="The committed text appears here, block by block (special tokens "
@@ -210,8 +182,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
         run_inputs = [prompt, raw, *settings_inputs[:7], adaptive, seed]
         stream_outputs = [stack, canvas, meter, text, heatmap, order, entropy, block, generate, stop, thought]
         ticket = gr.Textbox(visible=False, elem_id="dg-ticket")  # which request of the session a run step serves
-        # Every run trigger: `request_run` checks and takes a ticket (stopping the session's run), the run step serves
-        # only the newest ticket (diffgemma_ui/session.py); "multiple": a trigger during a run restarts it
+        # "multiple": a trigger during a run restarts it (session.py: only the newest ticket's step runs)
         requested = checked([generate.click, prompt.submit], playground.request_run, box=refusal,
                             inputs=[session, *run_inputs, thinking], outputs=[ticket, meter, generate, stop],
                             refused=playground.refused, refused_inputs=[session], refused_outputs=[meter],
@@ -221,7 +192,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
             api_visibility="private", concurrency_id="engine", show_progress="full",
             show_progress_on=[canvas], trigger_mode="multiple",
         )
-        # Stop also cancels the run step (a queued run leaves the queue); `stop` renders a running one's final view
+        # Stop also cancels the run step, so a queued run leaves the queue
         stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step],
                    api_visibility="private", concurrency_limit=None, show_progress="hidden")
         keep = KeepHandlers(playground)
@@ -230,69 +201,48 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
         wire_step_through(step_controls, StepThroughHandlers(playground), session, run_inputs, stream_outputs,
                           stop_button=stop, box=refusal)
         wire_presenter(playground, session, present)
-        dice.click(playground.random_seed, inputs=None, outputs=[seed], api_visibility="private",
-                   concurrency_limit=None, show_progress="hidden")
-        preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs[1:],
-                          api_visibility="private", concurrency_limit=None, show_progress="hidden")
-        for setting in settings_inputs[1:]:  # edited by hand: the settings are no longer a named preset
-            setting.input(None, None, preset_box, js=f"() => {json.dumps(CUSTOM_PRESET)}", api_visibility="private",
-                          show_progress="hidden")
-        # `input`: mouse drags, arrow keys and typed values alike (not the run's own update of the slider)
+        unqueued = dict(concurrency_limit=None, **PRIVATE)
+        dice.click(playground.random_seed, inputs=None, outputs=[seed], **unqueued)
+        preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs[1:], **unqueued)
+        for setting in settings_inputs[1:]:  # edited by hand: no longer a named preset
+            setting.input(None, None, preset_box, js=f"() => {json.dumps(CUSTOM_PRESET)}", **PRIVATE)
         block.input(playground.select_block, inputs=[session, block], outputs=[heatmap, order, entropy],
-                    api_visibility="private", concurrency_limit=None, show_progress="hidden",
-                    trigger_mode="always_last")
+                    trigger_mode="always_last", **unqueued)
         app.unload(playground.unload)
-        app.unload(chat_tab.unload)  # a closed tab's conversation and encoder cache are dropped at once
-        if engine.supports_thinking:  # thinking needs the chat template: ticking Raw unticks it
-            raw.input(None, [raw, thinking], [thinking], js="(r, t) => (r ? false : t)", api_visibility="private",
-                      show_progress="hidden")
-            thinking.input(None, [raw, thinking], [raw], js="(r, t) => (t ? false : r)", api_visibility="private",
-                           show_progress="hidden")
+        app.unload(chat_tab.unload)
+        if engine.supports_thinking:  # thinking needs the chat template: Raw and Think first exclude each other
+            raw.input(None, [raw, thinking], [thinking], js="(r, t) => (r ? false : t)", **PRIVATE)
+            thinking.input(None, [raw, thinking], [raw], js="(r, t) => (t ? false : r)", **PRIVATE)
 
         register_apis(playground, race_tab, chat_tab, infill_tab, keep)
 
-    plan = queue_plan(engine.device.type)  # set on purpose on every path (see deployment.QUEUE_PLANS)
+    plan = queue_plan(engine.device.type)  # set on every path: Gradio's ZeroGPU default is max_size=1
     app.queue(default_concurrency_limit=plan.concurrency, max_size=plan.max_size)
     app.playground = playground
-    playground.closed_sessions = ClosedSessionDropper(app)  # Gradio would keep a closed tab's record
-    app.race = race_tab
-    app.chat, app.infill = chat_tab, infill_tab
-    app.keep = keep
+    playground.runs.closed_sessions = ClosedSessionDropper(app)
+    app.race, app.chat, app.infill, app.keep = race_tab, chat_tab, infill_tab, keep
     return app
 
 
 def register_apis(playground, race: RaceTab, chat: ChatTab, infill: InfillTab, keep: KeepHandlers) -> None:
-    """The endpoints `/generate`, `/race`, `/chat`, `/infill`, `/export`: each takes the settings table's settings
-    (defaults: the checkpoint's recommended ones) between its own parameters."""
+    """`/generate`, `/race`, `/chat`, `/infill`, `/export`: each takes the settings table's settings (defaults: the
+    checkpoint's recommended ones) between its own parameters."""
     rec = playground.engine.recommended
     required = inspect.Parameter.empty
-    run: list[Param] = [("prompt", str, required), ("raw", bool, False), *setting_params(rec), ("seed", int, -1)]
-
-    async def generate(request=None, **values):
-        return await playground.generate_api_served(*values.values(), request=request)
-
-    async def race_api(request=None, **values):
-        return await race.race_api(*values.values(), request=request)
-
-    async def chat_api(request=None, **values):
-        return await chat.chat_api(*values.values(), request=request)
-
-    async def infill_api(request=None, **values):
-        return await infill.infill_api(*values.values(), request=request)
-
-    async def export(request=None, **values):
-        return await keep.export_served(*values.values(), request=request)
-
-    register_api("generate", generate, run, tuple[str, dict], GENERATE_DOC, served=True)
-    register_api("race", race_api, [*run, ("ar_temperature", float, 0.0), ("order", str, "alternate")],
-                 tuple[str, str, dict], RACE_DOC, served=True)
-    register_api("chat", chat_api, [("message", str, required), ("history", str, "[]"), ("system", str, ""),
-                                    ("thinking", bool, False), *setting_params(rec), ("seed", int, -1)],
-                 tuple[str, dict], CHAT_DOC, served=True)
-    register_api("infill", infill_api, [("template", str, required), ("context", str, ""),
-                                        *setting_params(rec, API_SETTINGS[1:]), ("seed", int, -1)],
-                 tuple[str, dict], INFILL_DOC, served=True)
-    register_api("export", export, run, dict, EXPORT_DOC, served=True)
+    seed = ("seed", int, -1)
+    run = [("prompt", str, required), ("raw", bool, False), *setting_params(rec), seed]
+    chat_params = [("message", str, required), ("history", str, "[]"), ("system", str, ""), ("thinking", bool, False),
+                   *setting_params(rec), seed]
+    infill_params = [("template", str, required), ("context", str, ""), *setting_params(rec, API_SETTINGS[1:]), seed]
+    for name, handler, params, returns, doc in (
+        ("generate", playground.generate_api_served, run, tuple[str, dict], GENERATE_DOC),
+        ("race", race.race_api, [*run, ("ar_temperature", float, 0.0), ("order", str, "alternate")],
+         tuple[str, str, dict], RACE_DOC),
+        ("chat", chat.chat_api, chat_params, tuple[str, dict], CHAT_DOC),
+        ("infill", infill.infill_api, infill_params, tuple[str, dict], INFILL_DOC),
+        ("export", keep.export_served, run, dict, EXPORT_DOC),
+    ):
+        register_api(name, handler, params, returns, doc)
 
 
 GENERATE_DOC = "Generate text for a prompt; returns (text, summary). seed -1 draws a random seed."

@@ -1,5 +1,5 @@
 """Branch from a step: pick a forward of the last run or an uploaded trace, pin tokens, denoise on from that canvas
-(`engine.branch`) with the run's seed or another, and show the branch beside the original with the share changed."""
+(`engine.branch`) and show the branch beside the original with the share of positions changed."""
 
 from __future__ import annotations
 
@@ -25,8 +25,6 @@ BRANCH_HELP = ("Pick a forward of the last run or of an uploaded trace. Its acce
 
 @dataclass(frozen=True)
 class BranchJob:
-    """A branch for the run mechanism (`branch_source`)."""
-
     prompt_ids: tuple[int, ...]
     frame: Frame
     pins: dict[int, int]
@@ -35,17 +33,13 @@ class BranchJob:
 
 
 def branch_source(engine, job: BranchJob, stop):
-    """The "branch" frame source (`handlers.Playground.sources`)."""
+    """The "branch" frame source."""
     return branch_frames(engine, job.prompt_ids, job.frame, job.pins, job.settings, seed=job.seed, stop_event=stop)
 
 
 def parse_pins(text, frame: Frame, tokenizer) -> dict[int, int]:
-    """Pins from `position` (keep `frame`'s draft token there) or `position=word` (the word's tokens from there on),
-    `;`-separated, as position -> token id.
-
-    Raises:
-        ValueError: a pin that is neither, a position off the canvas, an empty word, a word that runs past its end.
-    """
+    """Pins as position -> token id from `;`-separated `position` (keep `frame`'s draft token) or `position=word`
+    (the word's tokens from there). Raises ValueError: a malformed pin, or one off the canvas."""
     n, pins = frame.canvas_length, {}
     for item in filter(None, (part.strip() for part in str(text or "").split(";"))):
         where, typed, word = item.partition("=")
@@ -60,14 +54,14 @@ def parse_pins(text, frame: Frame, tokenizer) -> dict[int, int]:
 
 
 class BranchTab:
-    """The "Branch from a step" controls and handlers, bound to a `handlers.Playground` (reads `session.trace`)."""
+    """The "Branch from a step" controls and handlers, bound to a `handlers.Playground`."""
 
     def __init__(self, playground):
         self.playground, self.engine = playground, playground.engine
         playground.sources["branch"] = branch_source
 
     def build(self, session) -> None:
-        """Create and wire the controls in the current Blocks context (an accordion, closed)."""
+        """Create and wire the controls (an accordion, closed) in the current Blocks context."""
         with gr.Accordion("Branch from a step", open=False, elem_id="dg-branch") as accordion:
             gr.Markdown(BRANCH_HELP)
             forward = gr.Slider(1, 2, value=1, step=1, label="Branch from decoder forward", elem_id="dg-branch-step")
@@ -87,7 +81,7 @@ class BranchTab:
                   trigger_mode="once", **PRIVATE)
 
     def pick(self, session, forward) -> tuple:
-        """The forward slider (None: the last forward): its range, that forward's block (chips to pin), no pins."""
+        """The forward slider (None: the last forward): its range, that forward's block, no pins."""
         trace = getattr(session, "trace", None)
         if trace is None:
             return gr.update(), '<p class="dg-status">Generate, or upload a trace, to branch from it.</p>', ""
@@ -128,7 +122,7 @@ class BranchTab:
             self.playground.runs.finish(key, worker)
 
     def view(self, original: Frame, snap, start: Frame, pins: dict[int, int]) -> str:
-        """The original block and the branch's first block side by side, the share changed and the branch's text."""
+        """The original block and the branch's first block side by side, the share changed, the branch's text."""
         end = snap.blocks[0][-1]
         share = changed_share(original.draft_ids, end.draft_ids)
         fixed = [p in pins for p in range(end.canvas_length)]

@@ -1,24 +1,65 @@
-"""The live canvas as HTML: one chip per canvas position, finished blocks stacked above the block being denoised.
-Every model string goes through `diffgemma_ui.text`, in element text and attributes alike.
-"""
+"""The live canvas as HTML: a chip per canvas position, finished blocks stacked above the block being denoised, the
+thought channel apart, and the viridis scale shared with the plots; model strings escaped by `diffgemma_ui.text`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from engine import Frame
 from engine.tokens import PAD
 
-from .colors import text_on, viridis
-from .text import escape_html
+from .text import escape_html, plain_text
 from .token_view import TokenCell, token_cells
+
+# viridis sampled at 0, 0.1, ..., 1.0 (matplotlib's table)
+VIRIDIS = (
+    "#440154", "#482475", "#414487", "#355f8d", "#2a788e", "#21918c",
+    "#22a884", "#44bf70", "#7ad151", "#bddf26", "#fde725",
+)
+PLOTLY_SCALE = "Viridis"
+
+
+def _rgb(hex_colour: str) -> tuple[int, int, int]:
+    return int(hex_colour[1:3], 16), int(hex_colour[3:5], 16), int(hex_colour[5:7], 16)
+
+
+def viridis(value: float) -> str:
+    """The viridis colour of `value` in [0, 1] as `#rrggbb` (clamped; non-numbers read as 0)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        value = 0.0
+    if not math.isfinite(value):
+        value = 0.0
+    value = min(1.0, max(0.0, value))
+    scaled = value * (len(VIRIDIS) - 1)
+    low = min(int(scaled), len(VIRIDIS) - 2)
+    frac = scaled - low
+    a, b = _rgb(VIRIDIS[low]), _rgb(VIRIDIS[low + 1])
+    r, g, bl = (round(x + (y - x) * frac) for x, y in zip(a, b))
+    return f"#{r:02x}{g:02x}{bl:02x}"
+
+
+def text_on(background: str) -> str:
+    """Black or white, whichever reads better on `background` (`#rrggbb`, WCAG luminance)."""
+
+    def channel(c: int) -> float:
+        c = c / 255
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (channel(c) for c in _rgb(background))
+    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    # contrast with black: (L + 0.05) / 0.05; with white: 1.05 / (L + 0.05)
+    return "#111111" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "#ffffff"
+
 
 # Token styles drawn dimmed and labelled, without the confidence colour: control symbols, not text
 _CONTROL_STYLES = ("special", "pad", "eos")
 
 
 def empty_canvas_html(button: str = "Generate") -> str:
-    """The canvas before any run: press `button` (the tab's own run button, plain text) to watch one."""
+    """The canvas before any run: press `button` to watch one."""
     return ('<div class="dg-canvas dg-empty" data-forward="-1">'
             f"<p>Press <b>{escape_html(button)}</b> to watch a canvas of random tokens denoise into text.</p></div>")
 
@@ -45,11 +86,9 @@ def _number(value: float, digits: int = 3) -> str:
 def chip_html(token: str, *, kind: str, position: int, confidence: float, entropy: float, first_accepted_step: int,
               draft: str | None = None, cell: TokenCell | None = None, draft_cell: TokenCell | None = None,
               fixed: bool = False, remelted: bool = False, alternatives: Sequence[tuple[str, float]] = ()) -> str:
-    """One canvas position as a `<span>` chip with a tooltip (token, what it is, confidence, entropy, first accepted
-    step, "why this token?" from `alternatives`). kind: "accepted"/"committed" (coloured by confidence), "noisy"
-    (`draft`: its current guess) or "pad"; `cell`s from `token_cells`; `fixed`: given by a template; `remelted`:
-    renoised after acceptance. `ValueError` for an unknown `kind`.
-    """
+    """One canvas position as a `<span>` chip with a tooltip. `kind`: accepted, committed, noisy (`draft`: its
+    guess) or pad (ValueError otherwise); `cell`s from `token_cells`; `fixed`: given by a template; `remelted`:
+    renoised after acceptance; `alternatives`: (token, probability) for "why this token?"."""
     if kind not in ("accepted", "noisy", "committed", "pad"):
         raise ValueError(f"unknown chip kind {kind!r}")
     cell = cell or token_cells([token])[0]
@@ -84,9 +123,8 @@ def chip_html(token: str, *, kind: str, position: int, confidence: float, entrop
 
 
 def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None) -> str:
-    """One block as HTML from its newest frame: live (accepted drafts coloured, noisy inputs struck through) or
-    finished (the committed canvas, positions after end-of-sequence faded); `fixed`: per position, given (infill).
-    """
+    """One block from its newest frame: `live` (accepted drafts coloured, noise struck through) or finished;
+    `fixed`: per position, given (infill)."""
     fixed = [bool(f) for f in fixed] if fixed is not None else [False] * frame.canvas_length
     n = frame.canvas_length
     header_bits = [f"Block {frame.block_index + 1}"]
@@ -137,14 +175,14 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
 
 
 def _alternatives(frame: Frame, position: int) -> list[tuple[str, float]]:
-    """(token string, probability) of the frame's alternatives at `position` ([] when the frame has none)."""
+    """(token, probability) of the frame's alternatives at `position`."""
     if not frame.top_tokens:
         return []
     return list(zip(frame.top_tokens[position], frame.top_probs[position]))
 
 
 def legend_html() -> str:
-    """The colour legend: confidence scale and what noisy, re-melted, special and byte chips look like."""
+    """The colour legend: the confidence scale and what each kind of chip looks like."""
     stops = ", ".join(viridis(i / 10) for i in range(11))
     return (
         '<div class="dg-legend" aria-hidden="true">'
@@ -160,9 +198,7 @@ def legend_html() -> str:
 
 
 def stack_html(finished: Sequence[Frame], *, finished_html: Sequence[str] | None = None) -> str:
-    """The finished blocks (each block's last frame, in order) stacked, "" for none; `finished_html`: the same blocks
-    pre-rendered (a cache, used when it matches one to one).
-    """
+    """The finished blocks (each block's last frame) stacked, "" for none; `finished_html`: a cache of them."""
     if not finished:
         return ""
     if finished_html is None or len(finished_html) != len(finished):
@@ -170,15 +206,13 @@ def stack_html(finished: Sequence[Frame], *, finished_html: Sequence[str] | None
     return f'<div class="dg-stack" data-blocks="{len(finished)}">{"".join(finished_html)}</div>'
 
 
-def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = "",
-              fixed: Sequence[bool] | None = None) -> str:
-    """The block being denoised (`live`, not drawn once `block_done`) and an optional plain-text `status`, in a `<div
-    data-forward>` (the newest forward index, -1 if none); `EMPTY_CANVAS_HTML` when there is nothing to show.
-    """
+def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = "") -> str:
+    """The block being denoised (`live`) and a plain-text `status` in a `<div data-forward>` (the newest
+    forward, -1 if none); `EMPTY_CANVAS_HTML` when there is nothing to show."""
     newest = newest if newest is not None else live
     if newest is None and not status:
         return EMPTY_CANVAS_HTML
-    block = block_html(live, live=True, fixed=fixed) if live is not None and not live.block_done else ""
+    block = block_html(live, live=True) if live is not None and not live.block_done else ""
     forward = newest.forward_index if newest is not None else -1
     status_html = f'<p class="dg-status">{escape_html(status)}</p>' if status else ""
     return f'<div class="dg-canvas" data-forward="{forward}">{block}{status_html}</div>'
@@ -186,11 +220,19 @@ def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = 
 
 def canvas_html(finished: Sequence[Frame], live: Frame | None, *, finished_html: Sequence[str] | None = None,
                 status: str = "") -> str:
-    """The whole canvas view in one string: the legend, `stack_html` above `live_html` (the app sends the three parts
-    to three components; this is for tests and exports).
-    """
+    """The legend, `stack_html` and `live_html` in one string (tests and exports)."""
     newest = live if live is not None else (finished[-1] if finished else None)
     if newest is None and not status:
         return EMPTY_CANVAS_HTML
     return (legend_html() + stack_html(finished, finished_html=finished_html)
             + live_html(live, newest=newest, status=status))
+
+
+def thought_html(thought: str) -> str:
+    """The thought channel's text as a collapsed `<details>`, escaped; "" when there is none."""
+    if not thought or not thought.strip():
+        return ""
+    words = len(thought.split())
+    return ('<details class="dg-thought"><summary>Thought \u00b7 '
+            f"{words:,} word{'s' if words != 1 else ''} (the model's reasoning before its answer; not part of the "
+            f'answer)</summary><div class="dg-thought-text">{escape_html(plain_text(thought))}</div></details>')

@@ -1,9 +1,6 @@
-"""The Chat tab and `/chat`: one multi-turn conversation per visitor, each answer denoised like the main view.
-
-The conversation (`engine.chat.ChatSession`, its messages and encoder cache) lives in the visitor's `ChatState`;
-each turn is the "chat" job of the run mechanism, rendered by the Playground's renderer. `/chat` is stateless: the
-client sends the history (JSON) and gets it back with the new turn. Every message is shown as escaped plain text.
-"""
+"""The Chat tab and `/chat`: a multi-turn conversation per visitor (`engine.chat.ChatSession` in its `ChatState`),
+each turn the "chat" job, rendered as the Playground's live view. `/chat` is stateless: the client sends the
+history as JSON and gets it back with the new turn."""
 
 from __future__ import annotations
 
@@ -18,19 +15,18 @@ from engine import PRESET_NAMES, DiffusionSettings
 from engine.chat import ChatSession, TurnReport
 from engine.conversation import check_messages
 
-from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html
-from .handlers import API_SUMMARY_KEYS, Job, Playground
+from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html, thought_html
+from .handlers import Job, Playground, api_summary
 from .meter import meter_html
 from .runs import RunWorker, session_key
 from .session import SessionState
 from .tab import (PRIVATE, PlotClock, TabState, api_run, buttons, checked, empty_plots, live_plots, live_run,
                   refusal_box, refusing, setting_control, user_error, wire_stop)
 from .text import escape_html, plain_text
-from .thought_view import thought_html
 from .validation import MAX_PROMPT_CHARS, build_settings, check_flag, check_prompt, check_ui_seed, preset_values
 
-MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text; longer conversations are cut by the engine anyway
-CHAT_MAX_NEW_TOKENS = 128  # default answer budget: two canvases of the embedded model, half of one of the real one
+MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text
+CHAT_MAX_NEW_TOKENS = 128  # the default answer budget
 INTRO = ("A conversation through the checkpoint's chat template. Each answer is denoised on the canvas; from the "
          "second turn on, the encoder reuses the cache of the earlier turns and only encodes what is new (the note "
          "above the meter says how much). The conversation stays in this browser tab's session.")
@@ -45,12 +41,10 @@ IDLE_REUSE_HTML = ('<div class="dg-chat-reuse" data-state="idle">Cache reuse: th
 ROLE_LABELS = {"system": "System", "user": "You", "assistant": "Model"}
 
 
-# -- the turn as a job -----------------------------------------------------------------------------------------------
 @dataclass
 class ChatTurn:
-    """A turn as a job's payload: what to answer (`text`; None: regenerate the last answer), its settings, the
-    conversation so far, and off ZeroGPU the visitor's `ChatSession` itself (never pickled: the GPU process
-    rebuilds it from the messages)."""
+    """A turn as a job's payload: `text` to answer (None: regenerate), its settings, the conversation so far and
+    the visitor's `ChatSession` (never pickled: the GPU process rebuilds it from the messages)."""
 
     text: str | None
     settings: DiffusionSettings
@@ -66,7 +60,7 @@ class ChatTurn:
 
 @dataclass(frozen=True)
 class ChatOutcome:
-    """What a turn left, sent after its final frame: the conversation and the turn's report and result."""
+    """What a turn left, sent after its final frame: the conversation, the turn's report and result."""
 
     messages: list
     thoughts: list
@@ -92,13 +86,8 @@ def chat_source(engine, turn: ChatTurn, stop) -> Iterator:
 
 
 def parse_history(history) -> list[dict]:
-    """The `/chat` history: JSON text ("" for none) of alternating {"role": "user" | "assistant", "content": str}
-    messages, from a user message to an answer.
-
-    Raises:
-        ValueError: not text, longer than `MAX_HISTORY_CHARS`, not JSON, malformed messages, a system message or
-            roles out of order; the message names the problem.
-    """
+    """The `/chat` history: JSON text ("" for none) of alternating user and assistant {"role", "content"}
+    messages. Raises ValueError naming the problem (not text, too long, not JSON, malformed, out of order)."""
     if history is None or (isinstance(history, str) and not history.strip()):
         return []
     if not isinstance(history, str):
@@ -125,22 +114,15 @@ def parse_history(history) -> list[dict]:
     return messages
 
 
-# -- the tab -----------------------------------------------------------------------------------------------------------
 class ChatState(TabState):
-    """A visitor's chat: the conversation, its turn in progress, the renderer's caches and the turn counts."""
+    """A visitor's chat: the conversation, its turn, the renderer's caches and the turn counts."""
 
     def __init__(self):
         super().__init__()
         self.chat: ChatSession | None = None
         self.view = SessionState()  # the renderer's caches (finished blocks' HTML)
-        self.turns = 0  # turns answered so far (for the note)
-        self.cut_turns = 0  # oldest turns cut to fit the context, all turns together
-
-    def session(self, engine) -> ChatSession:
-        """The conversation, created on first use."""
-        if self.chat is None:
-            self.chat = ChatSession(engine)
-        return self.chat
+        self.turns = 0
+        self.cut_turns = 0  # oldest turns cut to fit the context
 
 
 class ChatTab:
@@ -150,11 +132,10 @@ class ChatTab:
         self.playground = playground
         self.engine = playground.engine
         playground.sources["chat"] = chat_source
-        # Conversations by session hash, dropped with their encoder cache when their tab closes (weak)
         self.sessions: weakref.WeakValueDictionary[str, ChatState] = weakref.WeakValueDictionary()
 
     def settings(self, preset_name, max_new_tokens):
-        """The preset's denoising settings with the visitor's token budget, within the UI's limits (ValueError)."""
+        """The preset's settings with the visitor's token budget, UI limits (ValueError)."""
         values = dict(preset_values(preset_name, self.engine.recommended), max_new_tokens=max_new_tokens)
         return build_settings(values, ui_limits=True)
 
@@ -166,7 +147,7 @@ class ChatTab:
         return thinking
 
     def check_turn(self, message, preset_name, max_new_tokens, seed, thinking) -> None:
-        """Send's first step: every check of the inputs, nothing run (raises gr.Error)."""
+        """Send's first step (raises gr.Error)."""
         with refusing():
             check_prompt(message)
             settings = self.settings(preset_name, max_new_tokens)
@@ -176,7 +157,7 @@ class ChatTab:
             self.check_thinking(thinking)
 
     def check_regenerate(self, state: ChatState, preset_name, max_new_tokens, thinking) -> None:
-        """Regenerate's first step (raises gr.Error): there must be an answer to replace."""
+        """Regenerate's first step (raises gr.Error, also when there is no answer to replace)."""
         chat = state.chat if state is not None else None
         if chat is None or not chat.messages or chat.messages[-1]["role"] != "assistant":
             raise user_error("nothing to regenerate: the conversation has no answer yet")
@@ -184,12 +165,8 @@ class ChatTab:
 
     def send_stream(self, state: ChatState, message, preset_name, max_new_tokens, seed, thinking,
                     request: gr.Request = None) -> Iterator[tuple]:
-        """Send: add `message` and stream the answer. Yields the tab's outputs (`build_chat_tab`); the message box
-        is emptied once the turn is answered, a stopped turn leaves it and the conversation as they were.
-
-        Raises:
-            gr.Error: bad input or a turn that does not fit the context (before anything runs), or a failed run.
-        """
+        """Send: stream the answer to `message`, yielding the tab's outputs; a stopped turn leaves the conversation
+        as it was. Raises gr.Error: bad input, a turn that does not fit, a failed run."""
         self.check_turn(message, preset_name, max_new_tokens, seed, thinking)
         settings, seed, thinking = self.settings(preset_name, max_new_tokens), check_ui_seed(seed), bool(thinking)
         text = check_prompt(message)
@@ -197,8 +174,7 @@ class ChatTab:
 
     def regenerate_stream(self, state: ChatState, preset_name, max_new_tokens, thinking,
                           request: gr.Request = None) -> Iterator[tuple]:
-        """Regenerate: answer the last message again with a new random seed, replacing the last answer. As
-        `send_stream`."""
+        """Regenerate: the last answer replaced by one with a new seed, as `send_stream`."""
         self.check_regenerate(state, preset_name, max_new_tokens, thinking)
         settings, thinking = self.settings(preset_name, max_new_tokens), bool(thinking)
         text = state.chat.messages[-2]["content"]
@@ -209,9 +185,11 @@ class ChatTab:
         regenerating = turn.text is None
         state = state if state is not None else ChatState()
         state.halt()
-        chat = state.session(self.engine)
+        if state.chat is None:
+            state.chat = ChatSession(self.engine)
+        chat = state.chat
         turn.messages, turn.thoughts, turn.session = list(chat.messages), list(chat.thoughts), chat
-        # the conversation before the turn (Regenerate: without its last answer), shown while the turn runs
+        # shown while the turn runs (Regenerate: without its last answer)
         shown, shown_thoughts = turn.messages, turn.thoughts
         if regenerating:
             shown, shown_thoughts = shown[:-2], shown_thoughts[:-1]
@@ -241,14 +219,14 @@ class ChatTab:
                     raise user_error(snap.error)
 
     def _final(self, state: ChatState, snap, out, regenerating: bool) -> tuple:
-        """The turn's last view; Regenerate's turn replaces the last answer and leaves the message box alone."""
+        """The turn's last view (the message box emptied once answered, unless regenerated)."""
         chat = state.chat
-        if chat is None:  # the tab closed meanwhile (`unload`): nothing to show to anyone
+        if chat is None:  # the tab closed meanwhile
             return (EMPTY_CHAT_HTML, STOPPED_NOTE, *(gr.skip(),) * 7, *self._buttons(state, running=False))
         answered = (snap.error is None and snap.latest is not None and snap.latest.done
                     and snap.latest.stop_reason != "cancelled" and chat.last_report is not None)
         if answered:
-            state.turns += 0 if regenerating else 1  # a regenerated answer replaces the last turn's
+            state.turns += 0 if regenerating else 1
             state.cut_turns += chat.last_report.dropped_turns
             reuse = reuse_html(chat.last_report, state.turns, regenerated=regenerating)
         else:
@@ -268,7 +246,7 @@ class ChatTab:
         return *buttons(running), gr.update(interactive=answer and not running), gr.update(interactive=not running)
 
     def unload(self, request: gr.Request) -> None:
-        """A browser tab closed: stop its turn and drop its conversation and encoder cache at once."""
+        """A browser tab closed: stop its turn, drop its conversation and encoder cache."""
         state = self.sessions.pop(getattr(request, "session_hash", None) or "", None)
         if state is not None:
             state.halt()
@@ -276,7 +254,7 @@ class ChatTab:
             state.view.release()
 
     def clear(self, state: ChatState) -> tuple:
-        """Clear: forget the conversation and its encoder cache; the tab's outputs as before the first turn."""
+        """Clear: forget the conversation; the tab's outputs as before the first turn."""
         if state is not None:
             state.halt()
             if state.chat is not None:
@@ -286,20 +264,17 @@ class ChatTab:
         return (EMPTY_CHAT_HTML, IDLE_REUSE_HTML, "", CHAT_EMPTY_CANVAS_HTML, meter_html(None, note=IDLE_METER_NOTE),
                 *empty_plots(), gr.skip(), *self._buttons(state or ChatState(), running=False))
 
-    async def chat_api(self, message, history, system, thinking, max_new_tokens, max_denoising_steps, entropy_bound,
-                       t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
+    async def chat_api(self, message, history, system, thinking, *values,
                        request: gr.Request = None) -> tuple[str, dict]:
-        """`/chat`: answer `message` after `history` (JSON text, `parse_history`) with an optional `system` message;
-        settings and seed as `/generate`'s. Returns (answer, summary): `/generate`'s keys, `report`
-        (`TurnReport.to_dict()`) and `history`, the conversation with this turn. Raises gr.Error."""
+        """`/chat`: answer `message` after `history` (`parse_history`) and an optional `system` message; settings
+        and seed as `/generate`'s. Returns (answer, summary: `/generate`'s keys, `report`, `history` with this
+        turn); raises gr.Error."""
         chat = None
 
         def start() -> RunWorker:
             nonlocal chat
             with refusing():
-                run = Playground.parse(message, False, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
-                                       t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
-                                       ui_limits=False, thinking=thinking)
+                run = Playground.parse(message, False, *values, ui_limits=False, thinking=thinking)
                 self.check_thinking(run.thinking)
                 if system is not None and not isinstance(system, str):
                     raise ValueError("system must be text")
@@ -315,16 +290,13 @@ class ChatTab:
         await api_run(self.playground, start, request)
         if chat.last_result is None:
             raise user_error("the turn was stopped before its answer was complete")
-        result = chat.last_result.to_dict()
-        summary = {key: result[key] for key in API_SUMMARY_KEYS}
-        summary["report"] = chat.last_report.to_dict()
-        summary["history"] = [m for m in chat.messages if m["role"] != "system"]
-        return plain_text(result["text"]), summary
+        text, summary = api_summary(chat.last_result)
+        summary.update(report=chat.last_report.to_dict(), history=[m for m in chat.messages if m["role"] != "system"])
+        return text, summary
 
 
 def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
-    """The Chat tab's components and events, inside the caller's `gr.Tab` (and `gr.Blocks`) context;
-    `example_messages` are offered under the message box."""
+    """The Chat tab's components and events in the current `gr.Tab`; `example_messages` under the message box."""
     engine = chat.engine
     state = gr.State(ChatState())
     gr.Markdown(INTRO, elem_id="dg-chat-intro")
@@ -389,10 +361,9 @@ def _bubble(role: str, text: str, *, extra: str = "", state: str = "") -> str:
 
 
 def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pending_user: str | None = None,
-                 pending_answer: str = "", pending_state: str = "writing", cut_turns: int = 0) -> str:
-    """The conversation as HTML: a bubble per message ({"role", "content"}; `thoughts`: each answer's thought),
-    then the turn in progress (`pending_user`, None: none; its answer so far; `pending_state` "writing" or
-    "stopped"), and a note of `cut_turns` cut to fit the context. The outer element has `data-turns`."""
+                 pending_answer: str = "", cut_turns: int = 0) -> str:
+    """The conversation: a bubble per message (with each answer's thought), the turn being written
+    (`pending_user`, None: none) and a note of `cut_turns`; carries `data-turns`."""
     if not messages and pending_user is None and not cut_turns:
         return EMPTY_CHAT_HTML
     parts = []
@@ -410,19 +381,15 @@ def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pend
     if pending_user is not None:
         turns += 1
         parts.append(_bubble("user", pending_user))
-        tag = ("writing\u2026" if pending_state == "writing"
-               else "stopped: this turn is not kept in the conversation")
-        parts.append(_bubble("assistant", pending_answer, state=pending_state,
-                             extra=f'<div class="dg-chat-tag">{escape_html(tag)}</div>')
+        parts.append(_bubble("assistant", pending_answer, state="writing",
+                             extra='<div class="dg-chat-tag">writing\u2026</div>')
                      .replace('<span class="dg-chat-empty">(empty answer)</span>', ""))
-    # the log sits in a column-reverse scroller (assets/chat_infill.css), which keeps its newest end in view
     return f'<div class="dg-chat-history" data-turns="{turns}"><div class="dg-chat-log">{"".join(parts)}</div></div>'
 
 
 def reuse_html(report: TurnReport | None, turn: int = 0, *, regenerated: bool = False) -> str:
-    """What the turn's encoder cache saved (tokens reused, encoded, prefill seconds, the estimated saving, the
-    history-cut note); `IDLE_REUSE_HTML` for None. `turn`: its number (0: not shown). The outer element carries
-    `data-reused`, `data-prompt` and `data-encoded`."""
+    """What the turn's encoder cache saved (`IDLE_REUSE_HTML` for None); `turn`: its number (0: not shown);
+    carries `data-reused`, `data-prompt`, `data-encoded`."""
     if report is None:
         return IDLE_REUSE_HTML
     saved = (f" \u00b7 about {report.prefill_saved_s * 1000:,.1f} ms of prefill saved (estimate: reused tokens "

@@ -1,8 +1,5 @@
-"""The Compare tab: one prompt and seed under settings A, then under settings B, side by side.
-
-B starts only once A has finished (one queued event, in the engine's slot). Each side is a job of the run
-mechanism: "generate", or for B with one of diffusers' schedulers the "pipeline" job (`pipeline_source`).
-"""
+"""The Compare tab: one prompt and seed under settings A, then B (after A, in one queued event), side by side;
+each side a "generate" job, or B through diffusers' schedulers the "pipeline" job."""
 
 from __future__ import annotations
 
@@ -22,8 +19,8 @@ from .tab import (PRIVATE, TabState, checked, describe_error, live_run, refusal_
                   wire_stop)
 from .text import escape_html, plain_text
 
-POLL_S = 0.5  # how often the tab redraws a running side
-PIPELINE_POLL_S = 0.05  # how often the pipeline source looks for a new forward (and for Stop)
+POLL_S = 0.5  # how often a running side redraws
+PIPELINE_POLL_S = 0.05
 ENGINE_SAMPLER = "engine: entropy bound (transformers)"
 DIFFUSERS_PREFIX = "diffusers: "
 SIDES = ("A", "B")
@@ -39,14 +36,13 @@ NOT_RUN_NOTE = "not run: Stop came before this side's turn \u00b7 press Compare 
 
 
 def sampler_choices() -> list[str]:
-    """The samplers side B offers: the engine's, and diffusers' schedulers when diffusers is installed."""
+    """Side B's samplers: the engine's, and diffusers' schedulers when installed."""
     return [ENGINE_SAMPLER, *([DIFFUSERS_PREFIX + name for name in SCHEDULERS] if diffusers_available() else [])]
 
 
 def pipeline_source(engine, payload: tuple, stop) -> Iterator:
-    """The "pipeline" source: (request, scheduler) through diffusers' `DiffusionGemmaPipeline` on `engine`'s model:
-    its newest frame as forwards land, then the call's exact frames (one list) and its last frame; nothing when
-    `stop` was set before it started. Raises what the call raised."""
+    """The "pipeline" source: (request, scheduler) through diffusers' `DiffusionGemmaPipeline`: its newest frame as
+    forwards land, then the exact frames (one list) and the last frame. Raises what the call raised."""
     request, scheduler = payload
     run = PipelineRun(engine, request.prompt, request.settings, scheduler, request.seed)
     if stop.is_set():
@@ -62,7 +58,7 @@ def pipeline_source(engine, payload: tuple, stop) -> Iterator:
                 yield run.latest()
     finally:
         run.stop()
-        run.wait(10.0)  # the next run must not start while the pipeline still holds the device
+        run.wait(10.0)  # the pipeline must let go of the device before the next run
     if run.error is not None:
         raise run.error
     frames = run.frames()
@@ -72,8 +68,7 @@ def pipeline_source(engine, payload: tuple, stop) -> Iterator:
 
 
 class CompareState(TabState):
-    """A visitor's comparison: `stopped` is cleared when a request is accepted (a Stop while it waits in the queue
-    still counts); `running` while one runs; `shown`: the last frames (A, B) of the last one that ended."""
+    """A visitor's comparison: `running`, and `shown`, the last frames (A, B) of the last one that ended."""
 
     def __init__(self):
         super().__init__()
@@ -91,8 +86,7 @@ class CompareHandlers:
 
     def _checked(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
                  b_steps, b_adaptive, b_sampler) -> tuple[list, str | None]:
-        """Both sides' checked requests (one seed: -1 or empty draws it) and B's diffusers scheduler (None: the
-        engine's sampler); raises gr.Error."""
+        """Both sides' checked requests (one seed) and B's diffusers scheduler (None: the engine's); raises gr.Error."""
         if seed is None or (isinstance(seed, (int, float)) and seed < 0) or str(seed).strip() == "":
             seed = draw_seed()
         rec = self.engine.recommended
@@ -110,8 +104,7 @@ class CompareHandlers:
 
     def request(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
                 b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None) -> None:
-        """The first step of Compare A and B: check both sides as `compare` will, and clear the visitor's Stop
-        (raises gr.Error; `refused` then marks the previous comparison)."""
+        """The first step of Compare A and B: check both sides, clear the visitor's Stop (raises gr.Error)."""
         self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
                       b_steps, b_adaptive, b_sampler)
         if state is not None:
@@ -119,8 +112,7 @@ class CompareHandlers:
 
     @staticmethod
     def refused(state: CompareState | None):
-        """After `request` refused: the verdict still on the page marked as the previous run's, or `gr.skip()`
-        when none ended yet or one is still running."""
+        """After a refusal: the verdict on the page marked as the previous run's (`gr.skip()`: none, or running)."""
         if state is None or state.running or state.shown is None:
             return gr.skip()
         return verdict_html(*state.shown, notice=REFUSED_NOTICE)
@@ -128,16 +120,11 @@ class CompareHandlers:
     def compare(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
                 b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None,
                 request: gr.Request = None) -> Iterator[tuple]:
-        """Run A then B (one prompt, seed and token budget; each side its bound, steps and adaptive stopping; B may
-        use a diffusers scheduler); Stop ends the running side and B does not start after a stopped A. Yields (A
-        card, B card, verdict, A text, B text, A heatmap, B heatmap) as they run and at the end.
-
-        Raises:
-            gr.Error: an invalid input on either side (before anything runs), or a run that failed.
-        """
+        """Run A then B (B not after a stopped A); yields (A card, B card, verdict, A text, B text, A heatmap,
+        B heatmap). Raises gr.Error: bad input on either side, a failed run."""
         requests, scheduler = self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps,
                                             a_adaptive, b_entropy_bound, b_steps, b_adaptive, b_sampler)
-        b_reads_bound = scheduler is None or scheduler == "EntropyBoundScheduler"  # the others ignore bound and t
+        b_reads_bound = scheduler is None or scheduler == "EntropyBoundScheduler"
         sampler_note = (scheduler or "") + ("" if b_reads_bound else " (its own defaults for what it samples with)")
         state = state if state is not None else CompareState()
         lasts, texts, states = [None, None], ["", ""], ["waiting", "waiting"]
@@ -153,24 +140,24 @@ class CompareHandlers:
         key = session_key(request, state, ":compare")
         try:
             for side, run in enumerate(requests):
-                if state.stopped.is_set():  # stopped while it waited in the queue, or during A
+                if state.stopped.is_set():
                     break
                 states[side] = "running"
-                exact: list[Frame] = []  # the pipeline's frames, exact once it ended
+                exact: list[Frame] = []  # the pipeline's exact frames
                 job, options = Job("generate", run, run.settings), {}
                 if side == 1 and scheduler is not None:
                     job, options = Job("pipeline", (run, scheduler), run.settings), dict(keep_history=False,
                                                                                           receive=exact.extend)
                 with live_run(self.playground, job, key, state, **options) as worker:
-                    if state.stopped.is_set():  # Stop came while this side started
+                    if state.stopped.is_set():
                         worker.stop()
                     for snap in worker.updates(1.0 / POLL_S, reader_budget=None):
                         if not snap.finished:
                             lasts[side] = snap.latest
                             yield view()
-                worker.join(STOP_WAIT_S)  # B must not start while A still holds the device
+                worker.join(STOP_WAIT_S)
                 if state.stopped.is_set() and snap.error is None and snap.latest is None:
-                    states[side] = "stopped"  # stopped before its first decoder forward
+                    states[side] = "stopped"
                     break
                 if snap.error is not None or snap.latest is None:
                     reason = describe_error(snap.error) if snap.error is not None else "no decoder forward"
@@ -190,7 +177,7 @@ class CompareHandlers:
 
 
 def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
-    """Create the Compare tab's components in the current Blocks context (inside a `gr.Tab`) and wire them."""
+    """The Compare tab's components and events in the current `gr.Tab`."""
     rec = compare.engine.recommended
     gr.Markdown(INTRO)
     with gr.Row(equal_height=False):
@@ -260,10 +247,9 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
     wire_stop(stop, state)
 
 
-# -- views (pure; numbers are the engine's clock and counts, as in the meter) --------------------------------------
+# -- views (pure) ----------------------------------------------------------------------------------------------
 def settings_label(settings: DiffusionSettings, *, bound_and_t: bool = True) -> str:
-    """A one-line summary of the settings that differ between presets; `bound_and_t` False leaves out the
-    entropy bound and temperatures (for a sampler that does not read them)."""
+    """The settings presets differ in, in a line; `bound_and_t` False leaves out the bound and temperatures."""
     bound = f"entropy bound {settings.entropy_bound:g} \u00b7 " if bound_and_t else ""
     schedule = f"t {settings.t_max:g}\u2192{settings.t_min:g} \u00b7 " if bound_and_t else ""
     return (f"{bound}max {settings.max_denoising_steps} steps \u00b7 {schedule}adaptive stopping "
@@ -272,8 +258,7 @@ def settings_label(settings: DiffusionSettings, *, bound_and_t: bool = True) -> 
 
 def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None, state: str,
               sampler: str = "", bound_and_t: bool = True) -> str:
-    """One side's card: its name, settings (and `sampler`, when not the engine's), state ("waiting", "running",
-    "done", "stopped" or `NOT_RUN`) and the meter of its newest frame."""
+    """One side's card: name, settings, `sampler`, `state` and the meter of its newest frame."""
     label = settings_label(settings, bound_and_t=bound_and_t) if settings is not None else ""
     label = f"{sampler} \u00b7 {label}" if sampler else label
     return (f'<div class="dg-compare-side" data-side="{escape_html(side)}" data-state="{escape_html(state)}">'
@@ -286,8 +271,7 @@ def _ratio(a: float, b: float) -> str:
 
 
 def verdict_html(a: Frame | None, b: Frame | None, *, notice: str | None = None) -> str:
-    """Two finished runs compared: forwards, tokens per forward, tokens/s and whether the texts agree (B against
-    A); empty until both are done. `notice`: a line above it (and `data-state="refused"`)."""
+    """Two finished runs compared, B against A (empty until both are done); `notice`: a line above it."""
     banner = f'<div class="dg-meter-notice" role="status">{escape_html(notice)}</div>' if notice else ""
     if a is None or b is None or not (a.done and b.done):
         state = "refused" if notice else "pending"

@@ -1,6 +1,5 @@
 """How the app is served: the platform as its environment says (Spaces' `SYSTEM`, `SPACE_ID`, `SPACES_ZERO_GPU`,
-`CPU_CORES`), the queue plan, serving threads, glibc's malloc arenas and the listening port.
-"""
+`CPU_CORES`), the queue plan, serving threads, glibc's malloc arenas and the listening port."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-TRUE_WORDS = ("1", "t", "true", "yes", "on")  # `spaces.config.boolean` accepts 1, t, true (case-insensitive)
+TRUE_WORDS = ("1", "t", "true", "yes", "on")  # as `spaces.config.boolean` reads them
 M_ARENA_MAX = -8  # glibc's malloc.h
 SERVING_ARENAS = 2
 
@@ -21,14 +20,12 @@ def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
 
 
 def zero_gpu(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process runs on ZeroGPU hardware: `SPACES_ZERO_GPU` is a true word (1, t, true, yes, on; any
-    case), when `spaces.GPU` stops being a no-op."""
+    """Whether this process runs on ZeroGPU: `SPACES_ZERO_GPU` is a true word (any case)."""
     return _environ(environ).get("SPACES_ZERO_GPU", "").strip().lower() in TRUE_WORDS
 
 
 def space_id(environ: Mapping[str, str] | None = None) -> str | None:
-    """The Space's id (`owner/name`, "unknown" without `SPACE_ID`) on Hugging Face Spaces (`SYSTEM=spaces`), else
-    None."""
+    """The Space's id (`owner/name`, or "unknown") on Hugging Face Spaces (`SYSTEM=spaces`), else None."""
     env = _environ(environ)
     if env.get("SYSTEM", "").strip().lower() != "spaces":
         return None
@@ -36,8 +33,7 @@ def space_id(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def space_cpu_cores(environ: Mapping[str, str] | None = None) -> int | None:
-    """A Space's CPU allowance (`CPU_CORES`, a whole number >= 1; its container sees the host's CPUs), or None off
-    Spaces or when unset or bad."""
+    """A Space's CPU allowance (`CPU_CORES`, a whole number >= 1), or None off Spaces or when unset or bad."""
     if space_id(environ) is None:
         return None
     text = _environ(environ).get("CPU_CORES", "").strip()
@@ -49,22 +45,19 @@ def space_cpu_cores(environ: Mapping[str, str] | None = None) -> int | None:
 
 
 def default_threads(environ: Mapping[str, str] | None = None) -> int | None:
-    """Torch CPU threads when none were asked for: one fewer than a Space's `CPU_CORES` (at least 1), or None off
-    Spaces (`engine.loading.set_serving_threads` decides)."""
+    """Torch CPU threads when none were asked for: a Space's `CPU_CORES` - 1 (at least 1), None off Spaces."""
     cores = space_cpu_cores(environ)
     return None if cores is None else max(1, cores - 1)
 
 
 @dataclass(frozen=True)
 class QueuePlan:
-    """The Gradio queue: `concurrency` runs at once on the engine, `max_size` events waiting (None: unbounded).
-    Always set: Gradio silently uses `max_size=1` on ZeroGPU when the app sets none."""
+    """The Gradio queue: `concurrency` runs at once on the engine, `max_size` events waiting (None: unbounded)."""
 
     concurrency: int
     max_size: int | None
 
 
-# A CPU serves a few small runs side by side, a GPU one at a time; on ZeroGPU the platform queues GPU requests itself
 QUEUE_PLANS = {
     "cpu": QueuePlan(concurrency=4, max_size=None),
     "cuda": QueuePlan(concurrency=1, max_size=None),
@@ -80,9 +73,8 @@ def queue_plan(device_type: str, environ: Mapping[str, str] | None = None) -> Qu
 
 
 def limit_malloc_arenas(arenas: int = SERVING_ARENAS, environ: Mapping[str, str] | None = None) -> int | None:
-    """Set glibc's malloc arena limit to `arenas` (as `MALLOC_ARENA_MAX` would: each run's thread would otherwise
-    keep its own arena's high-water mark) and return it; None when `MALLOC_ARENA_MAX` is set or the C library is
-    not glibc. Call it before the model loads. `ValueError` for `arenas` < 1."""
+    """Set glibc's malloc arena limit to `arenas` (as `MALLOC_ARENA_MAX` would) before the model loads; returns it,
+    or None when `MALLOC_ARENA_MAX` is set or the C library is not glibc. ValueError for `arenas` < 1."""
     if arenas < 1:
         raise ValueError(f"arenas must be >= 1, got {arenas}")
     if _environ(environ).get("MALLOC_ARENA_MAX", "").strip():
@@ -98,8 +90,7 @@ def limit_malloc_arenas(arenas: int = SERVING_ARENAS, environ: Mapping[str, str]
 
 
 def port_in_use(host: str, port: int) -> str | None:
-    """Why the server could not listen on `host`:`port` (an OSError's message), or None when it can (bound with
-    SO_REUSEADDR as uvicorn does, so a port in TIME_WAIT counts as free)."""
+    """Why the server could not listen on `host`:`port` (an OSError's message), or None when it can."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

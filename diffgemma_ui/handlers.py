@@ -1,5 +1,5 @@
-"""The playground's event handlers (`Playground`, wired by `blocks.build_app`): validation, runs in workers,
-coalesced rendering, the API; only the engine's public API is used."""
+"""The Playground tab's handlers (`Playground`, wired by `blocks.build_app`) and the base every tab's runs go
+through: checks, jobs started in the run mechanism, coalesced renders and `/generate`."""
 
 from __future__ import annotations
 
@@ -11,26 +11,17 @@ from dataclasses import dataclass
 import gradio as gr
 
 from engine import DiffusionEngine, DiffusionSettings, Frame
-from engine.settings import draw_seed
+from engine.settings import SETTING_NAMES, draw_seed
 
 from . import plots
-from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html
+from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html, thought_html
 from .meter import meter_html, refused_meter_html, run_meter_html, waiting_meter_html
-from .record import RunSnapshot
+from .runs import (DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, STOP_WAIT_S, Runner, RunSnapshot, RunWorker,
+                   default_live_rate, session_key)
 from .session import SessionState
+from .tab import PlotClock, api_run, describe_error, empty_plots, refusing, user_error
 from .text import plain_text
-from .thought_view import thought_html
-from .validation import CUSTOM_PRESET, PRESET_FIELDS, SETTING_NAMES, RunRequest, build_request, preset_values
-from .runs import (
-    DEFAULT_MAX_RUN_S,
-    DEFAULT_READER_BUDGET,
-    STOP_WAIT_S,
-    Runner,
-    RunWorker,
-    default_live_rate,
-    session_key,
-)
-from .tab import PlotClock, describe_error, served, user_error
+from .validation import CUSTOM_PRESET, PRESET_FIELDS, RunRequest, build_request, preset_values
 
 API_SUMMARY_KEYS = (
     "frames", "forwards", "tokens_per_second", "tokens_per_forward", "seconds", "seed", "token_ids", "stop_reason",
@@ -40,7 +31,7 @@ API_SUMMARY_KEYS = (
 
 @dataclass(frozen=True)
 class StreamOutputs:
-    """One render of the live view, in the order of the outputs `blocks.build_app` wires (see `as_tuple`)."""
+    """One render of the live view, in the order `blocks.build_app` wires its outputs."""
 
     stack: object
     canvas: object
@@ -52,7 +43,7 @@ class StreamOutputs:
     block: object
     generate_button: object
     stop_button: object
-    thought: object = ""  # the thought channel (`thought_view.thought_html`); "" hides it
+    thought: object = ""
 
     def as_tuple(self) -> tuple:
         return tuple(getattr(self, field.name) for field in dataclasses.fields(self))
@@ -60,9 +51,8 @@ class StreamOutputs:
 
 @dataclass(frozen=True)
 class Job:
-    """One piece of model work for `Playground.start_job`: `kind` (a key of `Playground.sources`), `payload` (plain
-    values: pickled to the GPU process on ZeroGPU), the `settings` its GPU time follows, and `extra_forwards` beyond
-    its canvases x steps (a race's autoregressive side)."""
+    """Model work: `kind` (a key of `Playground.sources`), a picklable `payload`, the `settings` it runs under and
+    `extra_forwards` beyond canvases x steps (for the GPU budget)."""
 
     kind: str
     payload: object
@@ -77,8 +67,7 @@ def generation_frames(engine: DiffusionEngine, request: RunRequest, stop) -> Ite
 
 
 def received(frames: Iterator, receive) -> Iterator:
-    """`frames`, its non-frame items handed to `receive(item)` (None: none are), the source run to its end after a
-    done frame before that frame is passed on (a chat turn records itself after its final frame)."""
+    """`frames`, non-frame items handed to `receive`; after a done frame the source is read to its end first."""
     if receive is None:
         yield from frames
         return
@@ -93,8 +82,14 @@ def received(frames: Iterator, receive) -> Iterator:
         yield item
 
 
+def api_summary(result) -> tuple[str, dict]:
+    """(text, summary of `API_SUMMARY_KEYS`) of a `GenerationResult`."""
+    values = result.to_dict()
+    return plain_text(values["text"]), {key: values[key] for key in API_SUMMARY_KEYS}
+
+
 def parse_ticket(ticket) -> int | None:
-    """A run ticket from the page (a hidden textbox: text, exact), or None when there is none."""
+    """A run ticket from the page's hidden textbox, or None when there is none."""
     try:
         return int(str(ticket).strip()) if ticket not in (None, "") else None
     except ValueError:
@@ -107,14 +102,13 @@ def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
         return f"The run failed: {describe_error(error)}"
     if frame is None:
         return "Stopped before the first forward."
-    if not frame.done or frame.stop_reason == "cancelled":  # a run closed before its final frame stopped too
+    if not frame.done or frame.stop_reason == "cancelled":
         return "Stopped: the canvas in progress is not committed."
     return f"Done: {STOP_REASONS.get(frame.stop_reason, frame.stop_reason)}."
 
 
 def previous_run_meter(snap: RunSnapshot | None, running: bool):
-    """The meter of the run on the page (`snap`) marked as the previous run's, after a refused request; `gr.skip()`
-    when there is none or it is still `running`."""
+    """After a refused request: the meter of `snap` marked as the previous run's (`gr.skip()`: none, or running)."""
     if snap is None or snap.latest is None or running:
         return gr.skip()
     finished = snap.finished_blocks()
@@ -122,8 +116,7 @@ def previous_run_meter(snap: RunSnapshot | None, running: bool):
 
 
 class Playground:
-    """Event handlers bound to one loaded `engine`; `max_fps` (None: `runs.default_live_rate`), `reader_budget`,
-    `abandon_after_s` and `max_run_s` (None: no limit) as `runs.Runner`'s."""
+    """Handlers bound to one loaded `engine`; the keywords as `runs.Runner`'s (`max_fps` None: by canvas)."""
 
     def __init__(self, engine: DiffusionEngine, *, max_fps: float | None = None,
                  reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
@@ -131,10 +124,9 @@ class Playground:
         self.engine = engine
         self.runs = Runner(max_fps=default_live_rate(engine.canvas_length) if max_fps is None else max_fps,
                            reader_budget=reader_budget, abandon_after_s=abandon_after_s, max_run_s=max_run_s)
-        # Every tab's model work, by kind: source(engine, payload, stop) -> frames (`start_job`)
+        # source(engine, payload, stop) -> frames, by job kind; each tab adds its own
         self.sources = {"generate": generation_frames}
-        # Live sessions by session hash, to release their state when their tab closes (Gradio itself keeps a
-        # closed session's gr.State for an hour); weak: a session Gradio dropped is not kept alive here
+        # weak: a session Gradio dropped is not kept alive here
         self.sessions: weakref.WeakValueDictionary[str, SessionState] = weakref.WeakValueDictionary()
 
     @property
@@ -142,44 +134,18 @@ class Playground:
         """Which run each session has (`runs.RunRegistry`)."""
         return self.runs.registry
 
-    @property
-    def max_run_s(self) -> float | None:
-        return self.runs.max_run_s
-
-    @property
-    def max_fps(self) -> float:
-        return self.runs.max_fps
-
-    @property
-    def closed_sessions(self):
-        return self.runs.closed_sessions
-
-    @closed_sessions.setter
-    def closed_sessions(self, dropper) -> None:
-        self.runs.closed_sessions = dropper
-
     # -- running -------------------------------------------------------------------------------------------------
-
     def check_request(self, request: RunRequest) -> None:
-        """Engine-side checks before any work: prompt encoding and context budget (raises ValueError)."""
+        """The engine's checks before any work: prompt encoding, context budget, settings (ValueError)."""
         prompt_ids = self.engine.encode_prompt(request.prompt, raw=request.raw, thinking=request.thinking)
         self.engine.check_budget(int(prompt_ids.shape[1]), request.settings)
         self.engine.check_settings(request.settings)
 
-    def check_inputs(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                     stability_threshold, confidence_threshold, adaptive_stopping, seed, thinking=False) -> None:
-        """The Generate button's first step: the UI's checks of the eleven inputs and `thinking` (raises gr.Error)."""
-        self.checked_request(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                             stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True,
-                             thinking=thinking)
-
     def checked_request(self, *inputs, ui_limits: bool, thinking=False) -> RunRequest:
-        """`parse` then `check_request` of the eleven inputs (the API's order); raises gr.Error."""
-        try:
+        """`parse` then `check_request` of the API's inputs; raises gr.Error."""
+        with refusing():
             run = self.parse(*inputs, ui_limits=ui_limits, thinking=thinking)
             self.check_request(run)
-        except Exception as error:  # noqa: BLE001 - bad input, or a failing tokenizer: a clear message either way
-            raise user_error(error) from None
         return run
 
     def start_run(self, request: RunRequest, *, keep_history: bool = True) -> RunWorker:
@@ -188,35 +154,33 @@ class Playground:
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
                   receive=None) -> RunWorker:
-        """Start `job` as a run of the app's `Runner`, registered as `key`; `record` as `RunWorker`'s; `receive`
-        as in `received`. On ZeroGPU the source runs in the GPU process (`zerogpu.ZeroGpuPlayground`)."""
+        """Start `job` in the app's `Runner`, registered as `key` (`record`, `receive` as `RunWorker`'s,
+        `received`'s)."""
         source = self.sources[job.kind]
         return self.runs.start(lambda stop: received(source(self.engine, job.payload, stop), receive), key,
                                keep_history=keep_history, record=record)
 
     def step_frames(self, request: RunRequest) -> Iterator[Frame]:
-        """The frames of a stepped run, one per `next()` (step-through): the engine's generator, kept between
-        clicks with its KV cache and random state (on ZeroGPU each step is a GPU call of its own)."""
+        """A stepped run's frames, one per `next()`: the engine's generator, kept between clicks."""
         return generation_frames(self.engine, request, None)
 
     def check_job(self, job: Job) -> None:
         """Checks of `job` beyond its tab's own (on ZeroGPU: the GPU budget; raises ValueError)."""
 
     @staticmethod
-    def parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
-              confidence_threshold, adaptive_stopping, seed, *, ui_limits: bool, thinking=False) -> RunRequest:
-        """Validate the eleven inputs (the API's order) and `thinking` into a `RunRequest` (raises ValueError)."""
-        values = dict(zip(SETTING_NAMES, (max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                                          stability_threshold, confidence_threshold)))
-        values["adaptive_stopping"] = adaptive_stopping
-        return build_request(prompt, raw, values, seed, ui_limits=ui_limits, thinking=thinking)
+    def parse(prompt, raw, *values, ui_limits: bool, thinking=False) -> RunRequest:
+        """A `RunRequest` from the API's inputs: prompt, raw, the settings table's settings, seed (ValueError)."""
+        *settings, seed = values
+        if len(settings) != len(SETTING_NAMES):
+            raise TypeError(f"expected {len(SETTING_NAMES)} settings and a seed, got {len(values)} values")
+        return build_request(prompt, raw, dict(zip(SETTING_NAMES, settings)), seed, ui_limits=ui_limits,
+                             thinking=thinking)
 
     # -- rendering -----------------------------------------------------------------------------------------------
     def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool,
                first: bool = True) -> StreamOutputs:
-        """The view of `snap` (`first`: the run's first render, `final`: its last): finished blocks' HTML cached in
-        `session` and re-sent only when one finishes; hover text and the heatmap's animation only in the final
-        render; the buttons updated only in the first and final ones."""
+        """The view of `snap`; finished blocks' HTML cached in `session`, hover text only when `final`, the
+        buttons only when `first` or `final`."""
         finished = snap.finished_blocks()
         for frame in finished[len(session.finished_html):]:
             session.finished_html.append(block_html(frame, live=False))
@@ -232,7 +196,7 @@ class Playground:
         canvas = live_html(live, newest=latest, status=status)
         result = self.engine.summarize(latest, snap.frames_seen) if latest is not None else None
         text = plain_text(result.text) if result is not None else ""
-        # The thought only changes when a block is committed: re-sent only then, with the stack
+        # The thought changes only when a block is committed: sent with the stack
         thought = thought_html(result.thought if result is not None else "") if isinstance(stack, str) else gr.skip()
         skip = gr.skip()
         heatmap = order = entropy = skip
@@ -242,23 +206,23 @@ class Playground:
             order = plots.unmasking_order(frames[-1] if frames else None)
             entropy = plots.entropy_and_acceptance(frames)
         blocks = snap.block_count
-        # A slider needs minimum < maximum: with one block it stays hidden
         block = gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1) if final else skip
-        if first and not final:  # a new run: the previous run's block slider would plot this run's blocks
+        if first and not final:  # the previous run's slider would plot this run's blocks
             block = gr.update(visible=False)
         meter = run_meter_html(latest, committed=finished[-1] if finished else None, final=final)
+        edge = first or final
         return StreamOutputs(
             stack=stack, canvas=canvas, meter=meter, text=text, heatmap=heatmap, order=order, entropy=entropy,
-            block=block,
-            generate_button=gr.update(interactive=final) if first or final else skip,
-            stop_button=gr.update(interactive=not final) if first or final else skip, thought=thought,
+            block=block, generate_button=gr.update(interactive=final) if edge else skip,
+            stop_button=gr.update(interactive=not final) if edge else skip, thought=thought,
         )
 
     # -- events --------------------------------------------------------------------------------------------------
     def request_run(self, session: SessionState, *inputs) -> tuple:
-        """Every run trigger's first step: check the inputs (raises gr.Error; a current run goes on), take the
-        session's next ticket (stopping its run), return (ticket, waiting meter, Generate and Stop updates)."""
-        self.check_inputs(*inputs)
+        """A run trigger's first step: check the inputs (gr.Error), take a ticket (stopping the session's run);
+        returns (ticket, waiting meter, Generate and Stop updates)."""
+        count = len(SETTING_NAMES) + 3  # prompt, raw, the settings, seed; then `thinking` from the page
+        self.checked_request(*inputs[:count], ui_limits=True, thinking=inputs[count] if len(inputs) > count else False)
         if session is None:
             return 0, gr.skip(), gr.skip(), gr.skip()
         replacing = session.run_in_progress
@@ -266,16 +230,14 @@ class Playground:
                 gr.update(interactive=True))
 
     def refused(self, session: SessionState):
-        """After a refused request: the meter marking the results on the page as the previous run's (`gr.skip()`
-        when there are none or the run still goes on)."""
+        """After a refused request: `previous_run_meter` of the session's run."""
         return previous_run_meter(getattr(session, "snapshot", None), session is not None and session.run_in_progress)
 
     def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
                         t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed, ticket=None,
                         thinking=False, request: gr.Request = None) -> Iterator[tuple]:
-        """The run step: validate, start a worker, yield coalesced renders until the final frame. A stale `ticket`
-        (from `request_run`; a later trigger or Stop) yields nothing more. Raises gr.Error: bad input, engine failure.
-        """
+        """The run step: yields `StreamOutputs` tuples to the final frame, nothing once `ticket` is stale;
+        gr.Error: bad input, engine failure."""
         run = self.checked_request(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                                    stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True,
                                    thinking=thinking)
@@ -289,7 +251,7 @@ class Playground:
         worker = self.start_run(run)
         if not session.begin(worker, ticket):
             return
-        session.request, session.trace = run, None  # what `keep` exports as this run's trace; no replay shown
+        session.request, session.trace = run, None  # what `keep` exports as this run's trace
         ticket = session.running_ticket
         self.sessions[key] = session
         self.registry.register(key, worker)
@@ -303,27 +265,22 @@ class Playground:
                 yield outputs.as_tuple()
                 if snap.finished and snap.error is not None:
                     raise user_error(snap.error)
-        finally:
-            # Runs on normal end, on Stop, and when Gradio closes or cancels this generator (tab closed)
+        finally:  # also when Gradio closes or cancels this generator
             self.runs.finish(key, worker)
             session.end_stream(worker)
 
     def stop(self, session: SessionState) -> tuple:
-        """The Stop button (wired to also cancel the run step, so a run still waiting in the queue leaves it): stop
-        the session's run, wait for its last frame (within one decoder forward) and render the final view; a run
-        that had not started yet shows that it left the queue."""
+        """The Stop button: stop the session's run and render its final view (a queued run left the queue)."""
         if session is None:
             return initial_outputs().as_tuple()
         _, worker = session.withdraw()
         stepped = getattr(session, "step_run", None)
         if worker is None and stepped is not None and not stepped.done:  # a "Run to end": StepThroughHandlers.pause
-            return tuple(gr.skip() for _ in initial_outputs().as_tuple())
+            return (gr.skip(),) * len(dataclasses.fields(StreamOutputs))
         if worker is None:
-            left = initial_outputs()
-            return dataclasses.replace(
-                left, stack=gr.skip(), canvas=gr.skip(), text=gr.skip(), heatmap=gr.skip(), order=gr.skip(),
-                entropy=gr.skip(), block=gr.skip(), meter=meter_html(None, note="left the queue: nothing ran"),
-            ).as_tuple()
+            return dataclasses.replace(initial_outputs(), stack=gr.skip(), canvas=gr.skip(), text=gr.skip(),
+                                       heatmap=gr.skip(), order=gr.skip(), entropy=gr.skip(), block=gr.skip(),
+                                       meter=meter_html(None, note="left the queue: nothing ran")).as_tuple()
         worker.join(STOP_WAIT_S)
         snap = worker.snapshot()
         session.snapshot = snap
@@ -332,7 +289,7 @@ class Playground:
                                    stop_button=gr.update(interactive=False)).as_tuple()
 
     def unload(self, request: gr.Request) -> None:
-        """A browser tab closed: stop its runs and release the session's state (Gradio's own record soon after)."""
+        """A browser tab closed: stop its runs and release the session's state."""
         key = getattr(request, "session_hash", None)
         self.runs.unload(key)
         session = self.sessions.pop(key, None) if key else None
@@ -340,10 +297,10 @@ class Playground:
             session.release()
 
     def select_block(self, session: SessionState, block) -> tuple:
-        """Re-render the three plots for block number `block` (1-based) of the session's last run."""
+        """The three plots of block number `block` (1-based) of the session's last run."""
         snap = session.snapshot if session is not None else None
         if snap is None or not snap.blocks:
-            return plots.confidence_heatmap([]), plots.unmasking_order(None), plots.entropy_and_acceptance([])
+            return empty_plots()
         try:
             index = int(block) - 1
         except (TypeError, ValueError):
@@ -354,70 +311,50 @@ class Playground:
                 plots.entropy_and_acceptance(frames))
 
     def apply_preset(self, name) -> tuple:
-        """The preset dropdown: the `PRESET_FIELDS` values of preset `name` (no change for "custom"; a gr.Warning for
-        an unknown name)."""
+        """The preset dropdown: preset `name`'s `PRESET_FIELDS` values (skips for "custom"; gr.Warning: unknown)."""
         if name == CUSTOM_PRESET:
-            return tuple(gr.skip() for _ in PRESET_FIELDS)
+            return (gr.skip(),) * len(PRESET_FIELDS)
         try:
             values = preset_values(name, self.engine.recommended)
         except ValueError as error:
             gr.Warning(str(error))
-            return tuple(gr.skip() for _ in PRESET_FIELDS)
+            return (gr.skip(),) * len(PRESET_FIELDS)
         return tuple(values[field] for field in PRESET_FIELDS)
 
     @staticmethod
     def random_seed() -> str:
-        """The random-seed button: a fresh seed (`engine.settings.draw_seed`), as text."""
+        """The random-seed button: a fresh seed as text."""
         return str(draw_seed())
 
-    def generate_api(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                     stability_threshold, confidence_threshold, adaptive_stopping, seed,
-                     thinking=False) -> tuple[str, dict]:
-        """`/generate`: run to the end and return (text, summary): the summary's keys are `API_SUMMARY_KEYS`
-        (seconds on the engine clock; tokens: non-pad generated ones, what both rates count). `thinking`: think
-        first where the chat template can (the text is the answer alone). Raises gr.Error on invalid input."""
-        worker = self._start_api_run(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                                     stability_threshold, confidence_threshold, adaptive_stopping, seed,
-                                     thinking=thinking)
+    def generate_api(self, *inputs, thinking=False) -> tuple[str, dict]:
+        """`/generate` to its end: (text, summary of `API_SUMMARY_KEYS`); gr.Error."""
+        worker = self.start_api_run(*inputs, thinking=thinking)
         try:
             snap = worker.wait()
         finally:
             worker.stop()
-        return self._api_result(snap)
+        return self.api_result(snap)
 
-    async def generate_api_served(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
-                                  t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
-                                  thinking=False, request: gr.Request = None) -> tuple[str, dict]:
-        """`/generate` as the server runs it: `generate_api`, but a cancelled job, a disconnected client or a dropped
-        result stream stops its run within one decoder forward (`tab.served`)."""
-        inputs = (prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold,
-                  confidence_threshold, adaptive_stopping, seed)
-        snap = await self.served(lambda: self._start_api_run(*inputs, thinking=thinking), request)
-        return self._api_result(snap)
+    async def generate_api_served(self, *inputs, thinking=False, request: gr.Request = None) -> tuple[str, dict]:
+        """`/generate` as served: `generate_api`, its run stopped once its client goes away."""
+        return self.api_result(await api_run(self, lambda: self.start_api_run(*inputs, thinking=thinking), request))
 
-    async def served(self, start, request):
-        """`tab.served` on this app's runs: an API call's run, stopped when its client goes away."""
-        return await served(self.runs, start, request)
-
-    def _start_api_run(self, *inputs, thinking=False) -> RunWorker:
-        """Validate the eleven API inputs and `thinking` (API limits) and start the run; raises gr.Error."""
+    def start_api_run(self, *inputs, thinking=False) -> RunWorker:
+        """Check the API's inputs (API limits) and start their run; raises gr.Error."""
         return self.start_run(self.checked_request(*inputs, ui_limits=False, thinking=thinking), keep_history=False)
 
-    def _api_result(self, snap: RunSnapshot) -> tuple[str, dict]:
-        """(text, summary) of a finished API run; raises gr.Error with a clear message if it failed."""
+    def api_result(self, snap: RunSnapshot) -> tuple[str, dict]:
+        """(text, summary) of a finished API run; raises gr.Error for a failed one."""
         if snap.error is not None:
             raise user_error(snap.error)
         if snap.latest is None:
             raise user_error("the run ended before the first decoder forward")
-        result = self.engine.summarize(snap.latest, snap.frames_seen).to_dict()
-        return plain_text(result["text"]), {key: result[key] for key in API_SUMMARY_KEYS}
+        return api_summary(self.engine.summarize(snap.latest, snap.frames_seen))
 
 
 def initial_outputs() -> StreamOutputs:
     """What the live view shows before any run."""
-    return StreamOutputs(
-        stack="", canvas=EMPTY_CANVAS_HTML, meter=meter_html(None), text="",
-        heatmap=plots.confidence_heatmap([]), order=plots.unmasking_order(None),
-        entropy=plots.entropy_and_acceptance([]), block=gr.update(visible=False),
-        generate_button=gr.update(interactive=True), stop_button=gr.update(interactive=False),
-    )
+    heatmap, order, entropy = empty_plots()
+    return StreamOutputs(stack="", canvas=EMPTY_CANVAS_HTML, meter=meter_html(None), text="", heatmap=heatmap,
+                         order=order, entropy=entropy, block=gr.update(visible=False),
+                         generate_button=gr.update(interactive=True), stop_button=gr.update(interactive=False))

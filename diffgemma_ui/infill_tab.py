@@ -1,9 +1,5 @@
-"""The Infill tab and `/infill`: a template's blanks denoised inside one canvas while its fixed text stays put.
-
-A fill is the "infill" job of the run mechanism (`engine.infill`). The canvas marks the fixed positions (chips of
-class `dg-fixed`); the plots are `plots`' figures cut down to the blank positions. Template and model text are
-escaped.
-"""
+"""The Infill tab and `/infill`: a template's blanks denoised inside one canvas (the "infill" job) while its fixed
+text stays put; the canvas marks the fixed positions and the plots show the blanks only."""
 
 from __future__ import annotations
 
@@ -18,11 +14,11 @@ from engine.infill import InfillLayout, filled_text, infill_frames, layout_templ
 
 from . import plots
 from .canvas_view import block_html, legend_html
-from .handlers import API_SUMMARY_KEYS, Job, previous_run_meter, status_text
+from .handlers import Job, api_summary, previous_run_meter, status_text
 from .meter import meter_html, run_meter_html
 from .runs import RunWorker, session_key
-from .tab import (PRIVATE, PlotClock, TabState, api_run, buttons, checked, live_plots, live_run, refusal_box,
-                  refusing, setting_control, user_error, wire_stop)
+from .tab import (API_SETTINGS, PRIVATE, PlotClock, TabState, api_run, buttons, checked, live_plots, live_run,
+                  refusal_box, refusing, setting_control, user_error, wire_stop)
 from .text import escape_html, plain_text
 from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, check_ui_seed, preset_values
 
@@ -46,7 +42,7 @@ _POSITION = re.compile(r"position (\d+)")
 
 
 def infill_source(engine, payload: tuple, stop) -> Iterator:
-    """The "infill" source: the frames of (template, settings, context or None, seed) filled by `engine`."""
+    """The "infill" source: the frames of (template, settings, context or None, seed)."""
     template, settings, context, seed = payload
     return infill_frames(engine, template, settings, prompt=context, seed=seed, stop_event=stop)[1]
 
@@ -64,13 +60,13 @@ class InfillTab:
         playground.sources["infill"] = infill_source
 
     def layout(self, template) -> InfillLayout:
-        """The template's layout (raises ValueError: bad syntax, or a template that does not fit one canvas)."""
+        """The template's layout (ValueError: bad syntax, or it does not fit one canvas)."""
         pad = self.engine.model.generation_config.pad_token_id
         return layout_template(self.engine.tokenizer, template, self.engine.canvas_length, pad if pad is not None
                                else 0)
 
     def request(self, template, context, preset_name, max_denoising_steps, seed):
-        """(layout, context or None, settings, seed) from the tab's inputs, within the UI's limits (ValueError)."""
+        """(layout, context or None, settings, seed) from the tab's inputs, UI limits (ValueError)."""
         layout = self.layout(template)
         context = check_prompt(context) if isinstance(context, str) and context.strip() else None
         values = dict(preset_values(preset_name, self.engine.recommended), max_new_tokens=self.engine.canvas_length,
@@ -81,18 +77,14 @@ class InfillTab:
         return layout, context, settings, check_ui_seed(seed)
 
     def check_inputs(self, template, context, preset_name, max_denoising_steps, seed) -> None:
-        """Fill's first step: every check, nothing run (raises gr.Error)."""
+        """Fill's first step (raises gr.Error)."""
         with refusing():
             self.request(template, context, preset_name, max_denoising_steps, seed)
 
     def fill_stream(self, state: InfillState, template, context, preset_name, max_denoising_steps, seed,
                     request: gr.Request = None) -> Iterator[tuple]:
-        """Fill: denoise the template's blanks. Yields (canvas, meter, filled template, filled text, heatmap, order,
-        entropy, Fill button, Stop button), the plots over the blank positions only.
-
-        Raises:
-            gr.Error: a bad template or input (before anything runs) or a failed run.
-        """
+        """Fill: yields (canvas, meter, filled template, filled text, heatmap, order, entropy, Fill, Stop). Raises
+        gr.Error: bad input, a failed run."""
         with refusing():
             layout, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
         state = state if state is not None else InfillState()
@@ -123,16 +115,15 @@ class InfillTab:
 
     @staticmethod
     def refused(state: InfillState):
-        """After Fill's checks refused: the previous fill's meter marked as the previous run's, or `gr.skip()`."""
+        """After a refusal: `previous_run_meter` of the last fill."""
         worker = getattr(state, "worker", None)
         return previous_run_meter(None if worker is None else worker.snapshot(), worker is not None and worker.running)
 
-    async def infill_api(self, template, context, max_denoising_steps, entropy_bound, t_min, t_max,
-                         stability_threshold, confidence_threshold, adaptive_stopping, seed,
-                         request: gr.Request = None) -> tuple[str, dict]:
-        """`/infill`: fill `template`'s blanks after an optional raw `context`; settings and seed as `/generate`'s
-        (the token budget is one canvas). Returns (filled text, summary): `/generate`'s keys plus `fills`,
-        `blank_positions`, `fixed_positions` and `template_positions`. Raises gr.Error."""
+    async def infill_api(self, template, context, *values, request: gr.Request = None) -> tuple[str, dict]:
+        """`/infill`: fill `template` after an optional raw `context`; settings but the token budget (one canvas)
+        and seed as `/generate`'s. Returns (filled text, summary: `/generate`'s keys, `fills`, `blank_positions`,
+        `fixed_positions`, `template_positions`); raises gr.Error."""
+        *given, seed = values
         layout = None
 
         def start() -> RunWorker:
@@ -140,10 +131,7 @@ class InfillTab:
             with refusing():
                 if not isinstance(context, str):
                     raise ValueError("context must be text (\"\" for none)")
-                values = dict(max_new_tokens=self.engine.canvas_length, max_denoising_steps=max_denoising_steps,
-                              entropy_bound=entropy_bound, t_min=t_min, t_max=t_max,
-                              stability_threshold=stability_threshold, confidence_threshold=confidence_threshold,
-                              adaptive_stopping=adaptive_stopping)
+                values = dict(zip(API_SETTINGS, (self.engine.canvas_length, *given)))
                 settings = build_settings(values, ui_limits=False)
                 payload = (template, settings, check_prompt(context) if context.strip() else None,
                            check_ui_seed(seed))
@@ -155,9 +143,8 @@ class InfillTab:
         snap = await api_run(self.playground, start, request)
         if snap.latest is None or snap.latest.stop_reason == "cancelled":
             raise user_error("the fill was stopped before it was complete")
-        result = self.engine.summarize(snap.latest, snap.frames_seen).to_dict()
+        _, summary = api_summary(self.engine.summarize(snap.latest, snap.frames_seen))
         text, fills = filled_text(self.engine.tokenizer, layout, snap.latest.committed_ids)
-        summary = {key: result[key] for key in API_SUMMARY_KEYS}
         summary.update(fills=[plain_text(f) for f in fills], blank_positions=layout.blanks,
                        fixed_positions=[i for i, f in enumerate(layout.fixed[:layout.template_positions]) if f],
                        template_positions=layout.template_positions)
@@ -165,7 +152,7 @@ class InfillTab:
 
 
 def build_infill_tab(infill: InfillTab, default_template: str) -> None:
-    """The Infill tab's components and events, inside the caller's `gr.Tab` (and `gr.Blocks`) context."""
+    """The Infill tab's components and events in the current `gr.Tab`."""
     engine = infill.engine
     state = gr.State(InfillState())
     gr.Markdown(SYNTAX.format(canvas=engine.canvas_length), elem_id="dg-infill-syntax")
@@ -209,8 +196,7 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
 
 # -- views (pure) ----------------------------------------------------------------------------------------------------
 def infill_canvas_html(frame: Frame | None, layout: InfillLayout | None, status: str = "") -> str:
-    """The infill canvas: the legends and the canvas of `frame` with every fixed position marked, plus a status
-    line. The outer element carries `data-forward` and `data-fixed` (fixed positions)."""
+    """The canvas of `frame`, its fixed positions marked, and a status line; carries `data-forward`, `data-fixed`."""
     if frame is None or layout is None:
         if not status:
             return EMPTY_INFILL_HTML
@@ -222,8 +208,8 @@ def infill_canvas_html(frame: Frame | None, layout: InfillLayout | None, status:
 
 
 def filled_html(tokenizer, layout: InfillLayout | None, canvas_ids: Sequence[int] | None, *, live: bool) -> str:
-    """The template with each run of blanks shown as what the canvas holds there (`<mark>`), from a frame's draft
-    (`live`) or its committed ids; special tokens skipped. "" before a run."""
+    """The template, each run of blanks as what the canvas holds there (`<mark>`): draft (`live`) or committed
+    ids; "" before a run."""
     if layout is None or canvas_ids is None:
         return ""
     ids = list(canvas_ids[:layout.template_positions])
@@ -253,17 +239,17 @@ def blank_frames(frames: Sequence[Frame], blanks: Sequence[int]) -> list[Frame]:
     return cut
 
 
-def _at_blanks(figure: plots.FigureSpec, blanks: Sequence[int], hover_keys=("hovertext",)) -> plots.FigureSpec:
-    """A figure's position axis (and its hover texts' "position k") put back on the blanks' canvas positions."""
+def _at_blanks(figure: plots.FigureSpec, blanks: Sequence[int]) -> plots.FigureSpec:
+    """A figure's position axis and hover texts put back on the blanks' canvas positions."""
     def fix(text):
         return _POSITION.sub(lambda m: f"position {blanks[int(m.group(1))]}", text) if isinstance(text, str) else text
 
     for trace in figure.get("data", []):
         if "x" in trace and trace.get("type") in ("heatmap", "bar", "scatter") and trace.get("yaxis") != "y2":
             trace["x"] = [blanks[int(x)] for x in trace["x"]]
-        for key in hover_keys:
-            if key in trace:
-                trace[key] = [[fix(t) for t in row] if isinstance(row, list) else fix(row) for row in trace[key]]
+        if "hovertext" in trace:
+            trace["hovertext"] = [[fix(t) for t in row] if isinstance(row, list) else fix(row)
+                                  for row in trace["hovertext"]]
     axis = figure["layout"].get("xaxis", {})
     if axis.get("visible", True):
         axis.update(type="category", title={"text": "canvas position (blanks only)"})
@@ -271,10 +257,9 @@ def _at_blanks(figure: plots.FigureSpec, blanks: Sequence[int], hover_keys=("hov
 
 
 def blank_plots(frames: Sequence[Frame], blanks: Sequence[int], *, final: bool) -> tuple:
-    """(confidence heatmap, unmasking order, entropy and acceptance) of the blank positions only (`final`: with
-    hover text and the heatmap's step slider)."""
+    """The three plots of the blank positions only (`final`: with hover text and the step slider)."""
     cut = blank_frames(frames, blanks)
     heatmap = _at_blanks(plots.confidence_heatmap(cut, animate=final, hover=final), blanks)
     order = _at_blanks(plots.unmasking_order(cut[-1] if cut else None), blanks)
-    entropy = plots.entropy_and_acceptance(cut)  # per step: the x axis is steps, not positions
+    entropy = plots.entropy_and_acceptance(cut)  # its x axis is steps
     return heatmap, order, entropy

@@ -1,5 +1,5 @@
-"""Keeping runs (`KeepHandlers`, laid out by `keep_blocks`): trace and offline-replay downloads, replaying an upload
-with the live view's builders from the trace's own token strings (never the loaded tokenizer), the `/export` API."""
+"""Keeping runs: trace and offline-replay downloads, replaying an uploaded trace from its own token strings, and
+`/export` (`KeepHandlers`, and the controls' layout and wiring)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -20,20 +21,19 @@ from . import plots
 from .canvas_view import live_html, stack_html
 from .handlers import StreamOutputs, status_text
 from .meter import meter_html
-from .record import RunSnapshot
+from .runs import RunSnapshot
 from .session import SessionState
-from .tab import user_error
+from .tab import PRIVATE, api_run, guard_stream, refusing, shown_refusal, user_error
 from .text import plain_text
 
-MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # a trace takes ~40 bytes per canvas position per decoder forward
+MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # bytes per canvas position per decoder forward
 PLAY_INTERVAL_S = 0.25
 REPLAY_TOTAL_S, REPLAY_MIN_INTERVAL_S, REPLAY_MAX_INTERVAL_S = 8.0, 0.15, 0.6
-STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))  # components of the live view
+STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
 
 
 def check_traceable(settings, canvas_length: int) -> None:
-    """Raise `ValueError` when a run of `settings` could need a trace over the load limit (`MAX_TRACE_BYTES`):
-    at most `MAX_TRACE_CELLS` canvas positions x decoder forwards."""
+    """ValueError when a run of `settings` could need a trace over `MAX_TRACE_BYTES`."""
     canvases = -(-settings.max_new_tokens // canvas_length)
     cells = canvases * canvas_length * settings.max_denoising_steps
     if cells > MAX_TRACE_CELLS:
@@ -44,15 +44,14 @@ def check_traceable(settings, canvas_length: int) -> None:
 
 
 def snapshot_upto(trace: Trace, count: int) -> RunSnapshot:
-    """A finished `RunSnapshot` of the first `count` frames of `trace` (at least 1, at most all)."""
+    """A finished `RunSnapshot` of the first `count` frames of `trace` (clamped to 1..all)."""
     count = max(1, min(int(count), len(trace.frames)))
     blocks = tuple(dataclasses.replace(trace, frames=trace.frames[:count]).blocks)
     return RunSnapshot(frames_seen=count, latest=trace.frames[count - 1], blocks=blocks, finished=True)
 
 
 def committed_text(trace: Trace, count: int) -> str:
-    """The text of the first `count` frames: the run's decoded text once its last frame is reached, before that
-    the committed tokens' display strings joined (special tokens included)."""
+    """The text after `count` frames: the run's text at its end, before that the committed tokens' strings."""
     if count >= len(trace.frames):
         return plain_text(trace.text)
     ids = trace.frames[max(0, count - 1)].committed_ids
@@ -60,8 +59,7 @@ def committed_text(trace: Trace, count: int) -> str:
 
 
 def render_trace(trace: Trace, count: int) -> StreamOutputs:
-    """The playground's view of `trace` after its first `count` frames (what the live view showed then), buttons
-    untouched; the block slider points at the newest block."""
+    """The live view of `trace` after its first `count` frames, buttons untouched."""
     snap = snapshot_upto(trace, count)
     latest = snap.latest
     finished = snap.finished_blocks()
@@ -85,17 +83,16 @@ def render_trace(trace: Trace, count: int) -> StreamOutputs:
 
 
 class KeepHandlers:
-    """Handlers bound to a `handlers.Playground`; they use `session.request` (the last run's), `snapshot`, `trace`
-    (replayed, or the last run's once exported) and `keep_dir` (the session's download folder, replaced each time)."""
+    """Handlers bound to a `handlers.Playground`, on the session's `request`, `snapshot`, `trace` (replayed or
+    exported) and `keep_dir` (its download folder)."""
 
     def __init__(self, playground):
         self.playground = playground
         self.engine = playground.engine
 
-    # -- downloads after a run -----------------------------------------------------------------------------------
     def export_files(self, session: SessionState) -> tuple:
-        """After a run: write its trace and offline replay and keep the trace; returns the two download buttons'
-        updates (emptied when there is nothing to keep), the replay slider's (hidden) and the Replay button's."""
+        """After a run: write its trace and offline replay; returns the two download buttons', the replay slider's
+        and the Replay button's updates."""
         hidden = (gr.update(value=None, interactive=False), gr.update(value=None, interactive=False),
                   gr.update(visible=False), gr.update(interactive=False))
         snap = getattr(session, "snapshot", None)
@@ -103,7 +100,7 @@ class KeepHandlers:
         if snap is None or request is None or snap.latest is None or snap.error is not None or not snap.finished:
             return hidden
         if snap.latest.max_denoising_steps != request.settings.max_denoising_steps:
-            return hidden  # not this request's run (a newer one replaced it meanwhile)
+            return hidden  # a newer run replaced it meanwhile
         try:
             check_traceable(request.settings, self.engine.canvas_length)
             frames = [frame for block in snap.blocks for frame in block]
@@ -126,10 +123,8 @@ class KeepHandlers:
         html_path = write_replay(trace, folder / f"{name}.replay.html")
         return (gr.update(value=str(trace_path), interactive=True), gr.update(value=str(html_path), interactive=True))
 
-    # -- replaying an uploaded trace -----------------------------------------------------------------------------
     def check_upload(self, session: SessionState, path) -> None:
-        """The upload's first step: check the trace, kept for `load_upload` (raises gr.Error: a run in progress, or
-        `load_trace`'s message)."""
+        """The upload's first step: load the trace for `load_upload` (gr.Error: a run in progress, a bad trace)."""
         if path is None or session is None:
             return
         if session.run_in_progress:
@@ -140,8 +135,8 @@ class KeepHandlers:
             raise user_error(f"This trace cannot be replayed: {error}") from None
 
     def load_upload(self, session: SessionState, path) -> tuple:
-        """The trace upload: show the whole run; returns the stream outputs, then the replay slider's and the two
-        download buttons' updates. Raises gr.Error as `check_upload`."""
+        """The trace upload: the whole run's stream outputs, the replay slider's and the download buttons' updates.
+        Raises gr.Error as `check_upload`."""
         if path is None:
             return tuple(gr.skip() for _ in range(STREAM_WIDTH + 3))
         if session is None:
@@ -154,14 +149,14 @@ class KeepHandlers:
             trace = session.checked_upload[1]
         session.checked_upload = None
         session.trace, session.request = trace, None
-        session.finished_html, session.stacked_blocks = [], -1  # the live view's caches belong to the last run
+        session.finished_html, session.stacked_blocks = [], -1
         count = len(trace.frames)
         session.snapshot = snapshot_upto(trace, count)
         slider = gr.update(minimum=1, maximum=max(2, count), value=count, visible=True, interactive=count > 1)
         return (*render_trace(trace, count).as_tuple(), slider, *self._files(session, trace))
 
     def replay_step(self, session: SessionState, count) -> tuple:
-        """The replay slider: the view after `count` decoder forwards of the trace being replayed."""
+        """The replay slider: the view after `count` decoder forwards."""
         trace = getattr(session, "trace", None)
         if trace is None:
             return tuple(gr.skip() for _ in range(STREAM_WIDTH))
@@ -173,8 +168,8 @@ class KeepHandlers:
         return render_trace(trace, count).as_tuple()
 
     def replay_play(self, session: SessionState, count, interval_s: float = PLAY_INTERVAL_S) -> Iterator[tuple]:
-        """The replay's play button: step from `count` (from the start when at the end) to the last forward, one
-        render every `interval_s` seconds; yields the stream outputs then the slider's value."""
+        """The play button: from `count` (the start when at the end) to the last forward, a render every
+        `interval_s`; yields the stream outputs and the slider's value."""
         trace = getattr(session, "trace", None)
         if trace is None:
             raise user_error("Upload a trace first: there is nothing to replay.")
@@ -185,9 +180,8 @@ class KeepHandlers:
             time.sleep(interval_s)
 
     def replay_run(self, session: SessionState) -> Iterator[tuple]:
-        """The Replay button: play the last run (or the loaded trace) from its first forward, each forward shown
-        `REPLAY_TOTAL_S` / forwards seconds (0.15-0.6 s); yields as `replay_play`. Raises gr.Error: nothing to
-        replay."""
+        """The Replay button: the last run or loaded trace played in about `REPLAY_TOTAL_S`, as `replay_play`.
+        Raises gr.Error: nothing to replay."""
         if session is not None and session.run_in_progress:
             raise user_error("A run is in progress: replay it once it has finished.")
         trace = getattr(session, "trace", None)
@@ -196,24 +190,80 @@ class KeepHandlers:
         interval = min(REPLAY_MAX_INTERVAL_S, max(REPLAY_MIN_INTERVAL_S, REPLAY_TOTAL_S / len(trace.frames)))
         yield from self.replay_play(session, 1, interval_s=interval)
 
-    # -- /export -------------------------------------------------------------------------------------------------
     async def export_served(self, *inputs, request: gr.Request = None) -> dict:
-        """`/export`: the `/generate` inputs run to the end (stopped as `/generate`'s), returned as a trace dict
-        (`docs/trace.md`). Raises gr.Error: invalid input, a run too long for a trace, an engine failure."""
+        """`/export`: `/generate`'s run as a trace dict (`docs/trace.md`). Raises gr.Error: bad input, a run too
+        long for a trace, an engine failure."""
         kept = {}
 
         def start():
             kept["run"] = run = self.playground.checked_request(*inputs, ui_limits=False)
-            try:
+            with refusing():
                 check_traceable(run.settings, self.engine.canvas_length)
-            except ValueError as error:
-                raise user_error(str(error)) from None
-            return self.playground.start_run(run, keep_history=True)
+            return self.playground.start_run(run)
 
-        snap = await self.playground.served(start, request)
+        snap = await api_run(self.playground, start, request)
         run = kept["run"]
-        self.playground._api_result(snap)  # raises gr.Error for a failed run
+        self.playground.api_result(snap)
         frames = [frame for block in snap.blocks for frame in block]
         trace = await asyncio.to_thread(trace_of_run, self.engine, frames, prompt=run.prompt, settings=run.settings,
                                         raw=run.raw, thinking=getattr(run, "thinking", False))
         return trace.to_dict()
+
+
+KEEP_HELP = (
+    "After each run: its **trace** (JSON: settings, seed, prompt, every decoder forward; see `docs/trace.md`) and an "
+    "**offline replay** (one HTML file that plays the run with no model and no network). Upload a trace to replay "
+    "it here without running the model."
+)
+
+
+@dataclass
+class KeepControls:
+    trace_button: gr.DownloadButton
+    html_button: gr.DownloadButton
+    upload: gr.File
+    replay_slider: gr.Slider
+    play: gr.Button
+
+
+def build_keep_controls() -> KeepControls:
+    """The keep controls in an accordion, closed, in the current Blocks context."""
+    with gr.Accordion("Keep or replay a run", open=False, elem_id="dg-keep"):
+        gr.Markdown(KEEP_HELP)
+        with gr.Row():
+            trace_button = gr.DownloadButton("Download trace (JSON)", interactive=False, elem_id="dg-download-trace")
+            html_button = gr.DownloadButton("Download offline replay (HTML)", interactive=False,
+                                            elem_id="dg-download-html")
+        upload = gr.File(label=f"Replay a trace (.json, up to {MAX_TRACE_BYTES // 2**20} MB)", file_types=[".json"],
+                         type="filepath", file_count="single", elem_id="dg-upload-trace", height=110)
+        with gr.Row(equal_height=True):
+            replay_slider = gr.Slider(1, 2, value=1, step=1, label="Replay: decoder forward", visible=False,
+                                      elem_id="dg-replay-step", scale=4)
+            play = gr.Button("\u25b6 Play the replay", elem_id="dg-replay-play", scale=1, min_width=120)
+    return KeepControls(trace_button, html_button, upload, replay_slider, play)
+
+
+def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_outputs: list, run_events,
+              replay_button: gr.Button, box) -> None:
+    """Wire downloads after each of `run_events`, the upload, the replay slider and play, and `replay_button`
+    into `stream_outputs`; `box` (`tab.refusal_box`) says why not."""
+    html, refusal = box
+    shown = dict(fn=shown_refusal, inputs=[refusal], outputs=[html], concurrency_limit=None, **PRIVATE)
+    for event in run_events:
+        event.then(keep.export_files, inputs=[session],
+                   outputs=[controls.trace_button, controls.html_button, controls.replay_slider, replay_button],
+                   concurrency_limit=2, **PRIVATE)
+    replay_button.click(guard_stream(keep.replay_run), inputs=[refusal, session],
+                        outputs=[*stream_outputs, controls.replay_slider], concurrency_limit=None,
+                        trigger_mode="once", **PRIVATE).then(**shown)
+    uploaded = controls.upload.upload(guard_stream(keep.check_upload), inputs=[refusal, session, controls.upload],
+                                      outputs=None, concurrency_limit=2, **PRIVATE)
+    uploaded.then(**shown)
+    uploaded.success(keep.load_upload, inputs=[session, controls.upload], outputs=[
+        *stream_outputs, controls.replay_slider, controls.trace_button, controls.html_button], concurrency_limit=2,
+                     api_visibility="private", show_progress="minimal")
+    controls.replay_slider.input(keep.replay_step, inputs=[session, controls.replay_slider], outputs=stream_outputs,
+                                 concurrency_limit=None, trigger_mode="always_last", **PRIVATE)
+    controls.play.click(guard_stream(keep.replay_play), inputs=[refusal, session, controls.replay_slider],
+                        outputs=[*stream_outputs, controls.replay_slider], concurrency_limit=None,
+                        trigger_mode="once", **PRIVATE).then(**shown)

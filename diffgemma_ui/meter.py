@@ -1,6 +1,4 @@
-"""The live speed meter as HTML stat cards: every figure comes from the newest frame's engine clock, never the UI's
-wall clock, so how fast the browser renders cannot change it.
-"""
+"""The live speed meter as HTML stat cards, every figure from the newest frame's engine clock (never the UI's)."""
 
 from __future__ import annotations
 
@@ -27,7 +25,7 @@ def format_number(value: float, digits: int = 1, unit: str = "") -> str:
 
 
 def format_count(value: float, digits: int = 1) -> str:
-    """A mean or count: an integral value as an integer ("32", not "32.0"), else with `digits` decimals."""
+    """An integral value as an integer ("32"), else with `digits` decimals."""
     number = _finite(value)
     if number is not None and number == round(number):
         return f"{int(round(number)):,}"
@@ -39,9 +37,8 @@ RATE_NOTE = ("tokens/s and tokens/forward: committed blocks only (their tokens \
 
 
 def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[str, str]:
-    """The meter's figures as unescaped strings by label (`frame` None: dashes); tokens/s and tokens/forward are the
-    committed blocks' (`committed`: the newest finished block's last frame): "…" before the first, "–" once over.
-    """
+    """The meter's figures by label, unescaped (`frame` None: dashes); the rates are the committed blocks'
+    (`committed`: the newest finished block's last frame)."""
     if frame is None:
         return {label: "\u2013" for label in (
             "tokens/s", "tokens/forward", "forwards/block", "ms/forward", "forwards used", "elapsed", "first frame",
@@ -73,9 +70,7 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
 
 
 def ms_per_forward(frame: Frame) -> float:
-    """Engine milliseconds per decoder forward after the first (prefill excluded); before that, the time to first
-    frame.
-    """
+    """Engine milliseconds per decoder forward after the first (before that, the time to first frame)."""
     later = frame.forward_index
     if later < 1:
         return frame.time_to_first_frame_s * 1000
@@ -83,14 +78,12 @@ def ms_per_forward(frame: Frame) -> float:
 
 
 def forward_budget(frame: Frame) -> int:
-    """The most decoder forwards the canvases started so far could have taken (`max_denoising_steps` each)."""
+    """The most decoder forwards the canvases started so far could take."""
     return (frame.block_index + 1) * frame.max_denoising_steps
 
 
 def short_answer_note(frame: Frame) -> str:
-    """On a finished run whose answer filled under half of the canvas positions it paid for, one line saying so; else
-    "".
-    """
+    """A line when a finished answer filled under half the canvas positions it paid for, else ""."""
     positions = (frame.block_index + 1) * frame.canvas_length
     if not frame.done or frame.stop_reason != "eos" or 2 * frame.committed_tokens >= positions:
         return ""
@@ -99,7 +92,7 @@ def short_answer_note(frame: Frame) -> str:
 
 
 def stat_cards_html(values: dict[str, str]) -> str:
-    """One stat card per `label: value` (plain text, escaped here)."""
+    """One stat card per `label: value` (escaped here)."""
     return "".join(f'<div class="dg-stat"><span class="dg-stat-value">{escape_html(v)}</span>'
                    f'<span class="dg-stat-label">{escape_html(k).replace("/", "/<wbr>")}</span></div>'
                    for k, v in values.items())
@@ -107,9 +100,8 @@ def stat_cards_html(values: dict[str, str]) -> str:
 
 def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str | None = None,
                state: str | None = None, notice: str | None = None) -> str:
-    """The meter as HTML: a card per `meter_values` figure and a note; `note` replaces the idle note, `state` the
-    `data-state`, `notice` a line above the cards; `data-tps`/`data-ttff` hold the raw figures ("0" before any).
-    """
+    """The meter: a card per `meter_values` figure and a note; `note` replaces the idle note, `state` the
+    `data-state`, `notice` a line above; `data-tps`/`data-ttff` hold the raw figures."""
     values = meter_values(frame, committed)
     progress = values.pop("progress")
     cards = stat_cards_html(values)
@@ -137,7 +129,7 @@ STARTING_NOTE = "starting: encoding the prompt, then the first decoder forward"
 
 
 def run_meter_html(frame: Frame | None, *, committed: Frame | None = None, final: bool) -> str:
-    """The meter of a started run (`final`: its last view), "starting" (running, not idle) before its first frame."""
+    """A started run's meter (`final`: its last view); "starting" before its first frame."""
     if frame is None and not final:
         return meter_html(None, note=STARTING_NOTE, state="running")
     return meter_html(frame, committed=committed)
@@ -148,14 +140,12 @@ REFUSED_NOTICE = ("Not run: the request was refused (its message says why). Ever
 
 
 def refused_meter_html(frame: Frame | None, *, committed: Frame | None = None) -> str:
-    """The previous run's meter with `REFUSED_NOTICE` above it (`data-state="refused"`), after a refused request."""
+    """The previous run's meter under `REFUSED_NOTICE` (`data-state="refused"`)."""
     return meter_html(frame, committed=committed, state="refused", notice=REFUSED_NOTICE)
 
 
 def waiting_meter_html(replacing: bool = False) -> str:
-    """The meter of a queued run (`replacing`: it stopped the session's run in progress); the browser fills in
-    `.dg-queue-position` from Gradio's queue status.
-    """
+    """A queued run's meter (`replacing`: it stopped the session's run); the browser fills in the position."""
     html = meter_html(None, note="\u0000", state="queued")
     replaced = "Replaced the run in progress (stopped) \u00b7 " if replacing else ""
     return html.replace("\u0000", f'{replaced}Queued: <span class="dg-queue-position">waiting for a place</span> in '

@@ -1,6 +1,5 @@
-"""Plotly views of a run as plain figure dicts built from frames (no validation at run time): confidence heatmap,
-unmasking order, entropy and acceptance per step; hover tokens go through `escape_plotly`.
-"""
+"""Plotly views of a run as plain figure dicts: confidence heatmap, unmasking order, entropy and acceptance per
+step; hover tokens go through `escape_plotly`."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import plotly.graph_objects as go
 
 from engine import Frame
 
-from .colors import PLOTLY_SCALE, viridis
+from .canvas_view import PLOTLY_SCALE, viridis
 from .text import escape_plotly
 from .token_view import draft_labels
 
@@ -22,26 +21,23 @@ GRID = "rgba(128,128,128,0.22)"
 ACCEPTED_COLOUR = "#E69F00"  # Okabe-Ito orange and sky blue: a colour-blind-safe pair, readable on light and dark
 ENTROPY_COLOUR = "#56B4E9"
 REMELT_COLOUR = "#f97316"  # the canvas's re-melt outline (assets/style.css .dg-remelt)
-MODEBAR_REMOVE = ["select2d", "lasso2d"]  # mode bar buttons that do nothing here: no view reads a selection
-TOOLBAR_PX = 28  # the strip at the top where Plotly shows its mode bar on hover
+MODEBAR_REMOVE = ["select2d", "lasso2d"]  # no view reads a selection
+TOOLBAR_PX = 28  # the hover mode bar's strip
 
 
 class FigureSpec(dict):
-    """A Plotly figure as a plain dict that `gr.Plot` accepts like a `Figure` (it only calls `to_json()`)."""
+    """A Plotly figure as a plain dict that `gr.Plot` takes like a `Figure` (it only calls `to_json()`)."""
 
     def to_json(self) -> str:
-        """The figure as JSON text (what `gr.Plot` sends to the browser)."""
         return json.dumps(self, separators=(",", ":"), allow_nan=False)
 
     def to_plotly(self):
-        """A validated `plotly.graph_objects.Figure` (ValueError on an invalid property; for tests)."""
+        """A validated `plotly.graph_objects.Figure` (ValueError on an invalid property)."""
         return go.Figure(self)
 
 
 def _layout(title: str, *, below_toolbar: bool = False, **extra) -> dict:
-    """The shared layout: `title` (escaped) top left, transparent backgrounds, `extra` on top; `below_toolbar` moves
-    the title and top margin down by `TOOLBAR_PX` so the hover mode bar does not cover a narrow plot's title.
-    """
+    """The shared layout, `extra` on top; `below_toolbar` moves the title below the hover mode bar."""
     drop = TOOLBAR_PX if below_toolbar else 0
     height = HEIGHT + drop
     layout = {
@@ -72,7 +68,7 @@ def _round(value: float, digits: int = 3) -> float:
 
 def empty_figure(title: str, message: str = "Fills in as the canvas denoises", *,
                  below_toolbar: bool = False) -> FigureSpec:
-    """A placeholder figure with `message` in the middle (escaped); `below_toolbar` as the figure it stands for."""
+    """A placeholder figure with `message` in the middle."""
     return FigureSpec(data=[], layout=_layout(
         title, below_toolbar=below_toolbar, xaxis={"visible": False}, yaxis={"visible": False},
         annotations=[{"text": escape_plotly(message), "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5,
@@ -80,7 +76,7 @@ def empty_figure(title: str, message: str = "Fills in as the canvas denoises", *
 
 
 def _block_title(frames: Sequence[Frame], what: str) -> str:
-    """`what · block b · step k/N · live` (`· k steps` finished, `· stopped at step k`)."""
+    """`what · block b · step k/N · live` (or `· k steps`, `· stopped at step k`)."""
     last = frames[-1]
     steps = last.step_index + 1
     if last.block_done:
@@ -93,21 +89,19 @@ def _block_title(frames: Sequence[Frame], what: str) -> str:
 
 
 def _legend_line(*lines: str) -> dict:
-    """A legend under the title, one escaped line each (so a half-width plot does not clip it)."""
+    """A legend under the title, a line each."""
     return {"text": "<br>".join(escape_plotly(line) for line in lines), "showarrow": False, "align": "left",
             "xref": "paper", "yref": "paper", "x": 0, "y": 1.0, "xanchor": "left", "yanchor": "bottom",
             "font": {"size": 11}}
 
 
-# Plotly's updatemenu buttons hover to a fixed near-white; dark text on a light button reads in both themes
+# dark text on a light button: readable in both themes
 BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color": "#0f172a", "size": 12}}
 
 
 def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
-    """Draft confidence per (step, position) of one block's `frames`: viridis cells, dots where accepted, crosses
-    where re-melted; `hover`: per-cell token text; `animate`: step slider and play button (frames inlined in their
-    args).
-    """
+    """Draft confidence per (step, position) of one block's `frames`: dots where accepted, crosses where
+    re-melted; `hover`: per-cell token text; `animate`: step slider and play button."""
     if not frames:
         return empty_figure("Confidence per step and position")
     n = frames[0].canvas_length
@@ -133,7 +127,7 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
                              f"confidence {frame.confidence[pos]:.3f} \u00b7 entropy {frame.entropy[pos]:.3f} nats")
         hover_text.append(hover_row)
     y = list(range(1, steps + 1))
-    # Rows keep their height as a block fills: a live block reserves its remaining steps, a finished one shows its own
+    # a live block reserves rows for its remaining steps
     rows = steps if frames[-1].block_done or frames[-1].done else max(steps, frames[-1].max_denoising_steps)
     data = [
         {
@@ -166,7 +160,7 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
     )
     if animate and steps > 1:
         def cover(k: int) -> list[dict]:
-            # Always one shape (an empty list would not replace the previous frame's cover); hidden at the end
+            # always one shape: an empty list would not replace the previous frame's cover
             return [{"type": "rect", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": k + 1.5,
                      "y1": steps + 0.5, "fillcolor": "rgba(128,128,128,0.88)", "line": {"width": 0},
                      "layer": "above", "visible": k < steps - 1}]
@@ -177,7 +171,6 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
         layout["sliders"] = [{
             "active": steps - 1,
             "currentvalue": {"prefix": "step ", "font": {"size": 12}, "xanchor": "right"},
-            # in a row of its own under the play/pause buttons: side by side they overlap on a phone
             "pad": {"t": 92, "b": 4}, "len": 1.0, "x": 0.0, "y": 0, "ticklen": 3, "minorticklen": 0,
             "font": {"size": 10},
             "steps": [{"label": str(k + 1), "method": "animate", "args": [[frame_objects[k]], instant]}
@@ -197,9 +190,8 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
 
 
 def unmasking_order(frame: Frame | None) -> FigureSpec:
-    """Per position, the step (1-based) it was first accepted at, from a block's newest frame: bars coloured by step,
-    a short grey bar for positions not accepted yet.
-    """
+    """Per position, the step it was first accepted at (a short grey bar: not yet), from a block's newest
+    frame."""
     if frame is None:
         return empty_figure("Unmasking order", below_toolbar=True)
     n = frame.canvas_length
@@ -234,12 +226,12 @@ def unmasking_order(frame: Frame | None) -> FigureSpec:
 
 
 def whole_step(span: int, most: int = 7) -> int:
-    """The tick step (1, 2, 5, 10, 20, ...) that puts at most `most` ticks on an axis of whole counts 0..`span`."""
+    """The tick step (1, 2, 5, 10, ...) that puts at most `most` ticks on an axis 0..`span`."""
     return next(m * 10**e for e in range(20) for m in (1, 2, 5) if span <= most * m * 10**e)
 
 
 def entropy_and_acceptance(frames: Sequence[Frame]) -> FigureSpec:
-    """Mean entropy (nats, line, left axis) and positions accepted (bars, right axis) per step of one block."""
+    """Mean entropy (nats, left axis) and positions accepted (bars, right axis) per step of one block."""
     if not frames:
         return empty_figure("Entropy and acceptance per step", below_toolbar=True)
     steps = list(range(1, len(frames) + 1))
@@ -257,7 +249,7 @@ def entropy_and_acceptance(frames: Sequence[Frame]) -> FigureSpec:
     return FigureSpec(data=data, layout=_layout(
         _block_title(frames, "Entropy & acceptance"), below_toolbar=True,
         xaxis=_axis("step", range=[0.5, max(len(frames), 1) + 0.5], tick0=1,
-                    dtick=max(1, math.ceil(len(frames) / 8))),  # whole steps only, even for a 2-step block
+                    dtick=max(1, math.ceil(len(frames) / 8))),
         yaxis=_axis("mean entropy (nats)", rangemode="tozero"),
         yaxis2={"title": {"text": "accepted positions"}, "overlaying": "y", "side": "right", "range": [0, n],
                 "showgrid": False, "zeroline": False, "tickmode": "linear", "tick0": 0, "dtick": whole_step(n)},

@@ -1,8 +1,5 @@
-"""The live presenter's data: the session's run (live, last, or a replayed trace) as the replay player's JSON.
-
-The page's presenter (`assets/replay/present.js`) asks each second for the frames it lacks; each answer is
-`engine.replay_page.replay_data` of those frames with the run's `key`, so it plays the replay page's way.
-"""
+"""The live presenter's data: the session's run (live, last, or a replayed trace) as the replay player's JSON,
+sent in chunks of the frames the page (`assets/replay/present.js`) lacks."""
 
 from __future__ import annotations
 
@@ -18,12 +15,12 @@ PRESENT_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js", "present.j
 
 
 def present_head() -> str:
-    """The `<script>` that gives the live page the player and its presenter overlay."""
+    """The `<script>` that gives the page the player and its presenter overlay."""
     return f"<script>{player_script(names=PRESENT_SCRIPTS)}</script>"
 
 
 def run_frames(session) -> tuple[list, Trace | None]:
-    """The frames of the session's run on the page and the trace they belong to (None: a run of this app)."""
+    """The frames of the session's run on the page and their trace (None: a run of this app)."""
     snap, trace = getattr(session, "snapshot", None), getattr(session, "trace", None)
     if snap is not None and snap.blocks:
         if trace is not None and snap.blocks[0][0] is trace.frames[0]:
@@ -33,8 +30,8 @@ def run_frames(session) -> tuple[list, Trace | None]:
 
 
 def present_chunk(engine, session, have) -> str:
-    """JSON text of the frames of the session's run after the `have` ("key:count") the page holds: the player's data
-    (`replay_data`) plus `key` (which run); `{"key": null}` when there is no run, no frames when nothing is new."""
+    """JSON of the session's run's frames after `have` ("key:count"): `replay_data` plus `key`; `{"key": null}`
+    without a run."""
     frames, trace = run_frames(session)
     request = getattr(session, "request", None)
     if not frames or (trace is None and request is None):
@@ -60,7 +57,7 @@ def present_chunk(engine, session, have) -> str:
 
 
 def wire_presenter(playground, session, present: gr.Button) -> None:
-    """The `present` button, the hidden button the presenter clicks to fetch a chunk, and where the chunk goes."""
+    """The `present` button and the hidden components the presenter polls through."""
     present.click(None, js="() => window.dgPresenter.open()", api_visibility="private", show_progress="hidden")
     have = gr.Textbox(visible="hidden", elem_id="dg-present-have")
     chunk = gr.Textbox(visible="hidden", elem_id="dg-present-data")

@@ -1,9 +1,5 @@
-"""The Race tab and `/race`: block diffusion against autoregressive decoding on one prompt, then both replayed.
-
-A race (`engine.race.RaceRunner.run`: one side, then the other) is the "race" job of the run mechanism; its
-(side, frame) items and its result go to a `RaceProgress`. The running side's panel follows it live; then both
-traces are replayed side by side on the engine clock and the result card says why it came out as it did.
-"""
+"""The Race tab and `/race`: block diffusion against autoregressive decoding on one prompt (the "race" job, one
+side after the other), then both replayed side by side on the engine clock, with a result card saying why."""
 
 from __future__ import annotations
 
@@ -30,7 +26,7 @@ from .text import escape_html, plain_text
 from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, preset_values
 
 DEFAULT_RACE_PROMPT = "Tell me what happened after the flood."
-LIVE_INTERVAL_S = 0.25  # live panels re-render at most 4 times a second: the engine shares the CPU
+LIVE_INTERVAL_S = 0.25
 REPLAY_FPS = 12.0
 SKIP3 = (gr.skip(),) * 3
 TITLES = {"diffusion": "Block diffusion", "autoregressive": "Autoregressive"}
@@ -42,14 +38,14 @@ RULES_BEFORE_A_RACE = (
     "the other (never at once), each after a warm-up; then both are replayed side by side on the engine's clock. "
     "Both sides stop at their first end-of-sequence token within the same token budget."
 )
-FAULT_TEXT = {  # `SideResult.faults` in words, with the share that set each off
+FAULT_TEXT = {  # `SideResult.faults` in words
     "punctuation": "is mostly punctuation ({:.0%} of its visible tokens have no letter or digit)",
     "repetition": f"repeats itself ({{:.0%}} of its tokens repeat an earlier run of {REPEAT_N})",
 }
 
 
 def model_name(source) -> str:
-    """A model's name for the page: the folder name of a local path, a hub id (org/name) unchanged."""
+    """A model's name for the page: a local path's folder name, a hub id unchanged."""
     text = str(source)
     return Path(text).name if Path(text).expanduser().exists() else text
 
@@ -57,8 +53,8 @@ def model_name(source) -> str:
 # -- state -----------------------------------------------------------------------------------------------------------
 @dataclass
 class RaceProgress:
-    """A race's record, its own snapshot: per side every frame in order and the engine seconds of its first
-    committed token; the order the sides ran in; the result once both are done; decoded texts, cached."""
+    """A race's record and its own snapshot: each side's frames and first-token time, the order the sides ran in,
+    the result, decoded texts (cached)."""
 
     frames: dict = field(default_factory=lambda: {side: [] for side in SIDES})
     first_token_s: dict = field(default_factory=dict)
@@ -94,13 +90,12 @@ class RaceProgress:
         return self
 
     def running_side(self) -> str | None:
-        """The side whose frames arrive now (None before the first frame or once the race is over)."""
+        """The side whose frames arrive now (None before the first frame or once over)."""
         return None if self.finished or not self.order else self.order[-1]
 
 
 class RaceSession(TabState):
-    """A visitor's race: the run in progress and the finished race's `progress` (for the replay, which Stop
-    ends)."""
+    """A visitor's race: its run and the finished race's `progress` (for the replay)."""
 
     def __init__(self):
         super().__init__()
@@ -109,7 +104,7 @@ class RaceSession(TabState):
 
 @dataclass(frozen=True)
 class RaceRequest:
-    """A validated race: the run request plus the AR side's temperature and the order."""
+    """A checked race: the run request, the AR side's temperature and the order."""
 
     run: RunRequest
     ar_temperature: float
@@ -118,8 +113,7 @@ class RaceRequest:
 
 # -- the tab -----------------------------------------------------------------------------------------------------------
 class RaceTab:
-    """Handlers of the Race tab and `/race` around one `RaceRunner`; runs go through `playground` (default: one of
-    its own), whose engine checks them (on ZeroGPU a CPU view)."""
+    """Handlers of the Race tab and `/race` around one `RaceRunner`, run through `playground` (default: its own)."""
 
     def __init__(self, runner: RaceRunner, playground: Playground | None = None):
         self.runner = runner
@@ -137,8 +131,7 @@ class RaceTab:
                 "autoregressive": f"{diffusion}'s causal encoder" if ar.shared_weights else model_name(ar.source)}
 
     def check(self, run: RunRequest, ar_temperature, order) -> RaceRequest:
-        """Race-level checks of a validated run request (both models' budgets, temperature, order); raises
-        gr.Error."""
+        """Race checks of a checked run (both budgets, temperature, order); raises gr.Error."""
         with refusing():
             self.checker.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
                                seed=run.seed)
@@ -147,18 +140,18 @@ class RaceTab:
             return race
 
     def ui_request(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> RaceRequest:
-        """The tab's inputs (a preset for the denoising settings) validated with the UI's limits; raises gr.Error."""
+        """The tab's inputs checked with the UI's limits; raises gr.Error."""
         with refusing():
             values = dict(preset_values(preset_name, self.runner.engine.recommended), max_new_tokens=max_new_tokens)
             run = build_request(prompt, raw, values, seed, ui_limits=True)
         return self.check(run, ar_temperature, order)
 
     def check_inputs(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> None:
-        """The Race button's first step: every check, nothing run (raises gr.Error)."""
+        """The Race button's first step (raises gr.Error)."""
         self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
 
     def job(self, race: RaceRequest) -> Job:
-        """The race as a job: both sides' forwards (the autoregressive side one per token of the budget)."""
+        """The race as a job (the autoregressive side: a forward per token of the budget)."""
         return Job("race", race, race.run.settings, extra_forwards=self.checker.budget(race.run.settings))
 
     def race_items(self, engine, race: RaceRequest, stop: threading.Event) -> Iterator:
@@ -168,9 +161,8 @@ class RaceTab:
             run.prompt, run.settings, raw=run.raw, seed=run.seed, ar_temperature=race.ar_temperature,
             order=race.order, on_frame=lambda side, frame: emit((side, frame)), stop_event=stop))
 
-    # -- rendering -------------------------------------------------------------------------------------------------
     def side_text(self, progress: RaceProgress, side: str, frame) -> str:
-        """The decoded answer of `frame` (special tokens skipped), cached by side and length."""
+        """The decoded answer of `frame`, cached by side and length."""
         if frame is None:
             return ""
         ids = frame.committed_ids
@@ -181,7 +173,7 @@ class RaceTab:
         return progress.texts[key]
 
     def panel(self, progress: RaceProgress, side: str, state: str, t: float | None = None) -> str:
-        """One side's panel: `state` as in `panel_html`; `t`: replay time (None: its newest frame)."""
+        """One side's `panel_html`; `t`: replay time (None: its newest frame)."""
         frames = progress.frames[side]
         frame = frame_at(frames, t) if t is not None else (frames[-1] if frames else None)
         position = progress.order.index(side) + 1 if side in progress.order else None
@@ -193,18 +185,13 @@ class RaceTab:
         return tuple(self.panel(progress, side, "running" if side == running else
                                 "done" if progress.frames[side] else "waiting") for side in SIDES)
 
-    # -- events ----------------------------------------------------------------------------------------------------
     def race_stream(self, session: RaceSession, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature,
                     order, request: gr.Request = None) -> Iterator[tuple]:
-        """The Race button: run the race, the running side's panel live. Yields (diffusion panel, autoregressive
-        panel, result, Race button, Stop button); the finished race is kept in `session` for `replay_stream`.
-
-        Raises:
-            gr.Error: bad input (before anything runs) or a failure during the race (the buttons are reset first).
-        """
+        """The Race button: yields (diffusion panel, autoregressive panel, result, Race, Stop) live; the race is
+        kept in `session` for `replay_stream`. Raises gr.Error: bad input, a failed race."""
         race = self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
         session = session if session is not None else RaceSession()
-        session.stop()  # one race per session
+        session.stop()
         session.progress = None
         session.stopped.clear()
         key = session_key(request, session, ":race")
@@ -220,8 +207,7 @@ class RaceTab:
             session.progress = progress
 
     def replay_stream(self, session: RaceSession) -> Iterator[tuple]:
-        """After the race: both sides replayed on the engine clock (time 0 = each side's start) at most
-        `REPLAY_FPS` renders a second, then the result card; Stop ends the replay. Outputs as `race_stream`'s."""
+        """After the race: both sides replayed on the engine clock, then the result card; as `race_stream`."""
         progress = session.progress if session is not None else None
         if progress is None or progress.result is None:
             yield (*SKIP3, *buttons(False))
@@ -233,19 +219,17 @@ class RaceTab:
             while (t := time.monotonic() - start) < total and not session.stopped.is_set():
                 yield (*(self.panel(progress, side, "replay", t) for side in SIDES), *SKIP3)
                 time.sleep(1.0 / REPLAY_FPS)
-        final = tuple(self.panel(progress, side, "done", float("inf")) for side in SIDES)  # no caret, no "replay"
+        final = tuple(self.panel(progress, side, "done", float("inf")) for side in SIDES)
         yield (*final, result_html(result), *buttons(False))
 
-    async def race_api(self, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                       stability_threshold, confidence_threshold, adaptive_stopping, seed, ar_temperature, order,
-                       request: gr.Request = None) -> tuple[str, str, dict]:
-        """`/race`: `/generate`'s inputs (same checks, the API's limits), the AR temperature and the order.
-        Returns (diffusion text, autoregressive text, summary); raises gr.Error."""
+    async def race_api(self, *inputs, request: gr.Request = None) -> tuple[str, str, dict]:
+        """`/race`: `/generate`'s inputs, the AR temperature and the order. Returns (diffusion text, autoregressive
+        text, summary); raises gr.Error."""
+        *inputs, ar_temperature, order = inputs
+
         def start() -> RunWorker:
             with refusing():
-                run = Playground.parse(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min,
-                                       t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed,
-                                       ui_limits=False)
+                run = Playground.parse(*inputs, ui_limits=False)
             race = self.check(run, ar_temperature, order)
             return self.playground.start_job(self.job(race), record=RaceProgress())
 
@@ -256,7 +240,7 @@ class RaceTab:
 
 
 def build_race_tab(race: RaceTab) -> None:
-    """The Race tab's components and events, inside the caller's `gr.Tab` (and `gr.Blocks`) context."""
+    """The Race tab's components and events, in the current `gr.Tab`."""
     rec = race.runner.engine.recommended
     session = gr.State(RaceSession())
     with gr.Row(equal_height=False, elem_id="dg-race-controls"):
@@ -291,31 +275,29 @@ def build_race_tab(race: RaceTab) -> None:
     outputs = [*panels, result, start, stop]
     run = dict(fn=race.race_stream, inputs=[session, *inputs], outputs=outputs, concurrency_id="engine",
                trigger_mode="once", **PRIVATE)
-    # The replay needs no engine: it runs outside the engine's queue slot, so the next visitor's run can start
+    # The replay runs outside the engine's queue slot
     replay = dict(fn=race.replay_stream, inputs=[session], outputs=outputs, concurrency_limit=None, **PRIVATE)
     checked([start.click], race.check_inputs, inputs=inputs, box=refusal, trigger_mode="once").success(
         **run).success(**replay)
     wire_stop(stop, session)
 
 
-# -- views (pure; every model string escaped) ----------------------------------------------------------------------
+# -- views (pure; every model string escaped) ------------------------------------------------------------------
 def frame_at(frames: Sequence, t: float):
-    """The newest of `frames` (in order) whose `elapsed_s` is at most `t` (engine seconds), or None before it."""
+    """The newest of `frames` whose `elapsed_s` is at most `t` (engine seconds), or None."""
     index = bisect_right([f.elapsed_s for f in frames], t)
     return frames[index - 1] if index else None
 
 
 def side_figures(frame, *, t: float | None = None, first_token_s: float | None = None) -> dict[str, str]:
-    """A side's figures as display strings, keyed by `FIGURES` label, for its newest `frame` (None: nothing yet)
-    at replay time `t` (None: the frame's own time; a done side's clock stops at its last frame); rates show "…"
-    until the first token is committed."""
+    """A side's figures by `FIGURES` label for its newest `frame` at replay time `t` (None: the frame's time)."""
     if frame is None:
         return {label: "\u2013" for label in FIGURES}
     elapsed = frame.elapsed_s if t is None or frame.done else max(t, frame.elapsed_s)
     forwards = frame.forward_index + 1
     tokens = frame.committed_tokens
     counting = tokens == 0 and not frame.done
-    none = tokens == 0 and frame.done  # stopped before its first token: no rate to show, not a rate of 0
+    none = tokens == 0 and frame.done
     shown_first = first_token_s is not None and first_token_s <= elapsed
 
     def rate(value: float, digits: int) -> str:
@@ -334,12 +316,8 @@ def side_figures(frame, *, t: float | None = None, first_token_s: float | None =
 
 def panel_html(side: str, frame, *, text: str, model: str, position: int | None, state: str,
                t: float | None = None, first_token_s: float | None = None) -> str:
-    """One side's panel: its answer so far (`text`), figures and, for diffusion, the canvas being denoised.
-
-    `side`: "diffusion" or "autoregressive"; `frame`: its newest frame (None: not started); `position`: 1 or 2,
-    when it runs; `state`: "idle", "waiting", "running", "replay" or "done"; `t`, `first_token_s`: as in
-    `side_figures`. The outer element carries `data-side`, `data-state` and `data-tokens`.
-    """
+    """One side's panel: answer `text`, figures, for diffusion the live canvas. `position`: 1 or 2 (when it runs);
+    `state`: idle, waiting, running, replay or done; carries `data-side`, `data-state`, `data-tokens`."""
     figures = side_figures(frame, t=t, first_token_s=first_token_s)
     if state == "idle":
         note = "press Race to start"
@@ -373,7 +351,7 @@ def _ms(seconds: float | None, digits: int = 2) -> str:
 
 
 def cost_table_html(result: RaceResult) -> str:
-    """Cost per forward x tokens per forward on both sides (and the GPU bandwidth bound where measured)."""
+    """Cost per forward and tokens per forward of both sides (and the bandwidth bound where measured)."""
     sides = [s for s in (result.diffusion, result.autoregressive) if s is not None]
     bound = any(s.bandwidth_bound_s_per_forward for s in sides)
     head = "<tr><th></th><th>cost per forward</th><th>tokens per forward</th><th>cost per token</th>"
@@ -396,7 +374,7 @@ def cost_table_html(result: RaceResult) -> str:
 
 
 def speedup_text(result: RaceResult) -> str:
-    """The headline ("Diffusion ran at 3.20x the autoregressive speed ..."); a stopped race gives no speedup."""
+    """The headline speedup; a stopped race gives none."""
     speedup = result.speedup
     if result.cancelled:
         side = result.stopped_side
@@ -413,8 +391,7 @@ def speedup_text(result: RaceResult) -> str:
 
 
 def caveat_text(result: RaceResult) -> str:
-    """A warning for beside the speedup when a side's answer is mostly punctuation or repeats itself ("" when
-    neither is)."""
+    """A warning when a side's answer is mostly punctuation or repeats itself, else ""."""
     sentences = []
     for side in (result.diffusion, result.autoregressive):
         if side is None:
@@ -435,8 +412,7 @@ def _side_cost(side: SideResult, forward: str) -> str:
 
 
 def explanation(result: RaceResult) -> str:
-    """Plain text saying why the race came out as it did, from `result.verdict()` and both sides' cost per forward
-    and tokens per forward; "" when a side is missing or made no tokens."""
+    """Why the race came out as it did (`result.verdict()`, both sides' costs); "" without two answers."""
     d, a = result.diffusion, result.autoregressive
     if d is None or a is None or d.tokens == 0 or a.tokens == 0:
         return ""
@@ -445,13 +421,13 @@ def explanation(result: RaceResult) -> str:
     ratio = verdict["cost_ratio"]
     costs = (f"a canvas forward cost {'far more than' if ratio is None else f'{ratio:.1f}x'} an autoregressive "
              f"forward here, and each committed {d.tokens_per_forward:.2f} tokens against 1.")
-    if verdict["winner"] is None:  # both sides ran, one of them cut short
+    if verdict["winner"] is None:  # one side cut short
         side = verdict["stopped_side"]
         why = (f"No winner: the race was stopped while the {side} side ran after {getattr(result, side).tokens} "
                f"tokens. So far {costs}")
     else:
         winner = "Diffusion wins" if verdict["winner"] == "diffusion" else "Autoregressive decoding wins"
-        alone = " on speed alone" if any(verdict["faults"].values()) else ""  # the caveat beside the speedup says why
+        alone = " on speed alone" if any(verdict["faults"].values()) else ""
         why = f"{winner}{alone}: {costs}"
     if verdict["bound"] == "memory":
         device_note = ("On a GPU at batch size 1 both kinds of forward are bound by reading the weights from memory, "
@@ -468,7 +444,7 @@ def explanation(result: RaceResult) -> str:
 
 
 def lengths_text(result: RaceResult) -> str:
-    """A warning when one side wrote at least twice the tokens of the other ("" otherwise)."""
+    """A warning when one side wrote at least twice the other's tokens, else ""."""
     d, a = result.diffusion, result.autoregressive
     if d is None or a is None or min(d.tokens, a.tokens) == 0 or max(d.tokens, a.tokens) < 2 * min(d.tokens, a.tokens):
         return ""
@@ -479,8 +455,7 @@ def lengths_text(result: RaceResult) -> str:
 
 
 def result_html(result: RaceResult | None) -> str:
-    """The result card under the panels (None: before any race, the rules only); the outer element carries
-    `data-speedup` and `data-faults` (the sides whose answer is faulted, space-separated)."""
+    """The result card (None: the rules only); carries `data-speedup` and `data-faults` (faulted sides)."""
     if result is None:
         return ('<div class="dg-race-result" data-state="idle"><p class="dg-race-rules">'
                 f'{escape_html(RULES_BEFORE_A_RACE)}</p></div>')

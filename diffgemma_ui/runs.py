@@ -1,9 +1,6 @@
-"""The one run mechanism: every tab's model work is a frame source iterated in a worker thread into a record.
-
-`RunWorker` owns one run and reads it as coalesced snapshots (`updates`); `Runner` starts every run of an app and
-keeps which session runs what. Stop, a closed tab (no reader for `abandon_after_s`, or `Runner.unload`), an
-abandoned API call (`Runner.served`) and the server's time limit all end a run here.
-"""
+"""The one run mechanism: every tab's model work is a frame source read in a `RunWorker` thread into a record and
+read back as coalesced snapshots; `Runner` starts an app's runs and ends them on Stop, a closed tab, an abandoned
+API call or the time limit."""
 
 from __future__ import annotations
 
@@ -15,45 +12,118 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 from gradio.context import LocalContext
 
 from engine import Frame
 
-from .record import RunRecord, RunSnapshot
-
 FrameSource = Callable[[threading.Event], Iterator[Frame]]
 DEFAULT_MAX_FPS = 15.0
-LIVE_POSITIONS_PER_SECOND = 1800.0  # chips a browser redraws per second at most (docs/design.md, Concurrency)
-DEFAULT_READER_BUDGET = 0.05  # the UI may take at most 5% of wall time: the meter must show >= 95% of bare speed
-STOP_GRACE_S = 2.0  # after Stop, frames already on their way (ZeroGPU pipes them across) are read this long
+LIVE_POSITIONS_PER_SECOND = 1800.0  # chips a browser redraws per second at most (docs/design.md)
+DEFAULT_READER_BUDGET = 0.05  # the most share of wall time the live view may take
+STOP_GRACE_S = 2.0  # after Stop, frames already on their way are read this long
 LOG = logging.getLogger(__name__)
 
 
 def default_live_rate(canvas_length: int) -> float:
-    """Live renders per second for a canvas of `canvas_length` positions: `DEFAULT_MAX_FPS` (15/s) up to 120
-    positions, then `LIVE_POSITIONS_PER_SECOND / canvas_length` (256 positions: 7.0/s), never below 2/s.
-
-    Raises:
-        ValueError: `canvas_length` below 1.
-    """
+    """Live renders a second for `canvas_length` positions (2..15); ValueError below 1."""
     if canvas_length < 1:
         raise ValueError(f"canvas_length must be at least 1, got {canvas_length}")
     return max(2.0, min(DEFAULT_MAX_FPS, LIVE_POSITIONS_PER_SECOND / canvas_length))
 
 
+@dataclass(frozen=True)
+class RunSnapshot:
+    """A run at one moment: `frames_seen`, the `latest` frame, `blocks` (each block's frames), `finished`,
+    and the `error` it raised."""
+
+    frames_seen: int = 0
+    latest: Frame | None = None
+    blocks: tuple[tuple[Frame, ...], ...] = ()
+    finished: bool = False
+    error: BaseException | None = None
+
+    @property
+    def block_count(self) -> int:
+        return len(self.blocks)
+
+    def block_frames(self, block: int | None = None) -> tuple[Frame, ...]:
+        """Frames of block `block` (default: the newest; clamped); () if none."""
+        if not self.blocks:
+            return ()
+        if block is None:
+            return self.blocks[-1]
+        return self.blocks[max(0, min(int(block), len(self.blocks) - 1))]
+
+    def finished_blocks(self) -> list[Frame]:
+        """The last frame of every finished block, in order."""
+        return [frames[-1] for frames in self.blocks if frames and frames[-1].block_done]
+
+
+@dataclass
+class RunRecord:
+    """A run's frames, appended by one writer and read by any number of readers."""
+
+    keep_history: bool = True
+    _frozen: tuple[tuple[Frame, ...], ...] = ()  # blocks before the newest (no longer changing)
+    _current: list[Frame] = field(default_factory=list)
+    _latest: Frame | None = None
+    _count: int = 0
+    _finished: bool = False
+    _error: BaseException | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, frame: Frame) -> None:
+        """Append a frame; a new `block_index` opens a block, a repeated forward marked cancelled replaces the last."""
+        with self._lock:
+            if self.keep_history:
+                if (frame.stop_reason == "cancelled" and self._current
+                        and self._current[-1].forward_index == frame.forward_index):
+                    # the engine repeats the last forward, marked cancelled
+                    self._current[-1] = frame
+                elif self._current and frame.block_index != self._current[-1].block_index:
+                    self._frozen = self._frozen + (tuple(self._current),)
+                    self._current = [frame]
+                else:
+                    self._current.append(frame)
+            self._latest = frame
+            self._count += 1
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Mark the run over, with the exception that ended it."""
+        with self._lock:
+            self._finished = True
+            self._error = error
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def snapshot(self) -> RunSnapshot:
+        """A consistent copy of the record right now."""
+        with self._lock:
+            return RunSnapshot(frames_seen=self._count, latest=self._latest,
+                               blocks=self._frozen + ((tuple(self._current),) if self._current else ()),
+                               finished=self._finished, error=self._error)
+
+
 class RunTimeLimitExceeded(RuntimeError):
-    """A run went past the server's time limit per run and was stopped; the blocks it committed are kept."""
+    """A run went past the server's time limit and was stopped (its committed blocks are kept)."""
 
 
 def is_out_of_memory(error: BaseException | None) -> bool:
-    """Whether `error` is the device (`torch.OutOfMemoryError`) or the host (`MemoryError`) running out of memory."""
+    """Whether `error` is the device or the host running out of memory."""
     return isinstance(error, (MemoryError, torch.OutOfMemoryError))
 
 
 def release_memory() -> None:
-    """Collect garbage and hand cached accelerator memory back (after an out-of-memory run)."""
+    """Collect garbage and hand cached accelerator memory back."""
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
@@ -62,7 +132,7 @@ def release_memory() -> None:
 
 
 def _without_tracebacks(error: BaseException) -> BaseException:
-    """`error` with the tracebacks of it and its causes dropped (they would keep the failed run's tensors alive)."""
+    """`error` with its and its causes' tracebacks dropped (they would keep the run's tensors alive)."""
     seen = set()
     current = error
     while current is not None and id(current) not in seen:
@@ -73,10 +143,8 @@ def _without_tracebacks(error: BaseException) -> BaseException:
 
 
 class RunWorker:
-    """One run in a background thread: `source(stop_event)` returns the frame iterator (what it raises ends the run
-    and is in the final snapshot), iterated into `record` (default: a `RunRecord`, all frames or with
-    `keep_history` False the newest). The run stops itself when no reader polled for `abandon_after_s` or after
-    `time_limit_s` (then with `RunTimeLimitExceeded`); `stop_event`: anything with `set()` and `is_set()`."""
+    """One run in a thread: `source(stop_event)` read into `record` (default `RunRecord`); it stops itself after
+    `abandon_after_s` unread or past `time_limit_s`; `stop_event`: any object with `set()` and `is_set()`."""
 
     def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0,
                  time_limit_s: float | None = None, stop_event: threading.Event | None = None, record=None):
@@ -89,9 +157,8 @@ class RunWorker:
         self._thread: threading.Thread | None = None
         self._last_poll = time.monotonic()
 
-    # -- control -------------------------------------------------------------------------------------------------
     def start(self) -> "RunWorker":
-        """Start the worker thread (once); returns self."""
+        """Start the worker thread (once); returns self (RuntimeError the second time)."""
         if self._thread is not None:
             raise RuntimeError("this run was already started")
         self._last_poll = time.monotonic()
@@ -100,7 +167,7 @@ class RunWorker:
         return self
 
     def stop(self) -> None:
-        """Ask the run to stop: sets `stop_event` (the engine yields a final "cancelled" frame within a forward)."""
+        """Ask the run to stop (the engine yields a final "cancelled" frame within a forward)."""
         self.stop_event.set()
         self._notify()
 
@@ -110,7 +177,6 @@ class RunWorker:
 
     @property
     def running(self) -> bool:
-        """The worker thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
     def join(self, timeout: float | None = None) -> bool:
@@ -119,7 +185,6 @@ class RunWorker:
             self._thread.join(timeout)
         return not self.running
 
-    # -- worker thread -------------------------------------------------------------------------------------------
     def _run(self) -> None:
         error: BaseException | None = None
         iterator = None
@@ -131,7 +196,7 @@ class RunWorker:
                 if self.take(frame):
                     break
         except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
-            if not isinstance(exc, ValueError):  # the operator gets the traceback (as text), the user the message
+            if not isinstance(exc, ValueError):
                 LOG.error("run failed: %s", "".join(traceback.format_exception(exc)).rstrip())
             error = _without_tracebacks(exc)
         finally:
@@ -153,8 +218,7 @@ class RunWorker:
             self._notify()
 
     def take(self, frame) -> bool:
-        """Record one item (in the worker thread); returns whether the run is over: its final frame, or a source
-        that went on for `STOP_GRACE_S` after Stop."""
+        """Record one item; returns whether the run is over (its final frame, or `STOP_GRACE_S` past Stop)."""
         self.record.add(frame)
         self._notify()
         if getattr(frame, "done", False):
@@ -165,13 +229,12 @@ class RunWorker:
         if self.time_limit_s is not None and now - self._started > self.time_limit_s:
             self._timed_out = True
             self.stop_event.set()
-        if self.stop_event.is_set():  # the engine's cancelled frame comes within a forward; else the source is closed
+        if self.stop_event.is_set():
             self._after_stop += 1
             self._stopped_at = self._stopped_at or now
             return self._after_stop >= 2 and now - self._stopped_at > STOP_GRACE_S
         return False
 
-    # -- readers -------------------------------------------------------------------------------------------------
     def snapshot(self) -> RunSnapshot:
         """The run right now (counts as a poll)."""
         self._last_poll = time.monotonic()
@@ -179,10 +242,8 @@ class RunWorker:
 
     def updates(self, max_fps: float = DEFAULT_MAX_FPS, poll_s: float = 0.2,
                 reader_budget: float | None = DEFAULT_READER_BUDGET) -> Iterator[RunSnapshot]:
-        """Coalesced snapshots: at most `max_fps` a second, each with the newest frame; the first and the final
-        (`finished=True`, the last) are never held back. `reader_budget`: the most share of wall time the reader may
-        spend between a `yield` and its next request (the gap stretches to `reader_time / reader_budget`; None:
-        only `max_fps` limits). Waiting here counts as polling."""
+        """Coalesced snapshots, at most `max_fps` a second and the reader's time / `reader_budget` apart; the first
+        and the final never held back."""
         interval = 1.0 / max_fps if max_fps and max_fps > 0 else 0.0
         seen = -1
         next_allowed = 0.0
@@ -192,7 +253,6 @@ class RunWorker:
                 while self.record.count == seen and not self.record.finished:
                     self._last_poll = time.monotonic()
                     self._changed.wait(poll_s)
-                # Rate limit: wait out the interval unless the run finishes meanwhile
                 while not self.record.finished:
                     delay = next_allowed - time.monotonic()
                     if delay <= 0:
@@ -208,7 +268,7 @@ class RunWorker:
             self._last_poll = now = time.monotonic()
             if snap.finished:
                 return
-            if snap.latest is None:  # the "encoding the prompt" view: never hold the first frame back
+            if snap.latest is None:  # never hold the first frame back
                 continue
             spent = now - yielded_at
             reader_s = spent if reader_s is None else 0.7 * reader_s + 0.3 * spent
@@ -216,7 +276,7 @@ class RunWorker:
             next_allowed = yielded_at + gap
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> RunSnapshot:
-        """Block until the run is over (or `timeout` seconds pass) and return the snapshot."""
+        """The snapshot once the run is over or `timeout` seconds passed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
             while not self.record.finished:
@@ -229,7 +289,7 @@ class RunWorker:
 
 
 class RunRegistry:
-    """Which worker each browser session is running (one per app): to stop a closed tab's runs and count runs."""
+    """Which worker each browser session runs (one registry per app)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -250,8 +310,7 @@ class RunRegistry:
                 del self._runs[key]
 
     def stop(self, key: str) -> bool:
-        """Stop session `key`'s runs: its live run and its API runs (registered as `key:...`); returns whether there
-        were any."""
+        """Stop session `key`'s runs (also those registered as `key:...`); returns whether there were any."""
         with self._lock:
             keys = [k for k in self._runs if k == key or k.startswith(f"{key}:")]
             workers = [self._runs.pop(k) for k in keys]
@@ -265,15 +324,14 @@ class RunRegistry:
             return sum(1 for w in self._runs.values() if w.running)
 
 
-DEFAULT_MAX_RUN_S = 300.0  # no single run (UI or API) holds the engine for longer
-API_WAIT_S = 0.25  # how long a served API call waits on its run before checking that its client is still there
-STOP_WAIT_S = 10.0  # Stop waits this long at most for the run's last frame (one decoder forward)
-DROP_DELAY_S = 5.0  # a closed tab's Gradio record is dropped this long after (every unload handler has run)
+DEFAULT_MAX_RUN_S = 300.0
+API_WAIT_S = 0.25  # a served API call checks its client this often
+STOP_WAIT_S = 10.0  # Stop waits this long at most for the run's last frame
+DROP_DELAY_S = 5.0  # a closed tab's Gradio record is dropped this long after
 
 
 def pushed(run: Callable[[Callable[[object], None]], object]) -> Iterator:
-    """The items a callback-style mode hands to `emit` (`run(emit)`, run in a helper thread), as an iterator, then
-    what `run` returns as the last item; an exception `run` raises is raised here."""
+    """What `run(emit)` (in a thread) hands to `emit`, as an iterator, then what it returns; its errors raised."""
     items: queue.Queue = queue.Queue()
 
     def target() -> None:
@@ -297,9 +355,7 @@ class ClientGone(RuntimeError):
 
 
 def job_alive_check() -> Callable[[], bool]:
-    """A function answering whether the current Gradio job's client is still there (Gradio marks a job
-    `alive = False` when its client goes away); call it in the handler's own context. Outside a queued job it
-    always answers True."""
+    """Whether the current Gradio job's client is still there, as a function (True outside a queued job)."""
     blocks = LocalContext.blocks.get(None)
     event_id = LocalContext.event_id.get(None)
     queue = getattr(blocks, "_queue", None)
@@ -314,18 +370,12 @@ def job_alive_check() -> Callable[[], bool]:
 
 
 def session_key(request, fallback: object, suffix: str = "") -> str:
-    """The registry key of a session's run: its session hash (or `anon-<id of fallback>`) and `suffix`."""
+    """The registry key of a session's run: its hash (or `anon-<id of fallback>`) and `suffix`."""
     return f"{getattr(request, 'session_hash', None) or f'anon-{id(fallback)}'}{suffix}"
 
 
 class Runner:
-    """Starts every run of one app and keeps which session runs what (one per app, not module state).
-
-    Args:
-        max_fps: most live renders per second; reader_budget: most share of wall time the live view may take
-            (see `RunWorker.updates`); abandon_after_s: a run without a reader for this long stops itself;
-        max_run_s: a run (UI or API) that lasts longer is stopped with a clear error (None: no limit).
-    """
+    """Starts every run of one app and keeps which session runs what; `max_run_s`: each run's time limit."""
 
     def __init__(self, *, max_fps: float, reader_budget: float | None = DEFAULT_READER_BUDGET,
                  abandon_after_s: float = 30.0, max_run_s: float | None = DEFAULT_MAX_RUN_S):
@@ -334,13 +384,11 @@ class Runner:
         self.abandon_after_s = abandon_after_s
         self.max_run_s = max_run_s
         self.registry = RunRegistry()
-        self.closed_sessions = None  # set by build_app: a `ClosedSessionDropper`
+        self.closed_sessions: ClosedSessionDropper | None = None
 
     def start(self, source: FrameSource, key: str | None = None, *, keep_history: bool = True, stop_event=None,
               record=None, limit_s: float | None = None) -> RunWorker:
-        """Start `source` in a `RunWorker` under the app's limits, registered as `key` (None: not registered; a key
-        `<session>...` is stopped when that tab closes); `limit_s`: a tighter time limit (ZeroGPU's granted time).
-        The caller ends it with `finish`."""
+        """Start `source` in a `RunWorker` under the app's limits (`limit_s`: a tighter one), registered as `key`."""
         limits = [limit for limit in (self.max_run_s, limit_s) if limit is not None]
         worker = RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
                            time_limit_s=min(limits) if limits else None, stop_event=stop_event,
@@ -356,24 +404,18 @@ class Runner:
             self.registry.unregister(key, worker)
 
     def updates(self, worker: RunWorker) -> Iterator[RunSnapshot]:
-        """`worker`'s coalesced snapshots at the app's live rate and reader budget."""
+        """`worker`'s coalesced snapshots at the app's live rate."""
         return worker.updates(self.max_fps, reader_budget=self.reader_budget)
 
     async def served(self, start: Callable[[], RunWorker], request) -> RunSnapshot:
-        """An API call's run to its end: `start()` (in a thread: it validates and may block) starts it, registered
-        under the caller's session (`<session>:api:<n>`); a cancelled job or a dropped result stream stops it within
-        `API_WAIT_S`. Returns the final snapshot.
-
-        Raises:
-            ClientGone: the client went away (the run is stopped).
-        """
+        """An API call's run to its final snapshot, stopped within `API_WAIT_S` once its client left (ClientGone)."""
         client_alive = job_alive_check()
         worker = await asyncio.to_thread(start)
         key = f"{getattr(request, 'session_hash', None) or 'anon'}:api:{id(worker)}"
         self.registry.register(key, worker)
         try:
             snap = worker.snapshot()
-            while not snap.finished:  # woken by the run's own end, not by a timer
+            while not snap.finished:
                 snap = await asyncio.to_thread(worker.wait, API_WAIT_S)
                 if not snap.finished and not client_alive():
                     raise ClientGone("the client went away: run stopped")
@@ -382,7 +424,7 @@ class Runner:
         return snap
 
     def unload(self, session_hash: str | None) -> None:
-        """A tab closed: stop its session's runs and have Gradio's record of it dropped a few seconds later."""
+        """A tab closed: stop its session's runs, drop Gradio's record of it soon after."""
         if session_hash:
             self.registry.stop(session_hash)
             if self.closed_sessions is not None:
@@ -390,15 +432,14 @@ class Runner:
 
 
 class ClosedSessionDropper:
-    """Drops Gradio's own record of each closed session (`blocks.state_holder.session_data`, which Gradio keeps
-    until 10,000 later sessions have come) `delay_s` seconds after its tab closed."""
+    """Drops Gradio's record of each closed session (`blocks.state_holder`) `delay_s` seconds after its tab closed."""
 
     def __init__(self, blocks, delay_s: float = DROP_DELAY_S):
         self.blocks = blocks
         self.delay_s = delay_s
 
     def closed(self, session_hash: str) -> None:
-        """The tab of `session_hash` closed: drop its record after the delay (in a daemon timer thread)."""
+        """The tab of `session_hash` closed: drop its record after the delay."""
         timer = threading.Timer(self.delay_s, self.drop, args=(session_hash,))
         timer.daemon = True
         timer.start()

@@ -1,22 +1,18 @@
-"""Per-browser-session state in a `gr.State`: one run per session. Each trigger takes a ticket (`claim`), a run
-starts only while its ticket is the newest (`begin`), and a stale stream stops yielding (`is_current`).
-"""
+"""The Playground's per-session state (a `gr.State`): one run per session. Each trigger takes a ticket (`claim`),
+a run starts only while its ticket is the newest (`begin`) and a stale stream stops yielding (`is_current`)."""
 
 from __future__ import annotations
 
 import threading
 
-from .record import RunSnapshot
-from .runs import RunWorker
+from .runs import RunSnapshot, RunWorker
 
-# How long a new run waits for the previous run's stream to end (it ends within one decoder forward once stopped).
-PREVIOUS_STREAM_WAIT_S = 10.0
+PREVIOUS_STREAM_WAIT_S = 10.0  # a new run waits this long for the previous stream
 
 
 class SessionState:
-    """What one browser session remembers: its `worker`, tickets, last `snapshot` and the finished blocks' HTML
-    cache; a deep copy (Gradio's per-session copy) is always a fresh, empty state.
-    """
+    """What one browser session remembers: its `worker`, tickets, last `snapshot` and the finished blocks'
+    HTML; a deep copy is always fresh."""
 
     def __init__(self):
         self.worker: RunWorker | None = None
@@ -33,11 +29,10 @@ class SessionState:
     def _clear_views(self) -> None:
         self.snapshot: RunSnapshot | None = None
         self.finished_html: list[str] = []
-        self.stacked_blocks = -1  # finished blocks shown in the stack component (-1: not rendered this run)
+        self.stacked_blocks = -1  # blocks in the stack component (-1: none this run)
 
-    # -- tickets -------------------------------------------------------------------------------------------------
     def claim(self) -> int:
-        """A new ticket for a run about to start: stops the current run and makes every older ticket stale."""
+        """A new ticket: stops the current run and makes every older ticket stale."""
         with self._lock:
             self.ticket += 1
             ticket = self.ticket
@@ -45,13 +40,12 @@ class SessionState:
         return ticket
 
     def is_current(self, ticket: int) -> bool:
-        """Whether `ticket` is still the session's newest (no later trigger, no Stop since)."""
+        """Whether `ticket` is still the newest."""
         return ticket == self.ticket
 
     def begin(self, worker: RunWorker, ticket: int | None = None) -> bool:
-        """Make `worker` the run for `ticket` (None: claim one) after the previous stream ended (waiting at most
-        `PREVIOUS_STREAM_WAIT_S`); False, and `worker` stopped, when the ticket went stale meanwhile.
-        """
+        """Make `worker` the run for `ticket` (None: claim one) once the previous stream ended; False, and
+        `worker` stopped, when the ticket went stale meanwhile."""
         if ticket is None:
             ticket = self.claim()
         self.stop()
@@ -67,19 +61,18 @@ class SessionState:
         return True
 
     def end_stream(self, worker: RunWorker) -> None:
-        """The stream of `worker` has ended (normally, stopped or superseded): a waiting `begin` may go on."""
+        """The stream of `worker` has ended: a waiting `begin` may go on."""
         if self.worker is worker:
             self._stream_done.set()
 
     @property
     def run_in_progress(self) -> bool:
-        """Whether the session's run is going on (its worker has not ended)."""
+        """Whether the session's worker is still running."""
         worker = self.worker
         return worker is not None and worker.running
 
-    # -- stopping and releasing ----------------------------------------------------------------------------------
     def stop(self) -> bool:
-        """Stop the session's run if it is running; returns whether there was one."""
+        """Stop the session's run; returns whether one was running."""
         worker = self.worker
         if worker is not None and worker.running:
             worker.stop()
@@ -87,9 +80,7 @@ class SessionState:
         return False
 
     def withdraw(self) -> tuple[int, RunWorker | None]:
-        """Stop: stale every ticket and stop the run; returns (the newest ticket, its worker or None if it had not
-        started).
-        """
+        """Stop: stale every ticket and stop the run; returns (the newest ticket, its worker or None)."""
         with self._lock:
             ticket = self.ticket
             self.ticket += 1
@@ -98,7 +89,7 @@ class SessionState:
         return ticket, worker
 
     def release(self) -> None:
-        """Drop everything the session holds (the tab closed): stop the run, free its frames and HTML."""
+        """Drop everything the session holds (its tab closed)."""
         with self._lock:
             self.ticket += 1
         self.stop()

@@ -1,11 +1,9 @@
-"""Step-through mode: one decoder forward per "Next step", or the rest with "Run to end". The engine's frame
-generator is kept between clicks, so a stepped run's tokens are a normal run's; new acceptances are outlined.
-"""
+"""Step-through: one decoder forward per "Next step", the rest with "Run to end", from the engine's frame generator
+kept between clicks (a stepped run's tokens are a normal run's); new acceptances are outlined."""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
@@ -14,26 +12,26 @@ import gradio as gr
 from engine import Frame
 
 from .handlers import initial_outputs
-from .record import RunRecord
+from .runs import RunRecord
 from .session import SessionState
-from .tab import PLOT_INTERVAL_S, user_error
+from .tab import PRIVATE, PlotClock, guard_stream, shown_refusal, user_error
 
 NEW_OUTLINE = "#E69F00"  # the plots' accepted colour (Okabe-Ito orange)
 
 
 @dataclass
 class StepRun:
-    """One stepped run: its request, its frame generator, the frames so far and a lock (one forward at a time)."""
+    """One stepped run: its request, frame generator, frames so far and a lock (one forward at a time)."""
 
     request: object
     frames: Iterator[Frame]
     record: RunRecord = field(default_factory=RunRecord)
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: bool = False
-    pause: threading.Event = field(default_factory=threading.Event)  # Stop during "Run to end": end after this forward
+    pause: threading.Event = field(default_factory=threading.Event)  # set by Stop during "Run to end"
 
     def close(self) -> None:
-        """Stop the run and free its KV cache (closing the generator)."""
+        """Stop the run and free its KV cache."""
         self.done = True
         close = getattr(self.frames, "close", None)
         if close is not None:
@@ -41,9 +39,7 @@ class StepRun:
 
 
 def newly_accepted_style(frame: Frame) -> str:
-    """A `<style>` outlining the live chips first accepted in `frame`'s forward, selected by position (no model
-    string); "" when none or the block is finished.
-    """
+    """A `<style>` outlining the live chips first accepted in `frame`'s forward, by position; "" when none."""
     if frame.block_done:
         return ""
     positions = [pos for pos, step in enumerate(frame.first_accepted_step) if step == frame.step_index]
@@ -63,17 +59,13 @@ def step_note(frame: Frame) -> str:
 
 
 class StepThroughHandlers:
-    """"Next step" and "Run to end" on a `handlers.Playground` (its checks, engine and `render`); keeps
-    `session.step_run` and sets `session.request` to the stepped run's request.
-    """
+    """"Next step" and "Run to end" on a `handlers.Playground`, kept in `session.step_run`."""
 
     def __init__(self, playground):
         self.playground = playground
 
     def _step_run(self, session: SessionState, inputs) -> StepRun:
-        """The session's stepped run, or a new one for `inputs` when there is none, it finished, or another run or a
-        replay used the view since.
-        """
+        """The session's stepped run, or a new one for `inputs` when it has none (or it was superseded)."""
         run = getattr(session, "step_run", None)
         if run is not None and not run.done and getattr(session, "request", None) is run.request:
             return run
@@ -88,7 +80,7 @@ class StepThroughHandlers:
         return session.step_run
 
     def _advance(self, session: SessionState, run: StepRun, plots_due: bool = True, stop_button=None) -> tuple:
-        """One decoder forward of `run`, rendered (plots when `plots_due` or at the end)."""
+        """One decoder forward of `run`, rendered."""
         with run.lock:
             if run.done:
                 return self._render(session, run, True, stop_button)
@@ -107,10 +99,9 @@ class StepThroughHandlers:
             return self._render(session, run, plots_due, stop_button)
 
     def _render(self, session: SessionState, run: StepRun, plots_due: bool, stop_button=None) -> tuple:
-        """The stream outputs and the note; Generate is skipped, Stop too unless `stop_button` (an update) is given."""
+        """The stream outputs and the note (Generate skipped, Stop unless `stop_button` is given)."""
         snap = run.record.snapshot()
         session.snapshot = snap
-        # A stepped run's first forward hides the block slider as a new run does (it would name the last run's block)
         outputs = self.playground.render(session, snap, final=run.done, plots_due=plots_due,
                                          first=snap.frames_seen == 1)
         outputs = replace(outputs, generate_button=gr.skip(),
@@ -121,31 +112,22 @@ class StepThroughHandlers:
         return (*outputs.as_tuple(), step_note(latest) if latest is not None else "")
 
     def next_step(self, session: SessionState, *inputs) -> tuple:
-        """"Next step": one forward of the session's stepped run (started from the run `inputs` if none): the stream
-        outputs and the note; `gr.Error` for bad inputs, a normal run in progress or an engine failure.
-        """
+        """"Next step": one forward (a new run from `inputs` if none); gr.Error: bad input, a run in progress, a
+        failure."""
         return self._advance(session, self._step_run(session, inputs))
 
     def run_to_end(self, session: SessionState, *inputs) -> Iterator[tuple]:
-        """"Run to end": the remaining forwards, one render each (plots at most every `PLOT_INTERVAL_S` and at the
-        end).
-        """
+        """"Run to end": the remaining forwards, a render each."""
         run = self._step_run(session, inputs)
         run.pause.clear()
-        last_plots = 0.0
-        stop_on = gr.update(interactive=True)
+        clock = PlotClock()
         while not run.done and not run.pause.is_set():
-            now = time.monotonic()
-            plots_due = now - last_plots >= PLOT_INTERVAL_S
-            last_plots = now if plots_due else last_plots
-            yield self._advance(session, run, plots_due, stop_on)  # Stop pauses the stepped run (see `pause`)
+            yield self._advance(session, run, clock.due(), gr.update(interactive=True))
         with run.lock:
             yield self._render(session, run, True, stop_button=gr.update(interactive=False))
 
     def pause(self, session: SessionState) -> tuple:
-        """Stop during "Run to end": end after the forward in progress, keeping the run to go on from; skips
-        everything when no stepped run is going on (Stop then belongs to a normal run).
-        """
+        """Stop during "Run to end": end after the forward in progress, the run kept to go on (skips without one)."""
         run = getattr(session, "step_run", None) if session is not None else None
         if run is None or run.done:
             return tuple(gr.skip() for _ in range(len(initial_outputs().as_tuple()) + 1))  # the outputs and the note
@@ -156,3 +138,38 @@ class StepThroughHandlers:
         note = (f"Paused after forward {latest.forward_index + 1}: **Next step** or **Run to end** goes on from "
                 "here." if latest is not None else rendered[-1])
         return rendered[:-1] + (note,)
+
+
+@dataclass
+class StepControls:
+    next_step: gr.Button
+    run_to_end: gr.Button
+    replay: gr.Button
+    note: gr.Markdown
+
+
+def build_step_controls() -> StepControls:
+    """The step-through buttons and their note in the current Blocks context."""
+    with gr.Row(elem_id="dg-step-buttons"):
+        next_step = gr.Button("Next step", elem_id="dg-next-step", size="sm", scale=1)
+        run_to_end = gr.Button("Run to end", elem_id="dg-run-to-end", size="sm", scale=1)
+        replay = gr.Button("\u25b6 Replay", elem_id="dg-replay-run", size="sm", scale=1, interactive=False)
+    note = gr.Markdown("Step through a run: **Next step** runs one decoder forward (from the prompt and settings "
+                       "above), **Run to end** the rest. **Replay** plays the last run back slowly, one forward "
+                       "at a time.", elem_id="dg-step-note")
+    return StepControls(next_step, run_to_end, replay, note)
+
+
+def wire_step_through(controls: StepControls, steps, session, run_inputs: list, stream_outputs: list,
+                      stop_button: gr.Button | None = None, box=None) -> None:
+    """Wire "Next step" and "Run to end" (in the engine's queue slot); `stop_button` also pauses a "Run to end";
+    `box` says why a step was refused."""
+    html, refusal = box
+    common = dict(inputs=[refusal, session, *run_inputs], outputs=[*stream_outputs, controls.note],
+                  api_visibility="private", concurrency_id="engine", show_progress="hidden")
+    for button, handler in ((controls.next_step, steps.next_step), (controls.run_to_end, steps.run_to_end)):
+        button.click(guard_stream(handler), trigger_mode="once", **common).then(
+            shown_refusal, inputs=[refusal], outputs=[html], concurrency_limit=None, **PRIVATE)
+    if stop_button is not None:
+        stop_button.click(steps.pause, inputs=[session], outputs=[*stream_outputs, controls.note],
+                          api_visibility="private", concurrency_limit=None, show_progress="hidden")

@@ -1,9 +1,6 @@
-"""The tab skeleton every tab (Playground, Race, Compare, Chat, Infill) fills in.
-
-A tab keeps its visitor's run in a `TabState`, checks its inputs in a step wired by `checked` (a refusal's reason
-stays in the tab's `refusal_box` until its next run), streams a `live_run` and renders it; `user_error` is how any
-failure reaches the visitor; `register_api` builds an endpoint whose settings come from the settings table.
-"""
+"""The skeleton every tab fills in: a `TabState` per visitor, a check step wired by `checked` whose refusal stays in
+the tab's `refusal_box`, a `live_run` streamed and rendered, `user_error` for any failure, and `register_api` for an
+endpoint whose settings come from the settings table."""
 
 from __future__ import annotations
 
@@ -20,19 +17,19 @@ from engine import DiffusionSettings
 from engine.settings import SETTING_NAMES, spec
 
 from . import plots
-from .runs import STOP_WAIT_S, ClientGone, Runner, RunTimeLimitExceeded, RunWorker, is_out_of_memory
+from .runs import STOP_WAIT_S, ClientGone, RunTimeLimitExceeded, RunWorker, is_out_of_memory
 from .text import escape_html
 
 LOG = logging.getLogger(__name__)
-PLOT_INTERVAL_S = 1.0  # live plots re-render at most this often (the final render always has everything)
-API_SETTINGS = SETTING_NAMES  # the settings every endpoint takes, in the settings table's order
+PLOT_INTERVAL_S = 1.0  # live plots re-render at most this often
+API_SETTINGS = SETTING_NAMES
 PRIVATE = dict(api_visibility="private", show_progress="hidden")
+_EXPECTED = (ValueError, gr.Error, RunTimeLimitExceeded)
 
 
 def describe_error(error: BaseException) -> str:
-    """The user-facing message for an error that ended a run or rejected a request (never a traceback): a
-    ValueError's own message, what to lower when out of memory, else the error's type."""
-    if isinstance(error, (ValueError, gr.Error, RunTimeLimitExceeded)):
+    """The user-facing words for an error that ended a run or refused a request (never a traceback)."""
+    if isinstance(error, _EXPECTED):
         return str(error) or type(error).__name__
     if is_out_of_memory(error):
         return ("out of memory during this run: lower max_new_tokens or max_denoising_steps, or shorten the prompt "
@@ -42,9 +39,8 @@ def describe_error(error: BaseException) -> str:
 
 
 def user_error(error: BaseException | str, *, prefix: str = "") -> gr.Error:
-    """The `gr.Error` a handler raises for `error` (a message, or an exception as `describe_error` words it); an
-    unexpected exception is logged for the operator."""
-    if isinstance(error, BaseException) and not isinstance(error, (ValueError, gr.Error, RunTimeLimitExceeded)):
+    """The `gr.Error` for `error` (text, or an exception as `describe_error` words it); unexpected ones logged."""
+    if isinstance(error, BaseException) and not isinstance(error, _EXPECTED):
         LOG.error("request failed: %s: %s", type(error).__name__, error, exc_info=error)
     message = error if isinstance(error, str) else describe_error(error)
     return gr.Error(prefix + message, print_exception=False)
@@ -52,25 +48,19 @@ def user_error(error: BaseException | str, *, prefix: str = "") -> gr.Error:
 
 @contextmanager
 def refusing() -> Iterator[None]:
-    """Any exception raised in the block (bad input, a failing tokenizer) leaves it as `user_error`'s `gr.Error`."""
+    """Any exception raised in the block leaves it as `user_error`'s `gr.Error`."""
     try:
         yield
     except Exception as error:  # noqa: BLE001 - a clear message either way
         raise user_error(error) from None
 
 
-async def served(runs: Runner, start: Callable, request):
-    """`Runner.served` (an API call's run, stopped when its client goes away), its errors as `gr.Error`."""
+async def api_run(playground, start: Callable[[], RunWorker], request):
+    """An endpoint's run to its final snapshot; gr.Error: `start` refused, the client left, the run failed."""
     try:
-        return await runs.served(start, request)
+        snap = await playground.runs.served(start, request)
     except ClientGone as error:
         raise user_error(str(error)) from None
-
-
-async def api_run(playground, start: Callable[[], RunWorker], request):
-    """An endpoint's run to its end (`served`); returns its final snapshot. Raises gr.Error: `start` refused, the
-    client went away, or the run failed."""
-    snap = await served(playground.runs, start, request)
     if snap.error is not None:
         raise user_error(snap.error)
     return snap
@@ -78,8 +68,7 @@ async def api_run(playground, start: Callable[[], RunWorker], request):
 
 # -- a tab's state and run -----------------------------------------------------------------------------------------
 class TabState:
-    """A visitor's state in one tab (a `gr.State` value): `worker`, its run in progress, and `stopped`, set by
-    Stop (for a tab whose work outlasts one run). A copy is always fresh (nothing crosses sessions)."""
+    """A visitor's state in one tab (a `gr.State`): its `worker` and `stopped` (Stop); copies are fresh."""
 
     def __init__(self):
         self.worker: RunWorker | None = None
@@ -102,20 +91,19 @@ class TabState:
 
 
 def stop_run(state: TabState | None) -> None:
-    """A tab's Stop button: its run ends within one decoder forward."""
+    """A tab's Stop button."""
     if state is not None:
         state.stop()
 
 
 def wire_stop(button: gr.Button, state: gr.State) -> None:
-    """Wire a tab's Stop `button` to `stop_run` of its `state` (outside the queue)."""
+    """Wire a Stop `button` to `stop_run` of `state`, outside the queue."""
     button.click(stop_run, inputs=[state], outputs=None, concurrency_limit=None, **PRIVATE)
 
 
 @contextmanager
 def live_run(playground, job, key: str | None, state: TabState | None = None, **options) -> Iterator[RunWorker]:
-    """`playground.start_job(job, key, **options)` as `state.worker`; on leaving the block (its end, an error, or
-    Gradio closing the stream) the run is stopped and unregistered."""
+    """`playground.start_job(job, key, **options)` as `state.worker`, stopped and unregistered on leaving."""
     worker = playground.start_job(job, key, **options)
     if state is not None:
         state.worker = worker
@@ -126,13 +114,13 @@ def live_run(playground, job, key: str | None, state: TabState | None = None, **
 
 
 def buttons(running: bool) -> tuple:
-    """(run button, Stop button) updates: Stop on only while a run is `running`."""
+    """(run button, Stop button) updates: Stop on only while `running`."""
     return gr.update(interactive=not running), gr.update(interactive=running)
 
 
 # -- the refusal box ---------------------------------------------------------------------------------------------
 class Refusal:
-    """A session's last refusal in one tab (a `gr.State` value); a copy is always empty."""
+    """A session's last refusal in one tab (a `gr.State`); a copy is always empty."""
 
     def __init__(self):
         self.reason = ""
@@ -141,13 +129,8 @@ class Refusal:
         return Refusal()
 
 
-def reason_of(error: Exception) -> str:
-    """What the refusal box says of `error`: a `gr.Error`'s message, else `describe_error`'s words."""
-    return str(error.message) if isinstance(error, gr.Error) else describe_error(error)
-
-
 def refusal_html(reason: str) -> str:
-    """The box under a tab's buttons: the refusal's reason (escaped), or "" (nothing shown) when there is none."""
+    """The box under a tab's buttons: `reason` escaped, or "" when there is none."""
     if not reason:
         return ""
     return (f'<div class="dg-refusal" role="alert"><b>Not run:</b> {escape_html(reason)}'
@@ -155,7 +138,7 @@ def refusal_html(reason: str) -> str:
 
 
 def refusal_box(tab: str) -> tuple[gr.HTML, gr.State]:
-    """The refusal box of `tab` (an element id part) and its state, created in the current Blocks context."""
+    """The refusal box of `tab` (an element id part) and its state, in the current Blocks context."""
     return gr.HTML("", elem_id=f"dg-{tab}-refusal", elem_classes=["dg-refusal-box"]), gr.State(Refusal())
 
 
@@ -166,13 +149,12 @@ def noting(refusal: Refusal) -> Iterator[None]:
     try:
         yield
     except Exception as error:
-        refusal.reason = reason_of(error)
+        refusal.reason = str(error.message) if isinstance(error, gr.Error) else describe_error(error)
         raise
 
 
 def guarded(fn: Callable, width: int) -> Callable:
-    """`fn` (a check step returning `width` outputs) taking a `Refusal` first, noted as `noting` does; a pass
-    also clears the box (the last output)."""
+    """`fn` (a check step with `width` outputs) taking a `Refusal` first, noted; a pass adds "" for the box."""
     def step(refusal: Refusal, *inputs):
         with noting(refusal):
             result = fn(*inputs)
@@ -184,9 +166,8 @@ def guarded(fn: Callable, width: int) -> Callable:
 def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.HTML, gr.State],
             outputs: Sequence = (), refused: Callable | None = None, refused_inputs: Sequence = (),
             refused_outputs: Sequence = (), **options):
-    """Wire `triggers` to a tab's check step: `check(*inputs)` returns a value per `outputs` or raises `gr.Error`,
-    whose reason `box` (`refusal_box`) shows until a later request passes; `refused` (optional) then also marks
-    what the previous run left on the page (`refused_outputs`). Returns the event (`.success`: the run step)."""
+    """Wire `triggers` to `check(*inputs)` (a value per `outputs`, or gr.Error shown in `box`); `refused` then marks
+    `refused_outputs`. Returns the event (`.success`: the run step)."""
     html, state = box
     event = gr.on(list(triggers), guarded(check, len(outputs)), inputs=[state, *inputs], outputs=[*outputs, html],
                   concurrency_limit=None, **{**PRIVATE, **options})
@@ -198,8 +179,7 @@ def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.
 
 
 def guard_stream(fn: Callable) -> Callable:
-    """`fn` (a run step that may itself refuse: a generator or a function) taking a `Refusal` first, its errors
-    noted there (`shown_refusal` shows them)."""
+    """`fn` (a run step, generator or not) taking a `Refusal` first, its errors noted there."""
     if inspect.isgeneratorfunction(fn):
         def step(refusal: Refusal, *inputs):
             with noting(refusal):
@@ -212,14 +192,13 @@ def guard_stream(fn: Callable) -> Callable:
 
 
 def shown_refusal(refusal: Refusal) -> str:
-    """The refusal box's HTML for the session's last refusal (a failure step's handler)."""
+    """The refusal box's HTML for the session's last refusal."""
     return refusal_html(refusal.reason)
 
 
 # -- controls ---------------------------------------------------------------------------------------------------
 def setting_control(name: str, value, **options) -> gr.Slider | gr.Checkbox:
-    """The control of setting `name` from the settings table: a slider over the UI's range (an excluded low end
-    starts one step above it) or a checkbox; label and info from the table unless `options` give them."""
+    """Setting `name`'s control from the settings table: a slider over the UI's range or a checkbox."""
     row = spec(name)
     options = {"label": row.label, "info": row.help, "value": value, **options}
     if row.kind is bool:
@@ -230,7 +209,7 @@ def setting_control(name: str, value, **options) -> gr.Slider | gr.Checkbox:
 
 
 def empty_plots() -> tuple:
-    """The three plots of a live view before a run: confidence heatmap, unmasking order, entropy and acceptance."""
+    """The three plots before a run: confidence heatmap, unmasking order, entropy and acceptance."""
     return plots.confidence_heatmap([]), plots.unmasking_order(None), plots.entropy_and_acceptance([])
 
 
@@ -244,10 +223,8 @@ def live_plots(tab: str) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
     return heatmap, order, entropy
 
 
-# -- pacing ------------------------------------------------------------------------------------------------------
 class PlotClock:
-    """When the live plots are due: at most every `PLOT_INTERVAL_S`, and at once when a new block starts.
-    `wait_first`: hold the first plots back for an interval."""
+    """When live plots are due: each `PLOT_INTERVAL_S` and at a new block (`wait_first`: not at once)."""
 
     def __init__(self, wait_first: bool = False):
         self.last = time.monotonic() if wait_first else 0.0
@@ -266,31 +243,25 @@ Param = tuple[str, type, object]  # (name, type, default)
 
 
 def setting_params(defaults: DiffusionSettings, names: Sequence[str] = API_SETTINGS) -> list[Param]:
-    """The endpoint parameters of the settings `names` (the settings table's order), defaulting to `defaults`."""
+    """The endpoint parameters of the settings `names` (the table's order), defaulting to `defaults`."""
     return [(name, spec(name).kind, getattr(defaults, name)) for name in names]
 
 
-def register_api(name: str, handler: Callable, params: Sequence[Param], returns, doc: str, *,
-                 served: bool = False) -> None:
-    """Register `/name` in the current Blocks context: `handler(**arguments, request=...)` behind a signature of
-    `params` (default `inspect.Parameter.empty`: required) returning `returns`; `served`: `handler` is async."""
+def register_api(name: str, handler: Callable, params: Sequence[Param], returns, doc: str) -> None:
+    """Register `/name`: `await handler(*values, request=...)` behind a signature of `params` (default
+    `inspect.Parameter.empty`: required) returning `returns`."""
     parameters = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
                   for p, kind, default in params]
     parameters.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
                                         annotation=gr.Request))
     signature = inspect.Signature(parameters, return_annotation=returns)
 
-    def arguments(args, kwargs) -> dict:
+    async def endpoint(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return bound.arguments
+        *values, request = bound.arguments.values()
+        return await handler(*values, request=request)
 
-    if served:
-        async def endpoint(*args, **kwargs):
-            return await handler(**arguments(args, kwargs))
-    else:
-        def endpoint(*args, **kwargs):
-            return handler(**arguments(args, kwargs))
     endpoint.__name__ = endpoint.__qualname__ = f"{name}_api"
     endpoint.__doc__ = doc
     endpoint.__signature__ = signature

@@ -1,6 +1,4 @@
-"""Making raw model strings safe and visible: the only place token text is escaped. Every view passes model strings
-(markup, quotes, whitespace, controls, bidi overrides, emoji) through these helpers before HTML or Plotly.
-"""
+"""Making raw model strings safe and visible: the one place token text is escaped for HTML and Plotly."""
 
 from __future__ import annotations
 
@@ -41,10 +39,8 @@ def _visible(token: str) -> str:
 
 
 def visible_token(token: str) -> str:
-    """`token` (str() of a non-string) with whitespace and invisible characters as visible marks, still unescaped:
-    "·" space, "↵" newline, "⇥" tab, control pictures or `⟨U+XXXX⟩` for controls, bidi and zero-width characters; ""
-    becomes "∅".
-    """
+    """`token` with whitespace and invisible characters as visible marks, unescaped: "·" space, "↵" newline,
+    "⇥" tab, control pictures or `⟨U+XXXX⟩` for controls, bidi and zero-width characters; "" as "∅"."""
     if not isinstance(token, str):
         token = str(token)
     if token == "":
@@ -53,9 +49,7 @@ def visible_token(token: str) -> str:
 
 
 def escape_html(text: str) -> str:
-    """Escape `text` for HTML content and quoted attributes: `& < > " '` and also `$ { }` and the backtick, so a
-    token never forms a placeholder in Gradio's HTML templates.
-    """
+    """`text` escaped for HTML content and quoted attributes, also `$ { }` and the backtick (Gradio templates)."""
     if not isinstance(text, str):
         text = str(text)
     return (html.escape(text, quote=True).replace("$", "&#36;").replace("{", "&#123;").replace("}", "&#125;")
@@ -64,13 +58,13 @@ def escape_html(text: str) -> str:
 
 @functools.lru_cache(maxsize=65536)
 def token_html(token: str) -> str:
-    """A raw token as safe HTML text: `visible_token` then `escape_html` (cached: vocabularies repeat)."""
+    """A raw token as safe HTML text (cached)."""
     return escape_html(visible_token(token))
 
 
 @functools.lru_cache(maxsize=65536)
 def marked_token_html(token: str) -> str:
-    """`token_html`, each whitespace mark wrapped in `<span class="dg-sp">` for CSS to show it apart."""
+    """`token_html`, each whitespace mark in a `<span class="dg-sp">`."""
     if not isinstance(token, str):
         token = str(token)
     if not any(char in _VISIBLE for char in token):
@@ -80,14 +74,14 @@ def marked_token_html(token: str) -> str:
 
 
 def escape_plotly(text: str) -> str:
-    """Escape `text` for Plotly labels, titles and ticks (Plotly renders a subset of HTML and decodes entities)."""
+    """`text` escaped for Plotly labels, titles and ticks."""
     if not isinstance(text, str):
         text = str(text)
     return html.escape(text, quote=True)
 
 
 def plain_text(text: str) -> str:
-    """Text for a plain-text widget (e.g. a Textbox): lone surrogates replaced, everything else kept verbatim."""
+    """Text for a plain-text widget: lone surrogates replaced, all else verbatim."""
     if not isinstance(text, str):
         text = str(text)
     return text.encode("utf-8", errors="replace").decode("utf-8")

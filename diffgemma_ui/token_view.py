@@ -1,6 +1,5 @@
-"""What one canvas position shows, by token kind: text its text (whitespace visible), special tokens a dimmed label,
-byte pieces read together as UTF-8 (a character on its first byte, the rest "+80 94", a lone byte "0xE2").
-"""
+"""What one canvas position shows by token kind: text with whitespace visible, special tokens as a dimmed label,
+byte pieces read together as UTF-8 (a character on its first byte, the rest "+80 94", a lone byte "0xE2")."""
 
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ _ID = re.compile(r"<id:(-?\d+)>")
 
 @dataclass(frozen=True)
 class TokenCell:
-    """One position's look: `text` (shown, unescaped, for tooltips), `html` (escaped, whitespace marks in spans),
-    `style` (one of `STYLES`) and `detail` (a tooltip line; "" for plain text).
-    """
+    """One position's look: `text` (unescaped, for tooltips), `html` (escaped), `style` (one of `STYLES`) and
+    `detail` (a tooltip line)."""
 
     text: str
     html: str
@@ -32,14 +30,13 @@ class TokenCell:
 
 
 def _cell(text: str, style: str, detail: str = "") -> TokenCell:
-    """A cell showing the already visible `text` (a label or decoded bytes) verbatim."""
+    """A cell showing the already visible `text` verbatim."""
     return TokenCell(text, escape_html(text), style, detail)
 
 
 def special_label(piece: str) -> str:
     """A short label for a special token's piece: `<pad>` "pad", `<|turn>` "turn start", `<turn|>` "turn end",
-    `<id:N>` "id N"; other pieces lose their brackets.
-    """
+    `<id:N>` "id N"."""
     piece = str(piece)
     match = _ID.fullmatch(piece)
     if match:
@@ -57,7 +54,7 @@ def special_label(piece: str) -> str:
 
 
 def _utf8_units(data: bytes) -> list[tuple[int, int, str | None]]:
-    """`data` split into UTF-8 characters (start, end, char), or (i, i + 1, None) for a byte that starts none."""
+    """`data` as UTF-8 characters (start, end, char), or (i, i + 1, None) for a byte that starts none."""
     units, i = [], 0
     while i < len(data):
         lead = data[i]
@@ -80,7 +77,7 @@ def _hex(data: bytes) -> str:
 
 
 def _byte_run(pieces: list[bytes]) -> list[TokenCell]:
-    """The cells of consecutive byte positions, read as one UTF-8 byte string."""
+    """The cells of consecutive byte positions, read as one UTF-8 string."""
     data = b"".join(pieces)
     owner = []  # owner[byte offset] = index of the position holding that byte
     for index, piece in enumerate(pieces):
@@ -115,9 +112,8 @@ def _byte_run(pieces: list[bytes]) -> list[TokenCell]:
 
 def token_cells(tokens: Sequence[str], kinds: Sequence[str] | None = None,
                 groups: Sequence[object] | None = None) -> list[TokenCell]:
-    """One `TokenCell` per token of a row (`kinds`: `TOKEN_KINDS`, None for all text); byte positions are read
-    together only within a run of equal `groups` keys (an accepted byte never joins a noise byte).
-    """
+    """A `TokenCell` per token of a row (`kinds`: None for all text); bytes are read together only within a run
+    of equal `groups` keys."""
     n = len(tokens)
     kinds = list(kinds) if kinds else [TEXT] * n
     groups = list(groups) if groups is not None else [None] * n
@@ -140,7 +136,7 @@ def token_cells(tokens: Sequence[str], kinds: Sequence[str] | None = None,
 
 @functools.lru_cache(maxsize=65536)
 def _single_cell(token: str, kind: str) -> TokenCell:
-    """The cell of a token read on its own (text or special; cached)."""
+    """The cell of a token read on its own (cached)."""
     if kind in (PAD, EOS, SPECIAL):
         what = {PAD: "pad", EOS: "end-of-sequence", SPECIAL: "special token"}[kind]
         return _cell(special_label(token), kind, f"{what} {token}: a control symbol, not text")
@@ -148,9 +144,7 @@ def _single_cell(token: str, kind: str) -> TokenCell:
 
 
 def draft_labels(frame) -> list[str]:
-    """Each position's draft token as one plain line for hover labels: visible text, or a special token's label with
-    "(pad)", "(end-of-sequence)" or "(special token)".
-    """
+    """Each position's draft token as one plain line for hover labels, special tokens with their kind."""
     cells = token_cells(frame.draft_tokens, frame.draft_kinds or None)
     suffix = {"pad": " (pad)", "eos": " (end-of-sequence)", "special": " (special token)"}
     return [cell.text + suffix.get(cell.style, "") for cell in cells]

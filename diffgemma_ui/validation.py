@@ -1,6 +1,5 @@
-"""Checking what arrives from the browser or the API before anything runs, with the engine's settings table's
-parsers; every error is a `ValueError` meant for the user. Adds the UI's request shape and presets.
-"""
+"""Checks of what arrives from the browser or the API, with the settings table's parsers (every error a
+`ValueError` for the user); the UI's request shape and presets."""
 
 from __future__ import annotations
 
@@ -15,16 +14,15 @@ UI_MAX_NEW_TOKENS = spec("max_new_tokens").ui_high
 UI_MAX_DENOISING_STEPS = spec("max_denoising_steps").ui_high
 UI_MAX_ENTROPY_BOUND = spec("entropy_bound").ui_high
 SETTING_NAMES = tuple(name for name in ALL_SETTING_NAMES if spec(name).kind is not bool)
-# What a preset sets: how the model denoises, never how long the answer is (max_new_tokens stays the user's)
-PRESET_FIELDS = (*SETTING_NAMES[1:], "adaptive_stopping")
-CUSTOM_PRESET = "custom"  # what the preset box shows once a setting is changed by hand
+PRESET_FIELDS = (*SETTING_NAMES[1:], "adaptive_stopping")  # all but max_new_tokens, the user's
+CUSTOM_PRESET = "custom"  # the preset box once a setting is changed by hand
 check_flag = parse_flag
 check_ui_seed = parse_seed
 
 
 @dataclass(frozen=True)
 class RunRequest:
-    """A validated request: prompt, `raw` (no chat template), settings, seed (None: draw one), `thinking`."""
+    """A checked request: prompt, `raw` (no chat template), settings, seed (None: draw one), `thinking`."""
 
     prompt: str
     raw: bool
@@ -34,23 +32,21 @@ class RunRequest:
 
 
 def build_settings(values: dict, *, ui_limits: bool = True) -> DiffusionSettings:
-    """`DiffusionSettings` from raw values of `SETTING_NAMES` and `adaptive_stopping`, `ui_limits`: held to the UI's
-    ranges. `ValueError` (the engine's message) for a missing or bad value or t_min >= t_max.
-    """
+    """`DiffusionSettings` from raw values by name (`ui_limits`: the UI's ranges); ValueError for a bad value."""
     values = {**{name: values.get(name) for name in SETTING_NAMES},
               "adaptive_stopping": values.get("adaptive_stopping", True)}
     return DiffusionSettings().with_values(values, ui=ui_limits)
 
 
 def build_request(prompt, raw, values: dict, seed, *, ui_limits: bool = True, thinking=False) -> RunRequest:
-    """Validate everything a run needs; raises ValueError with the first problem found (prompt first)."""
+    """Everything a run needs, checked; ValueError with the first problem (prompt first)."""
     return RunRequest(prompt=check_prompt(prompt), raw=check_flag("raw", raw),
                       settings=build_settings(values, ui_limits=ui_limits), seed=check_ui_seed(seed),
                       thinking=check_flag("thinking", thinking))
 
 
 def preset_values(name, recommended: DiffusionSettings) -> dict:
-    """The values of `PRESET_FIELDS` for preset `name` (`engine.preset`); `ValueError` for an unknown name."""
+    """The `PRESET_FIELDS` values of preset `name`; ValueError for an unknown name."""
     if name not in PRESET_NAMES:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")
     settings = preset(name, recommended)

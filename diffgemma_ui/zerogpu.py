@@ -1,9 +1,5 @@
-"""ZeroGPU (Hugging Face Spaces' shared GPUs): every tab's model work runs in the GPU process ZeroGPU forks.
-
-`ZeroGpuPlayground.start_job` runs a job's source under `spaces.GPU`; the `Job`, its `StopFlag` and each frame are
-pickled across. `GpuBudget` sizes the GPU time a job asks for and refuses one that cannot fit the quota. The main
-process never touches CUDA. Off ZeroGPU nothing here is used (`make_playground`).
-"""
+"""ZeroGPU (Spaces' shared GPUs): `ZeroGpuPlayground` runs every tab's jobs under `spaces.GPU` in the GPU process
+ZeroGPU forks (the `Job`, its `StopFlag` and each frame pickled across); `GpuBudget` sizes and refuses them."""
 
 from __future__ import annotations
 
@@ -35,33 +31,28 @@ from .tab import describe_error, user_error
 from .validation import RunRequest
 
 LOG = logging.getLogger(__name__)
-GpuSize = str  # "large" (half a card) or "xlarge" (the whole card), as `spaces.GPU(size=...)` takes it
-XLARGE_WEIGHTS_BYTES = 45_097_156_608  # `spaces`' own switch to "xlarge" (the 26B model in bf16 is above it)
-MIN_RUN_S = 5.0  # the shortest time limit a run gets (its estimate may be a fraction of a second)
+GpuSize = str  # "large" (half a card) or "xlarge" (the whole card)
+XLARGE_WEIGHTS_BYTES = 45_097_156_608  # `spaces`' own switch to "xlarge"
+MIN_RUN_S = 5.0  # the shortest time limit a run gets
 
 
-# -- the stop signal ----------------------------------------------------------------------------------------------
 class StopFlag:
-    """A stop signal across processes (`set`, `is_set` as `threading.Event`'s): set when its file exists; only
-    the path is pickled. `discard()` removes the file once the run is over."""
+    """A stop signal across processes (`set`, `is_set` as `threading.Event`'s): a file, only its path pickled."""
 
     def __init__(self, directory: str | os.PathLike | None = None):
         folder = Path(directory) if directory is not None else _flag_dir()
         self.path = str(folder / f"diffgemma-stop-{uuid.uuid4().hex}")
 
     def set(self) -> None:
-        """Raise the flag (idempotent)."""
         try:
             Path(self.path).touch()
-        except OSError as error:  # a full or read-only disk must not turn Stop into a crash; the worker still ends
+        except OSError as error:  # the worker still ends
             LOG.warning("could not raise the stop flag %s: %s", self.path, error)
 
     def is_set(self) -> bool:
-        """Whether the flag is raised (from any process)."""
         return os.path.exists(self.path)
 
     def discard(self) -> None:
-        """Remove the flag's file (the run is over)."""
         Path(self.path).unlink(missing_ok=True)
 
 
@@ -70,18 +61,10 @@ def _flag_dir() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
-# -- the GPU time a request needs ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GpuBudget:
-    """How much ZeroGPU time a request asks for, and which requests are refused up front.
-
-    Attributes:
-        seconds_per_forward: assumed seconds per decoder forward (env DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD).
-        setup_s: seconds for the GPU process's start: weights, warm-up, prefill (env DIFFGEMMA_ZEROGPU_SETUP_SECONDS).
-        quota_s: the quota every request must fit (default 120 s, an unauthenticated visitor's;
-            env DIFFGEMMA_ZEROGPU_QUOTA_SECONDS).
-        size: "large" or "xlarge" (an xlarge second is charged twice).
-    """
+    """The ZeroGPU time a request asks for: `seconds_per_forward`, `setup_s` (weights, warm-up, prefill), the
+    `quota_s` every request must fit and the `size` (an xlarge second is charged twice)."""
 
     seconds_per_forward: float = 0.1
     setup_s: float = 20.0
@@ -98,8 +81,7 @@ class GpuBudget:
 
     @classmethod
     def from_environment(cls, size: GpuSize, environ: Mapping[str, str] | None = None) -> "GpuBudget":
-        """The budget from the environment (defaults where unset); ValueError names a variable that is not a
-        number > 0."""
+        """The budget from DIFFGEMMA_ZEROGPU_* (defaults where unset); ValueError names a bad variable."""
         env = os.environ if environ is None else environ
         values = {}
         for field, name in (("seconds_per_forward", "DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD"),
@@ -116,25 +98,20 @@ class GpuBudget:
 
     @staticmethod
     def forwards(settings: DiffusionSettings, canvas_length: int) -> int:
-        """Decoder forwards a request may take at most: whole canvases x `max_denoising_steps`."""
+        """Decoder forwards a request may take at most."""
         return math.ceil(settings.max_new_tokens / canvas_length) * settings.max_denoising_steps
 
     def duration_s(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> int:
-        """Seconds of GPU to ask for: `setup_s + forwards * seconds_per_forward`, rounded up (`extra_forwards`: a
-        race's autoregressive side)."""
+        """Seconds of GPU to ask for: `setup_s` plus the forwards' time, rounded up."""
         forwards = self.forwards(settings, canvas_length) + extra_forwards
         return math.ceil(self.setup_s + forwards * self.seconds_per_forward)
 
     def quota_cost_s(self, duration_s: float) -> float:
-        """Quota seconds a `duration_s` request costs (an xlarge second counts twice)."""
+        """Quota seconds a `duration_s` request costs."""
         return duration_s * (2 if self.size == "xlarge" else 1)
 
     def check(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> None:
-        """Refuse a request that cannot fit the quota, naming what to lower.
-
-        Raises:
-            ValueError: the request's GPU time (as `quota_cost_s`) is over `quota_s`.
-        """
+        """Raise ValueError naming what to lower when the request's GPU time cannot fit `quota_s`."""
         duration = self.duration_s(settings, canvas_length, extra_forwards)
         cost = self.quota_cost_s(duration)
         if cost <= self.quota_s:
@@ -150,17 +127,12 @@ class GpuBudget:
 
 
 def weight_bytes(model) -> int:
-    """Bytes of a model's weights as stored (`engine.memory.memory_report`)."""
+    """Bytes of a model's weights as stored."""
     return memory_report(model)["total_bytes"]
 
 
 def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:
-    """The ZeroGPU size to ask for: DIFFGEMMA_ZEROGPU_SIZE (large|xlarge) when set, else "xlarge" when the weights
-    take more than `XLARGE_WEIGHTS_BYTES` (the 26B model in bf16), else "large".
-
-    Raises:
-        ValueError: DIFFGEMMA_ZEROGPU_SIZE is set to something else.
-    """
+    """DIFFGEMMA_ZEROGPU_SIZE (large|xlarge) when set, else by weight bytes; ValueError for another value."""
     env = os.environ if environ is None else environ
     chosen = env.get("DIFFGEMMA_ZEROGPU_SIZE", "").strip().lower()
     if chosen and chosen != "auto":
@@ -170,14 +142,9 @@ def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:
     return "xlarge" if weight_bytes(model) > XLARGE_WEIGHTS_BYTES else "large"
 
 
-# -- loading --------------------------------------------------------------------------------------------------------
 def load_zero_gpu_model(model: str, dtype: str = "auto", quantization: str = "none"):
-    """Load a checkpoint for ZeroGPU (after `import spaces`): on the CPU, then `.to("cuda")`, which `spaces`
-    turns into placeholders packed at launch. Returns the `LoadedModel` with `device` cuda.
-
-    Raises:
-        ModelLoadError: as `engine.load_model`, and for any quantization (not offered on ZeroGPU).
-    """
+    """A checkpoint for ZeroGPU (after `import spaces`): loaded on the CPU, then `.to("cuda")`, which `spaces`
+    packs at launch. Raises ModelLoadError as `engine.load_model`, and for any quantization."""
     if quantization != "none":
         raise ModelLoadError(f"{quantization} quantization is not offered on ZeroGPU (its packed weights under "
                              "ZeroGPU's CUDA emulation were never checked): use --quantization none (bf16 weights, an "
@@ -189,20 +156,18 @@ def load_zero_gpu_model(model: str, dtype: str = "auto", quantization: str = "no
 
 
 def cpu_view(engine: DiffusionEngine) -> DiffusionEngine:
-    """A shallow copy of `engine` on the CPU, for the main process's checks (its model is never run)."""
+    """A shallow copy of `engine` on the CPU for the main process's checks (its model never runs)."""
     view = copy.copy(engine)
     view.device = torch.device("cpu")
     return view
 
 
-# -- the playground ---------------------------------------------------------------------------------------------------
-_WARMED_PID: int | None = None  # the process whose model has been warmed up (a forked GPU process starts cold)
+_WARMED_PID: int | None = None  # the process whose model has been warmed up
 
 
 class ZeroGpuPlayground(Playground):
-    """`Playground` whose runs execute under `spaces.GPU`, in the GPU process ZeroGPU forks; `self.engine` is a
-    CPU view of `engine` (checks, summaries), `self.gpu_engine` runs in the GPU process. `budget`: default from
-    the environment; `spaces_module`: the imported `spaces` (default: imported here)."""
+    """`Playground` whose jobs run under `spaces.GPU`: `engine` is a CPU view (checks, summaries), `gpu_engine` runs
+    in the GPU process; `budget` (default: from the environment), `spaces_module` (default: imported)."""
 
     def __init__(self, engine: DiffusionEngine, *, budget: GpuBudget | None = None, spaces_module=None, **kwargs):
         super().__init__(cpu_view(engine), **kwargs)
@@ -213,30 +178,25 @@ class ZeroGpuPlayground(Playground):
             import spaces as spaces_module  # noqa: PLC0415 - only on ZeroGPU
         self._gpu_frames = spaces_module.GPU(duration=self.gpu_seconds, size=self.budget.size)(self._frames_on_gpu)
 
-    # -- in the main process ---------------------------------------------------------------------------------------
     def gpu_seconds(self, job: Job, stop: StopFlag) -> int:
-        """`spaces.GPU`'s `duration`: called with the GPU function's arguments, returns seconds to ask for."""
+        """`spaces.GPU`'s `duration`: seconds to ask for."""
         return self.budget.duration_s(job.settings, self.engine.canvas_length, job.extra_forwards)
 
     def check_request(self, request: RunRequest) -> None:
-        """`Playground.check_request` on the CPU view, then the GPU budget (raises ValueError)."""
+        """`Playground.check_request`, then the GPU budget (ValueError)."""
         super().check_request(request)
         self.check_job(Job("generate", request, request.settings))
 
     def check_job(self, job: Job) -> None:
-        """The GPU budget of `job` (raises ValueError naming what to lower)."""
+        """The GPU budget of `job` (ValueError)."""
         self.budget.check(job.settings, self.engine.canvas_length, job.extra_forwards)
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
                   receive=None) -> RunWorker:
-        """Ask ZeroGPU for a GPU and start `job` there; returns the `RunWorker` reading what it yields. Call it
-        where Gradio has the visitor's request in context (their quota identity): it blocks until the first frame.
-
-        Raises:
-            gr.Error: the platform refused (quota, no GPU) or the run failed before its first frame.
-        """
+        """Start `job` on a ZeroGPU GPU (blocking until its first frame, in the visitor's request context); returns
+        its `RunWorker`. Raises gr.Error: the platform refused, or the run failed before its first frame."""
         stop = StopFlag()
-        frames = self._gpu_frames(job, stop)  # a Job (plain values) and a StopFlag: both pickle
+        frames = self._gpu_frames(job, stop)
         try:
             first = [next(frames)]
         except StopIteration:
@@ -247,21 +207,21 @@ class ZeroGpuPlayground(Playground):
                 LOG.error("ZeroGPU run failed to start: %s", "".join(traceback.format_exception(error)).rstrip())
                 raise user_error(describe_error(error)) from None
             raise
-        # Set-up is over with the first frame: the run may take the forwards' share of the time it asked for
+        # Set-up is over with the first frame: the rest is the forwards' share
         left = max(MIN_RUN_S, self.gpu_seconds(job, stop) - self.budget.setup_s)
 
         def source(_stop) -> Iterator[Frame]:
             try:
                 yield from received(itertools.chain(first, frames), receive)
             finally:
-                frames.close()  # ends the GPU call: the child stops after its next frame, the GPU is released
+                frames.close()  # ends the GPU call
                 stop.discard()
 
         return self.runs.start(source, key, keep_history=keep_history, stop_event=stop, record=record, limit_s=left)
 
     def step_frames(self, request: RunRequest) -> Iterator[Frame]:
-        """A stepped run on ZeroGPU: step n is a GPU call that runs the first n forwards (the same seed, so the same
-        tokens as one run) and sends the last."""
+        """A stepped run on ZeroGPU: step n is a GPU call running the first n forwards (same seed) and sending the
+        last."""
         request = dataclasses.replace(request, seed=draw_seed() if request.seed is None else request.seed)
         self.check_job(Job("steps", None, request.settings))
         for count in itertools.count(1):
@@ -275,10 +235,9 @@ class ZeroGpuPlayground(Playground):
             if snap.latest.done:
                 return
 
-    # -- in the GPU process ----------------------------------------------------------------------------------------
     def _frames_on_gpu(self, job: Job, stop: StopFlag) -> Iterator[Frame]:
-        """What `spaces.GPU` runs in its forked process: warm up once per process, then the job's source on the
-        GPU engine. Errors become `gr.Error` (`spaces` passes only a `gr.Error`'s message back)."""
+        """In the GPU process: warm up once, then the job's source; errors as `gr.Error` (`spaces` passes only
+        those back)."""
         global _WARMED_PID
         try:
             if _WARMED_PID != os.getpid():
@@ -292,13 +251,13 @@ class ZeroGpuPlayground(Playground):
 
 
 def first_frames(engine: DiffusionEngine, payload: tuple, stop) -> Iterator[Frame]:
-    """The "steps" source: the first `count` frames of a run of `request` (payload `(request, count)`)."""
+    """The "steps" source: the first `count` frames of `request`'s run (payload `(request, count)`)."""
     request, count = payload
     return itertools.islice(generation_frames(engine, request, stop), count)
 
 
 def make_playground(engine: DiffusionEngine, environ: Mapping[str, str] | None = None, **kwargs) -> Playground:
-    """`ZeroGpuPlayground` on ZeroGPU (`SPACES_ZERO_GPU` set), a plain `Playground` everywhere else."""
+    """`ZeroGpuPlayground` on ZeroGPU, else a plain `Playground`."""
     if zero_gpu(environ):
         return ZeroGpuPlayground(engine, **kwargs)
     return Playground(engine, **kwargs)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import load as load_bench
-from diffgemma_ui.blocks import CONCURRENCY
+from diffgemma_ui.deployment import QUEUE_PLANS
 from diffgemma_ui.handlers import Playground
 from pages import open_page, set_up_a_long_run
 
@@ -137,9 +137,9 @@ def test_eight_clients_at_once_match_their_solo_runs(app, engine, served_app):
         assert summary["token_ids"] == expected, f"cross-talk: {prompt!r} seed {seed} differs from its solo run"
     latencies = sorted(r[1] for r in results)
     print(f"\n[concurrency] 8 clients: latency min {latencies[0]:.2f} s, max {latencies[-1]:.2f} s; "
-          f"at most {most_active} runs at once (limit {CONCURRENCY['cpu']})")
+          f"at most {most_active} runs at once (limit {QUEUE_PLANS['cpu'].concurrency})")
     assert most_active >= 2, "the runs never overlapped: this test did not exercise concurrency"
-    assert most_active <= CONCURRENCY["cpu"]
+    assert most_active <= QUEUE_PLANS["cpu"].concurrency
 
 
 def test_saturated_queue_reports_positions_and_cancelling_frees_the_slots(app, engine, served_app, forward_s):
@@ -147,7 +147,7 @@ def test_saturated_queue_reports_positions_and_cancelling_frees_the_slots(app, e
     from gradio_client.utils import Status
 
     url = served_app[1]
-    limit = CONCURRENCY["cpu"]
+    limit = QUEUE_PLANS["cpu"].concurrency
     busy_clients = [new_client(url) for _ in range(limit)]
     busy = [c.submit(PROMPTS[i], *LONG, i, api_name="/generate") for i, c in enumerate(busy_clients)]
     assert wait_until(lambda: app.playground.registry.active() == limit, 60), "the long runs did not all start"

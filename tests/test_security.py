@@ -27,7 +27,7 @@ import pytest
 from diffgemma_ui import canvas_view, meter, plots
 from diffgemma_ui.blocks import header_html
 from diffgemma_ui.handlers import Playground, status_text
-from diffgemma_ui.record import RunRecord
+from diffgemma_ui.runs import RunRecord
 from diffgemma_ui.session import SessionState
 from diffgemma_ui.text import plain_text, visible_token
 from engine import DEFAULT_MODEL, Frame, GenerationResult, ModelLoadError, load_model

@@ -40,7 +40,7 @@ def short_run(page) -> None:
 def test_closing_a_tab_drops_its_gradio_record_and_keeps_the_open_ones(served_app, browser, monkeypatch):
     app, url = served_app
     holder = app.state_holder
-    assert isinstance(app.playground.closed_sessions, ClosedSessionDropper)
+    assert isinstance(app.playground.runs.closed_sessions, ClosedSessionDropper)
     before = set(holder.session_data)
     closing, problems = open_page(browser, url)
     short_run(closing)
@@ -53,7 +53,7 @@ def test_closing_a_tab_drops_its_gradio_record_and_keeps_the_open_ones(served_ap
     record = holder.session_data[closing_hash]
     assert any("dg-block" in str((c.get("props") or {}).get("value", "")) for c in record.config_values.values()), \
         "the record of a finished run holds its last views"
-    dropper = app.playground.closed_sessions
+    dropper = app.playground.runs.closed_sessions
     drops = []  # (session hash, whether it had a record): other tests' closed tabs may be dropped meanwhile
     original_drop = dropper.drop
 

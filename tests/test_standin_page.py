@@ -10,7 +10,7 @@ import pytest
 
 from diffgemma_ui import build_app
 from diffgemma_ui.blocks import header_html, load_examples
-from diffgemma_ui.thought_view import thought_html
+from diffgemma_ui.canvas_view import thought_html
 from engine.conversation import chat_prompt_ids
 
 REPO = Path(__file__).resolve().parent.parent

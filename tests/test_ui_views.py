@@ -15,7 +15,7 @@ import pytest
 
 from diffgemma_ui import canvas_view, meter, plots
 from diffgemma_ui.handlers import Playground, status_text
-from diffgemma_ui.record import RunRecord
+from diffgemma_ui.runs import RunRecord, RunTimeLimitExceeded, RunWorker, default_live_rate
 from diffgemma_ui.session import SessionState
 from diffgemma_ui.text import escape_html, escape_plotly, token_html, visible_token
 from diffgemma_ui.validation import (
@@ -26,7 +26,6 @@ from diffgemma_ui.validation import (
     check_ui_seed,
     preset_values,
 )
-from diffgemma_ui.runs import RunTimeLimitExceeded, RunWorker, default_live_rate
 from engine import DiffusionSettings, Frame
 from synthetic import parse_html, synthetic_frame
 
@@ -416,8 +415,8 @@ def test_the_default_live_rate_falls_for_large_canvases():
         [default_live_rate(n) for n in (64, 128, 256, 512)], reverse=True)
     with pytest.raises(ValueError, match="canvas_length"):
         default_live_rate(0)
-    assert Playground(FakeEngine()).max_fps == default_live_rate(FakeEngine.canvas_length)
-    assert Playground(FakeEngine(), max_fps=3.0).max_fps == 3.0  # an explicit rate is kept
+    assert Playground(FakeEngine()).runs.max_fps == default_live_rate(FakeEngine.canvas_length)
+    assert Playground(FakeEngine(), max_fps=3.0).runs.max_fps == 3.0  # an explicit rate is kept
 
 
 def test_worker_stretches_the_gap_so_a_slow_reader_keeps_to_its_budget():

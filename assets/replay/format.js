@@ -1,5 +1,5 @@
 // The replay player, part 1: text made visible, numbers formatted as Python formats them, the viridis colours.
-// Ports of diffgemma_ui/text.py (visible_token, escape_plotly, plain_text), meter.format_number and colors.py:
+// Ports of diffgemma_ui/text.py (visible_token, escape_plotly, plain_text), meter.format_number and canvas_view.viridis:
 // the page must read exactly as the playground does.
 
 const VISIBLE = {" ": "\u00b7", "\n": "\u21b5", "\r": "\u240d", "\t": "\u21e5"};
