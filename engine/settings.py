@@ -48,15 +48,9 @@ class SettingSpec:
         span = self.span(ui)
         if value is None or (isinstance(value, str) and not value.strip()):
             raise ValueError(f"{self.name} is missing: enter a number in {span}")
-        number = value
-        if isinstance(value, str):
-            try:
-                number = float(value.strip())
-            except ValueError:
-                raise ValueError(f"{self.name} must be a number in {span}, got {shown(value)}") from None
-        elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+        number = parse_number(value)
+        if number is None:
             raise ValueError(f"{self.name} must be a number in {span}, got {shown(value)}")
-        number = int(number) if isinstance(number, numbers.Integral) else float(number)
         if isinstance(number, float) and not math.isfinite(number):
             raise ValueError(f"{self.name} must be a finite number in {span}, got {shown(value)}")
         if self.kind is int and number != int(number):
@@ -108,6 +102,20 @@ def shown(value) -> str:
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "\u2026"
 
 
+def parse_number(value) -> int | float | None:
+    """`value` (a real number or numeric string, not a bool) as an int or float; None for anything else."""
+    if isinstance(value, str):
+        for kind in (int, float):
+            try:
+                return kind(value.strip())
+            except ValueError:
+                pass
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
 def parse_flag(name: str, value) -> bool:
     """`value` as a bool: True/False, 1/0 or "true"/"false"; anything else raises `ValueError` naming `name`."""
     if isinstance(value, bool):
@@ -129,21 +137,10 @@ def parse_seed(value) -> int | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     error = ValueError(f"seed must be an integer in [0, {MAX_SEED}] (or -1 for a random seed), got {shown(value)}")
-    number = value
-    if isinstance(value, str):
-        try:
-            number = int(value.strip())
-        except ValueError:
-            try:
-                number = float(value.strip())
-            except ValueError:
-                raise error from None
-            if number != -1:
-                raise error from None
-    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise error
-    if not isinstance(number, numbers.Integral) and (not math.isfinite(number) or number != int(number)):
-        raise error
+    number = parse_number(value)
+    integral = isinstance(number, int) or isinstance(number, float) and number.is_integer()
+    if not integral or isinstance(value, str) and isinstance(number, float) and number != -1:
+        raise error  # a seed string is digits, or -1 however written
     number = int(number)
     if number == -1:
         return None
