@@ -120,7 +120,7 @@ class ChatSession:
                                       {"role": "user", "content": _PROBE_ANSWER}], thinking)
         stable = min(_common_prefix(ids, probe), len(ids) - 1)  # denoise needs at least one token of its own
         self.last_result = self.last_report = None
-        return self._run(messages, ids, stable, dropped, settings, random_state, thinking, stop_event)
+        return self._run(messages, ids, stable, dropped, settings, random_state, stop_event)
 
     def regenerate(self, settings: DiffusionSettings | None = None, *, seed: int | None = None,
                    thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
@@ -145,7 +145,7 @@ class ChatSession:
         if not done:
             self.messages, self.thoughts = kept_messages, kept_thoughts
 
-    def _run(self, messages, ids, stable, dropped, settings, random_state, thinking, stop_event):
+    def _run(self, messages, ids, stable, dropped, settings, random_state, stop_event):
         model, device = self.engine.model, self.engine.device
         reused = _common_prefix(self._cache_ids, ids) if self._cache is not None else 0
         restarted = self._cache is not None and not (reused == len(self._cache_ids) and reused <= stable)
@@ -175,7 +175,6 @@ class ChatSession:
         if last is None or not last.done or last.stop_reason == "cancelled":
             return
         result = self.engine.summarize(last, count)
-        encoded = len(ids) - reused
         if stable > reused:
             self._prefills = [*self._prefills, (stable - reused, prefill_s)][-PREFILL_POINTS:]
         rate = marginal_seconds_per_token(self._prefills)
@@ -185,7 +184,7 @@ class ChatSession:
                  if restarted else ""]
         cut_note = "; ".join(n for n in notes if n)
         self.last_report = TurnReport(
-            prompt_tokens=len(ids), reused_tokens=reused, encoded_tokens=encoded, prefill_s=prefill_s,
+            prompt_tokens=len(ids), reused_tokens=reused, encoded_tokens=len(ids) - reused, prefill_s=prefill_s,
             prefill_saved_s=None if rate is None or not reused else min(reused * rate, reused_cost_s),
             dropped_turns=dropped, note=cut_note)
         self.last_result = result

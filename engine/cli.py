@@ -200,8 +200,7 @@ def race_command(args: argparse.Namespace) -> int:
 
 
 def chat_command(args: argparse.Namespace) -> int:
-    """`python -m engine chat < turns.txt`: one user turn per non-empty line; a refused turn is reported, exit status 2.
-    """
+    """`python -m engine chat < turns.txt`: a user turn per non-empty line; a refused one is reported (status 2)."""
     seed, changes = checked_options(args)
     engine = load_engine(args)
     settings = chosen_settings(args, engine.recommended, changes)

@@ -44,8 +44,7 @@ class PipelineStopped(Exception):
 
 
 class PipelineRun:
-    """One pipeline call on the engine's model in a thread, read as frames while it runs; `ValueError`, `ImportError`.
-    """
+    """One pipeline call on the engine's model in a thread, read as frames as it runs; `ValueError`, `ImportError`."""
 
     def __init__(self, engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int):
         self.engine, self.settings, self.seed = engine, settings, int(seed)

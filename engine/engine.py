@@ -58,8 +58,7 @@ def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinkin
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """Summary of a finished run: ids (EOS kept), `text`, `thought`, forwards, engine seconds, rates, non-pad `tokens`.
-    """
+    """Summary of a finished run: ids (EOS kept), `text`, `thought`, forwards, engine seconds, rates, `tokens`."""
 
     token_ids: list[int]
     text: str
@@ -103,9 +102,13 @@ class DiffusionEngine:
     def encode_prompt(self, prompt: str, raw: bool = False, thinking: bool = False) -> torch.LongTensor:
         return encode_text(self.tokenizer, prompt, raw, self.device, thinking=thinking)
 
+    def budget(self, settings: DiffusionSettings) -> int:
+        """Tokens a run may make: `max_new_tokens` rounded up to whole canvases."""
+        return math.ceil(settings.max_new_tokens / self.canvas_length) * self.canvas_length
+
     def check_budget(self, prompt_tokens: int, settings: DiffusionSettings) -> None:
-        """Raise `ValueError` when the prompt plus whole canvases for `max_new_tokens` exceed the context window."""
-        generated = math.ceil(settings.max_new_tokens / self.canvas_length) * self.canvas_length
+        """Raise `ValueError` when the prompt plus `budget(settings)` exceed the context window."""
+        generated = self.budget(settings)
         if prompt_tokens + generated > self.context_limit:
             raise ValueError(
                 f"prompt is {prompt_tokens:,} tokens and {settings.max_new_tokens} new tokens take {generated:,} "

@@ -1,5 +1,4 @@
-"""Step-by-step generation: `generate()`'s block loop, one `Frame` per decoder forward; per-run RNG; the engine clock.
-"""
+"""Step-by-step generation: `generate()`'s block loop, one `Frame` per forward; per-run RNG; the engine clock."""
 
 from __future__ import annotations
 
@@ -189,18 +188,16 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                         done, stop_reason = True, "eos"
                     elif block == max_new_canvases - 1:
                         done, stop_reason = True, "max_new_tokens"
-                temperature = generation_config.t_min + (
-                    (generation_config.t_max - generation_config.t_min) * cur_step / n_steps)
                 confidence, entropy, top_ids, top_probs = frame_statistics(sampler, self_conditioning_logits,
                                                                            argmax_canvas)
                 lists = host_lists(input_canvas[0], argmax_canvas[0], _accepted_mask(sampler)[0], None, confidence,
                                    entropy, top_ids=top_ids, top_probs=top_probs)
                 frame = builder.add(
-                    block_index=block, step_index=step_index, temperature=temperature, input_ids=lists[0],
-                    draft_ids=lists[1], accepted=lists[2], confidence=lists[4], entropy=lists[5], top_ids=lists[7],
-                    top_probs=lists[8], block_done=block_done, block_stopped_early=stopped_early, done=done,
-                    committed_ids=committed_ids, committed_tokens=committed_tokens, elapsed_s=clock.now(),
-                    stop_reason=stop_reason)
+                    block_index=block, step_index=step_index, temperature=settings.temperature_at(cur_step),
+                    input_ids=lists[0], draft_ids=lists[1], accepted=lists[2], confidence=lists[4],
+                    entropy=lists[5], top_ids=lists[7], top_probs=lists[8], block_done=block_done,
+                    block_stopped_early=stopped_early, done=done, committed_ids=committed_ids,
+                    committed_tokens=committed_tokens, elapsed_s=clock.now(), stop_reason=stop_reason)
             yield frame
             if block_done:
                 break

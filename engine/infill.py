@@ -1,5 +1,4 @@
-"""Canvas infill: a template's text (`[___]` one blank, `[___ 12]` twelve) stays put while the decoder fills the blanks.
-"""
+"""Canvas infill: a template's text (`[___]` one blank, `[___ 12]` twelve) stays put while the blanks fill."""
 
 from __future__ import annotations
 

@@ -141,8 +141,7 @@ def check_fits(config, dtype: torch.dtype, quantization: str, device: torch.devi
 
 def load_model(model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto",
                quantization: str = "none") -> LoadedModel:
-    """The model and tokenizer on `device` in `dtype`, quantized as asked; `ModelLoadError` for anything that stops it.
-    """
+    """The model and tokenizer on `device` in `dtype`, quantized as asked; `ModelLoadError` for what stops it."""
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     torch_device = resolve_device(device)
@@ -157,16 +156,14 @@ def load_model(model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: s
         except ValueError as error:
             raise ModelLoadError(str(error)) from error
     check_fits(config, torch_dtype, quantization, torch_device)
-    kwargs = {"dtype": torch_dtype, **common}
-    if quantization != "none":  # quantized from the CPU onto the device one tensor at a time
-        kwargs["device_map"] = "cpu"
-    elif torch_device.type == "cuda":
-        kwargs["device_map"] = {"": torch_device}
+    cuda = torch_device.type == "cuda"
+    device_map = "cpu" if quantization != "none" else {"": torch_device} if cuda else None  # quantized from the CPU
     try:
         if quantization == "fp8":
             network = from_pretrained_fp8(where, torch_device, torch_dtype, **common)
         else:
-            network = DiffusionGemmaForBlockDiffusion.from_pretrained(where, **kwargs)
+            network = DiffusionGemmaForBlockDiffusion.from_pretrained(where, dtype=torch_dtype, device_map=device_map,
+                                                                      **common)
         tokenizer = AutoTokenizer.from_pretrained(where, **common)
     except Exception as error:  # noqa: BLE001
         raise ModelLoadError(
@@ -178,9 +175,9 @@ def load_model(model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: s
             "files (tokenizer.json) are missing or wrong")
     if quantization in ("4bit", "8bit"):
         network = quantize_model(network, quantization, torch_device)
-    elif torch_device.type != "cuda":
+    elif not cuda:
         network = network.to(torch_device)
-    if torch_device.type == "cuda":
+    if cuda:
         torch.cuda.init()
     network.eval()
     return LoadedModel(model=network, tokenizer=tokenizer, source=source, device=torch_device, dtype=torch_dtype)

@@ -1,5 +1,4 @@
-"""Bytes of a model's tensors: `model_bytes` and `memory_report` by group, also as each quantization would store them.
-"""
+"""Bytes of a model's tensors (`model_bytes`), by group and as each quantization would store them."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def model_bytes(model: nn.Module) -> int:
 
 
 def memory_report(model: nn.Module, quantization: str = "none") -> dict:
-    """`{"total_bytes": N, "groups": {group: N}}` as `quantization` would store `model`; `ValueError` for a bad choice.
-    """
+    """`{"total_bytes": N, "groups": {group: N}}` as `quantization` would store `model`; `ValueError`."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     planned = set()
@@ -67,8 +65,5 @@ def memory_report(model: nn.Module, quantization: str = "none") -> dict:
 
 def format_report(report: dict, title: str) -> str:
     """The report as an aligned table in GB (10^9 bytes) and bytes."""
-    lines = [title]
-    for group, nbytes in report["groups"].items():
-        lines.append(f"  {group:<13} {nbytes / 1e9:9.3f} GB  {nbytes:>15,} bytes")
-    lines.append(f"  {'total':<13} {report['total_bytes'] / 1e9:9.3f} GB  {report['total_bytes']:>15,} bytes")
-    return "\n".join(lines)
+    rows = [*report["groups"].items(), ("total", report["total_bytes"])]
+    return "\n".join([title] + [f"  {group:<13} {nbytes / 1e9:9.3f} GB  {nbytes:>15,} bytes" for group, nbytes in rows])

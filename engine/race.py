@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -223,8 +222,7 @@ class RaceRunner:
         self._figures: tuple[float | None, tuple[int, int] | None] | None = None
 
     def budget(self, settings: DiffusionSettings) -> int:
-        canvas = self.engine.canvas_length
-        return math.ceil(settings.max_new_tokens / canvas) * canvas
+        return self.engine.budget(settings)
 
     def check(self, prompt: str, settings: DiffusionSettings, *, raw: bool, ar_temperature=0.0,
               order: str = "alternate", seed=None) -> None:

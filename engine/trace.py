@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -106,12 +107,7 @@ class Trace:
     @property
     def blocks(self) -> list[tuple[Frame, ...]]:
         """The frames grouped by block, block 0 first."""
-        grouped: list[list[Frame]] = []
-        for frame in self.frames:
-            if not grouped or grouped[-1][-1].block_index != frame.block_index:
-                grouped.append([])
-            grouped[-1].append(frame)
-        return [tuple(group) for group in grouped]
+        return [tuple(group) for _, group in itertools.groupby(self.frames, key=lambda frame: frame.block_index)]
 
 
 def record_trace(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings | None = None, *,
