@@ -1,6 +1,4 @@
-"""DiffusionGemma engine (no UI code): model loading, block diffusion yielding one `Frame` per decoder forward,
-settings, traces. `for frame in DiffusionEngine(load_model()).frames("In the beginning", seed=0): ...`
-"""
+"""DiffusionGemma engine (no UI code): loading, block diffusion as one `Frame` per forward, settings, traces."""
 
 from .engine import DiffusionEngine, GenerationResult
 from .frames import Frame

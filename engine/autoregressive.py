@@ -1,6 +1,4 @@
-"""Autoregressive decoding, one token per forward: the side block diffusion races against (by default the model's own
-causal encoder on the shared weights; `AutoregressiveDecoder.load` takes a separate causal LM).
-"""
+"""Autoregressive decoding, one token per forward: the side block diffusion races against."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper
 
-from .engine import encode_text
+from .engine import encode_text, last_and_count
 from .generator import EngineClock, RunRandomState
 from .loading import ModelLoadError
 from .settings import SettingSpec, parse_seed, parse_setting
@@ -25,17 +23,13 @@ AR_TEMPERATURE = SettingSpec("ar_temperature", "Autoregressive temperature", flo
 
 
 def check_temperature(value) -> float:
-    """`value` as the autoregressive side's sampling temperature in [0, 10] (0: greedy); raises `ValueError` naming
-    `ar_temperature`."""
+    """`value` as the autoregressive sampling temperature in [0, 10] (0: greedy); `ValueError` naming it."""
     return AR_TEMPERATURE.parse(value)
 
 
 @dataclass(frozen=True)
 class TokenFrame:
-    """The state after one autoregressive forward (forward 0 is the prefill): the chosen `token_id` and its display
-    `token` (raw: escape it), every generated id so far (`committed_ids`, up to EOS), non-pad `committed_tokens`,
-    `done`/`stop_reason`, engine-clock `elapsed_s` and rates, `prompt_tokens` and the `seed` in force.
-    """
+    """One autoregressive forward (0: the prefill): the token (raw: escape it), ids up to EOS, counts, stop, times."""
 
     forward_index: int
     token_id: int
@@ -54,33 +48,33 @@ class TokenFrame:
 
     @property
     def forwards(self) -> int:
-        """Forwards so far."""
         return self.forward_index + 1
 
     def to_dict(self) -> dict:
-        """A JSON-serializable dict of every field."""
         return asdict(self)
 
 
 def eos_ids(generation_config) -> set[int]:
-    """The EOS ids of a generation config (`eos_token_id` may be an int, a list such as [1, 106, 50], or None)."""
+    """The EOS ids of a generation config (`eos_token_id`: an int, a list or None)."""
     return set(eos_id_list(getattr(generation_config, "eos_token_id", None)))
 
 
 def softcapped_logits(model, hidden_states: torch.Tensor) -> torch.Tensor:
-    """Float32 logits `[batch, vocab]` of the last position of `hidden_states` `[batch, length, hidden]`, softcapped
-    as `DiffusionGemmaForBlockDiffusion.forward` does.
-    """
+    """Float32 logits `[batch, vocab]` of `hidden_states`' last position, softcapped as the model's forward does."""
     logits = model.lm_head(hidden_states[:, -1]).float()
     cap = model.final_logit_softcapping
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
+def causal_lm_location(model_id) -> tuple[str, dict]:
+    """(where, common `from_pretrained` options) of a causal LM's folder or hub id."""
+    local = Path(str(model_id)).expanduser()
+    return (str(local) if local.exists() else str(model_id)), {"trust_remote_code": False,
+                                                                "local_files_only": local.exists()}
+
+
 class AutoregressiveDecoder:
-    """Token-by-token decoding with a KV cache, one `TokenFrame` per forward, on a DiffusionGemma model's encoder and
-    `lm_head` (`shared_weights`, `from_diffusion`) or a separate causal LM (`load`). Runs may iterate from several
-    threads at once.
-    """
+    """Token-by-token decoding with a KV cache on a DiffusionGemma encoder or a causal LM (`load`)."""
 
     def __init__(self, model, tokenizer, *, source: str, device: torch.device, shared_weights: bool):
         self.model = model
@@ -103,9 +97,7 @@ class AutoregressiveDecoder:
     @classmethod
     def load(cls, model_id: str, device: torch.device, dtype: torch.dtype) -> "AutoregressiveDecoder":
         """Load a separate causal LM (no remote code) and its tokenizer onto `device`; `ModelLoadError` if it fails."""
-        local = Path(str(model_id)).expanduser()
-        common = {"trust_remote_code": False, "local_files_only": local.exists()}
-        where = str(local) if local.exists() else str(model_id)
+        where, common = causal_lm_location(model_id)
         kwargs = {"dtype": dtype, **common}
         if device.type == "cuda":
             kwargs["device_map"] = {"": device.index or 0}
@@ -120,15 +112,8 @@ class AutoregressiveDecoder:
         model.eval()
         return cls(model, tokenizer, source=str(model_id), device=device, shared_weights=False)
 
-    # -- one forward -------------------------------------------------------------------------------------------------
-    def new_cache(self) -> DynamicCache:
-        """An empty KV cache for one run."""
-        return DynamicCache(config=self.model.config.get_text_config(decoder=True))
-
     def next_token_logits(self, step_ids: torch.LongTensor, cache: DynamicCache, position: int) -> torch.Tensor:
-        """One forward over `step_ids` `[1, n]` at positions from `position`, appending to `cache`; float32 logits
-        `[1, vocab]` of the last position.
-        """
+        """One forward over `step_ids` `[1, n]` from `position`, extending `cache`; float32 logits `[1, vocab]`."""
         positions = torch.arange(position, position + step_ids.shape[1], device=step_ids.device).unsqueeze(0)
         if self.shared_weights:
             hidden = self.model.model.encoder(input_ids=step_ids, past_key_values=cache,
@@ -138,11 +123,7 @@ class AutoregressiveDecoder:
                             logits_to_keep=1)
         return output.logits[:, -1].float()
 
-    # -- a run -------------------------------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str, raw: bool = False) -> torch.LongTensor:
-        """Prompt ids `[1, prompt_length]` on the device, as `DiffusionEngine.encode_prompt`; `ValueError` for a bad
-        prompt.
-        """
         return encode_text(self.tokenizer, prompt, raw, self.device)
 
     def check_budget(self, prompt_tokens: int, max_new_tokens: int) -> None:
@@ -155,9 +136,7 @@ class AutoregressiveDecoder:
 
     def frames(self, prompt: str, max_new_tokens: int, *, raw: bool = False, temperature: float = 0.0,
                seed: int | None = None, stop_event: threading.Event | None = None) -> Iterator[TokenFrame]:
-        """Validate and encode `prompt`, then yield one `TokenFrame` per forward (`decode`); `ValueError` (before any
-        work) for a bad prompt, max_new_tokens, temperature, seed or budget.
-        """
+        """Validate and encode `prompt`, then `decode` it; `ValueError` (before any work) for a bad argument."""
         max_new_tokens = parse_setting("max_new_tokens", max_new_tokens)
         temperature = check_temperature(temperature)
         seed = parse_seed(seed)
@@ -170,10 +149,7 @@ class AutoregressiveDecoder:
     def decode(self, input_ids: torch.LongTensor, max_new_tokens: int, *, temperature: float = 0.0,
                random_state: RunRandomState | None = None,
                stop_event: threading.Event | None = None) -> Iterator[TokenFrame]:
-        """Decode after `input_ids` `[1, prompt_length]` until EOS or `max_new_tokens`, one `TokenFrame` per forward,
-        greedy at temperature 0, else sampled; `stop_event` ends it "cancelled". `ValueError` for batch != 1 or no
-        budget.
-        """
+        """One `TokenFrame` per forward after `input_ids` `[1, n]` until EOS or the budget; `ValueError`."""
         if input_ids.ndim != 2 or input_ids.shape[0] != 1:
             raise ValueError(f"input_ids must have shape [1, prompt_length], got {tuple(input_ids.shape)}")
         if max_new_tokens < 1:
@@ -184,7 +160,7 @@ class AutoregressiveDecoder:
         prompt_tokens = int(input_ids.shape[1])
         committed: list[int] = []
         counted, first_token_s = 0, 0.0
-        cache = self.new_cache()
+        cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
         step_ids, position = input_ids, 0
         frame = None
         for forward in range(max_new_tokens):
@@ -225,12 +201,9 @@ class AutoregressiveDecoder:
                 return
 
     def text(self, token_ids: list[int]) -> str:
-        """Decoded text of generated ids, special tokens skipped (raw model text)."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def warm_up(self) -> float:
         """Pay first-run costs with a short greedy run; returns its seconds."""
-        last = None
-        for last in self.frames("Warm-up.", 4, raw=True, seed=0):
-            pass
+        last, _ = last_and_count(self.frames("Warm-up.", 4, raw=True, seed=0))
         return last.elapsed_s if last is not None else 0.0

@@ -1,6 +1,4 @@
-"""Branch a run from one of its decoder forwards: keep that canvas's accepted tokens, pin chosen tokens for the block
-(as Infill keeps a template's text), and denoise on with a new seed.
-"""
+"""Branch a run from one of its forwards: keep its accepted tokens, pin chosen ones, denoise on with a new seed."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import torch
 from .engine import DiffusionEngine
 from .frames import Frame
 from .generator import RunRandomState, denoise
-from .infill import FixedPositionsLogitsProcessor, InfillLayout
+from .infill import FixedPositionsLogitsProcessor, noised_canvas
 from .settings import DiffusionSettings, parse_seed
 
 
@@ -25,9 +23,7 @@ def branch_canvas(frame: Frame, pins: Mapping[int, int]) -> list[int]:
 
 
 def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
-    """The share (0 to 1) of positions whose token differs between two canvases; `ValueError` for unequal or 0
-    lengths.
-    """
+    """The share of positions whose token differs between two canvases; `ValueError` for unequal or 0 lengths."""
     if len(original) != len(branch) or not original:
         raise ValueError(f"canvases to compare must have the same positive length, got {len(original)} and "
                          f"{len(branch)}")
@@ -37,11 +33,8 @@ def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
 def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Frame, pins: Mapping[int, int],
                   settings: DiffusionSettings, *, seed: int | None = None,
                   stop_event: threading.Event | None = None) -> Iterator[Frame]:
-    """Denoise on from `frame` of a run of `prompt_ids`, one `Frame` per forward; `pins` (position -> id) stay fixed
-    in the first block; the token budget is what the run had left after its committed blocks.
-
-    Raises:
-        ValueError: a pin outside the canvas or vocabulary, a bad seed or settings, no token budget left.
+    """Denoise on from `frame` of a run of `prompt_ids` within the run's remaining budget, `pins` (position -> id) fixed
+    in the first block; `ValueError` for bad pins, seed, settings or no budget.
     """
     canvas_length, vocab = engine.canvas_length, engine.model.config.text_config.vocab_size
     for position, token in pins.items():
@@ -58,14 +51,8 @@ def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Fra
     random_state = RunRandomState(parse_seed(seed))
     input_ids = torch.tensor([list(prompt_ids) + committed], dtype=torch.long, device=engine.device)
     engine.check_budget(input_ids.shape[1], settings)
-    start = branch_canvas(frame, pins)
-    layout = InfillLayout(canvas_ids=[pins.get(p, -1) for p in range(canvas_length)],
-                          fixed=[p in pins for p in range(canvas_length)],
-                          blanks=[p for p in range(canvas_length) if p not in pins], template_positions=canvas_length)
-    with random_state.active():
-        noise = torch.randint(0, vocab, (1, canvas_length), device=engine.device)
-    known = torch.tensor(start, dtype=torch.long, device=engine.device).view(1, -1)
-    initial = torch.where(known >= 0, known, noise)
-    processors = [FixedPositionsLogitsProcessor(layout, [], engine.device)] if pins else None
+    pinned = [pins.get(p, -1) for p in range(canvas_length)]
+    processors = [FixedPositionsLogitsProcessor(pinned, [], engine.device)] if pins else None
     return denoise(engine.model, input_ids, settings, token_text=engine.token_text, stop_event=stop_event,
-                   random_state=random_state, logits_processors=processors, initial_canvas=initial)
+                   random_state=random_state, logits_processors=processors,
+                   initial_canvas=noised_canvas(engine, branch_canvas(frame, pins), random_state))

@@ -1,6 +1,4 @@
-"""Multi-turn chat that reuses the previous turn's encoder cache for the longest token prefix the new rendering
-shares with it; history over the model's context is cut from the oldest turn.
-"""
+"""Multi-turn chat reusing the previous turn's encoder cache for the shared prefix; old turns cut to fit."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .conversation import check_messages, conversation_ids
+from .conversation import check_messages, check_thinking, conversation_ids
 from .engine import DiffusionEngine, GenerationResult
 from .frames import Frame
 from .generator import RunRandomState, denoise
@@ -25,11 +23,7 @@ _PROBE_ANSWER = "x"  # any text: only where the next turn's rendering starts to 
 
 @dataclass(frozen=True)
 class TurnReport:
-    """What one chat turn encoded and reused: `prompt_tokens` (whole history plus the new turn), `reused_tokens`
-    (from the previous turn's KV cache), `encoded_tokens`, `prefill_s` (measured), `prefill_saved_s` (an estimate:
-    reused tokens x `marginal_seconds_per_token`, capped by the seconds once spent encoding them; None until it can
-    be fitted), `dropped_turns` (cut to fit the context) and a `note` for the visitor.
-    """
+    """What one chat turn encoded and reused: tokens, prefill seconds (measured, saved estimate), turns cut, note."""
 
     prompt_tokens: int
     reused_tokens: int
@@ -40,14 +34,11 @@ class TurnReport:
     note: str = ""
 
     def to_dict(self) -> dict:
-        """JSON-ready dict."""
         return dict(self.__dict__)
 
 
 def encode_into_cache(model, cache, ids: torch.LongTensor):
-    """Run the encoder on `ids` `[1, n]` after the tokens `cache` holds, adding their states to `cache` (in place,
-    also returned): `generate()`'s prefill step with positions continuing from the cache.
-    """
+    """`generate()`'s prefill of `ids` `[1, n]` after the tokens `cache` holds, extending `cache` (also returned)."""
     start, n = cache.get_seq_length(), ids.shape[1]
     position_ids = torch.arange(start, start + n, dtype=torch.int32, device=ids.device).unsqueeze(0)
     attention_mask = torch.ones((1, start + n), dtype=torch.bool, device=ids.device)
@@ -59,9 +50,7 @@ def encode_into_cache(model, cache, ids: torch.LongTensor):
 
 
 def marginal_seconds_per_token(points: list[tuple[int, float]]) -> float | None:
-    """The least-squares slope of prefill seconds over tokens encoded in `points` [(tokens, seconds)]; None with
-    fewer than two distinct token counts or a slope that is not positive.
-    """
+    """Least-squares slope of seconds over tokens of `points` [(tokens, seconds)]; None unless positive and fitted."""
     if len({n for n, _ in points}) < 2:
         return None
     mean_n = sum(n for n, _ in points) / len(points)
@@ -72,19 +61,11 @@ def marginal_seconds_per_token(points: list[tuple[int, float]]) -> float | None:
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 class ChatSession:
-    """One visitor's conversation with `engine` and the KV cache of its previous turn; `system` is kept through
-    history cuts. One turn at a time. `messages` holds answers without their thought channel (`thoughts` keeps
-    those).
-    """
+    """One visitor's conversation and its previous turn's KV cache; `system` survives cuts, `thoughts` kept apart."""
 
     def __init__(self, engine: DiffusionEngine, system: str | None = None):
         self.engine = engine
@@ -108,7 +89,6 @@ class ChatSession:
         return conversation_ids(self.engine.tokenizer, messages, **extra, **kwargs)
 
     def _fit(self, messages: list[dict], thinking: bool, settings: DiffusionSettings) -> tuple[list, list[int], int]:
-        """(messages, ids, turns dropped) after cutting the oldest turns until prompt plus canvases fit."""
         dropped = 0
         while True:
             ids = self._ids(messages, thinking)
@@ -127,30 +107,24 @@ class ChatSession:
 
     def turn(self, text: str, settings: DiffusionSettings | None = None, *, seed: int | None = None,
              thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
-        """Add the user's `text` and denoise the answer, one `Frame` per forward (`prompt_tokens`: the whole
-        conversation); a completed turn joins `messages` and sets `last_report` and `last_result`, a cancelled one
-        changes nothing. `ValueError` (before any work) for bad text, seed or settings, thinking without a thinking
-        template, or a user turn that alone does not fit the context.
+        """Add the user's `text` and denoise the answer, one `Frame` per forward; a completed turn joins `messages`, a
+        cancelled one changes nothing. `ValueError` (before any work) for bad input or a turn that cannot fit.
         """
         text = check_prompt(text)
         settings = settings or self.engine.recommended
         random_state = RunRandomState(parse_seed(seed))
         self.engine.check_settings(settings)
-        if thinking and not self.engine.supports_thinking:
-            raise ValueError("thinking needs a chat template with a thinking mode (enable_thinking); this model's "
-                             "template has none")
+        check_thinking(self.engine.tokenizer, thinking)
         messages, ids, dropped = self._fit(self.messages + [{"role": "user", "content": text}], thinking, settings)
         probe = self._ids(messages + [{"role": "assistant", "content": _PROBE_ANSWER},
                                       {"role": "user", "content": _PROBE_ANSWER}], thinking)
         stable = min(_common_prefix(ids, probe), len(ids) - 1)  # denoise needs at least one token of its own
         self.last_result = self.last_report = None
-        return self._run(messages, ids, stable, dropped, settings, random_state, thinking, stop_event)
+        return self._run(messages, ids, stable, dropped, settings, random_state, stop_event)
 
     def regenerate(self, settings: DiffusionSettings | None = None, *, seed: int | None = None,
                    thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
-        """Answer the last user message again, replacing the last answer; `ValueError` with no answer yet, or as
-        `turn`.
-        """
+        """Answer the last user message again, replacing the last answer; `ValueError` as `turn` or with no answer."""
         if not self.messages or self.messages[-1]["role"] != "assistant":
             raise ValueError("nothing to regenerate: the conversation has no answer yet")
         text = self.messages[-2]["content"]
@@ -171,7 +145,7 @@ class ChatSession:
         if not done:
             self.messages, self.thoughts = kept_messages, kept_thoughts
 
-    def _run(self, messages, ids, stable, dropped, settings, random_state, thinking, stop_event):
+    def _run(self, messages, ids, stable, dropped, settings, random_state, stop_event):
         model, device = self.engine.model, self.engine.device
         reused = _common_prefix(self._cache_ids, ids) if self._cache is not None else 0
         restarted = self._cache is not None and not (reused == len(self._cache_ids) and reused <= stable)
@@ -189,9 +163,8 @@ class ChatSession:
             if device.type == "cuda":
                 torch.cuda.synchronize()
         prefill_s = time.perf_counter() - start
-        reused_cost_s = self._cache_prefill_s if reused else 0.0  # what encoding the reused tokens took here
-        # The cached prefix is kept whatever happens to the answer (Regenerate and a cancelled turn reuse it);
-        # denoise extends a copy with the answer's canvases
+        reused_cost_s = self._cache_prefill_s if reused else 0.0
+        # Keep the prefix for the next turn whatever happens to this answer; denoise extends a copy
         self._cache, self._cache_ids, self._cache_prefill_s = base, ids[:stable], reused_cost_s + prefill_s
         cache = copy.deepcopy(base)
         count, last = 0, None
@@ -202,8 +175,6 @@ class ChatSession:
         if last is None or not last.done or last.stop_reason == "cancelled":
             return
         result = self.engine.summarize(last, count)
-        encoded = len(ids) - reused
-        # the tokens denoise itself encoded are few (the generation prompt's tail); their time is in the frames
         if stable > reused:
             self._prefills = [*self._prefills, (stable - reused, prefill_s)][-PREFILL_POINTS:]
         rate = marginal_seconds_per_token(self._prefills)
@@ -213,7 +184,7 @@ class ChatSession:
                  if restarted else ""]
         cut_note = "; ".join(n for n in notes if n)
         self.last_report = TurnReport(
-            prompt_tokens=len(ids), reused_tokens=reused, encoded_tokens=encoded, prefill_s=prefill_s,
+            prompt_tokens=len(ids), reused_tokens=reused, encoded_tokens=len(ids) - reused, prefill_s=prefill_s,
             prefill_saved_s=None if rate is None or not reused else min(reused * rate, reused_cost_s),
             dropped_turns=dropped, note=cut_note)
         self.last_result = result
@@ -223,9 +194,7 @@ class ChatSession:
 
     def reply(self, text: str, settings: DiffusionSettings | None = None, **kwargs) -> tuple[GenerationResult,
                                                                                           TurnReport]:
-        """Run a turn to the end; returns (result, report), arguments and errors as `turn`; `RuntimeError` if
-        cancelled.
-        """
+        """Run a turn to the end: (result, report); errors as `turn`, `RuntimeError` if cancelled."""
         for _ in self.turn(text, settings, **kwargs):
             pass
         if self.last_result is None:

@@ -1,7 +1,4 @@
-"""Command line: `python -m engine generate|race|chat|infill|replay|memory` (`--help` on each). Subcommands share the
-model flags and the settings flags made from `SETTINGS`; what needs no model is checked before it loads. Errors are
-one `error: ...` line on stderr and exit status 2.
-"""
+"""Command line: `python -m engine generate|race|chat|infill|replay|memory`; errors: one `error:` line, status 2."""
 
 from __future__ import annotations
 
@@ -15,18 +12,21 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import Diffu
 
 from .autoregressive import AR_TEMPERATURE, check_temperature
 from .chat import ChatSession
+from .conversation import check_thinking
 from .engine import DiffusionEngine
 from .infill import filled_text, infill_frames, parse_template
 from .loading import (DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, meta_model,
                       model_location)
 from .memory import format_report, memory_report
 from .race import RaceRunner, race_runner
+from .replay_page import write_replay
 from .settings import (PRESET_NAMES, SETTING_NAMES, SETTINGS, DiffusionSettings, check_prompt, parse_seed,
                        parse_setting, preset)
-from .replay_page import write_replay
 from .trace import TraceError, load_trace, trace_of_run
 
 RACE_ORDERS = ("alternate", "diffusion-first", "autoregressive-first")
+THINKING_HELP = "let the model think first (chat templates with enable_thinking, e.g. Gemma 4)"
+RAW_HELP = "no chat template: tokenize the prompt as is"
 
 
 def add_model_flags(parser: argparse.ArgumentParser, *, device: bool = True,
@@ -58,26 +58,25 @@ def add_settings_flags(parser: argparse.ArgumentParser, names=SETTING_NAMES) -> 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="DiffusionGemma block-diffusion engine")
     commands = parser.add_subparsers(dest="command", required=True)
-    thinking = "let the model think first (chat templates with enable_thinking, e.g. Gemma 4)"
 
     gen = commands.add_parser("generate", help="generate text for one prompt")
     gen.add_argument("--prompt", required=True)
-    gen.add_argument("--raw", action="store_true", help="no chat template: tokenize the prompt as is")
-    gen.add_argument("--thinking", action="store_true", help=thinking)
+    gen.add_argument("--raw", action="store_true", help=RAW_HELP)
+    gen.add_argument("--thinking", action="store_true", help=THINKING_HELP)
     gen.add_argument("--trace", type=Path, help="also write the run's trace here (JSON, see docs/trace.md)")
 
     race = commands.add_parser("race", help="race block diffusion against autoregressive decoding on one prompt")
     race.add_argument("--ar-model", help="separate causal LM for the autoregressive side (default: the diffusion "
                                          "model's own causal encoder)")
     race.add_argument("--prompt", required=True)
-    race.add_argument("--raw", action="store_true", help="no chat template: tokenize the prompt as is")
+    race.add_argument("--raw", action="store_true", help=RAW_HELP)
     race.add_argument(AR_TEMPERATURE.flag, type=float, default=0.0, help=AR_TEMPERATURE.help)
     race.add_argument("--order", default="alternate", choices=RACE_ORDERS)
     race.add_argument("--no-warm-up", dest="warm_up", action="store_false", help="skip each side's warm-up")
 
     chat = commands.add_parser("chat", help="multi-turn chat, one user turn per stdin line (encoder cache reused)")
     chat.add_argument("--system", help="a system message (kept when old turns are cut)")
-    chat.add_argument("--thinking", action="store_true", help=thinking)
+    chat.add_argument("--thinking", action="store_true", help=THINKING_HELP)
 
     infill = commands.add_parser("infill", help="fill the blanks of a template inside one canvas")
     infill.add_argument("--template", required=True, help="text with blanks: [___] one token, [___ 12] twelve")
@@ -101,27 +100,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def checked_options(args: argparse.Namespace) -> tuple[int | None, dict]:
-    """(seed, settings flags given), each parsed, and the settings they make checked against the checkpoint's
-    generation config when it is readable: the checks that need no weights.
-    """
+    """(seed, settings flags given), parsed and checked against the checkpoint's generation config where readable."""
     seed = parse_seed(args.seed)
     changes = {name: getattr(args, name) for name in SETTING_NAMES if getattr(args, name, None) is not None}
     for name, value in changes.items():
         parse_setting(name, value)
-    recommended = config_recommended(args.model)
+    try:
+        where, common = model_location(args.model)
+        config = DiffusionGemmaGenerationConfig.from_pretrained(where, local_files_only=common["local_files_only"])
+        recommended = DiffusionSettings.from_generation_config(config)
+    except Exception:  # noqa: BLE001 - any failure is the load's to report
+        recommended = None
     if recommended is not None:
         chosen_settings(args, recommended, changes)
     return seed, changes
-
-
-def config_recommended(model: str) -> DiffusionSettings | None:
-    """The recommended settings from `model`'s generation_config.json alone; None where it cannot be read."""
-    try:
-        where, common = model_location(model)
-        config = DiffusionGemmaGenerationConfig.from_pretrained(where, local_files_only=common["local_files_only"])
-        return DiffusionSettings.from_generation_config(config)
-    except Exception:  # noqa: BLE001 - any failure is the load's to report
-        return None
 
 
 def load_engine(args: argparse.Namespace) -> DiffusionEngine:
@@ -133,43 +125,37 @@ def chosen_settings(args: argparse.Namespace, recommended: DiffusionSettings, ch
     return preset(args.preset, recommended).with_values(changes)
 
 
-def fail(error: BaseException) -> int:
-    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+def fail(error: BaseException, prefix: str = "") -> int:
+    print(f"error: {prefix}{' '.join(str(error).split())}", file=sys.stderr)
     return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (2: bad input or a model that does not load)."""
     args = build_parser().parse_args(argv)
-    if args.command == "memory":
-        return memory_command(args.model, args.quantization, args.dtype, args.json)
-    if args.command == "replay":
-        return replay(args.trace, args.html)
-    return COMMANDS[args.command](args)
+    try:
+        return COMMANDS[args.command](args)
+    except (ModelLoadError, ValueError) as error:
+        return fail(error)
 
 
 def generate_command(args: argparse.Namespace) -> int:
     """`python -m engine generate`: the text (and a summary line on stderr), or one JSON object."""
-    try:
-        check_prompt(args.prompt)
-        seed, changes = checked_options(args)
-        engine = load_engine(args)
-        settings = chosen_settings(args, engine.recommended, changes)
-        if args.trace:
-            frames = list(engine.frames(args.prompt, settings, raw=args.raw, seed=seed, thinking=args.thinking))
-            result = engine.summarize(frames[-1], len(frames))
-            trace = trace_of_run(engine, frames, prompt=args.prompt, settings=settings, raw=args.raw,
-                                 thinking=args.thinking)
-        else:
-            result = engine.generate(args.prompt, settings, raw=args.raw, seed=seed, thinking=args.thinking)
-    except (ModelLoadError, ValueError) as error:
-        return fail(error)
-    if args.trace:
+    check_prompt(args.prompt)
+    seed, changes = checked_options(args)
+    engine = load_engine(args)
+    settings = chosen_settings(args, engine.recommended, changes)
+    if not args.trace:
+        result = engine.generate(args.prompt, settings, raw=args.raw, seed=seed, thinking=args.thinking)
+    else:
+        frames = list(engine.frames(args.prompt, settings, raw=args.raw, seed=seed, thinking=args.thinking))
+        result = engine.summarize(frames[-1], len(frames))
+        trace = trace_of_run(engine, frames, prompt=args.prompt, settings=settings, raw=args.raw,
+                             thinking=args.thinking)
         try:
             trace.save(args.trace)
         except OSError as error:
-            print(f"error: cannot write the trace to {args.trace}: {error.strerror or error}", file=sys.stderr)
-            return 2
+            return fail(error.strerror or error, f"cannot write the trace to {args.trace}: ")
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
     else:
@@ -190,17 +176,13 @@ def verdict_line(verdict: dict) -> str:
 
 def race_command(args: argparse.Namespace) -> int:
     """`python -m engine race`: both answers, one line per side, the speedup and why; or one JSON object."""
-    try:
-        check_prompt(args.prompt)
-        seed, changes = checked_options(args)
-        check_temperature(args.ar_temperature)
-        engine = load_engine(args)
-        runner = race_runner(engine, args.ar_model) if args.ar_model else RaceRunner(engine)
-        result = runner.run(
-            args.prompt, chosen_settings(args, engine.recommended, changes), raw=args.raw, seed=seed,
-            ar_temperature=args.ar_temperature, order=args.order.replace("-", " "), warm_up=args.warm_up)
-    except (ModelLoadError, ValueError) as error:
-        return fail(error)
+    check_prompt(args.prompt)
+    seed, changes = checked_options(args)
+    check_temperature(args.ar_temperature)
+    engine = load_engine(args)
+    runner = race_runner(engine, args.ar_model) if args.ar_model else RaceRunner(engine)
+    result = runner.run(args.prompt, chosen_settings(args, engine.recommended, changes), raw=args.raw, seed=seed,
+                        ar_temperature=args.ar_temperature, order=args.order.replace("-", " "), warm_up=args.warm_up)
     summary = result.summary()
     if args.json:
         print(json.dumps(summary, ensure_ascii=False))
@@ -217,23 +199,15 @@ def race_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def chat_command(args: argparse.Namespace, stdin=None) -> int:
-    """`python -m engine chat < turns.txt`: one user turn per non-empty stdin line; answers to stdout, reports and
-    thoughts to stderr (`--json`: one object per turn). A refused turn is reported, the chat goes on, exit status 2.
-    """
-    stdin = stdin or sys.stdin
-    try:
-        seed, changes = checked_options(args)
-        engine = load_engine(args)
-        settings = chosen_settings(args, engine.recommended, changes)
-        if args.thinking and not engine.supports_thinking:
-            raise ValueError("thinking needs a chat template with a thinking mode (enable_thinking); this model's "
-                             "template has none")
-        session = ChatSession(engine, system=args.system)
-    except (ModelLoadError, ValueError) as error:
-        return fail(error)
+def chat_command(args: argparse.Namespace) -> int:
+    """`python -m engine chat < turns.txt`: a user turn per non-empty line; a refused one is reported (status 2)."""
+    seed, changes = checked_options(args)
+    engine = load_engine(args)
+    settings = chosen_settings(args, engine.recommended, changes)
+    check_thinking(engine.tokenizer, args.thinking)
+    session = ChatSession(engine, system=args.system)
     status, turn = 0, 0
-    for line in stdin:
+    for line in sys.stdin:
         text = line.rstrip("\n")
         if not text.strip():
             continue
@@ -241,8 +215,7 @@ def chat_command(args: argparse.Namespace, stdin=None) -> int:
         try:
             result, report = session.reply(text, settings, seed=seed, thinking=args.thinking)
         except ValueError as error:
-            print(f"error: turn {turn}: {error}", file=sys.stderr)
-            status = 2
+            status = fail(error, f"turn {turn}: ")
             continue
         if args.json:
             print(json.dumps({"turn": turn, "text": result.text, "thought": result.thought,
@@ -263,19 +236,14 @@ def chat_command(args: argparse.Namespace, stdin=None) -> int:
 
 def infill_command(args: argparse.Namespace) -> int:
     """`python -m engine infill`: the template with its blanks filled, or one JSON object."""
-    try:
-        seed, changes = checked_options(args)
-        parse_template(args.template, None)
-        engine = load_engine(args)
-        layout, frames = infill_frames(engine, args.template, chosen_settings(args, engine.recommended, changes),
-                                       prompt=args.prompt, seed=seed)
-        count, last = 0, None
-        for last in frames:
-            count += 1
-    except (ModelLoadError, ValueError) as error:
-        return fail(error)
-    result = engine.summarize(last, count)
-    text, fills = filled_text(engine.tokenizer, layout, last.committed_ids)
+    seed, changes = checked_options(args)
+    parse_template(args.template, None)
+    engine = load_engine(args)
+    layout, frames = infill_frames(engine, args.template, chosen_settings(args, engine.recommended, changes),
+                                   prompt=args.prompt, seed=seed)
+    frames = list(frames)
+    result = engine.summarize(frames[-1], len(frames))
+    text, fills = filled_text(engine.tokenizer, layout, frames[-1].committed_ids)
     if args.json:
         print(json.dumps({"text": text, "fills": fills, "blank_positions": layout.blanks,
                           "template_positions": layout.template_positions, "result": result.to_dict()},
@@ -287,36 +255,31 @@ def infill_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def replay(trace_path: Path, html_path: Path) -> int:
+def replay_command(args: argparse.Namespace) -> int:
     """`python -m engine replay`: load and check the trace, write its offline HTML replay; 2 on a refused trace."""
     try:
-        trace = load_trace(trace_path)
-        write_replay(trace, html_path)
+        trace = load_trace(args.trace)
+        write_replay(trace, args.html)
     except TraceError as error:
-        print(f"error: {trace_path}: {error}", file=sys.stderr)
-        return 2
+        return fail(error, f"{args.trace}: ")
     except OSError as error:
-        print(f"error: cannot write {html_path}: {error.strerror or error}", file=sys.stderr)
-        return 2
-    print(f"wrote {html_path} ({html_path.stat().st_size / 2**20:.2f} MiB, {len(trace.frames)} forwards)",
+        return fail(error.strerror or error, f"cannot write {args.html}: ")
+    print(f"wrote {args.html} ({args.html.stat().st_size / 2**20:.2f} MiB, {len(trace.frames)} forwards)",
           file=sys.stderr)
     return 0
 
 
-def memory_command(model: str, quantization: str, dtype: str, as_json: bool) -> int:
-    """`python -m engine memory`: `model`'s memory report (meta device) as a table or one JSON object."""
-    torch_dtype = torch.bfloat16 if dtype == "auto" else getattr(torch, dtype)
-    try:
-        report = memory_report(meta_model(model, torch_dtype), quantization)
-    except ModelLoadError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    if as_json:
+def memory_command(args: argparse.Namespace) -> int:
+    """`python -m engine memory`: the model's memory report (meta device) as a table or one JSON object."""
+    dtype = torch.bfloat16 if args.dtype == "auto" else getattr(torch, args.dtype)
+    report = memory_report(meta_model(args.model, dtype), args.quantization)
+    if args.json:
         print(json.dumps(report))
     else:
-        dtype_name = str(torch_dtype).removeprefix("torch.")
-        print(format_report(report, f"{model}: {quantization}, unquantized tensors in {dtype_name}"))
+        dtype_name = str(dtype).removeprefix("torch.")
+        print(format_report(report, f"{args.model}: {args.quantization}, unquantized tensors in {dtype_name}"))
     return 0
 
 
-COMMANDS = {"generate": generate_command, "race": race_command, "chat": chat_command, "infill": infill_command}
+COMMANDS = {"generate": generate_command, "race": race_command, "chat": chat_command, "infill": infill_command,
+            "replay": replay_command, "memory": memory_command}

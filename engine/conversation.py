@@ -1,17 +1,9 @@
-"""Chat prompts through the tokenizer's chat template with every message's text kept as plain text (typed
-special-token strings never become control tokens), thinking mode, and the thought channel of an answer.
-"""
+"""Chat prompts through the chat template with message text kept as plain text (no typed control tokens); thoughts."""
 
 from __future__ import annotations
 
-# Private-use characters: no template or tokenizer gives them a meaning, and a prompt containing them is refused
-_PLACEHOLDER = "\ue000diffgemma-user-text\ue001"
 CHANNEL_OPEN, CHANNEL_CLOSE = "<|channel>", "<channel|>"
 ROLES = ("system", "user", "assistant")
-
-
-def _messages(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
 
 
 def _encode(tokenizer, text: str, **kwargs) -> list[int]:
@@ -31,30 +23,20 @@ def supports_thinking(tokenizer) -> bool:
     return "enable_thinking" in chat_template_text(tokenizer)
 
 
+def check_thinking(tokenizer, thinking: bool, raw: bool = False) -> None:
+    """Refuse (`ValueError`) thinking with a raw prompt or a chat template without a thinking mode."""
+    if thinking and (raw or not supports_thinking(tokenizer)):
+        raise ValueError("thinking needs a chat prompt and a chat template with a thinking mode (enable_thinking); "
+                         + ("this prompt is raw" if raw else "this model's template has none"))
+
+
 def chat_prompt_ids(tokenizer, content: str, **template_kwargs) -> list[int]:
-    """Ids of `content` as one user turn plus the generation prompt, its special-token strings kept as plain text
-    (`template_kwargs` go to the template). `ValueError` for text holding the reserved U+E000...U+E001 placeholder or
-    a template that changes the user text beyond telling it apart from its markers.
-    """
-    if _PLACEHOLDER in content:
-        raise ValueError("prompt contains a reserved private-use sequence (U+E000 ... U+E001)")
-    render = dict(add_generation_prompt=True, tokenize=False, **template_kwargs)
-    rendered = tokenizer.apply_chat_template(_messages(content), **render)
-    marked = tokenizer.apply_chat_template(_messages(_PLACEHOLDER), **render)
-    prefix, found, suffix = marked.partition(_PLACEHOLDER)
-    if (not found or _PLACEHOLDER in suffix or len(prefix) + len(suffix) > len(rendered)
-            or not rendered.startswith(prefix) or not rendered.endswith(suffix)):
-        raise ValueError("this model's chat template changes the user text in a way the playground cannot keep "
-                         "apart from its markers; use a raw prompt")
-    user = rendered[len(prefix):len(rendered) - len(suffix)]
-    return (_encode(tokenizer, prefix) + _encode(tokenizer, user, split_special_tokens=True)
-            + _encode(tokenizer, suffix))
+    """Ids of `content` as one user turn plus the generation prompt, as plain text (`conversation_ids`)."""
+    return conversation_ids(tokenizer, [{"role": "user", "content": content}], **template_kwargs)
 
 
 def split_thought(token_ids: list[int], tokenizer) -> tuple[str, str]:
-    """(thought, answer) text of generated ids, special tokens skipped: the thought runs from `<|channel>` to
-    `<channel|>` (or the end), its first line (the channel's name) dropped; without one, ("", the whole text).
-    """
+    """(thought, answer) of generated ids: the thought is the `<|channel>`...`<channel|>` span, name line dropped."""
     vocab = tokenizer.get_vocab()
     open_id, close_id = vocab.get(CHANNEL_OPEN), vocab.get(CHANNEL_CLOSE)
 
@@ -71,14 +53,14 @@ def split_thought(token_ids: list[int], tokenizer) -> tuple[str, str]:
     answer = token_ids[:start] + (token_ids[end + 1:] if end is not None else [])
     return thought.strip(), text(answer)
 
+
 def _placeholder(index: int) -> str:
-    return _PLACEHOLDER.replace("user-text", f"text-{index}")
+    """A marker no template or tokenizer gives a meaning (private-use characters; messages holding them are refused)."""
+    return f"\ue000diffgemma-text-{index}\ue001"
 
 
 def check_messages(messages) -> list[dict]:
-    """`messages` as a list of {"role", "content"} dicts (roles: `ROLES`), lone surrogates replaced; `ValueError` for
-    an empty or bad list, message, role or content, or the reserved U+E000...U+E001 sequence.
-    """
+    """`messages` as {"role", "content"} dicts, lone surrogates replaced; `ValueError` for anything else."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError("a conversation is a non-empty list of messages")
     checked = []
@@ -97,9 +79,7 @@ def check_messages(messages) -> list[dict]:
 
 
 def conversation_ids(tokenizer, messages, *, add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
-    """Ids of `messages` (`check_messages`) through the chat template, texts as plain text (one user message gives
-    `chat_prompt_ids`'s); `ValueError` for bad messages, no template, or one that changes the texts beyond trimming.
-    """
+    """Ids of `messages` through the chat template, texts as plain text; `ValueError` for bad messages or template."""
     messages = check_messages(messages)
     if not chat_template_text(tokenizer):
         raise ValueError("this model has no chat template: a conversation needs one")

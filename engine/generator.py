@@ -1,6 +1,4 @@
-"""Step-by-step DiffusionGemma generation: `generate()`'s block loop with the library's own pieces, one `Frame` per
-decoder forward (same seed, same token ids as `generate()`; batch size 1), and the per-run random state.
-"""
+"""Step-by-step generation: `generate()`'s block loop, one `Frame` per forward; per-run RNG; the engine clock."""
 
 from __future__ import annotations
 
@@ -10,12 +8,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList
 
-from .frames import Frame
+from .frames import Frame, FrameBuilder
 from .sampling import frame_statistics, sampler_state, with_recording
 from .settings import DiffusionSettings, draw_seed
 from .tokens import eos_id_list
@@ -24,9 +21,7 @@ _GLOBAL_RNG_LOCK = threading.RLock()
 
 
 class RunRandomState:
-    """One run's torch RNG state, seeded like `torch.manual_seed(seed)` (None draws one, kept in `seed`), so
-    concurrent runs neither disturb nor depend on each other.
-    """
+    """One run's torch RNG state, seeded like `torch.manual_seed(seed)` (None: drawn), apart from other runs."""
 
     def __init__(self, seed: int | None):
         self.seed = draw_seed() if seed is None else seed
@@ -62,9 +57,7 @@ class RunRandomState:
 
 
 class EngineClock:
-    """Sums the seconds spent inside `with clock:` sections (CUDA synchronized at each end); time between them is not
-    counted.
-    """
+    """Sums the seconds inside `with clock:` sections (CUDA synchronized at each end)."""
 
     def __init__(self, device: torch.device):
         self.seconds = 0.0
@@ -85,37 +78,20 @@ class EngineClock:
         return False
 
 
-@dataclass
-class _Progress:
-    """Counters of one run that frames report."""
-
-    forwards: int = 0
-    forwards_per_block: list = dataclasses.field(default_factory=list)
-    committed_ids: list = dataclasses.field(default_factory=list)
-    committed_tokens: int = 0
-    first_frame_s: float = 0.0
-    block_remelts: int = 0
-
-
 @torch.no_grad()
 def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
             token_text: Callable[[int], str] = str, seed: int | None = None,
             stop_event: threading.Event | None = None, random_state: RunRandomState | None = None,
             past_key_values=None, logits_processors: list | None = None,
             initial_canvas: torch.LongTensor | None = None) -> Iterator[Frame]:
-    """Run block diffusion on `input_ids` `[1, prompt_length]`, yielding a `Frame` after every decoder forward.
-
-    `token_text`: id -> display string; `seed` (None: drawn) or `random_state`; `stop_event`: ends before the next
-    forward with a "cancelled" frame; `past_key_values`, `logits_processors` and `initial_canvas` act as
-    `generate()`'s `past_key_values`, `logits_processor` and `decoder_input_ids`. `ValueError` for a batch other than
-    1.
+    """Block diffusion on `input_ids` `[1, n]`, one `Frame` per decoder forward; `stop_event` ends with a "cancelled"
+    frame; `past_key_values`, `logits_processors`, `initial_canvas` as in `generate()`. `ValueError` for batch != 1.
     """
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must have shape [1, prompt_length], got {tuple(input_ids.shape)}")
     rng = random_state or RunRandomState(seed)
     device = input_ids.device
     clock = EngineClock(device)
-    progress = _Progress()
     canvas_length = model.config.canvas_length
 
     with clock, rng.active():
@@ -150,44 +126,9 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
         else:
             encoder_after_prefill, decoder_forward = model.model.encoder, model.forward
         n_steps = generation_config.max_denoising_steps
-    describe_many = getattr(token_text, "describe_many", None)  # `TokenText`: uncached ids decoded in one batch
-    token_kind = getattr(token_text, "kind", None)  # plain callables give no kinds
-
-    def make_frame(block, step_index, temperature, input_canvas, argmax_canvas, processed_logits, first_accepted,
-                   remelted, block_done, stopped_early, done, stop_reason) -> Frame:
-        confidence, entropy, top_ids, top_probs = frame_statistics(sampler, processed_logits, argmax_canvas)
-        (input_list, draft_list, accepted_list, first_list, confidence_list, entropy_list, remelted_list, top_id_rows,
-         top_prob_rows) = host_lists(input_canvas[0], argmax_canvas[0], _accepted_mask(sampler)[0], first_accepted,
-                                     confidence, entropy, remelted, top_ids, top_probs)
-        progress.block_remelts += sum(remelted_list)
-        canvas_ids = input_list + draft_list
-        top_flat = [i for row in top_id_rows for i in row]
-        if describe_many is not None:  # canvas and alternatives in one batch
-            described = describe_many(canvas_ids + top_flat)
-            strings, kinds = [d[0] for d in described], [d[1] for d in described[:len(canvas_ids)]]
-        else:
-            strings = [token_text(i) for i in canvas_ids + top_flat]
-            kinds = [token_kind(i) for i in canvas_ids] if token_kind else []
-        k = len(top_id_rows[0]) if top_id_rows else 0
-        top_strings = strings[len(canvas_ids):]
-        elapsed = clock.now()
-        if progress.forwards == 1:
-            progress.first_frame_s = elapsed
-        return Frame(
-            block_index=block, step_index=step_index, forward_index=progress.forwards - 1,
-            canvas_length=canvas_length, max_denoising_steps=n_steps, temperature=temperature,
-            input_ids=input_list, draft_ids=draft_list, accepted=accepted_list, confidence=confidence_list,
-            entropy=entropy_list, first_accepted_step=first_list, remelted=remelted_list,
-            block_remelts=progress.block_remelts, top_ids=top_id_rows, top_probs=top_prob_rows,
-            top_tokens=[top_strings[p * k:(p + 1) * k] for p in range(len(top_id_rows))],
-            input_tokens=strings[:canvas_length], draft_tokens=strings[canvas_length:len(canvas_ids)],
-            input_kinds=kinds[:canvas_length], draft_kinds=kinds[canvas_length:], block_done=block_done,
-            block_stopped_early=stopped_early, done=done, committed_ids=progress.committed_ids,
-            committed_tokens=progress.committed_tokens, forwards_per_block=list(progress.forwards_per_block),
-            elapsed_s=elapsed, time_to_first_frame_s=progress.first_frame_s,
-            tokens_per_second=progress.committed_tokens / elapsed if elapsed > 0 else 0.0,
-            tokens_per_forward=progress.committed_tokens / progress.forwards, prompt_tokens=prompt_length,
-            stop_reason=stop_reason, seed=rng.seed)
+    builder = FrameBuilder(canvas_length, n_steps, prompt_tokens=prompt_length, seed=rng.seed, token_text=token_text)
+    committed_ids: list[int] = []
+    committed_tokens = 0
 
     frame = None
     is_prefill = True
@@ -212,8 +153,6 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                     sampler=sampler, diffusion_stopping_criteria=diffusion_stopping_criteria, batch_size=1,
                     device=device, model_kwargs=model_kwargs))
             argmax_canvas = current_canvas
-            first_accepted = torch.full((canvas_length,), -1, dtype=torch.long, device=device)
-            progress.block_remelts = 0
 
         # Denoising steps count down (N..1), as in generate()
         for step_index, cur_step in enumerate(reversed(range(1, n_steps + 1))):
@@ -222,7 +161,6 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                     yield dataclasses.replace(frame, done=True, stop_reason="cancelled")
                 return
             with clock, rng.active():
-                progress.forwards += 1
                 input_canvas = current_canvas
                 current_canvas, argmax_canvas, self_conditioning_logits, finished_denoising = (
                     model._denoising_step(
@@ -233,9 +171,6 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                         past_key_values=past_key_values, finished_denoising=finished_denoising,
                         cur_step=cur_step, sampler=sampler, logits_processor=logits_processor,
                         diffusion_stopping_criteria=diffusion_stopping_criteria, **model_kwargs))
-                accepted_now = _accepted_mask(sampler)[0]
-                remelted = (first_accepted >= 0) & ~accepted_now  # accepted earlier in this block, renoised now
-                first_accepted[accepted_now & (first_accepted < 0)] = step_index
                 stopped_early = cur_step > 1 and bool(finished_denoising.all())  # before its last step
                 block_done = stopped_early or cur_step == 1
                 done, stop_reason = False, ""
@@ -246,19 +181,23 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                         input_ids=input_ids, finished_sequences=finished_sequences,
                         generation_config=generation_config, stopping_criteria=stopping_criteria,
                         canvas_length=canvas_length, eos_tensor=eos_tensor)
-                    progress.forwards_per_block.append(step_index + 1)
-                    progress.committed_ids = strip_after_eos(
-                        input_ids[0, prompt_length:].tolist(), generation_config.eos_token_id)
-                    progress.committed_tokens = sum(1 for t in progress.committed_ids if t != pad_id)
+                    committed_ids = strip_after_eos(input_ids[0, prompt_length:].tolist(),
+                                                    generation_config.eos_token_id)
+                    committed_tokens = sum(1 for t in committed_ids if t != pad_id)
                     if bool(finished_sequences.all()):
                         done, stop_reason = True, "eos"
                     elif block == max_new_canvases - 1:
                         done, stop_reason = True, "max_new_tokens"
-                temperature = generation_config.t_min + (
-                    (generation_config.t_max - generation_config.t_min) * cur_step / n_steps)
-                frame = make_frame(block, step_index, temperature, input_canvas, argmax_canvas,
-                                   self_conditioning_logits, first_accepted, remelted, block_done, stopped_early, done,
-                                   stop_reason)
+                confidence, entropy, top_ids, top_probs = frame_statistics(sampler, self_conditioning_logits,
+                                                                           argmax_canvas)
+                lists = host_lists(input_canvas[0], argmax_canvas[0], _accepted_mask(sampler)[0], None, confidence,
+                                   entropy, top_ids=top_ids, top_probs=top_probs)
+                frame = builder.add(
+                    block_index=block, step_index=step_index, temperature=settings.temperature_at(cur_step),
+                    input_ids=lists[0], draft_ids=lists[1], accepted=lists[2], confidence=lists[4],
+                    entropy=lists[5], top_ids=lists[7], top_probs=lists[8], block_done=block_done,
+                    block_stopped_early=stopped_early, done=done, committed_ids=committed_ids,
+                    committed_tokens=committed_tokens, elapsed_s=clock.now(), stop_reason=stop_reason)
             yield frame
             if block_done:
                 break
@@ -272,32 +211,28 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
 
 
 def _accepted_mask(sampler) -> torch.BoolTensor:
-    """The sampler's accepted-token mask `[1, canvas_length]` of the last step (`sampler_state`)."""
     return sampler_state(sampler).accepted_token_mask
 
 
 def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted=None, top_ids=None,
                top_probs=None) -> tuple[list, ...]:
-    """A frame's per-position tensors as Python lists in one device transfer (float64 holds ids and float32 exactly):
-    (input ids, draft ids, accepted, first-accepted steps, confidence, entropy, re-melted, alternative id rows,
-    alternative probability rows); missing optional ones come back empty.
+    """A frame's per-position tensors `[canvas_length]` (alternatives `[canvas_length, k]`) as lists, in one device
+    transfer; the ones given as None come back empty.
     """
     length = input_ids.shape[0]
-    rows = [input_ids, draft_ids, accepted, first_accepted, confidence, entropy]
-    if remelted is not None:
-        rows.append(remelted)
+    rows = (input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted)
     k = 0 if top_ids is None else top_ids.shape[-1]
-    values = torch.cat([t.to(torch.float64).reshape(-1) for t in rows + ([top_ids, top_probs] if k else [])])
-    values = values.tolist()
-    per_position = [values[i * length:(i + 1) * length] for i in range(len(rows))]
-    ids_in, ids_draft, flags, first, conf, ent = per_position[:6]
-    melted = [v != 0.0 for v in per_position[6]] if remelted is not None else []
-    offset = len(rows) * length
-    top_id_rows = [[int(v) for v in values[offset + p * k:offset + (p + 1) * k]] for p in range(length)] if k else []
-    offset += length * k
-    top_prob_rows = [values[offset + p * k:offset + (p + 1) * k] for p in range(length)] if k else []
+    given = [t for t in rows if t is not None] + ([top_ids, top_probs] if k else [])
+    values = torch.cat([t.to(torch.float64).reshape(-1) for t in given]).tolist()  # float64 holds ids exactly
+    lists, offset = [], 0
+    for row in rows:
+        lists.append([] if row is None else values[offset:offset + length])
+        offset += 0 if row is None else length
+    ids_in, ids_draft, flags, first, conf, ent, melted = lists
+    top = [values[offset + p * k:offset + (p + 1) * k] for p in range(2 * length)] if k else []
     return ([int(v) for v in ids_in], [int(v) for v in ids_draft], [v != 0.0 for v in flags],
-            [int(v) for v in first], conf, ent, melted, top_id_rows, top_prob_rows)
+            [int(v) for v in first], conf, ent, [v != 0.0 for v in melted],
+            [[int(v) for v in row] for row in top[:length]], top[length:])
 
 
 def strip_after_eos(token_ids: list[int], eos_token_id: int | list[int] | None) -> list[int]:

@@ -1,6 +1,4 @@
-"""Canvas infill: a template's fixed text (`[___]` one token, `[___ 12]` twelve blanks) stays put in one canvas while
-the decoder fills its blanks.
-"""
+"""Canvas infill: a template's text (`[___]` one blank, `[___ 12]` twelve) stays put while the blanks fill."""
 
 from __future__ import annotations
 
@@ -24,9 +22,7 @@ BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
 
 @dataclass(frozen=True)
 class InfillLayout:
-    """Where a template puts its tokens in the canvas: `canvas_ids` (fixed tokens, then pads; -1 for blanks), `fixed`
-    flags, `blanks` (positions in order), `template_positions` (fixed text plus blanks; the rest are pads).
-    """
+    """A template in one canvas: `canvas_ids` (-1 for blanks), `fixed` flags, `blanks`, `template_positions`."""
 
     canvas_ids: list[int]
     fixed: list[bool]
@@ -35,9 +31,7 @@ class InfillLayout:
 
 
 def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
-    """The template as alternating fixed text (str) and blank lengths (int); `canvas_length` None checks syntax only.
-    `ValueError` for no text, too long, no blank, a blank of 0 or over `canvas_length` tokens, or a malformed `[___`.
-    """
+    """The template as fixed text (str) and blank lengths (int); `ValueError` for a bad template."""
     if not isinstance(template, str) or not template.strip():
         raise ValueError("infill template is empty: write text with blanks such as [___] or [___ 12]")
     if len(template) > MAX_PROMPT_CHARS:
@@ -63,9 +57,7 @@ def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
 
 
 def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -> InfillLayout:
-    """Tokenize the template's text as plain text and lay it out in one canvas (spaces before a blank dropped: its
-    first word token brings its own); `ValueError` as `parse_template` or for a template longer than one canvas.
-    """
+    """Lay the template out in one canvas; `ValueError` as `parse_template` or for more than one canvas."""
     ids: list[int] = []
     fixed: list[bool] = []
     parts = parse_template(template, canvas_length)
@@ -74,7 +66,7 @@ def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -
             ids += [-1] * part
             fixed += [False] * part
         else:
-            if index + 1 < len(parts):  # a blank follows: its first token brings its own leading space
+            if index + 1 < len(parts):
                 part = part.rstrip(" ")
             tokens = tokenizer(part, add_special_tokens=False, split_special_tokens=True)["input_ids"]
             ids += tokens
@@ -92,13 +84,11 @@ def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -
 
 
 class FixedPositionsLogitsProcessor(LogitsProcessor):
-    """Puts all probability of each fixed position on its fixed token (0 there, -inf elsewhere: entropy 0) and
-    forbids `banned` ids (EOS, pad) in blanks; changes the raw logits `[batch, canvas_length, vocab]` in place.
-    """
+    """Pins each position of `canvas_ids` to its id (-1: a blank, where `banned` ids are banned), in place."""
 
-    def __init__(self, layout: InfillLayout, banned: list[int], device: torch.device):
-        self.fixed = torch.tensor(layout.fixed, dtype=torch.bool, device=device)
-        self.fixed_ids = torch.tensor([max(i, 0) for i in layout.canvas_ids], dtype=torch.long, device=device)
+    def __init__(self, canvas_ids: list[int], banned: list[int], device: torch.device):
+        self.fixed = torch.tensor([i >= 0 for i in canvas_ids], dtype=torch.bool, device=device)
+        self.fixed_ids = torch.tensor([max(i, 0) for i in canvas_ids], dtype=torch.long, device=device)
         self.banned = torch.tensor(sorted(set(banned)), dtype=torch.long, device=device)
         self._fixed_at = self.fixed.nonzero().squeeze(1)
         self._blank_at = (~self.fixed).nonzero().squeeze(1)
@@ -114,9 +104,7 @@ class FixedPositionsLogitsProcessor(LogitsProcessor):
 def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSettings | None = None, *,
                   prompt: str | None = None, seed: int | None = None,
                   stop_event: threading.Event | None = None) -> tuple[InfillLayout, Iterator[Frame]]:
-    """Lay out `template` and denoise its blanks in one canvas: (layout, frames), one `Frame` per forward; `prompt`:
-    raw context before the canvas (default `<bos>`). `ValueError` for a bad template, prompt, seed or settings.
-    """
+    """(layout, frames) denoising `template`'s blanks after raw `prompt` (default `<bos>`); `ValueError`."""
     settings = (settings or engine.recommended).replace(max_new_tokens=engine.canvas_length)
     engine.check_settings(settings)
     random_state = RunRandomState(parse_seed(seed))
@@ -130,23 +118,27 @@ def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSet
         input_ids = torch.tensor([[bos if bos is not None else pad_id]], dtype=torch.long, device=engine.device)
     engine.check_budget(input_ids.shape[1], settings)
     banned = eos_id_list(generation_config.eos_token_id) + [pad_id]
-    vocab = engine.model.config.text_config.vocab_size
-    with random_state.active():
-        noise = torch.randint(0, vocab, (1, engine.canvas_length), device=engine.device)
-    processor = FixedPositionsLogitsProcessor(layout, banned, engine.device)
-    canvas = torch.where(processor.fixed.view(1, -1), processor.fixed_ids.view(1, -1), noise)
     frames = denoise(engine.model, input_ids, settings, token_text=engine.token_text, stop_event=stop_event,
-                     random_state=random_state, logits_processors=[processor], initial_canvas=canvas)
+                     random_state=random_state,
+                     logits_processors=[FixedPositionsLogitsProcessor(layout.canvas_ids, banned, engine.device)],
+                     initial_canvas=noised_canvas(engine, layout.canvas_ids, random_state))
     return layout, count_blanks_only(frames, layout)
 
 
+def noised_canvas(engine: DiffusionEngine, known: list[int], random_state: RunRandomState) -> torch.LongTensor:
+    """A first canvas `[1, canvas_length]`: the `known` ids, uniformly random tokens where they are -1."""
+    with random_state.active():
+        noise = torch.randint(0, engine.model.config.text_config.vocab_size, (1, engine.canvas_length),
+                              device=engine.device)
+    known = torch.tensor([known], dtype=torch.long, device=engine.device)
+    return torch.where(known >= 0, known, noise)
+
+
 def count_blanks_only(frames: Iterator[Frame], layout: InfillLayout) -> Iterator[Frame]:
-    """`frames` with committed tokens and rates counting the blanks (what the model wrote), not the copied template;
-    a completed fill's last frame has `stop_reason` "filled".
-    """
+    """`frames` with committed tokens and rates counting only the blanks; a completed fill's last frame "filled"."""
     blanks = len(layout.blanks)
     for frame in frames:
-        if frame.done and frame.stop_reason == "max_new_tokens":  # the one canvas is the whole budget
+        if frame.done and frame.stop_reason == "max_new_tokens":
             frame = dataclasses.replace(frame, stop_reason="filled")
         if frame.committed_tokens:
             frame = dataclasses.replace(
@@ -157,7 +149,7 @@ def count_blanks_only(frames: Iterator[Frame], layout: InfillLayout) -> Iterator
 
 
 def filled_text(tokenizer, layout: InfillLayout, canvas_ids: list[int]) -> tuple[str, list[str]]:
-    """(the template with its blanks filled, the text of each run of adjacent blanks) from a final canvas's ids."""
+    """(the filled template, the text of each run of adjacent blanks) from a final canvas's ids."""
     ids = list(canvas_ids[:layout.template_positions])
     text = tokenizer.decode(ids, skip_special_tokens=True)
     fills, run = [], []

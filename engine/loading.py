@@ -1,6 +1,4 @@
-"""Load a DiffusionGemma checkpoint (local folder or hub id; default: the embedded diffgemma-tiny) with transformers,
-never with remote code.
-"""
+"""Load a DiffusionGemma checkpoint (folder or hub id; default: the embedded one) with transformers, no remote code."""
 
 from __future__ import annotations
 
@@ -42,11 +40,8 @@ def resolve_device(device: str) -> torch.device:
     if device not in DEVICES:
         raise ModelLoadError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available()
+                            else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device 'cuda' was asked for, but torch sees no CUDA GPU (use --device cpu)")
     if device == "mps" and not torch.backends.mps.is_available():
@@ -72,9 +67,7 @@ def available_cpus() -> int:
 
 
 def set_serving_threads(device: torch.device, threads: int | None = None) -> int:
-    """Set torch's CPU threads for serving beside a web server and return the count: `threads`, else on CPU one fewer
-    than `available_cpus()` (at least 1), else torch's own. `ValueError` for `threads` below 1.
-    """
+    """Set torch's CPU threads to `threads` (default on CPU: all but one) and return them; `ValueError` below 1."""
     if threads is not None:
         if isinstance(threads, bool) or int(threads) != threads or threads < 1:
             raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
@@ -85,24 +78,20 @@ def set_serving_threads(device: torch.device, threads: int | None = None) -> int
 
 
 def check_quantization(quantization: str, device: torch.device) -> None:
-    """Refuse (`ModelLoadError`, one line) a quantization `device` cannot run: 4bit/8bit need CUDA or the CPU and
-    bitsandbytes; fp8 as `fp8_refusal` says.
-    """
+    """Refuse (`ModelLoadError`) a quantization that `device` or the installed packages cannot run."""
     if quantization == "fp8":
-        if (refusal := fp8_refusal(device)) is not None:
-            raise ModelLoadError(refusal)
-        return
-    if quantization != "none" and device.type not in ("cuda", "cpu"):
-        raise ModelLoadError(f"{quantization} quantization runs on CUDA or the CPU (bitsandbytes), not on "
-                             f"{device.type}: use --device cuda, --device cpu or --quantization none")
-    if quantization != "none" and (missing := bitsandbytes_missing()) is not None:
-        raise ModelLoadError(missing)
+        refusal = fp8_refusal(device)
+    elif quantization != "none" and device.type not in ("cuda", "cpu"):
+        refusal = (f"{quantization} quantization runs on CUDA or the CPU (bitsandbytes), not on {device.type}: "
+                   "use --device cuda, --device cpu or --quantization none")
+    else:
+        refusal = bitsandbytes_missing() if quantization != "none" else None
+    if refusal is not None:
+        raise ModelLoadError(refusal)
 
 
 def model_location(model: str | Path) -> tuple[str, dict]:
-    """(where to load from, common `from_pretrained` options) for a local folder or a hub id; `ModelLoadError` for a
-    missing path that is not an 'org/name' id.
-    """
+    """(where, common `from_pretrained` options) of a folder or hub id; `ModelLoadError` for neither."""
     source = str(model)
     local = Path(source).expanduser()
     is_local = local.exists()
@@ -112,9 +101,7 @@ def model_location(model: str | Path) -> tuple[str, dict]:
 
 
 def read_config(model: str | Path):
-    """The `DiffusionGemmaConfig` of `model` (a folder that may hold only config.json, or a hub id); `ModelLoadError`
-    for an unreadable or non-DiffusionGemma config.
-    """
+    """The `DiffusionGemmaConfig` of `model`; `ModelLoadError` for an unreadable or other config."""
     where, common = model_location(model)
     try:
         config = AutoConfig.from_pretrained(where, **common)
@@ -123,25 +110,19 @@ def read_config(model: str | Path):
     if getattr(config, "model_type", None) != "diffusion_gemma":
         raise ModelLoadError(
             f"{str(model)!r} is a {getattr(config, 'model_type', 'unknown')!r} model; this playground runs "
-            "DiffusionGemma checkpoints (model_type 'diffusion_gemma')"
-        )
+            "DiffusionGemma checkpoints (model_type 'diffusion_gemma')")
     return config
 
 
 def meta_model(model, dtype: torch.dtype = torch.bfloat16):
-    """`DiffusionGemmaForBlockDiffusion` of `model` (a config, folder or hub id) on the meta device: shaped,
-    unallocated; `ModelLoadError` as `read_config`.
-    """
+    """The model of a config, folder or hub id on the meta device; `ModelLoadError` as `read_config`."""
     config = model if hasattr(model, "get_text_config") else read_config(model)
     with torch.device("meta"):
         return DiffusionGemmaForBlockDiffusion._from_config(config, dtype=dtype)
 
 
 def check_fits(config, dtype: torch.dtype, quantization: str, device: torch.device, free: int | None = None) -> int:
-    """On CUDA, refuse (`ModelLoadError`, one line naming a quantization that would fit) a model whose weights plus
-    `FIT_HEADROOM` exceed `free` bytes (default: free now); returns the weights' bytes (fp8 counted as 8bit), 0 off
-    CUDA.
-    """
+    """The weights' bytes on CUDA (0 elsewhere); `ModelLoadError` naming a quantization that fits when they don't."""
     if device.type != "cuda":
         return 0
     free = torch.cuda.mem_get_info(device)[0] if free is None else free
@@ -158,14 +139,9 @@ def check_fits(config, dtype: torch.dtype, quantization: str, device: torch.devi
         f"(+{FIT_HEADROOM - 1:.0%} for the cache and activations) but {device} has {free / 1e9:.1f} GB free: {advice}")
 
 
-def load_model(
-    model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto", quantization: str = "none"
-) -> LoadedModel:
-    """Load `DiffusionGemmaForBlockDiffusion` and its tokenizer onto `device` (`auto|cpu|cuda|mps`, never spread) in
-    `dtype` (`auto`: bf16 on CUDA, else fp32), quantized as `quantization` says (`none|4bit|8bit|fp8`); on CUDA a
-    model that does not fit is refused first. `ModelLoadError` for a missing or wrong checkpoint, unreadable weights
-    or tokenizer, an unavailable device, dtype or quantization, or too little GPU memory.
-    """
+def load_model(model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto",
+               quantization: str = "none") -> LoadedModel:
+    """The model and tokenizer on `device` in `dtype`, quantized as asked; `ModelLoadError` for what stops it."""
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     torch_device = resolve_device(device)
@@ -180,37 +156,28 @@ def load_model(
         except ValueError as error:
             raise ModelLoadError(str(error)) from error
     check_fits(config, torch_dtype, quantization, torch_device)
-
-    kwargs = {"dtype": torch_dtype, **common}
-    if quantization != "none":
-        # Loaded onto the CPU first (a checkpoint already in `dtype` is memory-mapped, not copied), then quantized
-        # onto the device one tensor at a time (engine/quantization.py): the GPU never holds the bf16 model
-        kwargs["device_map"] = "cpu"
-    elif torch_device.type == "cuda":
-        kwargs["device_map"] = {"": torch_device}
-
+    cuda = torch_device.type == "cuda"
+    device_map = "cpu" if quantization != "none" else {"": torch_device} if cuda else None  # quantized from the CPU
     try:
         if quantization == "fp8":
             network = from_pretrained_fp8(where, torch_device, torch_dtype, **common)
         else:
-            network = DiffusionGemmaForBlockDiffusion.from_pretrained(where, **kwargs)
+            network = DiffusionGemmaForBlockDiffusion.from_pretrained(where, dtype=torch_dtype, device_map=device_map,
+                                                                      **common)
         tokenizer = AutoTokenizer.from_pretrained(where, **common)
     except Exception as error:  # noqa: BLE001
         raise ModelLoadError(
             f"cannot load weights or tokenizer from {source!r}: {type(error).__name__}: {error}") from error
     vocab_size = getattr(getattr(network.config, "text_config", network.config), "vocab_size", None)
-    if vocab_size and len(tokenizer) < vocab_size // 2:
-        # Without tokenizer.json (or its equivalent) transformers builds an empty tokenizer that maps every prompt
-        # to <unk>: the app would run, on garbage
+    if vocab_size and len(tokenizer) < vocab_size // 2:  # no tokenizer.json: every prompt would become <unk>
         raise ModelLoadError(
             f"the tokenizer in {source!r} has {len(tokenizer):,} tokens for a model of {vocab_size:,}: its tokenizer "
-            "files (tokenizer.json) are missing or wrong"
-        )
+            "files (tokenizer.json) are missing or wrong")
     if quantization in ("4bit", "8bit"):
         network = quantize_model(network, quantization, torch_device)
-    elif torch_device.type != "cuda":
+    elif not cuda:
         network = network.to(torch_device)
-    if torch_device.type == "cuda":
+    if cuda:
         torch.cuda.init()
     network.eval()
     return LoadedModel(model=network, tokenizer=tokenizer, source=source, device=torch_device, dtype=torch_dtype)

@@ -1,6 +1,4 @@
-"""Bytes of a model's tensors: `model_bytes` (the one count of a loaded model's weights) and `memory_report` (by
-group, also of a model on the meta device as each quantization would store it; `python -m engine memory`).
-"""
+"""Bytes of a model's tensors (`model_bytes`), by group and as each quantization would store them."""
 
 from __future__ import annotations
 
@@ -16,7 +14,6 @@ GROUPS = ("experts", "attention", "embeddings", "vision_tower", "other")
 
 
 def group_of(name: str) -> str:
-    """The report group of a parameter or buffer named `name` (as `named_parameters()` spells it)."""
     if ".vision_tower." in f".{name}" or ".embed_vision." in f".{name}":
         return "vision_tower"
     if ".experts." in name:
@@ -41,17 +38,12 @@ def stored_tensors(*modules: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def model_bytes(model: nn.Module) -> int:
-    """Bytes a model's tensors take as stored (quantized ones packed, shared ones once; on the meta device, would
-    take).
-    """
+    """Bytes a model's tensors take as stored (quantized ones packed, shared ones once)."""
     return sum(tensor.numel() * tensor.element_size() for _, tensor in stored_tensors(model))
 
 
 def memory_report(model: nn.Module, quantization: str = "none") -> dict:
-    """Bytes of `model`'s tensors as stored, each once: `{"total_bytes": N, "groups": {group: N}}`; with a
-    `quantization`, unquantized targets count as `quantized_nbytes` says (an unconverted meta model is converted to
-    fp8 in place). `ValueError` for an unknown choice or fp8 of an unconverted model off the meta device.
-    """
+    """`{"total_bytes": N, "groups": {group: N}}` as `quantization` would store `model`; `ValueError`."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     planned = set()
@@ -73,8 +65,5 @@ def memory_report(model: nn.Module, quantization: str = "none") -> dict:
 
 def format_report(report: dict, title: str) -> str:
     """The report as an aligned table in GB (10^9 bytes) and bytes."""
-    lines = [title]
-    for group, nbytes in report["groups"].items():
-        lines.append(f"  {group:<13} {nbytes / 1e9:9.3f} GB  {nbytes:>15,} bytes")
-    lines.append(f"  {'total':<13} {report['total_bytes'] / 1e9:9.3f} GB  {report['total_bytes']:>15,} bytes")
-    return "\n".join(lines)
+    rows = [*report["groups"].items(), ("total", report["total_bytes"])]
+    return "\n".join([title] + [f"  {group:<13} {nbytes / 1e9:9.3f} GB  {nbytes:>15,} bytes" for group, nbytes in rows])

@@ -1,8 +1,4 @@
-"""Parity check: the engine's committed tokens equal `model.generate()`'s for the same seed and settings.
-
-`python -m engine.parity [--model PATH] [--cases embedded|standin]` prints a line per case; non-zero exit on a
-mismatch.
-"""
+"""Parity check: the engine's tokens equal `model.generate()`'s (`python -m engine.parity [--model] [--cases]`)."""
 
 from __future__ import annotations
 
@@ -57,8 +53,7 @@ PARITY_CASES: list[ParityCase] = [
     ParityCase(123456789, "A wise son", changes=(("max_new_tokens", 128),)),
     ParityCase(2**63 - 1, "Hear, O Israel", raw=True, changes=(("max_new_tokens", 64),)),
 ]
-# For the stand-in of the 26B checkpoint (`standin/`): its real generation config (EOS [1, 106, 50], 48 steps,
-# entropy bound 0.1), few decoder forwards each (a forward at its 262,144-token vocabulary costs seconds on a CPU)
+# For the stand-in of the 26B checkpoint (`standin/`): few decoder forwards each
 STANDIN_PARITY_CASES: list[ParityCase] = [
     ParityCase(0, "In the beginning", raw=True, changes=(("max_denoising_steps", 2),)),
     ParityCase(1, "Why is the sky blue?", changes=(("max_denoising_steps", 2),)),

@@ -1,25 +1,20 @@
-"""The race: block diffusion against autoregressive decoding on one prompt, one side after the other, on the engine
-clock, each after its own warm-up, with the same token budget (fairness rules and why either side can win:
-docs/engine-notes.md).
-"""
+"""The race: block diffusion against autoregressive decoding on one prompt, one after the other, same budget."""
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 import psutil
 import torch
 from accelerate import init_empty_weights
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .autoregressive import AutoregressiveDecoder, check_temperature
+from .autoregressive import AutoregressiveDecoder, causal_lm_location, check_temperature
 from .engine import DiffusionEngine
-from .loading import ModelLoadError
+from .loading import FIT_HEADROOM, ModelLoadError
 from .memory import model_bytes, stored_tensors
 from .settings import DiffusionSettings, draw_seed, parse_seed
 from .tokens import BYTE, TEXT
@@ -30,27 +25,16 @@ LENGTH_RULE = ("both sides stop at their first end-of-sequence token, within the
                "{budget} tokens; tokens counted: generated tokens up to and including EOS, never the prompt or pads")
 FAIRNESS = ("The two runs take turns on the device, never at once, each right after its own warm-up, and are "
             "replayed here on the engine's clock, so each side's time is what it takes alone.")
-
 FrameCallback = Callable[[str, object], None]
 PUNCTUATION_LIMIT = 2 / 3  # past this share an answer is mostly punctuation (code and maths stay below)
 REPETITION_LIMIT = 0.5  # past this share an answer mostly repeats itself
 REPEAT_N = 4  # repetition is counted in runs of this many tokens
-
-
-def check_order(order) -> str:
-    """`order` if it is one of `ORDERS`; raises ValueError naming the choices."""
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {', '.join(repr(o) for o in ORDERS)}, got {order!r}")
-    return order
+HEADROOM = FIT_HEADROOM
 
 
 @dataclass(frozen=True)
 class SideResult:
-    """One side of a race, on its own engine clock: its answer (`text`, `token_ids` up to EOS), counted `tokens`
-    (pads excluded), forwards, seconds (prefill included) and rates; `position` (1 or 2), `warm_up_s`, `trace`
-    [(elapsed_s, tokens)] per forward; on a GPU the weights read per forward and the bandwidth bound they set;
-    `punctuation_share` and `repeated_share` of its answer's text tokens.
-    """
+    """One side of a race on its engine clock: answer, tokens, forwards, seconds, rates, trace, bound, answer checks."""
 
     name: str
     model: str
@@ -83,7 +67,6 @@ class SideResult:
                      if share > limit)
 
     def line(self) -> str:
-        """One plain-text line: tokens, forwards, tokens/s, tokens/forward, seconds, cost per forward."""
         return (f"{self.name}: {self.tokens} tokens, {self.forwards} forwards, {self.tokens_per_second:.1f} "
                 f"tokens/s, {self.tokens_per_forward:.2f} tokens/forward, {self.seconds:.2f} s, "
                 f"{self.seconds_per_forward * 1000:.2f} ms per forward, stop: {self.stop_reason}")
@@ -98,9 +81,7 @@ class SideResult:
 
 @dataclass(frozen=True)
 class RaceResult:
-    """A finished (or stopped) race: both sides, the speedup (diffusion tokens/s over autoregressive tokens/s), the
-    order they ran in, seed, shared token budget, device and measured GPU bandwidth (GB/s, else None).
-    """
+    """A finished or stopped race: both sides, order, seed, budget, device and GPU bandwidth (GB/s or None)."""
 
     diffusion: SideResult | None
     autoregressive: SideResult | None
@@ -114,6 +95,7 @@ class RaceResult:
 
     @property
     def speedup(self) -> float | None:
+        """Diffusion tokens/s over autoregressive tokens/s; None for a stopped race or a side without tokens."""
         d, a = self.diffusion, self.autoregressive
         if self.cancelled or d is None or a is None or d.tokens_per_second <= 0 or a.tokens_per_second <= 0:
             return None
@@ -124,11 +106,8 @@ class RaceResult:
         """The first side in running order that a Stop cut short or kept from running; None unless cancelled."""
         if not self.cancelled:
             return None
-        for name in self.order:
-            side = getattr(self, name)
-            if side is None or side.stop_reason == "cancelled":
-                return name
-        return None
+        return next((name for name in self.order
+                     if getattr(self, name) is None or getattr(self, name).stop_reason == "cancelled"), None)
 
     @property
     def length_rule(self) -> str:
@@ -145,16 +124,13 @@ class RaceResult:
         return None if speedup is None else "diffusion" if speedup >= 1 else "autoregressive"
 
     def verdict(self) -> dict:
-        """Why the race came out as it did, JSON-ready: winner, stopped_side, cost_ratio (a canvas forward's seconds
-        over an AR forward's), bound ("memory" on a GPU, else "compute") and each side's faults.
-        """
+        """JSON-ready: winner, stopped_side, cost_ratio (canvas forward over AR forward), bound, faults."""
         d, a = self.diffusion, self.autoregressive
         ratio = None
-        if d is not None and a is not None and d.tokens and a.tokens:
-            ratio = d.seconds_per_forward / a.seconds_per_forward if a.seconds_per_forward > 0 else math.inf
+        if d is not None and a is not None and d.tokens and a.tokens and a.seconds_per_forward > 0:
+            ratio = d.seconds_per_forward / a.seconds_per_forward
         return {
-            "winner": self.winner, "stopped_side": self.stopped_side,
-            "cost_ratio": None if ratio is None or math.isinf(ratio) else ratio,
+            "winner": self.winner, "stopped_side": self.stopped_side, "cost_ratio": ratio,
             "bound": "memory" if self.device.startswith("cuda") else "compute",
             "faults": {side.name: list(side.faults) for side in (d, a) if side is not None},
         }
@@ -165,9 +141,8 @@ class RaceResult:
             "diffusion": self.diffusion.summary() if self.diffusion else None,
             "autoregressive": self.autoregressive.summary() if self.autoregressive else None,
             "speedup": self.speedup, "order": list(self.order), "seed": self.seed, "budget": self.budget,
-            "canvas_length": self.canvas_length,
-            "length_rule": self.length_rule, "fairness": self.fairness, "device": self.device,
-            "memory_bandwidth_gb_s": self.memory_bandwidth_gb_s, "cancelled": self.cancelled,
+            "canvas_length": self.canvas_length, "length_rule": self.length_rule, "fairness": self.fairness,
+            "device": self.device, "memory_bandwidth_gb_s": self.memory_bandwidth_gb_s, "cancelled": self.cancelled,
             "verdict": self.verdict(),
         }
 
@@ -191,17 +166,9 @@ def repeated_share(tokens: Sequence[str], n: int = REPEAT_N) -> float:
     return sum(repeated) / len(tokens) if tokens else 0.0
 
 
-def _with_answer_checks(side: SideResult, token_text) -> SideResult:
-    """`side` with the shares of its answer: its text and byte tokens' display strings (`TokenText`)."""
-    tokens = [token_text(i) for i in side.token_ids if token_text.kind(i) in (TEXT, BYTE)]
-    return replace(side, punctuation_share=punctuation_share(tokens), repeated_share=repeated_share(tokens))
-
-
 # -- bandwidth -----------------------------------------------------------------------------------------------------
 def measure_memory_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 10) -> float | None:
-    """A CUDA device's memory bandwidth in bytes/s from timed device-to-device copies; None off CUDA or out of
-    memory.
-    """
+    """A CUDA device's memory bandwidth in bytes/s from timed copies; None off CUDA or out of memory."""
     if device.type != "cuda":
         return None
     n = megabytes * 2**20
@@ -221,25 +188,17 @@ def measure_memory_bandwidth(device: torch.device, megabytes: int = 512, repeats
     return 2 * n * repeats / seconds
 
 
-def _experts(config) -> tuple[int, int] | None:
-    """(experts per layer, experts each token uses) of a text config, or None for a dense model."""
+def weights_bytes_per_forward(modules: list[torch.nn.Module], config, positions: int) -> int:
+    """Bytes of `modules` one forward over `positions` reads, experts by the share touched (an estimate)."""
     total = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
     used = getattr(config, "top_k_experts", None) or getattr(config, "num_experts_per_tok", None)
-    return (int(total), int(used)) if total and used else None
-
-
-def weights_bytes_per_forward(modules: list[torch.nn.Module], config, positions: int) -> int:
-    """Bytes of weights one forward over `positions` tokens reads: every tensor of `modules` once, expert weights
-    scaled by the expected share of experts touched, 1 - (1 - k/E)^positions (uniform routing, an estimate).
-    """
-    experts = _experts(config)
-    share = 1.0 if experts is None else 1.0 - (1.0 - experts[1] / experts[0]) ** positions
-    total = 0.0
+    share = 1.0 - (1.0 - used / total) ** positions if total and used else 1.0
+    nbytes = 0.0
     for name, tensor in stored_tensors(*modules):
         if "vision" not in name and "audio" not in name:
             size = tensor.numel() * tensor.element_size()
-            total += size * share if ".experts." in f".{name}" else size
-    return int(total)
+            nbytes += size * share if ".experts." in f".{name}" else size
+    return int(nbytes)
 
 
 def side_weights_bytes(engine: DiffusionEngine, ar: AutoregressiveDecoder) -> tuple[int, int]:
@@ -247,38 +206,29 @@ def side_weights_bytes(engine: DiffusionEngine, ar: AutoregressiveDecoder) -> tu
     model = engine.model
     text_config = model.config.get_text_config(decoder=True)
     diffusion = weights_bytes_per_forward([model.model.decoder, model.lm_head], text_config, engine.canvas_length)
-    if ar.shared_weights:
-        modules = [model.model.encoder.language_model, model.lm_head]
-    else:
-        modules = [ar.model]
-    autoregressive = weights_bytes_per_forward(modules, ar.model.config.get_text_config(decoder=True), 1)
-    return diffusion, autoregressive
+    modules = [model.model.encoder.language_model, model.lm_head] if ar.shared_weights else [ar.model]
+    return diffusion, weights_bytes_per_forward(modules, ar.model.config.get_text_config(decoder=True), 1)
 
 
 # -- the runner ----------------------------------------------------------------------------------------------------
 class RaceRunner:
-    """Runs races between `engine` and `ar` (default: the engine's own causal encoder), one race at a time;
-    "alternate" alternates which side goes first.
-    """
+    """Runs races between `engine` and `ar` (default: its causal encoder), one at a time."""
 
     def __init__(self, engine: DiffusionEngine, ar: AutoregressiveDecoder | None = None):
         self.engine = engine
         self.ar = ar or AutoregressiveDecoder.from_diffusion(engine)
         self._lock = threading.Lock()
         self._races = 0
-        self._bandwidth: float | None = None
-        self._measured = False
-        self._weights: tuple[int, int] | None = None
+        self._figures: tuple[float | None, tuple[int, int] | None] | None = None
 
     def budget(self, settings: DiffusionSettings) -> int:
-        """Tokens each side may make: `max_new_tokens` rounded up to whole canvases."""
-        canvas = self.engine.canvas_length
-        return math.ceil(settings.max_new_tokens / canvas) * canvas
+        return self.engine.budget(settings)
 
     def check(self, prompt: str, settings: DiffusionSettings, *, raw: bool, ar_temperature=0.0,
               order: str = "alternate", seed=None) -> None:
         """Every check of a race before anything runs; raises `ValueError` naming the first problem."""
-        check_order(order)
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(repr(o) for o in ORDERS)}, got {order!r}")
         check_temperature(ar_temperature)
         parse_seed(seed)
         diffusion_ids = self.engine.encode_prompt(prompt, raw=raw)
@@ -287,41 +237,33 @@ class RaceRunner:
         self.ar.check_budget(int(ar_ids.shape[1]), self.budget(settings))
 
     def _order(self, order: str) -> tuple[str, str]:
-        if order == "diffusion first":
-            return SIDES
-        if order == "autoregressive first":
-            return SIDES[::-1]
-        self._races += 1
-        return SIDES if self._races % 2 == 1 else SIDES[::-1]
+        if order == "alternate":
+            self._races += 1
+            return SIDES if self._races % 2 == 1 else SIDES[::-1]
+        return SIDES if order == "diffusion first" else SIDES[::-1]
 
     def _warm_up(self, side: str, settings: DiffusionSettings) -> float:
-        if side == "autoregressive":
-            start = time.perf_counter()
-            self.ar.warm_up()
-            return time.perf_counter() - start
         start = time.perf_counter()
-        short = settings.replace(max_new_tokens=self.engine.canvas_length,
-                                 max_denoising_steps=min(2, settings.max_denoising_steps), adaptive_stopping=False)
-        self.engine.generate("Warm-up.", short, raw=True, seed=0)
+        if side == "autoregressive":
+            self.ar.warm_up()
+        else:
+            self.engine.generate("Warm-up.", settings.replace(
+                max_new_tokens=self.engine.canvas_length, max_denoising_steps=min(2, settings.max_denoising_steps),
+                adaptive_stopping=False), raw=True, seed=0)
         return time.perf_counter() - start
 
     def _bandwidth_figures(self) -> tuple[float | None, tuple[int, int] | None]:
-        """(measured bandwidth in bytes/s, weights bytes per forward of both sides) on a GPU, else (None, None)."""
         if self.engine.device.type != "cuda":
             return None, None
-        if not self._measured:
-            self._measured = True  # once per runner: the device does not change
-            self._bandwidth = measure_memory_bandwidth(self.engine.device)
-            self._weights = side_weights_bytes(self.engine, self.ar)
-        return self._bandwidth, self._weights
+        if self._figures is None:  # once per runner: the device does not change
+            self._figures = measure_memory_bandwidth(self.engine.device), side_weights_bytes(self.engine, self.ar)
+        return self._figures
 
     def run(self, prompt: str, settings: DiffusionSettings | None = None, *, raw: bool = False, seed=None,
             ar_temperature=0.0, order: str = "alternate", warm_up: bool = True,
             on_frame: FrameCallback | None = None, stop_event: threading.Event | None = None) -> RaceResult:
-        """Race `prompt` through both sides one after the other; `settings`' `max_new_tokens` (whole canvases) is
-        both budgets, `seed` both seeds, `ar_temperature` 0 greedy; `on_frame(side, frame)` runs after every forward
-        (its time not counted); `stop_event` stops within one forward. `ValueError` (see `check`) before anything
-        runs.
+        """Race `prompt` through both sides on one budget and seed, `on_frame(side, frame)` after each forward;
+        `ValueError`.
         """
         settings = settings or self.engine.recommended
         seed = parse_seed(seed)
@@ -347,9 +289,12 @@ class RaceRunner:
                 results[side] = self._run_side(side, frames, position, warm_s, on_frame)
                 cancelled = cancelled or results[side].stop_reason == "cancelled"
         if bandwidth and weights:
-            for side, bytes_per_forward in zip(SIDES, weights):
+            for side, per_forward in zip(SIDES, weights):
                 if results[side] is not None:
-                    results[side] = _with_bound(results[side], bytes_per_forward, bandwidth)
+                    bound_s = per_forward / bandwidth
+                    results[side] = replace(
+                        results[side], weights_bytes_per_forward=per_forward, bandwidth_bound_s_per_forward=bound_s,
+                        bandwidth_bound_tokens_per_second=results[side].tokens_per_forward / bound_s)
         return RaceResult(
             diffusion=results["diffusion"], autoregressive=results["autoregressive"], order=sides, seed=seed,
             budget=budget, canvas_length=self.engine.canvas_length, device=str(self.engine.device),
@@ -358,11 +303,8 @@ class RaceRunner:
 
     def _run_side(self, side: str, frames, position: int, warm_s: float,
                   on_frame: FrameCallback | None) -> SideResult:
-        """Consume one side's frames into a `SideResult` (its trace, time to first token and totals)."""
         trace: list[tuple[float, int]] = []
-        first_token_s = None
-        last = None
-        count = 0
+        first_token_s, last, count = None, None, 0
         for last in frames:
             count += 1
             trace.append((last.elapsed_s, last.committed_tokens))
@@ -380,33 +322,23 @@ class RaceRunner:
             forwards, token_text = last.forwards, self.ar.token_text
             model, text, token_ids = self.ar.source, self.ar.text(last.committed_ids), list(last.committed_ids)
         tokens, seconds = last.committed_tokens, last.elapsed_s
-        return _with_answer_checks(SideResult(
+        shown = [token_text(i) for i in token_ids if token_text.kind(i) in (TEXT, BYTE)]
+        return SideResult(
             name=side, model=model, text=text, token_ids=token_ids, tokens=tokens, forwards=forwards,
             seconds=seconds, tokens_per_second=tokens / seconds if seconds > 0 else 0.0,
             tokens_per_forward=tokens / forwards if forwards else 0.0, time_to_first_token_s=first_token_s,
             seconds_per_forward=seconds / forwards if forwards else 0.0,
             seconds_per_token=seconds / tokens if tokens else None, stop_reason=last.stop_reason,
             prompt_tokens=last.prompt_tokens, position=position, warm_up_s=warm_s, trace=trace,
-        ), token_text)
-
-
-def _with_bound(side: SideResult, bytes_per_forward: int, bandwidth: float) -> SideResult:
-    """`side` with its weights' bytes per forward and the bandwidth bound they set."""
-    per_forward = bytes_per_forward / bandwidth
-    return replace(side, weights_bytes_per_forward=bytes_per_forward, bandwidth_bound_s_per_forward=per_forward,
-                   bandwidth_bound_tokens_per_second=side.tokens_per_forward / per_forward)
+            punctuation_share=punctuation_share(shown), repeated_share=repeated_share(shown))
 
 
 # -- a separate autoregressive model -----------------------------------------------------------------------------
-HEADROOM = 1.15  # KV cache, activations and the allocator's slack on top of the weights
-
-
 def causal_lm_bytes(model_id: str, dtype: torch.dtype) -> int:
     """Bytes of causal LM `model_id`'s weights in `dtype`, from its config alone; `ModelLoadError` without one."""
-    local = Path(str(model_id)).expanduser()
+    where, common = causal_lm_location(model_id)
     try:
-        config = AutoConfig.from_pretrained(str(local) if local.exists() else model_id, trust_remote_code=False,
-                                            local_files_only=local.exists())
+        config = AutoConfig.from_pretrained(where, **common)
         with init_empty_weights():
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     except Exception as error:  # noqa: BLE001 - one clear message
@@ -424,9 +356,7 @@ def free_bytes(device: torch.device) -> int:
 
 
 def check_fit(engine, ar_model: str, dtype: torch.dtype, free: int | None = None) -> int:
-    """Refuse (`ModelLoadError`, one line with both needs) `ar_model` when it does not fit next to `engine`'s model
-    in `free` bytes (default: measured now); returns its bytes.
-    """
+    """Bytes of `ar_model`; `ModelLoadError` when it does not fit next to `engine`'s model in `free` bytes."""
     needed = causal_lm_bytes(ar_model, dtype)
     free = free_bytes(engine.device) if free is None else free
     if needed * HEADROOM > free:
@@ -434,16 +364,14 @@ def check_fit(engine, ar_model: str, dtype: torch.dtype, free: int | None = None
         raise ModelLoadError(
             f"the autoregressive model {ar_model} needs about {needed / gib:.1f} GiB "
             f"({str(dtype).removeprefix('torch.')} weights, plus {HEADROOM - 1:.0%} for its cache) next to the "
-            "diffusion model's "
-            f"{model_bytes(engine.model) / gib:.1f} GiB, but {engine.device} has {free / gib:.1f} GiB free: "
-            "run without --ar-model to race against the diffusion model's own causal encoder")
+            f"diffusion model's {model_bytes(engine.model) / gib:.1f} GiB, but {engine.device} has "
+            f"{free / gib:.1f} GiB free: run without --ar-model to race against the diffusion model's own causal "
+            "encoder")
     return needed
 
 
 def race_runner(engine, ar_model: str):
-    """A `RaceRunner` against causal LM `ar_model` in the engine's dtype once `check_fit` allows; `ModelLoadError`
-    else.
-    """
+    """A `RaceRunner` against causal LM `ar_model` in the engine's dtype once `check_fit` allows; `ModelLoadError`."""
     dtype = engine.model.dtype
     check_fit(engine, ar_model, dtype)
     return RaceRunner(engine, AutoregressiveDecoder.load(ar_model, engine.device, dtype))

@@ -1,7 +1,4 @@
-"""The offline replay page: one self-contained HTML file that plays a trace back in the browser: the trace's data
-(`replay_data`, described in `docs/trace.md`), the player of `assets/replay/` and the vendored Plotly, inlined. Every
-trace string goes into the page as text; the page makes no network request (its Content-Security-Policy allows none).
-"""
+"""The offline replay page: one self-contained HTML file (no network) that plays a trace back in the browser."""
 
 from __future__ import annotations
 
@@ -18,50 +15,14 @@ PLAYER_DIR = ASSETS_DIR / "replay"
 PLAYER_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js")  # in load order: each uses the ones before
 STYLESHEETS = (PLAYER_DIR / "theme.css", ASSETS_DIR / "style.css", PLAYER_DIR / "page.css")
 PLOTLY_GZ = ASSETS_DIR / "vendor" / "plotly-cartesian-4.1.1.min.js.gz"
+PAGE = PLAYER_DIR / "page.html"  # a `str.format` template: csp, css, data, plotly, player
 PLAY_INTERVAL_MS = 350
-PRESENT_INTERVAL_MS = 1400  # narration speed: a caption a teacher can read aloud per forward
+PRESENT_INTERVAL_MS = 1400  # a caption a teacher can read aloud per forward
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta http-equiv="Content-Security-Policy" content="{csp}">
-<title>DiffGemma replay</title>
-<style>{css}</style></head>
-<body data-ready="false" data-playing="false" data-forward="-1"><main>
-<div class="dg-header"><div><h1>DiffGemma replay</h1><p id="dg-replay-settings"></p></div>
-<div class="dg-badges" id="dg-replay-badges"></div></div>
-<section class="dg-card"><h2>Prompt</h2><pre id="dg-replay-prompt"></pre></section>
-<div id="dg-replay-controls" class="dg-controls">
-<button id="dg-replay-prev" type="button" aria-label="previous step">&#9664;</button>
-<button id="dg-replay-play" type="button" class="primary" aria-label="play">&#9654;</button>
-<button id="dg-replay-next" type="button" aria-label="next step">&#9654;&#10073;</button>
-<input id="dg-replay-slider" type="range" min="0" max="0" step="1" value="0" aria-label="step">
-<span id="dg-replay-label"></span><button id="dg-replay-present" type="button">Present</button>
-<span id="dg-replay-error" role="alert"></span></div>
-<p id="dg-replay-caption" class="dg-caption" role="status" aria-live="polite"></p>
-<div id="dg-meter"></div>
-<section class="dg-card"><div id="dg-legend"></div><div id="dg-stack"></div><div id="dg-canvas"></div></section>
-<section class="dg-card"><div id="dg-heatmap"></div></section>
-<div class="dg-plot-row"><section class="dg-card"><div id="dg-order"></div></section>
-<section class="dg-card"><div id="dg-entropy"></div></section></div>
-<section class="dg-card"><h2>Generated text</h2><pre id="dg-replay-text"></pre></section>
-<p class="dg-meter-note">Replayed from a DiffGemma Playground trace (format version <span id="dg-replay-version">\
-</span>); timings are the engine clock of the original run. Keys: &#8592; &#8594; step, Home/End, space plays or \
-pauses, P presents (B: next block, Esc: leave).</p>
-</main>
-<script type="application/json" id="dg-replay-data">{data}</script>
-<script type="application/octet-stream" id="dg-plotly">{plotly}</script>
-<script>{player}</script>
-</body></html>
-"""
 
 
 def replay_data(trace: Trace) -> dict:
-    """What the player needs of `trace`, as a JSON-ready dict (schema: `docs/trace.md`, "The offline replay page"):
-    token ids as indices into one `tokens` list; per frame `input`/`draft` indices, `accepted` as 0/1 text,
-    confidence and entropy in integer thousandths, alternatives as `alt_ids`/`alt_milli`; nothing the player derives;
-    the seed as a string (JavaScript numbers hold 53 bits)."""
+    """What the player needs of `trace`, JSON-ready (schema: `docs/trace.md`, "The offline replay page")."""
     index: dict[int, int] = {}
 
     def ids(values) -> list[int]:
@@ -103,45 +64,33 @@ def replay_data(trace: Trace) -> dict:
 
 
 def script_json(data: dict) -> str:
-    """`data` as JSON text that is inert inside a `<script>` element: no `<` (so no `</script>` or `<!--`) and no
-    lone surrogate (not UTF-8), both written as JSON escapes; other non-ASCII text kept as is."""
+    """`data` as JSON text inert inside a `<script>` element: `<` and lone surrogates written as JSON escapes."""
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
     return text.replace("<", "\\u003c")
 
 
-def player_script(player_dir: Path = PLAYER_DIR, names: tuple[str, ...] = PLAYER_SCRIPTS) -> str:
-    """The player's JavaScript: the files `names`, in order, inside one function scope.
-
-    Raises:
-        FileNotFoundError: a player file is missing.
-    """
-    body = "\n".join((player_dir / name).read_text(encoding="utf-8") for name in names)
+def player_script(names: tuple[str, ...] = PLAYER_SCRIPTS) -> str:
+    """The player's JavaScript: the files `names`, in order, in one function scope; `FileNotFoundError`."""
+    body = "\n".join((PLAYER_DIR / name).read_text(encoding="utf-8") for name in names)
     return f'\n(() => {{\n"use strict";\n{body}\n}})();\n'
 
 
-def replay_html(trace: Trace, *, plotly_gz: Path = PLOTLY_GZ) -> str:
-    """The self-contained offline replay page of `trace` (HTML text; it loads nothing from anywhere).
-
-    Raises:
-        FileNotFoundError: the vendored Plotly bundle or a player file is missing.
-    """
+def replay_html(trace: Trace) -> str:
+    """The self-contained offline replay page of `trace` (HTML); `FileNotFoundError` for a missing asset."""
     player = player_script()
     digest = base64.b64encode(hashlib.sha256(player.encode("utf-8")).digest()).decode("ascii")
     # Only the player runs (by its hash, so no inline handler would); it evaluates the unpacked Plotly bundle
     csp = (f"default-src 'none'; script-src 'sha256-{digest}' 'unsafe-eval'; style-src 'unsafe-inline'; "
            "img-src data:; font-src data:")
     css = "\n".join(path.read_text(encoding="utf-8") for path in STYLESHEETS)
-    plotly = base64.b64encode(plotly_gz.read_bytes()).decode("ascii")
-    return PAGE.format(csp=csp, css=css, data=script_json(replay_data(trace)), plotly=plotly, player=player)
+    plotly = base64.b64encode(PLOTLY_GZ.read_bytes()).decode("ascii")
+    return PAGE.read_text(encoding="utf-8").format(csp=csp, css=css, data=script_json(replay_data(trace)),
+                                                   plotly=plotly, player=player)
 
 
 def write_replay(trace: Trace, path) -> Path:
-    """Write `replay_html(trace)` to `path` (UTF-8) and return the path.
-
-    Raises:
-        OSError: the file cannot be written. FileNotFoundError: as `replay_html`.
-    """
+    """Write `replay_html(trace)` to `path` (UTF-8) and return the path; `OSError` as writing raises it."""
     path = Path(path)
     path.write_text(replay_html(trace), encoding="utf-8")
     return path

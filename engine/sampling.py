@@ -1,6 +1,4 @@
-"""The per-position statistics a frame shows, taken from the sampler's own computation (no second pass over the
-[canvas x vocabulary] logits).
-"""
+"""Per-position statistics of a frame, taken from the sampler's own computation (no second pass over the logits)."""
 
 from __future__ import annotations
 
@@ -9,11 +7,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import Entro
 
 
 class RecordingEntropyBoundSampler(EntropyBoundSampler):
-    """`EntropyBoundSampler` (transformers 5.23's `accept_canvas`, line for line) that also keeps what each
-    acceptance was computed from: `token_entropy` `[batch, canvas_length]` in nats and `log_probs` `[batch,
-    canvas_length, vocab]` (a reference to the sampler's own tensor, dropped by `frame_statistics`), in the logits'
-    dtype.
-    """
+    """`EntropyBoundSampler` that keeps `token_entropy` and `log_probs` of its last step."""
 
     token_entropy: torch.Tensor | None = None
     log_probs: torch.Tensor | None = None
@@ -28,9 +22,7 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
         return recording
 
     def accept_canvas(self, current_canvas, denoiser_canvas, logits, cur_step):
-        """Accept denoiser tokens within the entropy bound; returns the canvas `[batch, canvas_length]` and sets
-        `accepted_token_mask`, `token_entropy` and `log_probs`.
-        """
+        """The canvas `[batch, canvas_length]` with denoiser tokens accepted within the entropy bound."""
         dist = torch.distributions.Categorical(logits=logits)
         token_entropy = dist.entropy()  # (batch_size, canvas_length)
         self.token_entropy, self.log_probs = token_entropy, dist.logits
@@ -49,9 +41,7 @@ def with_recording(sampler):
 
 
 def sampler_state(sampler):
-    """The object the sampler's last `accept_canvas` wrote to: with a static cache `generate()` compiles the first
-    sampler's bound method once per model, which then writes onto that first sampler.
-    """
+    """The object the sampler's last `accept_canvas` wrote to (a compiled method writes onto the first sampler)."""
     accept = getattr(sampler.accept_canvas, "_torchdynamo_orig_callable", sampler.accept_canvas)
     return getattr(accept, "__self__", sampler)
 
@@ -60,25 +50,20 @@ ALTERNATIVES = 5
 
 
 def canvas_statistics(processed_logits: torch.Tensor, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(confidence, entropy in nats), float32 `[canvas_length]`, from temperature-scaled logits `[canvas_length,
-    vocab]` and the argmax canvas `draft_ids` `[canvas_length]`.
-    """
+    """(confidence, entropy) `[canvas_length]` of logits `[canvas_length, vocab]` and their argmax `draft_ids`."""
     log_probs, entropy = _log_probs_and_entropy(processed_logits)
     confidence = log_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1).exp()
     return confidence, entropy
 
 
 def _log_probs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probabilities `[..., vocab]`, entropy `[...]` in nats) of `logits`, float32."""
     log_probs = torch.log_softmax(logits.float(), dim=-1)
     return log_probs, -(log_probs.exp() * log_probs).sum(dim=-1)
 
 
 def top_alternatives(log_probs: torch.Tensor, draft_ids: torch.Tensor, k: int = ALTERNATIVES
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each position's `k` likeliest tokens from `log_probs` `[canvas_length, vocab]`, the draft token first: (ids
-    `[canvas_length, k]` int64, probabilities float32, non-increasing along each row).
-    """
+    """The `k` likeliest tokens per position, draft first: (ids `[canvas_length, k]`, probabilities)."""
     k = min(k, log_probs.shape[-1])
     values, ids = log_probs.topk(k, dim=-1)
     draft = draft_ids.unsqueeze(-1)
@@ -90,12 +75,9 @@ def top_alternatives(log_probs: torch.Tensor, draft_ids: torch.Tensor, k: int = 
     return ids.gather(-1, order), values.gather(-1, order).float().exp()
 
 
-def frame_statistics(sampler, processed_logits: torch.Tensor, draft_ids: torch.Tensor, k: int = ALTERNATIVES
+def frame_statistics(sampler, processed_logits: torch.Tensor, draft_ids: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(confidence, entropy `[canvas_length]` float32, alternative ids and probabilities `[canvas_length, k]`) of the
-    last step, from a recording sampler's own numbers, else from `processed_logits` `[1, canvas_length, vocab]`;
-    `draft_ids` `[1, canvas_length]`; k=0 for no alternatives.
-    """
+    """(confidence, entropy `[canvas_length]`, `ALTERNATIVES` ids and probabilities per position) of the last step."""
     state = sampler_state(sampler)
     entropy, log_probs = getattr(state, "token_entropy", None), getattr(state, "log_probs", None)
     if entropy is None or log_probs is None:
@@ -104,9 +86,4 @@ def frame_statistics(sampler, processed_logits: torch.Tensor, draft_ids: torch.T
         state.log_probs = None
         log_probs, entropy = log_probs[0], entropy[0].float()
     confidence = log_probs.gather(-1, draft_ids[0].unsqueeze(-1)).squeeze(-1).float().exp()
-    if k > 0:
-        top_ids, top_probs = top_alternatives(log_probs, draft_ids[0], k)
-    else:
-        top_ids = torch.empty((log_probs.shape[0], 0), dtype=torch.long, device=log_probs.device)
-        top_probs = torch.empty((log_probs.shape[0], 0), dtype=torch.float32, device=log_probs.device)
-    return confidence, entropy, top_ids, top_probs
+    return confidence, entropy, *top_alternatives(log_probs, draft_ids[0])

@@ -1,6 +1,4 @@
-"""The settings table (name, type, range, help of every denoising setting) and the one parser of settings, seeds and
-prompts that the engine, the CLI, the UI and the API use. Defaults come from the checkpoint's generation config.
-"""
+"""The settings table and the one parser of settings, seeds and prompts for the engine, CLI, UI and API."""
 
 from __future__ import annotations
 
@@ -18,17 +16,14 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
 MAX_NEW_TOKENS_LIMIT = 4096
 MAX_DENOISING_STEPS_LIMIT = 512
 MAX_SEED = 2**63 - 1
-DRAWN_SEED_BITS = 53  # drawn seeds are exact as a JavaScript number, so a reported seed typed back reproduces a run
+DRAWN_SEED_BITS = 53  # exact as a JavaScript number
 MAX_PROMPT_CHARS = 20_000
-SHOWN_CHARS = 40  # an echoed bad value is cut to this many characters: the message stays one readable line
+SHOWN_CHARS = 40  # an echoed bad value is cut to this many characters
 
 
 @dataclass(frozen=True)
 class SettingSpec:
-    """One setting: `name` (a `DiffusionSettings` field), UI `label`, `kind` (int, float or bool), range
-    `low`..`high` (`low` inclusive only when `low_inclusive`; None for bool), one-sentence `help`, CLI `flag`, and
-    the UI slider's top `ui_high` (<= high; None = high) and `ui_step`.
-    """
+    """One setting: name, UI label, kind, range (`low_inclusive`), help, CLI flag, UI slider top and step."""
 
     name: str
     label: str
@@ -47,21 +42,15 @@ class SettingSpec:
         return f"{'[' if self.low_inclusive else '('}{self.low}, {high}]"
 
     def parse(self, value, *, ui: bool = False) -> int | float | bool:
-        """`value` as this setting's kind, in its range (see `parse_setting`); raises `ValueError` naming it."""
+        """`value` as this setting's kind, in its range (see `parse_setting`)."""
         if self.kind is bool:
             return parse_flag(self.name, value)
         span = self.span(ui)
         if value is None or (isinstance(value, str) and not value.strip()):
             raise ValueError(f"{self.name} is missing: enter a number in {span}")
-        number = value
-        if isinstance(value, str):
-            try:
-                number = float(value.strip())
-            except ValueError:
-                raise ValueError(f"{self.name} must be a number in {span}, got {shown(value)}") from None
-        elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+        number = parse_number(value)
+        if number is None:
             raise ValueError(f"{self.name} must be a number in {span}, got {shown(value)}")
-        number = int(number) if isinstance(number, numbers.Integral) else float(number)
         if isinstance(number, float) and not math.isfinite(number):
             raise ValueError(f"{self.name} must be a finite number in {span}, got {shown(value)}")
         if self.kind is int and number != int(number):
@@ -96,13 +85,11 @@ SETTINGS: tuple[SettingSpec, ...] = (
 )
 SETTING_NAMES: tuple[str, ...] = tuple(s.name for s in SETTINGS)
 _SPECS = {s.name: s for s in SETTINGS}
-# setting -> (low, high, low inclusive, integer) of the numeric settings
 RANGES: dict[str, tuple[float, float, bool, bool]] = {
     s.name: (s.low, s.high, s.low_inclusive, s.kind is int) for s in SETTINGS if s.kind is not bool}
 
 
 def spec(name: str) -> SettingSpec:
-    """The row of setting `name`; raises `ValueError` for an unknown name."""
     try:
         return _SPECS[name]
     except (KeyError, TypeError):
@@ -110,9 +97,23 @@ def spec(name: str) -> SettingSpec:
 
 
 def shown(value) -> str:
-    """`repr(value)` for an error message, cut to `SHOWN_CHARS` characters (a request may carry megabytes)."""
+    """`repr(value)` for an error message, cut to `SHOWN_CHARS` characters."""
     text = repr(value)
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "\u2026"
+
+
+def parse_number(value) -> int | float | None:
+    """`value` (a real number or numeric string, not a bool) as an int or float; None for anything else."""
+    if isinstance(value, str):
+        for kind in (int, float):
+            try:
+                return kind(value.strip())
+            except ValueError:
+                pass
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def parse_flag(name: str, value) -> bool:
@@ -127,38 +128,20 @@ def parse_flag(name: str, value) -> bool:
 
 
 def parse_setting(name: str, value, *, ui: bool = False) -> int | float | bool:
-    """`value` (a number, numeric string, or a flag as `parse_flag` takes it) as setting `name`'s kind, in its range
-    (`ui=True`: the UI's); `ValueError` starting with the name and giving the range. t_min < t_max is checked apart.
-    """
+    """`value` as setting `name`'s kind in its range (`ui`: the UI's); `ValueError` naming it."""
     return spec(name).parse(value, ui=ui)
 
 
 def parse_seed(value) -> int | None:
-    """A seed: None, "" or -1 mean a random one (None); else an integer in [0, 2**63 - 1] (int, integral float or
-    digit string); `ValueError` naming the range for anything else.
-    """
+    """A seed in [0, 2**63 - 1], None for a random one (None, "", -1); `ValueError` naming the range."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     error = ValueError(f"seed must be an integer in [0, {MAX_SEED}] (or -1 for a random seed), got {shown(value)}")
-    if isinstance(value, str):
-        try:
-            number = int(value.strip())
-        except ValueError:
-            try:
-                is_random = float(value.strip()) == -1
-            except ValueError:
-                raise error from None
-            if not is_random:
-                raise error from None
-            return None
-    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise error
-    elif isinstance(value, numbers.Integral):
-        number = int(value)
-    elif not math.isfinite(value) or value != int(value):
-        raise error
-    else:
-        number = int(value)
+    number = parse_number(value)
+    integral = isinstance(number, int) or isinstance(number, float) and number.is_integer()
+    if not integral or isinstance(value, str) and isinstance(number, float) and number != -1:
+        raise error  # a seed string is digits, or -1 however written
+    number = int(number)
     if number == -1:
         return None
     if not 0 <= number <= MAX_SEED:
@@ -167,14 +150,12 @@ def parse_seed(value) -> int | None:
 
 
 def draw_seed() -> int:
-    """A fresh random seed in [0, 2**53 - 1]: the only way seeds are drawn."""
+    """A fresh random seed in [0, 2**53 - 1]."""
     return secrets.randbits(DRAWN_SEED_BITS)
 
 
 def check_prompt(prompt) -> str:
-    """`prompt` if it is non-empty text of at most `MAX_PROMPT_CHARS` characters, else `ValueError` (giving the
-    limit).
-    """
+    """`prompt` if it is non-empty text of at most `MAX_PROMPT_CHARS` characters, else `ValueError`."""
     if prompt is None:
         raise ValueError("prompt is empty: type something for the model to continue")
     if not isinstance(prompt, str):
@@ -188,9 +169,7 @@ def check_prompt(prompt) -> str:
 
 @dataclass(frozen=True)
 class DiffusionSettings:
-    """Validated settings of one generation (construct to validate; `ValueError` names the setting). Fields and
-    ranges: `SETTINGS`; the entropy bound is that of https://arxiv.org/abs/2505.24857.
-    """
+    """Validated settings of one generation (`ValueError` names the setting); fields and ranges: `SETTINGS`."""
 
     max_new_tokens: int = 256
     max_denoising_steps: int = 48
@@ -209,7 +188,7 @@ class DiffusionSettings:
 
     @classmethod
     def from_generation_config(cls, generation_config: DiffusionGemmaGenerationConfig | None) -> "DiffusionSettings":
-        """The checkpoint's recommended settings: its generation config, library defaults for what it leaves unset."""
+        """The checkpoint's generation config, library defaults for what it leaves unset."""
         values = DiffusionGemmaGenerationConfig._get_default_generation_params()
         if generation_config is not None:
             for key in values:
@@ -219,51 +198,40 @@ class DiffusionSettings:
         return cls(entropy_bound=sampler.entropy_bound, **values)
 
     def replace(self, **changes) -> "DiffusionSettings":
-        """A copy with `changes` applied (validated again)."""
         return dataclasses.replace(self, **changes)
 
     def with_values(self, values, *, ui: bool = False) -> "DiffusionSettings":
-        """A copy with every setting present in `values` parsed (in `SETTINGS` order) and applied; `ValueError` for
-        an unknown name, a bad value or t_min >= t_max.
-        """
+        """A copy with the settings in `values` parsed and applied; `ValueError` for an unknown name or bad value."""
         for name in values:
             spec(name)
         return dataclasses.replace(self, **{name: parse_setting(name, values[name], ui=ui)
                                             for name in SETTING_NAMES if name in values})
 
     def temperature_at(self, cur_step: int) -> float:
-        """The schedule's temperature at remaining step `cur_step` (N at a canvas's first forward, 1 at its last)."""
+        """The temperature at remaining step `cur_step` (N at a canvas's first forward, 1 at its last)."""
         return self.t_min + (self.t_max - self.t_min) * cur_step / self.max_denoising_steps
 
     def generate_kwargs(self) -> dict:
         """Keyword arguments that make `model.generate()` run with exactly these settings."""
-        kwargs = {
-            "max_new_tokens": self.max_new_tokens,
-            "max_denoising_steps": self.max_denoising_steps,
+        adaptive = self.adaptive_stopping
+        return {
+            "max_new_tokens": self.max_new_tokens, "max_denoising_steps": self.max_denoising_steps,
             "sampler_config": EntropyBoundSamplerConfig(entropy_bound=float(self.entropy_bound)),
-            "t_min": float(self.t_min),
-            "t_max": float(self.t_max),
-            "stability_threshold": self.stability_threshold,
-            "confidence_threshold": float(self.confidence_threshold),
+            "t_min": float(self.t_min), "t_max": float(self.t_max),
+            "stability_threshold": self.stability_threshold if adaptive else None,
+            "confidence_threshold": float(self.confidence_threshold) if adaptive else None,
         }
-        if not self.adaptive_stopping:
-            kwargs["stability_threshold"] = None
-            kwargs["confidence_threshold"] = None
-        return kwargs
 
 
 PRESET_NAMES = ("recommended", "fast", "careful")
 
 
 def _tidy(value: float) -> float:
-    """`value` to 6 significant digits: 0.6, not 0.6000000000000001, in a slider; never rounds a small value to 0."""
     return float(f"{value:.6g}")
 
 
 def preset(name: str, recommended: DiffusionSettings) -> DiffusionSettings:
-    """The named preset over the checkpoint's `recommended` settings: "recommended" as is; "fast": entropy bound x5
-    and a third of the steps; "careful": bound /4, twice the steps, colder sampling. `ValueError` for another name.
-    """
+    """The named preset over `recommended`: as is, "fast" or "careful"; `ValueError` for another name."""
     if name == "recommended":
         return recommended
     if name == "fast":

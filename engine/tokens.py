@@ -27,17 +27,8 @@ def parse_byte_display(text: str) -> bytes:
     return bytes(int(p, 16) for p in pieces)
 
 
-def _byte_level_decoder() -> dict[str, int]:
-    """GPT-2's byte-level BPE alphabet, inverted: printable character -> byte (`bytes_to_unicode` in transformers)."""
-    return {char: byte for byte, char in bytes_to_unicode().items()}
-
-
 class TokenText:
-    """Maps a token id to its display string and kind, cached. Kinds: "pad"; "eos" (the generation config's ids);
-    "special" (the tokenizer's special and added-special tokens, Gemma 4 `<|x>`/`<x|>` markers, `special_ids`, and
-    ids past the tokenizer, shown `<id:N>`); "byte" (a piece that is not UTF-8 alone, shown as `<0xE2><0x80>`);
-    "text". Text tokens show `decode([id])`, the others their own piece. Strings are raw model output: escape them.
-    """
+    """Display string and kind (`TOKEN_KINDS`) of a token id, cached. Strings are raw model output: escape them."""
 
     def __init__(self, tokenizer, *, eos_token_ids: int | Iterable[int] | None = None,
                  pad_token_id: int | None = None, special_ids: Iterable[int] = ()):
@@ -59,18 +50,16 @@ class TokenText:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._backend = backend if hasattr(backend, "decode_batch") and hasattr(backend, "id_to_token") else None
         decoder = getattr(backend, "decoder", None)
-        self._byte_level = _byte_level_decoder() if type(decoder).__name__ == "ByteLevel" else None
+        byte_level = type(decoder).__name__ == "ByteLevel"  # GPT-2's alphabet: printable character -> byte
+        self._byte_level = {char: byte for byte, char in bytes_to_unicode().items()} if byte_level else None
 
     def __call__(self, token_id: int) -> str:
-        """The display string of `token_id`."""
         return self.describe(token_id)[0]
 
     def kind(self, token_id: int) -> str:
-        """The kind of `token_id`: one of `TOKEN_KINDS`."""
         return self.describe(token_id)[1]
 
     def describe(self, token_id: int) -> tuple[str, str]:
-        """(display string, kind) of `token_id`, cached."""
         cached = self._cache.get(token_id)
         if cached is None:
             cached = self._cache[token_id] = self._describe(token_id)
@@ -87,7 +76,6 @@ class TokenText:
         return [self.describe(i) for i in token_ids]
 
     def _describe(self, token_id: int, text: str | None = None, piece: str | None = None) -> tuple[str, str]:
-        """(string, kind) of `token_id`; `text` and `piece`: its decoded text and vocabulary piece when known."""
         if not 0 <= token_id < self._size:
             return f"<id:{token_id}>", SPECIAL
         if token_id == self.pad_id or token_id in self.eos_ids or token_id in self.special_ids:
@@ -117,15 +105,11 @@ def eos_id_list(eos_token_id: int | Iterable[int] | None) -> list[int]:
 
 
 def token_text_for(tokenizer, model) -> TokenText:
-    """The `TokenText` of a loaded model: EOS and pad from its generation config, every `*_token_id` of its config as
-    special.
-    """
+    """The `TokenText` of a loaded model: EOS and pad from its generation config, its config's `*_token_id`s special."""
     generation = getattr(model, "generation_config", None)
     eos = getattr(generation, "eos_token_id", None)
     pad = getattr(generation, "pad_token_id", None)
     config = getattr(model, "config", None)
-    marker_ids = []
-    for name, value in (config.to_dict() if config is not None else {}).items():
-        if name.endswith("_token_id") and isinstance(value, int):
-            marker_ids.append(value)
+    marker_ids = [value for name, value in (config.to_dict() if config is not None else {}).items()
+                  if name.endswith("_token_id") and isinstance(value, int)]
     return TokenText(tokenizer, eos_token_ids=eos, pad_token_id=pad, special_ids=marker_ids)

@@ -1,9 +1,8 @@
-"""Traces: a whole generation as one JSON document (`docs/trace.md`, `TRACE_VERSION`), replayable without the model.
-`load_trace` refuses anything malformed, oversized or inconsistent with one `TraceError` message.
-"""
+"""Traces: a generation as one JSON document (`docs/trace.md`), replayable without the model; `TraceError`."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -11,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .engine import DiffusionEngine
-from .frames import Frame
-from .settings import MAX_PROMPT_CHARS, MAX_SEED, DiffusionSettings
+from .frames import Frame, FrameBuilder
+from .settings import MAX_PROMPT_CHARS, MAX_SEED, SETTING_NAMES, DiffusionSettings, shown
 from .tokens import TEXT, TOKEN_KINDS
 
 TRACE_FORMAT = "diffgemma-trace"
@@ -26,11 +25,9 @@ MAX_TOKEN_ID = 2**31 - 1
 MAX_TOKEN_CHARS = 1000
 MAX_ENTROPY_NATS = 100.0  # ln(vocabulary) is ~12.5 for 262,144 tokens
 MAX_LABEL_CHARS = 300
-FLOAT_DIGITS = 3
-TIME_DIGITS = 6
-SETTING_KEYS = ("max_new_tokens", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
-                "confidence_threshold", "adaptive_stopping")
+SETTING_KEYS = SETTING_NAMES
 STOP_REASONS = ("eos", "max_new_tokens", "cancelled")
+NO_FRAMES = "the run produced no frames (it ended before its first decoder forward)"
 
 
 class TraceError(ValueError):
@@ -39,9 +36,7 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """Where a run came from: `name` (hub id or a local folder's name, never its path), `revision` (hub commit or
-    ""), `device`, `dtype`, `canvas_length`.
-    """
+    """Where a run came from: model name (never a path), revision, device, dtype, canvas length."""
 
     name: str
     revision: str
@@ -51,22 +46,17 @@ class ModelInfo:
 
     @classmethod
     def of(cls, engine: DiffusionEngine) -> "ModelInfo":
-        """The `ModelInfo` of a loaded engine."""
         source = str(engine.source)
         local = Path(source).expanduser()
-        name = local.name if local.exists() else source
         revision = getattr(engine.model.config, "_commit_hash", None) or ""
         dtype = str(getattr(engine.model, "dtype", "")).removeprefix("torch.")
-        return cls(name=name, revision=str(revision), device=str(engine.device), dtype=dtype,
-                   canvas_length=int(engine.canvas_length))
+        return cls(name=local.name if local.exists() else source, revision=str(revision), device=str(engine.device),
+                   dtype=dtype, canvas_length=int(engine.canvas_length))
 
 
 @dataclass(frozen=True)
 class Trace:
-    """One generation as a trace: model, settings, seed, prompt (`raw`: no chat template) and its ids, `tokens`
-    (display string of every id used; raw model strings: escape them), `kinds` (the non-text kinds, or None), the
-    final `text`, and one `Frame` per decoder forward as loaded from the compact form.
-    """
+    """One generation: model, settings, seed, prompt and ids, token strings (escape them), kinds, text, frames."""
 
     model: ModelInfo
     settings: DiffusionSettings
@@ -82,10 +72,7 @@ class Trace:
     @classmethod
     def from_frames(cls, frames, *, model: ModelInfo, settings: DiffusionSettings, prompt: str, raw: bool,
                     prompt_ids, token_text, text: str) -> "Trace":
-        """The trace of a run from its frames and context (`token_text(id) -> str`), frames as `load_trace` gives
-        them back; a trailing "cancelled" repeat of the last forward replaces it. `TraceError` for frames that are
-        not one run.
-        """
+        """The trace of a run's frames (a trailing cancelled repeat folded in); `TraceError` for none."""
         kept: list[Frame] = []
         for frame in frames:
             if kept and frame.stop_reason == "cancelled" and frame.forward_index == kept[-1].forward_index:
@@ -93,19 +80,18 @@ class Trace:
             else:
                 kept.append(frame)
         if not kept:
-            raise TraceError("the run produced no frames (it ended before its first decoder forward)")
-        ids = set(int(i) for i in prompt_ids)
+            raise TraceError(NO_FRAMES)
+        ids = set(int(i) for i in prompt_ids) | set(kept[-1].committed_ids)
         for frame in kept:
-            ids.update(frame.input_ids)
-            ids.update(frame.draft_ids)
-            for row in frame.top_ids:
-                ids.update(row)
-        ids.update(kept[-1].committed_ids)
+            ids.update(frame.input_ids, frame.draft_ids, *frame.top_ids)
+        kinds = None
+        if all(len(f.input_kinds) == len(f.input_ids) and len(f.draft_kinds) == len(f.draft_ids) for f in kept):
+            kinds = {i: k for f in kept for i, k in zip(f.input_ids + f.draft_ids, f.input_kinds + f.draft_kinds)
+                     if k != TEXT}
         return parse_trace(_document(model, settings, kept[-1].seed, prompt, raw, prompt_ids, text,
-                                     {i: token_text(i) for i in ids}, kept, _kinds_of(kept)))
+                                     {i: token_text(i) for i in ids}, kept, kinds))
 
     def to_dict(self) -> dict:
-        """The trace as a JSON-ready dict in the schema of `docs/trace.md`."""
         return _document(self.model, self.settings, self.seed, self.prompt, self.raw, self.prompt_ids, self.text,
                          self.tokens, self.frames, self.kinds)
 
@@ -114,7 +100,6 @@ class Trace:
         return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
     def save(self, path) -> Path:
-        """Write `to_json()` to `path` (UTF-8) and return the path."""
         path = Path(path)
         path.write_text(self.to_json(), encoding="utf-8")
         return path
@@ -122,12 +107,7 @@ class Trace:
     @property
     def blocks(self) -> list[tuple[Frame, ...]]:
         """The frames grouped by block, block 0 first."""
-        grouped: list[list[Frame]] = []
-        for frame in self.frames:
-            if not grouped or grouped[-1][-1].block_index != frame.block_index:
-                grouped.append([])
-            grouped[-1].append(frame)
-        return [tuple(group) for group in grouped]
+        return [tuple(group) for _, group in itertools.groupby(self.frames, key=lambda frame: frame.block_index)]
 
 
 def record_trace(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings | None = None, *,
@@ -135,7 +115,7 @@ def record_trace(engine: DiffusionEngine, prompt: str, settings: DiffusionSettin
                  thinking: bool = False) -> Trace:
     """Run `prompt` to the end on `engine` (arguments as `DiffusionEngine.frames`) and return its `Trace`."""
     settings = settings or engine.recommended
-    frames = list(engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop_event, thinking=thinking))
+    frames = engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop_event, thinking=thinking)
     return trace_of_run(engine, frames, prompt=prompt, settings=settings, raw=raw, thinking=thinking)
 
 
@@ -144,16 +124,15 @@ def trace_of_run(engine: DiffusionEngine, frames, *, prompt: str, settings: Diff
     """The `Trace` of `frames` that `engine` produced for `prompt` (re-encoded for its ids); `TraceError` for none."""
     frames = list(frames)
     if not frames:
-        raise TraceError("the run produced no frames (it ended before its first decoder forward)")
+        raise TraceError(NO_FRAMES)
     prompt_ids = engine.encode_prompt(prompt, raw=raw, thinking=thinking)[0].tolist()
-    text = engine.summarize(frames[-1], len(frames)).text
     return Trace.from_frames(frames, model=ModelInfo.of(engine), settings=settings, prompt=prompt, raw=raw,
-                             prompt_ids=prompt_ids, token_text=engine.token_text, text=text)
+                             prompt_ids=prompt_ids, token_text=engine.token_text,
+                             text=engine.summarize(frames[-1], len(frames)).text)
 
 
 def _document(model: ModelInfo, settings: DiffusionSettings, seed: int, prompt: str, raw: bool, prompt_ids, text: str,
               tokens: dict[int, str], frames, kinds: dict[int, str] | None) -> dict:
-    """The JSON-ready trace document (the schema of `docs/trace.md`)."""
     document = {
         "format": TRACE_FORMAT, "version": TRACE_VERSION, "model": dict(model.__dict__),
         "settings": {key: getattr(settings, key) for key in SETTING_KEYS}, "seed": int(seed),
@@ -165,34 +144,22 @@ def _document(model: ModelInfo, settings: DiffusionSettings, seed: int, prompt: 
     return document
 
 
-def _kinds_of(frames: list[Frame]) -> dict[int, str] | None:
-    """The non-text kinds of the frames' canvas ids, or None when any frame carries no kinds."""
-    if not all(len(f.input_kinds) == len(f.input_ids) and len(f.draft_kinds) == len(f.draft_ids) for f in frames):
-        return None
-    kinds: dict[int, str] = {}
-    for frame in frames:
-        for ids, frame_kinds in ((frame.input_ids, frame.input_kinds), (frame.draft_ids, frame.draft_kinds)):
-            kinds.update((i, k) for i, k in zip(ids, frame_kinds) if k != TEXT)
-    return kinds
-
-
 def _compact(frame: Frame) -> dict:
-    """A frame's compact form (the schema's frame object)."""
     compact = {
         "block": frame.block_index,
         "step": frame.step_index,
         "input_ids": list(frame.input_ids),
         "draft_ids": list(frame.draft_ids),
         "accepted": [1 if a else 0 for a in frame.accepted],
-        "confidence": [_rounded(c, FLOAT_DIGITS) for c in frame.confidence],
-        "entropy": [_rounded(e, FLOAT_DIGITS) for e in frame.entropy],
-        "elapsed_s": _rounded(frame.elapsed_s, TIME_DIGITS),
+        "confidence": [_rounded(c) for c in frame.confidence],
+        "entropy": [_rounded(e) for e in frame.entropy],
+        "elapsed_s": _rounded(frame.elapsed_s, 6),
         "block_done": bool(frame.block_done),
         "stopped_early": bool(frame.block_stopped_early),
         "done": bool(frame.done),
     }
     if frame.top_ids:
-        compact["alternatives"] = [{"ids": list(ids), "probs": [_rounded(p, FLOAT_DIGITS) for p in probs]}
+        compact["alternatives"] = [{"ids": list(ids), "probs": [_rounded(p) for p in probs]}
                                    for ids, probs in zip(frame.top_ids, frame.top_probs)]
     if frame.block_done:
         compact["committed_ids"] = list(frame.committed_ids)
@@ -202,7 +169,7 @@ def _compact(frame: Frame) -> dict:
     return compact
 
 
-def _rounded(value: float, digits: int) -> float:
+def _rounded(value: float, digits: int = 3) -> float:
     value = round(float(value), digits)
     return value if math.isfinite(value) else 0.0
 
@@ -210,15 +177,12 @@ def _rounded(value: float, digits: int) -> float:
 # -- loading ------------------------------------------------------------------------------------------------------
 
 def load_trace(source) -> Trace:
-    """Load and check a trace from JSON text, UTF-8 bytes or a `pathlib.Path`; `TraceError` (one message) for an
-    oversized, empty or non-UTF-8-JSON source or what `parse_trace` refuses.
-    """
+    """The checked trace in JSON text, bytes or a `Path`; `TraceError` (one line) for anything wrong."""
     if isinstance(source, Path):
         try:
-            size = source.stat().st_size
+            _check_size(source.stat().st_size)
         except OSError as error:
             raise TraceError(f"cannot read the trace file: {error.strerror or error}") from None
-        _check_size(size)
         source = source.read_bytes()
     if isinstance(source, str):
         source = source.encode("utf-8", errors="surrogatepass")
@@ -251,26 +215,18 @@ def _no_constant(name: str):
 
 
 def parse_trace(document) -> Trace:
-    """Check a decoded trace document (`docs/trace.md`: format and version, every field's type, range and size, every
-    id in `tokens`, frames forming one run; unknown keys ignored) and build its `Trace`; `TraceError` names the first
-    problem and its place ("frame 3: confidence has 63 entries ...").
-    """
+    """Check a decoded document (`docs/trace.md`) and build its `Trace`; `TraceError` names the problem and place."""
     doc = _object(document, "the trace")
     if doc.get("format") != TRACE_FORMAT:
-        raise TraceError(f"not a DiffGemma trace: 'format' must be {TRACE_FORMAT!r}, got {_shown(doc.get('format'))}")
+        raise TraceError(f"not a DiffGemma trace: 'format' must be {TRACE_FORMAT!r}, got {shown(doc.get('format'))}")
     version = doc.get("version")
     if version not in READABLE_VERSIONS or isinstance(version, bool):
-        raise TraceError(f"trace version {_shown(version)} is not supported: this playground reads versions "
+        raise TraceError(f"trace version {shown(version)} is not supported: this playground reads versions "
                          f"{' and '.join(map(str, READABLE_VERSIONS))} (a newer trace needs a newer playground)")
     model_doc = _object(doc.get("model"), "model")
     canvas = _int(model_doc.get("canvas_length"), "model.canvas_length", 1, MAX_CANVAS_LENGTH)
-    model = ModelInfo(
-        name=_label(model_doc.get("name"), "model.name"),
-        revision=_label(model_doc.get("revision", ""), "model.revision"),
-        device=_label(model_doc.get("device"), "model.device"),
-        dtype=_label(model_doc.get("dtype"), "model.dtype"),
-        canvas_length=canvas,
-    )
+    labels = {key: _string(model_doc.get(key, "" if key == "revision" else None), f"model.{key}", MAX_LABEL_CHARS)
+              for key in ("name", "revision", "device", "dtype")}
     settings_doc = _object(doc.get("settings"), "settings")
     missing = [key for key in SETTING_KEYS if key not in settings_doc]
     if missing:
@@ -282,34 +238,29 @@ def parse_trace(document) -> Trace:
     seed = _int(doc.get("seed"), "seed", 0, MAX_SEED)
     prompt_doc = _object(doc.get("prompt"), "prompt")
     prompt = _string(prompt_doc.get("text"), "prompt.text", MAX_PROMPT_CHARS)
-    raw = prompt_doc.get("raw")
-    if not isinstance(raw, bool):
-        raise TraceError(f"prompt.raw must be true or false, got {_shown(raw)}")
-    prompt_ids = _ids(prompt_doc.get("ids"), "prompt.ids", None)
+    raw = _bool(prompt_doc.get("raw"), "prompt.raw")
     text = _string(doc.get("text"), "text", MAX_TRACE_BYTES)
     tokens = _token_table(doc.get("tokens"))
+    prompt_ids = _ids(prompt_doc.get("ids"), "prompt.ids", None, tokens)
     kinds = _kind_table(doc["kinds"], tokens) if "kinds" in doc else None
-    _known(prompt_ids, tokens, "prompt.ids")
     frame_docs = doc.get("frames")
     if not isinstance(frame_docs, list) or not frame_docs:
         raise TraceError("frames must be a non-empty list")
     if len(frame_docs) > MAX_FRAMES:
         raise TraceError(f"the trace has {len(frame_docs):,} frames; the limit is {MAX_FRAMES:,}")
     frames = _frames(frame_docs, canvas, settings, seed, len(prompt_ids), tokens, kinds)
-    return Trace(model=model, settings=settings, seed=seed, prompt=prompt, raw=raw, prompt_ids=tuple(prompt_ids),
-                 tokens=tokens, text=text, frames=tuple(frames), kinds=kinds)
+    return Trace(model=ModelInfo(**labels, canvas_length=canvas), settings=settings, seed=seed, prompt=prompt,
+                 raw=raw, prompt_ids=tuple(prompt_ids), tokens=tokens, text=text, frames=tuple(frames), kinds=kinds)
 
 
 def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: int, prompt_tokens: int,
             tokens: dict[int, str], kinds: dict[int, str] | None) -> list[Frame]:
-    """Frames from their compact form, checked as one run (see `parse_trace`)."""
     n_steps = settings.max_denoising_steps
+    builder = FrameBuilder(canvas, n_steps, prompt_tokens=prompt_tokens, seed=seed, token_text=tokens.__getitem__,
+                           token_kind=None if kinds is None else lambda i: kinds.get(i, TEXT))
     frames: list[Frame] = []
     committed: list[int] = []
-    committed_tokens = 0
-    forwards_per_block: list[int] = []
-    first_accepted: list[int] = []
-    previous_elapsed = 0.0
+    committed_tokens, previous_elapsed = 0, 0.0
     for index, item in enumerate(frame_docs):
         where = f"frame {index}"
         f = _object(item, where)
@@ -327,10 +278,8 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
                              f"(expected block {expected[0]} step {expected[1]})")
         if previous is not None and previous.done:
             raise TraceError(f"{where}: follows a frame marked done")
-        input_ids = _ids(f.get("input_ids"), f"{where}: input_ids", canvas)
-        draft_ids = _ids(f.get("draft_ids"), f"{where}: draft_ids", canvas)
-        _known(input_ids, tokens, f"{where}: input_ids")
-        _known(draft_ids, tokens, f"{where}: draft_ids")
+        input_ids, draft_ids = (_ids(f.get(key), f"{where}: {key}", canvas, tokens)
+                                for key in ("input_ids", "draft_ids"))
         accepted = _flags(f.get("accepted"), f"{where}: accepted", canvas)
         confidence = _floats(f.get("confidence"), f"{where}: confidence", canvas, 1.0)
         entropy = _floats(f.get("entropy"), f"{where}: entropy", canvas, MAX_ENTROPY_NATS)
@@ -338,62 +287,36 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
         if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)) or not math.isfinite(elapsed) \
                 or not previous_elapsed <= elapsed <= 1e7:
             raise TraceError(f"{where}: elapsed_s must be seconds counting up from the previous frame's "
-                             f"({previous_elapsed}), got {_shown(elapsed)}")
+                             f"({previous_elapsed}), got {shown(elapsed)}")
         previous_elapsed = elapsed = float(elapsed)
         block_done, stopped_early, done = (_bool(f.get(key), f"{where}: {key}")
                                            for key in ("block_done", "stopped_early", "done"))
         stop_reason = f.get("stop_reason", "")
         if stop_reason not in ("", *STOP_REASONS):
             raise TraceError(f"{where}: stop_reason must be one of {', '.join(STOP_REASONS)}, "
-                             f"got {_shown(stop_reason)}")
-        if done != bool(stop_reason):
-            raise TraceError(f"{where}: a frame is done exactly when it has a stop_reason")
-        if done and index != len(frame_docs) - 1:
-            raise TraceError(f"{where}: marked done but more frames follow")
-        if stopped_early and not block_done:
-            raise TraceError(f"{where}: stopped_early needs block_done")
-        if step == n_steps - 1 and not block_done and stop_reason != "cancelled":
-            raise TraceError(f"{where}: the block's last step ({n_steps}) must finish the block")
+                             f"got {shown(stop_reason)}")
+        for broken, problem in (
+                (done != bool(stop_reason), "a frame is done exactly when it has a stop_reason"),
+                (done and index != len(frame_docs) - 1, "marked done but more frames follow"),
+                (stopped_early and not block_done, "stopped_early needs block_done"),
+                (step == n_steps - 1 and not block_done and stop_reason != "cancelled",
+                 f"the block's last step ({n_steps}) must finish the block")):
+            if broken:
+                raise TraceError(f"{where}: {problem}")
         if block_done:
-            committed = _ids(f.get("committed_ids"), f"{where}: committed_ids", None)
-            _known(committed, tokens, f"{where}: committed_ids")
+            committed = _ids(f.get("committed_ids"), f"{where}: committed_ids", None, tokens)
             if len(committed) > (block + 1) * canvas:
                 raise TraceError(f"{where}: committed_ids has {len(committed):,} ids, more than {block + 1} "
                                  f"canvas(es) of {canvas}")
             committed_tokens = _int(f.get("committed_tokens"), f"{where}: committed_tokens", 0, len(committed))
-            forwards_per_block = forwards_per_block + [step + 1]
         top_ids, top_probs = _alternatives(f.get("alternatives"), where, canvas, tokens)
-        if step == 0:
-            first_accepted, block_remelts = [-1] * canvas, 0
-        remelted = [s >= 0 and not a for a, s in zip(accepted, first_accepted)]
-        block_remelts += sum(remelted)
-        first_accepted = [step if (a and s < 0) else s for a, s in zip(accepted, first_accepted)]
-        forwards = index + 1
-        first_frame_s = frames[0].elapsed_s if frames else elapsed
-        frames.append(Frame(
-            block_index=block, step_index=step, forward_index=index, canvas_length=canvas,
-            max_denoising_steps=n_steps,
-            temperature=settings.temperature_at(n_steps - step),
+        frames.append(builder.add(
+            block_index=block, step_index=step, temperature=settings.temperature_at(n_steps - step),
             input_ids=input_ids, draft_ids=draft_ids, accepted=accepted, confidence=confidence, entropy=entropy,
-            first_accepted_step=list(first_accepted), remelted=remelted, block_remelts=block_remelts,
-            top_ids=top_ids, top_probs=top_probs, top_tokens=[[tokens[i] for i in row] for row in top_ids],
-            input_tokens=[tokens[i] for i in input_ids], draft_tokens=[tokens[i] for i in draft_ids],
-            block_done=block_done, block_stopped_early=stopped_early, done=done,
-            committed_ids=list(committed), committed_tokens=committed_tokens,
-            forwards_per_block=list(forwards_per_block), elapsed_s=elapsed, time_to_first_frame_s=first_frame_s,
-            tokens_per_second=committed_tokens / elapsed if elapsed > 0 else 0.0,
-            tokens_per_forward=committed_tokens / forwards, prompt_tokens=prompt_tokens, seed=seed,
-            stop_reason=stop_reason,
-            input_kinds=[kinds.get(i, TEXT) for i in input_ids] if kinds is not None else [],
-            draft_kinds=[kinds.get(i, TEXT) for i in draft_ids] if kinds is not None else [],
-        ))
+            top_ids=top_ids, top_probs=top_probs, block_done=block_done, block_stopped_early=stopped_early, done=done,
+            committed_ids=list(committed), committed_tokens=committed_tokens, elapsed_s=elapsed,
+            stop_reason=stop_reason))
     return frames
-
-
-def _shown(value) -> str:
-    """A short printable form of an untrusted value for an error message."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _object(value, where: str) -> dict:
@@ -404,13 +327,13 @@ def _object(value, where: str) -> dict:
 
 def _int(value, where: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise TraceError(f"{where} must be an integer in [{low}, {high}], got {_shown(value)}")
+        raise TraceError(f"{where} must be an integer in [{low}, {high}], got {shown(value)}")
     return value
 
 
 def _bool(value, where: str) -> bool:
     if not isinstance(value, bool):
-        raise TraceError(f"{where} must be true or false, got {_shown(value)}")
+        raise TraceError(f"{where} must be true or false, got {shown(value)}")
     return value
 
 
@@ -422,10 +345,6 @@ def _string(value, where: str, limit: int) -> str:
     return value
 
 
-def _label(value, where: str) -> str:
-    return _string(value, where, MAX_LABEL_CHARS)
-
-
 def _list(value, where: str, length: int | None) -> list:
     if not isinstance(value, list):
         raise TraceError(f"{where} must be a list, got {type(value).__name__}")
@@ -434,76 +353,72 @@ def _list(value, where: str, length: int | None) -> list:
     return value
 
 
-def _ids(value, where: str, length: int | None) -> list[int]:
+def _entries(value, where: str, length: int | None, valid, rule: str) -> list:
     values = _list(value, where, length)
     for item in values:
-        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= MAX_TOKEN_ID:
-            raise TraceError(f"{where}: token ids are integers in [0, {MAX_TOKEN_ID}], got {_shown(item)}")
+        if not valid(item):
+            raise TraceError(f"{where}: {rule}, got {shown(item)}")
     return list(values)
 
 
+def _ids(value, where: str, length: int | None, tokens: dict[int, str]) -> list[int]:
+    ids = _entries(value, where, length, lambda v: type(v) is int and 0 <= v <= MAX_TOKEN_ID,
+                   f"token ids are integers in [0, {MAX_TOKEN_ID}]")
+    for token_id in ids:
+        if token_id not in tokens:
+            raise TraceError(f"{where}: token id {token_id} has no string in tokens")
+    return ids
+
+
 def _flags(value, where: str, length: int) -> list[bool]:
-    values = _list(value, where, length)
-    if any(item not in (0, 1) or isinstance(item, float) for item in values):
-        raise TraceError(f"{where}: entries are 0 or 1")
-    return [bool(item) for item in values]
+    return [bool(v) for v in _entries(value, where, length, lambda v: type(v) in (int, bool) and v in (0, 1),
+                                      "entries are 0 or 1")]
 
 
 def _floats(value, where: str, length: int, high: float) -> list[float]:
-    values = _list(value, where, length)
-    for item in values:
-        if isinstance(item, bool) or not isinstance(item, (int, float)) or not 0.0 <= item <= high:
-            raise TraceError(f"{where}: entries are numbers in [0, {high:g}], got {_shown(item)}")
-    return [float(item) for item in values]
+    return [float(v) for v in _entries(value, where, length, lambda v: type(v) in (int, float) and 0 <= v <= high,
+                                       f"entries are numbers in [0, {high:g}]")]
 
 
 def _alternatives(value, where: str, canvas: int, tokens: dict[int, str]
                   ) -> tuple[list[list[int]], list[list[float]]]:
-    """A frame's alternatives (absent: none) as (id rows, probability rows), each row sorted by probability."""
     if value is None:
         return [], []
-    rows = _list(value, f"{where}: alternatives", canvas)
     top_ids, top_probs = [], []
-    for position, item in enumerate(rows):
+    for position, item in enumerate(_list(value, f"{where}: alternatives", canvas)):
         place = f"{where}: alternatives[{position}]"
         row = _object(item, place)
-        ids = _ids(row.get("ids"), f"{place}.ids", None)
+        ids = _ids(row.get("ids"), f"{place}.ids", None, tokens)
         probs = _list(row.get("probs"), f"{place}.probs", len(ids))
         if not 1 <= len(ids) <= MAX_ALTERNATIVES:
             raise TraceError(f"{place}: 1 to {MAX_ALTERNATIVES} alternatives, got {len(ids)}")
         probs = _floats(probs, f"{place}.probs", len(ids), 1.0)
         if any(a < b for a, b in zip(probs, probs[1:])):
             raise TraceError(f"{place}: probs must not increase")
-        _known(ids, tokens, f"{place}.ids")
         top_ids.append(ids)
         top_probs.append(probs)
     return top_ids, top_probs
 
 
+def _id_key(key: str) -> bool:
+    return key.isascii() and key.isdigit() and len(key) <= 10
+
+
 def _token_table(value) -> dict[int, str]:
-    table = _object(value, "tokens")
     tokens: dict[int, str] = {}
-    for key, text in table.items():
-        if not (key.isascii() and key.isdigit()) or len(key) > 10 or int(key) > MAX_TOKEN_ID:
-            raise TraceError(f"tokens: keys are token ids in [0, {MAX_TOKEN_ID}] as decimal strings, got {_shown(key)}")
+    for key, text in _object(value, "tokens").items():
+        if not _id_key(key) or int(key) > MAX_TOKEN_ID:
+            raise TraceError(f"tokens: keys are token ids in [0, {MAX_TOKEN_ID}] as decimal strings, got {shown(key)}")
         tokens[int(key)] = _string(text, f"tokens[{key}]", MAX_TOKEN_CHARS)
     return tokens
 
 
 def _kind_table(value, tokens: dict[int, str]) -> dict[int, str]:
-    table = _object(value, "kinds")
     kinds: dict[int, str] = {}
-    for key, kind in table.items():
-        if not (key.isascii() and key.isdigit()) or len(key) > 10 or int(key) not in tokens:
-            raise TraceError(f"kinds: keys are token ids listed in tokens, got {_shown(key)}")
+    for key, kind in _object(value, "kinds").items():
+        if not _id_key(key) or int(key) not in tokens:
+            raise TraceError(f"kinds: keys are token ids listed in tokens, got {shown(key)}")
         if kind not in TOKEN_KINDS:
-            raise TraceError(f"kinds[{key}] must be one of {', '.join(TOKEN_KINDS)}, got {_shown(kind)}")
+            raise TraceError(f"kinds[{key}] must be one of {', '.join(TOKEN_KINDS)}, got {shown(kind)}")
         kinds[int(key)] = kind
     return kinds
-
-
-def _known(ids, tokens: dict[int, str], where: str) -> None:
-    for token_id in ids:
-        if token_id not in tokens:
-            raise TraceError(f"{where}: token id {token_id} has no string in tokens")
-
