@@ -106,8 +106,8 @@ BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color"
 
 def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
     """Draft confidence per (step, position) of one block's `frames`: viridis cells, dots where a position is
-    accepted (again), crosses where re-melted, cell gaps only while cells are large; `hover`: per-cell token text; `animate`: step slider and play button (frames inlined in their
-    args).
+    accepted (again), crosses where re-melted, cell gaps only while cells are large; `hover`: per-cell token text;
+    `animate`: step slider and play button (frames inlined in their args).
     """
     if not frames:
         return empty_figure("Confidence per step and position")

@@ -25,15 +25,15 @@ from .record import RunRecord, RunSnapshot
 
 FrameSource = Callable[[threading.Event], Iterator[Frame]]
 DEFAULT_MAX_FPS = 15.0
-LIVE_POSITIONS_PER_SECOND = 1800.0  # chips a browser redraws per second at most (docs/design.md, Concurrency)
+LIVE_POSITIONS_PER_SECOND = 3840.0  # chips a browser redraws per second at most (docs/design.md, Concurrency)
 DEFAULT_READER_BUDGET = 0.05  # the UI may take at most 5% of wall time: the meter must show >= 95% of bare speed
 STOP_GRACE_S = 2.0  # after Stop, frames already on their way (ZeroGPU pipes them across) are read this long
 LOG = logging.getLogger(__name__)
 
 
 def default_live_rate(canvas_length: int) -> float:
-    """Live renders per second for a canvas of `canvas_length` positions: `DEFAULT_MAX_FPS` (15/s) up to 120
-    positions, then `LIVE_POSITIONS_PER_SECOND / canvas_length` (256 positions: 7.0/s), never below 2/s.
+    """Live renders per second for a canvas of `canvas_length` positions: `DEFAULT_MAX_FPS` (15/s) up to 256
+    positions, then `LIVE_POSITIONS_PER_SECOND / canvas_length` (512 positions: 7.5/s), never below 2/s.
 
     Raises:
         ValueError: `canvas_length` below 1.

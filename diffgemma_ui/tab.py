@@ -25,6 +25,7 @@ from .text import escape_html
 
 LOG = logging.getLogger(__name__)
 PLOT_INTERVAL_S = 1.0  # live plots re-render at most this often (the final render always has everything)
+PLOT_CELLS = 8192  # heatmap cells the browser redraws each PLOT_INTERVAL_S at most (256 x 128: every 4 s)
 API_SETTINGS = SETTING_NAMES  # the settings every endpoint takes, in the settings table's order
 PRIVATE = dict(api_visibility="private", show_progress="hidden")
 
@@ -246,16 +247,18 @@ def live_plots(tab: str) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
 
 # -- pacing ------------------------------------------------------------------------------------------------------
 class PlotClock:
-    """When the live plots are due: at most every `PLOT_INTERVAL_S`, and at once when a new block starts.
-    `wait_first`: hold the first plots back for an interval."""
+    """When the live plots are due: at most every `PLOT_INTERVAL_S`, stretched for a heatmap of more than
+    `PLOT_CELLS` `cells` (positions x steps), and at once when a new block starts. `wait_first`: hold the first plots
+    back for an interval."""
 
-    def __init__(self, wait_first: bool = False):
+    def __init__(self, wait_first: bool = False, cells: int = 0):
         self.last = time.monotonic() if wait_first else 0.0
         self.block = 0
+        self.interval = PLOT_INTERVAL_S * max(1.0, cells / PLOT_CELLS)
 
     def due(self, block_count: int = 0) -> bool:
         now = time.monotonic()
-        if now - self.last >= PLOT_INTERVAL_S or block_count > self.block:
+        if now - self.last >= self.interval or block_count > self.block:
             self.last, self.block = now, block_count
             return True
         return False
