@@ -24,6 +24,7 @@ ENTROPY_COLOUR = "#56B4E9"
 REMELT_COLOUR = "#f97316"  # the canvas's re-melt outline (assets/style.css .dg-remelt)
 MODEBAR_REMOVE = ["select2d", "lasso2d"]  # mode bar buttons that do nothing here: no view reads a selection
 GAP_CELLS = 96  # heatmap rows or columns with 1 px gaps between cells up to this many (more: gaps hide the cells)
+HOVER_CELLS = 16384  # heatmap cells drawn with per-cell token text at most (256 positions x 64 steps)
 TOOLBAR_PX = 28  # the strip at the top where Plotly shows its mode bar on hover
 
 
@@ -106,13 +107,14 @@ BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color"
 
 def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
     """Draft confidence per (step, position) of one block's `frames`: viridis cells, dots where a position is
-    accepted (again), crosses where re-melted, cell gaps only while cells are large; `hover`: per-cell token text;
-    `animate`: step slider and play button (frames inlined in their args).
+    accepted (again), crosses where re-melted, cell gaps only while cells are large; `hover`: per-cell token text
+    (up to `HOVER_CELLS` cells); `animate`: step slider and play button (frames inlined in their args).
     """
     if not frames:
         return empty_figure("Confidence per step and position")
     n = frames[0].canvas_length
     steps = len(frames)
+    hover = hover and n * steps <= HOVER_CELLS
     z, hover_text, dots_x, dots_y, melt_x, melt_y = [], [], [], [], [], []
     before = [False] * n
     for row, frame in enumerate(frames):

@@ -97,3 +97,6 @@ def test_the_heatmap_dots_the_step_a_position_is_accepted_and_drops_cell_gaps_at
                            max_denoising_steps=128) for s in range(128)]
     heat, dots, _ = plots.confidence_heatmap(big, animate=False, hover=False)["data"]
     assert heat["xgap"] == heat["ygap"] == 0 and len(dots["x"]) == 256 and dots["marker"]["size"] == 3
+    # and the final figure has no per-cell token text over 256 x 64 cells (the canvas popup has the tokens)
+    assert "hovertext" not in plots.confidence_heatmap(big, animate=True, hover=True)["data"][0]
+    assert "hovertext" in plots.confidence_heatmap(big[:64], animate=True, hover=True)["data"][0]
