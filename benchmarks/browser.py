@@ -272,7 +272,8 @@ def app_run(args) -> int:
                                   args.source_rate, times)
     engine.canvas_length = positions
     engine.check_budget = lambda *_, **__: None
-    app = build_app(engine) if args.rate is None else build_app(engine, max_fps=args.rate)
+    budget = {"reader_budget": None} if args.no_reader_budget else {}
+    app = build_app(engine, **budget) if args.rate is None else build_app(engine, max_fps=args.rate, **budget)
     rate = app.playground.max_fps
     renders = []  # (CPU seconds) of each server render of the view
     render = app.playground.render
@@ -286,7 +287,8 @@ def app_run(args) -> int:
     app.playground.render = timed_render
     _, url, _ = app.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
     print(f"app run: {args.blocks} blocks x {args.steps} steps of {positions} positions, source {args.source_rate:g} "
-          f"forwards/s, live rate cap {rate:.1f}/s", flush=True)
+          f"forwards/s, live rate cap {rate:.1f}/s, reader budget {'off' if args.no_reader_budget else 'on'}",
+          flush=True)
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
@@ -393,6 +395,8 @@ def main_canvas(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=48, help="--app-run: steps per block (default 48)")
     parser.add_argument("--source-rate", type=float, default=30.0, help="--app-run: frames per second (default 30)")
     parser.add_argument("--runs", type=int, default=2, help="--app-run: runs (default 2)")
+    parser.add_argument("--no-reader-budget", action="store_true",
+                        help="--app-run: no reader budget (only the live rate limits the renders: the page's side)")
     args = parser.parse_args(argv)
     if (args.rate is not None and args.rate <= 0) or args.updates < 1 or min(args.positions) < 1:
         raise SystemExit("error: --rate must be positive, --updates and --positions at least 1")
