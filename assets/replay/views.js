@@ -231,7 +231,8 @@ function heatmapFigure(frames) {
       ...(withHover ? {hovertext: hover, hovertemplate: "%{hovertext}<extra></extra>"}
         : {hovertemplate: "step %{y} \u00b7 position %{x}<br>confidence %{z:.3f}<extra></extra>"}),
       colorscale: "Viridis", zmin: 0, zmax: 1,
-      xgap: Number(n <= GAP_CELLS), ygap: Number(rows <= GAP_CELLS), colorbar: {title: {text: "conf."}, thickness: 10, len: 0.9, outlinewidth: 0}},
+      xgap: Number(n <= GAP_CELLS), ygap: Number(rows <= GAP_CELLS),
+      colorbar: {title: {text: "conf."}, thickness: 10, len: 0.9, outlinewidth: 0}},
     {type: "scatter", mode: "markers", x: dotsX, y: dotsY, hoverinfo: "skip", name: "accepted at this step",
       marker: {symbol: "circle", size: n * rows <= 64 * 64 ? 4 : 3, color: "rgba(255,255,255,0.85)",
         line: {width: 0.5, color: "rgba(0,0,0,0.6)"}}},
