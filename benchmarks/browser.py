@@ -1,6 +1,7 @@
 """What the playground costs in a browser, and the size of what it hands one: `python -m benchmarks.browser CMD`.
 
-    canvas    the browser's time per live-canvas update at 256 and 64 positions (Chromium, CDP counters)
+    canvas    the browser's time per live-canvas update at 256 and 64 positions (Chromium, CDP counters);
+              --app-run: the live rate and long tasks of a served run of synthetic 256-position frames
     latency   press Generate -> first frame, and tokens/s through the page against bare runs
     sessions  server memory while N browser visitors each run one generation and close their tab
     replay    trace JSON and offline HTML replay size of a run of the real model's size (no model)
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import functools
@@ -147,6 +149,31 @@ html => {
 
 METRICS = ("RecalcStyleDuration", "LayoutDuration", "ScriptDuration", "TaskDuration")
 
+# Runs in the page of an --app-run: presses Generate, notes each forward the live canvas shows at an animation
+# frame (the DOM the frame paints) and the long tasks, until the meter says done.
+APP_RUN_JS = """() => new Promise(resolve => {
+  const root = document.querySelector('#dg-canvas'), meter = document.querySelector('#dg-meter');
+  const painted = [], longTasks = [];
+  const po = new PerformanceObserver(list => list.getEntries().forEach(e => longTasks.push(e.duration)));
+  po.observe({type: 'longtask'});
+  let last = -1;
+  const tick = () => {
+    const el = root.querySelector('.dg-canvas');
+    const f = el ? Number(el.getAttribute('data-forward')) : -1;
+    if (f >= 0 && f !== last) { last = f; painted.push([performance.timeOrigin + performance.now(), f]); }
+    const m = meter.querySelector('.dg-meter');
+    if (m && m.getAttribute('data-state') === 'done' && painted.length) {
+      po.disconnect();
+      resolve({painted, longTasks, end: performance.timeOrigin + performance.now(),
+               chips: root.querySelectorAll('.dg-chip').length});
+      return;
+    }
+    requestAnimationFrame(tick);
+  };
+  requestAnimationFrame(tick);
+  document.querySelector('#dg-generate').click();
+})"""
+
 
 def percentile(values, q):
     """Nearest-rank percentile `q` (0-100) of `values` (NaN when empty)."""
@@ -189,6 +216,107 @@ def finished_stack(token_text, vocabulary: int, positions: int, blocks: int) -> 
         done.append(dataclasses.replace(frame, block_index=b, block_done=True, step_index=47,
                                         committed_ids=frame.draft_ids * (b + 1), accepted=[True] * positions))
     return stack_html(done)
+
+
+def synthetic_run(token_text, vocabulary: int, positions: int, steps: int, blocks: int, rate: float, times: list):
+    """An engine's `frames` method that ignores its inputs and yields `blocks` blocks of `steps` frames of
+    `positions` random ids below `vocabulary` (each position accepted from a random step on, then keeping its
+    draft; top-5 alternatives), `rate` frames a second; appends each frame's wall time (epoch s) to `times`."""
+    def frames(prompt, settings=None, *, raw=False, seed=None, stop_event=None, thinking=False):
+        rng = random.Random(0)
+        committed, forward, start = [], 0, time.monotonic()
+        times.clear()
+        for block in range(blocks):
+            draft = [rng.randrange(vocabulary) for _ in range(positions)]
+            accept_at = [min(steps - 1, int(rng.random() ** 1.5 * steps)) for _ in range(positions)]
+            for step in range(steps):
+                if stop_event is not None and stop_event.is_set():
+                    return
+                time.sleep(max(0.0, start + forward / rate - time.monotonic()))
+                accepted = [step >= a for a in accept_at]
+                draft = [d if ok else rng.randrange(vocabulary) for d, ok in zip(draft, accepted)]
+                inputs = [d if ok else rng.randrange(vocabulary) for d, ok in zip(draft, accepted)]
+                tops = [[d] + [rng.randrange(vocabulary) for _ in range(4)] for d in draft]
+                done_block = step == steps - 1
+                if done_block:
+                    committed = committed + draft
+                elapsed = time.monotonic() - start
+                yield Frame(
+                    block_index=block, step_index=step, forward_index=forward, canvas_length=positions,
+                    max_denoising_steps=steps, temperature=0.6, input_ids=inputs, draft_ids=draft, accepted=accepted,
+                    confidence=[rng.random() for _ in range(positions)],
+                    entropy=[rng.random() * 5 for _ in range(positions)],
+                    first_accepted_step=[a if ok else -1 for a, ok in zip(accept_at, accepted)],
+                    input_tokens=[token_text(i) for i in inputs], draft_tokens=[token_text(i) for i in draft],
+                    input_kinds=[token_text.kind(i) for i in inputs], draft_kinds=[token_text.kind(i) for i in draft],
+                    top_ids=tops, top_probs=[[0.5, 0.2, 0.1, 0.05, 0.02]] * positions,
+                    top_tokens=[[token_text(i) for i in top] for top in tops],
+                    block_done=done_block, block_stopped_early=False, done=done_block and block == blocks - 1,
+                    stop_reason="max_new_tokens" if done_block and block == blocks - 1 else "",
+                    committed_ids=list(committed), committed_tokens=len(committed),
+                    forwards_per_block=[steps] * (block + done_block), elapsed_s=elapsed,
+                    time_to_first_frame_s=0.05, tokens_per_second=len(committed) / max(elapsed, 1e-3),
+                    tokens_per_forward=len(committed) / (forward + 1))
+                times.append(time.time())
+                forward += 1
+    return frames
+
+
+def app_run(args) -> int:
+    """`canvas --app-run`: the playground served in-process with the embedded engine's frames replaced by
+    `synthetic_run`; one run watched in the page (see APP_RUN_JS)."""
+    engine = DiffusionEngine(load_model(args.model or DEFAULT_MODEL, "cpu"))
+    positions = args.positions[0]
+    times: list = []
+    engine.frames = synthetic_run(engine.token_text, len(engine.tokenizer), positions, args.steps, args.blocks,
+                                  args.source_rate, times)
+    engine.canvas_length = positions
+    engine.check_budget = lambda *_, **__: None
+    budget = {"reader_budget": None} if args.no_reader_budget else {}
+    app = build_app(engine, **budget) if args.rate is None else build_app(engine, max_fps=args.rate, **budget)
+    rate = app.playground.max_fps
+    renders = []  # (CPU seconds) of each server render of the view
+    render = app.playground.render
+
+    def timed_render(*a, **k):
+        start = time.thread_time()
+        try:
+            return render(*a, **k)
+        finally:
+            renders.append(time.thread_time() - start)
+    app.playground.render = timed_render
+    _, url, _ = app.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
+    print(f"app run: {args.blocks} blocks x {args.steps} steps of {positions} positions, source {args.source_rate:g} "
+          f"forwards/s, live rate cap {rate:.1f}/s, reader budget {'off' if args.no_reader_budget else 'on'}",
+          flush=True)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            for run in range(args.runs):
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.goto(url)
+                page.wait_for_selector("#dg-canvas .dg-canvas")
+                load = os.getloadavg()[0]
+                renders.clear()
+                result = page.evaluate(APP_RUN_JS)
+                painted = result["painted"]
+                live = [(t, f) for t, f in painted if f < len(times) - 1]
+                span_s = (live[-1][0] - live[0][0]) / 1000 if len(live) > 1 else math.nan
+                lags = [bisect.bisect_right(times, t / 1000) - 1 - f for t, f in live]
+                tasks = result["longTasks"]
+                print(f"run {run + 1}: {len(live)} live forwards painted of {len(times)} in {span_s:.1f} s: "
+                      f"{(len(live) - 1) / span_s:.1f}/s; canvas behind the source p50/max "
+                      f"{percentile(lags, 50)}/{max(lags, default=0)} forwards; final view "
+                      f"{result['end'] / 1000 - times[-1]:.2f} s after the last frame; long tasks > 50 ms: "
+                      f"{len(tasks)}, longest {max(tasks, default=0):.0f} ms, over 200 ms: "
+                      f"{sum(1 for t in tasks if t > 200)}; server renders {len(renders)}, CPU "
+                      f"p50 {percentile(renders, 50) * 1e3:.1f} ms; load average (1 min) {load:.2f} before, "
+                      f"{os.getloadavg()[0]:.2f} after", flush=True)
+                page.close()
+            browser.close()
+    finally:
+        app.close()
+    return 0
 
 
 def measure(page, cdp, frames_html: list[str], stack: str, rate: float) -> dict:
@@ -259,9 +387,23 @@ def main_canvas(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", help="tokenizer folder for the tokens (default: the stand-in's, 262,144 ids)")
     parser.add_argument("--extra-css", help="CSS added to the page before measuring (to try a rendering change)")
     parser.add_argument("--json", action="store_true", help="print the raw results as JSON too")
+    parser.add_argument("--app-run", action="store_true",
+                        help="instead: serve the playground with a synthetic engine (the first --positions, --blocks "
+                        "x --steps frames at --source-rate/s, the embedded model's tokens) and watch --runs runs in "
+                        "the page: forwards painted per second, how far the canvas trails the source, long tasks")
+    parser.add_argument("--blocks", type=int, default=2, help="--app-run: blocks per run (default 2)")
+    parser.add_argument("--steps", type=int, default=48, help="--app-run: steps per block (default 48)")
+    parser.add_argument("--source-rate", type=float, default=30.0, help="--app-run: frames per second (default 30)")
+    parser.add_argument("--runs", type=int, default=2, help="--app-run: runs (default 2)")
+    parser.add_argument("--no-reader-budget", action="store_true",
+                        help="--app-run: no reader budget (only the live rate limits the renders: the page's side)")
     args = parser.parse_args(argv)
     if (args.rate is not None and args.rate <= 0) or args.updates < 1 or min(args.positions) < 1:
         raise SystemExit("error: --rate must be positive, --updates and --positions at least 1")
+    if args.app_run:
+        if min(args.blocks, args.steps, args.runs) < 1 or args.source_rate <= 0:
+            raise SystemExit("error: --blocks, --steps and --runs must be at least 1, --source-rate positive")
+        return app_run(args)
 
 
 

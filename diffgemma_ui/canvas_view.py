@@ -3,6 +3,7 @@ thought channel apart, and the viridis scale shared with the plots; model string
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -93,33 +94,55 @@ def chip_html(token: str, *, kind: str, position: int, confidence: float, entrop
         raise ValueError(f"unknown chip kind {kind!r}")
     cell = cell or token_cells([token])[0]
     step = "not yet" if first_accepted_step is None or first_accepted_step < 0 else f"step {first_accepted_step}"
-    lines = [f"position {position}: \u201c{cell.text}\u201d",
-             f"confidence {_number(confidence)} \u00b7 entropy {_number(entropy)} nats", f"first accepted: {step}"]
+    shown = _number(confidence)
+    lines = [f"position {position}: {_quoted(cell.text)}",
+             f"confidence {shown} \u00b7 entropy {_number(entropy)} nats", f"first accepted: {step}"]
     if kind == "noisy":
-        lines[0] = f"position {position}: noise \u201c{cell.text}\u201d (renoised)"
+        lines[0] = f"position {position}: noise {_quoted(cell.text)} (renoised)"
         if draft is not None:
             guess = draft_cell or token_cells([draft])[0]
-            lines.append(f"current guess: \u201c{guess.text}\u201d" + (f" ({guess.detail})" if guess.detail else ""))
+            detail = f" ({_escaped(guess.detail)})" if guess.detail else ""
+            lines.append(f"current guess: {_quoted(guess.text)}{detail}")
     elif kind == "pad":
         lines.append("after end-of-sequence: dropped")
     if remelted:
         lines.insert(1, "re-melted: accepted at an earlier step, renoised in this one")
     if alternatives:
-        shown_alts = token_cells([token for token, _ in alternatives])
         lines.append("why this token? " + " \u00b7 ".join(
-            f"\u201c{alt.text}\u201d {probability:.0%}" for alt, (_, probability) in zip(shown_alts, alternatives)))
+            f"{_alternative(token)} {probability:.0%}" for token, probability in alternatives))
     if cell.detail:
-        lines.insert(1, cell.detail)
+        lines.insert(1, _escaped(cell.detail))
     if fixed:
         lines.insert(1, "fixed by the template: given, never renoised")
-    title = "&#10;".join(escape_html(line) for line in lines)
+    title = "&#10;".join(lines)
     style = ""
     if kind in ("accepted", "committed") and cell.style not in _CONTROL_STYLES and not fixed:
-        background = viridis(confidence)
-        style = f' style="background:{background};color:{text_on(background)}"'
+        style = _confidence_style(shown)
     classes = (f"dg-chip dg-{kind}" + ("" if cell.style == "text" else f" dg-tok-{cell.style}")
                + (" dg-fixed" if fixed else "") + (" dg-remelt" if remelted else ""))
     return f'<span class="{classes}" title="{title}"{style}>{cell.html}</span>'
+
+
+# Escaped pieces of chip titles, cached (tokens and confidences repeat from step to step); escaping a line piece by
+# piece gives what escaping it whole gives
+_escaped = functools.lru_cache(maxsize=65536)(escape_html)
+
+
+@functools.lru_cache(maxsize=65536)
+def _quoted(text: str) -> str:
+    return escape_html(f"\u201c{text}\u201d")
+
+
+@functools.lru_cache(maxsize=65536)
+def _alternative(token: str) -> str:
+    return _quoted(token_cells([token])[0].text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _confidence_style(shown: str) -> str:
+    """The inline colour style of a confidence shown as `shown` (`_number`'s text: the colour of what it says)."""
+    background = viridis(shown)
+    return f' style="background:{background};color:{text_on(background)}"'
 
 
 def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None) -> str:

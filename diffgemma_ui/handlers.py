@@ -194,10 +194,11 @@ class Playground:
             stack = stack_html(finished, finished_html=session.finished_html)
             session.stacked_blocks = len(finished)
         canvas = live_html(live, newest=latest, status=status)
-        result = self.engine.summarize(latest, snap.frames_seen) if latest is not None else None
-        text = plain_text(result.text) if result is not None else ""
-        # The thought changes only when a block is committed: sent with the stack
-        thought = thought_html(result.thought if result is not None else "") if isinstance(stack, str) else gr.skip()
+        # The text and the thought only change when a block is committed: made and re-sent only then, with the stack
+        committed = isinstance(stack, str) or first
+        result = self.engine.summarize(latest, snap.frames_seen) if latest is not None and committed else None
+        text = (plain_text(result.text) if result is not None else "") if committed else gr.skip()
+        thought = thought_html(result.thought if result is not None else "") if committed else gr.skip()
         skip = gr.skip()
         heatmap = order = entropy = skip
         if plots_due or final:
@@ -247,7 +248,8 @@ class Playground:
         if ticket is not None and not session.is_current(ticket):
             return
         key = session_key(request, session)
-        clock = PlotClock(wait_first=session.snapshot is None)
+        clock = PlotClock(wait_first=session.snapshot is None,
+                          cells=self.engine.canvas_length * run.settings.max_denoising_steps)
         worker = self.start_run(run)
         if not session.begin(worker, ticket):
             return

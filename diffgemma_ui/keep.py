@@ -58,8 +58,9 @@ def committed_text(trace: Trace, count: int) -> str:
     return plain_text("".join(trace.tokens.get(i, "") for i in ids))
 
 
-def render_trace(trace: Trace, count: int) -> StreamOutputs:
-    """The live view of `trace` after its first `count` frames, buttons untouched."""
+def render_trace(trace: Trace, count: int, *, hover: bool = True) -> StreamOutputs:
+    """The live view of `trace` after its first `count` frames, buttons untouched; `hover`: the heatmap's per-cell
+    text (off while playing, so the heatmap keeps pace with the canvas)."""
     snap = snapshot_upto(trace, count)
     latest = snap.latest
     finished = snap.finished_blocks()
@@ -75,7 +76,7 @@ def render_trace(trace: Trace, count: int) -> StreamOutputs:
     return StreamOutputs(
         stack=stack_html(finished), canvas=live_html(live, newest=latest, status=status),
         meter=meter_html(latest), text=committed_text(trace, count),
-        heatmap=plots.confidence_heatmap(frames, animate=True, hover=True),
+        heatmap=plots.confidence_heatmap(frames, animate=True, hover=hover),
         order=plots.unmasking_order(frames[-1]), entropy=plots.entropy_and_acceptance(frames),
         block=gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1),
         generate_button=gr.skip(), stop_button=gr.skip(),
@@ -176,7 +177,7 @@ class KeepHandlers:
         start = 1 if int(count or 1) >= len(trace.frames) else int(count)
         for k in range(start, len(trace.frames) + 1):
             session.snapshot = snapshot_upto(trace, k)
-            yield (*render_trace(trace, k).as_tuple(), k)
+            yield (*render_trace(trace, k, hover=k == len(trace.frames)).as_tuple(), k)
             time.sleep(interval_s)
 
     def replay_run(self, session: SessionState) -> Iterator[tuple]:

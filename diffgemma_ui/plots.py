@@ -22,6 +22,8 @@ ACCEPTED_COLOUR = "#E69F00"  # Okabe-Ito orange and sky blue: a colour-blind-saf
 ENTROPY_COLOUR = "#56B4E9"
 REMELT_COLOUR = "#f97316"  # the canvas's re-melt outline (assets/style.css .dg-remelt)
 MODEBAR_REMOVE = ["select2d", "lasso2d"]  # no view reads a selection
+GAP_CELLS = 96  # heatmap rows or columns with 1 px gaps between cells up to this many
+HOVER_CELLS = 16384  # heatmap cells drawn with per-cell token text at most (256 positions x 64 steps)
 TOOLBAR_PX = 28  # the hover mode bar's strip
 
 
@@ -100,22 +102,26 @@ BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color"
 
 
 def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
-    """Draft confidence per (step, position) of one block's `frames`: dots where accepted, crosses where
-    re-melted; `hover`: per-cell token text; `animate`: step slider and play button."""
+    """Draft confidence per (step, position) of one block's `frames`: dots where accepted (again), crosses where
+    re-melted, cell gaps only while cells are large; `hover`: per-cell token text (up to `HOVER_CELLS` cells);
+    `animate`: step slider and play button."""
     if not frames:
         return empty_figure("Confidence per step and position")
     n = frames[0].canvas_length
     steps = len(frames)
+    hover = hover and n * steps <= HOVER_CELLS
     z, hover_text, dots_x, dots_y, melt_x, melt_y = [], [], [], [], [], []
+    before = [False] * n
     for row, frame in enumerate(frames):
         z.append([_round(c) for c in frame.confidence])
         for pos in range(n):
-            if frame.accepted[pos]:
+            if frame.accepted[pos] and not before[pos]:
                 dots_x.append(pos)
                 dots_y.append(row + 1)
-            elif frame.remelted and frame.remelted[pos]:
+            elif not frame.accepted[pos] and frame.remelted and frame.remelted[pos]:
                 melt_x.append(pos)
                 melt_y.append(row + 1)
+        before = frame.accepted
         if not hover:
             continue
         hover_row = []
@@ -134,13 +140,15 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
             "type": "heatmap", "z": z, "x": list(range(n)), "y": y, "hoverongaps": False,
             **({"hovertext": hover_text, "hovertemplate": "%{hovertext}<extra></extra>"} if hover
                else {"hovertemplate": "step %{y} \u00b7 position %{x}<br>confidence %{z:.3f}<extra></extra>"}),
-            "colorscale": PLOTLY_SCALE, "zmin": 0, "zmax": 1, "xgap": 1, "ygap": 1,
+            "colorscale": PLOTLY_SCALE, "zmin": 0, "zmax": 1,
+            "xgap": int(n <= GAP_CELLS), "ygap": int(rows <= GAP_CELLS),
             "colorbar": {"title": {"text": "conf."}, "thickness": 10, "len": 0.9, "outlinewidth": 0},
         },
         {
             "type": "scatter", "mode": "markers", "x": dots_x, "y": dots_y, "hoverinfo": "skip",
             "name": "accepted at this step",
-            "marker": {"symbol": "circle", "size": 4, "color": "rgba(255,255,255,0.85)",
+            "marker": {"symbol": "circle", "size": 4 if n * rows <= 64 * 64 else 3,
+                       "color": "rgba(255,255,255,0.85)",
                        "line": {"width": 0.5, "color": "rgba(0,0,0,0.6)"}},
         },
         {

@@ -21,14 +21,15 @@ from engine import Frame
 
 FrameSource = Callable[[threading.Event], Iterator[Frame]]
 DEFAULT_MAX_FPS = 15.0
-LIVE_POSITIONS_PER_SECOND = 1800.0  # chips a browser redraws per second at most (docs/design.md)
+LIVE_POSITIONS_PER_SECOND = 3840.0  # chips a browser redraws per second at most (docs/design.md)
 DEFAULT_READER_BUDGET = 0.05  # the most share of wall time the live view may take
 STOP_GRACE_S = 2.0  # after Stop, frames already on their way are read this long
 LOG = logging.getLogger(__name__)
 
 
 def default_live_rate(canvas_length: int) -> float:
-    """Live renders a second for `canvas_length` positions (2..15); ValueError below 1."""
+    """Live renders a second for `canvas_length` positions: 15 up to 256, then 3840 / length, at least 2;
+    ValueError below 1."""
     if canvas_length < 1:
         raise ValueError(f"canvas_length must be at least 1, got {canvas_length}")
     return max(2.0, min(DEFAULT_MAX_FPS, LIVE_POSITIONS_PER_SECOND / canvas_length))

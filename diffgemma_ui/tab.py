@@ -22,6 +22,7 @@ from .text import escape_html
 
 LOG = logging.getLogger(__name__)
 PLOT_INTERVAL_S = 1.0  # live plots re-render at most this often
+PLOT_CELLS = 8192  # heatmap cells the browser redraws each PLOT_INTERVAL_S at most (256 x 128: every 4 s)
 API_SETTINGS = SETTING_NAMES
 PRIVATE = dict(api_visibility="private", show_progress="hidden")
 _EXPECTED = (ValueError, gr.Error, RunTimeLimitExceeded)
@@ -224,15 +225,17 @@ def live_plots(tab: str) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
 
 
 class PlotClock:
-    """When live plots are due: each `PLOT_INTERVAL_S` and at a new block (`wait_first`: not at once)."""
+    """When live plots are due: each `PLOT_INTERVAL_S` (stretched for a heatmap of more than `PLOT_CELLS` `cells`)
+    and at a new block (`wait_first`: not at once)."""
 
-    def __init__(self, wait_first: bool = False):
+    def __init__(self, wait_first: bool = False, cells: int = 0):
         self.last = time.monotonic() if wait_first else 0.0
         self.block = 0
+        self.interval = PLOT_INTERVAL_S * max(1.0, cells / PLOT_CELLS)
 
     def due(self, block_count: int = 0) -> bool:
         now = time.monotonic()
-        if now - self.last >= PLOT_INTERVAL_S or block_count > self.block:
+        if now - self.last >= self.interval or block_count > self.block:
             self.last, self.block = now, block_count
             return True
         return False

@@ -262,3 +262,23 @@ def test_frame_parts_and_gpu_share_on_the_embedded_model(engine):
     assert share["engine_share"] < 1e-5 < share["separate_pass_share"]
     assert "GPU share" in model.standin_report({"vocab": 262_144, "canvas": 256, "threads": 1, "parameters": 1e6,
                                                 "frame_parts": parts, "gpu_share": share})
+
+
+def test_the_canvas_app_run_source_yields_whole_blocks_that_settle():
+    class Tokens:
+        def __call__(self, token_id):
+            return f"t{token_id}"
+
+        def kind(self, token_id):
+            return "text"
+
+    times = []
+    frames = list(browser.synthetic_run(Tokens(), 50, 8, 4, 2, 1e6, times)(None))
+    assert len(frames) == len(times) == 8 and [f.forward_index for f in frames] == list(range(8))
+    assert [f.block_done for f in frames] == [False, False, False, True] * 2 and frames[-1].done
+    for before, after in zip(frames, frames[1:]):
+        if before.block_index == after.block_index:  # accepted positions stay accepted with their draft
+            assert all(b <= a for b, a in zip(before.accepted, after.accepted))
+            assert all(d == e for d, e, ok in zip(before.draft_ids, after.draft_ids, before.accepted) if ok)
+    assert all(frames[3].accepted) and len(frames[-1].committed_ids) == 16
+    assert all(top[0] == d for top, d in zip(frames[0].top_ids, frames[0].draft_ids))

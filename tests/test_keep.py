@@ -36,6 +36,25 @@ def test_snapshot_and_render_of_a_trace_step():
     assert committed_text(trace, 4) == "".join(trace.tokens[i] for i in trace.frames[3].committed_ids)
 
 
+def test_a_playing_replay_draws_the_heatmap_of_the_canvas_forward_with_hover_text_at_the_end():
+    from diffgemma_ui.handlers import Playground
+    from diffgemma_ui.session import SessionState
+    from test_ui_views import FakeEngine
+
+    trace = synthetic_trace(canvas=16, steps=4, blocks=2, vocab=400)
+    session = SessionState()
+    session.trace = trace
+    views = list(KeepHandlers(Playground(FakeEngine())).replay_play(session, 1, interval_s=0))
+    assert [v[-1] for v in views] == list(range(1, 9))
+    for k, view in enumerate(views, start=1):
+        frame = trace.frames[k - 1]
+        heat = view[4]
+        assert f'data-forward="{frame.forward_index}"' in view[1]  # the canvas, and the heatmap at the same step
+        assert f"block {frame.block_index + 1} \u00b7 " in heat["layout"]["title"]["text"]
+        assert len(heat["data"][0]["z"]) == frame.step_index + 1
+        assert ("hovertext" in heat["data"][0]) == (k == len(trace.frames))
+
+
 def test_hostile_trace_renders_escaped():
     view = render_trace(hostile_trace(), 5)
     html = view.canvas + view.stack + view.meter

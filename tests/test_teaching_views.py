@@ -78,3 +78,25 @@ def test_the_heatmap_crosses_the_cells_that_re_melted_at_each_step():
     heat, dots, melts = plots.confidence_heatmap(frames, animate=False)["data"]
     assert list(zip(melts["x"], melts["y"])) == [(0, 2), (1, 3), (2, 3)]  # (position, 1-based step)
     assert not set(zip(melts["x"], melts["y"])) & set(zip(dots["x"], dots["y"]))
+
+
+def test_the_heatmap_dots_the_step_a_position_is_accepted_and_drops_cell_gaps_at_scale():
+    n = 4
+    frames = [synthetic_frame(n, list("abcd"), step=0, accepted=[True, False, False, False]),
+              synthetic_frame(n, list("abcd"), step=1, accepted=[True, True, False, False]),
+              synthetic_frame(n, list("abcd"), step=2, accepted=[False, True, True, False],
+                              remelted=[True, False, False, False], block_remelts=1),
+              synthetic_frame(n, list("abcd"), step=3, accepted=[True, True, True, True])]
+    heat, dots, melts = plots.confidence_heatmap(frames, animate=False)["data"]
+    # one dot per acceptance (position 0 again after its re-melt), not one per accepted cell
+    assert sorted(zip(dots["x"], dots["y"])) == [(0, 1), (0, 4), (1, 2), (2, 3), (3, 4)]
+    assert list(zip(melts["x"], melts["y"])) == [(0, 3)]
+    assert heat["xgap"] == heat["ygap"] == 1 and dots["marker"]["size"] == 4
+    # a 256-position block of 128 steps: cells 2-3 px tall, no gaps to hide them, dots only where accepted
+    big = [synthetic_frame(256, ["t"] * 256, step=s, accepted=[p % 128 <= s for p in range(256)],
+                           max_denoising_steps=128) for s in range(128)]
+    heat, dots, _ = plots.confidence_heatmap(big, animate=False, hover=False)["data"]
+    assert heat["xgap"] == heat["ygap"] == 0 and len(dots["x"]) == 256 and dots["marker"]["size"] == 3
+    # and the final figure has no per-cell token text over 256 x 64 cells (the canvas popup has the tokens)
+    assert "hovertext" not in plots.confidence_heatmap(big, animate=True, hover=True)["data"][0]
+    assert "hovertext" in plots.confidence_heatmap(big[:64], animate=True, hover=True)["data"][0]

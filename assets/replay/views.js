@@ -167,6 +167,7 @@ function meterView(f) {
 const HEIGHT = 330, TOOLBAR_PX = 28;
 const GRID = "rgba(128,128,128,0.22)", NOT_ACCEPTED_COLOUR = "rgba(140,140,140,0.45)";
 const ACCEPTED_COLOUR = "#E69F00", ENTROPY_COLOUR = "#56B4E9", REMELT_COLOUR = "#f97316";
+const GAP_CELLS = 96, HOVER_CELLS = 16384;  // plots.GAP_CELLS, plots.HOVER_CELLS
 const round3 = (x) => Number(fixed(x, 3));
 
 // plots._layout; belowToolbar: title and top margin moved down by TOOLBAR_PX, clear of the hover mode bar
@@ -206,28 +207,34 @@ function blockTitle(frames, what) {
 // plots.confidence_heatmap(frames, animate=False, hover=True): confidence per (step, position) of one block
 function heatmapFigure(frames) {
   const n = frames[0].confidence.length;
+  const withHover = n * frames.length <= HOVER_CELLS;
   const z = [], hover = [], dotsX = [], dotsY = [], meltX = [], meltY = [];
+  let before = [];
   frames.forEach((f, row) => {
     z.push(f.confidence.map(round3));
-    const labels = f.draftLabels();
-    hover.push(f.confidence.map((c, pos) => {
+    const labels = withHover ? f.draftLabels() : [];
+    if (withHover) hover.push(f.confidence.map((c, pos) => {
       return `step ${row + 1}${DOT}position ${pos}<br>${quoted(escapePlotly(labels[pos]))} ` +
         `${f.accepted[pos] ? "accepted" : "renoised"}<br>` +
         `confidence ${fixed(c, 3)}${DOT}entropy ${fixed(f.entropy[pos], 3)} nats`;
     }));
     f.accepted.forEach((a, pos) => {
-      if (a) { dotsX.push(pos); dotsY.push(row + 1); }
-      else if (f.remelted[pos]) { meltX.push(pos); meltY.push(row + 1); }
+      if (a && !before[pos]) { dotsX.push(pos); dotsY.push(row + 1); }
+      else if (!a && f.remelted[pos]) { meltX.push(pos); meltY.push(row + 1); }
     });
+    before = f.accepted;
   });
   const last = frames[frames.length - 1];
   const rows = last.blockDone || last.done ? frames.length : Math.max(frames.length, last.maxSteps);
   const data = [
     {type: "heatmap", z, x: [...Array(n).keys()], y: frames.map((_, i) => i + 1), hoverongaps: false,
-      hovertext: hover, hovertemplate: "%{hovertext}<extra></extra>", colorscale: "Viridis", zmin: 0, zmax: 1,
-      xgap: 1, ygap: 1, colorbar: {title: {text: "conf."}, thickness: 10, len: 0.9, outlinewidth: 0}},
+      ...(withHover ? {hovertext: hover, hovertemplate: "%{hovertext}<extra></extra>"}
+        : {hovertemplate: "step %{y} \u00b7 position %{x}<br>confidence %{z:.3f}<extra></extra>"}),
+      colorscale: "Viridis", zmin: 0, zmax: 1,
+      xgap: Number(n <= GAP_CELLS), ygap: Number(rows <= GAP_CELLS),
+      colorbar: {title: {text: "conf."}, thickness: 10, len: 0.9, outlinewidth: 0}},
     {type: "scatter", mode: "markers", x: dotsX, y: dotsY, hoverinfo: "skip", name: "accepted at this step",
-      marker: {symbol: "circle", size: 4, color: "rgba(255,255,255,0.85)",
+      marker: {symbol: "circle", size: n * rows <= 64 * 64 ? 4 : 3, color: "rgba(255,255,255,0.85)",
         line: {width: 0.5, color: "rgba(0,0,0,0.6)"}}},
     {type: "scatter", mode: "markers", x: meltX, y: meltY, hoverinfo: "skip", name: "re-melted at this step",
       marker: {symbol: "x", size: 7, color: REMELT_COLOUR}},
