@@ -34,7 +34,7 @@ INSTRUCTION_DEFAULT_PROMPT = "Explain in three sentences how a diffusion languag
 PACKAGE_DIR = Path(__file__).resolve().parent
 ASSETS_DIR = PACKAGE_DIR.parent / "assets"
 EXAMPLES_PATH = ASSETS_DIR / "examples.json"
-EXPLAINER_PATH = PACKAGE_DIR / "explainer.md"
+EXPLAINER_PATH = ASSETS_DIR / "text" / "explainer.md"
 
 
 class PlaygroundBlocks(gr.Blocks):

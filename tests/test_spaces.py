@@ -135,7 +135,8 @@ def test_space_folder_is_self_contained(spaces_dir, name):
     code = ("import os, sys; sys.argv = ['space_app.py', '--help']; import space_app, app; "
             "assert os.path.dirname(os.path.abspath(app.__file__)) == os.getcwd(), app.__file__; "
             "from diffgemma_ui.text import PROSE_PATH, prose; prose('chat-intro'); "
-            "assert str(PROSE_PATH).startswith(os.getcwd()), PROSE_PATH; "
+            "from diffgemma_ui.blocks import EXPLAINER_PATH; assert EXPLAINER_PATH.is_file(); "
+            "assert all(str(p).startswith(os.getcwd()) for p in (PROSE_PATH, EXPLAINER_PATH)), PROSE_PATH; "
             "print(os.environ.get('DIFFGEMMA_MODEL', '-')); app.main(['--help'])")
     done = subprocess.run([sys.executable, "-c", code], cwd=folder, env={**env, "PYTHONPATH": ""},
                           capture_output=True, text=True, timeout=120)
