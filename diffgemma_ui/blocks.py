@@ -25,18 +25,16 @@ from .runs import DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, ClosedSessionDropper
 from .session import SessionState
 from .step_through import StepThroughHandlers, build_step_controls, wire_step_through
 from .tab import API_SETTINGS, PRIVATE, checked, refusal_box, register_api, setting_control, setting_params
-from .text import escape_html
+from .text import escape_html, prose
 from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, SETTING_NAMES
 from .zerogpu import make_playground, weight_bytes
 
 DEFAULT_PROMPT = "Tell me what happened after the flood."
 INSTRUCTION_DEFAULT_PROMPT = "Explain in three sentences how a diffusion language model writes text."
-RAW_INFO = ("chat: your text stays text, even <end_of_turn>; raw: special tokens you type (<bos>, <start_of_turn>) "
-            "are read as control tokens, on purpose")
 PACKAGE_DIR = Path(__file__).resolve().parent
 ASSETS_DIR = PACKAGE_DIR.parent / "assets"
 EXAMPLES_PATH = ASSETS_DIR / "examples.json"
-EXPLAINER_PATH = PACKAGE_DIR / "explainer.md"
+EXPLAINER_PATH = ASSETS_DIR / "text" / "explainer.md"
 
 
 class PlaygroundBlocks(gr.Blocks):
@@ -117,7 +115,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                             placeholder="Type a prompt, or pick an example", value=default_prompt,
                         )
                         raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)",
-                                          value=False, elem_id="dg-raw", info=RAW_INFO)
+                                          value=False, elem_id="dg-raw", info=prose("raw-info"))
                         thinking = gr.Checkbox(label="Think first (the answer follows a thought, shown apart)",
                                                value=False, visible=engine.supports_thinking, elem_id="dg-thinking")
                         with gr.Row(elem_id="dg-buttons"):
@@ -156,8 +154,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                         thought = gr.HTML("", elem_id="dg-thought")
                         text = gr.Textbox(label="Generated text", lines=3, max_lines=12, interactive=False,
                                           buttons=["copy"], elem_id="dg-text",
-                                          placeholder="The committed text appears here, block by block (special tokens "
-                                                      "such as end-of-turn are not shown).")
+                                          placeholder=prose("text-placeholder"))
                         block = gr.Slider(1, 2, value=1, step=1, label="Block to plot", visible=False,
                                           elem_id="dg-block")
                         heatmap = gr.Plot(start.heatmap, show_label=False, elem_id="dg-heatmap")
@@ -235,25 +232,11 @@ def register_apis(playground, race: RaceTab, chat: ChatTab, infill: InfillTab, k
                    *setting_params(rec), seed]
     infill_params = [("template", str, required), ("context", str, ""), *setting_params(rec, API_SETTINGS[1:]), seed]
     for name, handler, params, returns, doc in (
-        ("generate", playground.generate_api_served, run, tuple[str, dict], GENERATE_DOC),
+        ("generate", playground.generate_api_served, run, tuple[str, dict], prose("api-generate")),
         ("race", race.race_api, [*run, ("ar_temperature", float, 0.0), ("order", str, "alternate")],
-         tuple[str, str, dict], RACE_DOC),
-        ("chat", chat.chat_api, chat_params, tuple[str, dict], CHAT_DOC),
-        ("infill", infill.infill_api, infill_params, tuple[str, dict], INFILL_DOC),
-        ("export", keep.export_served, run, dict, EXPORT_DOC),
+         tuple[str, str, dict], prose("api-race")),
+        ("chat", chat.chat_api, chat_params, tuple[str, dict], prose("api-chat")),
+        ("infill", infill.infill_api, infill_params, tuple[str, dict], prose("api-infill")),
+        ("export", keep.export_served, run, dict, prose("api-export")),
     ):
         register_api(name, handler, params, returns, doc)
-
-
-GENERATE_DOC = "Generate text for a prompt; returns (text, summary). seed -1 draws a random seed."
-RACE_DOC = ("Race block diffusion against autoregressive decoding; returns (diffusion text, autoregressive text,\n"
-            "        summary). seed -1 draws a random seed; ar_temperature 0 is greedy; order: alternate, diffusion "
-            "first or autoregressive first.")
-CHAT_DOC = ("Answer a message after a history (JSON text of [{\"role\": \"user\" | \"assistant\", \"content\": "
-            "...}, ...]); returns (answer, summary), the summary holding the turn's report and the history "
-            "with this turn. seed -1 draws a random seed; thinking only where the chat template has a "
-            "thinking mode.")
-INFILL_DOC = ("Fill a template's blanks ([___] one token, [___ 12] twelve) inside one canvas, its other text kept "
-              "fixed; returns (filled text, summary with fills and blank positions). seed -1 draws a random "
-              "seed.")
-EXPORT_DOC = "Generate text for a prompt and return the run's trace (docs/trace.md). seed -1 draws a random seed."

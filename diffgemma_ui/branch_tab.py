@@ -16,11 +16,7 @@ from .canvas_view import block_html
 from .handlers import Job
 from .runs import session_key
 from .tab import PRIVATE, describe_error, refusal_html
-from .text import escape_html
-
-BRANCH_HELP = ("Pick a forward of the last run or of an uploaded trace. Its accepted tokens are the branch's start; "
-               "click a token to pin it (a noisy one: the model's guess there), or type `position=word` (`12= the`; "
-               "several with `;`). An empty seed keeps the run's seed, -1 draws one.")
+from .text import escape_html, prose
 
 
 @dataclass(frozen=True)
@@ -63,7 +59,7 @@ class BranchTab:
     def build(self, session) -> None:
         """Create and wire the controls (an accordion, closed) in the current Blocks context."""
         with gr.Accordion("Branch from a step", open=False, elem_id="dg-branch") as accordion:
-            gr.Markdown(BRANCH_HELP)
+            gr.Markdown(prose("branch-help"))
             forward = gr.Slider(1, 2, value=1, step=1, label="Branch from decoder forward", elem_id="dg-branch-step")
             start = gr.HTML("", elem_id="dg-branch-from")
             with gr.Row():

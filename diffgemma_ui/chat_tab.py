@@ -22,22 +22,15 @@ from .runs import RunWorker, session_key
 from .session import SessionState
 from .tab import (PRIVATE, PlotClock, TabState, api_run, buttons, checked, empty_plots, live_plots, live_run,
                   refusal_box, refusing, setting_control, user_error, wire_stop)
-from .text import escape_html, plain_text
+from .text import escape_html, plain_text, prose
 from .validation import MAX_PROMPT_CHARS, build_settings, check_flag, check_prompt, check_ui_seed, preset_values
 
 MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text
 CHAT_MAX_NEW_TOKENS = 128  # the default answer budget
-INTRO = ("A conversation through the checkpoint's chat template. Each answer is denoised on the canvas; from the "
-         "second turn on, the encoder reuses the cache of the earlier turns and only encodes what is new (the note "
-         "above the meter says how much). The conversation stays in this browser tab's session.")
 IDLE_METER_NOTE = "engine clock \u00b7 press Send to start"
-STOPPED_NOTE = ('<div class="dg-chat-reuse" data-state="stopped">Stopped: this turn was not added to the '
-                "conversation.</div>")
-EMPTY_CHAT_HTML = ('<div class="dg-chat-history dg-empty" data-turns="0"><p>Write a message and press <b>Send</b>: '
-                   "each answer is denoised on the canvas beside the conversation (below it on a phone), and later "
-                   "turns reuse the encoder cache of earlier ones.</p></div>")
-IDLE_REUSE_HTML = ('<div class="dg-chat-reuse" data-state="idle">Cache reuse: the first turn encodes its whole '
-                   "prompt; each later turn encodes only what is new.</div>")
+STOPPED_NOTE = f'<div class="dg-chat-reuse" data-state="stopped">{prose("chat-stopped")}</div>'
+EMPTY_CHAT_HTML = f'<div class="dg-chat-history dg-empty" data-turns="0"><p>{prose("chat-empty")}</p></div>'
+IDLE_REUSE_HTML = f'<div class="dg-chat-reuse" data-state="idle">{prose("chat-reuse-idle")}</div>'
 ROLE_LABELS = {"system": "System", "user": "You", "assistant": "Model"}
 
 
@@ -299,7 +292,7 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
     """The Chat tab's components and events in the current `gr.Tab`; `example_messages` under the message box."""
     engine = chat.engine
     state = gr.State(ChatState())
-    gr.Markdown(INTRO, elem_id="dg-chat-intro")
+    gr.Markdown(prose("chat-intro"), elem_id="dg-chat-intro")
     with gr.Row(equal_height=False, elem_id="dg-chat-main"):
         with gr.Column(min_width=0, elem_id="dg-chat-left"):
             history = gr.HTML(EMPTY_CHAT_HTML, elem_id="dg-chat-history")

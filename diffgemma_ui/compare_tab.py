@@ -17,7 +17,7 @@ from .meter import REFUSED_NOTICE, meter_html
 from .runs import STOP_WAIT_S, session_key
 from .tab import (PRIVATE, TabState, checked, describe_error, live_run, refusal_box, setting_control, user_error,
                   wire_stop)
-from .text import escape_html, plain_text
+from .text import escape_html, plain_text, prose
 
 POLL_S = 0.5  # how often a running side redraws
 PIPELINE_POLL_S = 0.05
@@ -25,11 +25,6 @@ ENGINE_SAMPLER = "engine: entropy bound (transformers)"
 DIFFUSERS_PREFIX = "diffusers: "
 SIDES = ("A", "B")
 DEFAULT_SIDES = {"A": "recommended", "B": "fast"}
-INTRO = (
-    "One prompt, one seed, two settings: **A** runs to the end, then **B** (never both at once, so neither slows the "
-    "other). Compare the decoder forwards each needed, tokens per forward, tokens/s, the texts and the confidence "
-    "heatmaps of their first canvas."
-)
 IDLE_NOTE = "engine clock \u00b7 press Compare A and B to start"
 NOT_RUN = "not run"  # a side's state when Stop came before its turn
 NOT_RUN_NOTE = "not run: Stop came before this side's turn \u00b7 press Compare A and B to run both"
@@ -179,7 +174,7 @@ class CompareHandlers:
 def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
     """The Compare tab's components and events in the current `gr.Tab`."""
     rec = compare.engine.recommended
-    gr.Markdown(INTRO)
+    gr.Markdown(prose("compare-intro"))
     with gr.Row(equal_height=False):
         prompt = gr.Textbox(label="Prompt", value=default_prompt, lines=2, max_lines=6, scale=3,
                             elem_id="dg-compare-prompt")

@@ -19,20 +19,12 @@ from .meter import meter_html, run_meter_html
 from .runs import RunWorker, session_key
 from .tab import (API_SETTINGS, PRIVATE, PlotClock, TabState, api_run, buttons, checked, live_plots, live_run,
                   refusal_box, refusing, setting_control, user_error, wire_stop)
-from .text import escape_html, plain_text
+from .text import escape_html, plain_text, prose
 from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, check_ui_seed, preset_values
 
-SYNTAX = ("Write a text with **blanks**: `[___]` is one token, `[___ 12]` twelve (1 to the canvas length). Everything "
-          "else is fixed text: it is placed in the canvas from the first step and never renoised (marked on the "
-          "canvas), while the decoder denoises only the blanks. The whole template must fit one canvas "
-          "({canvas} tokens); special-token text you type stays plain text.")
 EMBEDDED_TEMPLATE = "In the beginning God created the [___ 2] and the [___ 3]. And the earth was without [___ 2]."
 INSTRUCTION_TEMPLATE = "The capital of France is [___ 2], and the capital of Italy is [___ 2]."
-IDLE_METER_NOTE = ("engine clock \u00b7 press Fill to start \u00b7 tokens, tokens/s and tokens/forward count the "
-                   "blanks the model filled, not the fixed text")
-EMPTY_INFILL_HTML = ('<div class="dg-canvas dg-empty" data-forward="-1"><p>Write a template with blanks and press '
-                     "<b>Fill</b>: the template's own text is placed in the canvas and stays fixed while the blanks "
-                     "denoise.</p></div>")
+EMPTY_INFILL_HTML = f'<div class="dg-canvas dg-empty" data-forward="-1"><p>{prose("infill-empty")}</p></div>'
 FIXED_LEGEND_HTML = ('<div class="dg-legend dg-infill-legend" aria-hidden="true">'
                      '<span class="dg-chip dg-accepted dg-fixed">the</span><span>fixed by the template (given at '
                      "every step, never renoised)</span><span>other chips: the blanks being denoised</span></div>")
@@ -155,7 +147,7 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
     """The Infill tab's components and events in the current `gr.Tab`."""
     engine = infill.engine
     state = gr.State(InfillState())
-    gr.Markdown(SYNTAX.format(canvas=engine.canvas_length), elem_id="dg-infill-syntax")
+    gr.Markdown(prose("infill-syntax").format(canvas=engine.canvas_length), elem_id="dg-infill-syntax")
     with gr.Row(equal_height=False, elem_id="dg-infill-main"):
         with gr.Column(min_width=0, elem_id="dg-infill-left"):
             template = gr.Textbox(label="Template", value=default_template, lines=4, max_lines=10,
@@ -180,7 +172,7 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
             text = gr.Textbox(label="Filled text", lines=2, max_lines=8, interactive=False, buttons=["copy"],
                               elem_id="dg-infill-text")
         with gr.Column(min_width=0, elem_id="dg-infill-output"):
-            meter = gr.HTML(meter_html(None, note=IDLE_METER_NOTE), elem_id="dg-infill-meter")
+            meter = gr.HTML(meter_html(None, note=prose("infill-idle-meter")), elem_id="dg-infill-meter")
             canvas = gr.HTML(EMPTY_INFILL_HTML, elem_id="dg-infill-canvas", elem_classes=["dg-canvas-card"])
             with gr.Accordion("Plots of the blank positions", open=True, elem_id="dg-infill-plots"):
                 heatmap, order, entropy = live_plots("infill")

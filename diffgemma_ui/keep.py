@@ -24,7 +24,7 @@ from .meter import meter_html
 from .runs import RunSnapshot
 from .session import SessionState
 from .tab import PRIVATE, api_run, guard_stream, refusing, shown_refusal, user_error
-from .text import plain_text
+from .text import plain_text, prose
 
 MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # bytes per canvas position per decoder forward
 PLAY_INTERVAL_S = 0.25
@@ -211,13 +211,6 @@ class KeepHandlers:
         return trace.to_dict()
 
 
-KEEP_HELP = (
-    "After each run: its **trace** (JSON: settings, seed, prompt, every decoder forward; see `docs/trace.md`) and an "
-    "**offline replay** (one HTML file that plays the run with no model and no network). Upload a trace to replay "
-    "it here without running the model."
-)
-
-
 @dataclass
 class KeepControls:
     trace_button: gr.DownloadButton
@@ -230,7 +223,7 @@ class KeepControls:
 def build_keep_controls() -> KeepControls:
     """The keep controls in an accordion, closed, in the current Blocks context."""
     with gr.Accordion("Keep or replay a run", open=False, elem_id="dg-keep"):
-        gr.Markdown(KEEP_HELP)
+        gr.Markdown(prose("keep-help"))
         with gr.Row():
             trace_button = gr.DownloadButton("Download trace (JSON)", interactive=False, elem_id="dg-download-trace")
             html_button = gr.DownloadButton("Download offline replay (HTML)", interactive=False,

@@ -7,7 +7,7 @@ import math
 from engine import Frame
 
 from .canvas_view import STOP_REASONS
-from .text import escape_html
+from .text import escape_html, prose
 
 
 def _finite(value) -> float | None:
@@ -32,8 +32,6 @@ def format_count(value: float, digits: int = 1) -> str:
     return format_number(value, digits)
 
 
-RATE_NOTE = ("tokens/s and tokens/forward: committed blocks only (their tokens \u00f7 the engine time and forwards "
-             "they took)")
 
 
 def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[str, str]:
@@ -115,7 +113,7 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
                   f" \u00b7 seed {escape_html(str(frame.seed))} \u00b7 prompt {frame.prompt_tokens:,} "
                   f"token{'' if frame.prompt_tokens == 1 else 's'} \u00b7 "
                   f"{frame.forward_index + 1:,} forward{'' if frame.forward_index == 0 else 's'}"
-                  f' <span class="dg-rate-note">{escape_html(RATE_NOTE)}</span></div>')
+                  f' <span class="dg-rate-note">{escape_html(prose("rate-note"))}</span></div>')
     short = short_answer_note(frame) if frame is not None else ""
     if short:
         footer += f'<div class="dg-meter-note dg-short-answer">{escape_html(short)}</div>'

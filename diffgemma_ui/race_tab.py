@@ -22,7 +22,7 @@ from .meter import format_number, stat_cards_html
 from .runs import RunWorker, pushed, session_key
 from .tab import (PRIVATE, TabState, api_run, buttons, checked, live_run, refusal_box, refusing, setting_control,
                   user_error, wire_stop)
-from .text import escape_html, plain_text
+from .text import escape_html, plain_text, prose
 from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, preset_values
 
 DEFAULT_RACE_PROMPT = "Tell me what happened after the flood."
@@ -33,11 +33,6 @@ TITLES = {"diffusion": "Block diffusion", "autoregressive": "Autoregressive"}
 SUBTITLES = {"diffusion": "canvas by canvas", "autoregressive": "token by token"}
 FIGURES = ("tokens/s", "tokens/forward", "forwards", "first token", "time", "tokens")
 WAITING_TEXT = {1: "runs first", 2: "waits its turn: it runs after the other side"}
-RULES_BEFORE_A_RACE = (
-    "The same prompt runs through block diffusion and through token-by-token autoregressive decoding, one after "
-    "the other (never at once), each after a warm-up; then both are replayed side by side on the engine's clock. "
-    "Both sides stop at their first end-of-sequence token within the same token budget."
-)
 FAULT_TEXT = {  # `SideResult.faults` in words
     "punctuation": "is mostly punctuation ({:.0%} of its visible tokens have no letter or digit)",
     "repetition": f"repeats itself ({{:.0%}} of its tokens repeat an earlier run of {REPEAT_N})",
@@ -430,16 +425,13 @@ def explanation(result: RaceResult) -> str:
         alone = " on speed alone" if any(verdict["faults"].values()) else ""
         why = f"{winner}{alone}: {costs}"
     if verdict["bound"] == "memory":
-        device_note = ("On a GPU at batch size 1 both kinds of forward are bound by reading the weights from memory, "
-                       "so a forward that commits several tokens should win; the bandwidth bound below is that floor.")
+        device_note = prose("race-memory-bound")
         if d.bandwidth_bound_s_per_forward and a.bandwidth_bound_s_per_forward:
             device_note += (f" Bandwidth bound: {d.bandwidth_bound_s_per_forward * 1000:.3f} ms per canvas forward, "
                             f"{a.bandwidth_bound_s_per_forward * 1000:.3f} ms per autoregressive forward.")
     else:
-        device_note = (f"On a {result.device.split(':')[0].upper()} a forward's cost grows with the positions it "
-                       f"computes (compute-bound): a canvas forward computes {result.canvas_length} positions, an "
-                       "autoregressive forward one, so diffusion wins only when it commits more tokens per forward "
-                       "than that cost ratio.")
+        device_note = prose("race-compute-bound").format(device=result.device.split(":")[0].upper(),
+                                                          canvas=result.canvas_length)
     return f"{why} {per_token} {device_note}"
 
 
@@ -448,17 +440,16 @@ def lengths_text(result: RaceResult) -> str:
     d, a = result.diffusion, result.autoregressive
     if d is None or a is None or min(d.tokens, a.tokens) == 0 or max(d.tokens, a.tokens) < 2 * min(d.tokens, a.tokens):
         return ""
-    return (f"The answers differ in length: diffusion wrote {d.tokens} tokens "
-            f"({STOP_REASONS.get(d.stop_reason, d.stop_reason)}), autoregressive {a.tokens} "
-            f"({STOP_REASONS.get(a.stop_reason, a.stop_reason)}). The speedup compares tokens per second, not the "
-            "time to an answer of the same length.")
+    return prose("race-lengths").format(diffusion_tokens=d.tokens, diffusion_stop=STOP_REASONS.get(d.stop_reason,
+                                        d.stop_reason), autoregressive_tokens=a.tokens,
+                                        autoregressive_stop=STOP_REASONS.get(a.stop_reason, a.stop_reason))
 
 
 def result_html(result: RaceResult | None) -> str:
     """The result card (None: the rules only); carries `data-speedup` and `data-faults` (faulted sides)."""
     if result is None:
         return ('<div class="dg-race-result" data-state="idle"><p class="dg-race-rules">'
-                f'{escape_html(RULES_BEFORE_A_RACE)}</p></div>')
+                f'{escape_html(prose("race-rules"))}</p></div>')
     speedup = "" if result.speedup is None else f"{result.speedup:.6g}"
     lengths = lengths_text(result)
     lengths = f'<p class="dg-race-lengths">{escape_html(lengths)}</p>' if lengths else ""

@@ -15,6 +15,7 @@ from .handlers import initial_outputs
 from .runs import RunRecord
 from .session import SessionState
 from .tab import PRIVATE, PlotClock, guard_stream, shown_refusal, user_error
+from .text import prose
 
 NEW_OUTLINE = "#E69F00"  # the plots' accepted colour (Okabe-Ito orange)
 
@@ -154,9 +155,7 @@ def build_step_controls() -> StepControls:
         next_step = gr.Button("Next step", elem_id="dg-next-step", size="sm", scale=1)
         run_to_end = gr.Button("Run to end", elem_id="dg-run-to-end", size="sm", scale=1)
         replay = gr.Button("\u25b6 Replay", elem_id="dg-replay-run", size="sm", scale=1, interactive=False)
-    note = gr.Markdown("Step through a run: **Next step** runs one decoder forward (from the prompt and settings "
-                       "above), **Run to end** the rest. **Replay** plays the last run back slowly, one forward "
-                       "at a time.", elem_id="dg-step-note")
+    note = gr.Markdown(prose("step-note"), elem_id="dg-step-note")
     return StepControls(next_step, run_to_end, replay, note)
 
 

@@ -1,10 +1,13 @@
-"""Making raw model strings safe and visible: the one place token text is escaped for HTML and Plotly."""
+"""Making raw model strings safe and visible (the one place token text is escaped for HTML and Plotly), and the
+page's own prose, read from `assets/text/page.md`."""
 
 from __future__ import annotations
 
 import functools
 import html
+import re
 import unicodedata
+from pathlib import Path
 
 # Whitespace shown as visible marks (the chip keeps the token's shape without invisible characters).
 _VISIBLE = {
@@ -18,6 +21,29 @@ _SHOW_AS_CODE = {0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029, 0x2060,
 _SHOW_AS_CODE.update(range(0x202A, 0x202F))
 _SHOW_AS_CODE.update(range(0x2066, 0x206A))
 EMPTY_TOKEN = "\u2205"  # empty set: a token that decodes to nothing
+PROSE_PATH = Path(__file__).resolve().parent.parent / "assets" / "text" / "page.md"
+
+
+@functools.cache
+def _prose_sections() -> dict[str, str]:
+    sections, name = {}, None
+    for line in PROSE_PATH.read_text(encoding="utf-8").splitlines():
+        marker = re.fullmatch(r"<!-- (\S+) -->", line)
+        if marker:
+            name = marker.group(1)
+            sections[name] = []
+        elif line.startswith("#"):
+            name = None
+        elif name is not None:
+            sections[name].append(line)
+    return {key: "\n\n".join(" ".join(part.split("\n")) for part in "\n".join(lines).strip().split("\n\n"))
+            for key, lines in sections.items()}
+
+
+def prose(name: str) -> str:
+    """The page text `name` of `PROSE_PATH` (from its `<!-- name -->` line to the next marker or heading; wrapped
+    lines joined by spaces, paragraphs by a blank line), `{fields}` left to the caller. KeyError: no such section."""
+    return _prose_sections()[name]
 
 
 @functools.lru_cache(maxsize=65536)

@@ -128,11 +128,15 @@ def test_space_requirements_fit_the_target(spaces_dir, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["cpu", "zerogpu"])  # the gpu folder differs from zerogpu's only in its files' text
 def test_space_folder_is_self_contained(spaces_dir, name):
-    """The folder's entry point imports the app from the folder itself, with the target's environment defaults."""
+    """The folder's entry point imports the app and its page text from the folder itself, with the target's
+    environment defaults."""
     folder = spaces_dir / name
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DIFFGEMMA_", "SPACES_"))}
     code = ("import os, sys; sys.argv = ['space_app.py', '--help']; import space_app, app; "
             "assert os.path.dirname(os.path.abspath(app.__file__)) == os.getcwd(), app.__file__; "
+            "from diffgemma_ui.text import PROSE_PATH, prose; prose('chat-intro'); "
+            "from diffgemma_ui.blocks import EXPLAINER_PATH; assert EXPLAINER_PATH.is_file(); "
+            "assert all(str(p).startswith(os.getcwd()) for p in (PROSE_PATH, EXPLAINER_PATH)), PROSE_PATH; "
             "print(os.environ.get('DIFFGEMMA_MODEL', '-')); app.main(['--help'])")
     done = subprocess.run([sys.executable, "-c", code], cwd=folder, env={**env, "PYTHONPATH": ""},
                           capture_output=True, text=True, timeout=120)

@@ -9,11 +9,12 @@ import math
 import re
 import threading
 import time
+from pathlib import Path
 
 import gradio as gr
 import pytest
 
-from diffgemma_ui import canvas_view, meter, plots
+from diffgemma_ui import canvas_view, meter, plots, text
 from diffgemma_ui.handlers import Playground, status_text
 from diffgemma_ui.runs import RunRecord, RunTimeLimitExceeded, RunWorker, default_live_rate
 from diffgemma_ui.session import SessionState
@@ -28,6 +29,8 @@ from diffgemma_ui.validation import (
 )
 from engine import DiffusionSettings, Frame
 from synthetic import parse_html, synthetic_frame
+
+REPO = Path(__file__).resolve().parents[1]
 
 HOSTILE = [
     "<script>alert(1)</script>",
@@ -785,3 +788,28 @@ def test_live_plots_of_a_large_heatmap_come_less_often():
     big = PlotClock(cells=256 * 128)  # a real-checkpoint block of 128 steps
     assert big.interval == pytest.approx(4 * PLOT_INTERVAL_S)
     assert big.due(1) and not big.due(1) and big.due(2)  # a new block still plots at once
+
+
+def test_prose_sections_join_wrapped_lines_and_end_at_a_heading(tmp_path, monkeypatch):
+    page = tmp_path / "page.md"
+    page.write_text("# Title\nintro\n\n<!-- one -->\nwrapped\nline {x}\n\nnext paragraph\n\n## Tab\n\nnot part\n"
+                    "<!-- two -->\nlast\n", encoding="utf-8")
+    monkeypatch.setattr(text, "PROSE_PATH", page)
+    text._prose_sections.cache_clear()
+    try:
+        assert text.prose("one") == "wrapped line {x}\n\nnext paragraph"
+        assert text.prose("two") == "last"
+        with pytest.raises(KeyError):
+            text.prose("Title")
+    finally:
+        text._prose_sections.cache_clear()
+
+
+def test_every_prose_name_the_code_asks_for_is_in_the_page_text():
+    names = set()
+    for path in (REPO / "diffgemma_ui").glob("*.py"):
+        names.update(re.findall(r'prose\("([^"]+)"\)', path.read_text(encoding="utf-8")))
+    assert len(names) >= 20
+    for name in sorted(names):
+        assert text.prose(name).strip(), name
+
