@@ -23,6 +23,7 @@ FrameSource = Callable[[threading.Event], Iterator[Frame]]
 DEFAULT_MAX_FPS = 15.0
 LIVE_POSITIONS_PER_SECOND = 3840.0  # chips a browser redraws per second at most (docs/design.md)
 DEFAULT_READER_BUDGET = 0.05  # the most share of wall time the live view may take
+MAX_LIVE_GAP_S = 2.0  # a slow reader still renders at least this often
 STOP_GRACE_S = 2.0  # after Stop, frames already on their way are read this long
 LOG = logging.getLogger(__name__)
 
@@ -243,8 +244,8 @@ class RunWorker:
 
     def updates(self, max_fps: float = DEFAULT_MAX_FPS, poll_s: float = 0.2,
                 reader_budget: float | None = DEFAULT_READER_BUDGET) -> Iterator[RunSnapshot]:
-        """Coalesced snapshots, at most `max_fps` a second and the reader's time / `reader_budget` apart; the first
-        and the final never held back."""
+        """Coalesced snapshots, at most `max_fps` a second and the reader's time / `reader_budget` apart (at most
+        `MAX_LIVE_GAP_S`); the first and the final never held back."""
         interval = 1.0 / max_fps if max_fps and max_fps > 0 else 0.0
         seen = -1
         next_allowed = 0.0
@@ -273,7 +274,7 @@ class RunWorker:
                 continue
             spent = now - yielded_at
             reader_s = spent if reader_s is None else 0.7 * reader_s + 0.3 * spent
-            gap = max(interval, reader_s / reader_budget) if reader_budget else interval
+            gap = min(MAX_LIVE_GAP_S, max(interval, reader_s / reader_budget)) if reader_budget else interval
             next_allowed = yielded_at + gap
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> RunSnapshot:

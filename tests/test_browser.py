@@ -98,7 +98,7 @@ def test_stop_button_and_phone_width(browser, served_app):
     # the meter answers the click within a moment (the page marks it), before the server's final view replaces it
     try:
         page.wait_for_function("['stopping', 'done'].includes("
-                               "document.querySelector('#dg-meter .dg-meter').dataset.state)", timeout=1_500)
+                               "document.querySelector('#dg-meter .dg-meter').dataset.state)", timeout=4_000)
     except Exception:  # noqa: BLE001 - report what the page went through
         pytest.fail(f"the meter did not answer Stop: states seen {page.evaluate('window.__meterStates')}, "
                     f"Stop enabled: {page.locator('#dg-stop').is_enabled()}, scrollY {page.evaluate('window.scrollY')}")

@@ -16,7 +16,7 @@ import pytest
 
 from diffgemma_ui import canvas_view, meter, plots, text
 from diffgemma_ui.handlers import Playground, status_text
-from diffgemma_ui.runs import RunRecord, RunTimeLimitExceeded, RunWorker, default_live_rate
+from diffgemma_ui.runs import MAX_LIVE_GAP_S, RunRecord, RunTimeLimitExceeded, RunWorker, default_live_rate
 from diffgemma_ui.session import SessionState
 from diffgemma_ui.text import escape_html, escape_plotly, token_html, visible_token
 from diffgemma_ui.validation import (
@@ -442,6 +442,18 @@ def test_worker_stretches_the_gap_so_a_slow_reader_keeps_to_its_budget():
     assert first_frame_at < 0.1  # the first frame is never held back
     unlimited, _, _ = read(None)
     assert len(unlimited) > 3 * len(snaps)
+
+
+@pytest.mark.slow
+def test_a_reader_slowed_by_a_busy_machine_still_renders_every_few_seconds():
+    worker = RunWorker(fake_source(120, delay=0.05)).start()  # a 6 s run
+    start, times = time.monotonic(), []
+    for snap in worker.updates(max_fps=1000, reader_budget=0.05):
+        times.append(time.monotonic() - start)
+        time.sleep(0.5)  # 0.5 s per render: the budget alone would hold the next one 10 s
+    assert snap.finished and snap.frames_seen == 120
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(times) >= 4 and max(gaps) < MAX_LIVE_GAP_S + 0.5 + 0.3, times
 
 
 def test_worker_renders_every_frame_when_slow_and_reports_errors():
