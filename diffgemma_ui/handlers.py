@@ -272,7 +272,8 @@ class Playground:
             session.end_stream(worker)
 
     def stop(self, session: SessionState) -> tuple:
-        """The Stop button: stop the session's run and render its final view (a queued run left the queue)."""
+        """The Stop button: stop the session's run and, once its stream has ended (Gradio cancels or advances it),
+        render its final view (a queued run left the queue)."""
         if session is None:
             return initial_outputs().as_tuple()
         _, worker = session.withdraw()
@@ -284,6 +285,7 @@ class Playground:
                                        heatmap=gr.skip(), order=gr.skip(), entropy=gr.skip(), block=gr.skip(),
                                        meter=meter_html(None, note="left the queue: nothing ran")).as_tuple()
         worker.join(STOP_WAIT_S)
+        session.wait_for_stream(STOP_WAIT_S)  # so nothing the stream sends can arrive after this final view
         snap = worker.snapshot()
         session.snapshot = snap
         final = self.render(session, snap, final=True, plots_due=True)

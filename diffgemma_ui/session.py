@@ -61,9 +61,13 @@ class SessionState:
         return True
 
     def end_stream(self, worker: RunWorker) -> None:
-        """The stream of `worker` has ended: a waiting `begin` may go on."""
+        """The stream of `worker` has ended: a waiting `begin` or `wait_for_stream` may go on."""
         if self.worker is worker:
             self._stream_done.set()
+
+    def wait_for_stream(self, timeout: float) -> bool:
+        """Wait at most `timeout` seconds for the session's stream to end; returns whether it has."""
+        return self._stream_done.wait(timeout)
 
     @property
     def run_in_progress(self) -> bool:

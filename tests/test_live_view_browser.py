@@ -48,7 +48,7 @@ def test_the_live_block_stays_in_view(browser, served_app, width, height):
     page.evaluate("() => { const stop = document.querySelector('#dg-stop'); if (!stop.disabled) stop.click(); }")
     try:
         page.wait_for_selector(".dg-meter[data-state='done']", timeout=30_000)
-    except Exception as error:  # say where the page stood (seen once in a full run, not reproduced alone)
+    except Exception as error:  # say where the page stood
         raise AssertionError(f"no final view 30 s after Stop: meter {page.inner_html('#dg-meter')[:2000]!r}; "
                              f"problems {problems}") from error
     assert not problems, problems

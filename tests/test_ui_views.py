@@ -615,15 +615,26 @@ def test_before_its_first_frame_a_run_says_it_is_starting_not_idle():
     assert session.worker.join(5)
 
 
+def stopped_while_read(playground: Playground, session: SessionState, stream) -> tuple[tuple, list]:
+    """Stop pressed while `stream` is read in a thread, as Gradio reads it: (Stop's view, what the stream sent);
+    asserts the stream had ended by the time Stop's view came back."""
+    sent: list = []
+    reader = threading.Thread(target=lambda: sent.extend(stream), daemon=True)
+    reader.start()
+    final = playground.stop(session)
+    assert not reader.is_alive(), "Stop's final view came back while the stream could still send"
+    return final, sent
+
+
 def test_generate_stream_stop_button_and_bad_input():
     playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
     session = SessionState()
     stream = playground.generate_stream(session, *ARGS)
     next(stream)
-    final = playground.stop(session)  # Stop renders the final view itself (the page cancels the stream)
+    final, sent = stopped_while_read(playground, session, stream)  # Stop renders the final view itself
     assert "Stopped" in final[1] and "stopped" in final[2]
     assert final[8]["interactive"] is True and final[9]["interactive"] is False  # Generate on, Stop off
-    assert list(stream) == []  # the stopped stream sends nothing after Stop's view
+    assert all('data-state="running"' in view[2] for view in sent)  # the stream itself never renders a final view
     assert not session.worker.running
     with pytest.raises(gr.Error, match="t_min must be below t_max"):
         next(playground.generate_stream(SessionState(), "hi", True, 64, 8, 0.5, 0.9, 0.8, 1, 0.05, True, 3))
@@ -650,14 +661,43 @@ def test_one_run_per_session_whatever_starts_it():
     second = playground.generate_stream(session, *ARGS, second_ticket)
     view = next(second)
     assert session.worker is not first_worker and view[8]["interactive"] is False  # Generate off while it runs
-    final = playground.stop(session)
-    assert "Stopped" in final[1] and list(second) == [] and playground.registry.active() == 0
+    final, _ = stopped_while_read(playground, session, second)
+    assert "Stopped" in final[1] and playground.registry.active() == 0
 
     queued_ticket, queued_meter, *_ = playground.request_run(session, *ARGS)
     assert "Replaced" not in queued_meter  # nothing was running
     left = playground.stop(session)  # Stop while the request waits in the queue
     assert "left the queue" in left[2] and left[8]["interactive"] is True
     assert list(playground.generate_stream(session, *ARGS, queued_ticket)) == []  # it never starts
+
+
+def test_stop_sends_its_final_view_after_a_live_view_the_stream_was_still_making():
+    """A live view being made when Stop is pressed reaches the page before Stop's final view, never after it
+    (the page would show a running meter after the run ended)."""
+    playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
+    session = SessionState()
+    render, making, order = playground.render, threading.Event(), []
+
+    def slow_live_render(state, snap, **options):
+        if not options["final"] and snap.frames_seen >= 3 and not making.is_set():
+            making.set()
+            time.sleep(0.5)  # a busy machine: Stop is pressed meanwhile
+        return render(state, snap, **options)
+
+    playground.render = slow_live_render
+    stream = playground.generate_stream(session, *ARGS)
+    def read():
+        for view in stream:
+            order.append(("stream", view[2]))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert making.wait(10)
+    final = playground.stop(session)
+    order.append(("stop", final[2]))
+    reader.join(10)
+    assert [who for who, _ in order][-1] == "stop" and 'data-state="done"' in order[-1][1]
+    assert order[-2][0] == "stream" and 'data-state="running"' in order[-2][1]  # the view it was making
 
 
 def test_a_refused_request_marks_only_a_finished_previous_run():
@@ -668,8 +708,7 @@ def test_a_refused_request_marks_only_a_finished_previous_run():
     stream = playground.generate_stream(session, *ARGS, ticket)
     next(stream), next(stream)
     assert isinstance(playground.refused(session), type(gr.skip()))  # the run goes on: its frames own the meter
-    playground.stop(session)
-    list(stream)
+    stopped_while_read(playground, session, stream)
     meter = playground.refused(session)
     assert 'data-state="refused"' in meter and "Everything below is from the previous run" in meter
     assert f"seed {session.snapshot.latest.seed}" in meter  # the previous run's own figures stay
