@@ -14,7 +14,7 @@ from .branch_tab import BranchTab
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
 from .chat_tab import ChatTab, build_chat_tab
 from .compare_tab import CompareHandlers, build_compare_tab
-from .deployment import queue_plan
+from .deployment import queue_plan, slow_idle_queue_polling
 from .handlers import initial_outputs
 from .infill_tab import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, InfillTab, build_infill_tab
 from .keep import KeepHandlers, build_keep_controls, wire_keep
@@ -215,6 +215,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
 
     plan = queue_plan(engine.device.type)  # set on every path: Gradio's ZeroGPU default is max_size=1
     app.queue(default_concurrency_limit=plan.concurrency, max_size=plan.max_size)
+    slow_idle_queue_polling(app)
     app.playground = playground
     playground.runs.closed_sessions = ClosedSessionDropper(app)
     app.race, app.chat, app.infill, app.keep = race_tab, chat_tab, infill_tab, keep

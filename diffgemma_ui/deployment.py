@@ -1,5 +1,5 @@
 """How the app is served: the platform as its environment says (Spaces' `SYSTEM`, `SPACE_ID`, `SPACES_ZERO_GPU`,
-`CPU_CORES`), the queue plan, serving threads, glibc's malloc arenas and the listening port."""
+`CPU_CORES`), the queue plan and its idle polling, serving threads, glibc's malloc arenas and the listening port."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 TRUE_WORDS = ("1", "t", "true", "yes", "on")  # as `spaces.config.boolean` reads them
 M_ARENA_MAX = -8  # glibc's malloc.h
 SERVING_ARENAS = 2
+QUEUE_IDLE_POLL_S = 0.01  # how often an idle Gradio queue looks for new events
 
 
 def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -70,6 +71,17 @@ def queue_plan(device_type: str, environ: Mapping[str, str] | None = None) -> Qu
     if zero_gpu(environ):
         return QUEUE_PLANS["zerogpu"]
     return QUEUE_PLANS["cuda" if device_type == "cuda" else "cpu"]
+
+
+def slow_idle_queue_polling(app, seconds: float = QUEUE_IDLE_POLL_S) -> bool:
+    """Make `app`'s Gradio queue look for new events every `seconds` while none waits (Gradio's own: 1 ms, each a
+    wake-up of the server's event loop that takes the GIL from the engine thread); returns whether it could.
+    Call after `app.queue()`."""
+    queue = getattr(app, "_queue", None)
+    if queue is None or not hasattr(queue, "sleep_when_free"):
+        return False
+    queue.sleep_when_free = seconds
+    return True
 
 
 def limit_malloc_arenas(arenas: int = SERVING_ARENAS, environ: Mapping[str, str] | None = None) -> int | None:

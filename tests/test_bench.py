@@ -12,6 +12,7 @@ import os
 import time
 import urllib.request
 
+import httpx
 import pytest
 import torch
 
@@ -87,7 +88,46 @@ def test_ui_path_gives_the_same_tokens_as_bare_generate(engine, fixed, served_ap
     assert result["ui_overhead_ratio"]["median"] > 0
     assert result["ui_overhead_ratio_cpu"]["median"] > 0  # the app runs in this process: its CPU time counts here
     assert result["http_and_queue_s"]["median"] > 0  # the client waits longer than the engine computes
-    assert result["gradio_client"]["tokens"] == result["bare_generate"]["tokens"]
+    assert result["gradio_client"]["tokens"] == result["rest_call"]["tokens"] == result["bare_generate"]["tokens"]
+    assert result["gradio_client_ratio"]["median"] > 0 and result["gradio_client_http_and_queue_s"]["median"] > 0
+
+
+def test_the_rest_call_reads_the_complete_event_and_reports_an_error_event():
+    class Stream:
+        def __init__(self, lines):
+            self.lines = lines
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def raise_for_status(self):
+            return self
+
+        def iter_lines(self):
+            return iter(self.lines)
+
+    class Http:
+        def __init__(self, lines):
+            self.lines, self.posted = lines, None
+
+        def post(self, address, json):
+            self.posted = (address, json)
+            return httpx.Response(200, json={"event_id": "e1"}, request=httpx.Request("POST", address))
+
+        def stream(self, method, address):
+            assert (method, address) == ("GET", "http://h/gradio_api/call/generate/e1")
+            return Stream(self.lines)
+
+    http = Http(["event: generating", 'data: ["partial"]', "", "event: complete", 'data: ["text", {"forwards": 3}]'])
+    assert bench.rest_predict(http, "http://h/", [1, 2]) == ["text", {"forwards": 3}]
+    assert http.posted == ("http://h/gradio_api/call/generate", {"data": [1, 2]})
+    with pytest.raises(RuntimeError, match="failed: bad input"):
+        bench.rest_predict(Http(["event: error", 'data: "bad input"']), "http://h/", [])
+    with pytest.raises(RuntimeError, match="without a result"):
+        bench.rest_predict(Http(["event: heartbeat", "data: null"]), "http://h/", [])
 
 
 @pytest.mark.slow

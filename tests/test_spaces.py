@@ -28,7 +28,8 @@ from packaging.version import Version
 
 from deploy.space import front_matter, normalize, read_pins, write_space
 from deploy.targets import REAL_MODEL, SDK_PROVIDED, TARGETS
-from diffgemma_ui.deployment import default_threads, queue_plan, space_cpu_cores, space_id, zero_gpu
+from diffgemma_ui.deployment import (QUEUE_IDLE_POLL_S, default_threads, queue_plan, space_cpu_cores, space_id,
+                                     slow_idle_queue_polling, zero_gpu)
 from diffgemma_ui.zerogpu import GpuBudget, StopFlag, gpu_size_for, make_playground, weight_bytes
 from engine.loading import meta_model
 from engine.memory import memory_report
@@ -193,6 +194,11 @@ def test_deployment_is_read_from_the_environment():
     assert default_threads({}) is None
     assert queue_plan("cuda", {"SPACES_ZERO_GPU": "true"}).max_size is not None  # never Gradio's silent default of 1
     assert queue_plan("cuda", {}).concurrency == 1 and queue_plan("cpu", {}).concurrency == 4
+
+
+def test_the_served_queue_polls_for_new_events_every_10_ms_not_every_1_ms(served_app):
+    assert served_app[0]._queue.sleep_when_free == QUEUE_IDLE_POLL_S == 0.01  # a Gradio without this loop fails
+    assert not slow_idle_queue_polling(object())  # an app with no queue yet is left alone
 
 
 @pytest.mark.slow
