@@ -25,7 +25,7 @@ MAX_TOKEN_ID = 2**31 - 1
 MAX_TOKEN_CHARS = 1000
 MAX_ENTROPY_NATS = 100.0  # ln(vocabulary) is ~12.5 for 262,144 tokens
 MAX_LABEL_CHARS = 300
-SETTING_KEYS = SETTING_NAMES
+SETTING_KEYS = SETTING_NAMES  # the settings a trace records
 STOP_REASONS = ("eos", "max_new_tokens", "cancelled")
 NO_FRAMES = "the run produced no frames (it ended before its first decoder forward)"
 
@@ -146,17 +146,11 @@ def _document(model: ModelInfo, settings: DiffusionSettings, seed: int, prompt: 
 
 def _compact(frame: Frame) -> dict:
     compact = {
-        "block": frame.block_index,
-        "step": frame.step_index,
-        "input_ids": list(frame.input_ids),
-        "draft_ids": list(frame.draft_ids),
-        "accepted": [1 if a else 0 for a in frame.accepted],
-        "confidence": [_rounded(c) for c in frame.confidence],
-        "entropy": [_rounded(e) for e in frame.entropy],
-        "elapsed_s": _rounded(frame.elapsed_s, 6),
-        "block_done": bool(frame.block_done),
-        "stopped_early": bool(frame.block_stopped_early),
-        "done": bool(frame.done),
+        "block": frame.block_index, "step": frame.step_index, "input_ids": list(frame.input_ids),
+        "draft_ids": list(frame.draft_ids), "accepted": [1 if a else 0 for a in frame.accepted],
+        "confidence": [_rounded(c) for c in frame.confidence], "entropy": [_rounded(e) for e in frame.entropy],
+        "elapsed_s": _rounded(frame.elapsed_s, 6), "block_done": bool(frame.block_done),
+        "stopped_early": bool(frame.block_stopped_early), "done": bool(frame.done),
     }
     if frame.top_ids:
         compact["alternatives"] = [{"ids": list(ids), "probs": [_rounded(p) for p in probs]}
@@ -173,8 +167,6 @@ def _rounded(value: float, digits: int = 3) -> float:
     value = round(float(value), digits)
     return value if math.isfinite(value) else 0.0
 
-
-# -- loading ------------------------------------------------------------------------------------------------------
 
 def load_trace(source) -> Trace:
     """The checked trace in JSON text, bytes or a `Path`; `TraceError` (one line) for anything wrong."""
