@@ -17,8 +17,9 @@ from .canvas_view import block_html, legend_html
 from .handlers import Job, api_summary, previous_run_meter, status_text
 from .meter import meter_html, run_meter_html
 from .runs import RunWorker, session_key
-from .tab import (API_SETTINGS, PRIVATE, PlotClock, TabState, api_run, buttons, checked, live_plots, live_run,
-                  refusal_box, refusing, setting_control, user_error, wire_stop)
+from .session import SessionState
+from .tab import (API_SETTINGS, PRIVATE, PlotClock, api_run, buttons, checked, live_plots, live_run, refusal_box,
+                  refusing, setting_control, user_error, wire_stop)
 from .text import escape_html, plain_text, prose
 from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, check_ui_seed, preset_values
 
@@ -37,10 +38,6 @@ def infill_source(engine, payload: tuple, stop) -> Iterator:
     """The "infill" source: the frames of (template, settings, context or None, seed)."""
     template, settings, context, seed = payload
     return infill_frames(engine, template, settings, prompt=context, seed=seed, stop_event=stop)[1]
-
-
-class InfillState(TabState):
-    """A visitor's fill in progress."""
 
 
 class InfillTab:
@@ -73,13 +70,13 @@ class InfillTab:
         with refusing():
             self.request(template, context, preset_name, max_denoising_steps, seed)
 
-    def fill_stream(self, state: InfillState, template, context, preset_name, max_denoising_steps, seed,
+    def fill_stream(self, state: SessionState, template, context, preset_name, max_denoising_steps, seed,
                     request: gr.Request = None) -> Iterator[tuple]:
         """Fill: yields (canvas, meter, filled template, filled text, heatmap, order, entropy, Fill, Stop). Raises
         gr.Error: bad input, a failed run."""
         with refusing():
             layout, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
-        state = state if state is not None else InfillState()
+        state = state if state is not None else SessionState()
         state.stop()
         job = Job("infill", (template, settings, context, seed), settings)
         clock = PlotClock(wait_first=True)
@@ -106,7 +103,7 @@ class InfillTab:
                     raise user_error(snap.error)
 
     @staticmethod
-    def refused(state: InfillState):
+    def refused(state: SessionState):
         """After a refusal: `previous_run_meter` of the last fill."""
         worker = getattr(state, "worker", None)
         return previous_run_meter(None if worker is None else worker.snapshot(), worker is not None and worker.running)
@@ -146,7 +143,7 @@ class InfillTab:
 def build_infill_tab(infill: InfillTab, default_template: str) -> None:
     """The Infill tab's components and events in the current `gr.Tab`."""
     engine = infill.engine
-    state = gr.State(InfillState())
+    state = gr.State(SessionState())
     gr.Markdown(prose("infill-syntax").format(canvas=engine.canvas_length), elem_id="dg-infill-syntax")
     with gr.Row(equal_height=False, elem_id="dg-infill-main"):
         with gr.Column(min_width=0, elem_id="dg-infill-left"):

@@ -20,8 +20,9 @@ from .canvas_view import STOP_REASONS, block_html
 from .handlers import Job, Playground
 from .meter import format_number, stat_cards_html
 from .runs import RunWorker, pushed, session_key
-from .tab import (PRIVATE, TabState, api_run, buttons, checked, live_run, refusal_box, refusing, setting_control,
-                  user_error, wire_stop)
+from .session import SessionState
+from .tab import (PRIVATE, api_run, buttons, checked, live_run, refusal_box, refusing, setting_control, user_error,
+                  wire_stop)
 from .text import escape_html, plain_text, prose
 from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, preset_values
 
@@ -89,7 +90,7 @@ class RaceProgress:
         return None if self.finished or not self.order else self.order[-1]
 
 
-class RaceSession(TabState):
+class RaceSession(SessionState):
     """A visitor's race: its run and the finished race's `progress` (for the replay)."""
 
     def __init__(self):

@@ -1,12 +1,10 @@
-"""The skeleton every tab fills in: a `TabState` per visitor, a check step wired by `checked` whose refusal stays in
-the tab's `refusal_box`, a `live_run` streamed and rendered, `user_error` for any failure, and `register_api` for an
-endpoint whose settings come from the settings table."""
+"""The skeleton every tab fills in: a check step wired by `checked` (its refusal kept in the tab's `refusal_box`), a
+`live_run` streamed and rendered, `user_error` for any failure, `register_api` for an endpoint with the settings."""
 
 from __future__ import annotations
 
 import inspect
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -17,7 +15,8 @@ from engine import DiffusionSettings
 from engine.settings import SETTING_NAMES, spec
 
 from . import plots
-from .runs import STOP_WAIT_S, ClientGone, RunTimeLimitExceeded, RunWorker, is_out_of_memory
+from .runs import ClientGone, RunTimeLimitExceeded, RunWorker, is_out_of_memory
+from .session import SessionState
 from .text import escape_html
 
 LOG = logging.getLogger(__name__)
@@ -67,31 +66,7 @@ async def api_run(playground, start: Callable[[], RunWorker], request):
     return snap
 
 
-# -- a tab's state and run -----------------------------------------------------------------------------------------
-class TabState:
-    """A visitor's state in one tab (a `gr.State`): its `worker` and `stopped` (Stop); copies are fresh."""
-
-    def __init__(self):
-        self.worker: RunWorker | None = None
-        self.stopped = threading.Event()
-
-    def __deepcopy__(self, memo):
-        return type(self)()
-
-    def stop(self) -> None:
-        """Ask the run in progress to stop (it ends within one decoder forward)."""
-        self.stopped.set()
-        if self.worker is not None:
-            self.worker.stop()
-
-    def halt(self) -> None:
-        """Stop the run in progress and wait for it to end."""
-        if self.worker is not None:
-            self.worker.stop()
-            self.worker.join(STOP_WAIT_S)
-
-
-def stop_run(state: TabState | None) -> None:
+def stop_run(state: SessionState | None) -> None:
     """A tab's Stop button."""
     if state is not None:
         state.stop()
@@ -103,7 +78,7 @@ def wire_stop(button: gr.Button, state: gr.State) -> None:
 
 
 @contextmanager
-def live_run(playground, job, key: str | None, state: TabState | None = None, **options) -> Iterator[RunWorker]:
+def live_run(playground, job, key: str | None, state: SessionState | None = None, **options) -> Iterator[RunWorker]:
     """`playground.start_job(job, key, **options)` as `state.worker`, stopped and unregistered on leaving."""
     worker = playground.start_job(job, key, **options)
     if state is not None:
