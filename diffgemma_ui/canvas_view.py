@@ -14,10 +14,8 @@ from .text import escape_html, plain_text
 from .token_view import TokenCell, token_cells
 
 # viridis sampled at 0, 0.1, ..., 1.0 (matplotlib's table)
-VIRIDIS = (
-    "#440154", "#482475", "#414487", "#355f8d", "#2a788e", "#21918c",
-    "#22a884", "#44bf70", "#7ad151", "#bddf26", "#fde725",
-)
+VIRIDIS = ("#440154", "#482475", "#414487", "#355f8d", "#2a788e", "#21918c", "#22a884", "#44bf70", "#7ad151",
+           "#bddf26", "#fde725")
 PLOTLY_SCALE = "Viridis"
 
 
@@ -68,13 +66,8 @@ def empty_canvas_html(button: str = "Generate") -> str:
 EMPTY_CANVAS_HTML = empty_canvas_html()
 CHAT_EMPTY_CANVAS_HTML = empty_canvas_html("Send")
 
-STOP_REASONS = {
-    "eos": "ended at end-of-sequence",
-    "max_new_tokens": "reached max new tokens",
-    "cancelled": "stopped",
-    "filled": "filled the blanks",
-    "": "",
-}
+STOP_REASONS = {"eos": "ended at end-of-sequence", "max_new_tokens": "reached max new tokens", "cancelled": "stopped",
+                "filled": "filled the blanks", "": ""}
 
 
 def _number(value: float, digits: int = 3) -> str:
@@ -173,8 +166,8 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
         start = frame.block_index * n
         kept = max(0, min(n, len(frame.committed_ids) - start))
         forwards = frame.step_index + 1
-        header_bits.append(f"{forwards} forward{'s' if forwards != 1 else ''}")
-        header_bits.append("stopped early (stable)" if frame.block_stopped_early else "all steps")
+        header_bits += [f"{forwards} forward{'s' if forwards != 1 else ''}",
+                        "stopped early (stable)" if frame.block_stopped_early else "all steps"]
         if frame.block_remelts:
             header_bits.append(f"{frame.block_remelts} re-melted")
         pads = sum(1 for k in (frame.draft_kinds or [])[:kept] if k == PAD)
@@ -190,18 +183,12 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
                        entropy=frame.entropy[pos], first_accepted_step=frame.first_accepted_step[pos],
                        draft=None if flags[pos] else frame.draft_tokens[pos], cell=cells[pos],
                        draft_cell=None if flags[pos] else drafts[pos], fixed=fixed[pos], remelted=melted[pos],
-                       alternatives=_alternatives(frame, pos)) for pos in range(n)]
+                       alternatives=list(zip(frame.top_tokens[pos], frame.top_probs[pos])) if frame.top_tokens else ())
+             for pos in range(n)]
     state = "live" if live else "done"
     header = escape_html(" \u00b7 ".join(header_bits))
     return (f'<section class="dg-block dg-block-{state}" data-block="{frame.block_index}">'
             f'<header>{header}</header><div class="dg-chips">{"".join(chips)}</div></section>')
-
-
-def _alternatives(frame: Frame, position: int) -> list[tuple[str, float]]:
-    """(token, probability) of the frame's alternatives at `position`."""
-    if not frame.top_tokens:
-        return []
-    return list(zip(frame.top_tokens[position], frame.top_probs[position]))
 
 
 def legend_html() -> str:

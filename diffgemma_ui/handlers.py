@@ -134,7 +134,6 @@ class Playground:
         """Which run each session has (`runs.RunRegistry`)."""
         return self.runs.registry
 
-    # -- running -------------------------------------------------------------------------------------------------
     def check_request(self, request: RunRequest) -> None:
         """The engine's checks before any work: prompt encoding, context budget, settings (ValueError)."""
         prompt_ids = self.engine.encode_prompt(request.prompt, raw=request.raw, thinking=request.thinking)
@@ -176,7 +175,6 @@ class Playground:
         return build_request(prompt, raw, dict(zip(SETTING_NAMES, settings)), seed, ui_limits=ui_limits,
                              thinking=thinking)
 
-    # -- rendering -----------------------------------------------------------------------------------------------
     def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool,
                first: bool = True) -> StreamOutputs:
         """The view of `snap`; finished blocks' HTML cached in `session`, hover text only when `final`, the
@@ -218,7 +216,6 @@ class Playground:
             stop_button=gr.update(interactive=not final) if edge else skip, thought=thought,
         )
 
-    # -- events --------------------------------------------------------------------------------------------------
     def request_run(self, session: SessionState, *inputs) -> tuple:
         """A run trigger's first step: check the inputs (gr.Error), take a ticket (stopping the session's run);
         returns (ticket, waiting meter, Generate and Stop updates)."""

@@ -183,7 +183,6 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
     wire_stop(stop, state)
 
 
-# -- views (pure) ----------------------------------------------------------------------------------------------------
 def infill_canvas_html(frame: Frame | None, layout: InfillLayout | None, status: str = "") -> str:
     """The canvas of `frame`, its fixed positions marked, and a status line; carries `data-forward`, `data-fixed`."""
     if frame is None or layout is None:

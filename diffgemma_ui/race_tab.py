@@ -46,7 +46,6 @@ def model_name(source) -> str:
     return Path(text).name if Path(text).expanduser().exists() else text
 
 
-# -- state -----------------------------------------------------------------------------------------------------------
 @dataclass
 class RaceProgress:
     """A race's record and its own snapshot: each side's frames and first-token time, the order the sides ran in,
@@ -107,7 +106,6 @@ class RaceRequest:
     order: str
 
 
-# -- the tab -----------------------------------------------------------------------------------------------------------
 class RaceTab:
     """Handlers of the Race tab and `/race` around one `RaceRunner`, run through `playground` (default: its own)."""
 
@@ -278,7 +276,6 @@ def build_race_tab(race: RaceTab) -> None:
     wire_stop(stop, session)
 
 
-# -- views (pure; every model string escaped) ------------------------------------------------------------------
 def frame_at(frames: Sequence, t: float):
     """The newest of `frames` whose `elapsed_s` is at most `t` (engine seconds), or None."""
     index = bisect_right([f.elapsed_s for f in frames], t)

@@ -94,7 +94,6 @@ def buttons(running: bool) -> tuple:
     return gr.update(interactive=not running), gr.update(interactive=running)
 
 
-# -- the refusal box ---------------------------------------------------------------------------------------------
 class Refusal:
     """A session's last refusal in one tab (a `gr.State`); a copy is always empty."""
 
@@ -172,7 +171,6 @@ def shown_refusal(refusal: Refusal) -> str:
     return refusal_html(refusal.reason)
 
 
-# -- controls ---------------------------------------------------------------------------------------------------
 def setting_control(name: str, value, **options) -> gr.Slider | gr.Checkbox:
     """Setting `name`'s control from the settings table: a slider over the UI's range or a checkbox."""
     row = spec(name)
@@ -216,7 +214,6 @@ class PlotClock:
         return False
 
 
-# -- API endpoints ------------------------------------------------------------------------------------------------
 Param = tuple[str, type, object]  # (name, type, default)
 
 
