@@ -1,5 +1,5 @@
-"""The live canvas as HTML: a chip per canvas position, finished blocks stacked above the block being denoised, the
-thought channel apart, and the viridis scale shared with the plots; model strings escaped by `diffgemma_ui.text`."""
+"""The live canvas as HTML: a chip per position, finished blocks stacked above the live one, the thought apart, the
+viridis scale shared with the plots; model strings escaped by `diffgemma_ui.text`."""
 
 from __future__ import annotations
 
@@ -80,9 +80,8 @@ def _number(value: float, digits: int = 3) -> str:
 def chip_html(token: str, *, kind: str, position: int, confidence: float, entropy: float, first_accepted_step: int,
               draft: str | None = None, cell: TokenCell | None = None, draft_cell: TokenCell | None = None,
               fixed: bool = False, remelted: bool = False, alternatives: Sequence[tuple[str, float]] = ()) -> str:
-    """One canvas position as a `<span>` chip with a tooltip. `kind`: accepted, committed, noisy (`draft`: its
-    guess) or pad (ValueError otherwise); `cell`s from `token_cells`; `fixed`: given by a template; `remelted`:
-    renoised after acceptance; `alternatives`: (token, probability) for "why this token?"."""
+    """A position's `<span>` chip and tooltip; `kind`: accepted, committed, noisy (`draft`: its guess) or pad
+    (else ValueError); `fixed`: from a template; `alternatives`: (token, probability) for "why this token?"."""
     if kind not in ("accepted", "noisy", "committed", "pad"):
         raise ValueError(f"unknown chip kind {kind!r}")
     cell = cell or token_cells([token])[0]
@@ -139,8 +138,7 @@ def _confidence_style(shown: str) -> str:
 
 
 def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None) -> str:
-    """One block from its newest frame: `live` (accepted drafts coloured, noise struck through) or finished;
-    `fixed`: per position, given (infill)."""
+    """One block from its newest frame, `live` or finished; `fixed`: per position, given (infill)."""
     fixed = [bool(f) for f in fixed] if fixed is not None else [False] * frame.canvas_length
     n = frame.canvas_length
     header_bits = [f"Block {frame.block_index + 1}"]
@@ -217,8 +215,7 @@ def stack_html(finished: Sequence[Frame], *, finished_html: Sequence[str] | None
 
 
 def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = "") -> str:
-    """The block being denoised (`live`) and a plain-text `status` in a `<div data-forward>` (the newest
-    forward, -1 if none); `EMPTY_CANVAS_HTML` when there is nothing to show."""
+    """The `live` block and a `status` line in a `<div data-forward>` (newest forward, -1); else the empty canvas."""
     newest = newest if newest is not None else live
     if newest is None and not status:
         return EMPTY_CANVAS_HTML

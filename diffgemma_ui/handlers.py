@@ -1,5 +1,5 @@
-"""The Playground tab's handlers (`Playground`, wired by `blocks.build_app`) and the base every tab's runs go
-through: checks, jobs started in the run mechanism, coalesced renders and `/generate`."""
+"""The Playground tab's handlers (`Playground`, wired by `blocks.build_app`), the base every tab's runs go through:
+checks, jobs started in the run mechanism, coalesced renders and `/generate`."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ class StreamOutputs:
 
 @dataclass(frozen=True)
 class Job:
-    """Model work: `kind` (a key of `Playground.sources`), a picklable `payload`, the `settings` it runs under and
-    `extra_forwards` beyond canvases x steps (for the GPU budget)."""
+    """Model work: `kind` (a `Playground.sources` key), a picklable `payload`, its `settings` and `extra_forwards`
+    beyond canvases x steps (for the GPU budget)."""
 
     kind: str
     payload: object
@@ -153,8 +153,7 @@ class Playground:
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
                   receive=None) -> RunWorker:
-        """Start `job` in the app's `Runner`, registered as `key` (`record`, `receive` as `RunWorker`'s,
-        `received`'s)."""
+        """Start `job` in the app's `Runner`, registered as `key`; `record` as `RunWorker`'s, `receive` `received`'s."""
         source = self.sources[job.kind]
         return self.runs.start(lambda stop: received(source(self.engine, job.payload, stop), receive), key,
                                keep_history=keep_history, record=record)
@@ -177,8 +176,7 @@ class Playground:
 
     def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool,
                first: bool = True) -> StreamOutputs:
-        """The view of `snap`; finished blocks' HTML cached in `session`, hover text only when `final`, the
-        buttons only when `first` or `final`."""
+        """The view of `snap` (blocks' HTML cached in `session`); hover text if `final`, buttons if `first`|`final`."""
         finished = snap.finished_blocks()
         for frame in finished[len(session.finished_html):]:
             session.finished_html.append(block_html(frame, live=False))
@@ -234,8 +232,7 @@ class Playground:
     def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
                         t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed, ticket=None,
                         thinking=False, request: gr.Request = None) -> Iterator[tuple]:
-        """The run step: yields `StreamOutputs` tuples to the final frame, nothing once `ticket` is stale;
-        gr.Error: bad input, engine failure."""
+        """The run step: `StreamOutputs` tuples to the final frame (none for a stale `ticket`); gr.Error."""
         run = self.checked_request(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                                    stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True,
                                    thinking=thinking)

@@ -72,8 +72,7 @@ class InfillTab:
 
     def fill_stream(self, state: SessionState, template, context, preset_name, max_denoising_steps, seed,
                     request: gr.Request = None) -> Iterator[tuple]:
-        """Fill: yields (canvas, meter, filled template, filled text, heatmap, order, entropy, Fill, Stop). Raises
-        gr.Error: bad input, a failed run."""
+        """Fill: (canvas, meter, filled template and text, three plots, Fill, Stop); gr.Error: bad input, failed."""
         with refusing():
             layout, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
         state = state if state is not None else SessionState()
@@ -109,9 +108,8 @@ class InfillTab:
         return previous_run_meter(None if worker is None else worker.snapshot(), worker is not None and worker.running)
 
     async def infill_api(self, template, context, *values, request: gr.Request = None) -> tuple[str, dict]:
-        """`/infill`: fill `template` after an optional raw `context`; settings but the token budget (one canvas)
-        and seed as `/generate`'s. Returns (filled text, summary: `/generate`'s keys, `fills`, `blank_positions`,
-        `fixed_positions`, `template_positions`); raises gr.Error."""
+        """`/infill`: `template` filled after an optional raw `context`, settings (one canvas) and seed as
+        `/generate`'s -> (text, summary plus `fills` and blank, fixed and template positions); gr.Error."""
         *given, seed = values
         layout = None
 
@@ -196,8 +194,7 @@ def infill_canvas_html(frame: Frame | None, layout: InfillLayout | None, status:
 
 
 def filled_html(tokenizer, layout: InfillLayout | None, canvas_ids: Sequence[int] | None, *, live: bool) -> str:
-    """The template, each run of blanks as what the canvas holds there (`<mark>`): draft (`live`) or committed
-    ids; "" before a run."""
+    """The template, each run of blanks `<mark>`ed as the canvas's draft (`live`) or committed ids; "" before."""
     if layout is None or canvas_ids is None:
         return ""
     ids = list(canvas_ids[:layout.template_positions])

@@ -48,8 +48,7 @@ def model_name(source) -> str:
 
 @dataclass
 class RaceProgress:
-    """A race's record and its own snapshot: each side's frames and first-token time, the order the sides ran in,
-    the result, decoded texts (cached)."""
+    """A race's record and snapshot: each side's frames and first-token time, the running order, result, texts."""
 
     frames: dict = field(default_factory=lambda: {side: [] for side in SIDES})
     first_token_s: dict = field(default_factory=dict)
@@ -83,10 +82,6 @@ class RaceProgress:
 
     def snapshot(self) -> "RaceProgress":
         return self
-
-    def running_side(self) -> str | None:
-        """The side whose frames arrive now (None before the first frame or once over)."""
-        return None if self.finished or not self.order else self.order[-1]
 
 
 class RaceSession(SessionState):
@@ -175,14 +170,13 @@ class RaceTab:
                           position=position, state=state, t=t, first_token_s=progress.first_token_s.get(side))
 
     def live_panels(self, progress: RaceProgress) -> tuple[str, str]:
-        running = progress.running_side()
+        running = None if progress.finished or not progress.order else progress.order[-1]
         return tuple(self.panel(progress, side, "running" if side == running else
                                 "done" if progress.frames[side] else "waiting") for side in SIDES)
 
     def race_stream(self, session: RaceSession, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature,
                     order, request: gr.Request = None) -> Iterator[tuple]:
-        """The Race button: yields (diffusion panel, autoregressive panel, result, Race, Stop) live; the race is
-        kept in `session` for `replay_stream`. Raises gr.Error: bad input, a failed race."""
+        """Race: (both panels, result, Race, Stop) live, the race kept for `replay_stream`; gr.Error: bad, failed."""
         race = self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
         session = session if session is not None else RaceSession()
         session.stop()
@@ -217,8 +211,7 @@ class RaceTab:
         yield (*final, result_html(result), *buttons(False))
 
     async def race_api(self, *inputs, request: gr.Request = None) -> tuple[str, str, dict]:
-        """`/race`: `/generate`'s inputs, the AR temperature and the order. Returns (diffusion text, autoregressive
-        text, summary); raises gr.Error."""
+        """`/race`: `/generate`'s inputs, AR temperature, order -> (diffusion text, AR text, summary); gr.Error."""
         *inputs, ar_temperature, order = inputs
 
         def start() -> RunWorker:
@@ -309,8 +302,8 @@ def side_figures(frame, *, t: float | None = None, first_token_s: float | None =
 
 def panel_html(side: str, frame, *, text: str, model: str, position: int | None, state: str,
                t: float | None = None, first_token_s: float | None = None) -> str:
-    """One side's panel: answer `text`, figures, for diffusion the live canvas. `position`: 1 or 2 (when it runs);
-    `state`: idle, waiting, running, replay or done; carries `data-side`, `data-state`, `data-tokens`."""
+    """One side's panel (answer, figures, diffusion's live canvas); `position`: 1 or 2; `state`: idle, waiting,
+    running, replay or done; carries `data-side`, `data-state`, `data-tokens`."""
     figures = side_figures(frame, t=t, first_token_s=first_token_s)
     if state == "idle":
         note = "press Race to start"

@@ -141,8 +141,7 @@ def guarded(fn: Callable, width: int) -> Callable:
 def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.HTML, gr.State],
             outputs: Sequence = (), refused: Callable | None = None, refused_inputs: Sequence = (),
             refused_outputs: Sequence = (), **options):
-    """Wire `triggers` to `check(*inputs)` (a value per `outputs`, or gr.Error shown in `box`); `refused` then marks
-    `refused_outputs`. Returns the event (`.success`: the run step)."""
+    """Wire `triggers` to `check(*inputs)` (gr.Error shown in `box`, then `refused`); the event, for `.success`."""
     html, state = box
     event = gr.on(list(triggers), guarded(check, len(outputs)), inputs=[state, *inputs], outputs=[*outputs, html],
                   concurrency_limit=None, **{**PRIVATE, **options})
@@ -198,8 +197,7 @@ def live_plots(tab: str) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
 
 
 class PlotClock:
-    """When live plots are due: each `PLOT_INTERVAL_S` (stretched for a heatmap of more than `PLOT_CELLS` `cells`)
-    and at a new block (`wait_first`: not at once)."""
+    """Live plots are due each `PLOT_INTERVAL_S` (longer past `PLOT_CELLS` `cells`) and at a new block."""
 
     def __init__(self, wait_first: bool = False, cells: int = 0):
         self.last = time.monotonic() if wait_first else 0.0
@@ -223,8 +221,7 @@ def setting_params(defaults: DiffusionSettings, names: Sequence[str] = API_SETTI
 
 
 def register_api(name: str, handler: Callable, params: Sequence[Param], returns, doc: str) -> None:
-    """Register `/name`: `await handler(*values, request=...)` behind a signature of `params` (default
-    `inspect.Parameter.empty`: required) returning `returns`."""
+    """Register `/name`: `await handler(*values, request=...)` behind a signature of `params`, returning `returns`."""
     parameters = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
                   for p, kind, default in params]
     parameters.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
