@@ -8,12 +8,12 @@ import time
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import gradio as gr
 
 from engine import PRESET_NAMES
 from engine.autoregressive import check_temperature
+from engine.loading import model_name
 from engine.race import ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner, SideResult
 
 from .canvas_view import STOP_REASONS, block_html
@@ -39,11 +39,6 @@ FAULT_TEXT = {  # `SideResult.faults` in words
     "repetition": f"repeats itself ({{:.0%}} of its tokens repeat an earlier run of {REPEAT_N})",
 }
 
-
-def model_name(source) -> str:
-    """A model's name for the page: a local path's folder name, a hub id unchanged."""
-    text = str(source)
-    return Path(text).name if Path(text).expanduser().exists() else text
 
 
 @dataclass

@@ -12,9 +12,9 @@ import torch
 from accelerate import init_empty_weights
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .autoregressive import AutoregressiveDecoder, causal_lm_location, check_temperature
+from .autoregressive import AutoregressiveDecoder, check_temperature
 from .engine import DiffusionEngine
-from .loading import FIT_HEADROOM, ModelLoadError
+from .loading import FIT_HEADROOM, ModelLoadError, model_location
 from .memory import model_bytes, stored_tensors
 from .settings import DiffusionSettings, draw_seed, parse_seed
 from .tokens import BYTE, TEXT
@@ -328,7 +328,7 @@ class RaceRunner:
 
 def causal_lm_bytes(model_id: str, dtype: torch.dtype) -> int:
     """Bytes of causal LM `model_id`'s weights in `dtype`, from its config alone; `ModelLoadError` without one."""
-    where, common = causal_lm_location(model_id)
+    where, common = model_location(model_id, strict=False)
     try:
         config = AutoConfig.from_pretrained(where, **common)
         with init_empty_weights():

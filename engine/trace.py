@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .engine import DiffusionEngine
 from .frames import Frame, FrameBuilder
+from .loading import model_name
 from .settings import MAX_PROMPT_CHARS, MAX_SEED, SETTING_NAMES, DiffusionSettings, shown
 from .tokens import TEXT, TOKEN_KINDS
 
@@ -46,12 +47,10 @@ class ModelInfo:
 
     @classmethod
     def of(cls, engine: DiffusionEngine) -> "ModelInfo":
-        source = str(engine.source)
-        local = Path(source).expanduser()
         revision = getattr(engine.model.config, "_commit_hash", None) or ""
         dtype = str(getattr(engine.model, "dtype", "")).removeprefix("torch.")
-        return cls(name=local.name if local.exists() else source, revision=str(revision), device=str(engine.device),
-                   dtype=dtype, canvas_length=int(engine.canvas_length))
+        return cls(name=model_name(engine.source), revision=str(revision), device=str(engine.device), dtype=dtype,
+                   canvas_length=int(engine.canvas_length))
 
 
 @dataclass(frozen=True)
