@@ -58,7 +58,6 @@ _CONTROL_STYLES = ("special", "pad", "eos")
 
 
 def empty_canvas_html(button: str = "Generate") -> str:
-    """The canvas before any run: press `button` to watch one."""
     return ('<div class="dg-canvas dg-empty" data-forward="-1">'
             f"<p>Press <b>{escape_html(button)}</b> to watch a canvas of random tokens denoise into text.</p></div>")
 

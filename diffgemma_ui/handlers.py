@@ -131,7 +131,6 @@ class Playground:
 
     @property
     def registry(self):
-        """Which run each session has (`runs.RunRegistry`)."""
         return self.runs.registry
 
     def check_request(self, request: RunRequest) -> None:
@@ -148,7 +147,6 @@ class Playground:
         return run
 
     def start_run(self, request: RunRequest, *, keep_history: bool = True) -> RunWorker:
-        """Start `request` in a background `RunWorker` and return it."""
         return self.start_job(Job("generate", request, request.settings), keep_history=keep_history)
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
@@ -321,7 +319,6 @@ class Playground:
 
     @staticmethod
     def random_seed() -> str:
-        """The random-seed button: a fresh seed as text."""
         return str(draw_seed())
 
     def generate_api(self, *inputs, thinking=False) -> tuple[str, dict]:

@@ -63,14 +63,14 @@ class RunSnapshot:
 
 @dataclass
 class RunRecord:
-    """A run's frames, appended by one writer and read by any number of readers."""
+    """A run's frames, appended by one writer and read by any number of readers; `count` frames so far."""
 
     keep_history: bool = True
+    count: int = 0
+    finished: bool = False
     _frozen: tuple[tuple[Frame, ...], ...] = ()  # blocks before the newest (no longer changing)
     _current: list[Frame] = field(default_factory=list)
     _latest: Frame | None = None
-    _count: int = 0
-    _finished: bool = False
     _error: BaseException | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -87,28 +87,20 @@ class RunRecord:
                 else:
                     self._current.append(frame)
             self._latest = frame
-            self._count += 1
+            self.count += 1
 
     def finish(self, error: BaseException | None = None) -> None:
         """Mark the run over, with the exception that ended it."""
         with self._lock:
-            self._finished = True
+            self.finished = True
             self._error = error
-
-    @property
-    def count(self) -> int:
-        return self._count
-
-    @property
-    def finished(self) -> bool:
-        return self._finished
 
     def snapshot(self) -> RunSnapshot:
         """A consistent copy of the record right now."""
         with self._lock:
-            return RunSnapshot(frames_seen=self._count, latest=self._latest,
+            return RunSnapshot(frames_seen=self.count, latest=self._latest,
                                blocks=self._frozen + ((tuple(self._current),) if self._current else ()),
-                               finished=self._finished, error=self._error)
+                               finished=self.finished, error=self._error)
 
 
 class RunTimeLimitExceeded(RuntimeError):
@@ -316,7 +308,6 @@ class RunRegistry:
         return bool(workers)
 
     def active(self) -> int:
-        """Runs whose thread is still alive."""
         with self._lock:
             return sum(1 for w in self._runs.values() if w.running)
 

@@ -41,7 +41,6 @@ class SessionState:
         return ticket
 
     def is_current(self, ticket: int) -> bool:
-        """Whether `ticket` is still the newest."""
         return ticket == self.ticket
 
     def begin(self, worker: RunWorker, ticket: int | None = None) -> bool:
@@ -72,7 +71,6 @@ class SessionState:
 
     @property
     def run_in_progress(self) -> bool:
-        """Whether the session's worker is still running."""
         worker = self.worker
         return worker is not None and worker.running
 

@@ -67,7 +67,6 @@ async def api_run(playground, start: Callable[[], RunWorker], request):
 
 
 def stop_run(state: SessionState | None) -> None:
-    """A tab's Stop button."""
     if state is not None:
         state.stop()
 
@@ -166,7 +165,6 @@ def guard_stream(fn: Callable) -> Callable:
 
 
 def shown_refusal(refusal: Refusal) -> str:
-    """The refusal box's HTML for the session's last refusal."""
     return refusal_html(refusal.reason)
 
 

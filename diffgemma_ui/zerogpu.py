@@ -103,7 +103,6 @@ class GpuBudget:
         return math.ceil(self.setup_s + forwards * self.seconds_per_forward)
 
     def quota_cost_s(self, duration_s: float) -> float:
-        """Quota seconds a `duration_s` request costs."""
         return duration_s * (2 if self.size == "xlarge" else 1)
 
     def check(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> None:
@@ -123,7 +122,6 @@ class GpuBudget:
 
 
 def weight_bytes(model) -> int:
-    """Bytes of a model's weights as stored."""
     return memory_report(model)["total_bytes"]
 
 
