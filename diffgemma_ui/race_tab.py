@@ -14,7 +14,7 @@ import gradio as gr
 from engine import PRESET_NAMES
 from engine.autoregressive import check_temperature
 from engine.loading import model_name
-from engine.race import ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner, SideResult
+from engine.race import FAIRNESS, ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner, SideResult
 
 from .canvas_view import STOP_REASONS, block_html
 from .handlers import Job, Playground
@@ -448,6 +448,6 @@ def result_html(result: RaceResult | None) -> str:
         f"{lengths}"
         f"{cost_table_html(result)}"
         f'<p class="dg-race-explain">{escape_html(explanation(result))}</p>'
-        f'<p class="dg-race-rules">{escape_html(result.fairness)} Length: {escape_html(result.length_rule)}. '
+        f'<p class="dg-race-rules">{escape_html(FAIRNESS)} Length: {escape_html(result.length_rule)}. '
         f"Seed {escape_html(str(result.seed))}.</p></div>"
     )

@@ -112,10 +112,6 @@ class RaceResult:
         return LENGTH_RULE.format(budget=self.budget)
 
     @property
-    def fairness(self) -> str:
-        return FAIRNESS
-
-    @property
     def winner(self) -> str | None:
         """The faster side ("diffusion" on a tie); None without a speedup. Speed only: see `faults`."""
         speedup = self.speedup
@@ -139,7 +135,7 @@ class RaceResult:
             "diffusion": self.diffusion.summary() if self.diffusion else None,
             "autoregressive": self.autoregressive.summary() if self.autoregressive else None,
             "speedup": self.speedup, "order": list(self.order), "seed": self.seed, "budget": self.budget,
-            "canvas_length": self.canvas_length, "length_rule": self.length_rule, "fairness": self.fairness,
+            "canvas_length": self.canvas_length, "length_rule": self.length_rule, "fairness": FAIRNESS,
             "device": self.device, "memory_bandwidth_gb_s": self.memory_bandwidth_gb_s, "cancelled": self.cancelled,
             "verdict": self.verdict(),
         }

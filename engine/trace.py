@@ -271,7 +271,8 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
             raise TraceError(f"{where}: follows a frame marked done")
         input_ids, draft_ids = (_ids(f.get(key), f"{where}: {key}", canvas, tokens)
                                 for key in ("input_ids", "draft_ids"))
-        accepted = _flags(f.get("accepted"), f"{where}: accepted", canvas)
+        accepted = [bool(v) for v in _entries(f.get("accepted"), f"{where}: accepted", canvas,
+                                              lambda v: type(v) in (int, bool) and v in (0, 1), "entries are 0 or 1")]
         confidence = _floats(f.get("confidence"), f"{where}: confidence", canvas, 1.0)
         entropy = _floats(f.get("entropy"), f"{where}: entropy", canvas, MAX_ENTROPY_NATS)
         elapsed = f.get("elapsed_s")
@@ -360,10 +361,6 @@ def _ids(value, where: str, length: int | None, tokens: dict[int, str]) -> list[
             raise TraceError(f"{where}: token id {token_id} has no string in tokens")
     return ids
 
-
-def _flags(value, where: str, length: int) -> list[bool]:
-    return [bool(v) for v in _entries(value, where, length, lambda v: type(v) in (int, bool) and v in (0, 1),
-                                      "entries are 0 or 1")]
 
 
 def _floats(value, where: str, length: int, high: float) -> list[float]:
