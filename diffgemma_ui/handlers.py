@@ -196,10 +196,7 @@ class Playground:
         skip = gr.skip()
         heatmap = order = entropy = skip
         if plots_due or final:
-            frames = snap.block_frames()
-            heatmap = plots.confidence_heatmap(frames, animate=final, hover=final)
-            order = plots.unmasking_order(frames[-1] if frames else None)
-            entropy = plots.entropy_and_acceptance(frames)
+            heatmap, order, entropy = plots.block_plots(snap.block_frames(), animate=final, hover=final)
         blocks = snap.block_count
         block = gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1) if final else skip
         if first and not final:  # the previous run's slider would plot this run's blocks
@@ -301,10 +298,7 @@ class Playground:
             index = int(block) - 1
         except (TypeError, ValueError):
             index = snap.block_count - 1
-        frames = snap.block_frames(index)
-        animate = snap.finished or index < snap.block_count - 1
-        return (plots.confidence_heatmap(frames, animate=animate), plots.unmasking_order(frames[-1]),
-                plots.entropy_and_acceptance(frames))
+        return plots.block_plots(snap.block_frames(index), animate=snap.finished or index < snap.block_count - 1)
 
     def apply_preset(self, name) -> tuple:
         """The preset dropdown: preset `name`'s `PRESET_FIELDS` values (skips for "custom"; gr.Warning: unknown)."""

@@ -243,8 +243,5 @@ def _at_blanks(figure: plots.FigureSpec, blanks: Sequence[int]) -> plots.FigureS
 
 def blank_plots(frames: Sequence[Frame], blanks: Sequence[int], *, final: bool) -> tuple:
     """The three plots of the blank positions only (`final`: with hover text and the step slider)."""
-    cut = blank_frames(frames, blanks)
-    heatmap = _at_blanks(plots.confidence_heatmap(cut, animate=final, hover=final), blanks)
-    order = _at_blanks(plots.unmasking_order(cut[-1] if cut else None), blanks)
-    entropy = plots.entropy_and_acceptance(cut)  # its x axis is steps
-    return heatmap, order, entropy
+    heatmap, order, entropy = plots.block_plots(blank_frames(frames, blanks), animate=final, hover=final)
+    return _at_blanks(heatmap, blanks), _at_blanks(order, blanks), entropy  # the entropy plot's x axis is steps

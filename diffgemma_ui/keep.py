@@ -69,13 +69,11 @@ def render_trace(trace: Trace, count: int, *, hover: bool = True) -> StreamOutpu
               f"forward {snap.frames_seen}/{len(trace.frames)}")
     if snap.frames_seen == len(trace.frames):
         status = f"{status} \u00b7 {status_text(latest)}"
-    frames = snap.block_frames()
+    heatmap, order, entropy = plots.block_plots(snap.block_frames(), hover=hover)
     blocks = snap.block_count
     return StreamOutputs(
         stack=stack_html(finished), canvas=live_html(live, newest=latest, status=status),
-        meter=meter_html(latest), text=committed_text(trace, count),
-        heatmap=plots.confidence_heatmap(frames, animate=True, hover=hover),
-        order=plots.unmasking_order(frames[-1]), entropy=plots.entropy_and_acceptance(frames),
+        meter=meter_html(latest), text=committed_text(trace, count), heatmap=heatmap, order=order, entropy=entropy,
         block=gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1),
         generate_button=gr.skip(), stop_button=gr.skip(),
     )

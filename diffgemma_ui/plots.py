@@ -261,3 +261,9 @@ def entropy_and_acceptance(frames: Sequence[Frame]) -> FigureSpec:
         legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 1.0, "yanchor": "bottom",
                 "font": {"size": 11}, "bgcolor": "rgba(0,0,0,0)"},
     ))
+
+
+def block_plots(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> tuple[FigureSpec, ...]:
+    """(confidence heatmap, unmasking order, entropy and acceptance) of one block's `frames` (none: placeholders)."""
+    return (confidence_heatmap(frames, animate=animate, hover=hover), unmasking_order(frames[-1] if frames else None),
+            entropy_and_acceptance(frames))

@@ -181,7 +181,7 @@ def setting_control(name: str, value, **options) -> gr.Slider | gr.Checkbox:
 
 def empty_plots() -> tuple:
     """The three plots before a run: confidence heatmap, unmasking order, entropy and acceptance."""
-    return plots.confidence_heatmap([]), plots.unmasking_order(None), plots.entropy_and_acceptance([])
+    return plots.block_plots([])
 
 
 def live_plots(tab: str) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
