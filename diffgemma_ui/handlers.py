@@ -88,13 +88,6 @@ def api_summary(result) -> tuple[str, dict]:
     return plain_text(values["text"]), {key: values[key] for key in API_SUMMARY_KEYS}
 
 
-def parse_ticket(ticket) -> int | None:
-    """A run ticket from the page's hidden textbox, or None when there is none."""
-    try:
-        return int(str(ticket).strip()) if ticket not in (None, "") else None
-    except ValueError:
-        return None
-
 
 def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
     """The one-line status under the canvas when a run is over."""
@@ -233,7 +226,10 @@ class Playground:
                                    thinking=thinking)
         if session is None:
             session = SessionState()
-        ticket = parse_ticket(ticket)
+        try:  # the page's hidden ticket box: "" or None when there is none
+            ticket = int(str(ticket).strip()) if ticket not in (None, "") else None
+        except ValueError:
+            ticket = None
         if ticket is not None and not session.is_current(ticket):
             return
         key = session_key(request, session)
