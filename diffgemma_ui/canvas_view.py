@@ -1,5 +1,5 @@
-"""The live canvas as HTML: a chip per canvas position, finished blocks stacked above the block being denoised, the
-thought channel apart, and the viridis scale shared with the plots; model strings escaped by `diffgemma_ui.text`."""
+"""The live canvas as HTML: a chip per position, finished blocks stacked above the live one, the thought apart, the
+viridis scale shared with the plots; model strings escaped by `diffgemma_ui.text`."""
 
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ from .text import escape_html, plain_text
 from .token_view import TokenCell, token_cells
 
 # viridis sampled at 0, 0.1, ..., 1.0 (matplotlib's table)
-VIRIDIS = (
-    "#440154", "#482475", "#414487", "#355f8d", "#2a788e", "#21918c",
-    "#22a884", "#44bf70", "#7ad151", "#bddf26", "#fde725",
-)
+VIRIDIS = ("#440154", "#482475", "#414487", "#355f8d", "#2a788e", "#21918c", "#22a884", "#44bf70", "#7ad151",
+           "#bddf26", "#fde725")
 PLOTLY_SCALE = "Viridis"
 
 
@@ -60,7 +58,6 @@ _CONTROL_STYLES = ("special", "pad", "eos")
 
 
 def empty_canvas_html(button: str = "Generate") -> str:
-    """The canvas before any run: press `button` to watch one."""
     return ('<div class="dg-canvas dg-empty" data-forward="-1">'
             f"<p>Press <b>{escape_html(button)}</b> to watch a canvas of random tokens denoise into text.</p></div>")
 
@@ -68,13 +65,8 @@ def empty_canvas_html(button: str = "Generate") -> str:
 EMPTY_CANVAS_HTML = empty_canvas_html()
 CHAT_EMPTY_CANVAS_HTML = empty_canvas_html("Send")
 
-STOP_REASONS = {
-    "eos": "ended at end-of-sequence",
-    "max_new_tokens": "reached max new tokens",
-    "cancelled": "stopped",
-    "filled": "filled the blanks",
-    "": "",
-}
+STOP_REASONS = {"eos": "ended at end-of-sequence", "max_new_tokens": "reached max new tokens", "cancelled": "stopped",
+                "filled": "filled the blanks", "": ""}
 
 
 def _number(value: float, digits: int = 3) -> str:
@@ -87,9 +79,8 @@ def _number(value: float, digits: int = 3) -> str:
 def chip_html(token: str, *, kind: str, position: int, confidence: float, entropy: float, first_accepted_step: int,
               draft: str | None = None, cell: TokenCell | None = None, draft_cell: TokenCell | None = None,
               fixed: bool = False, remelted: bool = False, alternatives: Sequence[tuple[str, float]] = ()) -> str:
-    """One canvas position as a `<span>` chip with a tooltip. `kind`: accepted, committed, noisy (`draft`: its
-    guess) or pad (ValueError otherwise); `cell`s from `token_cells`; `fixed`: given by a template; `remelted`:
-    renoised after acceptance; `alternatives`: (token, probability) for "why this token?"."""
+    """A position's `<span>` chip and tooltip; `kind`: accepted, committed, noisy (`draft`: its guess) or pad
+    (else ValueError); `fixed`: from a template; `alternatives`: (token, probability) for "why this token?"."""
     if kind not in ("accepted", "noisy", "committed", "pad"):
         raise ValueError(f"unknown chip kind {kind!r}")
     cell = cell or token_cells([token])[0]
@@ -146,8 +137,7 @@ def _confidence_style(shown: str) -> str:
 
 
 def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None) -> str:
-    """One block from its newest frame: `live` (accepted drafts coloured, noise struck through) or finished;
-    `fixed`: per position, given (infill)."""
+    """One block from its newest frame, `live` or finished; `fixed`: per position, given (infill)."""
     fixed = [bool(f) for f in fixed] if fixed is not None else [False] * frame.canvas_length
     n = frame.canvas_length
     header_bits = [f"Block {frame.block_index + 1}"]
@@ -173,8 +163,8 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
         start = frame.block_index * n
         kept = max(0, min(n, len(frame.committed_ids) - start))
         forwards = frame.step_index + 1
-        header_bits.append(f"{forwards} forward{'s' if forwards != 1 else ''}")
-        header_bits.append("stopped early (stable)" if frame.block_stopped_early else "all steps")
+        header_bits += [f"{forwards} forward{'s' if forwards != 1 else ''}",
+                        "stopped early (stable)" if frame.block_stopped_early else "all steps"]
         if frame.block_remelts:
             header_bits.append(f"{frame.block_remelts} re-melted")
         pads = sum(1 for k in (frame.draft_kinds or [])[:kept] if k == PAD)
@@ -190,18 +180,12 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
                        entropy=frame.entropy[pos], first_accepted_step=frame.first_accepted_step[pos],
                        draft=None if flags[pos] else frame.draft_tokens[pos], cell=cells[pos],
                        draft_cell=None if flags[pos] else drafts[pos], fixed=fixed[pos], remelted=melted[pos],
-                       alternatives=_alternatives(frame, pos)) for pos in range(n)]
+                       alternatives=list(zip(frame.top_tokens[pos], frame.top_probs[pos])) if frame.top_tokens else ())
+             for pos in range(n)]
     state = "live" if live else "done"
     header = escape_html(" \u00b7 ".join(header_bits))
     return (f'<section class="dg-block dg-block-{state}" data-block="{frame.block_index}">'
             f'<header>{header}</header><div class="dg-chips">{"".join(chips)}</div></section>')
-
-
-def _alternatives(frame: Frame, position: int) -> list[tuple[str, float]]:
-    """(token, probability) of the frame's alternatives at `position`."""
-    if not frame.top_tokens:
-        return []
-    return list(zip(frame.top_tokens[position], frame.top_probs[position]))
 
 
 def legend_html() -> str:
@@ -230,8 +214,7 @@ def stack_html(finished: Sequence[Frame], *, finished_html: Sequence[str] | None
 
 
 def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = "") -> str:
-    """The block being denoised (`live`) and a plain-text `status` in a `<div data-forward>` (the newest
-    forward, -1 if none); `EMPTY_CANVAS_HTML` when there is nothing to show."""
+    """The `live` block and a `status` line in a `<div data-forward>` (newest forward, -1); else the empty canvas."""
     newest = newest if newest is not None else live
     if newest is None and not status:
         return EMPTY_CANVAS_HTML

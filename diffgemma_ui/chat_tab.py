@@ -20,7 +20,7 @@ from .handlers import Job, Playground, api_summary
 from .meter import meter_html
 from .runs import RunWorker, session_key
 from .session import SessionState
-from .tab import (PRIVATE, PlotClock, TabState, api_run, buttons, checked, empty_plots, live_plots, live_run,
+from .tab import (PRIVATE, PlotClock, api_run, buttons, checked, empty_plots, live_plots, live_run,
                   refusal_box, refusing, setting_control, user_error, wire_stop)
 from .text import escape_html, plain_text, prose
 from .validation import MAX_PROMPT_CHARS, build_settings, check_flag, check_prompt, check_ui_seed, preset_values
@@ -107,13 +107,12 @@ def parse_history(history) -> list[dict]:
     return messages
 
 
-class ChatState(TabState):
+class ChatState(SessionState):
     """A visitor's chat: the conversation, its turn, the renderer's caches and the turn counts."""
 
     def __init__(self):
         super().__init__()
         self.chat: ChatSession | None = None
-        self.view = SessionState()  # the renderer's caches (finished blocks' HTML)
         self.turns = 0
         self.cut_turns = 0  # oldest turns cut to fit the context
 
@@ -186,8 +185,7 @@ class ChatTab:
         shown, shown_thoughts = turn.messages, turn.thoughts
         if regenerating:
             shown, shown_thoughts = shown[:-2], shown_thoughts[:-1]
-        view = state.view
-        view.snapshot, view.finished_html, view.stacked_blocks = None, [], -1
+        state.clear_views()
         session_hash = getattr(request, "session_hash", None)
         if session_hash:
             self.sessions[session_hash] = state
@@ -196,8 +194,8 @@ class ChatTab:
         with live_run(playground, Job("chat", turn, turn.settings), session_key(request, state, ":chat"), state,
                       receive=lambda outcome: outcome.apply(chat)) as worker:
             for index, snap in enumerate(playground.runs.updates(worker)):
-                view.snapshot = snap
-                out = playground.render(view, snap, final=snap.finished, plots_due=clock.due(snap.block_count),
+                state.snapshot = snap
+                out = playground.render(state, snap, final=snap.finished, plots_due=clock.due(snap.block_count),
                                         first=index == 0)
                 if not snap.finished:
                     history = gr.skip()
@@ -244,7 +242,7 @@ class ChatTab:
         if state is not None:
             state.halt()
             state.chat = None
-            state.view.release()
+            state.release()
 
     def clear(self, state: ChatState) -> tuple:
         """Clear: forget the conversation; the tab's outputs as before the first turn."""
@@ -253,7 +251,7 @@ class ChatTab:
             if state.chat is not None:
                 state.chat.clear()
             state.turns = state.cut_turns = 0
-            state.view.snapshot = None
+            state.snapshot = None
         return (EMPTY_CHAT_HTML, IDLE_REUSE_HTML, "", CHAT_EMPTY_CANVAS_HTML, meter_html(None, note=IDLE_METER_NOTE),
                 *empty_plots(), gr.skip(), *self._buttons(state or ChatState(), running=False))
 

@@ -15,7 +15,8 @@ from . import plots
 from .handlers import Job
 from .meter import REFUSED_NOTICE, meter_html
 from .runs import STOP_WAIT_S, session_key
-from .tab import (PRIVATE, TabState, checked, describe_error, live_run, refusal_box, setting_control, user_error,
+from .session import SessionState
+from .tab import (PRIVATE, checked, describe_error, live_run, refusal_box, setting_control, user_error,
                   wire_stop)
 from .text import escape_html, plain_text, prose
 
@@ -62,7 +63,7 @@ def pipeline_source(engine, payload: tuple, stop) -> Iterator:
         yield frames[-1]
 
 
-class CompareState(TabState):
+class CompareState(SessionState):
     """A visitor's comparison: `running`, and `shown`, the last frames (A, B) of the last one that ended."""
 
     def __init__(self):

@@ -59,11 +59,8 @@ class QueuePlan:
     max_size: int | None
 
 
-QUEUE_PLANS = {
-    "cpu": QueuePlan(concurrency=4, max_size=None),
-    "cuda": QueuePlan(concurrency=1, max_size=None),
-    "zerogpu": QueuePlan(concurrency=4, max_size=16),
-}
+QUEUE_PLANS = {"cpu": QueuePlan(concurrency=4, max_size=None), "cuda": QueuePlan(concurrency=1, max_size=None),
+               "zerogpu": QueuePlan(concurrency=4, max_size=16)}
 
 
 def queue_plan(device_type: str, environ: Mapping[str, str] | None = None) -> QueuePlan:

@@ -1,5 +1,5 @@
-"""The Playground tab's handlers (`Playground`, wired by `blocks.build_app`) and the base every tab's runs go
-through: checks, jobs started in the run mechanism, coalesced renders and `/generate`."""
+"""The Playground tab's handlers (`Playground`, wired by `blocks.build_app`), the base every tab's runs go through:
+checks, jobs started in the run mechanism, coalesced renders and `/generate`."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ class StreamOutputs:
 
 @dataclass(frozen=True)
 class Job:
-    """Model work: `kind` (a key of `Playground.sources`), a picklable `payload`, the `settings` it runs under and
-    `extra_forwards` beyond canvases x steps (for the GPU budget)."""
+    """Model work: `kind` (a `Playground.sources` key), a picklable `payload`, its `settings` and `extra_forwards`
+    beyond canvases x steps (for the GPU budget)."""
 
     kind: str
     payload: object
@@ -87,13 +87,6 @@ def api_summary(result) -> tuple[str, dict]:
     values = result.to_dict()
     return plain_text(values["text"]), {key: values[key] for key in API_SUMMARY_KEYS}
 
-
-def parse_ticket(ticket) -> int | None:
-    """A run ticket from the page's hidden textbox, or None when there is none."""
-    try:
-        return int(str(ticket).strip()) if ticket not in (None, "") else None
-    except ValueError:
-        return None
 
 
 def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
@@ -131,10 +124,8 @@ class Playground:
 
     @property
     def registry(self):
-        """Which run each session has (`runs.RunRegistry`)."""
         return self.runs.registry
 
-    # -- running -------------------------------------------------------------------------------------------------
     def check_request(self, request: RunRequest) -> None:
         """The engine's checks before any work: prompt encoding, context budget, settings (ValueError)."""
         prompt_ids = self.engine.encode_prompt(request.prompt, raw=request.raw, thinking=request.thinking)
@@ -149,13 +140,11 @@ class Playground:
         return run
 
     def start_run(self, request: RunRequest, *, keep_history: bool = True) -> RunWorker:
-        """Start `request` in a background `RunWorker` and return it."""
         return self.start_job(Job("generate", request, request.settings), keep_history=keep_history)
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
                   receive=None) -> RunWorker:
-        """Start `job` in the app's `Runner`, registered as `key` (`record`, `receive` as `RunWorker`'s,
-        `received`'s)."""
+        """Start `job` in the app's `Runner`, registered as `key`; `record` as `RunWorker`'s, `receive` `received`'s."""
         source = self.sources[job.kind]
         return self.runs.start(lambda stop: received(source(self.engine, job.payload, stop), receive), key,
                                keep_history=keep_history, record=record)
@@ -176,11 +165,9 @@ class Playground:
         return build_request(prompt, raw, dict(zip(SETTING_NAMES, settings)), seed, ui_limits=ui_limits,
                              thinking=thinking)
 
-    # -- rendering -----------------------------------------------------------------------------------------------
     def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool,
                first: bool = True) -> StreamOutputs:
-        """The view of `snap`; finished blocks' HTML cached in `session`, hover text only when `final`, the
-        buttons only when `first` or `final`."""
+        """The view of `snap` (blocks' HTML cached in `session`); hover text if `final`, buttons if `first`|`final`."""
         finished = snap.finished_blocks()
         for frame in finished[len(session.finished_html):]:
             session.finished_html.append(block_html(frame, live=False))
@@ -202,10 +189,7 @@ class Playground:
         skip = gr.skip()
         heatmap = order = entropy = skip
         if plots_due or final:
-            frames = snap.block_frames()
-            heatmap = plots.confidence_heatmap(frames, animate=final, hover=final)
-            order = plots.unmasking_order(frames[-1] if frames else None)
-            entropy = plots.entropy_and_acceptance(frames)
+            heatmap, order, entropy = plots.block_plots(snap.block_frames(), animate=final, hover=final)
         blocks = snap.block_count
         block = gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1) if final else skip
         if first and not final:  # the previous run's slider would plot this run's blocks
@@ -218,7 +202,6 @@ class Playground:
             stop_button=gr.update(interactive=not final) if edge else skip, thought=thought,
         )
 
-    # -- events --------------------------------------------------------------------------------------------------
     def request_run(self, session: SessionState, *inputs) -> tuple:
         """A run trigger's first step: check the inputs (gr.Error), take a ticket (stopping the session's run);
         returns (ticket, waiting meter, Generate and Stop updates)."""
@@ -237,14 +220,16 @@ class Playground:
     def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
                         t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed, ticket=None,
                         thinking=False, request: gr.Request = None) -> Iterator[tuple]:
-        """The run step: yields `StreamOutputs` tuples to the final frame, nothing once `ticket` is stale;
-        gr.Error: bad input, engine failure."""
+        """The run step: `StreamOutputs` tuples to the final frame (none for a stale `ticket`); gr.Error."""
         run = self.checked_request(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
                                    stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True,
                                    thinking=thinking)
         if session is None:
             session = SessionState()
-        ticket = parse_ticket(ticket)
+        try:  # the page's hidden ticket box: "" or None when there is none
+            ticket = int(str(ticket).strip()) if ticket not in (None, "") else None
+        except ValueError:
+            ticket = None
         if ticket is not None and not session.is_current(ticket):
             return
         key = session_key(request, session)
@@ -309,10 +294,7 @@ class Playground:
             index = int(block) - 1
         except (TypeError, ValueError):
             index = snap.block_count - 1
-        frames = snap.block_frames(index)
-        animate = snap.finished or index < snap.block_count - 1
-        return (plots.confidence_heatmap(frames, animate=animate), plots.unmasking_order(frames[-1]),
-                plots.entropy_and_acceptance(frames))
+        return plots.block_plots(snap.block_frames(index), animate=snap.finished or index < snap.block_count - 1)
 
     def apply_preset(self, name) -> tuple:
         """The preset dropdown: preset `name`'s `PRESET_FIELDS` values (skips for "custom"; gr.Warning: unknown)."""
@@ -327,7 +309,6 @@ class Playground:
 
     @staticmethod
     def random_seed() -> str:
-        """The random-seed button: a fresh seed as text."""
         return str(draw_seed())
 
     def generate_api(self, *inputs, thinking=False) -> tuple[str, dict]:

@@ -17,8 +17,9 @@ from .canvas_view import block_html, legend_html
 from .handlers import Job, api_summary, previous_run_meter, status_text
 from .meter import meter_html, run_meter_html
 from .runs import RunWorker, session_key
-from .tab import (API_SETTINGS, PRIVATE, PlotClock, TabState, api_run, buttons, checked, live_plots, live_run,
-                  refusal_box, refusing, setting_control, user_error, wire_stop)
+from .session import SessionState
+from .tab import (API_SETTINGS, PRIVATE, PlotClock, api_run, buttons, checked, live_plots, live_run, refusal_box,
+                  refusing, setting_control, user_error, wire_stop)
 from .text import escape_html, plain_text, prose
 from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, check_ui_seed, preset_values
 
@@ -37,10 +38,6 @@ def infill_source(engine, payload: tuple, stop) -> Iterator:
     """The "infill" source: the frames of (template, settings, context or None, seed)."""
     template, settings, context, seed = payload
     return infill_frames(engine, template, settings, prompt=context, seed=seed, stop_event=stop)[1]
-
-
-class InfillState(TabState):
-    """A visitor's fill in progress."""
 
 
 class InfillTab:
@@ -73,13 +70,12 @@ class InfillTab:
         with refusing():
             self.request(template, context, preset_name, max_denoising_steps, seed)
 
-    def fill_stream(self, state: InfillState, template, context, preset_name, max_denoising_steps, seed,
+    def fill_stream(self, state: SessionState, template, context, preset_name, max_denoising_steps, seed,
                     request: gr.Request = None) -> Iterator[tuple]:
-        """Fill: yields (canvas, meter, filled template, filled text, heatmap, order, entropy, Fill, Stop). Raises
-        gr.Error: bad input, a failed run."""
+        """Fill: (canvas, meter, filled template and text, three plots, Fill, Stop); gr.Error: bad input, failed."""
         with refusing():
             layout, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
-        state = state if state is not None else InfillState()
+        state = state if state is not None else SessionState()
         state.stop()
         job = Job("infill", (template, settings, context, seed), settings)
         clock = PlotClock(wait_first=True)
@@ -106,15 +102,14 @@ class InfillTab:
                     raise user_error(snap.error)
 
     @staticmethod
-    def refused(state: InfillState):
+    def refused(state: SessionState):
         """After a refusal: `previous_run_meter` of the last fill."""
         worker = getattr(state, "worker", None)
         return previous_run_meter(None if worker is None else worker.snapshot(), worker is not None and worker.running)
 
     async def infill_api(self, template, context, *values, request: gr.Request = None) -> tuple[str, dict]:
-        """`/infill`: fill `template` after an optional raw `context`; settings but the token budget (one canvas)
-        and seed as `/generate`'s. Returns (filled text, summary: `/generate`'s keys, `fills`, `blank_positions`,
-        `fixed_positions`, `template_positions`); raises gr.Error."""
+        """`/infill`: `template` filled after an optional raw `context`, settings (one canvas) and seed as
+        `/generate`'s -> (text, summary plus `fills` and blank, fixed and template positions); gr.Error."""
         *given, seed = values
         layout = None
 
@@ -146,7 +141,7 @@ class InfillTab:
 def build_infill_tab(infill: InfillTab, default_template: str) -> None:
     """The Infill tab's components and events in the current `gr.Tab`."""
     engine = infill.engine
-    state = gr.State(InfillState())
+    state = gr.State(SessionState())
     gr.Markdown(prose("infill-syntax").format(canvas=engine.canvas_length), elem_id="dg-infill-syntax")
     with gr.Row(equal_height=False, elem_id="dg-infill-main"):
         with gr.Column(min_width=0, elem_id="dg-infill-left"):
@@ -186,7 +181,6 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
     wire_stop(stop, state)
 
 
-# -- views (pure) ----------------------------------------------------------------------------------------------------
 def infill_canvas_html(frame: Frame | None, layout: InfillLayout | None, status: str = "") -> str:
     """The canvas of `frame`, its fixed positions marked, and a status line; carries `data-forward`, `data-fixed`."""
     if frame is None or layout is None:
@@ -200,8 +194,7 @@ def infill_canvas_html(frame: Frame | None, layout: InfillLayout | None, status:
 
 
 def filled_html(tokenizer, layout: InfillLayout | None, canvas_ids: Sequence[int] | None, *, live: bool) -> str:
-    """The template, each run of blanks as what the canvas holds there (`<mark>`): draft (`live`) or committed
-    ids; "" before a run."""
+    """The template, each run of blanks `<mark>`ed as the canvas's draft (`live`) or committed ids; "" before."""
     if layout is None or canvas_ids is None:
         return ""
     ids = list(canvas_ids[:layout.template_positions])
@@ -250,8 +243,5 @@ def _at_blanks(figure: plots.FigureSpec, blanks: Sequence[int]) -> plots.FigureS
 
 def blank_plots(frames: Sequence[Frame], blanks: Sequence[int], *, final: bool) -> tuple:
     """The three plots of the blank positions only (`final`: with hover text and the step slider)."""
-    cut = blank_frames(frames, blanks)
-    heatmap = _at_blanks(plots.confidence_heatmap(cut, animate=final, hover=final), blanks)
-    order = _at_blanks(plots.unmasking_order(cut[-1] if cut else None), blanks)
-    entropy = plots.entropy_and_acceptance(cut)  # its x axis is steps
-    return heatmap, order, entropy
+    heatmap, order, entropy = plots.block_plots(blank_frames(frames, blanks), animate=final, hover=final)
+    return _at_blanks(heatmap, blanks), _at_blanks(order, blanks), entropy  # the entropy plot's x axis is steps

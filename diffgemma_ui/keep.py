@@ -1,5 +1,4 @@
-"""Keeping runs: trace and offline-replay downloads, replaying an uploaded trace from its own token strings, and
-`/export` (`KeepHandlers`, and the controls' layout and wiring)."""
+"""Keeping runs: trace and offline-replay downloads, replaying an uploaded trace from its token strings, `/export`."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ def committed_text(trace: Trace, count: int) -> str:
 
 
 def render_trace(trace: Trace, count: int, *, hover: bool = True) -> StreamOutputs:
-    """The live view of `trace` after its first `count` frames, buttons untouched; `hover`: the heatmap's per-cell
-    text (off while playing, so the heatmap keeps pace with the canvas)."""
+    """The live view of `trace` after its first `count` frames, buttons untouched; `hover`: per-cell heatmap text."""
     snap = snapshot_upto(trace, count)
     latest = snap.latest
     finished = snap.finished_blocks()
@@ -71,29 +69,25 @@ def render_trace(trace: Trace, count: int, *, hover: bool = True) -> StreamOutpu
               f"forward {snap.frames_seen}/{len(trace.frames)}")
     if snap.frames_seen == len(trace.frames):
         status = f"{status} \u00b7 {status_text(latest)}"
-    frames = snap.block_frames()
+    heatmap, order, entropy = plots.block_plots(snap.block_frames(), hover=hover)
     blocks = snap.block_count
     return StreamOutputs(
         stack=stack_html(finished), canvas=live_html(live, newest=latest, status=status),
-        meter=meter_html(latest), text=committed_text(trace, count),
-        heatmap=plots.confidence_heatmap(frames, animate=True, hover=hover),
-        order=plots.unmasking_order(frames[-1]), entropy=plots.entropy_and_acceptance(frames),
+        meter=meter_html(latest), text=committed_text(trace, count), heatmap=heatmap, order=order, entropy=entropy,
         block=gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1),
         generate_button=gr.skip(), stop_button=gr.skip(),
     )
 
 
 class KeepHandlers:
-    """Handlers bound to a `handlers.Playground`, on the session's `request`, `snapshot`, `trace` (replayed or
-    exported) and `keep_dir` (its download folder)."""
+    """Handlers on a session's `request`, `snapshot`, `trace` (replayed or exported) and `keep_dir` (downloads)."""
 
     def __init__(self, playground):
         self.playground = playground
         self.engine = playground.engine
 
     def export_files(self, session: SessionState) -> tuple:
-        """After a run: write its trace and offline replay; returns the two download buttons', the replay slider's
-        and the Replay button's updates."""
+        """After a run: write its trace and replay page; updates of both downloads, the replay slider, Replay."""
         hidden = (gr.update(value=None, interactive=False), gr.update(value=None, interactive=False),
                   gr.update(visible=False), gr.update(interactive=False))
         snap = getattr(session, "snapshot", None)
@@ -136,8 +130,7 @@ class KeepHandlers:
             raise user_error(f"This trace cannot be replayed: {error}") from None
 
     def load_upload(self, session: SessionState, path) -> tuple:
-        """The trace upload: the whole run's stream outputs, the replay slider's and the download buttons' updates.
-        Raises gr.Error as `check_upload`."""
+        """The upload: the run's stream outputs, replay slider and downloads; gr.Error as `check_upload`."""
         if path is None:
             return tuple(gr.skip() for _ in range(STREAM_WIDTH + 3))
         if session is None:
@@ -169,8 +162,7 @@ class KeepHandlers:
         return render_trace(trace, count).as_tuple()
 
     def replay_play(self, session: SessionState, count, interval_s: float = PLAY_INTERVAL_S) -> Iterator[tuple]:
-        """The play button: from `count` (the start when at the end) to the last forward, a render every
-        `interval_s`; yields the stream outputs and the slider's value."""
+        """Play: from `count` (at the end: the start) to the last forward every `interval_s`; outputs and slider."""
         trace = getattr(session, "trace", None)
         if trace is None:
             raise user_error("Upload a trace first: there is nothing to replay.")
@@ -181,8 +173,7 @@ class KeepHandlers:
             time.sleep(interval_s)
 
     def replay_run(self, session: SessionState) -> Iterator[tuple]:
-        """The Replay button: the last run or loaded trace played in about `REPLAY_TOTAL_S`, as `replay_play`.
-        Raises gr.Error: nothing to replay."""
+        """Replay: the last run or trace played in about `REPLAY_TOTAL_S`, as `replay_play`; gr.Error: none."""
         if session is not None and session.run_in_progress:
             raise user_error("A run is in progress: replay it once it has finished.")
         trace = getattr(session, "trace", None)
@@ -192,8 +183,7 @@ class KeepHandlers:
         yield from self.replay_play(session, 1, interval_s=interval)
 
     async def export_served(self, *inputs, request: gr.Request = None) -> dict:
-        """`/export`: `/generate`'s run as a trace dict (`docs/trace.md`). Raises gr.Error: bad input, a run too
-        long for a trace, an engine failure."""
+        """`/export`: `/generate`'s run as a trace dict (`docs/trace.md`); gr.Error: bad input, too long, failed."""
         kept = {}
 
         def start():
@@ -239,8 +229,7 @@ def build_keep_controls() -> KeepControls:
 
 def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_outputs: list, run_events,
               replay_button: gr.Button, box) -> None:
-    """Wire downloads after each of `run_events`, the upload, the replay slider and play, and `replay_button`
-    into `stream_outputs`; `box` (`tab.refusal_box`) says why not."""
+    """Wire downloads after `run_events`, the upload, slider, play and `replay_button`; refusals shown in `box`."""
     html, refusal = box
     shown = dict(fn=shown_refusal, inputs=[refusal], outputs=[html], concurrency_limit=None, **PRIVATE)
     for event in run_events:

@@ -32,11 +32,8 @@ def format_count(value: float, digits: int = 1) -> str:
     return format_number(value, digits)
 
 
-
-
 def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[str, str]:
-    """The meter's figures by label, unescaped (`frame` None: dashes); the rates are the committed blocks'
-    (`committed`: the newest finished block's last frame)."""
+    """The meter's figures by label, unescaped (None: dashes); rates from `committed`, the newest finished block's."""
     if frame is None:
         return {label: "\u2013" for label in (
             "tokens/s", "tokens/forward", "forwards/block", "ms/forward", "forwards used", "elapsed", "first frame",
@@ -44,7 +41,7 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
     fpb = frame.forwards_per_block
     last = committed if committed is not None else (frame if frame.block_done or not fpb else None)
     rates = last if last is not None else frame
-    counting = not fpb  # nothing committed yet: no rate to show
+    counting = not fpb
     forwards_per_block = format_count(sum(fpb) / len(fpb), 1) if fpb else f"\u2265 {frame.step_index + 1}"
     if frame.done:
         progress = STOP_REASONS.get(frame.stop_reason, frame.stop_reason) or "done"
@@ -59,7 +56,7 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
         "tokens/forward": none if counting else format_number(rates.tokens_per_forward, 2),
         "forwards/block": forwards_per_block,
         "ms/forward": format_number(per_forward_ms, 0 if per_forward_ms >= 10 else 1),
-        "forwards used": f"{frame.forward_index + 1:,} of {forward_budget(frame):,}",
+        "forwards used": f"{frame.forward_index + 1:,} of {(frame.block_index + 1) * frame.max_denoising_steps:,}",
         "elapsed": format_number(frame.elapsed_s, 2, " s"),
         "first frame": format_number(frame.time_to_first_frame_s * 1000, 0, " ms"),
         "tokens": f"{frame.committed_tokens:,}",
@@ -73,11 +70,6 @@ def ms_per_forward(frame: Frame) -> float:
     if later < 1:
         return frame.time_to_first_frame_s * 1000
     return (frame.elapsed_s - frame.time_to_first_frame_s) / later * 1000
-
-
-def forward_budget(frame: Frame) -> int:
-    """The most decoder forwards the canvases started so far could take."""
-    return (frame.block_index + 1) * frame.max_denoising_steps
 
 
 def short_answer_note(frame: Frame) -> str:
@@ -98,8 +90,7 @@ def stat_cards_html(values: dict[str, str]) -> str:
 
 def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str | None = None,
                state: str | None = None, notice: str | None = None) -> str:
-    """The meter: a card per `meter_values` figure and a note; `note` replaces the idle note, `state` the
-    `data-state`, `notice` a line above; `data-tps`/`data-ttff` hold the raw figures."""
+    """The meter's cards and note (`note`: instead of the idle one), `state`, `notice` above; raw figures in data-."""
     values = meter_values(frame, committed)
     progress = values.pop("progress")
     cards = stat_cards_html(values)

@@ -1,5 +1,5 @@
-"""Plotly views of a run as plain figure dicts: confidence heatmap, unmasking order, entropy and acceptance per
-step; hover tokens go through `escape_plotly`."""
+"""Plotly views of a run as plain figure dicts (confidence heatmap, unmasking order, entropy and acceptance per
+step); hover tokens go through `escape_plotly`."""
 
 from __future__ import annotations
 
@@ -45,14 +45,11 @@ def _layout(title: str, *, below_toolbar: bool = False, **extra) -> dict:
     layout = {
         "title": {"text": escape_plotly(title), "x": 0.01, "xanchor": "left", "y": round(1 - (5 + drop) / height, 3),
                   "yanchor": "top", "font": {"size": 14}},
-        "height": height,
-        "margin": {"l": 48, "r": 16, "t": 40, "b": 40},
-        "paper_bgcolor": "rgba(0,0,0,0)",
-        "plot_bgcolor": "rgba(0,0,0,0)",
+        "height": height, "margin": {"l": 48, "r": 16, "t": 40, "b": 40},
+        "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
         "font": {"family": "Inter, system-ui, sans-serif", "size": 12, "color": "#7c8494"},
         "hoverlabel": {"font": {"family": "ui-monospace, SFMono-Regular, Menlo, monospace", "size": 12}},
-        "showlegend": False,
-        "modebar": {"remove": MODEBAR_REMOVE},
+        "showlegend": False, "modebar": {"remove": MODEBAR_REMOVE},
     }
     layout.update(extra)
     layout["margin"] = {**layout["margin"], "t": layout["margin"]["t"] + drop}
@@ -147,8 +144,7 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
         {
             "type": "scatter", "mode": "markers", "x": dots_x, "y": dots_y, "hoverinfo": "skip",
             "name": "accepted at this step",
-            "marker": {"symbol": "circle", "size": 4 if n * rows <= 64 * 64 else 3,
-                       "color": "rgba(255,255,255,0.85)",
+            "marker": {"symbol": "circle", "size": 4 if n * rows <= 64 * 64 else 3, "color": "rgba(255,255,255,0.85)",
                        "line": {"width": 0.5, "color": "rgba(0,0,0,0.6)"}},
         },
         {
@@ -198,8 +194,7 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
 
 
 def unmasking_order(frame: Frame | None) -> FigureSpec:
-    """Per position, the step it was first accepted at (a short grey bar: not yet), from a block's newest
-    frame."""
+    """Per position, the step it was first accepted at (a short grey bar: not yet), from a block's newest frame."""
     if frame is None:
         return empty_figure("Unmasking order", below_toolbar=True)
     n = frame.canvas_length
@@ -266,3 +261,9 @@ def entropy_and_acceptance(frames: Sequence[Frame]) -> FigureSpec:
         legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 1.0, "yanchor": "bottom",
                 "font": {"size": 11}, "bgcolor": "rgba(0,0,0,0)"},
     ))
+
+
+def block_plots(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> tuple[FigureSpec, ...]:
+    """(confidence heatmap, unmasking order, entropy and acceptance) of one block's `frames` (none: placeholders)."""
+    return (confidence_heatmap(frames, animate=animate, hover=hover), unmasking_order(frames[-1] if frames else None),
+            entropy_and_acceptance(frames))

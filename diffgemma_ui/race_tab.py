@@ -8,20 +8,21 @@ import time
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import gradio as gr
 
 from engine import PRESET_NAMES
 from engine.autoregressive import check_temperature
-from engine.race import ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner, SideResult
+from engine.loading import model_name
+from engine.race import FAIRNESS, ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner, SideResult
 
 from .canvas_view import STOP_REASONS, block_html
 from .handlers import Job, Playground
 from .meter import format_number, stat_cards_html
 from .runs import RunWorker, pushed, session_key
-from .tab import (PRIVATE, TabState, api_run, buttons, checked, live_run, refusal_box, refusing, setting_control,
-                  user_error, wire_stop)
+from .session import SessionState
+from .tab import (PRIVATE, api_run, buttons, checked, live_run, refusal_box, refusing, setting_control, user_error,
+                  wire_stop)
 from .text import escape_html, plain_text, prose
 from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, preset_values
 
@@ -39,17 +40,10 @@ FAULT_TEXT = {  # `SideResult.faults` in words
 }
 
 
-def model_name(source) -> str:
-    """A model's name for the page: a local path's folder name, a hub id unchanged."""
-    text = str(source)
-    return Path(text).name if Path(text).expanduser().exists() else text
 
-
-# -- state -----------------------------------------------------------------------------------------------------------
 @dataclass
 class RaceProgress:
-    """A race's record and its own snapshot: each side's frames and first-token time, the order the sides ran in,
-    the result, decoded texts (cached)."""
+    """A race's record and snapshot: each side's frames and first-token time, the running order, result, texts."""
 
     frames: dict = field(default_factory=lambda: {side: [] for side in SIDES})
     first_token_s: dict = field(default_factory=dict)
@@ -84,12 +78,8 @@ class RaceProgress:
     def snapshot(self) -> "RaceProgress":
         return self
 
-    def running_side(self) -> str | None:
-        """The side whose frames arrive now (None before the first frame or once over)."""
-        return None if self.finished or not self.order else self.order[-1]
 
-
-class RaceSession(TabState):
+class RaceSession(SessionState):
     """A visitor's race: its run and the finished race's `progress` (for the replay)."""
 
     def __init__(self):
@@ -106,7 +96,6 @@ class RaceRequest:
     order: str
 
 
-# -- the tab -----------------------------------------------------------------------------------------------------------
 class RaceTab:
     """Handlers of the Race tab and `/race` around one `RaceRunner`, run through `playground` (default: its own)."""
 
@@ -176,14 +165,13 @@ class RaceTab:
                           position=position, state=state, t=t, first_token_s=progress.first_token_s.get(side))
 
     def live_panels(self, progress: RaceProgress) -> tuple[str, str]:
-        running = progress.running_side()
+        running = None if progress.finished or not progress.order else progress.order[-1]
         return tuple(self.panel(progress, side, "running" if side == running else
                                 "done" if progress.frames[side] else "waiting") for side in SIDES)
 
     def race_stream(self, session: RaceSession, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature,
                     order, request: gr.Request = None) -> Iterator[tuple]:
-        """The Race button: yields (diffusion panel, autoregressive panel, result, Race, Stop) live; the race is
-        kept in `session` for `replay_stream`. Raises gr.Error: bad input, a failed race."""
+        """Race: (both panels, result, Race, Stop) live, the race kept for `replay_stream`; gr.Error: bad, failed."""
         race = self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
         session = session if session is not None else RaceSession()
         session.stop()
@@ -218,8 +206,7 @@ class RaceTab:
         yield (*final, result_html(result), *buttons(False))
 
     async def race_api(self, *inputs, request: gr.Request = None) -> tuple[str, str, dict]:
-        """`/race`: `/generate`'s inputs, the AR temperature and the order. Returns (diffusion text, autoregressive
-        text, summary); raises gr.Error."""
+        """`/race`: `/generate`'s inputs, AR temperature, order -> (diffusion text, AR text, summary); gr.Error."""
         *inputs, ar_temperature, order = inputs
 
         def start() -> RunWorker:
@@ -277,7 +264,6 @@ def build_race_tab(race: RaceTab) -> None:
     wire_stop(stop, session)
 
 
-# -- views (pure; every model string escaped) ------------------------------------------------------------------
 def frame_at(frames: Sequence, t: float):
     """The newest of `frames` whose `elapsed_s` is at most `t` (engine seconds), or None."""
     index = bisect_right([f.elapsed_s for f in frames], t)
@@ -311,8 +297,8 @@ def side_figures(frame, *, t: float | None = None, first_token_s: float | None =
 
 def panel_html(side: str, frame, *, text: str, model: str, position: int | None, state: str,
                t: float | None = None, first_token_s: float | None = None) -> str:
-    """One side's panel: answer `text`, figures, for diffusion the live canvas. `position`: 1 or 2 (when it runs);
-    `state`: idle, waiting, running, replay or done; carries `data-side`, `data-state`, `data-tokens`."""
+    """One side's panel (answer, figures, diffusion's live canvas); `position`: 1 or 2; `state`: idle, waiting,
+    running, replay or done; carries `data-side`, `data-state`, `data-tokens`."""
     figures = side_figures(frame, t=t, first_token_s=first_token_s)
     if state == "idle":
         note = "press Race to start"
@@ -462,6 +448,6 @@ def result_html(result: RaceResult | None) -> str:
         f"{lengths}"
         f"{cost_table_html(result)}"
         f'<p class="dg-race-explain">{escape_html(explanation(result))}</p>'
-        f'<p class="dg-race-rules">{escape_html(result.fairness)} Length: {escape_html(result.length_rule)}. '
+        f'<p class="dg-race-rules">{escape_html(FAIRNESS)} Length: {escape_html(result.length_rule)}. '
         f"Seed {escape_html(str(result.seed))}.</p></div>"
     )

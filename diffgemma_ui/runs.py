@@ -1,6 +1,5 @@
-"""The one run mechanism: every tab's model work is a frame source read in a `RunWorker` thread into a record and
-read back as coalesced snapshots; `Runner` starts an app's runs and ends them on Stop, a closed tab, an abandoned
-API call or the time limit."""
+"""The one run mechanism: each tab's model work is a frame source read by a `RunWorker` thread, read back as
+coalesced snapshots; `Runner` starts an app's runs and ends them (Stop, closed tab, gone client, time limit)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ LOG = logging.getLogger(__name__)
 
 
 def default_live_rate(canvas_length: int) -> float:
-    """Live renders a second for `canvas_length` positions: 15 up to 256, then 3840 / length, at least 2;
-    ValueError below 1."""
+    """Live renders a second for `canvas_length`: 15 up to 256, then 3840 / length, at least 2; ValueError below 1."""
     if canvas_length < 1:
         raise ValueError(f"canvas_length must be at least 1, got {canvas_length}")
     return max(2.0, min(DEFAULT_MAX_FPS, LIVE_POSITIONS_PER_SECOND / canvas_length))
@@ -38,8 +36,7 @@ def default_live_rate(canvas_length: int) -> float:
 
 @dataclass(frozen=True)
 class RunSnapshot:
-    """A run at one moment: `frames_seen`, the `latest` frame, `blocks` (each block's frames), `finished`,
-    and the `error` it raised."""
+    """A run at one moment: frames seen, the latest frame, each block's frames, whether finished, its error."""
 
     frames_seen: int = 0
     latest: Frame | None = None
@@ -66,14 +63,14 @@ class RunSnapshot:
 
 @dataclass
 class RunRecord:
-    """A run's frames, appended by one writer and read by any number of readers."""
+    """A run's frames, appended by one writer and read by any number of readers; `count` frames so far."""
 
     keep_history: bool = True
+    count: int = 0
+    finished: bool = False
     _frozen: tuple[tuple[Frame, ...], ...] = ()  # blocks before the newest (no longer changing)
     _current: list[Frame] = field(default_factory=list)
     _latest: Frame | None = None
-    _count: int = 0
-    _finished: bool = False
     _error: BaseException | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -83,7 +80,6 @@ class RunRecord:
             if self.keep_history:
                 if (frame.stop_reason == "cancelled" and self._current
                         and self._current[-1].forward_index == frame.forward_index):
-                    # the engine repeats the last forward, marked cancelled
                     self._current[-1] = frame
                 elif self._current and frame.block_index != self._current[-1].block_index:
                     self._frozen = self._frozen + (tuple(self._current),)
@@ -91,28 +87,20 @@ class RunRecord:
                 else:
                     self._current.append(frame)
             self._latest = frame
-            self._count += 1
+            self.count += 1
 
     def finish(self, error: BaseException | None = None) -> None:
         """Mark the run over, with the exception that ended it."""
         with self._lock:
-            self._finished = True
+            self.finished = True
             self._error = error
-
-    @property
-    def count(self) -> int:
-        return self._count
-
-    @property
-    def finished(self) -> bool:
-        return self._finished
 
     def snapshot(self) -> RunSnapshot:
         """A consistent copy of the record right now."""
         with self._lock:
-            return RunSnapshot(frames_seen=self._count, latest=self._latest,
+            return RunSnapshot(frames_seen=self.count, latest=self._latest,
                                blocks=self._frozen + ((tuple(self._current),) if self._current else ()),
-                               finished=self._finished, error=self._error)
+                               finished=self.finished, error=self._error)
 
 
 class RunTimeLimitExceeded(RuntimeError):
@@ -145,8 +133,8 @@ def _without_tracebacks(error: BaseException) -> BaseException:
 
 
 class RunWorker:
-    """One run in a thread: `source(stop_event)` read into `record` (default `RunRecord`); it stops itself after
-    `abandon_after_s` unread or past `time_limit_s`; `stop_event`: any object with `set()` and `is_set()`."""
+    """`source(stop_event)` read into `record` in a thread, stopped when unread `abandon_after_s` or past
+    `time_limit_s`; `stop_event`: anything with `set()` and `is_set()`."""
 
     def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0,
                  time_limit_s: float | None = None, stop_event: threading.Event | None = None, record=None):
@@ -244,8 +232,7 @@ class RunWorker:
 
     def updates(self, max_fps: float = DEFAULT_MAX_FPS, poll_s: float = 0.2,
                 reader_budget: float | None = DEFAULT_READER_BUDGET) -> Iterator[RunSnapshot]:
-        """Coalesced snapshots, at most `max_fps` a second and the reader's time / `reader_budget` apart (at most
-        `MAX_LIVE_GAP_S`); the first and the final never held back."""
+        """Coalesced snapshots, `max_fps` at most, reader time / `reader_budget` apart (`MAX_LIVE_GAP_S` at most)."""
         interval = 1.0 / max_fps if max_fps and max_fps > 0 else 0.0
         seen = -1
         next_allowed = 0.0
@@ -321,7 +308,6 @@ class RunRegistry:
         return bool(workers)
 
     def active(self) -> int:
-        """Runs whose thread is still alive."""
         with self._lock:
             return sum(1 for w in self._runs.values() if w.running)
 

@@ -1,32 +1,33 @@
-"""The Playground's per-session state (a `gr.State`): one run per session. Each trigger takes a ticket (`claim`),
-a run starts only while its ticket is the newest (`begin`) and a stale stream stops yielding (`is_current`)."""
+"""A visitor's state in a tab (a `gr.State`): one run at a time. In the Playground each trigger takes a ticket
+(`claim`), a run starts only while its ticket is the newest (`begin`), a stale stream stops (`is_current`)."""
 
 from __future__ import annotations
 
 import threading
 
-from .runs import RunSnapshot, RunWorker
+from .runs import STOP_WAIT_S, RunSnapshot, RunWorker
 
 PREVIOUS_STREAM_WAIT_S = 10.0  # a new run waits this long for the previous stream
 
 
 class SessionState:
-    """What one browser session remembers: its `worker`, tickets, last `snapshot` and the finished blocks'
-    HTML; a deep copy is always fresh."""
+    """What a visitor's tab remembers: its `worker`, tickets, `stopped` (Stop), last `snapshot` and the finished
+    blocks' HTML; a deep copy is always fresh."""
 
     def __init__(self):
         self.worker: RunWorker | None = None
         self.ticket = 0
         self.running_ticket = 0
-        self._clear_views()
+        self.stopped = threading.Event()
+        self.clear_views()
         self._lock = threading.Lock()
         self._stream_done = threading.Event()
         self._stream_done.set()
 
     def __deepcopy__(self, memo) -> "SessionState":
-        return SessionState()
+        return type(self)()
 
-    def _clear_views(self) -> None:
+    def clear_views(self) -> None:
         self.snapshot: RunSnapshot | None = None
         self.finished_html: list[str] = []
         self.stacked_blocks = -1  # blocks in the stack component (-1: none this run)
@@ -40,7 +41,6 @@ class SessionState:
         return ticket
 
     def is_current(self, ticket: int) -> bool:
-        """Whether `ticket` is still the newest."""
         return ticket == self.ticket
 
     def begin(self, worker: RunWorker, ticket: int | None = None) -> bool:
@@ -56,7 +56,7 @@ class SessionState:
                 return False
             self.worker = worker
             self.running_ticket = ticket
-            self._clear_views()
+            self.clear_views()
             self._stream_done.clear()
         return True
 
@@ -71,17 +71,22 @@ class SessionState:
 
     @property
     def run_in_progress(self) -> bool:
-        """Whether the session's worker is still running."""
         worker = self.worker
         return worker is not None and worker.running
 
     def stop(self) -> bool:
-        """Stop the session's run; returns whether one was running."""
+        """Stop the session's run (it ends within one decoder forward); returns whether one was running."""
+        self.stopped.set()
         worker = self.worker
         if worker is not None and worker.running:
             worker.stop()
             return True
         return False
+
+    def halt(self) -> None:
+        """Stop the session's run and wait for it to end."""
+        if self.stop():
+            self.worker.join(STOP_WAIT_S)
 
     def withdraw(self) -> tuple[int, RunWorker | None]:
         """Stop: stale every ticket and stop the run; returns (the newest ticket, its worker or None)."""
@@ -98,5 +103,5 @@ class SessionState:
             self.ticket += 1
         self.stop()
         self.worker = None
-        self._clear_views()
+        self.clear_views()
         self._stream_done.set()

@@ -1,12 +1,10 @@
-"""The skeleton every tab fills in: a `TabState` per visitor, a check step wired by `checked` whose refusal stays in
-the tab's `refusal_box`, a `live_run` streamed and rendered, `user_error` for any failure, and `register_api` for an
-endpoint whose settings come from the settings table."""
+"""The skeleton every tab fills in: a check step wired by `checked` (its refusal kept in the tab's `refusal_box`), a
+`live_run` streamed and rendered, `user_error` for any failure, `register_api` for an endpoint with the settings."""
 
 from __future__ import annotations
 
 import inspect
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -17,7 +15,8 @@ from engine import DiffusionSettings
 from engine.settings import SETTING_NAMES, spec
 
 from . import plots
-from .runs import STOP_WAIT_S, ClientGone, RunTimeLimitExceeded, RunWorker, is_out_of_memory
+from .runs import ClientGone, RunTimeLimitExceeded, RunWorker, is_out_of_memory
+from .session import SessionState
 from .text import escape_html
 
 LOG = logging.getLogger(__name__)
@@ -67,32 +66,7 @@ async def api_run(playground, start: Callable[[], RunWorker], request):
     return snap
 
 
-# -- a tab's state and run -----------------------------------------------------------------------------------------
-class TabState:
-    """A visitor's state in one tab (a `gr.State`): its `worker` and `stopped` (Stop); copies are fresh."""
-
-    def __init__(self):
-        self.worker: RunWorker | None = None
-        self.stopped = threading.Event()
-
-    def __deepcopy__(self, memo):
-        return type(self)()
-
-    def stop(self) -> None:
-        """Ask the run in progress to stop (it ends within one decoder forward)."""
-        self.stopped.set()
-        if self.worker is not None:
-            self.worker.stop()
-
-    def halt(self) -> None:
-        """Stop the run in progress and wait for it to end."""
-        if self.worker is not None:
-            self.worker.stop()
-            self.worker.join(STOP_WAIT_S)
-
-
-def stop_run(state: TabState | None) -> None:
-    """A tab's Stop button."""
+def stop_run(state: SessionState | None) -> None:
     if state is not None:
         state.stop()
 
@@ -103,7 +77,7 @@ def wire_stop(button: gr.Button, state: gr.State) -> None:
 
 
 @contextmanager
-def live_run(playground, job, key: str | None, state: TabState | None = None, **options) -> Iterator[RunWorker]:
+def live_run(playground, job, key: str | None, state: SessionState | None = None, **options) -> Iterator[RunWorker]:
     """`playground.start_job(job, key, **options)` as `state.worker`, stopped and unregistered on leaving."""
     worker = playground.start_job(job, key, **options)
     if state is not None:
@@ -119,7 +93,6 @@ def buttons(running: bool) -> tuple:
     return gr.update(interactive=not running), gr.update(interactive=running)
 
 
-# -- the refusal box ---------------------------------------------------------------------------------------------
 class Refusal:
     """A session's last refusal in one tab (a `gr.State`); a copy is always empty."""
 
@@ -167,8 +140,7 @@ def guarded(fn: Callable, width: int) -> Callable:
 def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.HTML, gr.State],
             outputs: Sequence = (), refused: Callable | None = None, refused_inputs: Sequence = (),
             refused_outputs: Sequence = (), **options):
-    """Wire `triggers` to `check(*inputs)` (a value per `outputs`, or gr.Error shown in `box`); `refused` then marks
-    `refused_outputs`. Returns the event (`.success`: the run step)."""
+    """Wire `triggers` to `check(*inputs)` (gr.Error shown in `box`, then `refused`); the event, for `.success`."""
     html, state = box
     event = gr.on(list(triggers), guarded(check, len(outputs)), inputs=[state, *inputs], outputs=[*outputs, html],
                   concurrency_limit=None, **{**PRIVATE, **options})
@@ -193,11 +165,9 @@ def guard_stream(fn: Callable) -> Callable:
 
 
 def shown_refusal(refusal: Refusal) -> str:
-    """The refusal box's HTML for the session's last refusal."""
     return refusal_html(refusal.reason)
 
 
-# -- controls ---------------------------------------------------------------------------------------------------
 def setting_control(name: str, value, **options) -> gr.Slider | gr.Checkbox:
     """Setting `name`'s control from the settings table: a slider over the UI's range or a checkbox."""
     row = spec(name)
@@ -211,7 +181,7 @@ def setting_control(name: str, value, **options) -> gr.Slider | gr.Checkbox:
 
 def empty_plots() -> tuple:
     """The three plots before a run: confidence heatmap, unmasking order, entropy and acceptance."""
-    return plots.confidence_heatmap([]), plots.unmasking_order(None), plots.entropy_and_acceptance([])
+    return plots.block_plots([])
 
 
 def live_plots(tab: str) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
@@ -225,8 +195,7 @@ def live_plots(tab: str) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
 
 
 class PlotClock:
-    """When live plots are due: each `PLOT_INTERVAL_S` (stretched for a heatmap of more than `PLOT_CELLS` `cells`)
-    and at a new block (`wait_first`: not at once)."""
+    """Live plots are due each `PLOT_INTERVAL_S` (longer past `PLOT_CELLS` `cells`) and at a new block."""
 
     def __init__(self, wait_first: bool = False, cells: int = 0):
         self.last = time.monotonic() if wait_first else 0.0
@@ -241,7 +210,6 @@ class PlotClock:
         return False
 
 
-# -- API endpoints ------------------------------------------------------------------------------------------------
 Param = tuple[str, type, object]  # (name, type, default)
 
 
@@ -251,8 +219,7 @@ def setting_params(defaults: DiffusionSettings, names: Sequence[str] = API_SETTI
 
 
 def register_api(name: str, handler: Callable, params: Sequence[Param], returns, doc: str) -> None:
-    """Register `/name`: `await handler(*values, request=...)` behind a signature of `params` (default
-    `inspect.Parameter.empty`: required) returning `returns`."""
+    """Register `/name`: `await handler(*values, request=...)` behind a signature of `params`, returning `returns`."""
     parameters = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
                   for p, kind, default in params]
     parameters.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,

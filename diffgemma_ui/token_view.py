@@ -20,8 +20,7 @@ _ID = re.compile(r"<id:(-?\d+)>")
 
 @dataclass(frozen=True)
 class TokenCell:
-    """One position's look: `text` (unescaped, for tooltips), `html` (escaped), `style` (one of `STYLES`) and
-    `detail` (a tooltip line)."""
+    """One position's look: `text` (unescaped), `html` (escaped), `style` (of `STYLES`), `detail` (tooltip line)."""
 
     text: str
     html: str
@@ -35,8 +34,7 @@ def _cell(text: str, style: str, detail: str = "") -> TokenCell:
 
 
 def special_label(piece: str) -> str:
-    """A short label for a special token's piece: `<pad>` "pad", `<|turn>` "turn start", `<turn|>` "turn end",
-    `<id:N>` "id N"."""
+    """A special token's label: `<pad>` "pad", `<|turn>` "turn start", `<turn|>` "turn end", `<id:N>` "id N"."""
     piece = str(piece)
     match = _ID.fullmatch(piece)
     if match:
@@ -112,8 +110,7 @@ def _byte_run(pieces: list[bytes]) -> list[TokenCell]:
 
 def token_cells(tokens: Sequence[str], kinds: Sequence[str] | None = None,
                 groups: Sequence[object] | None = None) -> list[TokenCell]:
-    """A `TokenCell` per token of a row (`kinds`: None for all text); bytes are read together only within a run
-    of equal `groups` keys."""
+    """A `TokenCell` per token (`kinds` None: all text); bytes read together within runs of equal `groups` keys."""
     n = len(tokens)
     kinds = list(kinds) if kinds else [TEXT] * n
     groups = list(groups) if groups is not None else [None] * n

@@ -40,8 +40,10 @@ class StopFlag:
     """A stop signal across processes (`set`, `is_set` as `threading.Event`'s): a file, only its path pickled."""
 
     def __init__(self, directory: str | os.PathLike | None = None):
-        folder = Path(directory) if directory is not None else _flag_dir()
-        self.path = str(folder / f"diffgemma-stop-{uuid.uuid4().hex}")
+        if directory is None:
+            shm = Path("/dev/shm")
+            directory = shm if shm.is_dir() and os.access(shm, os.W_OK) else tempfile.gettempdir()
+        self.path = str(Path(directory) / f"diffgemma-stop-{uuid.uuid4().hex}")
 
     def set(self) -> None:
         try:
@@ -56,15 +58,9 @@ class StopFlag:
         Path(self.path).unlink(missing_ok=True)
 
 
-def _flag_dir() -> Path:
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-
-
 @dataclass(frozen=True)
 class GpuBudget:
-    """The ZeroGPU time a request asks for: `seconds_per_forward`, `setup_s` (weights, warm-up, prefill), the
-    `quota_s` every request must fit and the `size` (an xlarge second is charged twice)."""
+    """A request's ZeroGPU time: per forward, `setup_s`, the `quota_s` it must fit; an xlarge second costs two."""
 
     seconds_per_forward: float = 0.1
     setup_s: float = 20.0
@@ -107,7 +103,6 @@ class GpuBudget:
         return math.ceil(self.setup_s + forwards * self.seconds_per_forward)
 
     def quota_cost_s(self, duration_s: float) -> float:
-        """Quota seconds a `duration_s` request costs."""
         return duration_s * (2 if self.size == "xlarge" else 1)
 
     def check(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> None:
@@ -127,7 +122,6 @@ class GpuBudget:
 
 
 def weight_bytes(model) -> int:
-    """Bytes of a model's weights as stored."""
     return memory_report(model)["total_bytes"]
 
 
@@ -143,8 +137,7 @@ def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:
 
 
 def load_zero_gpu_model(model: str, dtype: str = "auto", quantization: str = "none"):
-    """A checkpoint for ZeroGPU (after `import spaces`): loaded on the CPU, then `.to("cuda")`, which `spaces`
-    packs at launch. Raises ModelLoadError as `engine.load_model`, and for any quantization."""
+    """A checkpoint loaded on the CPU, then `.to("cuda")` for `spaces` to pack; ModelLoadError, also if quantized."""
     if quantization != "none":
         raise ModelLoadError(f"{quantization} quantization is not offered on ZeroGPU (its packed weights under "
                              "ZeroGPU's CUDA emulation were never checked): use --quantization none (bf16 weights, an "
@@ -155,22 +148,16 @@ def load_zero_gpu_model(model: str, dtype: str = "auto", quantization: str = "no
     return loaded
 
 
-def cpu_view(engine: DiffusionEngine) -> DiffusionEngine:
-    """A shallow copy of `engine` on the CPU for the main process's checks (its model never runs)."""
-    view = copy.copy(engine)
-    view.device = torch.device("cpu")
-    return view
-
-
 _WARMED_PID: int | None = None  # the process whose model has been warmed up
 
 
 class ZeroGpuPlayground(Playground):
-    """`Playground` whose jobs run under `spaces.GPU`: `engine` is a CPU view (checks, summaries), `gpu_engine` runs
-    in the GPU process; `budget` (default: from the environment), `spaces_module` (default: imported)."""
+    """`Playground` whose jobs run under `spaces.GPU` on `gpu_engine`; `engine` is a CPU view for checks."""
 
     def __init__(self, engine: DiffusionEngine, *, budget: GpuBudget | None = None, spaces_module=None, **kwargs):
-        super().__init__(cpu_view(engine), **kwargs)
+        view = copy.copy(engine)  # the main process's engine: its model never runs there
+        view.device = torch.device("cpu")
+        super().__init__(view, **kwargs)
         self.gpu_engine = engine
         self.budget = budget or GpuBudget.from_environment(gpu_size_for(engine.model))
         self.sources["steps"] = first_frames
@@ -179,7 +166,7 @@ class ZeroGpuPlayground(Playground):
         self._gpu_frames = spaces_module.GPU(duration=self.gpu_seconds, size=self.budget.size)(self._frames_on_gpu)
 
     def gpu_seconds(self, job: Job, stop: StopFlag) -> int:
-        """`spaces.GPU`'s `duration`: seconds to ask for."""
+        """`spaces.GPU`'s `duration`."""
         return self.budget.duration_s(job.settings, self.engine.canvas_length, job.extra_forwards)
 
     def check_request(self, request: RunRequest) -> None:
@@ -193,8 +180,7 @@ class ZeroGpuPlayground(Playground):
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
                   receive=None) -> RunWorker:
-        """Start `job` on a ZeroGPU GPU (blocking until its first frame, in the visitor's request context); returns
-        its `RunWorker`. Raises gr.Error: the platform refused, or the run failed before its first frame."""
+        """Start `job` on a GPU, blocking until its first frame; gr.Error: refused, or failed before that frame."""
         stop = StopFlag()
         frames = self._gpu_frames(job, stop)
         try:
@@ -220,8 +206,7 @@ class ZeroGpuPlayground(Playground):
         return self.runs.start(source, key, keep_history=keep_history, stop_event=stop, record=record, limit_s=left)
 
     def step_frames(self, request: RunRequest) -> Iterator[Frame]:
-        """A stepped run on ZeroGPU: step n is a GPU call running the first n forwards (same seed) and sending the
-        last."""
+        """A stepped run: step n is a GPU call running the first n forwards (same seed), sending the last."""
         request = dataclasses.replace(request, seed=draw_seed() if request.seed is None else request.seed)
         self.check_job(Job("steps", None, request.settings))
         for count in itertools.count(1):
@@ -236,8 +221,7 @@ class ZeroGpuPlayground(Playground):
                 return
 
     def _frames_on_gpu(self, job: Job, stop: StopFlag) -> Iterator[Frame]:
-        """In the GPU process: warm up once, then the job's source; errors as `gr.Error` (`spaces` passes only
-        those back)."""
+        """In the GPU process: warm up once, then the job's source; errors as the `gr.Error` `spaces` passes on."""
         global _WARMED_PID
         try:
             if _WARMED_PID != os.getpid():

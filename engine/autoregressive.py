@@ -6,7 +6,6 @@ import dataclasses
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
@@ -14,7 +13,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper
 
 from .engine import encode_text, last_and_count
 from .generator import EngineClock, RunRandomState
-from .loading import ModelLoadError
+from .loading import ModelLoadError, model_location
 from .settings import SettingSpec, parse_seed, parse_setting
 from .tokens import TokenText, eos_id_list
 
@@ -66,12 +65,6 @@ def softcapped_logits(model, hidden_states: torch.Tensor) -> torch.Tensor:
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
-def causal_lm_location(model_id) -> tuple[str, dict]:
-    """(where, common `from_pretrained` options) of a causal LM's folder or hub id."""
-    local = Path(str(model_id)).expanduser()
-    return (str(local) if local.exists() else str(model_id)), {"trust_remote_code": False,
-                                                                "local_files_only": local.exists()}
-
 
 class AutoregressiveDecoder:
     """Token-by-token decoding with a KV cache on a DiffusionGemma encoder or a causal LM (`load`)."""
@@ -97,7 +90,7 @@ class AutoregressiveDecoder:
     @classmethod
     def load(cls, model_id: str, device: torch.device, dtype: torch.dtype) -> "AutoregressiveDecoder":
         """Load a separate causal LM (no remote code) and its tokenizer onto `device`; `ModelLoadError` if it fails."""
-        where, common = causal_lm_location(model_id)
+        where, common = model_location(model_id, strict=False)
         kwargs = {"dtype": dtype, **common}
         if device.type == "cuda":
             kwargs["device_map"] = {"": device.index or 0}

@@ -90,14 +90,20 @@ def check_quantization(quantization: str, device: torch.device) -> None:
         raise ModelLoadError(refusal)
 
 
-def model_location(model: str | Path) -> tuple[str, dict]:
-    """(where, common `from_pretrained` options) of a folder or hub id; `ModelLoadError` for neither."""
+def model_location(model: str | Path, *, strict: bool = True) -> tuple[str, dict]:
+    """(where, common `from_pretrained` options) of a folder or hub id; `strict`: `ModelLoadError` for neither."""
     source = str(model)
     local = Path(source).expanduser()
     is_local = local.exists()
-    if not is_local and (source.startswith((".", "/", "~")) or source.count("/") != 1):
+    if strict and not is_local and (source.startswith((".", "/", "~")) or source.count("/") != 1):
         raise ModelLoadError(f"model folder {source!r} does not exist (and it is not a hub id like 'org/name')")
     return (str(local) if is_local else source), {"trust_remote_code": False, "local_files_only": is_local}
+
+
+def model_name(source) -> str:
+    """A model's name to show: a local path's folder name (never the path), a hub id unchanged."""
+    text = str(source)
+    return Path(text).name if Path(text).expanduser().exists() else text
 
 
 def read_config(model: str | Path):

@@ -193,7 +193,6 @@ def quantized_nbytes(numel: int, quantization: str) -> int:
     raise ValueError(f"quantization must be 4bit or 8bit, got {quantization!r}")
 
 
-# -- fp8 -----------------------------------------------------------------------------------------------------------
 def fp8_config():
     """The `FineGrainedFP8Config` of `fp8`: blocks of `FP8_BLOCK_SIZE`, dynamic activation scales."""
     return FineGrainedFP8Config(weight_block_size=FP8_BLOCK_SIZE, modules_to_not_convert=list(SKIPPED_SUFFIXES))

@@ -12,9 +12,9 @@ import torch
 from accelerate import init_empty_weights
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .autoregressive import AutoregressiveDecoder, causal_lm_location, check_temperature
+from .autoregressive import AutoregressiveDecoder, check_temperature
 from .engine import DiffusionEngine
-from .loading import FIT_HEADROOM, ModelLoadError
+from .loading import FIT_HEADROOM, ModelLoadError, model_location
 from .memory import model_bytes, stored_tensors
 from .settings import DiffusionSettings, draw_seed, parse_seed
 from .tokens import BYTE, TEXT
@@ -26,10 +26,9 @@ LENGTH_RULE = ("both sides stop at their first end-of-sequence token, within the
 FAIRNESS = ("The two runs take turns on the device, never at once, each right after its own warm-up, and are "
             "replayed here on the engine's clock, so each side's time is what it takes alone.")
 FrameCallback = Callable[[str, object], None]
-PUNCTUATION_LIMIT = 2 / 3  # past this share an answer is mostly punctuation (code and maths stay below)
-REPETITION_LIMIT = 0.5  # past this share an answer mostly repeats itself
+PUNCTUATION_LIMIT = 2 / 3  # shares past these limits mark an answer as faulty
+REPETITION_LIMIT = 0.5
 REPEAT_N = 4  # repetition is counted in runs of this many tokens
-HEADROOM = FIT_HEADROOM
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,6 @@ class SideResult:
                 f"{self.seconds_per_forward * 1000:.2f} ms per forward, stop: {self.stop_reason}")
 
     def summary(self) -> dict:
-        """JSON-ready dict of every field but the trace, plus `faults`."""
         data = asdict(self)
         data.pop("trace")
         data["faults"] = list(self.faults)
@@ -103,7 +101,7 @@ class RaceResult:
 
     @property
     def stopped_side(self) -> str | None:
-        """The first side in running order that a Stop cut short or kept from running; None unless cancelled."""
+        """The first side in running order that a Stop cut short or kept from running."""
         if not self.cancelled:
             return None
         return next((name for name in self.order
@@ -112,10 +110,6 @@ class RaceResult:
     @property
     def length_rule(self) -> str:
         return LENGTH_RULE.format(budget=self.budget)
-
-    @property
-    def fairness(self) -> str:
-        return FAIRNESS
 
     @property
     def winner(self) -> str | None:
@@ -141,13 +135,12 @@ class RaceResult:
             "diffusion": self.diffusion.summary() if self.diffusion else None,
             "autoregressive": self.autoregressive.summary() if self.autoregressive else None,
             "speedup": self.speedup, "order": list(self.order), "seed": self.seed, "budget": self.budget,
-            "canvas_length": self.canvas_length, "length_rule": self.length_rule, "fairness": self.fairness,
+            "canvas_length": self.canvas_length, "length_rule": self.length_rule, "fairness": FAIRNESS,
             "device": self.device, "memory_bandwidth_gb_s": self.memory_bandwidth_gb_s, "cancelled": self.cancelled,
             "verdict": self.verdict(),
         }
 
 
-# -- answer checks -------------------------------------------------------------------------------------------------
 def punctuation_share(tokens: Sequence[str]) -> float:
     """Share of the non-blank `tokens` (display strings) with no letter or digit; 0.0 for none."""
     shown = [token for token in tokens if token.strip()]
@@ -166,7 +159,6 @@ def repeated_share(tokens: Sequence[str], n: int = REPEAT_N) -> float:
     return sum(repeated) / len(tokens) if tokens else 0.0
 
 
-# -- bandwidth -----------------------------------------------------------------------------------------------------
 def measure_memory_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 10) -> float | None:
     """A CUDA device's memory bandwidth in bytes/s from timed copies; None off CUDA or out of memory."""
     if device.type != "cuda":
@@ -175,7 +167,7 @@ def measure_memory_bandwidth(device: torch.device, megabytes: int = 512, repeats
     try:
         source = torch.empty(n, dtype=torch.uint8, device=device)
         target = torch.empty_like(source)
-    except torch.OutOfMemoryError:  # a device filled by the model: no bound rather than a failed race
+    except torch.OutOfMemoryError:
         return None
     target.copy_(source)
     torch.cuda.synchronize(device)
@@ -210,7 +202,6 @@ def side_weights_bytes(engine: DiffusionEngine, ar: AutoregressiveDecoder) -> tu
     return diffusion, weights_bytes_per_forward(modules, ar.model.config.get_text_config(decoder=True), 1)
 
 
-# -- the runner ----------------------------------------------------------------------------------------------------
 class RaceRunner:
     """Runs races between `engine` and `ar` (default: its causal encoder), one at a time."""
 
@@ -255,16 +246,14 @@ class RaceRunner:
     def _bandwidth_figures(self) -> tuple[float | None, tuple[int, int] | None]:
         if self.engine.device.type != "cuda":
             return None, None
-        if self._figures is None:  # once per runner: the device does not change
+        if self._figures is None:
             self._figures = measure_memory_bandwidth(self.engine.device), side_weights_bytes(self.engine, self.ar)
         return self._figures
 
     def run(self, prompt: str, settings: DiffusionSettings | None = None, *, raw: bool = False, seed=None,
             ar_temperature=0.0, order: str = "alternate", warm_up: bool = True,
             on_frame: FrameCallback | None = None, stop_event: threading.Event | None = None) -> RaceResult:
-        """Race `prompt` through both sides on one budget and seed, `on_frame(side, frame)` after each forward;
-        `ValueError`.
-        """
+        """Race `prompt` on both sides, one budget and seed, `on_frame(side, frame)` after each forward; ValueError."""
         settings = settings or self.engine.recommended
         seed = parse_seed(seed)
         seed = draw_seed() if seed is None else seed
@@ -333,10 +322,9 @@ class RaceRunner:
             punctuation_share=punctuation_share(shown), repeated_share=repeated_share(shown))
 
 
-# -- a separate autoregressive model -----------------------------------------------------------------------------
 def causal_lm_bytes(model_id: str, dtype: torch.dtype) -> int:
     """Bytes of causal LM `model_id`'s weights in `dtype`, from its config alone; `ModelLoadError` without one."""
-    where, common = causal_lm_location(model_id)
+    where, common = model_location(model_id, strict=False)
     try:
         config = AutoConfig.from_pretrained(where, **common)
         with init_empty_weights():
@@ -359,11 +347,11 @@ def check_fit(engine, ar_model: str, dtype: torch.dtype, free: int | None = None
     """Bytes of `ar_model`; `ModelLoadError` when it does not fit next to `engine`'s model in `free` bytes."""
     needed = causal_lm_bytes(ar_model, dtype)
     free = free_bytes(engine.device) if free is None else free
-    if needed * HEADROOM > free:
+    if needed * FIT_HEADROOM > free:
         gib = 2**30
         raise ModelLoadError(
             f"the autoregressive model {ar_model} needs about {needed / gib:.1f} GiB "
-            f"({str(dtype).removeprefix('torch.')} weights, plus {HEADROOM - 1:.0%} for its cache) next to the "
+            f"({str(dtype).removeprefix('torch.')} weights, plus {FIT_HEADROOM - 1:.0%} for its cache) next to the "
             f"diffusion model's {model_bytes(engine.model) / gib:.1f} GiB, but {engine.device} has "
             f"{free / gib:.1f} GiB free: run without --ar-model to race against the diffusion model's own causal "
             "encoder")

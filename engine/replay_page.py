@@ -50,16 +50,11 @@ def replay_data(trace: Trace) -> dict:
     if trace.kinds is not None:
         kinds = {str(position): trace.kinds[i] for i, position in index.items() if i in trace.kinds}
     return {
-        "trace_version": TRACE_VERSION,
-        "model": dict(trace.model.__dict__),
-        "settings": {key: getattr(trace.settings, key) for key in SETTING_KEYS},
-        "seed": str(trace.seed),
+        "trace_version": TRACE_VERSION, "model": dict(trace.model.__dict__),
+        "settings": {key: getattr(trace.settings, key) for key in SETTING_KEYS}, "seed": str(trace.seed),
         "prompt": trace.prompt, "raw": trace.raw, "prompt_tokens": len(trace.prompt_ids), "text": trace.text,
-        "tokens": [trace.tokens[i] for i in index],
-        "kinds": kinds,
-        "frames": frames,
-        "interval_ms": PLAY_INTERVAL_MS,
-        "present_interval_ms": PRESENT_INTERVAL_MS,
+        "tokens": [trace.tokens[i] for i in index], "kinds": kinds, "frames": frames,
+        "interval_ms": PLAY_INTERVAL_MS, "present_interval_ms": PRESENT_INTERVAL_MS,
     }
 
 

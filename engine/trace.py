@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .engine import DiffusionEngine
 from .frames import Frame, FrameBuilder
+from .loading import model_name
 from .settings import MAX_PROMPT_CHARS, MAX_SEED, SETTING_NAMES, DiffusionSettings, shown
 from .tokens import TEXT, TOKEN_KINDS
 
@@ -25,7 +26,7 @@ MAX_TOKEN_ID = 2**31 - 1
 MAX_TOKEN_CHARS = 1000
 MAX_ENTROPY_NATS = 100.0  # ln(vocabulary) is ~12.5 for 262,144 tokens
 MAX_LABEL_CHARS = 300
-SETTING_KEYS = SETTING_NAMES
+SETTING_KEYS = SETTING_NAMES  # the settings a trace records
 STOP_REASONS = ("eos", "max_new_tokens", "cancelled")
 NO_FRAMES = "the run produced no frames (it ended before its first decoder forward)"
 
@@ -46,12 +47,10 @@ class ModelInfo:
 
     @classmethod
     def of(cls, engine: DiffusionEngine) -> "ModelInfo":
-        source = str(engine.source)
-        local = Path(source).expanduser()
         revision = getattr(engine.model.config, "_commit_hash", None) or ""
         dtype = str(getattr(engine.model, "dtype", "")).removeprefix("torch.")
-        return cls(name=local.name if local.exists() else source, revision=str(revision), device=str(engine.device),
-                   dtype=dtype, canvas_length=int(engine.canvas_length))
+        return cls(name=model_name(engine.source), revision=str(revision), device=str(engine.device), dtype=dtype,
+                   canvas_length=int(engine.canvas_length))
 
 
 @dataclass(frozen=True)
@@ -146,17 +145,11 @@ def _document(model: ModelInfo, settings: DiffusionSettings, seed: int, prompt: 
 
 def _compact(frame: Frame) -> dict:
     compact = {
-        "block": frame.block_index,
-        "step": frame.step_index,
-        "input_ids": list(frame.input_ids),
-        "draft_ids": list(frame.draft_ids),
-        "accepted": [1 if a else 0 for a in frame.accepted],
-        "confidence": [_rounded(c) for c in frame.confidence],
-        "entropy": [_rounded(e) for e in frame.entropy],
-        "elapsed_s": _rounded(frame.elapsed_s, 6),
-        "block_done": bool(frame.block_done),
-        "stopped_early": bool(frame.block_stopped_early),
-        "done": bool(frame.done),
+        "block": frame.block_index, "step": frame.step_index, "input_ids": list(frame.input_ids),
+        "draft_ids": list(frame.draft_ids), "accepted": [1 if a else 0 for a in frame.accepted],
+        "confidence": [_rounded(c) for c in frame.confidence], "entropy": [_rounded(e) for e in frame.entropy],
+        "elapsed_s": _rounded(frame.elapsed_s, 6), "block_done": bool(frame.block_done),
+        "stopped_early": bool(frame.block_stopped_early), "done": bool(frame.done),
     }
     if frame.top_ids:
         compact["alternatives"] = [{"ids": list(ids), "probs": [_rounded(p) for p in probs]}
@@ -173,8 +166,6 @@ def _rounded(value: float, digits: int = 3) -> float:
     value = round(float(value), digits)
     return value if math.isfinite(value) else 0.0
 
-
-# -- loading ------------------------------------------------------------------------------------------------------
 
 def load_trace(source) -> Trace:
     """The checked trace in JSON text, bytes or a `Path`; `TraceError` (one line) for anything wrong."""
@@ -280,7 +271,8 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
             raise TraceError(f"{where}: follows a frame marked done")
         input_ids, draft_ids = (_ids(f.get(key), f"{where}: {key}", canvas, tokens)
                                 for key in ("input_ids", "draft_ids"))
-        accepted = _flags(f.get("accepted"), f"{where}: accepted", canvas)
+        accepted = [bool(v) for v in _entries(f.get("accepted"), f"{where}: accepted", canvas,
+                                              lambda v: type(v) in (int, bool) and v in (0, 1), "entries are 0 or 1")]
         confidence = _floats(f.get("confidence"), f"{where}: confidence", canvas, 1.0)
         entropy = _floats(f.get("entropy"), f"{where}: entropy", canvas, MAX_ENTROPY_NATS)
         elapsed = f.get("elapsed_s")
@@ -369,10 +361,6 @@ def _ids(value, where: str, length: int | None, tokens: dict[int, str]) -> list[
             raise TraceError(f"{where}: token id {token_id} has no string in tokens")
     return ids
 
-
-def _flags(value, where: str, length: int) -> list[bool]:
-    return [bool(v) for v in _entries(value, where, length, lambda v: type(v) in (int, bool) and v in (0, 1),
-                                      "entries are 0 or 1")]
 
 
 def _floats(value, where: str, length: int, high: float) -> list[float]:

@@ -9,7 +9,8 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from diffgemma_ui.infill_tab import InfillState, InfillTab, blank_frames, blank_plots, filled_html, infill_canvas_html
+from diffgemma_ui.infill_tab import InfillTab, blank_frames, blank_plots, filled_html, infill_canvas_html
+from diffgemma_ui.session import SessionState
 from engine.infill import InfillLayout
 from synthetic import parse_html, synthetic_frame
 
@@ -77,7 +78,7 @@ def test_templates_that_cannot_run_are_refused_plainly(tab):
         with pytest.raises(gr.Error, match=message):
             tab.check_inputs(template, "", "recommended", 4, 0)
         with pytest.raises(gr.Error, match=message):
-            next(tab.fill_stream(InfillState(), template, "", "recommended", 4, 0))
+            next(tab.fill_stream(SessionState(), template, "", "recommended", 4, 0))
     with pytest.raises(gr.Error, match="seed"):
         tab.check_inputs("a [___]", "", "recommended", 4, "x")
 
@@ -85,7 +86,7 @@ def test_templates_that_cannot_run_are_refused_plainly(tab):
 @pytest.mark.slow
 def test_fixed_chips_hold_the_template_tokens_in_every_render(tab, engine):
     layout = tab.layout(TEMPLATE)
-    renders = list(tab.fill_stream(InfillState(), TEMPLATE, "", "careful", 6, 4))
+    renders = list(tab.fill_stream(SessionState(), TEMPLATE, "", "careful", 6, 4))
     assert len(renders) >= 2
     expected = None
     for canvas, meter, *_ in renders:
@@ -106,7 +107,7 @@ def test_fixed_chips_hold_the_template_tokens_in_every_render(tab, engine):
 
 @pytest.mark.slow
 def test_a_refused_fill_marks_the_previous_fill_as_the_previous_runs(tab):
-    state = InfillState()
+    state = SessionState()
     assert isinstance(tab.refused(state), type(gr.skip()))  # no previous fill
     renders = list(tab.fill_stream(state, TEMPLATE, "", "recommended", 3, 4))
     meter = tab.refused(state)
