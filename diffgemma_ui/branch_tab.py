@@ -1,5 +1,5 @@
-"""Branch from a step: pick a forward of the last run or an uploaded trace, pin tokens, denoise on from that canvas
-(`engine.branch`) and show the branch beside the original with the share of positions changed."""
+"""Branch from a step: pick a forward of the last run or an uploaded trace, pin tokens, redo the run from that
+forward (`engine.branch`) and show the branch beside the original with the share of positions changed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import gradio as gr
 
 from engine import DiffusionSettings, Frame
 from engine.branch import branch_frames, changed_share
-from engine.settings import parse_seed
+from engine.settings import draw_seed, parse_seed
 from engine.trace import ModelInfo
 
 from .canvas_view import block_html
@@ -98,9 +98,10 @@ class BranchTab:
                 raise ValueError(f"this trace is of {trace.model.name}: branch it where that model is loaded")
             frame = trace.frames[max(1, min(len(trace.frames), int(forward or len(trace.frames)))) - 1]
             pins = parse_pins(pins_text, frame, self.engine.tokenizer)
+            typed = str(seed or "").strip()
+            seed = frame.seed if not typed else parse_seed(typed)
             job = Job("branch", BranchJob(tuple(trace.prompt_ids), frame, pins, trace.settings,
-                                          trace.seed if not str(seed or "").strip() else parse_seed(seed)),
-                      trace.settings)
+                                          draw_seed() if seed is None else seed), trace.settings)
             self.playground.check_job(job)
         except ValueError as error:
             yield gr.skip(), refusal_html(str(error))
@@ -123,9 +124,10 @@ class BranchTab:
         share = changed_share(original.draft_ids, end.draft_ids)
         fixed = [p in pins for p in range(end.canvas_length)]
         text = escape_html(self.engine.summarize(snap.latest, snap.frames_seen).text)
+        own = " (the run's own draws)" if end.seed == start.seed else " (new draws from there on)"
         return (f'<div class="dg-branch" data-changed="{share:.4f}" data-done="{str(snap.finished).lower()}"><p>'
                 f"Branch from forward {start.forward_index + 1} (block {start.block_index + 1}, step "
-                f"{start.step_index + 1}) \u00b7 seed {end.seed} \u00b7 {len(pins)} pinned \u00b7 <b>{share:.0%} of "
+                f"{start.step_index + 1}) \u00b7 seed {end.seed}{own} \u00b7 {len(pins)} pinned \u00b7 <b>{share:.0%} of "
                 f"the block's positions changed</b>{'' if end.block_done else ' so far'}</p>"
                 f'<div class="dg-branch-pair"><section><h4>Original</h4>{block_html(original, live=False)}</section>'
                 f"<section><h4>Branch</h4>{block_html(end, live=not end.block_done, fixed=fixed)}</section></div>"

@@ -191,6 +191,7 @@ class ChatTab:
             self.sessions[session_hash] = state
         chat.last_report = chat.last_result = None
         clock = PlotClock(wait_first=True)
+        number = state.turns + (0 if regenerating else 1)  # the turn being generated
         with live_run(playground, Job("chat", turn, turn.settings), session_key(request, state, ":chat"), state,
                       receive=lambda outcome: outcome.apply(chat)) as worker:
             for index, snap in enumerate(playground.runs.updates(worker)):
@@ -202,7 +203,8 @@ class ChatTab:
                     if index == 0 or isinstance(out.stack, str):  # a block was committed: the answer grew
                         history = history_html(shown, shown_thoughts, pending_user=user_text,
                                                pending_answer=out.text, cut_turns=state.cut_turns)
-                    yield (history, gr.skip(), out.stack, out.canvas, out.meter, out.heatmap, out.order,
+                    note = running_note(number, regenerating) if index == 0 else gr.skip()
+                    yield (history, note, out.stack, out.canvas, out.meter, out.heatmap, out.order,
                            out.entropy, gr.skip(), *self._buttons(state, running=index == 0 or None))
                     continue
                 yield self._final(state, snap, out, regenerating)
@@ -376,6 +378,13 @@ def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pend
                              extra='<div class="dg-chat-tag">writing\u2026</div>')
                      .replace('<span class="dg-chat-empty">(empty answer)</span>', ""))
     return f'<div class="dg-chat-history" data-turns="{turns}"><div class="dg-chat-log">{"".join(parts)}</div></div>'
+
+
+def running_note(turn: int, regenerating: bool) -> str:
+    """The reuse note while turn number `turn` is generated."""
+    head = f"Turn {turn}{' (regenerating)' if regenerating else ''}"
+    return (f'<div class="dg-chat-reuse" data-state="running">{escape_html(head)} \u00b7 '
+            f'{prose("chat-reuse-running")}</div>')
 
 
 def reuse_html(report: TurnReport | None, turn: int = 0, *, regenerated: bool = False) -> str:

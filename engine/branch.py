@@ -1,25 +1,20 @@
-"""Branch a run from one of its forwards: keep its accepted tokens, pin chosen ones, denoise on with a new seed."""
+"""Branch a run from one of its forwards: the run redone up to there, then chosen tokens pinned, and the random
+draws from there on the run's own (no pins: the run itself) or a new seed's."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
+from transformers import LogitsProcessor
 
 from .engine import DiffusionEngine
 from .frames import Frame
 from .generator import RunRandomState, denoise
-from .infill import FixedPositionsLogitsProcessor, noised_canvas
-from .settings import DiffusionSettings, parse_seed
-
-
-def branch_canvas(frame: Frame, pins: Mapping[int, int]) -> list[int]:
-    """The branch's first canvas ids (-1 where noise goes): `frame`'s accepted drafts, then `pins` (position -> id)."""
-    canvas = [draft if accepted else -1 for draft, accepted in zip(frame.draft_ids, frame.accepted)]
-    for position, token in pins.items():
-        canvas[position] = token
-    return canvas
+from .infill import FixedPositionsLogitsProcessor
+from .settings import DiffusionSettings, draw_seed, parse_seed
 
 
 def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
@@ -30,11 +25,48 @@ def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
     return sum(a != b for a, b in zip(original, branch)) / len(original)
 
 
+class HeldPins(LogitsProcessor):
+    """`pins` (position -> id) fixed while `active`, else the scores unchanged."""
+
+    def __init__(self, pins: Mapping[int, int], canvas_length: int, device: torch.device):
+        self.active = False
+        self.fixed = FixedPositionsLogitsProcessor([pins.get(p, -1) for p in range(canvas_length)], [], device)
+
+    def __call__(self, input_ids, scores):
+        return self.fixed(input_ids, scores) if self.active else scores
+
+
+class Fork:
+    """The `denoise` fork of a branch: the run as it was up to `frame`'s forward; from there `pins` written into the
+    canvas and held for that block, and the random draws reseeded with `seed` unless it is the run's."""
+
+    def __init__(self, frame: Frame, pins: Mapping[int, int], seed: int, device: torch.device):
+        self.frame, self.pins, self.seed = frame, dict(pins), seed
+        self.held = HeldPins(pins, frame.canvas_length, device) if pins else None
+
+    def __call__(self, block: int, forward: int, canvas: torch.LongTensor) -> torch.LongTensor:
+        at = self.frame.forward_index
+        if forward == at:
+            if canvas[0].tolist() != list(self.frame.input_ids):
+                raise ValueError(f"forward {at + 1} of this run does not replay here (another device or library "
+                                 f"version made it): branch it where it was made")
+            if self.seed != self.frame.seed:
+                torch.manual_seed(self.seed)
+            if self.pins:
+                canvas = canvas.clone()
+                canvas[0, list(self.pins)] = torch.tensor(list(self.pins.values()), dtype=canvas.dtype,
+                                                          device=canvas.device)
+        if self.held is not None:
+            self.held.active = forward >= at and block == self.frame.block_index
+        return canvas
+
+
 def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Frame, pins: Mapping[int, int],
                   settings: DiffusionSettings, *, seed: int | None = None,
                   stop_event: threading.Event | None = None) -> Iterator[Frame]:
-    """Denoise on from `frame` of a run of `prompt_ids` within the run's remaining budget, `pins` (position -> id) fixed
-    in the first block; `ValueError` for bad pins, seed, settings or no budget.
+    """The frames of a run of `prompt_ids` (`settings`, `frame.seed`) redone from `frame`'s forward on, `pins`
+    (position -> id) written into that forward's canvas and held for its block, the draws from there on those of
+    `seed` (None: the run's, so no pins give the run back); `ValueError` for bad pins, seed or settings.
     """
     canvas_length, vocab = engine.canvas_length, engine.model.config.text_config.vocab_size
     for position, token in pins.items():
@@ -42,17 +74,20 @@ def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Fra
             raise ValueError(f"a pinned position must be in [0, {canvas_length - 1}], got {position!r}")
         if not (isinstance(token, int) and 0 <= token < vocab):
             raise ValueError(f"a pinned token must be an id in [0, {vocab - 1}], got {token!r}")
-    committed = list(frame.committed_ids[:frame.block_index * canvas_length])
-    left = settings.max_new_tokens - len(committed)
-    if left < 1:
-        raise ValueError("the run had no token budget left after this block: raise max_new_tokens to branch")
-    settings = settings.replace(max_new_tokens=left)
+    seed = frame.seed if seed is None else parse_seed(seed)
+    if seed is None:
+        seed = draw_seed()
     engine.check_settings(settings)
-    random_state = RunRandomState(parse_seed(seed))
-    input_ids = torch.tensor([list(prompt_ids) + committed], dtype=torch.long, device=engine.device)
+    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=engine.device)
     engine.check_budget(input_ids.shape[1], settings)
-    pinned = [pins.get(p, -1) for p in range(canvas_length)]
-    processors = [FixedPositionsLogitsProcessor(pinned, [], engine.device)] if pins else None
-    return denoise(engine.model, input_ids, settings, token_text=engine.token_text, stop_event=stop_event,
-                   random_state=random_state, logits_processors=processors,
-                   initial_canvas=noised_canvas(engine, branch_canvas(frame, pins), random_state))
+    fork = Fork(frame, pins, seed, engine.device)
+    frames = denoise(engine.model, input_ids, settings, token_text=engine.token_text, stop_event=stop_event,
+                     random_state=RunRandomState(frame.seed), fork=fork,
+                     logits_processors=[fork.held] if fork.held is not None else None)
+    return _from_fork(frames, frame.forward_index, seed)
+
+
+def _from_fork(frames: Iterator[Frame], at: int, seed: int) -> Iterator[Frame]:
+    for frame in frames:
+        if frame.forward_index >= at:
+            yield frame if frame.seed == seed else dataclasses.replace(frame, seed=seed)

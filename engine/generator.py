@@ -83,9 +83,12 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
             token_text: Callable[[int], str] = str, seed: int | None = None,
             stop_event: threading.Event | None = None, random_state: RunRandomState | None = None,
             past_key_values=None, logits_processors: list | None = None,
-            initial_canvas: torch.LongTensor | None = None) -> Iterator[Frame]:
+            initial_canvas: torch.LongTensor | None = None,
+            fork: Callable[[int, int, torch.LongTensor], torch.LongTensor] | None = None) -> Iterator[Frame]:
     """Block diffusion on `input_ids` `[1, n]`, one `Frame` per decoder forward; `stop_event` ends with a "cancelled"
-    frame; `past_key_values`, `logits_processors`, `initial_canvas` as in `generate()`. `ValueError` for batch != 1.
+    frame; `past_key_values`, `logits_processors`, `initial_canvas` as in `generate()`; `fork(block, forward, canvas)`,
+    called with the run's RNG installed before each forward, returns that forward's input canvas (`engine.branch`).
+    `ValueError` for batch != 1.
     """
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must have shape [1, prompt_length], got {tuple(input_ids.shape)}")
@@ -161,6 +164,8 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                     yield dataclasses.replace(frame, done=True, stop_reason="cancelled")
                 return
             with clock, rng.active():
+                if fork is not None:
+                    current_canvas = fork(block, builder.forwards, current_canvas)
                 input_canvas = current_canvas
                 current_canvas, argmax_canvas, self_conditioning_logits, finished_denoising = (
                     model._denoising_step(

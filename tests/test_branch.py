@@ -1,11 +1,11 @@
-"""Branching a run from one of its forwards: pins hold, same seed same branch, context and budget carried on."""
+"""Branching a run from one of its forwards: the run's seed and no pins give the run back, pins hold, same seed
+same branch, context and budget carried on."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.branch import branch_canvas, branch_frames, changed_share
-from synthetic import synthetic_frame
+from engine.branch import branch_frames, changed_share
 
 pytestmark = pytest.mark.slow
 
@@ -28,17 +28,39 @@ def test_pinned_tokens_hold_and_the_same_seed_gives_the_same_branch(engine):
     assert [f.draft_ids for f in first] == [f.draft_ids for f in again]
     block = [f for f in first if f.block_index == 0]
     assert all(f.draft_ids[0] == pins[0] and f.draft_ids[7] == 42 for f in block)
-    accepted_then = [p for p, a in enumerate(point.accepted) if a and p not in pins]
-    assert all(block[0].input_ids[p] == point.draft_ids[p] for p in accepted_then)  # the branch starts from there
+    assert first[0].forward_index == point.forward_index  # the branch redoes that forward, from its canvas
+    assert all(first[0].input_ids[p] == point.input_ids[p] for p in range(engine.canvas_length) if p not in pins)
+    assert first[0].input_ids[7] == 42
 
 
-def test_a_branch_from_a_later_block_reads_the_committed_blocks_and_has_the_budget_left(engine):
+@pytest.mark.parametrize("at", [0, 3, 8, -1])
+def test_the_runs_own_seed_and_no_pins_give_the_run_back_from_any_forward(engine, at):
+    settings, prompt_ids, frames = _run(engine)
+    point = frames[at]
+    for seed in (None, point.seed):
+        branch = list(branch_frames(engine, prompt_ids, point, {}, settings, seed=seed))
+        original = frames[point.forward_index:]
+        assert [f.draft_ids for f in branch] == [f.draft_ids for f in original]
+        assert [f.input_ids for f in branch] == [f.input_ids for f in original]
+        assert branch[-1].committed_ids == frames[-1].committed_ids
+
+
+def test_another_seed_keeps_the_forwards_before_the_branch_and_draws_anew_after(engine):
+    settings, prompt_ids, frames = _run(engine)
+    point = frames[2]
+    branch = list(branch_frames(engine, prompt_ids, point, {}, settings, seed=11))
+    assert branch[0].input_ids == point.input_ids and branch[0].seed == 11
+    assert [f.draft_ids for f in branch] != [f.draft_ids for f in frames[2:]]
+
+
+def test_a_branch_from_a_later_block_keeps_the_committed_blocks_and_the_budget(engine):
     settings, prompt_ids, frames = _run(engine)
     assert frames[-1].stop_reason == "max_new_tokens"  # these settings and seed run both canvases
     later = next(f for f in frames if f.block_index == 1)
-    branch = list(branch_frames(engine, prompt_ids, later, {}, settings, seed=1))
-    assert branch[0].prompt_tokens == len(prompt_ids) + engine.canvas_length
-    assert {f.block_index for f in branch} == {0}  # one canvas of budget was left
+    branch = list(branch_frames(engine, prompt_ids, later, {3: 42}, settings, seed=1))
+    assert branch[-1].committed_ids[:engine.canvas_length] == later.committed_ids[:engine.canvas_length]
+    assert {f.block_index for f in branch} == {1}  # one canvas of budget was left
+    assert branch[-1].committed_ids[engine.canvas_length + 3] == 42
 
 
 def test_bad_pins_are_refused_before_any_work(engine):
@@ -49,9 +71,7 @@ def test_bad_pins_are_refused_before_any_work(engine):
         branch_frames(engine, prompt_ids, frames[0], {0: 10**9}, settings)
 
 
-def test_branch_canvas_and_changed_share_without_a_model():
-    frame = synthetic_frame(4, list("abcd"), accepted=[True, False, True, False])
-    assert branch_canvas(frame, {1: 77}) == [0, 77, 2, -1]
+def test_changed_share_without_a_model():
     assert changed_share([1, 2, 3, 4], [1, 9, 3, 9]) == 0.5
     with pytest.raises(ValueError):
         changed_share([1], [1, 2])

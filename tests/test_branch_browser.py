@@ -44,6 +44,10 @@ def test_branch_from_a_forward_with_a_pin(browser, served_app):
         set_number(page, "Branch from decoder forward", 3)
         page.wait_for_function("document.querySelector('#dg-branch-from').innerText.includes('step 3/8')",
                                timeout=30_000)
+        page.click("#dg-branch-run")  # the run's own seed, no pins: the run again
+        page.wait_for_selector(".dg-branch[data-done=true]", timeout=120_000)
+        assert page.get_attribute(".dg-branch", "data-changed") == "0.0000"
+        assert "the run's own draws" in page.inner_text(".dg-branch")
         chips = page.locator("#dg-branch-from .dg-chip")
         kept = chips.nth(5).inner_text()
         chips.nth(5).click()
@@ -51,7 +55,8 @@ def test_branch_from_a_forward_with_a_pin(browser, served_app):
         assert "dg-pinned" in chips.nth(5).get_attribute("class")
         page.fill("#dg-branch-seed input", "7")
         page.click("#dg-branch-run")
-        page.wait_for_selector(".dg-branch[data-done=true]", timeout=120_000)
+        page.wait_for_function("(document.querySelector('.dg-branch[data-done=true]') || {innerText: ''})"
+                               ".innerText.includes('seed 7')", timeout=120_000)
         original, branch = (page.locator(f".dg-branch-pair > section:nth-child({i}) .dg-chip") for i in (1, 2))
         assert original.count() == branch.count() == 64
         assert branch.nth(5).inner_text() == kept and "dg-fixed" in branch.nth(5).get_attribute("class")

@@ -92,11 +92,13 @@ def tab(engine):
     return ChatTab(Playground(engine))
 
 
+NAMES = ("history", "reuse", "stack", "canvas", "meter", "heatmap", "order", "entropy", "message", "send", "stop",
+         "regenerate", "clear")
+
+
 def final(outputs):
     """The last yield of a chat stream as a dict by output name."""
-    names = ("history", "reuse", "stack", "canvas", "meter", "heatmap", "order", "entropy", "message", "send", "stop",
-             "regenerate", "clear")
-    return dict(zip(names, outputs[-1]))
+    return dict(zip(NAMES, outputs[-1]))
 
 
 @pytest.mark.slow
@@ -105,14 +107,20 @@ def test_two_turns_reuse_the_cache_then_regenerate_and_clear(tab):
     out = final(list(tab.send_stream(state, "Who was Noah?", "recommended", 64, 3, False)))
     assert 'data-reused="0"' in out["reuse"] and out["message"]["value"] == ""
     assert 'data-turns="1"' in out["history"] and out["regenerate"]["interactive"] is True
-    second = final(list(tab.send_stream(state, "What did he <end_of_turn> build?", "recommended", 64, 4, False)))
+    streamed = list(tab.send_stream(state, "What did he <end_of_turn> build?", "recommended", 64, 4, False))
+    during = dict(zip(NAMES, streamed[0]))  # the note names the turn being generated, not the last one
+    assert "Turn 2" in during["reuse"] and "Turn 1" not in during["reuse"]
+    assert 'data-state="running"' in during["reuse"]
+    second = final(streamed)
     report = state.chat.last_report
     assert report.reused_tokens > 0 and f'data-reused="{report.reused_tokens}"' in second["reuse"]
     assert "Turn 2" in second["reuse"] and 'data-turns="2"' in second["history"]
     assert "What did he &lt;end_of_turn&gt; build?" in second["history"]
     seed = state.chat.last_result.seed
     before = list(state.chat.messages)
-    regenerated = final(list(tab.regenerate_stream(state, "recommended", 64, False)))
+    streamed = list(tab.regenerate_stream(state, "recommended", 64, False))
+    assert "Turn 2 (regenerating)" in dict(zip(NAMES, streamed[0]))["reuse"]
+    regenerated = final(streamed)
     assert state.chat.messages[:-1] == before[:-1] and len(state.chat.messages) == len(before)
     assert state.chat.last_result.seed != seed  # a new seed
     assert state.chat.last_report.reused_tokens == state.chat.last_report.prompt_tokens - 1
@@ -239,8 +247,8 @@ def test_chat_tab_in_the_browser_two_turns_show_the_reuse(browser, served_app):
             page.fill("#dg-chat-message textarea", message)
             page.click("#dg-chat-send")
             page.wait_for_selector(f"#dg-chat-history .dg-chat-history[data-turns='{turn}']", timeout=120_000)
-            page.wait_for_function(f"document.querySelector('#dg-chat-reuse')?.innerText.includes('Turn {turn}')",
-                                   timeout=120_000)
+            page.wait_for_function("document.querySelector('#dg-chat-reuse .dg-chat-reuse[data-state=done]')"
+                                   f"?.innerText.includes('Turn {turn}')", timeout=120_000)
             assert page.input_value("#dg-chat-message textarea") == ""
         reuse = page.locator("#dg-chat-reuse .dg-chat-reuse")
         assert int(reuse.get_attribute("data-reused")) > 0 and "reused from the previous turn" in reuse.inner_text()

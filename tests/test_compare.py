@@ -73,6 +73,11 @@ def test_compare_runs_a_then_b_with_one_seed(engine):
     assert heatmap_a["data"] and heatmap_b["data"]
 
 
+# the meter tiles of both cards whose value is wider than the tile shows (cut off with an ellipsis)
+CUT_TILES = """() => [...document.querySelectorAll('.dg-compare-side .dg-stat-value')]
+  .filter(e => e.scrollWidth > e.clientWidth).map(e => `${e.innerText}: ${e.scrollWidth} px in ${e.clientWidth} px`)"""
+
+
 @pytest.mark.slow
 def test_compare_tab_in_the_browser(browser, served_app):
     from pages import open_page
@@ -94,6 +99,7 @@ def test_compare_tab_in_the_browser(browser, served_app):
         assert page.locator("#dg-compare-heatmap-B .main-svg").count() > 0
         assert page.locator("#dg-compare-card-A .dg-compare-side[data-state=done]").count() == 1
         assert page.input_value("#dg-compare-text-A textarea") != ""
+        assert page.evaluate(CUT_TILES) == []  # every meter tile's value shown whole at 1280 px
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
         page.fill("#dg-compare-prompt textarea", "   ")  # refused: the cards stay, marked as the previous run's

@@ -119,3 +119,26 @@ def test_play_buttons_read_and_the_mode_bar_leaves_the_plot_titles_clear(browser
     page.locator("#dg-plot-row").screenshot(path=str(ARTIFACTS / f"plots_hover_{theme}.png"))
     assert not problems, problems
     page.close()
+
+
+# page-coordinate boxes of Generate, the meter, the live canvas and the first sampler setting
+BOXES = """() => Object.fromEntries(['#dg-generate', '#dg-meter', '#dg-canvas', '#dg-step-buttons', '#dg-settings']
+  .map(s => { const r = document.querySelector(s).getBoundingClientRect();
+              return [s, {top: r.top + scrollY, bottom: r.bottom + scrollY, left: r.left, right: r.right}]; }))"""
+
+
+@pytest.mark.parametrize("width,height", [(1280, 900), (390, 844)])
+def test_the_meter_and_live_canvas_sit_right_under_generate_on_a_phone(browser, served_app, width, height):
+    page, problems = open_page(browser, served_app[1], width=width, height=height)
+    boxes = page.evaluate(BOXES)
+    generate, meter, canvas = boxes["#dg-generate"], boxes["#dg-meter"], boxes["#dg-canvas"]
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"browser_generate_and_canvas_{width}.png"))
+    if width < 900:
+        assert 0 <= meter["top"] - generate["bottom"] <= 100, boxes  # the meter next, under the buttons
+        assert canvas["bottom"] <= generate["top"] + height, boxes  # the live canvas on the same screen
+        assert boxes["#dg-step-buttons"]["top"] > canvas["bottom"] < boxes["#dg-settings"]["top"], boxes
+    else:
+        assert meter["left"] > generate["right"] and meter["top"] < generate["top"], boxes  # output beside controls
+    assert not problems, problems
+    page.close()
