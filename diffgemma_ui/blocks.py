@@ -23,7 +23,7 @@ from .presenter import present_head, wire_presenter
 from .race_tab import RaceTab, build_race_tab
 from .runs import DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, ClosedSessionDropper
 from .session import SessionState
-from .step_through import StepThroughHandlers, build_step_controls, wire_step_through
+from .step_through import StepThroughHandlers, build_step_controls, reset_note_on, wire_step_through
 from .tab import API_SETTINGS, PRIVATE, checked, refusal_box, register_api, setting_control, setting_params
 from .text import escape_html, prose
 from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, SETTING_NAMES
@@ -197,6 +197,8 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                   box=refusal)
         wire_step_through(step_controls, StepThroughHandlers(playground), session, run_inputs, stream_outputs,
                           stop_button=stop, box=refusal)
+        reset_note_on(step_controls, [requested.success, step_controls.replay.click, keep_controls.upload.upload,
+                                      keep_controls.play.click])
         wire_presenter(playground, session, present)
         unqueued = dict(concurrency_limit=None, **PRIVATE)
         dice.click(playground.random_seed, inputs=None, outputs=[seed], **unqueued)

@@ -172,3 +172,9 @@ def wire_step_through(controls: StepControls, steps, session, run_inputs: list, 
     if stop_button is not None:
         stop_button.click(steps.pause, inputs=[session], outputs=[*stream_outputs, controls.note],
                           api_visibility="private", concurrency_limit=None, show_progress="hidden")
+
+
+def reset_note_on(controls: StepControls, listeners) -> None:
+    """Put the step note back to its help text on each of `listeners` (another run taking the canvas over)."""
+    for listener in listeners:
+        listener(lambda: prose("step-note"), inputs=None, outputs=[controls.note], concurrency_limit=None, **PRIVATE)

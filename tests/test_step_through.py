@@ -97,6 +97,14 @@ def test_step_buttons_on_the_page(browser, served_app):
         page.wait_for_selector("#dg-meter .dg-meter[data-state=done]", timeout=120_000)
         assert page.locator("#dg-stack .dg-block").count() == 2
         page.screenshot(path=str(SHOTS / "end.png"), full_page=True)
+        stepped = page.inner_text("#dg-step-note")
+        page.click("#dg-generate")  # a normal run takes over: the note no longer speaks of the stepped run
+        page.wait_for_function(f"!document.querySelector('#dg-step-note').innerText.includes({stepped!r})",
+                               timeout=30_000)
+        assert page.inner_text("#dg-step-note").startswith("Step through a run")
+        page.wait_for_selector("#dg-meter .dg-meter[data-state=done]", timeout=120_000)
+        assert page.inner_text("#dg-step-note").startswith("Step through a run")
+        page.screenshot(path=str(SHOTS / "generate-after-steps.png"), full_page=True)
         assert problems == []
     finally:
         page.close()
