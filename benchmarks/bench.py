@@ -48,7 +48,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -641,9 +641,20 @@ def quartiles(values: list[float], digits: int = 4) -> dict:
             "min": round(min(values), digits), "max": round(max(values), digits)}
 
 
+def interquartile_mean_ratio(ratios: list[float], digits: int = 4) -> float:
+    """The geometric mean of the middle half of `ratios` (the quarter above and below dropped): a per-round ratio's
+    noise on a shared CPU is a few large outliers on either side, which it ignores, and it uses more rounds than
+    the median does."""
+    logs = sorted(math.log(r) for r in ratios)
+    cut = len(logs) // 4
+    middle = logs[cut: len(logs) - cut] or logs
+    return round(math.exp(statistics.fmean(middle)), digits)
+
+
 def ways_summary(runs: dict[str, list[WayRun]]) -> dict:
-    """Per way: seconds (wall, thread CPU) and the per-round ratio to bare `generate()` on each clock; whether its
-    tokens equal bare's in every round."""
+    """Per way: seconds (wall, thread CPU) and the per-round ratio to bare `generate()` on each clock (quartiles,
+    and the interquartile geometric mean of the thread CPU ratio); whether its tokens equal bare's in every
+    round."""
     bare = runs["bare"]
     summary = {}
     for name, way in runs.items():
@@ -651,6 +662,7 @@ def ways_summary(runs: dict[str, list[WayRun]]) -> dict:
             "wall_s": quartiles([r.wall for r in way]), "cpu_s": quartiles([r.thread for r in way]),
             "ratio_wall": quartiles([r.wall / b.wall for r, b in zip(way, bare)]),
             "ratio_cpu": quartiles([r.thread / b.thread for r, b in zip(way, bare)]),
+            "ratio_cpu_iqm": interquartile_mean_ratio([r.thread / b.thread for r, b in zip(way, bare)]),
             "ratio_process_cpu": quartiles([r.cpu / b.cpu for r, b in zip(way, bare)]),
             "same_tokens_as_bare": all(r.token_ids == b.token_ids for r, b in zip(way, bare)),
             "forwards": sorted({r.forwards for r in way}),
@@ -659,14 +671,15 @@ def ways_summary(runs: dict[str, list[WayRun]]) -> dict:
 
 
 def measure_ways(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings, count: int, readings: int = 1,
-                 report: Callable[[str], None] = lambda _: None) -> dict:
+                 report: Callable[[str], None] = lambda _: None, only: Sequence[str] | None = None) -> dict:
     """(f) `readings` independent readings of `rounds(Ways(...).paths(), count)`, each with the 1-minute load average
-    before and after it."""
+    before and after it; `only`: the ways besides bare (default: all)."""
     ways = Ways(engine, prompt, settings)
+    paths = {name: path for name, path in ways.paths().items() if only is None or name == "bare" or name in only}
     done = []
     for _ in range(readings):
         load_before = os.getloadavg()[0]
-        runs = rounds(ways.paths(), count, report)
+        runs = rounds(paths, count, report)
         done.append({"load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)], "rounds": count,
                      "ways": ways_summary(runs)})
     return {"prompt": prompt, "settings": settings.__dict__, "forwards": ways.forwards,
@@ -775,17 +788,18 @@ def format_ways(ways: dict, header: str = "") -> str:
     for index, reading in enumerate(ways["readings"], 1):
         before, after = reading["load_average_1min"]
         lines += [f"  reading {index}: {reading['rounds']} rounds, 1-min load average {before} -> {after}",
-                  "    way                                  CPU s    ratio CPU median [q1..q3] (min..max)      "
+                  "    way                                  CPU s    CPU ratio: IQM  median [q1..q3] (min..max)   "
                   "ratio wall  same tokens"]
         for name, w in reading["ways"].items():
             c = w["ratio_cpu"]
-            lines.append(f"    {WAY_LABELS[name]:<36} {w['cpu_s']['median']:>7.3f}  {c['median']:.3f} [{c['q1']:.3f}.."
-                         f"{c['q3']:.3f}] ({c['min']:.3f}..{c['max']:.3f})   {w['ratio_wall']['median']:>6.3f}      "
-                         f"{w['same_tokens_as_bare']}")
-    if len(ways["readings"]) > 1:
-        first, second = ways["readings"][0]["ways"], ways["readings"][1]["ways"]
-        lines.append("  readings 1 and 2 differ by (CPU ratio medians): " + ", ".join(
-            f"{name} {abs(second[name]['ratio_cpu']['median'] - first[name]['ratio_cpu']['median']) * 100:.1f}%"
+            lines.append(f"    {WAY_LABELS[name]:<36} {w['cpu_s']['median']:>7.3f}  {w['ratio_cpu_iqm']:.3f}  "
+                         f"{c['median']:.3f} [{c['q1']:.3f}..{c['q3']:.3f}] ({c['min']:.3f}..{c['max']:.3f})   "
+                         f"{w['ratio_wall']['median']:>6.3f}      {w['same_tokens_as_bare']}")
+    for index in range(1, len(ways["readings"])):
+        first, later = ways["readings"][0]["ways"], ways["readings"][index]["ways"]
+        lines.append(f"  readings 1 and {index + 1} differ by (CPU ratio IQM; median): " + ", ".join(
+            f"{name} {abs(later[name]['ratio_cpu_iqm'] / first[name]['ratio_cpu_iqm'] - 1) * 100:.1f}%; "
+            f"{abs(later[name]['ratio_cpu']['median'] / first[name]['ratio_cpu']['median'] - 1) * 100:.1f}%"
             for name in first if name != "bare"))
     return "\n".join(lines)
 
@@ -888,6 +902,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="(f)'s denoising steps (default: 16; 3 with --standin, whose forwards cost seconds)")
     parser.add_argument("--rounds", type=int, default=None, help="(f)'s rounds per reading (default: 12; 6 --quick)")
     parser.add_argument("--readings", type=int, default=2, help="(f)'s independent readings (default: 2)")
+    parser.add_argument("--ways", nargs="+", choices=[w for w in WAYS if w != "bare"], default=None,
+                        help="(f)'s ways besides bare generate() (default: all)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     return parser
 
@@ -918,7 +934,7 @@ def main(argv: list[str] | None = None) -> int:
                                               adaptive_stopping=False)
         results = {"model": args.model, "machine": machine_description(engine),
                    "ways": measure_ways(engine, DEFAULT_RACE_PROMPT, settings, args.rounds or (6 if args.quick else 12),
-                                        args.readings, report)}
+                                        args.readings, report, args.ways)}
         results["bench_seconds"] = round(time.perf_counter() - started, 1)
         m = results["machine"]
         header = (f"model {args.model} (vocabulary {engine.model.config.text_config.vocab_size:,}, canvas "

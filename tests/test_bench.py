@@ -214,6 +214,14 @@ def test_ways_summary_takes_ratios_round_by_round():
     assert summary["engine"]["ratio_wall"]["median"] == 1.0 and summary["engine"]["cpu_s"]["median"] == 2.0
     assert summary["engine"]["same_tokens_as_bare"] is True and summary["diffusers"]["same_tokens_as_bare"] is False
     assert summary["engine"]["forwards"] == [3]
+    assert summary["engine"]["ratio_cpu_iqm"] == round((1.1 * 1.0 * 0.75) ** (1 / 3), 4)  # under 4 rounds: all of them
+
+
+def test_the_interquartile_mean_ratio_ignores_the_outer_quarters():
+    assert bench.interquartile_mean_ratio([0.5, 1.0, 1.0, 4.0]) == 1.0
+    assert bench.interquartile_mean_ratio([1.02] * 6 + [0.6, 3.0]) == 1.02
+    assert bench.interquartile_mean_ratio([1.0, 1.21, 3.0, 0.1]) == 1.1  # geometric mean of 1.0 and 1.21
+    assert bench.interquartile_mean_ratio([1.5]) == 1.5
 
 
 def test_logits_streamer_computes_what_the_playground_shows():
@@ -250,6 +258,8 @@ def test_ways_need_adaptive_stopping_off(engine, fixed):
 @pytest.mark.slow
 def test_ways_on_a_tiny_setting_give_bare_generates_tokens(engine, fixed):
     ways = bench.measure_ways(engine, PROMPT, fixed.replace(max_denoising_steps=2), count=1, readings=2)
+    only = bench.measure_ways(engine, PROMPT, fixed.replace(max_denoising_steps=2), count=1, only=["engine"])
+    assert list(only["readings"][0]["ways"]) == ["bare", "engine"]
     assert ways["forwards"] == 2 and ways["prompt_tokens"] == engine.encode_prompt(PROMPT).shape[1]
     assert len(ways["readings"]) == 2
     for reading in ways["readings"]:
