@@ -123,7 +123,7 @@ class FrameBuilder:
         """(strings, kinds or []) of `ids`; a `TokenText` decodes the uncached ones in one batch."""
         many = getattr(self.token_text, "describe_many", None)
         if many is not None:
-            described = many(ids)
-            return [d[0] for d in described], [d[1] for d in described]
+            strings, kinds = zip(*many(ids)) if ids else ((), ())
+            return list(strings), list(kinds)
         kind = self.token_kind
         return [self.token_text(i) for i in ids], [kind(i) for i in ids] if kind else []

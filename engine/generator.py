@@ -221,23 +221,34 @@ def _accepted_mask(sampler) -> torch.BoolTensor:
 
 def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted=None, top_ids=None,
                top_probs=None) -> tuple[list, ...]:
-    """A frame's per-position tensors `[canvas_length]` (alternatives `[canvas_length, k]`) as lists, in one device
-    transfer; the ones given as None come back empty.
+    """A frame's per-position tensors `[canvas_length]` (alternatives `[canvas_length, k]`) as lists of ints, bools
+    and floats, in one device transfer; the ones given as None come back empty.
     """
     length = input_ids.shape[0]
     rows = (input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted)
+    kinds = (int, int, bool, int, float, float, bool)
     k = 0 if top_ids is None else top_ids.shape[-1]
     given = [t for t in rows if t is not None] + ([top_ids, top_probs] if k else [])
-    values = torch.cat([t.to(torch.float64).reshape(-1) for t in given]).tolist()  # float64 holds ids exactly
+    host = torch.cat([t.to(torch.float64).reshape(-1) for t in given]).cpu()  # float64 holds ids exactly
     lists, offset = [], 0
-    for row in rows:
-        lists.append([] if row is None else values[offset:offset + length])
-        offset += 0 if row is None else length
-    ids_in, ids_draft, flags, first, conf, ent, melted = lists
-    top = [values[offset + p * k:offset + (p + 1) * k] for p in range(2 * length)] if k else []
-    return ([int(v) for v in ids_in], [int(v) for v in ids_draft], [v != 0.0 for v in flags],
-            [int(v) for v in first], conf, ent, [v != 0.0 for v in melted],
-            [[int(v) for v in row] for row in top[:length]], top[length:])
+    for row, kind in zip(rows, kinds):
+        if row is None:
+            lists.append([])
+            continue
+        lists.append(_typed_list(host[offset:offset + length], kind))
+        offset += length
+    if k:
+        lists.append(_typed_list(host[offset:offset + length * k].view(length, k), int))
+        lists.append(host[offset + length * k:].view(length, k).tolist())
+    else:
+        lists += [[], []]
+    return tuple(lists)
+
+
+def _typed_list(values: torch.Tensor, kind: type) -> list:
+    if kind is int:
+        return values.to(torch.int64).tolist()
+    return (values != 0).tolist() if kind is bool else values.tolist()
 
 
 def strip_after_eos(token_ids: list[int], eos_token_id: int | list[int] | None) -> list[int]:

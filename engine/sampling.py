@@ -61,11 +61,27 @@ def _log_probs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return log_probs, -(log_probs.exp() * log_probs).sum(dim=-1)
 
 
+def top_k(values: torch.Tensor, k: int, chunk: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """`values.topk(k, dim=-1)` of a `[rows, vocab]` tensor: (values, ids) `[rows, k]`, largest first, the same values
+    (ids may differ among ties). Looks only inside the `k` chunks of `chunk` columns with the largest maxima, which
+    hold every one of the top `k`; falls back to `topk` when the vocabulary is not a multiple of `chunk`."""
+    rows, vocab = values.shape
+    if vocab % chunk or vocab // chunk <= k:
+        return values.topk(k, dim=-1)
+    chunks = values.reshape(rows, vocab // chunk, chunk)
+    best = chunks.amax(dim=-1).topk(k, dim=-1).indices
+    candidates = chunks.gather(1, best.unsqueeze(-1).expand(rows, k, chunk)).reshape(rows, k * chunk)
+    top, where = candidates.topk(k, dim=-1)
+    return top, best.gather(1, where // chunk) * chunk + where % chunk
+
+
 def top_alternatives(log_probs: torch.Tensor, draft_ids: torch.Tensor, k: int = ALTERNATIVES
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """The `k` likeliest tokens per position, draft first: (ids `[canvas_length, k]`, probabilities)."""
     k = min(k, log_probs.shape[-1])
-    values, ids = log_probs.topk(k, dim=-1)
+    values, ids = top_k(log_probs, k)
+    if bool((ids[:, 0] == draft_ids).all()):
+        return ids, values.float().exp()
     draft = draft_ids.unsqueeze(-1)
     missing = ~(ids == draft).any(dim=-1)
     if bool(missing.any()):
@@ -85,5 +101,5 @@ def frame_statistics(sampler, processed_logits: torch.Tensor, draft_ids: torch.T
     else:
         state.log_probs = None
         log_probs, entropy = log_probs[0], entropy[0].float()
-    confidence = log_probs.gather(-1, draft_ids[0].unsqueeze(-1)).squeeze(-1).float().exp()
-    return confidence, entropy, *top_alternatives(log_probs, draft_ids[0])
+    top_ids, top_probs = top_alternatives(log_probs, draft_ids[0])
+    return top_probs[:, 0], entropy, top_ids, top_probs

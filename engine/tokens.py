@@ -68,12 +68,13 @@ class TokenText:
     def describe_many(self, token_ids: list[int]) -> list[tuple[str, str]]:
         """`describe` of each id, the uncached ones decoded in one batch by the tokenizer's backend."""
         cache = self._cache
-        missing = [i for i in dict.fromkeys(token_ids) if i not in cache and 0 <= i < self._size]
+        missing = sorted(i for i in set(token_ids).difference(cache) if 0 <= i < self._size)
         if missing and self._backend is not None:
             texts = self._backend.decode_batch([[i] for i in missing], skip_special_tokens=False)
             for token_id, text in zip(missing, texts):
                 cache[token_id] = self._describe(token_id, text, self._backend.id_to_token(token_id))
-        return [self.describe(i) for i in token_ids]
+        describe = self.describe
+        return [cache.get(i) or describe(i) for i in token_ids]
 
     def _describe(self, token_id: int, text: str | None = None, piece: str | None = None) -> tuple[str, str]:
         if not 0 <= token_id < self._size:

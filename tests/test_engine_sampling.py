@@ -10,7 +10,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
 )
 
 from engine.generator import host_lists
-from engine.sampling import (RecordingEntropyBoundSampler, canvas_statistics, frame_statistics, top_alternatives,
+from engine.sampling import (RecordingEntropyBoundSampler, canvas_statistics, frame_statistics, top_alternatives, top_k,
                              with_recording)
 
 
@@ -95,3 +95,26 @@ def test_alternatives_put_the_draft_first_even_when_tokens_tie():
     many_ties = torch.log_softmax(torch.zeros(1, 8), -1)
     ids, _ = top_alternatives(many_ties, torch.tensor([7]), k=3)
     assert ids[0, 0].item() == 7 and len(set(ids[0].tolist())) == 3
+
+
+@pytest.mark.parametrize("vocab", [4096, 1000, 512])
+def test_top_k_finds_what_topk_finds(vocab):
+    generator = torch.Generator().manual_seed(vocab)
+    values = torch.randn(48, vocab, generator=generator) * 4
+    values[:8, 200:205] = 30.0  # five winners in one chunk
+    values[8:16, ::300] = 30.0  # winners spread over chunks
+    expected_values, expected_ids = values.topk(5, dim=-1)
+    got_values, got_ids = top_k(values, 5)
+    assert torch.equal(got_values, expected_values)
+    assert torch.equal(values.gather(-1, got_ids), got_values)  # ids point at their values
+    distinct = expected_values[:, :-1] > expected_values[:, 1:]
+    rows_without_ties = distinct.all(-1) & (values > expected_values[:, -1:]).sum(-1).eq(4)
+    assert torch.equal(got_ids[rows_without_ties], expected_ids[rows_without_ties])
+
+
+def test_top_k_keeps_the_largest_values_among_ties():
+    values = torch.zeros(3, 1024)
+    values[0, 5] = values[1, 700] = 1.0
+    got_values, got_ids = top_k(values, 5)
+    assert got_values[:, 0].tolist() == [1.0, 1.0, 0.0] and got_values[:, 1:].eq(0).all()
+    assert got_ids[0, 0] == 5 and got_ids[1, 0] == 700 and all(len(set(row)) == 5 for row in got_ids.tolist())
