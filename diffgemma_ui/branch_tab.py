@@ -15,7 +15,7 @@ from engine.trace import ModelInfo
 from .canvas_view import block_html
 from .handlers import Job
 from .runs import session_key
-from .tab import PRIVATE, describe_error, refusal_html
+from .tab import PRIVATE, Tab, describe_error, refusal_html
 from .text import escape_html, prose
 
 
@@ -49,12 +49,10 @@ def parse_pins(text, frame: Frame, tokenizer) -> dict[int, int]:
     return pins
 
 
-class BranchTab:
+class BranchTab(Tab):
     """The "Branch from a step" controls and handlers, bound to a `handlers.Playground`."""
 
-    def __init__(self, playground):
-        self.playground, self.engine = playground, playground.engine
-        playground.sources["branch"] = branch_source
+    sources = {"branch": branch_source}
 
     def build(self, session) -> None:
         """Create and wire the controls (an accordion, closed) in the current Blocks context."""

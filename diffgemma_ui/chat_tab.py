@@ -11,17 +11,17 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine import PRESET_NAMES, DiffusionSettings
+from engine import DiffusionSettings
 from engine.chat import ChatSession, TurnReport
 from engine.conversation import check_messages
 
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html, thought_html
 from .handlers import Job, Playground, api_summary
 from .meter import meter_html
-from .runs import RunWorker, session_key
+from .plots import block_plots
 from .session import SessionState
-from .tab import (PRIVATE, PlotClock, api_run, buttons, checked, empty_plots, live_plots, live_run,
-                  refusal_box, refusing, setting_control, user_error, wire_stop)
+from .tab import (UNQUEUED, PlotClock, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
+                  refusing, run_buttons, seed_box, setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
 from .validation import MAX_PROMPT_CHARS, build_settings, check_flag, check_prompt, check_ui_seed, preset_values
 
@@ -117,13 +117,13 @@ class ChatState(SessionState):
         self.cut_turns = 0  # oldest turns cut to fit the context
 
 
-class ChatTab:
+class ChatTab(Tab):
     """Handlers of the Chat tab and `/chat`, bound to a `handlers.Playground`."""
 
+    sources = {"chat": chat_source}
+
     def __init__(self, playground: Playground):
-        self.playground = playground
-        self.engine = playground.engine
-        playground.sources["chat"] = chat_source
+        super().__init__(playground)
         self.sessions: weakref.WeakValueDictionary[str, ChatState] = weakref.WeakValueDictionary()
 
     def settings(self, preset_name, max_new_tokens):
@@ -192,7 +192,7 @@ class ChatTab:
         chat.last_report = chat.last_result = None
         clock = PlotClock(wait_first=True)
         number = state.turns + (0 if regenerating else 1)  # the turn being generated
-        with live_run(playground, Job("chat", turn, turn.settings), session_key(request, state, ":chat"), state,
+        with live_run(playground, Job("chat", turn, turn.settings), request, state, ":chat",
                       receive=lambda outcome: outcome.apply(chat)) as worker:
             for index, snap in enumerate(playground.runs.updates(worker)):
                 state.snapshot = snap
@@ -255,7 +255,7 @@ class ChatTab:
             state.turns = state.cut_turns = 0
             state.snapshot = None
         return (EMPTY_CHAT_HTML, IDLE_REUSE_HTML, "", CHAT_EMPTY_CANVAS_HTML, meter_html(None, note=IDLE_METER_NOTE),
-                *empty_plots(), gr.skip(), *self._buttons(state or ChatState(), running=False))
+                *block_plots([]), gr.skip(), *self._buttons(state or ChatState(), running=False))
 
     async def chat_api(self, message, history, system, thinking, *values,
                        request: gr.Request = None) -> tuple[str, dict]:
@@ -264,23 +264,20 @@ class ChatTab:
         turn); raises gr.Error."""
         chat = None
 
-        def start() -> RunWorker:
+        def job() -> Job:
             nonlocal chat
-            with refusing():
-                run = Playground.parse(message, False, *values, ui_limits=False, thinking=thinking)
-                self.check_thinking(run.thinking)
-                if system is not None and not isinstance(system, str):
-                    raise ValueError("system must be text")
-                chat = ChatSession(self.engine, system=system if system and system.strip() else None)
-                earlier = parse_history(history)
-                chat.messages = chat.messages + earlier
-                chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
-                turn = ChatTurn(run.prompt, run.settings, run.seed, run.thinking, chat.messages, chat.thoughts)
-                job = Job("chat", turn, run.settings)
-                self.playground.check_job(job)
-            return self.playground.start_job(job, keep_history=False, receive=lambda outcome: outcome.apply(chat))
+            run = Playground.parse(message, False, *values, ui_limits=False, thinking=thinking)
+            self.check_thinking(run.thinking)
+            if system is not None and not isinstance(system, str):
+                raise ValueError("system must be text")
+            chat = ChatSession(self.engine, system=system if system and system.strip() else None)
+            earlier = parse_history(history)
+            chat.messages = chat.messages + earlier
+            chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
+            return Job("chat", ChatTurn(run.prompt, run.settings, run.seed, run.thinking, chat.messages,
+                                        chat.thoughts), run.settings)
 
-        await api_run(self.playground, start, request)
+        await api_run(self.playground, job, request, keep_history=False, receive=lambda outcome: outcome.apply(chat))
         if chat.last_result is None:
             raise user_error("the turn was stopped before its answer was complete")
         text, summary = api_summary(chat.last_result)
@@ -306,21 +303,18 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
             thinking = gr.Checkbox(label="Think first (the thought is shown apart, collapsed, and not fed back)",
                                    value=False, visible=engine.supports_thinking, elem_id="dg-chat-thinking")
             with gr.Row(elem_id="dg-chat-buttons"):
-                send = gr.Button("Send", variant="primary", elem_id="dg-chat-send", scale=2, min_width=80)
-                stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="dg-chat-stop", scale=1,
-                                 min_width=64)
+                send, stop = run_buttons("Send", "dg-chat-send", "dg-chat-stop", scale=2, min_widths=(80, 64))
                 regenerate = gr.Button("Regenerate", interactive=False, elem_id="dg-chat-regenerate", scale=1,
                                        min_width=100)
                 clear = gr.Button("Clear", elem_id="dg-chat-clear", scale=1, min_width=64)
             refusal = refusal_box("chat")
             with gr.Row(elem_id="dg-chat-settings"):
-                preset_box = gr.Dropdown(list(PRESET_NAMES), value="recommended", label="Preset",
-                                         elem_id="dg-chat-preset", min_width=140)
+                preset_box = preset_dropdown("dg-chat-preset")
                 max_new_tokens = setting_control("max_new_tokens", label="Max new tokens per answer", info=None,
                                                  value=min(CHAT_MAX_NEW_TOKENS, engine.recommended.max_new_tokens),
                                                  elem_id="dg-chat-max-new", min_width=180)
-                seed = gr.Textbox(value="-1", label="Seed", info="-1 = random; Regenerate always draws a new one",
-                                  max_lines=1, max_length=24, elem_id="dg-chat-seed", min_width=140)
+                seed = seed_box("dg-chat-seed", "-1", info="-1 = random; Regenerate always draws a new one",
+                                min_width=140)
         with gr.Column(min_width=0, elem_id="dg-chat-output"):
             reuse = gr.HTML(IDLE_REUSE_HTML, elem_id="dg-chat-reuse")
             meter = gr.HTML(meter_html(None, note=IDLE_METER_NOTE), elem_id="dg-chat-meter")
@@ -332,15 +326,13 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
                 heatmap, order, entropy = live_plots("chat")
 
     outputs = [history, reuse, stack, canvas, meter, heatmap, order, entropy, message, send, stop, regenerate, clear]
-    run = dict(outputs=outputs, concurrency_id="engine", trigger_mode="once", **PRIVATE)
-    turn_inputs = [message, preset_box, max_new_tokens, seed, thinking]
-    checked([send.click, message.submit], chat.check_turn, inputs=turn_inputs, box=refusal,
-            trigger_mode="once").success(chat.send_stream, inputs=[state, *turn_inputs], **run)
+    run = dict(state=state, outputs=outputs, box=refusal, stop=stop)
+    wire_run([send.click, message.submit], chat.check_turn, chat.send_stream,
+             inputs=[message, preset_box, max_new_tokens, seed, thinking], **run)
     regen_inputs = [preset_box, max_new_tokens, thinking]
-    checked([regenerate.click], chat.check_regenerate, inputs=[state, *regen_inputs], box=refusal,
-            trigger_mode="once").success(chat.regenerate_stream, inputs=[state, *regen_inputs], **run)
-    wire_stop(stop, state)
-    clear.click(chat.clear, inputs=[state], outputs=outputs, concurrency_limit=None, **PRIVATE)
+    wire_run([regenerate.click], chat.check_regenerate, chat.regenerate_stream, inputs=regen_inputs,
+             check_inputs=[state, *regen_inputs], **run)
+    clear.click(chat.clear, inputs=[state], outputs=outputs, **UNQUEUED)
 
 
 # -- views (pure; every message is untrusted: escaped plain text, never Markdown or HTML) --------------------------

@@ -314,8 +314,15 @@ class RunRegistry:
 
 DEFAULT_MAX_RUN_S = 300.0
 API_WAIT_S = 0.25  # a served API call checks its client this often
-STOP_WAIT_S = 10.0  # Stop waits this long at most for the run's last frame
+STOP_WAIT_S = 10.0  # Stop waits this long at most, in all, for the run and its stream to end
 DROP_DELAY_S = 5.0  # a closed tab's Gradio record is dropped this long after
+
+
+def wait_all(timeout_s: float, *waits: Callable[[float], object]) -> None:
+    """Call each `wait(seconds)` in turn with what is left of one deadline `timeout_s` seconds away (at least 0)."""
+    deadline = time.monotonic() + timeout_s
+    for wait in waits:
+        wait(max(0.0, deadline - time.monotonic()))
 
 
 def pushed(run: Callable[[Callable[[object], None]], object]) -> Iterator:

@@ -14,7 +14,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from diffgemma_ui import canvas_view, meter, plots, text
+from diffgemma_ui import canvas_view, handlers, meter, plots, text
 from diffgemma_ui.handlers import Playground, status_text
 from diffgemma_ui.runs import MAX_LIVE_GAP_S, RunRecord, RunTimeLimitExceeded, RunWorker, default_live_rate
 from diffgemma_ui.session import SessionState
@@ -698,6 +698,21 @@ def test_stop_sends_its_final_view_after_a_live_view_the_stream_was_still_making
     reader.join(10)
     assert [who for who, _ in order][-1] == "stop" and 'data-state="done"' in order[-1][1]
     assert order[-2][0] == "stream" and 'data-state="running"' in order[-2][1]  # the view it was making
+
+
+def test_stop_waits_for_the_run_and_its_stream_under_one_deadline(monkeypatch):
+    """A run that will not end and a stream nobody reads: Stop gives up on both after `STOP_WAIT_S` in all."""
+    monkeypatch.setattr(handlers, "STOP_WAIT_S", 0.6)
+    playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
+    session = SessionState()
+    stream = playground.generate_stream(session, *ARGS)
+    next(stream)  # held open: its stream never ends by itself
+    monkeypatch.setattr(session.worker, "join", lambda timeout=None: time.sleep(timeout) or False)
+    started = time.monotonic()
+    final = playground.stop(session)
+    assert time.monotonic() - started < 1.0  # each wait on its own timeout would take 1.2 s
+    assert final[9]["interactive"] is False
+    stream.close()
 
 
 def test_a_refused_request_marks_only_a_finished_previous_run():
