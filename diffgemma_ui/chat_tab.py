@@ -14,6 +14,7 @@ import gradio as gr
 from engine import DiffusionSettings
 from engine.chat import ChatSession, TurnReport
 from engine.conversation import check_messages
+from engine.settings import parse_flag, parse_seed
 
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html, thought_html
 from .handlers import Job, Playground, api_summary
@@ -23,7 +24,7 @@ from .session import SessionState
 from .tab import (UNQUEUED, PlotClock, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
                   refusing, run_buttons, seed_box, setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
-from .validation import MAX_PROMPT_CHARS, build_settings, check_flag, check_prompt, check_ui_seed, preset_values
+from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, preset_values
 
 MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text
 CHAT_MAX_NEW_TOKENS = 128  # the default answer budget
@@ -132,7 +133,7 @@ class ChatTab(Tab):
         return build_settings(values, ui_limits=True)
 
     def check_thinking(self, thinking) -> bool:
-        thinking = check_flag("thinking", thinking)
+        thinking = parse_flag("thinking", thinking)
         if thinking and not self.engine.supports_thinking:
             raise ValueError("thinking needs a chat template with a thinking mode (enable_thinking); this model's "
                              "template has none")
@@ -145,7 +146,7 @@ class ChatTab(Tab):
             settings = self.settings(preset_name, max_new_tokens)
             self.engine.check_settings(settings)
             self.playground.check_job(Job("chat", None, settings))
-            check_ui_seed(seed)
+            parse_seed(seed)
             self.check_thinking(thinking)
 
     def check_regenerate(self, state: ChatState, preset_name, max_new_tokens, thinking) -> None:
@@ -160,7 +161,7 @@ class ChatTab(Tab):
         """Send: stream the answer to `message`, yielding the tab's outputs; a stopped turn leaves the conversation
         as it was. Raises gr.Error: bad input, a turn that does not fit, a failed run."""
         self.check_turn(message, preset_name, max_new_tokens, seed, thinking)
-        settings, seed, thinking = self.settings(preset_name, max_new_tokens), check_ui_seed(seed), bool(thinking)
+        settings, seed, thinking = self.settings(preset_name, max_new_tokens), parse_seed(seed), bool(thinking)
         text = check_prompt(message)
         yield from self._stream(state, ChatTurn(text, settings, seed, thinking, [], []), text, request)
 

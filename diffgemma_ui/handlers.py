@@ -49,6 +49,9 @@ class StreamOutputs:
         return tuple(getattr(self, field.name) for field in dataclasses.fields(self))
 
 
+STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
+
+
 @dataclass(frozen=True)
 class Job:
     """Model work: `kind` (a `Playground.sources` key), a picklable `payload`, its `settings` and `extra_forwards`
@@ -263,7 +266,7 @@ class Playground:
         _, worker = session.withdraw()
         stepped = getattr(session, "step_run", None)
         if worker is None and stepped is not None and not stepped.done:  # a "Run to end": StepThroughHandlers.pause
-            return (gr.skip(),) * len(dataclasses.fields(StreamOutputs))
+            return (gr.skip(),) * STREAM_WIDTH
         if worker is None:
             skips = dict.fromkeys(("stack", "canvas", "text", "heatmap", "order", "entropy", "block"), gr.skip())
             return dataclasses.replace(initial_outputs(), meter=meter_html(None, note="left the queue: nothing ran"),

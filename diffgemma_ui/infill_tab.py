@@ -11,6 +11,7 @@ import gradio as gr
 
 from engine import Frame
 from engine.infill import InfillLayout, filled_text, infill_frames, layout_template
+from engine.settings import parse_seed
 
 from . import plots
 from .canvas_view import block_html, legend_html
@@ -20,7 +21,7 @@ from .session import SessionState
 from .tab import (API_SETTINGS, PlotClock, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
                   refusing, run_buttons, seed_box, setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
-from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, check_ui_seed, preset_values
+from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, preset_values
 
 EMBEDDED_TEMPLATE = "In the beginning God created the [___ 2] and the [___ 3]. And the earth was without [___ 2]."
 INSTRUCTION_TEMPLATE = "The capital of France is [___ 2], and the capital of Italy is [___ 2]."
@@ -59,7 +60,7 @@ class InfillTab(Tab):
         settings = build_settings(values, ui_limits=True)
         self.engine.check_settings(settings)
         self.playground.check_job(Job("infill", None, settings))
-        return layout, context, settings, check_ui_seed(seed)
+        return layout, context, settings, parse_seed(seed)
 
     def check_inputs(self, template, context, preset_name, max_denoising_steps, seed) -> None:
         """Fill's first step (raises gr.Error)."""
@@ -114,7 +115,7 @@ class InfillTab(Tab):
             if not isinstance(context, str):
                 raise ValueError("context must be text (\"\" for none)")
             settings = build_settings(dict(zip(API_SETTINGS, (self.engine.canvas_length, *given))), ui_limits=False)
-            payload = (template, settings, check_prompt(context) if context.strip() else None, check_ui_seed(seed))
+            payload = (template, settings, check_prompt(context) if context.strip() else None, parse_seed(seed))
             layout = self.layout(template)
             return Job("infill", payload, settings)
 

@@ -18,7 +18,7 @@ from engine.trace import MAX_TRACE_BYTES, Trace, TraceError, load_trace, trace_o
 
 from . import plots
 from .canvas_view import live_html, stack_html
-from .handlers import Job, StreamOutputs, status_text
+from .handlers import STREAM_WIDTH, Job, StreamOutputs, status_text
 from .meter import meter_html
 from .runs import RunSnapshot
 from .session import SessionState
@@ -28,7 +28,6 @@ from .text import plain_text, prose
 MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # bytes per canvas position per decoder forward
 PLAY_INTERVAL_S = 0.25
 REPLAY_TOTAL_S, REPLAY_MIN_INTERVAL_S, REPLAY_MAX_INTERVAL_S = 8.0, 0.15, 0.6
-STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
 
 
 def check_traceable(settings, canvas_length: int) -> None:
@@ -128,7 +127,7 @@ class KeepHandlers(Tab):
     def load_upload(self, session: SessionState, path) -> tuple:
         """The upload: the run's stream outputs, replay slider and downloads; gr.Error as `check_upload`."""
         if path is None:
-            return tuple(gr.skip() for _ in range(STREAM_WIDTH + 3))
+            return (gr.skip(),) * (STREAM_WIDTH + 3)
         if session is None:
             session = SessionState()
         checked = getattr(session, "checked_upload", None)
@@ -149,7 +148,7 @@ class KeepHandlers(Tab):
         """The replay slider: the view after `count` decoder forwards."""
         trace = getattr(session, "trace", None)
         if trace is None:
-            return tuple(gr.skip() for _ in range(STREAM_WIDTH))
+            return (gr.skip(),) * STREAM_WIDTH
         try:
             count = int(count)
         except (TypeError, ValueError):

@@ -11,7 +11,7 @@ import gradio as gr
 
 from engine import Frame
 
-from .handlers import initial_outputs
+from .handlers import STREAM_WIDTH
 from .runs import RunRecord
 from .session import SessionState
 from .tab import PRIVATE, UNQUEUED, PlotClock, Tab, noted, user_error
@@ -128,7 +128,7 @@ class StepThroughHandlers(Tab):
         """Stop during "Run to end": end after the forward in progress, the run kept to go on (skips without one)."""
         run = getattr(session, "step_run", None) if session is not None else None
         if run is None or run.done:
-            return tuple(gr.skip() for _ in range(len(initial_outputs().as_tuple()) + 1))  # the outputs and the note
+            return (gr.skip(),) * (STREAM_WIDTH + 1)  # the outputs and the note
         run.pause.set()
         with run.lock:  # after the forward in progress
             rendered = self._render(session, run, True, stop_button=gr.update(interactive=False))

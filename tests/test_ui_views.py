@@ -24,10 +24,10 @@ from diffgemma_ui.validation import (
     build_request,
     build_settings,
     check_prompt,
-    check_ui_seed,
     preset_values,
 )
 from engine import DiffusionSettings, Frame
+from engine.settings import parse_seed
 from synthetic import parse_html, synthetic_frame
 
 REPO = Path(__file__).resolve().parents[1]
@@ -349,13 +349,13 @@ def test_settings_accept_numeric_strings_and_api_limits():
 @pytest.mark.parametrize("seed, expected", [(-1, None), (None, None), ("", None), ("-1", None), (0, 0),
                                             (7.0, 7), ("12", 12), (2**63 - 1, 2**63 - 1)])
 def test_seeds(seed, expected):
-    assert check_ui_seed(seed) == expected
+    assert parse_seed(seed) == expected
 
 
 @pytest.mark.parametrize("seed", [-2, 1.5, float("nan"), float("inf"), 2**63, "abc", True])
 def test_bad_seeds(seed):
     with pytest.raises(ValueError, match="seed"):
-        check_ui_seed(seed)
+        parse_seed(seed)
 
 
 def test_presets():
