@@ -93,9 +93,8 @@ class KeepHandlers(Tab):
             return hidden  # a newer run replaced it meanwhile
         try:
             check_traceable(request.settings, self.engine.canvas_length)
-            frames = [frame for block in snap.blocks for frame in block]
-            trace = trace_of_run(self.engine, frames, prompt=request.prompt, settings=request.settings,
-                                 raw=request.raw, thinking=getattr(request, "thinking", False))
+            trace = trace_of_run(self.engine, snap.frames(), prompt=request.prompt, settings=request.settings,
+                                 raw=request.raw, thinking=request.thinking)
         except (TraceError, ValueError) as error:
             gr.Warning(f"This run cannot be kept: {error}")
             return hidden
@@ -138,7 +137,7 @@ class KeepHandlers(Tab):
             trace = session.checked_upload[1]
         session.checked_upload = None
         session.trace, session.request = trace, None
-        session.finished_html, session.stacked_blocks = [], -1
+        session.clear_views()
         count = len(trace.frames)
         session.snapshot = snapshot_upto(trace, count)
         slider = gr.update(minimum=1, maximum=max(2, count), value=count, visible=True, interactive=count > 1)
@@ -189,9 +188,8 @@ class KeepHandlers(Tab):
 
         snap = await api_run(self.playground, job, request)
         self.playground.api_result(snap)
-        frames = [frame for block in snap.blocks for frame in block]
-        trace = await asyncio.to_thread(trace_of_run, self.engine, frames, prompt=run.prompt, settings=run.settings,
-                                        raw=run.raw, thinking=getattr(run, "thinking", False))
+        trace = await asyncio.to_thread(trace_of_run, self.engine, snap.frames(), prompt=run.prompt,
+                                        settings=run.settings, raw=run.raw, thinking=run.thinking)
         return trace.to_dict()
 
 

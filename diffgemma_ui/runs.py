@@ -60,6 +60,10 @@ class RunSnapshot:
         """The last frame of every finished block, in order."""
         return [frames[-1] for frames in self.blocks if frames and frames[-1].block_done]
 
+    def frames(self) -> list[Frame]:
+        """Every frame kept, in order."""
+        return [frame for block in self.blocks for frame in block]
+
 
 @dataclass
 class RunRecord:

@@ -73,8 +73,8 @@ class StepThroughHandlers(Tab):
             run.close()
         request = self.playground.checked_request(*inputs, ui_limits=True)
         session.step_run = StepRun(request=request, frames=self.playground.step_frames(request))
-        session.request, session.trace, session.snapshot = request, None, None
-        session.finished_html, session.stacked_blocks = [], -1
+        session.request, session.trace = request, None
+        session.clear_views()
         return session.step_run
 
     def _advance(self, session: SessionState, run: StepRun, plots_due: bool = True, stop_button=None) -> tuple:
