@@ -124,10 +124,6 @@ class Playground:
         # weak: a session Gradio dropped is not kept alive here
         self.sessions: weakref.WeakValueDictionary[str, SessionState] = weakref.WeakValueDictionary()
 
-    @property
-    def registry(self):
-        return self.runs.registry
-
     def check_request(self, request: RunRequest) -> None:
         """The engine's checks before any work: prompt encoding, context budget, settings (ValueError)."""
         prompt_ids = self.engine.encode_prompt(request.prompt, raw=request.raw, thinking=request.thinking)
@@ -243,7 +239,7 @@ class Playground:
         session.request, session.trace = run, None  # what `keep` exports as this run's trace
         ticket = session.running_ticket
         self.sessions[key] = session
-        self.registry.register(key, worker)
+        self.runs.register(key, worker)
         try:
             for index, snap in enumerate(self.runs.updates(worker)):
                 if not session.is_current(ticket):

@@ -599,7 +599,7 @@ def test_generate_stream_renders_live_then_final_and_frees_the_worker_when_close
     next(stream), next(stream)
     stream.close()  # what Gradio does when the tab closes or the event is cancelled
     assert session.worker.stop_event.is_set() and session.worker.join(5)
-    assert slow.registry.active() == 0
+    assert slow.runs.active() == 0
 
 
 def test_before_its_first_frame_a_run_says_it_is_starting_not_idle():
@@ -662,7 +662,7 @@ def test_one_run_per_session_whatever_starts_it():
     view = next(second)
     assert session.worker is not first_worker and view[8]["interactive"] is False  # Generate off while it runs
     final, _ = stopped_while_read(playground, session, second)
-    assert "Stopped" in final[1] and playground.registry.active() == 0
+    assert "Stopped" in final[1] and playground.runs.active() == 0
 
     queued_ticket, queued_meter, *_ = playground.request_run(session, *ARGS)
     assert "Replaced" not in queued_meter  # nothing was running
@@ -745,7 +745,7 @@ def test_runs_past_the_time_limit_stop_with_a_clear_message_and_keep_finished_bl
             last = outputs
     assert "The run failed: the run reached this server's limit" in html.unescape(last[1])
     assert 'data-blocks="' in last[0]  # the finished blocks stay on the page
-    assert playground.registry.active() == 0
+    assert playground.runs.active() == 0
 
 
 def test_api_handler_and_block_selection():
