@@ -4,6 +4,7 @@ history as JSON and gets it back with the new turn."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import weakref
 from collections.abc import Iterator, Sequence
@@ -139,39 +140,42 @@ class ChatTab(Tab):
                              "template has none")
         return thinking
 
-    def check_turn(self, message, preset_name, max_new_tokens, seed, thinking) -> None:
-        """Send's first step (raises gr.Error)."""
+    def turn(self, message, preset_name, max_new_tokens, seed, thinking) -> ChatTurn:
+        """The tab's inputs as a turn, checked (raises gr.Error)."""
         with refusing():
-            check_prompt(message)
+            text = check_prompt(message)
             settings = self.settings(preset_name, max_new_tokens)
             self.engine.check_settings(settings)
             self.playground.check_job(Job("chat", None, settings))
-            parse_seed(seed)
-            self.check_thinking(thinking)
+            return ChatTurn(text, settings, parse_seed(seed), self.check_thinking(thinking), [], [])
 
-    def check_regenerate(self, state: ChatState, preset_name, max_new_tokens, thinking) -> None:
-        """Regenerate's first step (raises gr.Error, also when there is no answer to replace)."""
+    def regeneration(self, state: ChatState, preset_name, max_new_tokens, thinking) -> ChatTurn:
+        """The turn that replaces the last answer, with a new seed (gr.Error, also when there is no answer)."""
         chat = state.chat if state is not None else None
         if chat is None or not chat.messages or chat.messages[-1]["role"] != "assistant":
             raise user_error("nothing to regenerate: the conversation has no answer yet")
-        self.check_turn("x", preset_name, max_new_tokens, -1, thinking)
+        return dataclasses.replace(self.turn("x", preset_name, max_new_tokens, -1, thinking), text=None)
+
+    def check_turn(self, *inputs) -> None:
+        """Send's first step: `turn`'s checks."""
+        self.turn(*inputs)
+
+    def check_regenerate(self, *inputs) -> None:
+        """Regenerate's first step: `regeneration`'s checks."""
+        self.regeneration(*inputs)
 
     def send_stream(self, state: ChatState, message, preset_name, max_new_tokens, seed, thinking,
                     request: gr.Request = None) -> Iterator[tuple]:
         """Send: stream the answer to `message`, yielding the tab's outputs; a stopped turn leaves the conversation
         as it was. Raises gr.Error: bad input, a turn that does not fit, a failed run."""
-        self.check_turn(message, preset_name, max_new_tokens, seed, thinking)
-        settings, seed, thinking = self.settings(preset_name, max_new_tokens), parse_seed(seed), bool(thinking)
-        text = check_prompt(message)
-        yield from self._stream(state, ChatTurn(text, settings, seed, thinking, [], []), text, request)
+        turn = self.turn(message, preset_name, max_new_tokens, seed, thinking)
+        yield from self._stream(state, turn, turn.text, request)
 
     def regenerate_stream(self, state: ChatState, preset_name, max_new_tokens, thinking,
                           request: gr.Request = None) -> Iterator[tuple]:
         """Regenerate: the last answer replaced by one with a new seed, as `send_stream`."""
-        self.check_regenerate(state, preset_name, max_new_tokens, thinking)
-        settings, thinking = self.settings(preset_name, max_new_tokens), bool(thinking)
-        text = state.chat.messages[-2]["content"]
-        yield from self._stream(state, ChatTurn(None, settings, None, thinking, [], []), text, request)
+        turn = self.regeneration(state, preset_name, max_new_tokens, thinking)
+        yield from self._stream(state, turn, state.chat.messages[-2]["content"], request)
 
     def _stream(self, state: ChatState, turn: ChatTurn, user_text: str, request) -> Iterator[tuple]:
         playground = self.playground
