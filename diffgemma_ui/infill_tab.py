@@ -52,26 +52,25 @@ class InfillTab(Tab):
                                else 0)
 
     def request(self, template, context, preset_name, max_denoising_steps, seed):
-        """(layout, context or None, settings, seed) from the tab's inputs, UI limits (ValueError)."""
-        layout = self.layout(template)
-        context = check_prompt(context) if isinstance(context, str) and context.strip() else None
-        values = dict(preset_values(preset_name, self.engine.recommended), max_new_tokens=self.engine.canvas_length,
-                      max_denoising_steps=max_denoising_steps)
-        settings = build_settings(values, ui_limits=True)
-        self.engine.check_settings(settings)
-        self.playground.check_job(Job("infill", None, settings))
-        return layout, context, settings, parse_seed(seed)
-
-    def check_inputs(self, template, context, preset_name, max_denoising_steps, seed) -> None:
-        """Fill's first step (raises gr.Error)."""
+        """(layout, context or None, settings, seed) from the tab's inputs, UI limits (gr.Error)."""
         with refusing():
-            self.request(template, context, preset_name, max_denoising_steps, seed)
+            layout = self.layout(template)
+            context = check_prompt(context) if isinstance(context, str) and context.strip() else None
+            values = dict(preset_values(preset_name, self.engine.recommended),
+                          max_new_tokens=self.engine.canvas_length, max_denoising_steps=max_denoising_steps)
+            settings = build_settings(values, ui_limits=True)
+            self.engine.check_settings(settings)
+            self.playground.check_job(Job("infill", None, settings))
+            return layout, context, settings, parse_seed(seed)
+
+    def check_inputs(self, *inputs) -> None:
+        """Fill's first step: `request`'s checks."""
+        self.request(*inputs)
 
     def fill_stream(self, state: SessionState, template, context, preset_name, max_denoising_steps, seed,
                     request: gr.Request = None) -> Iterator[tuple]:
         """Fill: (canvas, meter, filled template and text, three plots, Fill, Stop); gr.Error: bad input, failed."""
-        with refusing():
-            layout, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
+        layout, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
         state = state if state is not None else SessionState()
         state.stop()
         job = Job("infill", (template, settings, context, seed), settings)

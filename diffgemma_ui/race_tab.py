@@ -128,9 +128,9 @@ class RaceTab:
             run = build_request(prompt, raw, values, seed, ui_limits=True)
         return self.check(run, ar_temperature, order)
 
-    def check_inputs(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> None:
-        """The Race button's first step (raises gr.Error)."""
-        self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
+    def check_inputs(self, *inputs) -> None:
+        """The Race button's first step: `ui_request`'s checks."""
+        self.ui_request(*inputs)
 
     def job(self, race: RaceRequest) -> Job:
         """The race as a job (the autoregressive side: a forward per token of the budget)."""
