@@ -15,7 +15,6 @@ from .canvas_view import EMPTY_CANVAS_HTML, legend_html
 from .chat_tab import ChatTab, build_chat_tab
 from .compare_tab import CompareHandlers, build_compare_tab
 from .deployment import queue_plan, slow_idle_queue_polling
-from .handlers import initial_outputs
 from .infill_tab import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, InfillTab, build_infill_tab
 from .keep import KeepHandlers, build_keep_controls, wire_keep
 from .meter import meter_html
@@ -24,8 +23,8 @@ from .race_tab import RaceTab, build_race_tab
 from .runs import DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, ClosedSessionDropper
 from .session import SessionState
 from .step_through import StepThroughHandlers, build_step_controls, reset_note_on, wire_step_through
-from .tab import (API_SETTINGS, PRIVATE, UNQUEUED, checked, refusal_box, register_api, run_buttons, seed_box,
-                  setting_control, setting_params)
+from .tab import (API_SETTINGS, PRIVATE, UNQUEUED, checked, live_plots, refusal_box, register_api, run_buttons,
+                  seed_box, setting_control, setting_params)
 from .text import escape_html, prose
 from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, SETTING_NAMES
 from .zerogpu import make_playground, weight_bytes
@@ -99,7 +98,6 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
     race_tab = RaceTab(race or RaceRunner(engine), playground)
     chat_tab, infill_tab = ChatTab(playground), InfillTab(playground)
     rec = engine.recommended
-    start = initial_outputs()
     embedded = is_embedded_model(engine)
     default_prompt = DEFAULT_PROMPT if embedded else INSTRUCTION_DEFAULT_PROMPT
 
@@ -156,10 +154,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                                           placeholder=prose("text-placeholder"))
                         block = gr.Slider(1, 2, value=1, step=1, label="Block to plot", visible=False,
                                           elem_id="dg-block")
-                        heatmap = gr.Plot(start.heatmap, show_label=False, elem_id="dg-heatmap")
-                        with gr.Row(elem_id="dg-plot-row"):
-                            order = gr.Plot(start.order, show_label=False, elem_id="dg-order", min_width=280)
-                            entropy = gr.Plot(start.entropy, show_label=False, elem_id="dg-entropy", min_width=280)
+                        heatmap, order, entropy = live_plots("dg-", min_width=280, row_id="dg-plot-row")
                         present = gr.Button("Present: full screen, for a class", elem_id="dg-present", size="sm")
                         keep_controls = build_keep_controls()
                         BranchTab(playground).build(session)

@@ -328,7 +328,7 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
                 stack = gr.HTML("", elem_id="dg-chat-stack")
                 canvas = gr.HTML(CHAT_EMPTY_CANVAS_HTML, elem_id="dg-chat-canvas")
             with gr.Accordion("Plots of this answer's block", open=False, elem_id="dg-chat-plots"):
-                heatmap, order, entropy = live_plots("chat")
+                heatmap, order, entropy = live_plots("dg-chat-")
 
     outputs = [history, reuse, stack, canvas, meter, heatmap, order, entropy, message, send, stop, regenerate, clear]
     run = dict(state=state, outputs=outputs, box=refusal, stop=stop)

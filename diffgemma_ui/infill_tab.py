@@ -158,7 +158,7 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
             meter = gr.HTML(meter_html(None, note=prose("infill-idle-meter")), elem_id="dg-infill-meter")
             canvas = gr.HTML(EMPTY_INFILL_HTML, elem_id="dg-infill-canvas", elem_classes=["dg-canvas-card"])
             with gr.Accordion("Plots of the blank positions", open=True, elem_id="dg-infill-plots"):
-                heatmap, order, entropy = live_plots("infill")
+                heatmap, order, entropy = live_plots("dg-infill-")
 
     wire_run([fill.click, template.submit], infill.check_inputs, infill.fill_stream, state=state, box=refusal,
              stop=stop, inputs=[template, context, preset_box, steps, seed],

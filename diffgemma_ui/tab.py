@@ -235,12 +235,13 @@ def setting_control(name: str, value, **options) -> gr.Slider | gr.Checkbox:
     return gr.Slider(low, row.ui_high if row.ui_high is not None else row.high, step=step, **options)
 
 
-def live_plots(tab: str) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
-    """`tab`'s three plots, empty, the heatmap above the other two, in the current Blocks context."""
+def live_plots(prefix: str, *, min_width: int = 260, row_id: str | None = None) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
+    """The three plots, empty, the heatmap above the other two (element ids `prefix` + name), in the current Blocks
+    context."""
     heatmap, order, entropy = plots.block_plots([])
-    heatmap = gr.Plot(heatmap, show_label=False, elem_id=f"dg-{tab}-heatmap")
-    with gr.Row():
-        order, entropy = (gr.Plot(figure, show_label=False, elem_id=f"dg-{tab}-{name}", min_width=260)
+    heatmap = gr.Plot(heatmap, show_label=False, elem_id=f"{prefix}heatmap")
+    with gr.Row(elem_id=row_id):
+        order, entropy = (gr.Plot(figure, show_label=False, elem_id=f"{prefix}{name}", min_width=min_width)
                           for name, figure in (("order", order), ("entropy", entropy)))
     return heatmap, order, entropy
 
