@@ -15,7 +15,6 @@ from .canvas_view import EMPTY_CANVAS_HTML, legend_html
 from .chat_tab import ChatTab, build_chat_tab
 from .compare_tab import CompareHandlers, build_compare_tab
 from .deployment import queue_plan, slow_idle_queue_polling
-from .handlers import initial_outputs
 from .infill_tab import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, InfillTab, build_infill_tab
 from .keep import KeepHandlers, build_keep_controls, wire_keep
 from .meter import meter_html
@@ -24,7 +23,8 @@ from .race_tab import RaceTab, build_race_tab
 from .runs import DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, ClosedSessionDropper
 from .session import SessionState
 from .step_through import StepThroughHandlers, build_step_controls, reset_note_on, wire_step_through
-from .tab import API_SETTINGS, PRIVATE, checked, refusal_box, register_api, setting_control, setting_params
+from .tab import (API_SETTINGS, PRIVATE, UNQUEUED, checked, live_plots, refusal_box, register_api, run_buttons,
+                  seed_box, setting_control, setting_params)
 from .text import escape_html, prose
 from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, SETTING_NAMES
 from .zerogpu import make_playground, weight_bytes
@@ -98,7 +98,6 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
     race_tab = RaceTab(race or RaceRunner(engine), playground)
     chat_tab, infill_tab = ChatTab(playground), InfillTab(playground)
     rec = engine.recommended
-    start = initial_outputs()
     embedded = is_embedded_model(engine)
     default_prompt = DEFAULT_PROMPT if embedded else INSTRUCTION_DEFAULT_PROMPT
 
@@ -119,16 +118,14 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                         thinking = gr.Checkbox(label="Think first (the answer follows a thought, shown apart)",
                                                value=False, visible=engine.supports_thinking, elem_id="dg-thinking")
                         with gr.Row(elem_id="dg-buttons"):
-                            generate = gr.Button("Generate", variant="primary", elem_id="dg-generate", scale=3)
-                            stop = gr.Button("Stop", variant="stop", elem_id="dg-stop", interactive=False, scale=1)
+                            generate, stop = run_buttons("Generate", "dg-generate", "dg-stop")
                         refusal = refusal_box("playground")
                         step_controls = build_step_controls()
                         with gr.Row(elem_id="dg-preset-row", equal_height=True):
                             preset_box = gr.Dropdown([*PRESET_NAMES, CUSTOM_PRESET], value="recommended",
                                                      label="Preset", elem_id="dg-preset", scale=2, min_width=150)
                         with gr.Row(elem_id="dg-seed-row", equal_height=True):
-                            seed = gr.Textbox(value="0", label="Seed", info="-1 = random", elem_id="dg-seed",
-                                              max_lines=1, max_length=24, scale=2, min_width=200)
+                            seed = seed_box("dg-seed", scale=2, min_width=200)
                             dice = gr.Button("Random", elem_id="dg-dice", scale=0, min_width=76)
                     with gr.Column(min_width=0, elem_id="dg-settings-col"):
                         with gr.Accordion("Denoising settings", open=True, elem_id="dg-settings"):
@@ -157,10 +154,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                                           placeholder=prose("text-placeholder"))
                         block = gr.Slider(1, 2, value=1, step=1, label="Block to plot", visible=False,
                                           elem_id="dg-block")
-                        heatmap = gr.Plot(start.heatmap, show_label=False, elem_id="dg-heatmap")
-                        with gr.Row(elem_id="dg-plot-row"):
-                            order = gr.Plot(start.order, show_label=False, elem_id="dg-order", min_width=280)
-                            entropy = gr.Plot(start.entropy, show_label=False, elem_id="dg-entropy", min_width=280)
+                        heatmap, order, entropy = live_plots("dg-", min_width=280, row_id="dg-plot-row")
                         present = gr.Button("Present: full screen, for a class", elem_id="dg-present", size="sm")
                         keep_controls = build_keep_controls()
                         BranchTab(playground).build(session)
@@ -190,8 +184,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
             show_progress_on=[canvas], trigger_mode="multiple",
         )
         # Stop also cancels the run step, so a queued run leaves the queue
-        stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step],
-                   api_visibility="private", concurrency_limit=None, show_progress="hidden")
+        stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step], **UNQUEUED)
         keep = KeepHandlers(playground)
         wire_keep(keep_controls, keep, session, stream_outputs, [run_step], replay_button=step_controls.replay,
                   box=refusal)
@@ -200,13 +193,12 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
         reset_note_on(step_controls, [requested.success, step_controls.replay.click, keep_controls.upload.upload,
                                       keep_controls.play.click])
         wire_presenter(playground, session, present)
-        unqueued = dict(concurrency_limit=None, **PRIVATE)
-        dice.click(playground.random_seed, inputs=None, outputs=[seed], **unqueued)
-        preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs[1:], **unqueued)
+        dice.click(playground.random_seed, inputs=None, outputs=[seed], **UNQUEUED)
+        preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs[1:], **UNQUEUED)
         for setting in settings_inputs[1:]:  # edited by hand: no longer a named preset
             setting.input(None, None, preset_box, js=f"() => {json.dumps(CUSTOM_PRESET)}", **PRIVATE)
         block.input(playground.select_block, inputs=[session, block], outputs=[heatmap, order, entropy],
-                    trigger_mode="always_last", **unqueued)
+                    trigger_mode="always_last", **UNQUEUED)
         app.unload(playground.unload)
         app.unload(chat_tab.unload)
         if engine.supports_thinking:  # thinking needs the chat template: Raw and Think first exclude each other

@@ -15,7 +15,7 @@ from engine.trace import ModelInfo
 from .canvas_view import block_html
 from .handlers import Job
 from .runs import session_key
-from .tab import PRIVATE, describe_error, refusal_html
+from .tab import PRIVATE, Tab, describe_error, refusal_html
 from .text import escape_html, prose
 
 
@@ -49,12 +49,10 @@ def parse_pins(text, frame: Frame, tokenizer) -> dict[int, int]:
     return pins
 
 
-class BranchTab:
+class BranchTab(Tab):
     """The "Branch from a step" controls and handlers, bound to a `handlers.Playground`."""
 
-    def __init__(self, playground):
-        self.playground, self.engine = playground, playground.engine
-        playground.sources["branch"] = branch_source
+    sources = {"branch": branch_source}
 
     def build(self, session) -> None:
         """Create and wire the controls (an accordion, closed) in the current Blocks context."""
@@ -127,8 +125,8 @@ class BranchTab:
         own = " (the run's own draws)" if end.seed == start.seed else " (new draws from there on)"
         return (f'<div class="dg-branch" data-changed="{share:.4f}" data-done="{str(snap.finished).lower()}"><p>'
                 f"Branch from forward {start.forward_index + 1} (block {start.block_index + 1}, step "
-                f"{start.step_index + 1}) \u00b7 seed {end.seed}{own} \u00b7 {len(pins)} pinned \u00b7 <b>{share:.0%} of "
-                f"the block's positions changed</b>{'' if end.block_done else ' so far'}</p>"
+                f"{start.step_index + 1}) \u00b7 seed {end.seed}{own} \u00b7 {len(pins)} pinned \u00b7 "
+                f"<b>{share:.0%} of the block's positions changed</b>{'' if end.block_done else ' so far'}</p>"
                 f'<div class="dg-branch-pair"><section><h4>Original</h4>{block_html(original, live=False)}</section>'
                 f"<section><h4>Branch</h4>{block_html(end, live=not end.block_done, fixed=fixed)}</section></div>"
                 f'<p class="dg-branch-text">Branch text: {text}</p></div>')

@@ -4,6 +4,7 @@ history as JSON and gets it back with the new turn."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import weakref
 from collections.abc import Iterator, Sequence
@@ -11,19 +12,20 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine import PRESET_NAMES, DiffusionSettings
+from engine import DiffusionSettings
 from engine.chat import ChatSession, TurnReport
 from engine.conversation import check_messages
+from engine.settings import parse_flag, parse_seed
 
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html, thought_html
 from .handlers import Job, Playground, api_summary
 from .meter import meter_html
-from .runs import RunWorker, session_key
+from .plots import block_plots
 from .session import SessionState
-from .tab import (PRIVATE, PlotClock, api_run, buttons, checked, empty_plots, live_plots, live_run,
-                  refusal_box, refusing, setting_control, user_error, wire_stop)
+from .tab import (UNQUEUED, PlotClock, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
+                  refusing, run_buttons, seed_box, setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
-from .validation import MAX_PROMPT_CHARS, build_settings, check_flag, check_prompt, check_ui_seed, preset_values
+from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, preset_values
 
 MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text
 CHAT_MAX_NEW_TOKENS = 128  # the default answer budget
@@ -117,13 +119,13 @@ class ChatState(SessionState):
         self.cut_turns = 0  # oldest turns cut to fit the context
 
 
-class ChatTab:
+class ChatTab(Tab):
     """Handlers of the Chat tab and `/chat`, bound to a `handlers.Playground`."""
 
+    sources = {"chat": chat_source}
+
     def __init__(self, playground: Playground):
-        self.playground = playground
-        self.engine = playground.engine
-        playground.sources["chat"] = chat_source
+        super().__init__(playground)
         self.sessions: weakref.WeakValueDictionary[str, ChatState] = weakref.WeakValueDictionary()
 
     def settings(self, preset_name, max_new_tokens):
@@ -132,45 +134,48 @@ class ChatTab:
         return build_settings(values, ui_limits=True)
 
     def check_thinking(self, thinking) -> bool:
-        thinking = check_flag("thinking", thinking)
+        thinking = parse_flag("thinking", thinking)
         if thinking and not self.engine.supports_thinking:
             raise ValueError("thinking needs a chat template with a thinking mode (enable_thinking); this model's "
                              "template has none")
         return thinking
 
-    def check_turn(self, message, preset_name, max_new_tokens, seed, thinking) -> None:
-        """Send's first step (raises gr.Error)."""
+    def turn(self, message, preset_name, max_new_tokens, seed, thinking) -> ChatTurn:
+        """The tab's inputs as a turn, checked (raises gr.Error)."""
         with refusing():
-            check_prompt(message)
+            text = check_prompt(message)
             settings = self.settings(preset_name, max_new_tokens)
             self.engine.check_settings(settings)
             self.playground.check_job(Job("chat", None, settings))
-            check_ui_seed(seed)
-            self.check_thinking(thinking)
+            return ChatTurn(text, settings, parse_seed(seed), self.check_thinking(thinking), [], [])
 
-    def check_regenerate(self, state: ChatState, preset_name, max_new_tokens, thinking) -> None:
-        """Regenerate's first step (raises gr.Error, also when there is no answer to replace)."""
+    def regeneration(self, state: ChatState, preset_name, max_new_tokens, thinking) -> ChatTurn:
+        """The turn that replaces the last answer, with a new seed (gr.Error, also when there is no answer)."""
         chat = state.chat if state is not None else None
         if chat is None or not chat.messages or chat.messages[-1]["role"] != "assistant":
             raise user_error("nothing to regenerate: the conversation has no answer yet")
-        self.check_turn("x", preset_name, max_new_tokens, -1, thinking)
+        return dataclasses.replace(self.turn("x", preset_name, max_new_tokens, -1, thinking), text=None)
+
+    def check_turn(self, *inputs) -> None:
+        """Send's first step: `turn`'s checks."""
+        self.turn(*inputs)
+
+    def check_regenerate(self, *inputs) -> None:
+        """Regenerate's first step: `regeneration`'s checks."""
+        self.regeneration(*inputs)
 
     def send_stream(self, state: ChatState, message, preset_name, max_new_tokens, seed, thinking,
                     request: gr.Request = None) -> Iterator[tuple]:
         """Send: stream the answer to `message`, yielding the tab's outputs; a stopped turn leaves the conversation
         as it was. Raises gr.Error: bad input, a turn that does not fit, a failed run."""
-        self.check_turn(message, preset_name, max_new_tokens, seed, thinking)
-        settings, seed, thinking = self.settings(preset_name, max_new_tokens), check_ui_seed(seed), bool(thinking)
-        text = check_prompt(message)
-        yield from self._stream(state, ChatTurn(text, settings, seed, thinking, [], []), text, request)
+        turn = self.turn(message, preset_name, max_new_tokens, seed, thinking)
+        yield from self._stream(state, turn, turn.text, request)
 
     def regenerate_stream(self, state: ChatState, preset_name, max_new_tokens, thinking,
                           request: gr.Request = None) -> Iterator[tuple]:
         """Regenerate: the last answer replaced by one with a new seed, as `send_stream`."""
-        self.check_regenerate(state, preset_name, max_new_tokens, thinking)
-        settings, thinking = self.settings(preset_name, max_new_tokens), bool(thinking)
-        text = state.chat.messages[-2]["content"]
-        yield from self._stream(state, ChatTurn(None, settings, None, thinking, [], []), text, request)
+        turn = self.regeneration(state, preset_name, max_new_tokens, thinking)
+        yield from self._stream(state, turn, state.chat.messages[-2]["content"], request)
 
     def _stream(self, state: ChatState, turn: ChatTurn, user_text: str, request) -> Iterator[tuple]:
         playground = self.playground
@@ -192,7 +197,7 @@ class ChatTab:
         chat.last_report = chat.last_result = None
         clock = PlotClock(wait_first=True)
         number = state.turns + (0 if regenerating else 1)  # the turn being generated
-        with live_run(playground, Job("chat", turn, turn.settings), session_key(request, state, ":chat"), state,
+        with live_run(playground, Job("chat", turn, turn.settings), request, state, ":chat",
                       receive=lambda outcome: outcome.apply(chat)) as worker:
             for index, snap in enumerate(playground.runs.updates(worker)):
                 state.snapshot = snap
@@ -255,7 +260,7 @@ class ChatTab:
             state.turns = state.cut_turns = 0
             state.snapshot = None
         return (EMPTY_CHAT_HTML, IDLE_REUSE_HTML, "", CHAT_EMPTY_CANVAS_HTML, meter_html(None, note=IDLE_METER_NOTE),
-                *empty_plots(), gr.skip(), *self._buttons(state or ChatState(), running=False))
+                *block_plots([]), gr.skip(), *self._buttons(state or ChatState(), running=False))
 
     async def chat_api(self, message, history, system, thinking, *values,
                        request: gr.Request = None) -> tuple[str, dict]:
@@ -264,23 +269,20 @@ class ChatTab:
         turn); raises gr.Error."""
         chat = None
 
-        def start() -> RunWorker:
+        def job() -> Job:
             nonlocal chat
-            with refusing():
-                run = Playground.parse(message, False, *values, ui_limits=False, thinking=thinking)
-                self.check_thinking(run.thinking)
-                if system is not None and not isinstance(system, str):
-                    raise ValueError("system must be text")
-                chat = ChatSession(self.engine, system=system if system and system.strip() else None)
-                earlier = parse_history(history)
-                chat.messages = chat.messages + earlier
-                chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
-                turn = ChatTurn(run.prompt, run.settings, run.seed, run.thinking, chat.messages, chat.thoughts)
-                job = Job("chat", turn, run.settings)
-                self.playground.check_job(job)
-            return self.playground.start_job(job, keep_history=False, receive=lambda outcome: outcome.apply(chat))
+            run = Playground.parse(message, False, *values, ui_limits=False, thinking=thinking)
+            self.check_thinking(run.thinking)
+            if system is not None and not isinstance(system, str):
+                raise ValueError("system must be text")
+            chat = ChatSession(self.engine, system=system if system and system.strip() else None)
+            earlier = parse_history(history)
+            chat.messages = chat.messages + earlier
+            chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
+            return Job("chat", ChatTurn(run.prompt, run.settings, run.seed, run.thinking, chat.messages,
+                                        chat.thoughts), run.settings)
 
-        await api_run(self.playground, start, request)
+        await api_run(self.playground, job, request, keep_history=False, receive=lambda outcome: outcome.apply(chat))
         if chat.last_result is None:
             raise user_error("the turn was stopped before its answer was complete")
         text, summary = api_summary(chat.last_result)
@@ -306,21 +308,18 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
             thinking = gr.Checkbox(label="Think first (the thought is shown apart, collapsed, and not fed back)",
                                    value=False, visible=engine.supports_thinking, elem_id="dg-chat-thinking")
             with gr.Row(elem_id="dg-chat-buttons"):
-                send = gr.Button("Send", variant="primary", elem_id="dg-chat-send", scale=2, min_width=80)
-                stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="dg-chat-stop", scale=1,
-                                 min_width=64)
+                send, stop = run_buttons("Send", "dg-chat-send", "dg-chat-stop", scale=2, min_widths=(80, 64))
                 regenerate = gr.Button("Regenerate", interactive=False, elem_id="dg-chat-regenerate", scale=1,
                                        min_width=100)
                 clear = gr.Button("Clear", elem_id="dg-chat-clear", scale=1, min_width=64)
             refusal = refusal_box("chat")
             with gr.Row(elem_id="dg-chat-settings"):
-                preset_box = gr.Dropdown(list(PRESET_NAMES), value="recommended", label="Preset",
-                                         elem_id="dg-chat-preset", min_width=140)
+                preset_box = preset_dropdown("dg-chat-preset")
                 max_new_tokens = setting_control("max_new_tokens", label="Max new tokens per answer", info=None,
                                                  value=min(CHAT_MAX_NEW_TOKENS, engine.recommended.max_new_tokens),
                                                  elem_id="dg-chat-max-new", min_width=180)
-                seed = gr.Textbox(value="-1", label="Seed", info="-1 = random; Regenerate always draws a new one",
-                                  max_lines=1, max_length=24, elem_id="dg-chat-seed", min_width=140)
+                seed = seed_box("dg-chat-seed", "-1", info="-1 = random; Regenerate always draws a new one",
+                                min_width=140)
         with gr.Column(min_width=0, elem_id="dg-chat-output"):
             reuse = gr.HTML(IDLE_REUSE_HTML, elem_id="dg-chat-reuse")
             meter = gr.HTML(meter_html(None, note=IDLE_METER_NOTE), elem_id="dg-chat-meter")
@@ -329,18 +328,16 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
                 stack = gr.HTML("", elem_id="dg-chat-stack")
                 canvas = gr.HTML(CHAT_EMPTY_CANVAS_HTML, elem_id="dg-chat-canvas")
             with gr.Accordion("Plots of this answer's block", open=False, elem_id="dg-chat-plots"):
-                heatmap, order, entropy = live_plots("chat")
+                heatmap, order, entropy = live_plots("dg-chat-")
 
     outputs = [history, reuse, stack, canvas, meter, heatmap, order, entropy, message, send, stop, regenerate, clear]
-    run = dict(outputs=outputs, concurrency_id="engine", trigger_mode="once", **PRIVATE)
-    turn_inputs = [message, preset_box, max_new_tokens, seed, thinking]
-    checked([send.click, message.submit], chat.check_turn, inputs=turn_inputs, box=refusal,
-            trigger_mode="once").success(chat.send_stream, inputs=[state, *turn_inputs], **run)
+    run = dict(state=state, outputs=outputs, box=refusal, stop=stop)
+    wire_run([send.click, message.submit], chat.check_turn, chat.send_stream,
+             inputs=[message, preset_box, max_new_tokens, seed, thinking], **run)
     regen_inputs = [preset_box, max_new_tokens, thinking]
-    checked([regenerate.click], chat.check_regenerate, inputs=[state, *regen_inputs], box=refusal,
-            trigger_mode="once").success(chat.regenerate_stream, inputs=[state, *regen_inputs], **run)
-    wire_stop(stop, state)
-    clear.click(chat.clear, inputs=[state], outputs=outputs, concurrency_limit=None, **PRIVATE)
+    wire_run([regenerate.click], chat.check_regenerate, chat.regenerate_stream, inputs=regen_inputs,
+             check_inputs=[state, *regen_inputs], **run)
+    clear.click(chat.clear, inputs=[state], outputs=outputs, **UNQUEUED)
 
 
 # -- views (pure; every message is untrusted: escaped plain text, never Markdown or HTML) --------------------------

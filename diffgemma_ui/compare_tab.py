@@ -14,10 +14,10 @@ from engine.settings import draw_seed
 from . import plots
 from .handlers import Job
 from .meter import REFUSED_NOTICE, meter_html
-from .runs import STOP_WAIT_S, session_key
+from .runs import STOP_WAIT_S
 from .session import SessionState
-from .tab import (PRIVATE, checked, describe_error, live_run, refusal_box, setting_control, user_error,
-                  wire_stop)
+from .tab import (UNQUEUED, Tab, buttons, checked, describe_error, live_run, refusal_box, run_buttons,
+                  setting_control, user_error, wire_stop)
 from .text import escape_html, plain_text, prose
 
 POLL_S = 0.5  # how often a running side redraws
@@ -72,13 +72,10 @@ class CompareState(SessionState):
         self.shown: tuple[Frame | None, Frame | None] | None = None
 
 
-class CompareHandlers:
+class CompareHandlers(Tab):
     """Event handlers of the Compare tab, bound to a `handlers.Playground`."""
 
-    def __init__(self, playground):
-        self.playground = playground
-        self.engine = playground.engine
-        playground.sources["pipeline"] = pipeline_source
+    sources = {"pipeline": pipeline_source}
 
     def _checked(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
                  b_steps, b_adaptive, b_sampler) -> tuple[list, str | None]:
@@ -133,7 +130,6 @@ class CompareHandlers:
                     verdict_html(*lasts), texts[0], texts[1], heatmaps[0], heatmaps[1])
 
         state.running = True
-        key = session_key(request, state, ":compare")
         try:
             for side, run in enumerate(requests):
                 if state.stopped.is_set():
@@ -144,7 +140,7 @@ class CompareHandlers:
                 if side == 1 and scheduler is not None:
                     job, options = Job("pipeline", (run, scheduler), run.settings), dict(keep_history=False,
                                                                                           receive=exact.extend)
-                with live_run(self.playground, job, key, state, **options) as worker:
+                with live_run(self.playground, job, request, state, ":compare", **options) as worker:
                     if state.stopped.is_set():
                         worker.stop()
                     for snap in worker.updates(1.0 / POLL_S, reader_budget=None):
@@ -205,8 +201,7 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
                                           elem_id="dg-compare-sampler")
             sides[side] = (name, entropy_bound, steps, adaptive)
     with gr.Row():
-        run = gr.Button("Compare A and B", variant="primary", elem_id="dg-compare-run", scale=3)
-        stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="dg-compare-stop", scale=1)
+        run, stop = run_buttons("Compare A and B", "dg-compare-run", "dg-compare-stop")
     refusal = refusal_box("compare")
     state = gr.State(CompareState())
     verdict = gr.HTML(verdict_html(None, None), elem_id="dg-compare-verdict")
@@ -220,26 +215,23 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
                 heatmap = gr.Plot(plots.confidence_heatmap([]), show_label=False, elem_id=f"dg-compare-heatmap-{side}")
             outputs[side] = (card, text, heatmap)
 
-    unqueued = dict(concurrency_limit=None, **PRIVATE)
     for name, entropy_bound, steps, adaptive in sides.values():
         def apply(choice):
             settings = preset(choice, rec)
             return settings.entropy_bound, settings.max_denoising_steps, settings.adaptive_stopping
 
-        name.change(apply, inputs=[name], outputs=[entropy_bound, steps, adaptive], **unqueued)
+        name.change(apply, inputs=[name], outputs=[entropy_bound, steps, adaptive], **UNQUEUED)
     inputs = [prompt, raw, seed, max_new_tokens, *sides["A"][1:], *sides["B"][1:], sampler, state]
     requested = checked([run.click], compare.request, inputs=inputs, box=refusal, refused=compare.refused,
                         refused_inputs=[state], refused_outputs=[verdict], trigger_mode="once")
-    requested.success(lambda: (gr.update(interactive=False), gr.update(interactive=True)), inputs=None,
-                      outputs=[run, stop], **unqueued)
+    requested.success(lambda: buttons(True), inputs=None, outputs=[run, stop], **UNQUEUED)
     compared = requested.success(
         compare.compare, inputs=inputs,
         outputs=[outputs["A"][0], outputs["B"][0], verdict, outputs["A"][1], outputs["B"][1], outputs["A"][2],
                  outputs["B"][2]],
         api_visibility="private", concurrency_id="engine", show_progress="minimal", trigger_mode="once",
     )
-    compared.then(lambda: (gr.update(interactive=True), gr.update(interactive=False)), inputs=None,
-                  outputs=[run, stop], **unqueued)
+    compared.then(lambda: buttons(False), inputs=None, outputs=[run, stop], **UNQUEUED)
     wire_stop(stop, state)
 
 

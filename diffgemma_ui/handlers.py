@@ -17,9 +17,9 @@ from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html, thought_html
 from .meter import meter_html, refused_meter_html, run_meter_html, waiting_meter_html
 from .runs import (DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, STOP_WAIT_S, Runner, RunSnapshot, RunWorker,
-                   default_live_rate, session_key)
+                   default_live_rate, session_key, wait_all)
 from .session import SessionState
-from .tab import PlotClock, api_run, describe_error, empty_plots, refusing, user_error
+from .tab import PlotClock, api_run, describe_error, refusing, user_error
 from .text import plain_text
 from .validation import CUSTOM_PRESET, PRESET_FIELDS, RunRequest, build_request, preset_values
 
@@ -47,6 +47,9 @@ class StreamOutputs:
 
     def as_tuple(self) -> tuple:
         return tuple(getattr(self, field.name) for field in dataclasses.fields(self))
+
+
+STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,6 @@ def api_summary(result) -> tuple[str, dict]:
     return plain_text(values["text"]), {key: values[key] for key in API_SUMMARY_KEYS}
 
 
-
 def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
     """The one-line status under the canvas when a run is over."""
     if error is not None:
@@ -121,10 +123,6 @@ class Playground:
         self.sources = {"generate": generation_frames}
         # weak: a session Gradio dropped is not kept alive here
         self.sessions: weakref.WeakValueDictionary[str, SessionState] = weakref.WeakValueDictionary()
-
-    @property
-    def registry(self):
-        return self.runs.registry
 
     def check_request(self, request: RunRequest) -> None:
         """The engine's checks before any work: prompt encoding, context budget, settings (ValueError)."""
@@ -241,7 +239,7 @@ class Playground:
         session.request, session.trace = run, None  # what `keep` exports as this run's trace
         ticket = session.running_ticket
         self.sessions[key] = session
-        self.registry.register(key, worker)
+        self.runs.register(key, worker)
         try:
             for index, snap in enumerate(self.runs.updates(worker)):
                 if not session.is_current(ticket):
@@ -257,20 +255,20 @@ class Playground:
             session.end_stream(worker)
 
     def stop(self, session: SessionState) -> tuple:
-        """The Stop button: stop the session's run and, once its stream has ended (Gradio cancels or advances it),
-        render its final view (a queued run left the queue)."""
+        """The Stop button: stop the session's run and, once it and its stream have ended (Gradio cancels or
+        advances it) or `STOP_WAIT_S` passed, render its final view (a queued run left the queue)."""
         if session is None:
             return initial_outputs().as_tuple()
         _, worker = session.withdraw()
         stepped = getattr(session, "step_run", None)
         if worker is None and stepped is not None and not stepped.done:  # a "Run to end": StepThroughHandlers.pause
-            return (gr.skip(),) * len(dataclasses.fields(StreamOutputs))
+            return (gr.skip(),) * STREAM_WIDTH
         if worker is None:
-            return dataclasses.replace(initial_outputs(), stack=gr.skip(), canvas=gr.skip(), text=gr.skip(),
-                                       heatmap=gr.skip(), order=gr.skip(), entropy=gr.skip(), block=gr.skip(),
-                                       meter=meter_html(None, note="left the queue: nothing ran")).as_tuple()
-        worker.join(STOP_WAIT_S)
-        session.wait_for_stream(STOP_WAIT_S)  # so nothing the stream sends can arrive after this final view
+            skips = dict.fromkeys(("stack", "canvas", "text", "heatmap", "order", "entropy", "block"), gr.skip())
+            return dataclasses.replace(initial_outputs(), meter=meter_html(None, note="left the queue: nothing ran"),
+                                       **skips).as_tuple()
+        # the stream's end too: nothing it sends can arrive after this final view
+        wait_all(STOP_WAIT_S, worker.join, session.wait_for_stream)
         snap = worker.snapshot()
         session.snapshot = snap
         final = self.render(session, snap, final=True, plots_due=True)
@@ -289,7 +287,7 @@ class Playground:
         """The three plots of block number `block` (1-based) of the session's last run."""
         snap = session.snapshot if session is not None else None
         if snap is None or not snap.blocks:
-            return empty_plots()
+            return plots.block_plots([])
         try:
             index = int(block) - 1
         except (TypeError, ValueError):
@@ -313,20 +311,20 @@ class Playground:
 
     def generate_api(self, *inputs, thinking=False) -> tuple[str, dict]:
         """`/generate` to its end: (text, summary of `API_SUMMARY_KEYS`); gr.Error."""
-        worker = self.start_api_run(*inputs, thinking=thinking)
+        worker = self.start_run(self.checked_request(*inputs, ui_limits=False, thinking=thinking), keep_history=False)
         try:
             snap = worker.wait()
         finally:
             worker.stop()
         return self.api_result(snap)
 
-    async def generate_api_served(self, *inputs, thinking=False, request: gr.Request = None) -> tuple[str, dict]:
+    async def generate_api_served(self, *inputs, request: gr.Request = None) -> tuple[str, dict]:
         """`/generate` as served: `generate_api`, its run stopped once its client goes away."""
-        return self.api_result(await api_run(self, lambda: self.start_api_run(*inputs, thinking=thinking), request))
+        def job() -> Job:
+            run = self.checked_request(*inputs, ui_limits=False)
+            return Job("generate", run, run.settings)
 
-    def start_api_run(self, *inputs, thinking=False) -> RunWorker:
-        """Check the API's inputs (API limits) and start their run; raises gr.Error."""
-        return self.start_run(self.checked_request(*inputs, ui_limits=False, thinking=thinking), keep_history=False)
+        return self.api_result(await api_run(self, job, request, keep_history=False))
 
     def api_result(self, snap: RunSnapshot) -> tuple[str, dict]:
         """(text, summary) of a finished API run; raises gr.Error for a failed one."""
@@ -339,7 +337,7 @@ class Playground:
 
 def initial_outputs() -> StreamOutputs:
     """What the live view shows before any run."""
-    heatmap, order, entropy = empty_plots()
+    heatmap, order, entropy = plots.block_plots([])
     return StreamOutputs(stack="", canvas=EMPTY_CANVAS_HTML, meter=meter_html(None), text="", heatmap=heatmap,
                          order=order, entropy=entropy, block=gr.update(visible=False),
                          generate_button=gr.update(interactive=True), stop_button=gr.update(interactive=False))

@@ -9,19 +9,19 @@ from collections.abc import Iterator, Sequence
 
 import gradio as gr
 
-from engine import PRESET_NAMES, Frame
+from engine import Frame
 from engine.infill import InfillLayout, filled_text, infill_frames, layout_template
+from engine.settings import parse_seed
 
 from . import plots
 from .canvas_view import block_html, legend_html
 from .handlers import Job, api_summary, previous_run_meter, status_text
 from .meter import meter_html, run_meter_html
-from .runs import RunWorker, session_key
 from .session import SessionState
-from .tab import (API_SETTINGS, PRIVATE, PlotClock, api_run, buttons, checked, live_plots, live_run, refusal_box,
-                  refusing, setting_control, user_error, wire_stop)
+from .tab import (API_SETTINGS, PlotClock, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
+                  refusing, run_buttons, seed_box, setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
-from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, check_ui_seed, preset_values
+from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, preset_values
 
 EMBEDDED_TEMPLATE = "In the beginning God created the [___ 2] and the [___ 3]. And the earth was without [___ 2]."
 INSTRUCTION_TEMPLATE = "The capital of France is [___ 2], and the capital of Italy is [___ 2]."
@@ -40,13 +40,10 @@ def infill_source(engine, payload: tuple, stop) -> Iterator:
     return infill_frames(engine, template, settings, prompt=context, seed=seed, stop_event=stop)[1]
 
 
-class InfillTab:
+class InfillTab(Tab):
     """Handlers of the Infill tab and `/infill`, bound to a `handlers.Playground`."""
 
-    def __init__(self, playground):
-        self.playground = playground
-        self.engine = playground.engine
-        playground.sources["infill"] = infill_source
+    sources = {"infill": infill_source}
 
     def layout(self, template) -> InfillLayout:
         """The template's layout (ValueError: bad syntax, or it does not fit one canvas)."""
@@ -55,33 +52,32 @@ class InfillTab:
                                else 0)
 
     def request(self, template, context, preset_name, max_denoising_steps, seed):
-        """(layout, context or None, settings, seed) from the tab's inputs, UI limits (ValueError)."""
-        layout = self.layout(template)
-        context = check_prompt(context) if isinstance(context, str) and context.strip() else None
-        values = dict(preset_values(preset_name, self.engine.recommended), max_new_tokens=self.engine.canvas_length,
-                      max_denoising_steps=max_denoising_steps)
-        settings = build_settings(values, ui_limits=True)
-        self.engine.check_settings(settings)
-        self.playground.check_job(Job("infill", None, settings))
-        return layout, context, settings, check_ui_seed(seed)
-
-    def check_inputs(self, template, context, preset_name, max_denoising_steps, seed) -> None:
-        """Fill's first step (raises gr.Error)."""
+        """(layout, context or None, settings, seed) from the tab's inputs, UI limits (gr.Error)."""
         with refusing():
-            self.request(template, context, preset_name, max_denoising_steps, seed)
+            layout = self.layout(template)
+            context = check_prompt(context) if isinstance(context, str) and context.strip() else None
+            values = dict(preset_values(preset_name, self.engine.recommended),
+                          max_new_tokens=self.engine.canvas_length, max_denoising_steps=max_denoising_steps)
+            settings = build_settings(values, ui_limits=True)
+            self.engine.check_settings(settings)
+            self.playground.check_job(Job("infill", None, settings))
+            return layout, context, settings, parse_seed(seed)
+
+    def check_inputs(self, *inputs) -> None:
+        """Fill's first step: `request`'s checks."""
+        self.request(*inputs)
 
     def fill_stream(self, state: SessionState, template, context, preset_name, max_denoising_steps, seed,
                     request: gr.Request = None) -> Iterator[tuple]:
         """Fill: (canvas, meter, filled template and text, three plots, Fill, Stop); gr.Error: bad input, failed."""
-        with refusing():
-            layout, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
+        layout, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
         state = state if state is not None else SessionState()
         state.stop()
         job = Job("infill", (template, settings, context, seed), settings)
         clock = PlotClock(wait_first=True)
         skip = gr.skip()
         tokenizer = self.engine.tokenizer
-        with live_run(self.playground, job, session_key(request, state, ":infill"), state) as worker:
+        with live_run(self.playground, job, request, state, ":infill") as worker:
             for index, snap in enumerate(self.playground.runs.updates(worker)):
                 latest, final = snap.latest, snap.finished
                 status = status_text(latest, snap.error) if final else ("" if latest else "Encoding\u2026")
@@ -113,21 +109,16 @@ class InfillTab:
         *given, seed = values
         layout = None
 
-        def start() -> RunWorker:
+        def job() -> Job:
             nonlocal layout
-            with refusing():
-                if not isinstance(context, str):
-                    raise ValueError("context must be text (\"\" for none)")
-                values = dict(zip(API_SETTINGS, (self.engine.canvas_length, *given)))
-                settings = build_settings(values, ui_limits=False)
-                payload = (template, settings, check_prompt(context) if context.strip() else None,
-                           check_ui_seed(seed))
-                layout = self.layout(template)
-                job = Job("infill", payload, settings)
-                self.playground.check_job(job)
-            return self.playground.start_job(job, keep_history=False)
+            if not isinstance(context, str):
+                raise ValueError("context must be text (\"\" for none)")
+            settings = build_settings(dict(zip(API_SETTINGS, (self.engine.canvas_length, *given))), ui_limits=False)
+            payload = (template, settings, check_prompt(context) if context.strip() else None, parse_seed(seed))
+            layout = self.layout(template)
+            return Job("infill", payload, settings)
 
-        snap = await api_run(self.playground, start, request)
+        snap = await api_run(self.playground, job, request, keep_history=False)
         if snap.latest is None or snap.latest.stop_reason == "cancelled":
             raise user_error("the fill was stopped before it was complete")
         _, summary = api_summary(self.engine.summarize(snap.latest, snap.frames_seen))
@@ -153,15 +144,12 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
                                  placeholder="raw text the encoder reads before the canvas",
                                  elem_id="dg-infill-context")
             with gr.Row(elem_id="dg-infill-settings"):
-                preset_box = gr.Dropdown(list(PRESET_NAMES), value="recommended", label="Preset",
-                                         elem_id="dg-infill-preset", min_width=140)
+                preset_box = preset_dropdown("dg-infill-preset")
                 steps = setting_control("max_denoising_steps", engine.recommended.max_denoising_steps, info=None,
                                         label="Denoising steps (at most)", elem_id="dg-infill-steps", min_width=180)
-                seed = gr.Textbox(value="0", label="Seed", info="-1 = random", max_lines=1, max_length=24,
-                                  elem_id="dg-infill-seed", min_width=120)
+                seed = seed_box("dg-infill-seed", min_width=120)
             with gr.Row(elem_id="dg-infill-buttons"):
-                fill = gr.Button("Fill", variant="primary", elem_id="dg-infill-run", scale=3)
-                stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="dg-infill-stop", scale=1)
+                fill, stop = run_buttons("Fill", "dg-infill-run", "dg-infill-stop")
             refusal = refusal_box("infill")
             filled = gr.HTML("", elem_id="dg-infill-filled")
             text = gr.Textbox(label="Filled text", lines=2, max_lines=8, interactive=False, buttons=["copy"],
@@ -170,15 +158,12 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
             meter = gr.HTML(meter_html(None, note=prose("infill-idle-meter")), elem_id="dg-infill-meter")
             canvas = gr.HTML(EMPTY_INFILL_HTML, elem_id="dg-infill-canvas", elem_classes=["dg-canvas-card"])
             with gr.Accordion("Plots of the blank positions", open=True, elem_id="dg-infill-plots"):
-                heatmap, order, entropy = live_plots("infill")
+                heatmap, order, entropy = live_plots("dg-infill-")
 
-    inputs = [template, context, preset_box, steps, seed]
-    accepted = checked([fill.click, template.submit], infill.check_inputs, inputs=inputs, box=refusal,
-                       refused=infill.refused, refused_inputs=[state], refused_outputs=[meter], trigger_mode="once")
-    accepted.success(infill.fill_stream, inputs=[state, *inputs],
-                     outputs=[canvas, meter, filled, text, heatmap, order, entropy, fill, stop],
-                     concurrency_id="engine", trigger_mode="once", **PRIVATE)
-    wire_stop(stop, state)
+    wire_run([fill.click, template.submit], infill.check_inputs, infill.fill_stream, state=state, box=refusal,
+             stop=stop, inputs=[template, context, preset_box, steps, seed],
+             outputs=[canvas, meter, filled, text, heatmap, order, entropy, fill, stop],
+             refused=infill.refused, refused_inputs=[state], refused_outputs=[meter])
 
 
 def infill_canvas_html(frame: Frame | None, layout: InfillLayout | None, status: str = "") -> str:

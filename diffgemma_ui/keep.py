@@ -18,17 +18,16 @@ from engine.trace import MAX_TRACE_BYTES, Trace, TraceError, load_trace, trace_o
 
 from . import plots
 from .canvas_view import live_html, stack_html
-from .handlers import StreamOutputs, status_text
+from .handlers import STREAM_WIDTH, Job, StreamOutputs, status_text
 from .meter import meter_html
 from .runs import RunSnapshot
 from .session import SessionState
-from .tab import PRIVATE, api_run, guard_stream, refusing, shown_refusal, user_error
+from .tab import PRIVATE, Tab, api_run, noted, user_error
 from .text import plain_text, prose
 
 MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # bytes per canvas position per decoder forward
 PLAY_INTERVAL_S = 0.25
 REPLAY_TOTAL_S, REPLAY_MIN_INTERVAL_S, REPLAY_MAX_INTERVAL_S = 8.0, 0.15, 0.6
-STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
 
 
 def check_traceable(settings, canvas_length: int) -> None:
@@ -79,12 +78,8 @@ def render_trace(trace: Trace, count: int, *, hover: bool = True) -> StreamOutpu
     )
 
 
-class KeepHandlers:
+class KeepHandlers(Tab):
     """Handlers on a session's `request`, `snapshot`, `trace` (replayed or exported) and `keep_dir` (downloads)."""
-
-    def __init__(self, playground):
-        self.playground = playground
-        self.engine = playground.engine
 
     def export_files(self, session: SessionState) -> tuple:
         """After a run: write its trace and replay page; updates of both downloads, the replay slider, Replay."""
@@ -98,9 +93,8 @@ class KeepHandlers:
             return hidden  # a newer run replaced it meanwhile
         try:
             check_traceable(request.settings, self.engine.canvas_length)
-            frames = [frame for block in snap.blocks for frame in block]
-            trace = trace_of_run(self.engine, frames, prompt=request.prompt, settings=request.settings,
-                                 raw=request.raw, thinking=getattr(request, "thinking", False))
+            trace = trace_of_run(self.engine, snap.frames(), prompt=request.prompt, settings=request.settings,
+                                 raw=request.raw, thinking=request.thinking)
         except (TraceError, ValueError) as error:
             gr.Warning(f"This run cannot be kept: {error}")
             return hidden
@@ -132,7 +126,7 @@ class KeepHandlers:
     def load_upload(self, session: SessionState, path) -> tuple:
         """The upload: the run's stream outputs, replay slider and downloads; gr.Error as `check_upload`."""
         if path is None:
-            return tuple(gr.skip() for _ in range(STREAM_WIDTH + 3))
+            return (gr.skip(),) * (STREAM_WIDTH + 3)
         if session is None:
             session = SessionState()
         checked = getattr(session, "checked_upload", None)
@@ -143,7 +137,7 @@ class KeepHandlers:
             trace = session.checked_upload[1]
         session.checked_upload = None
         session.trace, session.request = trace, None
-        session.finished_html, session.stacked_blocks = [], -1
+        session.clear_views()
         count = len(trace.frames)
         session.snapshot = snapshot_upto(trace, count)
         slider = gr.update(minimum=1, maximum=max(2, count), value=count, visible=True, interactive=count > 1)
@@ -153,7 +147,7 @@ class KeepHandlers:
         """The replay slider: the view after `count` decoder forwards."""
         trace = getattr(session, "trace", None)
         if trace is None:
-            return tuple(gr.skip() for _ in range(STREAM_WIDTH))
+            return (gr.skip(),) * STREAM_WIDTH
         try:
             count = int(count)
         except (TypeError, ValueError):
@@ -184,20 +178,18 @@ class KeepHandlers:
 
     async def export_served(self, *inputs, request: gr.Request = None) -> dict:
         """`/export`: `/generate`'s run as a trace dict (`docs/trace.md`); gr.Error: bad input, too long, failed."""
-        kept = {}
+        run = None
 
-        def start():
-            kept["run"] = run = self.playground.checked_request(*inputs, ui_limits=False)
-            with refusing():
-                check_traceable(run.settings, self.engine.canvas_length)
-            return self.playground.start_run(run)
+        def job() -> Job:
+            nonlocal run
+            run = self.playground.checked_request(*inputs, ui_limits=False)
+            check_traceable(run.settings, self.engine.canvas_length)
+            return Job("generate", run, run.settings)
 
-        snap = await api_run(self.playground, start, request)
-        run = kept["run"]
+        snap = await api_run(self.playground, job, request)
         self.playground.api_result(snap)
-        frames = [frame for block in snap.blocks for frame in block]
-        trace = await asyncio.to_thread(trace_of_run, self.engine, frames, prompt=run.prompt, settings=run.settings,
-                                        raw=run.raw, thinking=getattr(run, "thinking", False))
+        trace = await asyncio.to_thread(trace_of_run, self.engine, snap.frames(), prompt=run.prompt,
+                                        settings=run.settings, raw=run.raw, thinking=run.thinking)
         return trace.to_dict()
 
 
@@ -230,23 +222,18 @@ def build_keep_controls() -> KeepControls:
 def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_outputs: list, run_events,
               replay_button: gr.Button, box) -> None:
     """Wire downloads after `run_events`, the upload, slider, play and `replay_button`; refusals shown in `box`."""
-    html, refusal = box
-    shown = dict(fn=shown_refusal, inputs=[refusal], outputs=[html], concurrency_limit=None, **PRIVATE)
     for event in run_events:
         event.then(keep.export_files, inputs=[session],
                    outputs=[controls.trace_button, controls.html_button, controls.replay_slider, replay_button],
                    concurrency_limit=2, **PRIVATE)
-    replay_button.click(guard_stream(keep.replay_run), inputs=[refusal, session],
-                        outputs=[*stream_outputs, controls.replay_slider], concurrency_limit=None,
-                        trigger_mode="once", **PRIVATE).then(**shown)
-    uploaded = controls.upload.upload(guard_stream(keep.check_upload), inputs=[refusal, session, controls.upload],
-                                      outputs=None, concurrency_limit=2, **PRIVATE)
-    uploaded.then(**shown)
+    played = dict(outputs=[*stream_outputs, controls.replay_slider], concurrency_limit=None, trigger_mode="once",
+                  **PRIVATE)
+    noted(replay_button.click, keep.replay_run, box, inputs=[session], **played)
+    uploaded = noted(controls.upload.upload, keep.check_upload, box, inputs=[session, controls.upload], outputs=None,
+                     concurrency_limit=2, **PRIVATE)
     uploaded.success(keep.load_upload, inputs=[session, controls.upload], outputs=[
         *stream_outputs, controls.replay_slider, controls.trace_button, controls.html_button], concurrency_limit=2,
                      api_visibility="private", show_progress="minimal")
     controls.replay_slider.input(keep.replay_step, inputs=[session, controls.replay_slider], outputs=stream_outputs,
                                  concurrency_limit=None, trigger_mode="always_last", **PRIVATE)
-    controls.play.click(guard_stream(keep.replay_play), inputs=[refusal, session, controls.replay_slider],
-                        outputs=[*stream_outputs, controls.replay_slider], concurrency_limit=None,
-                        trigger_mode="once", **PRIVATE).then(**shown)
+    noted(controls.play.click, keep.replay_play, box, inputs=[session, controls.replay_slider], **played)

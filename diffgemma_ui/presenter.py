@@ -25,7 +25,7 @@ def run_frames(session) -> tuple[list, Trace | None]:
     if snap is not None and snap.blocks:
         if trace is not None and snap.blocks[0][0] is trace.frames[0]:
             return list(trace.frames), trace
-        return [frame for block in snap.blocks for frame in block], None
+        return snap.frames(), None
     return (list(trace.frames), trace) if trace is not None else ([], None)
 
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from engine import PRESET_NAMES
 from engine.autoregressive import check_temperature
 from engine.loading import model_name
 from engine.race import FAIRNESS, ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner, SideResult
@@ -19,10 +18,10 @@ from engine.race import FAIRNESS, ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunne
 from .canvas_view import STOP_REASONS, block_html
 from .handlers import Job, Playground
 from .meter import format_number, stat_cards_html
-from .runs import RunWorker, pushed, session_key
+from .runs import pushed
 from .session import SessionState
-from .tab import (PRIVATE, api_run, buttons, checked, live_run, refusal_box, refusing, setting_control, user_error,
-                  wire_stop)
+from .tab import (UNQUEUED, api_run, buttons, live_run, preset_dropdown, refusal_box, refusing, run_buttons,
+                  setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
 from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, preset_values
 
@@ -38,7 +37,6 @@ FAULT_TEXT = {  # `SideResult.faults` in words
     "punctuation": "is mostly punctuation ({:.0%} of its visible tokens have no letter or digit)",
     "repetition": f"repeats itself ({{:.0%}} of its tokens repeat an earlier run of {REPEAT_N})",
 }
-
 
 
 @dataclass
@@ -130,9 +128,9 @@ class RaceTab:
             run = build_request(prompt, raw, values, seed, ui_limits=True)
         return self.check(run, ar_temperature, order)
 
-    def check_inputs(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> None:
-        """The Race button's first step (raises gr.Error)."""
-        self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
+    def check_inputs(self, *inputs) -> None:
+        """The Race button's first step: `ui_request`'s checks."""
+        self.ui_request(*inputs)
 
     def job(self, race: RaceRequest) -> Job:
         """The race as a job (the autoregressive side: a forward per token of the budget)."""
@@ -177,8 +175,7 @@ class RaceTab:
         session.stop()
         session.progress = None
         session.stopped.clear()
-        key = session_key(request, session, ":race")
-        with live_run(self.playground, self.job(race), key, session, record=RaceProgress()) as worker:
+        with live_run(self.playground, self.job(race), request, session, ":race", record=RaceProgress()) as worker:
             progress = worker.record
             yield (*self.live_panels(progress), result_html(None), *buttons(True))
             for snap in worker.updates(1.0 / LIVE_INTERVAL_S, reader_budget=None):
@@ -208,17 +205,13 @@ class RaceTab:
     async def race_api(self, *inputs, request: gr.Request = None) -> tuple[str, str, dict]:
         """`/race`: `/generate`'s inputs, AR temperature, order -> (diffusion text, AR text, summary); gr.Error."""
         *inputs, ar_temperature, order = inputs
+        def job() -> Job:
+            return self.job(self.check(Playground.parse(*inputs, ui_limits=False), ar_temperature, order))
 
-        def start() -> RunWorker:
-            with refusing():
-                run = Playground.parse(*inputs, ui_limits=False)
-            race = self.check(run, ar_temperature, order)
-            return self.playground.start_job(self.job(race), record=RaceProgress())
-
-        result = (await api_run(self.playground, start, request)).result
-        texts = [plain_text(side.text) if side is not None else "" for side in (result.diffusion,
-                                                                                  result.autoregressive)]
-        return texts[0], texts[1], result.summary()
+        result = (await api_run(self.playground, job, request, record=RaceProgress())).result
+        diffusion, autoregressive = (plain_text(side.text) if side is not None else ""
+                                     for side in (result.diffusion, result.autoregressive))
+        return diffusion, autoregressive, result.summary()
 
 
 def build_race_tab(race: RaceTab) -> None:
@@ -232,8 +225,7 @@ def build_race_tab(race: RaceTab) -> None:
             raw = gr.Checkbox(label="Raw prompt (no chat template)", value=False, elem_id="dg-race-raw")
         with gr.Column(scale=2, min_width=0):
             with gr.Row():
-                preset_box = gr.Dropdown(list(PRESET_NAMES), value="recommended", label="Diffusion preset",
-                                         elem_id="dg-race-preset", min_width=120)
+                preset_box = preset_dropdown("dg-race-preset", "Diffusion preset", min_width=120)
                 max_new_tokens = setting_control("max_new_tokens", rec.max_new_tokens, label="Token budget",
                                                  info="both sides; whole canvases", elem_id="dg-race-budget",
                                                  min_width=160)
@@ -245,23 +237,17 @@ def build_race_tab(race: RaceTab) -> None:
                 order = gr.Dropdown(list(ORDERS), value="alternate", label="Who runs first",
                                     elem_id="dg-race-order", min_width=140)
             with gr.Row():
-                start = gr.Button("Race", variant="primary", elem_id="dg-race-start", scale=3)
-                stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="dg-race-stop", scale=1)
+                start, stop = run_buttons("Race", "dg-race-start", "dg-race-stop")
             refusal = refusal_box("race")
     with gr.Row(equal_height=False, elem_id="dg-race-panels"):
         panels = [gr.HTML(panel_html(side, None, text="", model=race.models[side], position=None, state="idle"),
                           elem_id=f"dg-race-{side}", min_width=0) for side in SIDES]
     result = gr.HTML(result_html(None), elem_id="dg-race-result")
 
-    inputs = [prompt, raw, preset_box, max_new_tokens, seed, temperature, order]
     outputs = [*panels, result, start, stop]
-    run = dict(fn=race.race_stream, inputs=[session, *inputs], outputs=outputs, concurrency_id="engine",
-               trigger_mode="once", **PRIVATE)
-    # The replay runs outside the engine's queue slot
-    replay = dict(fn=race.replay_stream, inputs=[session], outputs=outputs, concurrency_limit=None, **PRIVATE)
-    checked([start.click], race.check_inputs, inputs=inputs, box=refusal, trigger_mode="once").success(
-        **run).success(**replay)
-    wire_stop(stop, session)
+    ran = wire_run([start.click], race.check_inputs, race.race_stream, state=session, box=refusal, stop=stop,
+                   inputs=[prompt, raw, preset_box, max_new_tokens, seed, temperature, order], outputs=outputs)
+    ran.success(race.replay_stream, inputs=[session], outputs=outputs, **UNQUEUED)  # outside the engine's slot
 
 
 def frame_at(frames: Sequence, t: float):

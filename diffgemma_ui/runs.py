@@ -60,6 +60,10 @@ class RunSnapshot:
         """The last frame of every finished block, in order."""
         return [frames[-1] for frames in self.blocks if frames and frames[-1].block_done]
 
+    def frames(self) -> list[Frame]:
+        """Every frame kept, in order."""
+        return [frame for block in self.blocks for frame in block]
+
 
 @dataclass
 class RunRecord:
@@ -277,45 +281,17 @@ class RunWorker:
         return self.snapshot()
 
 
-class RunRegistry:
-    """Which worker each browser session runs (one registry per app)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._runs: dict[str, RunWorker] = {}
-
-    def register(self, key: str, worker: RunWorker) -> None:
-        """Record `worker` as session `key`'s run, stopping any run it had before."""
-        with self._lock:
-            previous = self._runs.get(key)
-            self._runs[key] = worker
-        if previous is not None and previous is not worker:
-            previous.stop()
-
-    def unregister(self, key: str, worker: RunWorker) -> None:
-        """Forget `worker` if it is still session `key`'s run."""
-        with self._lock:
-            if self._runs.get(key) is worker:
-                del self._runs[key]
-
-    def stop(self, key: str) -> bool:
-        """Stop session `key`'s runs (also those registered as `key:...`); returns whether there were any."""
-        with self._lock:
-            keys = [k for k in self._runs if k == key or k.startswith(f"{key}:")]
-            workers = [self._runs.pop(k) for k in keys]
-        for worker in workers:
-            worker.stop()
-        return bool(workers)
-
-    def active(self) -> int:
-        with self._lock:
-            return sum(1 for w in self._runs.values() if w.running)
-
-
 DEFAULT_MAX_RUN_S = 300.0
 API_WAIT_S = 0.25  # a served API call checks its client this often
-STOP_WAIT_S = 10.0  # Stop waits this long at most for the run's last frame
+STOP_WAIT_S = 10.0  # Stop waits this long at most, in all, for the run and its stream to end
 DROP_DELAY_S = 5.0  # a closed tab's Gradio record is dropped this long after
+
+
+def wait_all(timeout_s: float, *waits: Callable[[float], object]) -> None:
+    """Call each `wait(seconds)` in turn with what is left of one deadline `timeout_s` seconds away (at least 0)."""
+    deadline = time.monotonic() + timeout_s
+    for wait in waits:
+        wait(max(0.0, deadline - time.monotonic()))
 
 
 def pushed(run: Callable[[Callable[[object], None]], object]) -> Iterator:
@@ -371,8 +347,9 @@ class Runner:
         self.reader_budget = reader_budget
         self.abandon_after_s = abandon_after_s
         self.max_run_s = max_run_s
-        self.registry = RunRegistry()
         self.closed_sessions: ClosedSessionDropper | None = None
+        self._lock = threading.Lock()
+        self._runs: dict[str, RunWorker] = {}  # each session's run by registry key
 
     def start(self, source: FrameSource, key: str | None = None, *, keep_history: bool = True, stop_event=None,
               record=None, limit_s: float | None = None) -> RunWorker:
@@ -382,14 +359,35 @@ class Runner:
                            time_limit_s=min(limits) if limits else None, stop_event=stop_event,
                            record=record).start()
         if key is not None:
-            self.registry.register(key, worker)
+            self.register(key, worker)
         return worker
 
+    def register(self, key: str, worker: RunWorker) -> None:
+        """Record `worker` as session `key`'s run, stopping any run it had before."""
+        with self._lock:
+            previous = self._runs.get(key)
+            self._runs[key] = worker
+        if previous is not None and previous is not worker:
+            previous.stop()
+
     def finish(self, key: str | None, worker: RunWorker) -> None:
-        """Stop `worker` (if still running) and drop it from the registry."""
+        """Stop `worker` (if still running) and forget it if it is still session `key`'s run."""
         worker.stop()
-        if key is not None:
-            self.registry.unregister(key, worker)
+        with self._lock:
+            if key is not None and self._runs.get(key) is worker:
+                del self._runs[key]
+
+    def stop(self, key: str) -> bool:
+        """Stop session `key`'s runs (also those registered as `key:...`); returns whether there were any."""
+        with self._lock:
+            workers = [self._runs.pop(k) for k in list(self._runs) if k == key or k.startswith(f"{key}:")]
+        for worker in workers:
+            worker.stop()
+        return bool(workers)
+
+    def active(self) -> int:
+        with self._lock:
+            return sum(1 for w in self._runs.values() if w.running)
 
     def updates(self, worker: RunWorker) -> Iterator[RunSnapshot]:
         """`worker`'s coalesced snapshots at the app's live rate."""
@@ -400,7 +398,7 @@ class Runner:
         client_alive = job_alive_check()
         worker = await asyncio.to_thread(start)
         key = f"{getattr(request, 'session_hash', None) or 'anon'}:api:{id(worker)}"
-        self.registry.register(key, worker)
+        self.register(key, worker)
         try:
             snap = worker.snapshot()
             while not snap.finished:
@@ -414,7 +412,7 @@ class Runner:
     def unload(self, session_hash: str | None) -> None:
         """A tab closed: stop its session's runs, drop Gradio's record of it soon after."""
         if session_hash:
-            self.registry.stop(session_hash)
+            self.stop(session_hash)
             if self.closed_sessions is not None:
                 self.closed_sessions.closed(session_hash)
 

@@ -11,10 +11,10 @@ import gradio as gr
 
 from engine import Frame
 
-from .handlers import initial_outputs
+from .handlers import STREAM_WIDTH
 from .runs import RunRecord
 from .session import SessionState
-from .tab import PRIVATE, PlotClock, guard_stream, shown_refusal, user_error
+from .tab import PRIVATE, UNQUEUED, PlotClock, Tab, noted, user_error
 from .text import prose
 
 NEW_OUTLINE = "#E69F00"  # the plots' accepted colour (Okabe-Ito orange)
@@ -59,11 +59,8 @@ def step_note(frame: Frame) -> str:
             f"(outlined)")
 
 
-class StepThroughHandlers:
+class StepThroughHandlers(Tab):
     """"Next step" and "Run to end" on a `handlers.Playground`, kept in `session.step_run`."""
-
-    def __init__(self, playground):
-        self.playground = playground
 
     def _step_run(self, session: SessionState, inputs) -> StepRun:
         """The session's stepped run, or a new one for `inputs` when it has none (or it was superseded)."""
@@ -76,8 +73,8 @@ class StepThroughHandlers:
             run.close()
         request = self.playground.checked_request(*inputs, ui_limits=True)
         session.step_run = StepRun(request=request, frames=self.playground.step_frames(request))
-        session.request, session.trace, session.snapshot = request, None, None
-        session.finished_html, session.stacked_blocks = [], -1
+        session.request, session.trace = request, None
+        session.clear_views()
         return session.step_run
 
     def _advance(self, session: SessionState, run: StepRun, plots_due: bool = True, stop_button=None) -> tuple:
@@ -131,7 +128,7 @@ class StepThroughHandlers:
         """Stop during "Run to end": end after the forward in progress, the run kept to go on (skips without one)."""
         run = getattr(session, "step_run", None) if session is not None else None
         if run is None or run.done:
-            return tuple(gr.skip() for _ in range(len(initial_outputs().as_tuple()) + 1))  # the outputs and the note
+            return (gr.skip(),) * (STREAM_WIDTH + 1)  # the outputs and the note
         run.pause.set()
         with run.lock:  # after the forward in progress
             rendered = self._render(session, run, True, stop_button=gr.update(interactive=False))
@@ -163,12 +160,9 @@ def wire_step_through(controls: StepControls, steps, session, run_inputs: list, 
                       stop_button: gr.Button | None = None, box=None) -> None:
     """Wire "Next step" and "Run to end" (in the engine's queue slot); `stop_button` also pauses a "Run to end";
     `box` says why a step was refused."""
-    html, refusal = box
-    common = dict(inputs=[refusal, session, *run_inputs], outputs=[*stream_outputs, controls.note],
-                  api_visibility="private", concurrency_id="engine", show_progress="hidden")
     for button, handler in ((controls.next_step, steps.next_step), (controls.run_to_end, steps.run_to_end)):
-        button.click(guard_stream(handler), trigger_mode="once", **common).then(
-            shown_refusal, inputs=[refusal], outputs=[html], concurrency_limit=None, **PRIVATE)
+        noted(button.click, handler, box, inputs=[session, *run_inputs], outputs=[*stream_outputs, controls.note],
+              concurrency_id="engine", trigger_mode="once", **PRIVATE)
     if stop_button is not None:
         stop_button.click(steps.pause, inputs=[session], outputs=[*stream_outputs, controls.note],
                           api_visibility="private", concurrency_limit=None, show_progress="hidden")
@@ -177,4 +171,4 @@ def wire_step_through(controls: StepControls, steps, session, run_inputs: list, 
 def reset_note_on(controls: StepControls, listeners) -> None:
     """Put the step note back to its help text on each of `listeners` (another run taking the canvas over)."""
     for listener in listeners:
-        listener(lambda: prose("step-note"), inputs=None, outputs=[controls.note], concurrency_limit=None, **PRIVATE)
+        listener(lambda: prose("step-note"), inputs=None, outputs=[controls.note], **UNQUEUED)

@@ -11,11 +11,11 @@ from contextlib import contextmanager
 
 import gradio as gr
 
-from engine import DiffusionSettings
+from engine import PRESET_NAMES, DiffusionSettings
 from engine.settings import SETTING_NAMES, spec
 
 from . import plots
-from .runs import ClientGone, RunTimeLimitExceeded, RunWorker, is_out_of_memory
+from .runs import ClientGone, RunSnapshot, RunTimeLimitExceeded, RunWorker, is_out_of_memory, session_key
 from .session import SessionState
 from .text import escape_html
 
@@ -24,13 +24,25 @@ PLOT_INTERVAL_S = 1.0  # live plots re-render at most this often
 PLOT_CELLS = 8192  # heatmap cells the browser redraws each PLOT_INTERVAL_S at most (256 x 128: every 4 s)
 API_SETTINGS = SETTING_NAMES
 PRIVATE = dict(api_visibility="private", show_progress="hidden")
+UNQUEUED = dict(concurrency_limit=None, **PRIVATE)
 _EXPECTED = (ValueError, gr.Error, RunTimeLimitExceeded)
+
+
+class Tab:
+    """A tab's handlers bound to a `handlers.Playground`; `sources` (job kind -> frame source) registered there."""
+
+    sources: dict[str, Callable] = {}
+
+    def __init__(self, playground):
+        self.playground, self.engine = playground, playground.engine
+        if self.sources:
+            playground.sources.update(self.sources)
 
 
 def describe_error(error: BaseException) -> str:
     """The user-facing words for an error that ended a run or refused a request (never a traceback)."""
     if isinstance(error, _EXPECTED):
-        return str(error) or type(error).__name__
+        return str(error.message) if isinstance(error, gr.Error) else str(error) or type(error).__name__
     if is_out_of_memory(error):
         return ("out of memory during this run: lower max_new_tokens or max_denoising_steps, or shorten the prompt "
                 "(the run's memory has been freed; the server is fine)")
@@ -48,15 +60,24 @@ def user_error(error: BaseException | str, *, prefix: str = "") -> gr.Error:
 
 @contextmanager
 def refusing() -> Iterator[None]:
-    """Any exception raised in the block leaves it as `user_error`'s `gr.Error`."""
+    """Any exception raised in the block leaves it as `user_error`'s `gr.Error` (a `gr.Error` as it is)."""
     try:
         yield
+    except gr.Error:
+        raise
     except Exception as error:  # noqa: BLE001 - a clear message either way
         raise user_error(error) from None
 
 
-async def api_run(playground, start: Callable[[], RunWorker], request):
-    """An endpoint's run to its final snapshot; gr.Error: `start` refused, the client left, the run failed."""
+async def api_run(playground, job: Callable, request, **options) -> RunSnapshot:
+    """An endpoint's run of `job()` (made and `check_job`ed under `refusing`, started with `start_job`'s `options`)
+    to its final snapshot; gr.Error: refused, the client left, the run failed."""
+    def start() -> RunWorker:
+        with refusing():
+            made = job()
+            playground.check_job(made)
+        return playground.start_job(made, **options)
+
     try:
         snap = await playground.runs.served(start, request)
     except ClientGone as error:
@@ -71,17 +92,13 @@ def stop_run(state: SessionState | None) -> None:
         state.stop()
 
 
-def wire_stop(button: gr.Button, state: gr.State) -> None:
-    """Wire a Stop `button` to `stop_run` of `state`, outside the queue."""
-    button.click(stop_run, inputs=[state], outputs=None, concurrency_limit=None, **PRIVATE)
-
-
 @contextmanager
-def live_run(playground, job, key: str | None, state: SessionState | None = None, **options) -> Iterator[RunWorker]:
-    """`playground.start_job(job, key, **options)` as `state.worker`, stopped and unregistered on leaving."""
+def live_run(playground, job, request, state: SessionState, suffix: str, **options) -> Iterator[RunWorker]:
+    """`playground.start_job(job, **options)` as `state.worker`, registered under `session_key(request, state,
+    suffix)`, stopped and unregistered on leaving."""
+    key = session_key(request, state, suffix)
     worker = playground.start_job(job, key, **options)
-    if state is not None:
-        state.worker = worker
+    state.worker = worker
     try:
         yield worker
     finally:
@@ -91,6 +108,22 @@ def live_run(playground, job, key: str | None, state: SessionState | None = None
 def buttons(running: bool) -> tuple:
     """(run button, Stop button) updates: Stop on only while `running`."""
     return gr.update(interactive=not running), gr.update(interactive=running)
+
+
+def run_buttons(label: str, run_id: str, stop_id: str, *, scale: int = 3,
+                min_widths: tuple[int | None, int | None] = (None, None)) -> tuple[gr.Button, gr.Button]:
+    """A tab's primary `label` button and its Stop button (off until a run starts), in the current Blocks context."""
+    return (gr.Button(label, variant="primary", elem_id=run_id, scale=scale, min_width=min_widths[0]),
+            gr.Button("Stop", variant="stop", interactive=False, elem_id=stop_id, scale=1, min_width=min_widths[1]))
+
+
+def preset_dropdown(elem_id: str, label: str = "Preset", min_width: int = 140) -> gr.Dropdown:
+    return gr.Dropdown(list(PRESET_NAMES), value="recommended", label=label, elem_id=elem_id, min_width=min_width)
+
+
+def seed_box(elem_id: str, value: str = "0", info: str = "-1 = random", **options) -> gr.Textbox:
+    """A seed box: an integer as text, or -1 for a random one."""
+    return gr.Textbox(value=value, label="Seed", info=info, max_lines=1, max_length=24, elem_id=elem_id, **options)
 
 
 class Refusal:
@@ -123,7 +156,7 @@ def noting(refusal: Refusal) -> Iterator[None]:
     try:
         yield
     except Exception as error:
-        refusal.reason = str(error.message) if isinstance(error, gr.Error) else describe_error(error)
+        refusal.reason = describe_error(error)
         raise
 
 
@@ -137,18 +170,37 @@ def guarded(fn: Callable, width: int) -> Callable:
     return step
 
 
+def shown_refusal(refusal: Refusal) -> str:
+    return refusal_html(refusal.reason)
+
+
 def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.HTML, gr.State],
             outputs: Sequence = (), refused: Callable | None = None, refused_inputs: Sequence = (),
             refused_outputs: Sequence = (), **options):
     """Wire `triggers` to `check(*inputs)` (gr.Error shown in `box`, then `refused`); the event, for `.success`."""
     html, state = box
     event = gr.on(list(triggers), guarded(check, len(outputs)), inputs=[state, *inputs], outputs=[*outputs, html],
-                  concurrency_limit=None, **{**PRIVATE, **options})
-    event.failure(shown_refusal, inputs=[state], outputs=[html], concurrency_limit=None, **PRIVATE)
+                  **{**UNQUEUED, **options})
+    event.failure(shown_refusal, inputs=[state], outputs=[html], **UNQUEUED)
     if refused is not None:
-        event.failure(refused, inputs=list(refused_inputs), outputs=list(refused_outputs), concurrency_limit=None,
-                      **PRIVATE)
+        event.failure(refused, inputs=list(refused_inputs), outputs=list(refused_outputs), **UNQUEUED)
     return event
+
+
+def wire_run(triggers: Sequence, check: Callable, stream: Callable, *, state: gr.State, inputs: list, outputs: list,
+             box: tuple[gr.HTML, gr.State], stop: gr.Button, check_inputs: list | None = None, **refused):
+    """A tab's run: `check(*check_inputs)` (default `inputs`; `refused` as `checked`'s), then `stream(state,
+    *inputs)` in the engine's slot; `stop` stops it. The stream's event, for `.success`."""
+    event = checked(triggers, check, inputs=inputs if check_inputs is None else check_inputs, box=box,
+                    trigger_mode="once", **refused)
+    wire_stop(stop, state)
+    return event.success(stream, inputs=[state, *inputs], outputs=outputs, concurrency_id="engine",
+                         trigger_mode="once", **PRIVATE)
+
+
+def wire_stop(button: gr.Button, state: gr.State) -> None:
+    """Wire a Stop `button` to `stop_run` of `state`, outside the queue."""
+    button.click(stop_run, inputs=[state], outputs=None, **UNQUEUED)
 
 
 def guard_stream(fn: Callable) -> Callable:
@@ -164,8 +216,12 @@ def guard_stream(fn: Callable) -> Callable:
     return step
 
 
-def shown_refusal(refusal: Refusal) -> str:
-    return refusal_html(refusal.reason)
+def noted(listener: Callable, fn: Callable, box: tuple[gr.HTML, gr.State], *, inputs: list, **options):
+    """`listener(fn)` on `inputs` with its errors noted in `box` and shown there after it; the event."""
+    html, refusal = box
+    event = listener(guard_stream(fn), inputs=[refusal, *inputs], **options)
+    event.then(shown_refusal, inputs=[refusal], outputs=[html], **UNQUEUED)
+    return event
 
 
 def setting_control(name: str, value, **options) -> gr.Slider | gr.Checkbox:
@@ -179,17 +235,13 @@ def setting_control(name: str, value, **options) -> gr.Slider | gr.Checkbox:
     return gr.Slider(low, row.ui_high if row.ui_high is not None else row.high, step=step, **options)
 
 
-def empty_plots() -> tuple:
-    """The three plots before a run: confidence heatmap, unmasking order, entropy and acceptance."""
-    return plots.block_plots([])
-
-
-def live_plots(tab: str) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
-    """`tab`'s three plots, empty, the heatmap above the other two, in the current Blocks context."""
-    heatmap, order, entropy = empty_plots()
-    heatmap = gr.Plot(heatmap, show_label=False, elem_id=f"dg-{tab}-heatmap")
-    with gr.Row():
-        order, entropy = (gr.Plot(figure, show_label=False, elem_id=f"dg-{tab}-{name}", min_width=260)
+def live_plots(prefix: str, *, min_width: int = 260, row_id: str | None = None) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
+    """The three plots, empty, the heatmap above the other two (element ids `prefix` + name), in the current Blocks
+    context."""
+    heatmap, order, entropy = plots.block_plots([])
+    heatmap = gr.Plot(heatmap, show_label=False, elem_id=f"{prefix}heatmap")
+    with gr.Row(elem_id=row_id):
+        order, entropy = (gr.Plot(figure, show_label=False, elem_id=f"{prefix}{name}", min_width=min_width)
                           for name, figure in (("order", order), ("entropy", entropy)))
     return heatmap, order, entropy
 

@@ -16,8 +16,6 @@ UI_MAX_ENTROPY_BOUND = spec("entropy_bound").ui_high
 SETTING_NAMES = tuple(name for name in ALL_SETTING_NAMES if spec(name).kind is not bool)
 PRESET_FIELDS = (*SETTING_NAMES[1:], "adaptive_stopping")  # all but max_new_tokens, the user's
 CUSTOM_PRESET = "custom"  # the preset box once a setting is changed by hand
-check_flag = parse_flag
-check_ui_seed = parse_seed
 
 
 @dataclass(frozen=True)
@@ -40,9 +38,9 @@ def build_settings(values: dict, *, ui_limits: bool = True) -> DiffusionSettings
 
 def build_request(prompt, raw, values: dict, seed, *, ui_limits: bool = True, thinking=False) -> RunRequest:
     """Everything a run needs, checked; ValueError with the first problem (prompt first)."""
-    return RunRequest(prompt=check_prompt(prompt), raw=check_flag("raw", raw),
-                      settings=build_settings(values, ui_limits=ui_limits), seed=check_ui_seed(seed),
-                      thinking=check_flag("thinking", thinking))
+    return RunRequest(prompt=check_prompt(prompt), raw=parse_flag("raw", raw),
+                      settings=build_settings(values, ui_limits=ui_limits), seed=parse_seed(seed),
+                      thinking=parse_flag("thinking", thinking))
 
 
 def preset_values(name, recommended: DiffusionSettings) -> dict:

@@ -108,10 +108,9 @@ class GpuBudget:
     def check(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> None:
         """Raise ValueError naming what to lower when the request's GPU time cannot fit `quota_s`."""
         duration = self.duration_s(settings, canvas_length, extra_forwards)
-        cost = self.quota_cost_s(duration)
-        if cost <= self.quota_s:
+        if self.quota_cost_s(duration) <= self.quota_s:
             return
-        per_forward = self.seconds_per_forward * (2 if self.size == "xlarge" else 1)
+        per_forward = self.quota_cost_s(self.seconds_per_forward)
         most = max(0, int((self.quota_s - self.quota_cost_s(self.setup_s)) // per_forward))
         raise ValueError(
             f"this request may need {duration} s of GPU "

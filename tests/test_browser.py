@@ -140,13 +140,13 @@ def test_closing_the_tab_frees_the_worker(browser, served_app):
     set_up_a_long_run(page)
     page.click("#dg-generate")
     page.wait_for_selector(".dg-meter[data-state='running']", timeout=60_000)
-    assert app.playground.registry.active() == 1
+    assert app.playground.runs.active() == 1
     closed = time.monotonic()
     page.close()
     deadline = closed + 45
-    while (app.playground.registry.active() or run_threads()) and time.monotonic() < deadline:
+    while (app.playground.runs.active() or run_threads()) and time.monotonic() < deadline:
         time.sleep(0.25)
-    assert app.playground.registry.active() == 0 and not run_threads()
+    assert app.playground.runs.active() == 0 and not run_threads()
     print(f"worker freed {time.monotonic() - closed:.1f} s after the tab closed")
 
 

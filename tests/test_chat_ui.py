@@ -148,11 +148,11 @@ def test_stop_and_a_closed_tab_leave_the_conversation_as_it_was(tab):
     request = SimpleNamespace(session_hash="closed-tab-test")
     stream = tab.send_stream(state, "Another long one", "careful", 1024, 3, False, request=request)
     next(stream)
-    assert tab.playground.registry.active() == 1
+    assert tab.playground.runs.active() == 1
     tab.playground.unload(request)
     out = final(list(stream))
     assert 'data-state="stopped"' in out["reuse"] and state.chat.messages == kept
-    assert tab.playground.registry.active() == 0
+    assert tab.playground.runs.active() == 0
     # ... and the Chat tab's own unload drops the conversation and its encoder cache at once
     assert tab.sessions.get("closed-tab-test") is state
     tab.unload(request)

@@ -30,13 +30,11 @@ from diffgemma_ui.validation import (
     UI_MAX_NEW_TOKENS,
     build_request,
     build_settings,
-    check_flag,
     check_prompt,
-    check_ui_seed,
     preset_values,
 )
 from engine import PRESET_NAMES, DiffusionSettings
-from engine.settings import MAX_SEED, RANGES, spec
+from engine.settings import MAX_SEED, RANGES, parse_flag, parse_seed, spec
 
 pytestmark = pytest.mark.slow
 
@@ -190,7 +188,7 @@ def test_bad_flags():
     for value in BAD_FLAGS:
         note_bad("raw/adaptive_stopping", value)
         with pytest.raises(ValueError, match="raw must be true or false"):
-            check_flag("raw", value)
+            parse_flag("raw", value)
 
 
 BAD_SEEDS = [-2, -7, 2.5, -1.5, "-1.5", 2**63, 2**64, 10**400, "abc", "1e3", "0x10", True, False, [1], {"s": 1},
@@ -201,7 +199,7 @@ def test_bad_seeds_are_rejected_with_a_short_message():
     for seed in BAD_SEEDS:
         note_bad("seed", seed)
         with pytest.raises(ValueError) as info:
-            check_ui_seed(seed)
+            parse_seed(seed)
         assert str(info.value).startswith("seed must be an integer"), (seed, str(info.value))
         assert_clear(str(info.value))  # a 100,000-character seed is echoed cut short
 
@@ -336,7 +334,7 @@ def test_settings_space_matches_the_reference(values, ui_limits, adaptive):
 def test_seed_space(seed):
     """A seed is None (random: None, "", -1), an int in [0, 2**63 - 1] equal to the input, or a short ValueError."""
     try:
-        result = check_ui_seed(seed)
+        result = parse_seed(seed)
     except ValueError as error:
         note_bad("seed", seed)
         assert str(error).startswith("seed must be an integer")

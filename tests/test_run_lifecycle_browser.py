@@ -85,7 +85,7 @@ def test_restarting_with_shift_enter_leaves_one_run_its_buttons_and_its_views(br
     assert "ended at end-of-sequence" in page.inner_text(".dg-meter") or "max new tokens" in page.inner_text(
         ".dg-meter")
     assert page.locator("#dg-generate").is_enabled() and page.locator("#dg-stop").is_disabled()
-    wait_until(lambda: app.playground.registry.active() == 0 and run_threads() == 0, 15, "every run to end")
+    wait_until(lambda: app.playground.runs.active() == 0 and run_threads() == 0, 15, "every run to end")
     restarts = calls[before:]
     assert restarts in ([prompt], [prompt, prompt]), restarts  # at most one run per press, each of the new prompt
     assert not problems, problems
@@ -125,7 +125,7 @@ def test_a_queued_run_says_so_and_stop_leaves_the_queue(browser, one_at_a_time):
     time.sleep(2.0)
     assert len(calls) == started and "Queued prompt" not in calls
     assert first.locator("#dg-generate").is_enabled() and first.locator("#dg-stop").is_disabled()
-    wait_until(lambda: app.playground.registry.active() == 0, 15, "every run to end")
+    wait_until(lambda: app.playground.runs.active() == 0, 15, "every run to end")
     assert not problems and not problems_first, (problems, problems_first)
     first.close()
     second.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from diffgemma_ui import canvas_view, meter, plots, text
+from diffgemma_ui import canvas_view, handlers, meter, plots, text
 from diffgemma_ui.handlers import Playground, status_text
 from diffgemma_ui.runs import MAX_LIVE_GAP_S, RunRecord, RunTimeLimitExceeded, RunWorker, default_live_rate
 from diffgemma_ui.session import SessionState
@@ -24,10 +24,10 @@ from diffgemma_ui.validation import (
     build_request,
     build_settings,
     check_prompt,
-    check_ui_seed,
     preset_values,
 )
 from engine import DiffusionSettings, Frame
+from engine.settings import parse_seed
 from synthetic import parse_html, synthetic_frame
 
 REPO = Path(__file__).resolve().parents[1]
@@ -349,13 +349,13 @@ def test_settings_accept_numeric_strings_and_api_limits():
 @pytest.mark.parametrize("seed, expected", [(-1, None), (None, None), ("", None), ("-1", None), (0, 0),
                                             (7.0, 7), ("12", 12), (2**63 - 1, 2**63 - 1)])
 def test_seeds(seed, expected):
-    assert check_ui_seed(seed) == expected
+    assert parse_seed(seed) == expected
 
 
 @pytest.mark.parametrize("seed", [-2, 1.5, float("nan"), float("inf"), 2**63, "abc", True])
 def test_bad_seeds(seed):
     with pytest.raises(ValueError, match="seed"):
-        check_ui_seed(seed)
+        parse_seed(seed)
 
 
 def test_presets():
@@ -599,7 +599,7 @@ def test_generate_stream_renders_live_then_final_and_frees_the_worker_when_close
     next(stream), next(stream)
     stream.close()  # what Gradio does when the tab closes or the event is cancelled
     assert session.worker.stop_event.is_set() and session.worker.join(5)
-    assert slow.registry.active() == 0
+    assert slow.runs.active() == 0
 
 
 def test_before_its_first_frame_a_run_says_it_is_starting_not_idle():
@@ -662,7 +662,7 @@ def test_one_run_per_session_whatever_starts_it():
     view = next(second)
     assert session.worker is not first_worker and view[8]["interactive"] is False  # Generate off while it runs
     final, _ = stopped_while_read(playground, session, second)
-    assert "Stopped" in final[1] and playground.registry.active() == 0
+    assert "Stopped" in final[1] and playground.runs.active() == 0
 
     queued_ticket, queued_meter, *_ = playground.request_run(session, *ARGS)
     assert "Replaced" not in queued_meter  # nothing was running
@@ -700,6 +700,21 @@ def test_stop_sends_its_final_view_after_a_live_view_the_stream_was_still_making
     assert order[-2][0] == "stream" and 'data-state="running"' in order[-2][1]  # the view it was making
 
 
+def test_stop_waits_for_the_run_and_its_stream_under_one_deadline(monkeypatch):
+    """A run that will not end and a stream nobody reads: Stop gives up on both after `STOP_WAIT_S` in all."""
+    monkeypatch.setattr(handlers, "STOP_WAIT_S", 0.6)
+    playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
+    session = SessionState()
+    stream = playground.generate_stream(session, *ARGS)
+    next(stream)  # held open: its stream never ends by itself
+    monkeypatch.setattr(session.worker, "join", lambda timeout=None: time.sleep(timeout) or False)
+    started = time.monotonic()
+    final = playground.stop(session)
+    assert time.monotonic() - started < 1.0  # each wait on its own timeout would take 1.2 s
+    assert final[9]["interactive"] is False
+    stream.close()
+
+
 def test_a_refused_request_marks_only_a_finished_previous_run():
     playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
     session = SessionState()
@@ -730,7 +745,7 @@ def test_runs_past_the_time_limit_stop_with_a_clear_message_and_keep_finished_bl
             last = outputs
     assert "The run failed: the run reached this server's limit" in html.unescape(last[1])
     assert 'data-blocks="' in last[0]  # the finished blocks stay on the page
-    assert playground.registry.active() == 0
+    assert playground.runs.active() == 0
 
 
 def test_api_handler_and_block_selection():
