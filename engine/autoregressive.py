@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
-from transformers.generation.logits_process import TemperatureLogitsWarper
 
 from .engine import encode_text, last_and_count
 from .generator import EngineClock, RunRandomState
@@ -63,7 +62,6 @@ def softcapped_logits(model, hidden_states: torch.Tensor) -> torch.Tensor:
     logits = model.lm_head(hidden_states[:, -1]).float()
     cap = model.final_logit_softcapping
     return torch.tanh(logits / cap) * cap if cap else logits
-
 
 
 class AutoregressiveDecoder:
@@ -148,7 +146,6 @@ class AutoregressiveDecoder:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         rng = random_state or RunRandomState(None)
-        warper = TemperatureLogitsWarper(temperature) if temperature > 0 else None
         clock = EngineClock(input_ids.device)
         prompt_tokens = int(input_ids.shape[1])
         committed: list[int] = []
@@ -164,24 +161,18 @@ class AutoregressiveDecoder:
             with clock:
                 logits = self.next_token_logits(step_ids, cache, position)
                 position += step_ids.shape[1]
-                if warper is None:
-                    token = logits.argmax(dim=-1, keepdim=True)
-                else:
+                if temperature > 0:
                     with rng.active():
-                        probs = torch.softmax(warper(None, logits), dim=-1)
-                        token = torch.multinomial(probs, num_samples=1)
-                token_id = int(token.item())
-                step_ids = token
+                        step_ids = torch.multinomial(torch.softmax(logits / temperature, dim=-1), num_samples=1)
+                else:
+                    step_ids = logits.argmax(dim=-1, keepdim=True)
+                token_id = int(step_ids)
                 committed = [*committed, token_id]
                 counted += token_id != self.pad_token_id
-                stop_reason = ""
-                if token_id in self.eos_token_ids:
-                    stop_reason = "eos"
-                elif forward == max_new_tokens - 1:
-                    stop_reason = "max_new_tokens"
+                stop_reason = ("eos" if token_id in self.eos_token_ids
+                               else "max_new_tokens" if forward == max_new_tokens - 1 else "")
                 elapsed = clock.now()
-                if forward == 0:
-                    first_token_s = elapsed
+                first_token_s = elapsed if forward == 0 else first_token_s
                 frame = TokenFrame(
                     forward_index=forward, token_id=token_id, token=self.token_text(token_id), committed_ids=committed,
                     committed_tokens=counted, temperature=temperature, done=bool(stop_reason),

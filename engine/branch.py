@@ -37,8 +37,7 @@ class HeldPins(LogitsProcessor):
 
 
 class Fork:
-    """The `denoise` fork of a branch: the run as it was up to `frame`'s forward; from there `pins` written into the
-    canvas and held for that block, and the random draws reseeded with `seed` unless it is the run's."""
+    """The `denoise` fork of a branch at `frame`'s forward (see `branch_frames`)."""
 
     def __init__(self, frame: Frame, pins: Mapping[int, int], seed: int, device: torch.device):
         self.frame, self.pins, self.seed = frame, dict(pins), seed
@@ -64,9 +63,8 @@ class Fork:
 def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Frame, pins: Mapping[int, int],
                   settings: DiffusionSettings, *, seed: int | None = None,
                   stop_event: threading.Event | None = None) -> Iterator[Frame]:
-    """The frames of a run of `prompt_ids` (`settings`, `frame.seed`) redone from `frame`'s forward on, `pins`
-    (position -> id) written into that forward's canvas and held for its block, the draws from there on those of
-    `seed` (None: the run's, so no pins give the run back); `ValueError` for bad pins, seed or settings.
+    """The frames of the run of `prompt_ids` from `frame`'s forward on, `pins` (position -> id) written into that
+    canvas and held for its block, the draws from there `seed`'s (None: the run's); `ValueError` for bad arguments.
     """
     canvas_length, vocab = engine.canvas_length, engine.model.config.text_config.vocab_size
     for position, token in pins.items():

@@ -107,9 +107,8 @@ class ChatSession:
 
     def turn(self, text: str, settings: DiffusionSettings | None = None, *, seed: int | None = None,
              thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
-        """Add the user's `text` and denoise the answer, one `Frame` per forward; a completed turn joins `messages`, a
-        cancelled one changes nothing. `ValueError` (before any work) for bad input or a turn that cannot fit.
-        """
+        """Denoise the answer to the user's `text`, one `Frame` per forward; only a completed turn joins `messages`.
+        `ValueError` (before any work) for bad input or a turn that cannot fit."""
         text = check_prompt(text)
         settings = settings or self.engine.recommended
         random_state = RunRandomState(parse_seed(seed))
@@ -188,12 +187,12 @@ class ChatSession:
             prefill_saved_s=None if rate is None or not reused else min(reused * rate, reused_cost_s),
             dropped_turns=dropped, note=cut_note)
         self.last_result = result
-        kept_thoughts = self.thoughts[len(self.thoughts) - (len([m for m in messages if m["role"] == "assistant"])):]
+        answers = sum(m["role"] == "assistant" for m in messages)  # those the cut kept, the newest
         self.messages = messages + [{"role": "assistant", "content": result.text}]
-        self.thoughts = kept_thoughts + [result.thought]
+        self.thoughts = self.thoughts[len(self.thoughts) - answers:] + [result.thought]
 
-    def reply(self, text: str, settings: DiffusionSettings | None = None, **kwargs) -> tuple[GenerationResult,
-                                                                                          TurnReport]:
+    def reply(self, text: str, settings: DiffusionSettings | None = None,
+              **kwargs) -> tuple[GenerationResult, TurnReport]:
         """Run a turn to the end: (result, report); errors as `turn`, `RuntimeError` if cancelled."""
         for _ in self.turn(text, settings, **kwargs):
             pass

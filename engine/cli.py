@@ -112,17 +112,18 @@ def checked_options(args: argparse.Namespace) -> tuple[int | None, dict]:
     except Exception:  # noqa: BLE001 - any failure is the load's to report
         recommended = None
     if recommended is not None:
-        chosen_settings(args, recommended, changes)
+        preset(args.preset, recommended).with_values(changes)
     return seed, changes
 
 
-def load_engine(args: argparse.Namespace) -> DiffusionEngine:
-    return DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
+def load_engine(args: argparse.Namespace, changes: dict) -> tuple[DiffusionEngine, DiffusionSettings]:
+    """The engine of `--model` and the `--preset` over its recommended settings, then the settings flags."""
+    engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
+    return engine, preset(args.preset, engine.recommended).with_values(changes)
 
 
-def chosen_settings(args: argparse.Namespace, recommended: DiffusionSettings, changes: dict) -> DiffusionSettings:
-    """The preset named by `--preset` over the checkpoint's `recommended` settings, then the settings flags."""
-    return preset(args.preset, recommended).with_values(changes)
+def print_json(data: dict) -> None:
+    print(json.dumps(data, ensure_ascii=False), flush=True)
 
 
 def fail(error: BaseException, prefix: str = "") -> int:
@@ -143,8 +144,7 @@ def generate_command(args: argparse.Namespace) -> int:
     """`python -m engine generate`: the text (and a summary line on stderr), or one JSON object."""
     check_prompt(args.prompt)
     seed, changes = checked_options(args)
-    engine = load_engine(args)
-    settings = chosen_settings(args, engine.recommended, changes)
+    engine, settings = load_engine(args, changes)
     if not args.trace:
         result = engine.generate(args.prompt, settings, raw=args.raw, seed=seed, thinking=args.thinking)
     else:
@@ -157,7 +157,7 @@ def generate_command(args: argparse.Namespace) -> int:
         except OSError as error:
             return fail(error.strerror or error, f"cannot write the trace to {args.trace}: ")
     if args.json:
-        print(json.dumps(result.to_dict(), ensure_ascii=False))
+        print_json(result.to_dict())
     else:
         print(result.text)
         print(f"[{result.tokens} tokens, {result.forwards} forwards, {result.tokens_per_second:.1f} tokens/s, "
@@ -179,13 +179,13 @@ def race_command(args: argparse.Namespace) -> int:
     check_prompt(args.prompt)
     seed, changes = checked_options(args)
     check_temperature(args.ar_temperature)
-    engine = load_engine(args)
+    engine, settings = load_engine(args, changes)
     runner = race_runner(engine, args.ar_model) if args.ar_model else RaceRunner(engine)
-    result = runner.run(args.prompt, chosen_settings(args, engine.recommended, changes), raw=args.raw, seed=seed,
+    result = runner.run(args.prompt, settings, raw=args.raw, seed=seed,
                         ar_temperature=args.ar_temperature, order=args.order.replace("-", " "), warm_up=args.warm_up)
     summary = result.summary()
     if args.json:
-        print(json.dumps(summary, ensure_ascii=False))
+        print_json(summary)
         return 0
     for side in (result.diffusion, result.autoregressive):
         print(f"--- {side.name} ({side.model}) ---\n{side.text}")
@@ -202,8 +202,7 @@ def race_command(args: argparse.Namespace) -> int:
 def chat_command(args: argparse.Namespace) -> int:
     """`python -m engine chat < turns.txt`: a user turn per non-empty line; a refused one is reported (status 2)."""
     seed, changes = checked_options(args)
-    engine = load_engine(args)
-    settings = chosen_settings(args, engine.recommended, changes)
+    engine, settings = load_engine(args, changes)
     check_thinking(engine.tokenizer, args.thinking)
     session = ChatSession(engine, system=args.system)
     status, turn = 0, 0
@@ -218,9 +217,8 @@ def chat_command(args: argparse.Namespace) -> int:
             status = fail(error, f"turn {turn}: ")
             continue
         if args.json:
-            print(json.dumps({"turn": turn, "text": result.text, "thought": result.thought,
-                              "report": report.to_dict(), "result": result.to_dict()}, ensure_ascii=False),
-                  flush=True)
+            print_json({"turn": turn, "text": result.text, "thought": result.thought, "report": report.to_dict(),
+                        "result": result.to_dict()})
             continue
         if result.thought:
             print(f"[thought]\n{result.thought}\n[/thought]", file=sys.stderr)
@@ -238,16 +236,14 @@ def infill_command(args: argparse.Namespace) -> int:
     """`python -m engine infill`: the template with its blanks filled, or one JSON object."""
     seed, changes = checked_options(args)
     parse_template(args.template, None)
-    engine = load_engine(args)
-    layout, frames = infill_frames(engine, args.template, chosen_settings(args, engine.recommended, changes),
-                                   prompt=args.prompt, seed=seed)
+    engine, settings = load_engine(args, changes)
+    layout, frames = infill_frames(engine, args.template, settings, prompt=args.prompt, seed=seed)
     frames = list(frames)
     result = engine.summarize(frames[-1], len(frames))
     text, fills = filled_text(engine.tokenizer, layout, frames[-1].committed_ids)
     if args.json:
-        print(json.dumps({"text": text, "fills": fills, "blank_positions": layout.blanks,
-                          "template_positions": layout.template_positions, "result": result.to_dict()},
-                         ensure_ascii=False))
+        print_json({"text": text, "fills": fills, "blank_positions": layout.blanks,
+                    "template_positions": layout.template_positions, "result": result.to_dict()})
     else:
         print(text)
         print(f"[{len(layout.blanks)} blank positions filled, {result.forwards} forwards, {result.seconds:.2f} s, "
@@ -274,7 +270,7 @@ def memory_command(args: argparse.Namespace) -> int:
     dtype = torch.bfloat16 if args.dtype == "auto" else getattr(torch, args.dtype)
     report = memory_report(meta_model(args.model, dtype), args.quantization)
     if args.json:
-        print(json.dumps(report))
+        print_json(report)
     else:
         dtype_name = str(dtype).removeprefix("torch.")
         print(format_report(report, f"{args.model}: {args.quantization}, unquantized tensors in {dtype_name}"))

@@ -109,7 +109,7 @@ def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSet
     engine.check_settings(settings)
     random_state = RunRandomState(parse_seed(seed))
     generation_config = engine.model.generation_config
-    pad_id = generation_config.pad_token_id if generation_config.pad_token_id is not None else 0
+    pad_id = generation_config.pad_token_id or 0
     layout = layout_template(engine.tokenizer, template, engine.canvas_length, pad_id)
     if prompt is not None:
         input_ids = encode_text(engine.tokenizer, check_prompt(prompt), True, engine.device)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -52,48 +52,33 @@ def is_experts(module: nn.Module) -> bool:
         name in module._parameters or parametrize.is_parametrized(module, name) for name in EXPERT_PARAMETERS)
 
 
-def text_layer_pairs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
-    """(encoder text layer, decoder layer) pairs of a DiffusionGemma model, in order; [] for another model."""
+def share_tied_modules(model: nn.Module, fp8: bool = False) -> int:
+    """Share each encoder text-layer module tied to its decoder twin with the decoder, so it quantizes once:
+    linears and experts with the same parameters, or (`fp8`) FP8 modules with the same FP8 weights; returns how many.
+    """
     inner = getattr(model, "model", model)
     encoder_layers = getattr(getattr(getattr(inner, "encoder", None), "language_model", None), "layers", None)
     decoder_layers = getattr(getattr(inner, "decoder", None), "layers", None)
-    if encoder_layers is None or decoder_layers is None:
-        return []
-    return list(zip(encoder_layers, decoder_layers))
-
-
-def _share_tied(model: nn.Module, wanted: Callable[[nn.Module], bool],
-                tied: Callable[[nn.Module, nn.Module], bool]) -> int:
     shared = 0
-    for encoder_layer, decoder_layer in text_layer_pairs(model):
-        for path, decoder_module in [(p, m) for p, m in decoder_layer.named_modules() if p and wanted(m)]:
-            encoder_module = encoder_layer.get_submodule(path)
-            if encoder_module is decoder_module or type(encoder_module) is not type(decoder_module):
-                continue
-            if tied(encoder_module, decoder_module):
-                encoder_layer.set_submodule(path, decoder_module)
+    for encoder_layer, decoder_layer in zip(encoder_layers or [], decoder_layers or []):
+        for path, module in [(p, m) for p, m in decoder_layer.named_modules() if p and _shareable(m, fp8)]:
+            twin = encoder_layer.get_submodule(path)
+            if twin is not module and type(twin) is type(module) and _tied(twin, module, fp8):
+                encoder_layer.set_submodule(path, module)
                 shared += 1
     return shared
 
 
-def _same_parameters(a: nn.Module, b: nn.Module) -> bool:
+def _shareable(module: nn.Module, fp8: bool) -> bool:
+    return isinstance(module, (FP8Linear, FP8Experts)) if fp8 else isinstance(module, nn.Linear) or is_experts(module)
+
+
+def _tied(a: nn.Module, b: nn.Module, fp8: bool) -> bool:
+    if fp8:
+        weights = [n for n, p in b.named_parameters(recurse=False) if p.dtype == torch.float8_e4m3fn]
+        return bool(weights) and all(getattr(a, n) is getattr(b, n) for n in weights)
     own_a, own_b = dict(a.named_parameters(recurse=False)), dict(b.named_parameters(recurse=False))
     return own_a.keys() == own_b.keys() and all(own_a[k] is own_b[k] for k in own_a)
-
-
-def _same_fp8_weights(a: nn.Module, b: nn.Module) -> bool:
-    weights = [n for n, p in b.named_parameters(recurse=False) if p.dtype == torch.float8_e4m3fn]
-    return bool(weights) and all(getattr(a, n) is getattr(b, n) for n in weights)
-
-
-def share_tied_modules(model: nn.Module) -> int:
-    """Share each tied encoder linear or experts module with the decoder so it quantizes once; returns how many."""
-    return _share_tied(model, lambda m: isinstance(m, nn.Linear) or is_experts(m), _same_parameters)
-
-
-def share_fp8_tied_modules(model: nn.Module) -> int:
-    """Share each encoder FP8 module whose FP8 weights are the decoder's; returns how many."""
-    return _share_tied(model, lambda m: isinstance(m, (FP8Linear, FP8Experts)), _same_fp8_weights)
 
 
 def quantization_targets(model: nn.Module) -> list[Target]:
@@ -200,12 +185,11 @@ def fp8_config():
 
 def fp8_refusal(device: torch.device) -> str | None:
     """Why `fp8` cannot run on `device` (CUDA >= 8.9 and `kernels` needed), or None."""
+    needs = "fp8 quantization needs a CUDA GPU of compute capability 8.9 or newer"
     if device.type != "cuda":
-        return (f"fp8 quantization needs a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell: FP8 "
-                f"matmul units), not {device.type}: {OTHER_CHOICES}")
+        return f"{needs} (Ada, Hopper, Blackwell: FP8 matmul units), not {device.type}: {OTHER_CHOICES}"
     if not torch.cuda.is_available():
-        return ("fp8 quantization needs a CUDA GPU of compute capability 8.9 or newer, and CUDA is not available: "
-                f"{OTHER_CHOICES}")
+        return f"{needs}, and CUDA is not available: {OTHER_CHOICES}"
     capability = torch.cuda.get_device_capability(device)
     if tuple(capability) < FP8_MIN_CAPABILITY:
         return (f"fp8 quantization needs compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
@@ -257,7 +241,7 @@ def convert_to_fp8(model: nn.Module, device: torch.device | str) -> nn.Module:
             if param.device != device:  # the scale of a tensor kept in the model dtype: allocated, never read
                 module._parameters[param_name] = nn.Parameter(
                     torch.zeros(param.shape, dtype=param.dtype, device=device), requires_grad=False)
-    share_fp8_tied_modules(model)
+    share_tied_modules(model, fp8=True)
     quantizer.postprocess_model(model)
     return model.to(device)
 
@@ -266,5 +250,5 @@ def from_pretrained_fp8(where: str, device: torch.device, dtype: torch.dtype, **
     """`from_pretrained` with the `fp8` config, quantized on `device` as it loads, tied encoder modules shared."""
     network = DiffusionGemmaForBlockDiffusion.from_pretrained(
         where, dtype=dtype, device_map={"": device}, quantization_config=fp8_config(), **common)
-    share_fp8_tied_modules(network)
+    share_tied_modules(network, fp8=True)
     return network

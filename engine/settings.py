@@ -156,12 +156,10 @@ def draw_seed() -> int:
 
 def check_prompt(prompt) -> str:
     """`prompt` if it is non-empty text of at most `MAX_PROMPT_CHARS` characters, else `ValueError`."""
-    if prompt is None:
+    if prompt is None or isinstance(prompt, str) and not prompt.strip():
         raise ValueError("prompt is empty: type something for the model to continue")
     if not isinstance(prompt, str):
         raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
-    if not prompt.strip():
-        raise ValueError("prompt is empty: type something for the model to continue")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise ValueError(f"prompt is {len(prompt):,} characters; the limit here is {MAX_PROMPT_CHARS:,}")
     return prompt

@@ -169,17 +169,17 @@ def _rounded(value: float, digits: int = 3) -> float:
 
 def load_trace(source) -> Trace:
     """The checked trace in JSON text, bytes or a `Path`; `TraceError` (one line) for anything wrong."""
-    if isinstance(source, Path):
-        try:
-            _check_size(source.stat().st_size)
-        except OSError as error:
-            raise TraceError(f"cannot read the trace file: {error.strerror or error}") from None
-        source = source.read_bytes()
     if isinstance(source, str):
         source = source.encode("utf-8", errors="surrogatepass")
-    if not isinstance(source, (bytes, bytearray)):
+    if not isinstance(source, (bytes, bytearray, Path)):
         raise TraceError(f"a trace is JSON text, got {type(source).__name__}")
-    _check_size(len(source))
+    try:
+        size = source.stat().st_size if isinstance(source, Path) else len(source)
+        if size > MAX_TRACE_BYTES:
+            raise TraceError(f"the trace is {size / 2**20:.1f} MB; the limit is {MAX_TRACE_BYTES // 2**20} MB")
+        source = source.read_bytes() if isinstance(source, Path) else source
+    except OSError as error:
+        raise TraceError(f"cannot read the trace file: {error.strerror or error}") from None
     try:
         text = bytes(source).decode("utf-8")
     except UnicodeDecodeError as error:
@@ -194,11 +194,6 @@ def load_trace(source) -> Trace:
     except (ValueError, RecursionError) as error:
         raise TraceError(f"the trace is not valid JSON: {str(error)[:120]}") from None
     return parse_trace(document)
-
-
-def _check_size(size: int) -> None:
-    if size > MAX_TRACE_BYTES:
-        raise TraceError(f"the trace is {size / 2**20:.1f} MB; the limit is {MAX_TRACE_BYTES // 2**20} MB")
 
 
 def _no_constant(name: str):
@@ -231,9 +226,10 @@ def parse_trace(document) -> Trace:
     prompt = _string(prompt_doc.get("text"), "prompt.text", MAX_PROMPT_CHARS)
     raw = _bool(prompt_doc.get("raw"), "prompt.raw")
     text = _string(doc.get("text"), "text", MAX_TRACE_BYTES)
-    tokens = _token_table(doc.get("tokens"))
+    tokens = _id_table(doc.get("tokens"), "tokens", f"in [0, {MAX_TOKEN_ID}] as decimal strings",
+                       lambda i: i <= MAX_TOKEN_ID, lambda text, where: _string(text, where, MAX_TOKEN_CHARS))
     prompt_ids = _ids(prompt_doc.get("ids"), "prompt.ids", None, tokens)
-    kinds = _kind_table(doc["kinds"], tokens) if "kinds" in doc else None
+    kinds = _id_table(doc["kinds"], "kinds", "listed in tokens", tokens.__contains__, _kind) if "kinds" in doc else None
     frame_docs = doc.get("frames")
     if not isinstance(frame_docs, list) or not frame_docs:
         raise TraceError("frames must be a non-empty list")
@@ -251,24 +247,15 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
                            token_kind=None if kinds is None else lambda i: kinds.get(i, TEXT))
     frames: list[Frame] = []
     committed: list[int] = []
-    committed_tokens, previous_elapsed = 0, 0.0
-    for index, item in enumerate(frame_docs):
+    committed_tokens, previous_elapsed, expected = 0, 0.0, (0, 0)
+    for index, item in enumerate(frame_docs):  # a frame marked done is the last: checked below
         where = f"frame {index}"
         f = _object(item, where)
         block = _int(f.get("block"), f"{where}: block", 0, MAX_FRAMES)
         step = _int(f.get("step"), f"{where}: step", 0, n_steps - 1)
-        previous = frames[-1] if frames else None
-        if previous is None:
-            expected = (0, 0)
-        elif previous.block_done:
-            expected = (previous.block_index + 1, 0)
-        else:
-            expected = (previous.block_index, previous.step_index + 1)
         if (block, step) != expected:
             raise TraceError(f"{where}: block {block} step {step} does not follow the previous frame "
                              f"(expected block {expected[0]} step {expected[1]})")
-        if previous is not None and previous.done:
-            raise TraceError(f"{where}: follows a frame marked done")
         input_ids, draft_ids = (_ids(f.get(key), f"{where}: {key}", canvas, tokens)
                                 for key in ("input_ids", "draft_ids"))
         accepted = [bool(v) for v in _entries(f.get("accepted"), f"{where}: accepted", canvas,
@@ -302,6 +289,7 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
                                  f"canvas(es) of {canvas}")
             committed_tokens = _int(f.get("committed_tokens"), f"{where}: committed_tokens", 0, len(committed))
         top_ids, top_probs = _alternatives(f.get("alternatives"), where, canvas, tokens)
+        expected = (block + 1, 0) if block_done else (block, step + 1)
         frames.append(builder.add(
             block_index=block, step_index=step, temperature=settings.temperature_at(n_steps - step),
             input_ids=input_ids, draft_ids=draft_ids, accepted=accepted, confidence=confidence, entropy=entropy,
@@ -362,7 +350,6 @@ def _ids(value, where: str, length: int | None, tokens: dict[int, str]) -> list[
     return ids
 
 
-
 def _floats(value, where: str, length: int, high: float) -> list[float]:
     return [float(v) for v in _entries(value, where, length, lambda v: type(v) in (int, float) and 0 <= v <= high,
                                        f"entries are numbers in [0, {high:g}]")]
@@ -388,25 +375,17 @@ def _alternatives(value, where: str, canvas: int, tokens: dict[int, str]
     return top_ids, top_probs
 
 
-def _id_key(key: str) -> bool:
-    return key.isascii() and key.isdigit() and len(key) <= 10
+def _id_table(value, name: str, key_rule: str, valid_key, check) -> dict[int, str]:
+    table: dict[int, str] = {}
+    for key, item in _object(value, name).items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 10) or not valid_key(int(key)):
+            raise TraceError(f"{name}: keys are token ids {key_rule}, got {shown(key)}")
+        table[int(key)] = check(item, f"{name}[{key}]")
+    return table
 
 
-def _token_table(value) -> dict[int, str]:
-    tokens: dict[int, str] = {}
-    for key, text in _object(value, "tokens").items():
-        if not _id_key(key) or int(key) > MAX_TOKEN_ID:
-            raise TraceError(f"tokens: keys are token ids in [0, {MAX_TOKEN_ID}] as decimal strings, got {shown(key)}")
-        tokens[int(key)] = _string(text, f"tokens[{key}]", MAX_TOKEN_CHARS)
-    return tokens
+def _kind(kind, where: str) -> str:
+    if kind not in TOKEN_KINDS:
+        raise TraceError(f"{where} must be one of {', '.join(TOKEN_KINDS)}, got {shown(kind)}")
+    return kind
 
-
-def _kind_table(value, tokens: dict[int, str]) -> dict[int, str]:
-    kinds: dict[int, str] = {}
-    for key, kind in _object(value, "kinds").items():
-        if not _id_key(key) or int(key) not in tokens:
-            raise TraceError(f"kinds: keys are token ids listed in tokens, got {shown(key)}")
-        if kind not in TOKEN_KINDS:
-            raise TraceError(f"kinds[{key}] must be one of {', '.join(TOKEN_KINDS)}, got {shown(kind)}")
-        kinds[int(key)] = kind
-    return kinds
