@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import time
@@ -190,12 +191,23 @@ def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.
 def wire_run(triggers: Sequence, check: Callable, stream: Callable, *, state: gr.State, inputs: list, outputs: list,
              box: tuple[gr.HTML, gr.State], stop: gr.Button, check_inputs: list | None = None, **refused):
     """A tab's run: `check(*check_inputs)` (default `inputs`; `refused` as `checked`'s), then `stream(state,
-    *inputs)` in the engine's slot; `stop` stops it. The stream's event, for `.success`."""
+    *inputs)` in the engine's slot; `stop` stops it. A trigger while the previous stream is still ending runs
+    once that stream has ended, never dropped. The stream's event, for `.success`."""
     event = checked(triggers, check, inputs=inputs if check_inputs is None else check_inputs, box=box,
                     trigger_mode="once", **refused)
     wire_stop(stop, state)
-    return event.success(stream, inputs=[state, *inputs], outputs=outputs, concurrency_id="engine",
-                         trigger_mode="once", **PRIVATE)
+    return event.success(settled(stream, len(outputs)), inputs=[state, *inputs], outputs=outputs,
+                         concurrency_id="engine", trigger_mode="always_last", **PRIVATE)
+
+
+def settled(stream: Callable, outputs: int) -> Callable:
+    """`stream` (a generator of `outputs`-tuples) ending on an update that changes nothing: Gradio sends a stream's
+    last update again as the stream completes, which would undo what the visitor typed or chose since."""
+    @functools.wraps(stream)
+    def step(*inputs, **options):
+        yield from stream(*inputs, **options)
+        yield (gr.skip(),) * outputs
+    return step
 
 
 def wire_stop(button: gr.Button, state: gr.State) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -263,6 +264,30 @@ def test_chat_tab_in_the_browser_two_turns_show_the_reuse(browser, served_app):
         page.screenshot(path=str(SHOTS / "chat-390.png"), full_page=True)
         page.click("#dg-chat-clear")
         page.wait_for_selector("#dg-chat-history .dg-chat-history[data-turns='0']", timeout=20_000)
+        assert problems == []
+    finally:
+        page.close()
+
+
+@pytest.mark.slow
+def test_a_message_sent_as_the_answer_lands_is_not_lost(browser, served_app, monkeypatch):
+    """The answer is on the page before its stream has ended; a Send in that gap still runs, after the first."""
+    from pages import open_page
+
+    app, url = served_app
+    runs = app.playground.runs
+    finish = runs.finish
+    monkeypatch.setattr(runs, "finish", lambda key, worker: (time.sleep(2.0), finish(key, worker)))
+    page, problems = open_page(browser, url)
+    try:
+        page.click("button[role=tab]:has-text('Chat')")
+        for turn, message in enumerate(["Who was Noah?", "What did he build?"], start=1):
+            page.fill("#dg-chat-message textarea", message)
+            page.click("#dg-chat-send")
+            page.wait_for_function("document.querySelector('#dg-chat-reuse .dg-chat-reuse[data-state=done]')"
+                                   f"?.innerText.includes('Turn {turn}')", timeout=120_000)
+        assert page.locator("#dg-chat-history .dg-chat-user .dg-chat-text").all_inner_texts() == [
+            "Who was Noah?", "What did he build?"]
         assert problems == []
     finally:
         page.close()
