@@ -44,7 +44,8 @@ class PlaygroundBlocks(gr.Blocks):
         kwargs.setdefault("theme", gr.themes.Soft(
             primary_hue="violet", secondary_hue="teal", neutral_hue="slate",
             font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "sans-serif"],
-            font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]))
+            font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"],
+        ).set(checkbox_border_color="*neutral_400", checkbox_border_color_dark="*neutral_500"))
         kwargs.setdefault("css_paths", [ASSETS_DIR / "style.css", ASSETS_DIR / "chat_infill.css"])
         kwargs.setdefault("head_paths", [ASSETS_DIR / "head.html"])
         kwargs.setdefault("head", present_head())

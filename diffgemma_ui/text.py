@@ -13,7 +13,7 @@ from pathlib import Path
 _VISIBLE = {
     " ": "\u00b7",  # middle dot
     "\n": "\u21b5",  # downwards arrow with corner leftwards
-    "\r": "\u240d",  # symbol for carriage return
+    "\r": "\\r",  # carriage return, as C writes it
     "\t": "\u21e5",  # rightwards arrow to bar
 }
 # Format characters that reorder or hide text (bidi embeddings/overrides/isolates, zero-width, BOM).
@@ -53,10 +53,8 @@ def _visible(token: str) -> str:
         code = ord(char)
         if char in _VISIBLE:
             out.append(_VISIBLE[char])
-        elif code < 0x20:
-            out.append(chr(0x2400 + code))  # control pictures block: ␀..␟
-        elif code == 0x7F:
-            out.append("\u2421")  # ␡
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
         elif code in _SHOW_AS_CODE or unicodedata.category(char) in ("Cc", "Cs", "Co", "Cn") and code > 0x7F:
             out.append(f"\u27e8U+{code:04X}\u27e9")
         else:
@@ -66,7 +64,8 @@ def _visible(token: str) -> str:
 
 def visible_token(token: str) -> str:
     """`token` with whitespace and invisible characters as visible marks, unescaped: "·" space, "↵" newline,
-    "⇥" tab, control pictures or `⟨U+XXXX⟩` for controls, bidi and zero-width characters; "" as "∅"."""
+    "⇥" tab, "\\r" and `\\xNN` for ASCII controls (plain ASCII: every font has it), `⟨U+XXXX⟩` for other controls,
+    bidi and zero-width characters; "" as "∅"."""
     if not isinstance(token, str):
         token = str(token)
     if token == "":

@@ -85,7 +85,10 @@ def test_visible_token_marks_whitespace_and_invisible_characters():
     assert visible_token("\n") == "\u21b5"
     assert visible_token("\t") == "\u21e5"
     assert visible_token("") == "\u2205"
-    assert visible_token("\x00\x1b") == "\u2400\u241b"
+    assert visible_token("\x00\x1b\x7f") == "\\x00\\x1b\\x7f"
+    assert visible_token("a\r\n") == "a\\r\u21b5"
+    for code in range(0x80):  # ASCII only, or a mark in common fonts: no missing-glyph box for any byte
+        assert set(visible_token(chr(code))) <= {chr(c) for c in range(0x20, 0x7F)} | {"\u00b7", "\u21b5", "\u21e5"}
     assert visible_token("\u202eevil") == "\u27e8U+202E\u27e9evil"
     assert visible_token("a\u200bb") == "a\u27e8U+200B\u27e9b"
     assert visible_token("\U0001f600") == "\U0001f600"

@@ -2,7 +2,7 @@
 // Ports of diffgemma_ui/text.py (visible_token, escape_plotly, plain_text), meter.format_number and canvas_view.viridis:
 // the page must read exactly as the playground does.
 
-const VISIBLE = {" ": "\u00b7", "\n": "\u21b5", "\r": "\u240d", "\t": "\u21e5"};
+const VISIBLE = {" ": "\u00b7", "\n": "\u21b5", "\r": "\\r", "\t": "\u21e5"};
 const SHOW_AS_CODE = new Set([0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029, 0x2060, 0xFEFF,
   0x202A, 0x202B, 0x202C, 0x202D, 0x202E, 0x2066, 0x2067, 0x2068, 0x2069]);
 const HIDDEN_CATEGORY = /^[\p{Cc}\p{Cs}\p{Co}\p{Cn}]$/u;
@@ -12,8 +12,7 @@ const DASH = "\u2013";
 function visibleChar(char) {
   const code = char.codePointAt(0);
   if (char in VISIBLE) return VISIBLE[char];
-  if (code < 0x20) return String.fromCodePoint(0x2400 + code);
-  if (code === 0x7F) return "\u2421";
+  if (code < 0x20 || code === 0x7F) return `\\x${code.toString(16).padStart(2, "0")}`;
   if (SHOW_AS_CODE.has(code) || (code > 0x7F && HIDDEN_CATEGORY.test(char))) {
     return `\u27e8U+${code.toString(16).toUpperCase().padStart(4, "0")}\u27e9`;
   }
