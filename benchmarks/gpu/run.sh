@@ -5,6 +5,7 @@
 # GPU_STEPS="env bf16": only those steps; GPU_NO_INSTALL=1: use what is installed.
 set -u
 cd "$(dirname "$0")/../.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # engine/ and benchmarks/ without an install
 START=$(date +%s)
 PY=${PYTHON:-python3}
 if [ -n "${GPU_REHEARSAL:-}" ]; then

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 REAL_CONFIG = REPO / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
 FILES = {"env": "env", "preflight": "preflight", "bf16": "bf16", "8bit": "quant_8bit", "4bit": "quant_4bit",
@@ -280,7 +279,7 @@ def fixed_settings(engine, steps: int):
 def compare_paths(engine, prompt: str, steps: int, repeats: int, engine_path: bool = True) -> dict:
     """Bare `generate()` and (with `engine_path`) the engine's frames at `steps` fixed forwards, warmed up once, then
     `repeats` rounds alternating which goes first: tokens/s, seconds, whether both gave the same tokens."""
-    from bench import interleave, path_summary, ratio, run_bare, run_engine, same_tokens
+    from benchmarks.bench import interleave, path_summary, ratio, run_bare, run_engine, same_tokens
 
     settings = fixed_settings(engine, steps)
     input_ids = engine.encode_prompt(prompt, raw=True)
@@ -552,7 +551,7 @@ def step_bf16(result: Result, rehearsal: bool) -> None:
     bandwidth bound from the measured bandwidth and measured logits traffic."""
     import torch
 
-    from bench import scaling_prompt
+    from benchmarks.bench import scaling_prompt
 
     device = device_of(rehearsal)
     model = build_26b(result, rehearsal)
@@ -591,7 +590,7 @@ def step_quantized(result: Result, rehearsal: bool, quantization: str) -> None:
     `generate()` tokens/s at each of `STEP_COUNTS`."""
     import torch
 
-    from bench import scaling_prompt
+    from benchmarks.bench import scaling_prompt
     from engine.memory import model_bytes
     from engine.quantization import quantize_model
 
@@ -626,7 +625,7 @@ def step_static(result: Result, rehearsal: bool, full: bool) -> None:
     (`disable_compile`: a CPU compile of even the tiny model takes minutes)."""
     import torch
 
-    from bench import scaling_prompt
+    from benchmarks.bench import scaling_prompt
     from engine.engine import DiffusionEngine
     from engine.loading import DEFAULT_MODEL, load_model
 
