@@ -274,7 +274,7 @@ def app_run(args) -> int:
     engine.check_budget = lambda *_, **__: None
     budget = {"reader_budget": None} if args.no_reader_budget else {}
     app = build_app(engine, **budget) if args.rate is None else build_app(engine, max_fps=args.rate, **budget)
-    rate = app.playground.max_fps
+    rate = app.playground.runs.max_fps
     renders = []  # (CPU seconds) of each server render of the view
     render = app.playground.render
 

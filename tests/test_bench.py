@@ -11,6 +11,7 @@ import json
 import os
 import time
 import urllib.request
+from pathlib import Path
 
 import httpx
 import pytest
@@ -289,6 +290,18 @@ def test_replay_command_prints_sizes(capsys):
     assert browser.main(["replay", "--canvas", "16", "--steps", "3", "--vocab", "300"]) == 0
     out = capsys.readouterr().out
     assert "trace JSON:" in out and "HTML replay:" in out
+
+
+@pytest.mark.slow
+def test_the_app_run_canvas_benchmark_watches_a_served_run(capsys):
+    from pages import CHROMIUM
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    argv = ["canvas", "--app-run", "--blocks", "2", "--steps", "6", "--positions", "32", "--runs", "1"]
+    assert browser.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "app run: 2 blocks x 6 steps of 32 positions" in out and " of 11 in " in out and "longest" in out
 
 
 @pytest.mark.slow
