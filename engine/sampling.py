@@ -64,7 +64,8 @@ def _log_probs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 def top_k(values: torch.Tensor, k: int, chunk: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """`values.topk(k, dim=-1)` of a `[rows, vocab]` tensor: (values, ids) `[rows, k]`, largest first, the same values
     (ids may differ among ties). Looks only inside the `k` chunks of `chunk` columns with the largest maxima, which
-    hold every one of the top `k`; falls back to `topk` when the vocabulary is not a multiple of `chunk`."""
+    hold every one of the top `k`; plain `topk` when the vocabulary is not a multiple of `chunk` or has at most
+    `k` chunks."""
     rows, vocab = values.shape
     if vocab % chunk or vocab // chunk <= k:
         return values.topk(k, dim=-1)
@@ -80,13 +81,10 @@ def top_alternatives(log_probs: torch.Tensor, draft_ids: torch.Tensor, k: int = 
     """The `k` likeliest tokens per position, draft first: (ids `[canvas_length, k]`, probabilities)."""
     k = min(k, log_probs.shape[-1])
     values, ids = top_k(log_probs, k)
-    if bool((ids[:, 0] == draft_ids).all()):
-        return ids, values.float().exp()
     draft = draft_ids.unsqueeze(-1)
     missing = ~(ids == draft).any(dim=-1)
-    if bool(missing.any()):
-        ids[missing, -1] = draft_ids[missing]
-        values[missing, -1] = log_probs.gather(-1, draft).squeeze(-1)[missing]
+    ids[:, -1] = torch.where(missing, draft_ids, ids[:, -1])
+    values[:, -1] = torch.where(missing, log_probs.gather(-1, draft).squeeze(-1), values[:, -1])
     order = torch.where(ids == draft, torch.inf, values).argsort(dim=-1, descending=True, stable=True)
     return ids.gather(-1, order), values.gather(-1, order).float().exp()
 
