@@ -247,6 +247,8 @@ class Playground:
                 session.snapshot = snap
                 outputs = self.render(session, snap, final=snap.finished, plots_due=clock.due(snap.block_count),
                                       first=index == 0)
+                if not session.is_current(ticket):
+                    return  # Stop came while this view was drawn: its final view must stay the last
                 yield outputs.as_tuple()
                 if snap.finished and snap.error is not None:
                     raise user_error(snap.error)
