@@ -5,12 +5,17 @@ from __future__ import annotations
 import torch
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSampler
 
+ALTERNATIVES = 5  # candidates kept per position
+
 
 class RecordingEntropyBoundSampler(EntropyBoundSampler):
-    """`EntropyBoundSampler` that keeps `token_entropy` and `log_probs` of its last step."""
+    """`EntropyBoundSampler` that keeps, of its last step, `token_entropy` `[batch, canvas_length]` and the
+    `ALTERNATIVES` largest log-probabilities with their ids (`top_log_probs`, `top_ids`: `[batch, canvas_length, k]`),
+    taken while its log-probabilities are at hand; the full log-probabilities are not kept."""
 
     token_entropy: torch.Tensor | None = None
-    log_probs: torch.Tensor | None = None
+    top_log_probs: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
 
     @classmethod
     def of(cls, sampler: EntropyBoundSampler) -> "RecordingEntropyBoundSampler":
@@ -25,7 +30,10 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
         """The canvas `[batch, canvas_length]` with denoiser tokens accepted within the entropy bound."""
         dist = torch.distributions.Categorical(logits=logits)
         token_entropy = dist.entropy()  # (batch_size, canvas_length)
-        self.token_entropy, self.log_probs = token_entropy, dist.logits
+        log_probs = dist.logits
+        values, ids = top_k(log_probs.reshape(-1, log_probs.shape[-1]), min(ALTERNATIVES, log_probs.shape[-1]))
+        self.token_entropy = token_entropy
+        self.top_log_probs, self.top_ids = values.view(*log_probs.shape[:-1], -1), ids.view(*log_probs.shape[:-1], -1)
         sorted_token_entropy, sorted_indices = torch.sort(token_entropy, dim=-1, descending=False)
         cumulative_entropy = torch.cumsum(sorted_token_entropy, dim=-1)
         sorted_selection_mask = cumulative_entropy - sorted_token_entropy <= self.entropy_bound
@@ -45,8 +53,6 @@ def sampler_state(sampler):
     accept = getattr(sampler.accept_canvas, "_torchdynamo_orig_callable", sampler.accept_canvas)
     return getattr(accept, "__self__", sampler)
 
-
-ALTERNATIVES = 5
 
 
 def canvas_statistics(processed_logits: torch.Tensor, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,26 +84,38 @@ def top_k(values: torch.Tensor, k: int, chunk: int = 128) -> tuple[torch.Tensor,
 
 def top_alternatives(log_probs: torch.Tensor, draft_ids: torch.Tensor, k: int = ALTERNATIVES
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `k` likeliest tokens per position, draft first: (ids `[canvas_length, k]`, probabilities)."""
-    k = min(k, log_probs.shape[-1])
-    values, ids = top_k(log_probs, k)
+    """The `k` likeliest tokens per position of log-probabilities `[canvas_length, vocab]`, draft first: (ids
+    `[canvas_length, k]`, probabilities)."""
+    values, ids = top_k(log_probs, min(k, log_probs.shape[-1]))
+    return draft_first(values, ids, draft_ids, log_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1))
+
+
+def draft_first(values: torch.Tensor, ids: torch.Tensor, draft_ids: torch.Tensor, draft_values: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top log-probabilities `values` and their `ids` `[canvas_length, k]`, largest first, with each position's
+    draft (log-probability `draft_values`) moved first, or put in place of the last when a tie kept it out:
+    (ids, probabilities) `[canvas_length, k]`."""
     draft = draft_ids.unsqueeze(-1)
     missing = ~(ids == draft).any(dim=-1)
+    ids, values = ids.clone(), values.clone()
     ids[:, -1] = torch.where(missing, draft_ids, ids[:, -1])
-    values[:, -1] = torch.where(missing, log_probs.gather(-1, draft).squeeze(-1), values[:, -1])
+    values[:, -1] = torch.where(missing, draft_values, values[:, -1])
     order = torch.where(ids == draft, torch.inf, values).argsort(dim=-1, descending=True, stable=True)
     return ids.gather(-1, order), values.gather(-1, order).float().exp()
 
 
 def frame_statistics(sampler, processed_logits: torch.Tensor, draft_ids: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(confidence, entropy `[canvas_length]`, `ALTERNATIVES` ids and probabilities per position) of the last step."""
+    """(confidence, entropy `[canvas_length]`, `ALTERNATIVES` ids and probabilities per position) of the last step
+    for the argmax `draft_ids` `[1, canvas_length]` of `processed_logits` `[1, canvas_length, vocab]`: from the
+    recording sampler's record when there is one, else from the logits."""
     state = sampler_state(sampler)
-    entropy, log_probs = getattr(state, "token_entropy", None), getattr(state, "log_probs", None)
-    if entropy is None or log_probs is None:
+    entropy, values, ids = (getattr(state, name, None) for name in ("token_entropy", "top_log_probs", "top_ids"))
+    if entropy is None or values is None:
         log_probs, entropy = _log_probs_and_entropy(processed_logits[0])
-    else:
-        state.log_probs = None
-        log_probs, entropy = log_probs[0], entropy[0].float()
-    top_ids, top_probs = top_alternatives(log_probs, draft_ids[0])
+        top_ids, top_probs = top_alternatives(log_probs, draft_ids[0])
+    else:  # the draft is the argmax: its log-probability is the largest one
+        state.top_log_probs = state.top_ids = None
+        top_ids, top_probs = draft_first(values[0], ids[0], draft_ids[0], values[0, :, 0])
+        entropy = entropy[0].float()
     return top_probs[:, 0], entropy, top_ids, top_probs

@@ -33,9 +33,14 @@ def test_recording_sampler_accepts_what_the_library_sampler_accepts(entropy_boun
     assert torch.equal(recording.accepted_token_mask, library.accepted_token_mask)
 
     confidence, entropy = canvas_statistics(logits[0], logits[0].argmax(-1))
-    recorded_confidence, recorded_entropy, _, _ = frame_statistics(recording, logits, logits.argmax(-1))
+    recorded_confidence, recorded_entropy, recorded_ids, recorded_probs = frame_statistics(
+        recording, logits, logits.argmax(-1))
     torch.testing.assert_close(recorded_entropy, entropy, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(recorded_confidence, confidence, rtol=1e-5, atol=1e-6)
+    _, _, fallback_ids, fallback_probs = frame_statistics(library, logits, logits.argmax(-1))
+    assert torch.equal(recorded_ids, fallback_ids)  # the record holds what a pass over the logits finds
+    torch.testing.assert_close(recorded_probs, fallback_probs, rtol=1e-5, atol=1e-7)
+    assert recording.top_ids is None  # taken once: the record does not outlive its frame
 
 
 def test_frame_statistics_fall_back_to_the_logits_without_a_recording():
