@@ -100,7 +100,7 @@ BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color"
 
 def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
     """Draft confidence per (step, position) of one block's `frames`: dots where accepted (again), crosses where
-    re-melted, cell gaps only while cells are large; `hover`: per-cell token text (up to `HOVER_CELLS` cells);
+    re-melted, cell gaps only while cells are large (small cells drawn as one pixelated image); `hover`: per-cell token text (up to `HOVER_CELLS` cells);
     `animate`: step slider and play button."""
     if not frames:
         return empty_figure("Confidence per step and position")
@@ -139,6 +139,7 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
                else {"hovertemplate": "step %{y} \u00b7 position %{x}<br>confidence %{z:.3f}<extra></extra>"}),
             "colorscale": PLOTLY_SCALE, "zmin": 0, "zmax": 1,
             "xgap": int(n <= GAP_CELLS), "ygap": int(rows <= GAP_CELLS),
+            **({"zsmooth": "fast"} if n > GAP_CELLS and rows > GAP_CELLS else {}),  # one image, crisp cells
             "colorbar": {"title": {"text": "conf."}, "thickness": 10, "len": 0.9, "outlinewidth": 0},
         },
         {

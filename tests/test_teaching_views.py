@@ -91,12 +91,13 @@ def test_the_heatmap_dots_the_step_a_position_is_accepted_and_drops_cell_gaps_at
     # one dot per acceptance (position 0 again after its re-melt), not one per accepted cell
     assert sorted(zip(dots["x"], dots["y"])) == [(0, 1), (0, 4), (1, 2), (2, 3), (3, 4)]
     assert list(zip(melts["x"], melts["y"])) == [(0, 3)]
-    assert heat["xgap"] == heat["ygap"] == 1 and dots["marker"]["size"] == 4
+    assert heat["xgap"] == heat["ygap"] == 1 and dots["marker"]["size"] == 4 and "zsmooth" not in heat
     # a 256-position block of 128 steps: cells 2-3 px tall, no gaps to hide them, dots only where accepted
     big = [synthetic_frame(256, ["t"] * 256, step=s, accepted=[p % 128 <= s for p in range(256)],
                            max_denoising_steps=128) for s in range(128)]
     heat, dots, _ = plots.confidence_heatmap(big, animate=False, hover=False)["data"]
     assert heat["xgap"] == heat["ygap"] == 0 and len(dots["x"]) == 256 and dots["marker"]["size"] == 3
+    assert heat["zsmooth"] == "fast"  # drawn as one image of a pixel per cell, not 32,768 rectangles
     # and the final figure has no per-cell token text over 256 x 64 cells (the canvas popup has the tokens)
     assert "hovertext" not in plots.confidence_heatmap(big, animate=True, hover=True)["data"][0]
     assert "hovertext" in plots.confidence_heatmap(big[:64], animate=True, hover=True)["data"][0]
