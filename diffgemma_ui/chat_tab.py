@@ -133,11 +133,6 @@ class ChatTab(Tab):
         super().__init__(playground)
         self.sessions: weakref.WeakValueDictionary[str, ChatState] = weakref.WeakValueDictionary()
 
-    def check_thinking(self, thinking) -> bool:
-        thinking = parse_flag("thinking", thinking)
-        check_thinking(self.engine.tokenizer, thinking)
-        return thinking
-
     def turn(self, message, preset_name, max_new_tokens, seed, thinking) -> ChatTurn:
         """The tab's inputs as a checked turn (gr.Error)."""
         with refusing():
@@ -146,7 +141,9 @@ class ChatTab(Tab):
             settings = build_settings(values, ui_limits=True)
             self.engine.check_settings(settings)
             self.playground.check_job(Job("chat", None, settings))
-            return ChatTurn(text, settings, parse_seed(seed), self.check_thinking(thinking), [], [])
+            seed, thinking = parse_seed(seed), parse_flag("thinking", thinking)
+            check_thinking(self.engine.tokenizer, thinking)
+            return ChatTurn(text, settings, seed, thinking, [], [])
 
     def regeneration(self, state: ChatState, preset_name, max_new_tokens, thinking) -> ChatTurn:
         """The turn that replaces the last answer, with a new seed (gr.Error, also when there is no answer)."""
@@ -263,7 +260,7 @@ class ChatTab(Tab):
         def job() -> Job:
             nonlocal chat
             run = Playground.parse(message, False, *values, ui_limits=False, thinking=thinking)
-            self.check_thinking(run.thinking)
+            check_thinking(self.engine.tokenizer, run.thinking)
             if system is not None and not isinstance(system, str):
                 raise ValueError("system must be text")
             chat = ChatSession(self.engine, system=system if system and system.strip() else None)

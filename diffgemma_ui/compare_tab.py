@@ -125,8 +125,7 @@ class CompareHandlers(Tab):
         def view():
             return (side_html("A", requests[0].settings, lasts[0], states[0]),
                     side_html("B", requests[1].settings, lasts[1], states[1], sampler=sampler_note,
-                              bound_and_t=b_reads_bound),
-                    verdict_html(*lasts), texts[0], texts[1], heatmaps[0], heatmaps[1])
+                              bound_and_t=b_reads_bound), verdict_html(*lasts), *texts, *heatmaps)
 
         state.running = True
         try:
@@ -156,7 +155,7 @@ class CompareHandlers(Tab):
                 lasts[side] = snap.latest
                 texts[side] = plain_text(self.engine.summarize(snap.latest, len(exact) or snap.frames_seen).text)
                 block = [f for f in exact if f.block_index == 0] if exact else snap.block_frames(0)
-                heatmaps[side] = plots.confidence_heatmap(block, animate=True, hover=True)
+                heatmaps[side] = plots.confidence_heatmap(block)
                 states[side] = "stopped" if state.stopped.is_set() else "done"
             if states[0] == "waiting":
                 states[0] = "stopped"
@@ -164,7 +163,7 @@ class CompareHandlers(Tab):
             yield view()
         finally:
             state.running = False
-            state.shown = (lasts[0], lasts[1])
+            state.shown = tuple(lasts)
 
 
 def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:

@@ -50,17 +50,23 @@ class InfillTab(Tab):
         pad = self.engine.model.generation_config.pad_token_id
         return layout_template(self.engine.tokenizer, template, self.engine.canvas_length, 0 if pad is None else pad)
 
-    def request(self, template, context, preset_name, max_denoising_steps, seed):
-        """(layout, context or None, settings, seed) from the tab's inputs, UI limits (gr.Error)."""
+    def job(self, template, context, values: dict, seed, *, ui_limits: bool) -> tuple[InfillLayout, Job]:
+        """The template's layout and "infill" job, after an optional raw `context`, one canvas (ValueError)."""
+        if not isinstance(context, str):
+            raise ValueError("context must be text (\"\" for none)")
+        layout = self.layout(template)
+        settings = build_settings({**values, "max_new_tokens": self.engine.canvas_length}, ui_limits=ui_limits)
+        self.engine.check_settings(settings)
+        payload = (template, settings, check_prompt(context) if context.strip() else None, parse_seed(seed))
+        return layout, Job("infill", payload, settings)
+
+    def request(self, template, context, preset_name, max_denoising_steps, seed) -> tuple[InfillLayout, Job]:
+        """`job` of the tab's inputs, UI limits, checked (gr.Error)."""
         with refusing():
-            layout = self.layout(template)
-            context = check_prompt(context) if isinstance(context, str) and context.strip() else None
-            values = dict(preset_values(preset_name, self.engine.recommended),
-                          max_new_tokens=self.engine.canvas_length, max_denoising_steps=max_denoising_steps)
-            settings = build_settings(values, ui_limits=True)
-            self.engine.check_settings(settings)
-            self.playground.check_job(Job("infill", None, settings))
-            return layout, context, settings, parse_seed(seed)
+            values = dict(preset_values(preset_name, self.engine.recommended), max_denoising_steps=max_denoising_steps)
+            layout, job = self.job(template, context, values, seed, ui_limits=True)
+            self.playground.check_job(job)
+            return layout, job
 
     def check_inputs(self, *inputs) -> None:
         self.request(*inputs)
@@ -68,9 +74,8 @@ class InfillTab(Tab):
     def fill_stream(self, state: SessionState, template, context, preset_name, max_denoising_steps, seed,
                     request: gr.Request = None) -> Iterator[tuple]:
         """Fill: (canvas, meter, filled template and text, three plots, Fill, Stop); gr.Error: bad input, failed."""
-        layout, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
+        layout, job = self.request(template, context, preset_name, max_denoising_steps, seed)
         state.stop()
-        job = Job("infill", (template, settings, context, seed), settings)
         clock, skip, tokenizer = PlotClock(wait_first=True), gr.skip(), self.engine.tokenizer
         with live_run(self.playground, job, request, state, ":infill") as worker:
             for index, snap in enumerate(self.playground.runs.updates(worker)):
@@ -105,12 +110,8 @@ class InfillTab(Tab):
 
         def job() -> Job:
             nonlocal layout
-            if not isinstance(context, str):
-                raise ValueError("context must be text (\"\" for none)")
-            settings = build_settings(dict(zip(API_SETTINGS, (self.engine.canvas_length, *given))), ui_limits=False)
-            payload = (template, settings, check_prompt(context) if context.strip() else None, parse_seed(seed))
-            layout = self.layout(template)
-            return Job("infill", payload, settings)
+            layout, made = self.job(template, context, dict(zip(API_SETTINGS[1:], given)), seed, ui_limits=False)
+            return made
 
         snap = await api_run(self.playground, job, request, keep_history=False)
         if snap.latest is None or snap.latest.stop_reason == "cancelled":

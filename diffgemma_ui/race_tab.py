@@ -356,12 +356,10 @@ def caveat_text(result: RaceResult) -> str:
     """A warning when a side's answer is mostly punctuation or repeats itself, else ""."""
     sentences = []
     for side in (result.diffusion, result.autoregressive):
-        if side is None:
-            continue
-        shares = {"punctuation": side.punctuation_share, "repetition": side.repeated_share}
-        clauses = [FAULT_TEXT[fault].format(shares[fault]) for fault in side.faults]
-        if clauses:
-            sentences.append(f"The {side.name} answer {' and '.join(clauses)}.")
+        if side is not None and side.faults:
+            shares = {"punctuation": side.punctuation_share, "repetition": side.repeated_share}
+            clauses = " and ".join(FAULT_TEXT[fault].format(shares[fault]) for fault in side.faults)
+            sentences.append(f"The {side.name} answer {clauses}.")
     if not sentences:
         return ""
     return " ".join(sentences) + " The speedup counts tokens per second, not readable text."
@@ -424,9 +422,7 @@ def result_html(result: RaceResult | None) -> str:
     faulted = " ".join(name for name, faults in result.verdict()["faults"].items() if faults)
     return (
         f'<div class="dg-race-result" data-state="done" data-speedup="{speedup}" data-faults="{faulted}">'
-        f'<p class="dg-race-speedup">{escape_html(speedup_text(result))}{caveat}</p>'
-        f"{lengths}"
-        f"{cost_table_html(result)}"
+        f'<p class="dg-race-speedup">{escape_html(speedup_text(result))}{caveat}</p>{lengths}{cost_table_html(result)}'
         f'<p class="dg-race-explain">{escape_html(explanation(result))}</p>'
         f'<p class="dg-race-rules">{escape_html(FAIRNESS)} Length: {escape_html(result.length_rule)}. '
         f"Seed {escape_html(str(result.seed))}.</p></div>"
