@@ -14,7 +14,7 @@ import gradio as gr
 
 from engine import DiffusionSettings
 from engine.chat import ChatSession, TurnReport
-from engine.conversation import check_messages
+from engine.conversation import check_messages, check_thinking
 from engine.settings import parse_flag, parse_seed
 
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html, thought_html
@@ -38,8 +38,8 @@ ROLE_LABELS = {"system": "System", "user": "You", "assistant": "Model"}
 
 @dataclass
 class ChatTurn:
-    """A turn as a job's payload: `text` to answer (None: regenerate), its settings, the conversation so far and
-    the visitor's `ChatSession` (never pickled: the GPU process rebuilds it from the messages)."""
+    """A "chat" job's payload: `text` to answer (None: regenerate) after `messages`; `session` is never pickled
+    (the GPU process rebuilds it from the messages)."""
 
     text: str | None
     settings: DiffusionSettings
@@ -55,7 +55,7 @@ class ChatTurn:
 
 @dataclass(frozen=True)
 class ChatOutcome:
-    """What a turn left, sent after its final frame: the conversation, the turn's report and result."""
+    """What a turn left, sent after its final frame."""
 
     messages: list
     thoughts: list
@@ -73,16 +73,17 @@ def chat_source(engine, turn: ChatTurn, stop) -> Iterator:
     if chat is None:
         chat = ChatSession(engine)
         chat.messages, chat.thoughts = list(turn.messages), list(turn.thoughts)
+    options = dict(seed=turn.seed, thinking=turn.thinking, stop_event=stop)
     if turn.text is None:
-        yield from chat.regenerate(turn.settings, seed=turn.seed, thinking=turn.thinking, stop_event=stop)
+        yield from chat.regenerate(turn.settings, **options)
     else:
-        yield from chat.turn(turn.text, turn.settings, seed=turn.seed, thinking=turn.thinking, stop_event=stop)
+        yield from chat.turn(turn.text, turn.settings, **options)
     yield ChatOutcome(chat.messages, chat.thoughts, chat.last_report, chat.last_result)
 
 
 def parse_history(history) -> list[dict]:
     """The `/chat` history: JSON text ("" for none) of alternating user and assistant {"role", "content"}
-    messages. Raises ValueError naming the problem (not text, too long, not JSON, malformed, out of order)."""
+    messages. Raises ValueError naming the problem."""
     if history is None or (isinstance(history, str) and not history.strip()):
         return []
     if not isinstance(history, str):
@@ -119,6 +120,10 @@ class ChatState(SessionState):
         self.cut_turns = 0  # oldest turns cut to fit the context
 
 
+def has_answer(chat: ChatSession | None) -> bool:
+    return chat is not None and bool(chat.messages) and chat.messages[-1]["role"] == "assistant"
+
+
 class ChatTab(Tab):
     """Handlers of the Chat tab and `/chat`, bound to a `handlers.Playground`."""
 
@@ -128,46 +133,34 @@ class ChatTab(Tab):
         super().__init__(playground)
         self.sessions: weakref.WeakValueDictionary[str, ChatState] = weakref.WeakValueDictionary()
 
-    def settings(self, preset_name, max_new_tokens):
-        """The preset's settings with the visitor's token budget, UI limits (ValueError)."""
-        values = dict(preset_values(preset_name, self.engine.recommended), max_new_tokens=max_new_tokens)
-        return build_settings(values, ui_limits=True)
-
-    def check_thinking(self, thinking) -> bool:
-        thinking = parse_flag("thinking", thinking)
-        if thinking and not self.engine.supports_thinking:
-            raise ValueError("thinking needs a chat template with a thinking mode (enable_thinking); this model's "
-                             "template has none")
-        return thinking
-
     def turn(self, message, preset_name, max_new_tokens, seed, thinking) -> ChatTurn:
-        """The tab's inputs as a turn, checked (raises gr.Error)."""
+        """The tab's inputs as a checked turn (gr.Error)."""
         with refusing():
             text = check_prompt(message)
-            settings = self.settings(preset_name, max_new_tokens)
+            values = dict(preset_values(preset_name, self.engine.recommended), max_new_tokens=max_new_tokens)
+            settings = build_settings(values, ui_limits=True)
             self.engine.check_settings(settings)
             self.playground.check_job(Job("chat", None, settings))
-            return ChatTurn(text, settings, parse_seed(seed), self.check_thinking(thinking), [], [])
+            seed, thinking = parse_seed(seed), parse_flag("thinking", thinking)
+            check_thinking(self.engine.tokenizer, thinking)
+            return ChatTurn(text, settings, seed, thinking, [], [])
 
     def regeneration(self, state: ChatState, preset_name, max_new_tokens, thinking) -> ChatTurn:
         """The turn that replaces the last answer, with a new seed (gr.Error, also when there is no answer)."""
-        chat = state.chat if state is not None else None
-        if chat is None or not chat.messages or chat.messages[-1]["role"] != "assistant":
+        if not has_answer(state.chat):
             raise user_error("nothing to regenerate: the conversation has no answer yet")
         return dataclasses.replace(self.turn("x", preset_name, max_new_tokens, -1, thinking), text=None)
 
     def check_turn(self, *inputs) -> None:
-        """Send's first step: `turn`'s checks."""
         self.turn(*inputs)
 
     def check_regenerate(self, *inputs) -> None:
-        """Regenerate's first step: `regeneration`'s checks."""
         self.regeneration(*inputs)
 
     def send_stream(self, state: ChatState, message, preset_name, max_new_tokens, seed, thinking,
                     request: gr.Request = None) -> Iterator[tuple]:
-        """Send: stream the answer to `message`, yielding the tab's outputs; a stopped turn leaves the conversation
-        as it was. Raises gr.Error: bad input, a turn that does not fit, a failed run."""
+        """Send: the tab's outputs while `message` is answered; a stopped turn leaves the conversation as it was.
+        Raises gr.Error: bad input, a turn that does not fit, a failed run."""
         turn = self.turn(message, preset_name, max_new_tokens, seed, thinking)
         yield from self._stream(state, turn, turn.text, request)
 
@@ -178,43 +171,40 @@ class ChatTab(Tab):
         yield from self._stream(state, turn, state.chat.messages[-2]["content"], request)
 
     def _stream(self, state: ChatState, turn: ChatTurn, user_text: str, request) -> Iterator[tuple]:
-        playground = self.playground
-        regenerating = turn.text is None
-        state = state if state is not None else ChatState()
+        playground, regenerating = self.playground, turn.text is None
         state.halt()
         if state.chat is None:
             state.chat = ChatSession(self.engine)
         chat = state.chat
         turn.messages, turn.thoughts, turn.session = list(chat.messages), list(chat.thoughts), chat
-        # shown while the turn runs (Regenerate: without its last answer)
         shown, shown_thoughts = turn.messages, turn.thoughts
-        if regenerating:
+        if regenerating:  # shown while the turn runs: without the answer it replaces
             shown, shown_thoughts = shown[:-2], shown_thoughts[:-1]
         state.clear_views()
-        session_hash = getattr(request, "session_hash", None)
-        if session_hash:
-            self.sessions[session_hash] = state
+        if getattr(request, "session_hash", None):
+            self.sessions[request.session_hash] = state
         chat.last_report = chat.last_result = None
         clock = PlotClock(wait_first=True)
         number = state.turns + (0 if regenerating else 1)  # the turn being generated
-        with live_run(playground, Job("chat", turn, turn.settings), request, state, ":chat",
-                      receive=lambda outcome: outcome.apply(chat)) as worker:
+        job = Job("chat", turn, turn.settings)
+        with live_run(playground, job, request, state, ":chat", receive=lambda outcome: outcome.apply(chat)) as worker:
             for index, snap in enumerate(playground.runs.updates(worker)):
                 state.snapshot = snap
                 out = playground.render(state, snap, final=snap.finished, plots_due=clock.due(snap.block_count),
                                         first=index == 0)
-                if not snap.finished:
-                    history = gr.skip()
-                    if index == 0 or isinstance(out.stack, str):  # a block was committed: the answer grew
-                        history = history_html(shown, shown_thoughts, pending_user=user_text,
-                                               pending_answer=out.text, cut_turns=state.cut_turns)
-                    note = running_note(number, regenerating) if index == 0 else gr.skip()
-                    yield (history, note, out.stack, out.canvas, out.meter, out.heatmap, out.order,
-                           out.entropy, gr.skip(), *self._buttons(state, running=index == 0 or None))
+                if snap.finished:
+                    yield self._final(state, snap, out, regenerating)
+                    if snap.error is not None:
+                        raise user_error(snap.error)
                     continue
-                yield self._final(state, snap, out, regenerating)
-                if snap.error is not None:
-                    raise user_error(snap.error)
+                history = note = gr.skip()
+                if index == 0 or isinstance(out.stack, str):  # a block was committed: the answer grew
+                    history = history_html(shown, shown_thoughts, pending_user=user_text, pending_answer=out.text,
+                                           cut_turns=state.cut_turns)
+                if index == 0:
+                    note = running_note(number, regenerating)
+                yield (history, note, out.stack, out.canvas, out.meter, out.heatmap, out.order, out.entropy,
+                       gr.skip(), *self._buttons(state, running=index == 0 or None))
 
     def _final(self, state: ChatState, snap, out, regenerating: bool) -> tuple:
         """The turn's last view (the message box emptied once answered, unless regenerated)."""
@@ -223,12 +213,11 @@ class ChatTab(Tab):
             return (EMPTY_CHAT_HTML, STOPPED_NOTE, *(gr.skip(),) * 7, *self._buttons(state, running=False))
         answered = (snap.error is None and snap.latest is not None and snap.latest.done
                     and snap.latest.stop_reason != "cancelled" and chat.last_report is not None)
+        reuse = STOPPED_NOTE
         if answered:
             state.turns += 0 if regenerating else 1
             state.cut_turns += chat.last_report.dropped_turns
             reuse = reuse_html(chat.last_report, state.turns, regenerated=regenerating)
-        else:
-            reuse = STOPPED_NOTE
         history = history_html(chat.messages, chat.thoughts, cut_turns=state.cut_turns)
         message = gr.update(value="") if answered and not regenerating else gr.skip()
         return (history, reuse, out.stack, out.canvas, out.meter, out.heatmap, out.order, out.entropy, message,
@@ -239,9 +228,8 @@ class ChatTab(Tab):
         """(Send, Stop, Regenerate, Clear) updates; None leaves them as they are."""
         if running is None:
             return (gr.skip(),) * 4
-        chat = state.chat
-        answer = chat is not None and bool(chat.messages) and chat.messages[-1]["role"] == "assistant"
-        return *buttons(running), gr.update(interactive=answer and not running), gr.update(interactive=not running)
+        answer = has_answer(state.chat) and not running
+        return *buttons(running), gr.update(interactive=answer), gr.update(interactive=not running)
 
     def unload(self, request: gr.Request) -> None:
         """A browser tab closed: stop its turn, drop its conversation and encoder cache."""
@@ -265,22 +253,22 @@ class ChatTab(Tab):
     async def chat_api(self, message, history, system, thinking, *values,
                        request: gr.Request = None) -> tuple[str, dict]:
         """`/chat`: answer `message` after `history` (`parse_history`) and an optional `system` message; settings
-        and seed as `/generate`'s. Returns (answer, summary: `/generate`'s keys, `report`, `history` with this
+        and seed as `/generate`'s. Returns (answer, `/generate`'s summary with `report` and `history` with this
         turn); raises gr.Error."""
         chat = None
 
         def job() -> Job:
             nonlocal chat
             run = Playground.parse(message, False, *values, ui_limits=False, thinking=thinking)
-            self.check_thinking(run.thinking)
+            check_thinking(self.engine.tokenizer, run.thinking)
             if system is not None and not isinstance(system, str):
                 raise ValueError("system must be text")
             chat = ChatSession(self.engine, system=system if system and system.strip() else None)
             earlier = parse_history(history)
             chat.messages = chat.messages + earlier
             chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
-            return Job("chat", ChatTurn(run.prompt, run.settings, run.seed, run.thinking, chat.messages,
-                                        chat.thoughts), run.settings)
+            turn = ChatTurn(run.prompt, run.settings, run.seed, run.thinking, chat.messages, chat.thoughts)
+            return Job("chat", turn, run.settings)
 
         await api_run(self.playground, job, request, keep_history=False, receive=lambda outcome: outcome.apply(chat))
         if chat.last_result is None:
@@ -295,7 +283,7 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
     engine = chat.engine
     state = gr.State(ChatState())
     gr.Markdown(prose("chat-intro"), elem_id="dg-chat-intro")
-    with gr.Row(equal_height=False, elem_id="dg-chat-main"):
+    with gr.Row(elem_id="dg-chat-main"):
         with gr.Column(min_width=0, elem_id="dg-chat-left"):
             history = gr.HTML(EMPTY_CHAT_HTML, elem_id="dg-chat-history")
             message = gr.Textbox(label="Message", lines=2, max_lines=6, elem_id="dg-chat-message",
@@ -342,11 +330,10 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
 
 # -- views (pure; every message is untrusted: escaped plain text, never Markdown or HTML) --------------------------
 def _bubble(role: str, text: str, *, extra: str = "", state: str = "") -> str:
-    label = ROLE_LABELS.get(role, role)
-    body = escape_html(plain_text(text)) if text else '<span class="dg-chat-empty">(empty answer)</span>'
+    body = escape_html(plain_text(text)) if text or state else '<span class="dg-chat-empty">(empty answer)</span>'
     state_attr = f' data-state="{escape_html(state)}"' if state else ""
     return (f'<div class="dg-chat-msg dg-chat-{escape_html(role)}"{state_attr}>'
-            f'<div class="dg-chat-role">{escape_html(label)}</div>{extra}'
+            f'<div class="dg-chat-role">{escape_html(ROLE_LABELS.get(role, role))}</div>{extra}'
             f'<div class="dg-chat-text">{body}</div></div>')
 
 
@@ -360,20 +347,15 @@ def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pend
     if cut_turns:
         parts.append(f'<p class="dg-chat-cut">{cut_turns} oldest turn{"s" if cut_turns != 1 else ""} cut to fit '
                      "the model's context: the model no longer sees them.</p>")
-    answers = 0
+    answer_thoughts = iter(thoughts)
     for message in messages:
-        extra = ""
-        if message["role"] == "assistant":
-            extra = thought_html(thoughts[answers] if answers < len(thoughts) else "")
-            answers += 1
+        extra = thought_html(next(answer_thoughts, "")) if message["role"] == "assistant" else ""
         parts.append(_bubble(message["role"], message["content"], extra=extra))
     turns = sum(1 for m in messages if m["role"] == "user")
     if pending_user is not None:
         turns += 1
-        parts.append(_bubble("user", pending_user))
-        parts.append(_bubble("assistant", pending_answer, state="writing",
-                             extra='<div class="dg-chat-tag">writing\u2026</div>')
-                     .replace('<span class="dg-chat-empty">(empty answer)</span>', ""))
+        parts += [_bubble("user", pending_user), _bubble("assistant", pending_answer, state="writing",
+                                                         extra='<div class="dg-chat-tag">writing\u2026</div>')]
     return f'<div class="dg-chat-history" data-turns="{turns}"><div class="dg-chat-log">{"".join(parts)}</div></div>'
 
 

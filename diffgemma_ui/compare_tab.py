@@ -32,13 +32,13 @@ NOT_RUN_NOTE = "not run: Stop came before this side's turn \u00b7 press Compare 
 
 
 def sampler_choices() -> list[str]:
-    """Side B's samplers: the engine's, and diffusers' schedulers when installed."""
+    """Side B's samplers: the engine's, and diffusers' schedulers if installed."""
     return [ENGINE_SAMPLER, *([DIFFUSERS_PREFIX + name for name in SCHEDULERS] if diffusers_available() else [])]
 
 
 def pipeline_source(engine, payload: tuple, stop) -> Iterator:
-    """The "pipeline" source: (request, scheduler) through diffusers' `DiffusionGemmaPipeline`: its newest frame as
-    forwards land, then the exact frames (one list) and the last frame. Raises what the call raised."""
+    """The "pipeline" source of (request, scheduler): its newest frame as forwards land, then the exact frames (one
+    list) and the last frame. Raises what diffusers' call raised."""
     request, scheduler = payload
     run = PipelineRun(engine, request.prompt, request.settings, scheduler, request.seed)
     if stop.is_set():
@@ -64,7 +64,7 @@ def pipeline_source(engine, payload: tuple, stop) -> Iterator:
 
 
 class CompareState(SessionState):
-    """A visitor's comparison: `running`, and `shown`, the last frames (A, B) of the last one that ended."""
+    """A visitor's comparison: `running`, and `shown`, the last frames (A, B) of the last one to end."""
 
     def __init__(self):
         super().__init__()
@@ -77,17 +77,16 @@ class CompareHandlers(Tab):
 
     sources = {"pipeline": pipeline_source}
 
-    def _checked(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
-                 b_steps, b_adaptive, b_sampler) -> tuple[list, str | None]:
-        """Both sides' checked requests (one seed) and B's diffusers scheduler (None: the engine's); raises gr.Error."""
+    def _checked(self, prompt, raw, seed, max_new_tokens, *sides, b_sampler) -> tuple[list, str | None]:
+        """Both sides' checked requests (one seed; `sides`: A's, then B's bound, steps, adaptive stopping) and B's
+        diffusers scheduler (None: the engine's); raises gr.Error."""
         if seed is None or (isinstance(seed, (int, float)) and seed < 0) or str(seed).strip() == "":
             seed = draw_seed()
         rec = self.engine.recommended
         requests = [self.playground.checked_request(
             prompt, raw, max_new_tokens, steps, bound, rec.t_min, rec.t_max, rec.stability_threshold,
             rec.confidence_threshold, adaptive, seed, ui_limits=True)
-            for bound, steps, adaptive in ((a_entropy_bound, a_steps, a_adaptive),
-                                           (b_entropy_bound, b_steps, b_adaptive))]
+            for bound, steps, adaptive in (sides[:3], sides[3:])]
         if b_sampler not in sampler_choices():
             raise user_error(f"unknown sampler {str(b_sampler)[:60]!r}")
         scheduler = b_sampler[len(DIFFUSERS_PREFIX):] if b_sampler.startswith(DIFFUSERS_PREFIX) else None
@@ -99,13 +98,13 @@ class CompareHandlers(Tab):
                 b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None) -> None:
         """The first step of Compare A and B: check both sides, clear the visitor's Stop (raises gr.Error)."""
         self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
-                      b_steps, b_adaptive, b_sampler)
+                      b_steps, b_adaptive, b_sampler=b_sampler)
         if state is not None:
             state.stopped.clear()
 
     @staticmethod
     def refused(state: CompareState | None):
-        """After a refusal: the verdict on the page marked as the previous run's (`gr.skip()`: none, or running)."""
+        """After a refusal: the verdict shown marked as the previous run's (`gr.skip()`: none, or running)."""
         if state is None or state.running or state.shown is None:
             return gr.skip()
         return verdict_html(*state.shown, notice=REFUSED_NOTICE)
@@ -115,19 +114,18 @@ class CompareHandlers(Tab):
                 request: gr.Request = None) -> Iterator[tuple]:
         """Run A then B (B not after a stopped A); yields (A card, B card, verdict, A text, B text, A heatmap,
         B heatmap). Raises gr.Error: bad input on either side, a failed run."""
-        requests, scheduler = self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps,
-                                            a_adaptive, b_entropy_bound, b_steps, b_adaptive, b_sampler)
-        b_reads_bound = scheduler is None or scheduler == "EntropyBoundScheduler"
+        requests, scheduler = self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive,
+                                            b_entropy_bound, b_steps, b_adaptive, b_sampler=b_sampler)
+        b_reads_bound = scheduler in (None, "EntropyBoundScheduler")
         sampler_note = (scheduler or "") + ("" if b_reads_bound else " (its own defaults for what it samples with)")
         state = state if state is not None else CompareState()
         lasts, texts, states = [None, None], ["", ""], ["waiting", "waiting"]
-        heatmaps = [plots.confidence_heatmap([]), plots.confidence_heatmap([])]
+        heatmaps = [plots.confidence_heatmap([])] * 2
 
         def view():
             return (side_html("A", requests[0].settings, lasts[0], states[0]),
                     side_html("B", requests[1].settings, lasts[1], states[1], sampler=sampler_note,
-                              bound_and_t=b_reads_bound),
-                    verdict_html(*lasts), texts[0], texts[1], heatmaps[0], heatmaps[1])
+                              bound_and_t=b_reads_bound), verdict_html(*lasts), *texts, *heatmaps)
 
         state.running = True
         try:
@@ -138,8 +136,8 @@ class CompareHandlers(Tab):
                 exact: list[Frame] = []  # the pipeline's exact frames
                 job, options = Job("generate", run, run.settings), {}
                 if side == 1 and scheduler is not None:
-                    job, options = Job("pipeline", (run, scheduler), run.settings), dict(keep_history=False,
-                                                                                          receive=exact.extend)
+                    job = Job("pipeline", (run, scheduler), run.settings)
+                    options = dict(keep_history=False, receive=exact.extend)
                 with live_run(self.playground, job, request, state, ":compare", **options) as worker:
                     if state.stopped.is_set():
                         worker.stop()
@@ -152,12 +150,12 @@ class CompareHandlers(Tab):
                     states[side] = "stopped"
                     break
                 if snap.error is not None or snap.latest is None:
-                    reason = describe_error(snap.error) if snap.error is not None else "no decoder forward"
+                    reason = "no decoder forward" if snap.error is None else describe_error(snap.error)
                     raise user_error(f"Run {SIDES[side]} failed: {reason}")
                 lasts[side] = snap.latest
                 texts[side] = plain_text(self.engine.summarize(snap.latest, len(exact) or snap.frames_seen).text)
                 block = [f for f in exact if f.block_index == 0] if exact else snap.block_frames(0)
-                heatmaps[side] = plots.confidence_heatmap(block, animate=True, hover=True)
+                heatmaps[side] = plots.confidence_heatmap(block)
                 states[side] = "stopped" if state.stopped.is_set() else "done"
             if states[0] == "waiting":
                 states[0] = "stopped"
@@ -165,73 +163,72 @@ class CompareHandlers(Tab):
             yield view()
         finally:
             state.running = False
-            state.shown = (lasts[0], lasts[1])
+            state.shown = tuple(lasts)
 
 
 def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
     """The Compare tab's components and events in the current `gr.Tab`."""
     rec = compare.engine.recommended
     gr.Markdown(prose("compare-intro"))
-    with gr.Row(equal_height=False):
+    with gr.Row():
         prompt = gr.Textbox(label="Prompt", value=default_prompt, lines=2, max_lines=6, scale=3,
                             elem_id="dg-compare-prompt")
         with gr.Column(scale=2, min_width=240):
-            raw = gr.Checkbox(label="Raw prompt (no chat template)", value=False, elem_id="dg-compare-raw")
+            raw = gr.Checkbox(label="Raw prompt (no chat template)", elem_id="dg-compare-raw")
             with gr.Row():
                 seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random, one for both",
                                  elem_id="dg-compare-seed", min_width=100)
                 max_new_tokens = setting_control("max_new_tokens", rec.max_new_tokens, info=None,
                                                  elem_id="dg-compare-max-new", min_width=160)
-    sides = {}
-    with gr.Row(equal_height=False):
+
+    def apply(choice):
+        settings = preset(choice, rec)
+        return settings.entropy_bound, settings.max_denoising_steps, settings.adaptive_stopping
+
+    side_inputs = []
+    with gr.Row():
         for side in SIDES:
             settings = preset(DEFAULT_SIDES[side], rec)
             with gr.Column(min_width=260, elem_id=f"dg-compare-settings-{side}"):
                 name = gr.Dropdown(list(PRESET_NAMES), value=DEFAULT_SIDES[side], label=f"Settings {side}: preset",
                                    elem_id=f"dg-compare-preset-{side}")
-                entropy_bound = setting_control("entropy_bound", settings.entropy_bound,
-                                                label=f"{side}: entropy bound", info="nats")
-                steps = setting_control("max_denoising_steps", settings.max_denoising_steps,
-                                        label=f"{side}: max denoising steps", info=None)
-                adaptive = setting_control("adaptive_stopping", settings.adaptive_stopping,
-                                           label=f"{side}: adaptive stopping")
+                controls = [
+                    setting_control("entropy_bound", settings.entropy_bound, label=f"{side}: entropy bound",
+                                    info="nats"),
+                    setting_control("max_denoising_steps", settings.max_denoising_steps,
+                                    label=f"{side}: max denoising steps", info=None),
+                    setting_control("adaptive_stopping", settings.adaptive_stopping,
+                                    label=f"{side}: adaptive stopping"),
+                ]
                 if side == "B":
                     sampler = gr.Dropdown(sampler_choices(), value=ENGINE_SAMPLER, label="B: sampler",
                                           info="diffusers' schedulers run its DiffusionGemmaPipeline (chat prompts)",
                                           elem_id="dg-compare-sampler")
-            sides[side] = (name, entropy_bound, steps, adaptive)
+            name.change(apply, inputs=[name], outputs=controls, **UNQUEUED)
+            side_inputs += controls
     with gr.Row():
         run, stop = run_buttons("Compare A and B", "dg-compare-run", "dg-compare-stop")
     refusal = refusal_box("compare")
     state = gr.State(CompareState())
     verdict = gr.HTML(verdict_html(None, None), elem_id="dg-compare-verdict")
-    outputs = {}
-    with gr.Row(equal_height=False):
+    cards, texts, heatmaps = [], [], []
+    with gr.Row():
         for side in SIDES:
             with gr.Column(min_width=300, elem_id=f"dg-compare-{side}"):
-                card = gr.HTML(side_html(side, None, None, "waiting"), elem_id=f"dg-compare-card-{side}")
-                text = gr.Textbox(label=f"Text {side}", lines=3, max_lines=10, interactive=False,
-                                  elem_id=f"dg-compare-text-{side}")
-                heatmap = gr.Plot(plots.confidence_heatmap([]), show_label=False, elem_id=f"dg-compare-heatmap-{side}")
-            outputs[side] = (card, text, heatmap)
+                cards.append(gr.HTML(side_html(side, None, None, "waiting"), elem_id=f"dg-compare-card-{side}"))
+                texts.append(gr.Textbox(label=f"Text {side}", lines=3, max_lines=10, interactive=False,
+                                        elem_id=f"dg-compare-text-{side}"))
+                heatmaps.append(gr.Plot(plots.confidence_heatmap([]), show_label=False,
+                                        elem_id=f"dg-compare-heatmap-{side}"))
 
-    for name, entropy_bound, steps, adaptive in sides.values():
-        def apply(choice):
-            settings = preset(choice, rec)
-            return settings.entropy_bound, settings.max_denoising_steps, settings.adaptive_stopping
-
-        name.change(apply, inputs=[name], outputs=[entropy_bound, steps, adaptive], **UNQUEUED)
-    inputs = [prompt, raw, seed, max_new_tokens, *sides["A"][1:], *sides["B"][1:], sampler, state]
+    inputs = [prompt, raw, seed, max_new_tokens, *side_inputs, sampler, state]
     requested = checked([run.click], compare.request, inputs=inputs, box=refusal, refused=compare.refused,
                         refused_inputs=[state], refused_outputs=[verdict], trigger_mode="once")
-    requested.success(lambda: buttons(True), inputs=None, outputs=[run, stop], **UNQUEUED)
-    compared = requested.success(
-        compare.compare, inputs=inputs,
-        outputs=[outputs["A"][0], outputs["B"][0], verdict, outputs["A"][1], outputs["B"][1], outputs["A"][2],
-                 outputs["B"][2]],
-        api_visibility="private", concurrency_id="engine", show_progress="minimal", trigger_mode="once",
-    )
-    compared.then(lambda: buttons(False), inputs=None, outputs=[run, stop], **UNQUEUED)
+    requested.success(lambda: buttons(True), outputs=[run, stop], **UNQUEUED)
+    compared = requested.success(compare.compare, inputs=inputs, outputs=[*cards, verdict, *texts, *heatmaps],
+                                 api_visibility="private", concurrency_id="engine", show_progress="minimal",
+                                 trigger_mode="once")
+    compared.then(lambda: buttons(False), outputs=[run, stop], **UNQUEUED)
     wire_stop(stop, state)
 
 
@@ -254,32 +251,29 @@ def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None,
             f"{meter_html(last, note=NOT_RUN_NOTE if state == NOT_RUN else IDLE_NOTE)}</div>")
 
 
-def _ratio(a: float, b: float) -> str:
-    return f"{b / a:.2f}\u00d7" if a > 0 else "\u2013"
+VERDICT_ROWS = (  # (name, figure of a finished frame, its format, whether B / A is shown)
+    ("decoder forwards", lambda frame: frame.forward_index + 1, "{:,}", True),
+    ("tokens per forward", lambda frame: frame.tokens_per_forward, "{:.2f}", True),
+    ("tokens/s (engine clock)", lambda frame: frame.tokens_per_second, "{:.1f}", True),
+    ("seconds", lambda frame: frame.elapsed_s, "{:.2f}", True),
+    ("tokens", lambda frame: frame.committed_tokens, "{:,}", False),
+)
 
 
 def verdict_html(a: Frame | None, b: Frame | None, *, notice: str | None = None) -> str:
     """Two finished runs compared, B against A (empty until both are done); `notice`: a line above it."""
     banner = f'<div class="dg-meter-notice" role="status">{escape_html(notice)}</div>' if notice else ""
     if a is None or b is None or not (a.done and b.done):
-        state = "refused" if notice else "pending"
-        return f'<div class="dg-compare-verdict" data-state="{state}">{banner}</div>'
-    forwards_a, forwards_b = a.forward_index + 1, b.forward_index + 1
+        return f'<div class="dg-compare-verdict" data-state="{"refused" if notice else "pending"}">{banner}</div>'
+    body = ""
+    for name, figure, shape, ratio in VERDICT_ROWS:
+        x, y = figure(a), figure(b)
+        cells = (shape.format(x), shape.format(y), (f"{y / x:.2f}\u00d7" if x > 0 else "\u2013") if ratio else "")
+        body += f"<tr><th>{escape_html(name)}</th>" + "".join(f"<td>{escape_html(c)}</td>" for c in cells) + "</tr>"
     same = a.committed_ids == b.committed_ids
     first_difference = next((i for i, (x, y) in enumerate(zip(a.committed_ids, b.committed_ids)) if x != y),
                             min(len(a.committed_ids), len(b.committed_ids)))
-    rows = [
-        ("decoder forwards", f"{forwards_a:,}", f"{forwards_b:,}", _ratio(forwards_a, forwards_b)),
-        ("tokens per forward", f"{a.tokens_per_forward:.2f}", f"{b.tokens_per_forward:.2f}",
-         _ratio(a.tokens_per_forward, b.tokens_per_forward)),
-        ("tokens/s (engine clock)", f"{a.tokens_per_second:.1f}", f"{b.tokens_per_second:.1f}",
-         _ratio(a.tokens_per_second, b.tokens_per_second)),
-        ("seconds", f"{a.elapsed_s:.2f}", f"{b.elapsed_s:.2f}", _ratio(a.elapsed_s, b.elapsed_s)),
-        ("tokens", f"{a.committed_tokens:,}", f"{b.committed_tokens:,}", ""),
-    ]
-    body = "".join(f"<tr><th>{escape_html(name)}</th><td>{escape_html(x)}</td><td>{escape_html(y)}</td>"
-                   f"<td>{escape_html(r)}</td></tr>" for name, x, y, r in rows)
-    texts = ("the same tokens" if same else f"different tokens from token {first_difference + 1}")
+    texts = "the same tokens" if same else f"different tokens from token {first_difference + 1}"
     return (f'<div class="dg-compare-verdict" data-state="{"refused" if notice else "done"}" '
             f'data-same="{str(same).lower()}">{banner}'
             f"<table><thead><tr><th></th><th>A</th><th>B</th><th>B / A</th></tr></thead><tbody>{body}</tbody>"

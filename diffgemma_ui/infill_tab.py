@@ -48,51 +48,50 @@ class InfillTab(Tab):
     def layout(self, template) -> InfillLayout:
         """The template's layout (ValueError: bad syntax, or it does not fit one canvas)."""
         pad = self.engine.model.generation_config.pad_token_id
-        return layout_template(self.engine.tokenizer, template, self.engine.canvas_length, pad if pad is not None
-                               else 0)
+        return layout_template(self.engine.tokenizer, template, self.engine.canvas_length, 0 if pad is None else pad)
 
-    def request(self, template, context, preset_name, max_denoising_steps, seed):
-        """(layout, context or None, settings, seed) from the tab's inputs, UI limits (gr.Error)."""
+    def job(self, template, context, values: dict, seed, *, ui_limits: bool) -> tuple[InfillLayout, Job]:
+        """The template's layout and "infill" job, after an optional raw `context`, one canvas (ValueError)."""
+        if not isinstance(context, str):
+            raise ValueError("context must be text (\"\" for none)")
+        layout = self.layout(template)
+        settings = build_settings({**values, "max_new_tokens": self.engine.canvas_length}, ui_limits=ui_limits)
+        self.engine.check_settings(settings)
+        payload = (template, settings, check_prompt(context) if context.strip() else None, parse_seed(seed))
+        return layout, Job("infill", payload, settings)
+
+    def request(self, template, context, preset_name, max_denoising_steps, seed) -> tuple[InfillLayout, Job]:
+        """`job` of the tab's inputs, UI limits, checked (gr.Error)."""
         with refusing():
-            layout = self.layout(template)
-            context = check_prompt(context) if isinstance(context, str) and context.strip() else None
-            values = dict(preset_values(preset_name, self.engine.recommended),
-                          max_new_tokens=self.engine.canvas_length, max_denoising_steps=max_denoising_steps)
-            settings = build_settings(values, ui_limits=True)
-            self.engine.check_settings(settings)
-            self.playground.check_job(Job("infill", None, settings))
-            return layout, context, settings, parse_seed(seed)
+            values = dict(preset_values(preset_name, self.engine.recommended), max_denoising_steps=max_denoising_steps)
+            layout, job = self.job(template, context, values, seed, ui_limits=True)
+            self.playground.check_job(job)
+            return layout, job
 
     def check_inputs(self, *inputs) -> None:
-        """Fill's first step: `request`'s checks."""
         self.request(*inputs)
 
     def fill_stream(self, state: SessionState, template, context, preset_name, max_denoising_steps, seed,
                     request: gr.Request = None) -> Iterator[tuple]:
         """Fill: (canvas, meter, filled template and text, three plots, Fill, Stop); gr.Error: bad input, failed."""
-        layout, context, settings, seed = self.request(template, context, preset_name, max_denoising_steps, seed)
-        state = state if state is not None else SessionState()
+        layout, job = self.request(template, context, preset_name, max_denoising_steps, seed)
         state.stop()
-        job = Job("infill", (template, settings, context, seed), settings)
-        clock = PlotClock(wait_first=True)
-        skip = gr.skip()
-        tokenizer = self.engine.tokenizer
+        clock, skip, tokenizer = PlotClock(wait_first=True), gr.skip(), self.engine.tokenizer
         with live_run(self.playground, job, request, state, ":infill") as worker:
             for index, snap in enumerate(self.playground.runs.updates(worker)):
                 latest, final = snap.latest, snap.finished
                 status = status_text(latest, snap.error) if final else ("" if latest else "Encoding\u2026")
-                canvas = infill_canvas_html(latest, layout, status)
-                meter = run_meter_html(latest, committed=latest if latest is not None and latest.block_done else None,
-                                       final=final)
-                ids = None if latest is None else (latest.committed_ids if latest.block_done else latest.draft_ids)
-                filled = filled_html(tokenizer, layout, ids, live=not final)
+                committed = latest if latest is not None and latest.block_done else None
+                meter = run_meter_html(latest, committed=committed, final=final)
+                ids = None if latest is None else (latest.committed_ids if committed else latest.draft_ids)
                 text = skip
                 if final:
                     text = plain_text(filled_text(tokenizer, layout, ids)[0]) if ids else ""
                 heatmap = order = entropy = skip
                 if clock.due() or final:
                     heatmap, order, entropy = blank_plots(snap.block_frames(0), layout.blanks, final=final)
-                yield (canvas, meter, filled, text, heatmap, order, entropy,
+                filled = filled_html(tokenizer, layout, ids, live=not final)
+                yield (infill_canvas_html(latest, layout, status), meter, filled, text, heatmap, order, entropy,
                        *(buttons(not final) if index == 0 or final else (skip, skip)))
                 if final and snap.error is not None:
                     raise user_error(snap.error)
@@ -111,12 +110,8 @@ class InfillTab(Tab):
 
         def job() -> Job:
             nonlocal layout
-            if not isinstance(context, str):
-                raise ValueError("context must be text (\"\" for none)")
-            settings = build_settings(dict(zip(API_SETTINGS, (self.engine.canvas_length, *given))), ui_limits=False)
-            payload = (template, settings, check_prompt(context) if context.strip() else None, parse_seed(seed))
-            layout = self.layout(template)
-            return Job("infill", payload, settings)
+            layout, made = self.job(template, context, dict(zip(API_SETTINGS[1:], given)), seed, ui_limits=False)
+            return made
 
         snap = await api_run(self.playground, job, request, keep_history=False)
         if snap.latest is None or snap.latest.stop_reason == "cancelled":
@@ -134,7 +129,7 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
     engine = infill.engine
     state = gr.State(SessionState())
     gr.Markdown(prose("infill-syntax").format(canvas=engine.canvas_length), elem_id="dg-infill-syntax")
-    with gr.Row(equal_height=False, elem_id="dg-infill-main"):
+    with gr.Row(elem_id="dg-infill-main"):
         with gr.Column(min_width=0, elem_id="dg-infill-left"):
             template = gr.Textbox(label="Template", value=default_template, lines=4, max_lines=10,
                                   elem_id="dg-infill-template",
@@ -157,7 +152,7 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
         with gr.Column(min_width=0, elem_id="dg-infill-output"):
             meter = gr.HTML(meter_html(None, note=prose("infill-idle-meter")), elem_id="dg-infill-meter")
             canvas = gr.HTML(EMPTY_INFILL_HTML, elem_id="dg-infill-canvas", elem_classes=["dg-canvas-card"])
-            with gr.Accordion("Plots of the blank positions", open=True, elem_id="dg-infill-plots"):
+            with gr.Accordion("Plots of the blank positions", elem_id="dg-infill-plots"):
                 heatmap, order, entropy = live_plots("dg-infill-")
 
     wire_run([fill.click, template.submit], infill.check_inputs, infill.fill_stream, state=state, box=refusal,

@@ -33,6 +33,7 @@ TITLES = {"diffusion": "Block diffusion", "autoregressive": "Autoregressive"}
 SUBTITLES = {"diffusion": "canvas by canvas", "autoregressive": "token by token"}
 FIGURES = ("tokens/s", "tokens/forward", "forwards", "first token", "time", "tokens")
 WAITING_TEXT = {1: "runs first", 2: "waits its turn: it runs after the other side"}
+STATE_NOTES = {"idle": "press Race to start", "running": "running now", "replay": "replay"}
 FAULT_TEXT = {  # `SideResult.faults` in words
     "punctuation": "is mostly punctuation ({:.0%} of its visible tokens have no letter or digit)",
     "repetition": f"repeats itself ({{:.0%}} of its tokens repeat an earlier run of {REPEAT_N})",
@@ -41,7 +42,7 @@ FAULT_TEXT = {  # `SideResult.faults` in words
 
 @dataclass
 class RaceProgress:
-    """A race's record and snapshot: each side's frames and first-token time, the running order, result, texts."""
+    """A race's record and its own snapshot: each side's frames and first-token time, the order run, result."""
 
     frames: dict = field(default_factory=lambda: {side: [] for side in SIDES})
     first_token_s: dict = field(default_factory=dict)
@@ -54,7 +55,7 @@ class RaceProgress:
     latest: object = None
 
     def add(self, item) -> None:
-        """One `(side, frame)` item of the race, or its `RaceResult`."""
+        """A `(side, frame)` of the race, or its `RaceResult`."""
         if isinstance(item, RaceResult):
             self.result = item
             return
@@ -78,7 +79,7 @@ class RaceProgress:
 
 
 class RaceSession(SessionState):
-    """A visitor's race: its run and the finished race's `progress` (for the replay)."""
+    """A visitor's race: its run and the finished race's `progress`, for the replay."""
 
     def __init__(self):
         super().__init__()
@@ -87,7 +88,7 @@ class RaceSession(SessionState):
 
 @dataclass(frozen=True)
 class RaceRequest:
-    """A checked race: the run request, the AR side's temperature and the order."""
+    """A checked race."""
 
     run: RunRequest
     ar_temperature: float
@@ -100,20 +101,18 @@ class RaceTab:
     def __init__(self, runner: RaceRunner, playground: Playground | None = None):
         self.runner = runner
         self.playground = playground or Playground(runner.engine)
-        same = self.playground.engine is runner.engine
-        self.checker = runner if same else RaceRunner(self.playground.engine)
+        # on ZeroGPU the playground's engine is a CPU view: the checks run there
+        self.checker = runner if self.playground.engine is runner.engine else RaceRunner(self.playground.engine)
         self.playground.sources["race"] = self.race_items
 
     @property
     def models(self) -> dict[str, str]:
-        """Each side's model as the page names it."""
-        ar = self.runner.ar
-        diffusion = model_name(self.runner.engine.source)
+        ar, diffusion = self.runner.ar, model_name(self.runner.engine.source)
         return {"diffusion": diffusion,
                 "autoregressive": f"{diffusion}'s causal encoder" if ar.shared_weights else model_name(ar.source)}
 
     def check(self, run: RunRequest, ar_temperature, order) -> RaceRequest:
-        """Race checks of a checked run (both budgets, temperature, order); raises gr.Error."""
+        """`run` checked as a race (both budgets, temperature, order); raises gr.Error."""
         with refusing():
             self.checker.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
                                seed=run.seed)
@@ -122,18 +121,17 @@ class RaceTab:
             return race
 
     def ui_request(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> RaceRequest:
-        """The tab's inputs checked with the UI's limits; raises gr.Error."""
+        """The tab's inputs checked, UI limits (gr.Error)."""
         with refusing():
             values = dict(preset_values(preset_name, self.runner.engine.recommended), max_new_tokens=max_new_tokens)
             run = build_request(prompt, raw, values, seed, ui_limits=True)
         return self.check(run, ar_temperature, order)
 
     def check_inputs(self, *inputs) -> None:
-        """The Race button's first step: `ui_request`'s checks."""
         self.ui_request(*inputs)
 
     def job(self, race: RaceRequest) -> Job:
-        """The race as a job (the autoregressive side: a forward per token of the budget)."""
+        """The "race" job (its autoregressive side: a forward per token of the budget)."""
         return Job("race", race, race.run.settings, extra_forwards=self.checker.budget(race.run.settings))
 
     def race_items(self, engine, race: RaceRequest, stop: threading.Event) -> Iterator:
@@ -148,11 +146,10 @@ class RaceTab:
         if frame is None:
             return ""
         ids = frame.committed_ids
-        key = (side, len(ids))
-        if key not in progress.texts:
-            progress.texts[key] = (self.runner.engine.tokenizer.decode(ids, skip_special_tokens=True)
-                                   if side == "diffusion" else self.runner.ar.text(ids))
-        return progress.texts[key]
+        if (side, len(ids)) not in progress.texts:
+            progress.texts[side, len(ids)] = (self.runner.engine.tokenizer.decode(ids, skip_special_tokens=True)
+                                              if side == "diffusion" else self.runner.ar.text(ids))
+        return progress.texts[side, len(ids)]
 
     def panel(self, progress: RaceProgress, side: str, state: str, t: float | None = None) -> str:
         """One side's `panel_html`; `t`: replay time (None: its newest frame)."""
@@ -171,7 +168,6 @@ class RaceTab:
                     order, request: gr.Request = None) -> Iterator[tuple]:
         """Race: (both panels, result, Race, Stop) live, the race kept for `replay_stream`; gr.Error: bad, failed."""
         race = self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
-        session = session if session is not None else RaceSession()
         session.stop()
         session.progress = None
         session.stopped.clear()
@@ -188,7 +184,7 @@ class RaceTab:
 
     def replay_stream(self, session: RaceSession) -> Iterator[tuple]:
         """After the race: both sides replayed on the engine clock, then the result card; as `race_stream`."""
-        progress = session.progress if session is not None else None
+        progress = session.progress
         if progress is None or progress.result is None:
             yield (*SKIP3, *buttons(False))
             return
@@ -205,6 +201,7 @@ class RaceTab:
     async def race_api(self, *inputs, request: gr.Request = None) -> tuple[str, str, dict]:
         """`/race`: `/generate`'s inputs, AR temperature, order -> (diffusion text, AR text, summary); gr.Error."""
         *inputs, ar_temperature, order = inputs
+
         def job() -> Job:
             return self.job(self.check(Playground.parse(*inputs, ui_limits=False), ar_temperature, order))
 
@@ -218,11 +215,11 @@ def build_race_tab(race: RaceTab) -> None:
     """The Race tab's components and events, in the current `gr.Tab`."""
     rec = race.runner.engine.recommended
     session = gr.State(RaceSession())
-    with gr.Row(equal_height=False, elem_id="dg-race-controls"):
+    with gr.Row(elem_id="dg-race-controls"):
         with gr.Column(scale=3, min_width=0):
             prompt = gr.Textbox(label="Prompt", lines=2, max_lines=6, value=DEFAULT_RACE_PROMPT,
                                 info=f"at most {MAX_PROMPT_CHARS:,} characters", elem_id="dg-race-prompt")
-            raw = gr.Checkbox(label="Raw prompt (no chat template)", value=False, elem_id="dg-race-raw")
+            raw = gr.Checkbox(label="Raw prompt (no chat template)", elem_id="dg-race-raw")
         with gr.Column(scale=2, min_width=0):
             with gr.Row():
                 preset_box = preset_dropdown("dg-race-preset", "Diffusion preset", min_width=120)
@@ -239,7 +236,7 @@ def build_race_tab(race: RaceTab) -> None:
             with gr.Row():
                 start, stop = run_buttons("Race", "dg-race-start", "dg-race-stop")
             refusal = refusal_box("race")
-    with gr.Row(equal_height=False, elem_id="dg-race-panels"):
+    with gr.Row(elem_id="dg-race-panels"):
         panels = [gr.HTML(panel_html(side, None, text="", model=race.models[side], position=None, state="idle"),
                           elem_id=f"dg-race-{side}", min_width=0) for side in SIDES]
     result = gr.HTML(result_html(None), elem_id="dg-race-result")
@@ -286,21 +283,19 @@ def panel_html(side: str, frame, *, text: str, model: str, position: int | None,
     """One side's panel (answer, figures, diffusion's live canvas); `position`: 1 or 2; `state`: idle, waiting,
     running, replay or done; carries `data-side`, `data-state`, `data-tokens`."""
     figures = side_figures(frame, t=t, first_token_s=first_token_s)
-    if state == "idle":
-        note = "press Race to start"
-    elif state == "waiting":
+    moving = state in ("running", "replay")
+    if state == "waiting":
         note = WAITING_TEXT.get(position or 2, "")
-    elif frame is not None and frame.done and (t is None or t >= frame.elapsed_s):
+    elif state != "idle" and frame is not None and frame.done and (t is None or t >= frame.elapsed_s):
         note = STOP_REASONS.get(frame.stop_reason, frame.stop_reason) or "done"
     else:
-        note = {"running": "running now", "replay": "replay"}.get(state, "")
+        note = STATE_NOTES.get(state, "")
     order = f" \u00b7 ran {'first' if position == 1 else 'second'}" if position and state in ("replay", "done") else ""
     canvas = ""
-    if side == "diffusion" and frame is not None and not frame.block_done and state in ("running", "replay"):
+    if side == "diffusion" and frame is not None and not frame.block_done and moving:
         canvas = f'<div class="dg-race-canvas">{block_html(frame, live=True)}</div>'
-    answer = escape_html(text) if text else ""
-    caret = '<span class="dg-race-caret"></span>' if state in ("running", "replay") and not (
-        frame is not None and frame.done) else ""
+    answer = escape_html(text)
+    caret = '<span class="dg-race-caret"></span>' if moving and not (frame is not None and frame.done) else ""
     placeholder = "" if answer or caret else '<span class="dg-race-empty">The answer appears here.</span>'
     tokens = frame.committed_tokens if frame is not None else 0
     return (
@@ -361,21 +356,18 @@ def caveat_text(result: RaceResult) -> str:
     """A warning when a side's answer is mostly punctuation or repeats itself, else ""."""
     sentences = []
     for side in (result.diffusion, result.autoregressive):
-        if side is None:
-            continue
-        shares = {"punctuation": side.punctuation_share, "repetition": side.repeated_share}
-        clauses = [FAULT_TEXT[fault].format(shares[fault]) for fault in side.faults]
-        if clauses:
-            sentences.append(f"The {side.name} answer {' and '.join(clauses)}.")
+        if side is not None and side.faults:
+            shares = {"punctuation": side.punctuation_share, "repetition": side.repeated_share}
+            clauses = " and ".join(FAULT_TEXT[fault].format(shares[fault]) for fault in side.faults)
+            sentences.append(f"The {side.name} answer {clauses}.")
     if not sentences:
         return ""
     return " ".join(sentences) + " The speedup counts tokens per second, not readable text."
 
 
 def _side_cost(side: SideResult, forward: str) -> str:
-    ms = 1000.0
-    return (f"{side.seconds_per_forward * ms:.2f} ms per {forward} / {side.tokens_per_forward:.2f} tokens per "
-            f"forward = {side.seconds_per_token * ms:.2f} ms per token.")
+    return (f"{side.seconds_per_forward * 1000:.2f} ms per {forward} / {side.tokens_per_forward:.2f} tokens per "
+            f"forward = {side.seconds_per_token * 1000:.2f} ms per token.")
 
 
 def explanation(result: RaceResult) -> str:
@@ -412,9 +404,9 @@ def lengths_text(result: RaceResult) -> str:
     d, a = result.diffusion, result.autoregressive
     if d is None or a is None or min(d.tokens, a.tokens) == 0 or max(d.tokens, a.tokens) < 2 * min(d.tokens, a.tokens):
         return ""
-    return prose("race-lengths").format(diffusion_tokens=d.tokens, diffusion_stop=STOP_REASONS.get(d.stop_reason,
-                                        d.stop_reason), autoregressive_tokens=a.tokens,
-                                        autoregressive_stop=STOP_REASONS.get(a.stop_reason, a.stop_reason))
+    return prose("race-lengths").format(
+        diffusion_tokens=d.tokens, diffusion_stop=STOP_REASONS.get(d.stop_reason, d.stop_reason),
+        autoregressive_tokens=a.tokens, autoregressive_stop=STOP_REASONS.get(a.stop_reason, a.stop_reason))
 
 
 def result_html(result: RaceResult | None) -> str:
@@ -430,9 +422,7 @@ def result_html(result: RaceResult | None) -> str:
     faulted = " ".join(name for name, faults in result.verdict()["faults"].items() if faults)
     return (
         f'<div class="dg-race-result" data-state="done" data-speedup="{speedup}" data-faults="{faulted}">'
-        f'<p class="dg-race-speedup">{escape_html(speedup_text(result))}{caveat}</p>'
-        f"{lengths}"
-        f"{cost_table_html(result)}"
+        f'<p class="dg-race-speedup">{escape_html(speedup_text(result))}{caveat}</p>{lengths}{cost_table_html(result)}'
         f'<p class="dg-race-explain">{escape_html(explanation(result))}</p>'
         f'<p class="dg-race-rules">{escape_html(FAIRNESS)} Length: {escape_html(result.length_rule)}. '
         f"Seed {escape_html(str(result.seed))}.</p></div>"
