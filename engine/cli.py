@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def checked_options(args: argparse.Namespace) -> tuple[int | None, dict]:
-    """(seed, settings flags given), parsed and checked against the checkpoint's generation config where readable."""
+    """(seed, settings flags given), checked over the checkpoint's generation config where it is readable."""
     seed = parse_seed(args.seed)
     changes = {name: getattr(args, name) for name in SETTING_NAMES if getattr(args, name, None) is not None}
     for name, value in changes.items():
@@ -108,16 +108,14 @@ def checked_options(args: argparse.Namespace) -> tuple[int | None, dict]:
     try:
         where, common = model_location(args.model)
         config = DiffusionGemmaGenerationConfig.from_pretrained(where, local_files_only=common["local_files_only"])
-        recommended = DiffusionSettings.from_generation_config(config)
     except Exception:  # noqa: BLE001 - any failure is the load's to report
-        recommended = None
-    if recommended is not None:
-        preset(args.preset, recommended).with_values(changes)
+        return seed, changes
+    preset(args.preset, DiffusionSettings.from_generation_config(config)).with_values(changes)
     return seed, changes
 
 
 def load_engine(args: argparse.Namespace, changes: dict) -> tuple[DiffusionEngine, DiffusionSettings]:
-    """The engine of `--model` and the `--preset` over its recommended settings, then the settings flags."""
+    """The engine of `--model`, and `--preset` over its recommended settings with the settings flags applied."""
     engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
     return engine, preset(args.preset, engine.recommended).with_values(changes)
 
@@ -181,8 +179,8 @@ def race_command(args: argparse.Namespace) -> int:
     check_temperature(args.ar_temperature)
     engine, settings = load_engine(args, changes)
     runner = race_runner(engine, args.ar_model) if args.ar_model else RaceRunner(engine)
-    result = runner.run(args.prompt, settings, raw=args.raw, seed=seed,
-                        ar_temperature=args.ar_temperature, order=args.order.replace("-", " "), warm_up=args.warm_up)
+    result = runner.run(args.prompt, settings, raw=args.raw, seed=seed, ar_temperature=args.ar_temperature,
+                        order=args.order.replace("-", " "), warm_up=args.warm_up)
     summary = result.summary()
     if args.json:
         print_json(summary)
