@@ -41,7 +41,7 @@ def add_model_flags(parser: argparse.ArgumentParser, *, device: bool = True,
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, names=SETTING_NAMES) -> None:
-    """--preset, --seed and one flag per setting of `names` (`SettingSpec.flag`); unset flags stay None."""
+    """--preset, --seed and a flag per setting of `names`; unset flags stay None."""
     parser.add_argument("--preset", default="recommended", choices=PRESET_NAMES,
                         help="diffusion settings to start from; the settings flags override it")
     parser.add_argument("--seed", type=int, default=None, help="-1 or none: a random seed")
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    """`python -m engine generate`: the text (and a summary line on stderr), or one JSON object."""
+    """`generate`: the text (a summary line on stderr), or one JSON object."""
     check_prompt(args.prompt)
     seed, changes = checked_options(args)
     engine, settings = load_engine(args, changes)
@@ -165,7 +165,7 @@ def generate_command(args: argparse.Namespace) -> int:
 
 
 def verdict_line(verdict: dict) -> str:
-    """`RaceResult.verdict()` as one line of key=value facts ("winner=diffusion ... faults=none")."""
+    """`RaceResult.verdict()` as one line of key=value facts."""
     faults = ",".join(f"{side}:{'+'.join(names)}" for side, names in verdict["faults"].items() if names) or "none"
     ratio = verdict["cost_ratio"]
     return (f"winner={verdict['winner'] or 'none'} stopped_side={verdict['stopped_side'] or 'none'} "
@@ -173,7 +173,7 @@ def verdict_line(verdict: dict) -> str:
 
 
 def race_command(args: argparse.Namespace) -> int:
-    """`python -m engine race`: both answers, one line per side, the speedup and why; or one JSON object."""
+    """`race`: both answers, a line per side, the speedup and verdict; or one JSON object."""
     check_prompt(args.prompt)
     seed, changes = checked_options(args)
     check_temperature(args.ar_temperature)
@@ -198,17 +198,13 @@ def race_command(args: argparse.Namespace) -> int:
 
 
 def chat_command(args: argparse.Namespace) -> int:
-    """`python -m engine chat < turns.txt`: a user turn per non-empty line; a refused one is reported (status 2)."""
+    """`chat < turns.txt`: a user turn per non-empty line; a refused turn is reported (status 2)."""
     seed, changes = checked_options(args)
     engine, settings = load_engine(args, changes)
     check_thinking(engine.tokenizer, args.thinking)
     session = ChatSession(engine, system=args.system)
-    status, turn = 0, 0
-    for line in sys.stdin:
-        text = line.rstrip("\n")
-        if not text.strip():
-            continue
-        turn += 1
+    status = 0
+    for turn, text in enumerate((line.rstrip("\n") for line in sys.stdin if line.strip()), start=1):
         try:
             result, report = session.reply(text, settings, seed=seed, thinking=args.thinking)
         except ValueError as error:
@@ -231,7 +227,7 @@ def chat_command(args: argparse.Namespace) -> int:
 
 
 def infill_command(args: argparse.Namespace) -> int:
-    """`python -m engine infill`: the template with its blanks filled, or one JSON object."""
+    """`infill`: the template with its blanks filled, or one JSON object."""
     seed, changes = checked_options(args)
     parse_template(args.template, None)
     engine, settings = load_engine(args, changes)
@@ -250,7 +246,7 @@ def infill_command(args: argparse.Namespace) -> int:
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    """`python -m engine replay`: load and check the trace, write its offline HTML replay; 2 on a refused trace."""
+    """`replay`: the checked trace's offline HTML replay written; 2 for a refused trace."""
     try:
         trace = load_trace(args.trace)
         write_replay(trace, args.html)
@@ -264,7 +260,7 @@ def replay_command(args: argparse.Namespace) -> int:
 
 
 def memory_command(args: argparse.Namespace) -> int:
-    """`python -m engine memory`: the model's memory report (meta device) as a table or one JSON object."""
+    """`memory`: the model's memory report (meta device) as a table or one JSON object."""
     dtype = torch.bfloat16 if args.dtype == "auto" else getattr(torch, args.dtype)
     report = memory_report(meta_model(args.model, dtype), args.quantization)
     if args.json:

@@ -76,12 +76,12 @@ def check_messages(messages) -> list[dict]:
     return checked
 
 
-def conversation_ids(tokenizer, messages, *, add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+def conversation_ids(tokenizer, messages, **template_kwargs) -> list[int]:
     """Ids of `messages` through the chat template, texts as plain text; `ValueError` for bad messages or template."""
     messages = check_messages(messages)
     if not chat_template_text(tokenizer):
         raise ValueError("this model has no chat template: a conversation needs one")
-    render = dict(add_generation_prompt=add_generation_prompt, tokenize=False, **template_kwargs)
+    render = dict(add_generation_prompt=True, tokenize=False, **template_kwargs)
     rendered = tokenizer.apply_chat_template(messages, **render)
     skeleton = tokenizer.apply_chat_template(
         [{"role": m["role"], "content": _placeholder(i)} for i, m in enumerate(messages)], **render)
