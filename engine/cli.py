@@ -29,10 +29,8 @@ THINKING_HELP = "let the model think first (chat templates with enable_thinking,
 RAW_HELP = "no chat template: tokenize the prompt as is"
 
 
-def add_model_flags(parser: argparse.ArgumentParser, *, device: bool = True,
-                    model_help: str = "local folder or hub id (default: embedded model)",
-                    dtype_help: str | None = None) -> None:
-    """--model, --device, --dtype and --quantization."""
+def add_model_flags(parser, model_help: str, *, device: bool = True, dtype_help: str | None = None) -> None:
+    """--model, --device (if `device`), --dtype and --quantization."""
     parser.add_argument("--model", default=str(DEFAULT_MODEL), help=model_help)
     if device:
         parser.add_argument("--device", default="auto", choices=DEVICES)
@@ -84,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for sub, one_json in ((gen, "one JSON object instead of the text"), (race, "one JSON object"),
                           (chat, "one JSON object per turn"), (infill, "one JSON object")):
-        add_model_flags(sub)
+        add_model_flags(sub, "local folder or hub id (default: embedded model)")
         add_settings_flags(sub, [n for n in SETTING_NAMES if sub is not infill or n != "max_new_tokens"])
         sub.add_argument("--json", action="store_true", help=f"print {one_json}")
 
@@ -93,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--html", type=Path, required=True, help="where to write the self-contained HTML page")
 
     mem = commands.add_parser("memory", help="bytes of every parameter and buffer by group, without running the model")
-    add_model_flags(mem, device=False, model_help="checkpoint, or a folder with only config.json",
+    add_model_flags(mem, "checkpoint, or a folder with only config.json", device=False,
                     dtype_help="unquantized tensors' dtype (auto: bfloat16)")
     mem.add_argument("--json", action="store_true", help='print {"total_bytes": N, "groups": {...}}')
     return parser

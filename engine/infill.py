@@ -60,26 +60,21 @@ def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
 def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -> InfillLayout:
     """The template laid out in one canvas; `ValueError` as `parse_template` or for more than one canvas."""
     ids: list[int] = []
-    fixed: list[bool] = []
     parts = parse_template(template, canvas_length)
     for index, part in enumerate(parts):
         if isinstance(part, int):
             ids += [-1] * part
-            fixed += [False] * part
         else:
-            if index + 1 < len(parts):
-                part = part.rstrip(" ")
-            tokens = tokenizer(part, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            ids += tokens
-            fixed += [True] * len(tokens)
+            text = part.rstrip(" ") if index + 1 < len(parts) else part
+            ids += tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     if len(ids) > canvas_length:
-        blanks = fixed.count(False)
+        blanks = ids.count(-1)
         raise ValueError(f"the template takes {len(ids)} canvas positions ({len(ids) - blanks} fixed tokens and "
                          f"{blanks} blank) but one canvas holds {canvas_length}: infill works inside one canvas, so "
                          f"shorten the text or the blanks")
     used = len(ids)
     ids += [pad_id] * (canvas_length - used)
-    fixed += [True] * (canvas_length - used)
+    fixed = [i >= 0 for i in ids]
     return InfillLayout(canvas_ids=ids, fixed=fixed, blanks=[i for i, f in enumerate(fixed) if not f],
                         template_positions=used)
 

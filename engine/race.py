@@ -262,10 +262,8 @@ class RaceRunner:
             bandwidth, weights = self._bandwidth_figures()
             sides = self._order(order)
             results: dict[str, SideResult | None] = dict.fromkeys(SIDES)
-            cancelled = False
             for position, side in enumerate(sides, start=1):
                 if stop_event is not None and stop_event.is_set():
-                    cancelled = True
                     break
                 warm_s = self._warm_up(side, settings) if warm_up else 0.0
                 if side == "diffusion":
@@ -274,7 +272,7 @@ class RaceRunner:
                     frames = self.ar.frames(prompt, budget, raw=raw, temperature=ar_temperature, seed=seed,
                                             stop_event=stop_event)
                 results[side] = self._run_side(side, frames, position, warm_s, on_frame)
-                cancelled = cancelled or results[side].stop_reason == "cancelled"
+        cancelled = any(result is None or result.stop_reason == "cancelled" for result in results.values())
         if bandwidth and weights:
             for side, per_forward in zip(SIDES, weights):
                 if results[side] is not None:
@@ -290,18 +288,16 @@ class RaceRunner:
 
     def _run_side(self, side: str, frames, position: int, warm_s: float, on_frame: FrameCallback | None) -> SideResult:
         trace: list[tuple[float, int]] = []
-        first_token_s, last, count = None, None, 0
+        last = None
         for last in frames:
-            count += 1
             trace.append((last.elapsed_s, last.committed_tokens))
-            if first_token_s is None and last.committed_tokens > 0:
-                first_token_s = last.elapsed_s
             if on_frame is not None:
                 on_frame(side, last)
         if last is None:
             raise RuntimeError(f"the {side} side ended before its first forward")
+        first_token_s = next((seconds for seconds, tokens in trace if tokens > 0), None)
         if side == "diffusion":
-            summary = self.engine.summarize(last, count)
+            summary = self.engine.summarize(last, len(trace))
             forwards, token_text = summary.forwards, self.engine.token_text
             model, text, token_ids = str(self.engine.source), summary.text, summary.token_ids
         else:
