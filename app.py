@@ -22,13 +22,12 @@ def _env(name: str, default: str) -> str:
 
 
 def _fail(message: str) -> int:
-    """Print `message` as one `error:` line; returns exit status 2."""
     print(f"error: {' '.join(message.split())}", file=sys.stderr)
     return 2
 
 
 def _number(kind, text: str, what: str, check, out_of_range: str | None = None):
-    """`text` as `kind` passing `check`, else ArgumentTypeError naming `what` (or `out_of_range`)."""
+    """`text` as `kind` passing `check`, else `ArgumentTypeError` naming `what` (or `out_of_range`)."""
     try:
         value = kind(text)
     except ValueError:

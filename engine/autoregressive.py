@@ -21,13 +21,13 @@ AR_TEMPERATURE = SettingSpec("ar_temperature", "Autoregressive temperature", flo
 
 
 def check_temperature(value) -> float:
-    """`value` as the autoregressive sampling temperature in [0, 10] (0: greedy); `ValueError` naming it."""
+    """`value` as the autoregressive sampling temperature in [0, 10] (0: greedy); `ValueError`."""
     return AR_TEMPERATURE.parse(value)
 
 
 @dataclass(frozen=True)
 class TokenFrame:
-    """One autoregressive forward (0: the prefill): the token (raw: escape it), ids up to EOS, counts, stop, times."""
+    """One autoregressive forward (0: the prefill); `token` is raw text (escape it)."""
 
     forward_index: int
     token_id: int
@@ -53,12 +53,12 @@ class TokenFrame:
 
 
 def eos_ids(generation_config) -> set[int]:
-    """The EOS ids of a generation config (`eos_token_id`: an int, a list or None)."""
+    """The EOS ids of a generation config."""
     return set(eos_id_list(getattr(generation_config, "eos_token_id", None)))
 
 
 def softcapped_logits(model, hidden_states: torch.Tensor) -> torch.Tensor:
-    """Float32 logits `[batch, vocab]` of `hidden_states`' last position, softcapped as the model's forward does."""
+    """Float32 logits `[batch, vocab]` of `hidden_states`' last position, softcapped as in the model's forward."""
     logits = model.lm_head(hidden_states[:, -1]).float()
     cap = model.final_logit_softcapping
     return torch.tanh(logits / cap) * cap if cap else logits
@@ -81,13 +81,13 @@ class AutoregressiveDecoder:
 
     @classmethod
     def from_diffusion(cls, engine) -> "AutoregressiveDecoder":
-        """The decoder on a `DiffusionEngine`'s own weights (its encoder, `lm_head` and tokenizer)."""
+        """The decoder on a `DiffusionEngine`'s own encoder, `lm_head` and tokenizer."""
         return cls(engine.model, engine.tokenizer, source=f"{engine.source} (its causal encoder)",
                    device=engine.device, shared_weights=True)
 
     @classmethod
     def load(cls, model_id: str, device: torch.device, dtype: torch.dtype) -> "AutoregressiveDecoder":
-        """Load a separate causal LM (no remote code) and its tokenizer onto `device`; `ModelLoadError` if it fails."""
+        """A separate causal LM (no remote code) and its tokenizer on `device`; `ModelLoadError`."""
         where, common = model_location(model_id, strict=False)
         kwargs = {"dtype": dtype, **common}
         if device.type == "cuda":
@@ -118,7 +118,7 @@ class AutoregressiveDecoder:
         return encode_text(self.tokenizer, prompt, raw, self.device)
 
     def check_budget(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        """Raise `ValueError` when the prompt plus `max_new_tokens` exceed the model's context window."""
+        """`ValueError` when the prompt plus `max_new_tokens` exceed the model's context window."""
         if self.context_limit and prompt_tokens + max_new_tokens > self.context_limit:
             raise ValueError(
                 f"prompt is {prompt_tokens:,} tokens and {max_new_tokens:,} new tokens are asked for; together over "
@@ -127,7 +127,7 @@ class AutoregressiveDecoder:
 
     def frames(self, prompt: str, max_new_tokens: int, *, raw: bool = False, temperature: float = 0.0,
                seed: int | None = None, stop_event: threading.Event | None = None) -> Iterator[TokenFrame]:
-        """Validate and encode `prompt`, then `decode` it; `ValueError` (before any work) for a bad argument."""
+        """`decode` of `prompt`; `ValueError` (before any work) for a bad argument."""
         max_new_tokens = parse_setting("max_new_tokens", max_new_tokens)
         temperature = check_temperature(temperature)
         seed = parse_seed(seed)

@@ -63,9 +63,8 @@ class Fork:
 def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Frame, pins: Mapping[int, int],
                   settings: DiffusionSettings, *, seed: int | None = None,
                   stop_event: threading.Event | None = None) -> Iterator[Frame]:
-    """The frames of the run of `prompt_ids` from `frame`'s forward on, `pins` (position -> id) written into that
-    canvas and held for its block, the draws from there `seed`'s (None: the run's); `ValueError` for bad arguments.
-    """
+    """The run of `prompt_ids` from `frame`'s forward on, `pins` (position -> id) held for its block, the draws from
+    there `seed`'s (None: the run's); `ValueError` for bad arguments."""
     canvas_length, vocab = engine.canvas_length, engine.model.config.text_config.vocab_size
     for position, token in pins.items():
         if not (isinstance(position, int) and 0 <= position < canvas_length):

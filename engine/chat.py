@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ _PROBE_ANSWER = "x"  # any text: only where the next turn's rendering starts to 
 
 @dataclass(frozen=True)
 class TurnReport:
-    """What one chat turn encoded and reused: tokens, prefill seconds (measured, saved estimate), turns cut, note."""
+    """What one chat turn encoded and reused, its prefill seconds (measured, saved estimate) and turns cut."""
 
     prompt_tokens: int
     reused_tokens: int
@@ -38,7 +39,7 @@ class TurnReport:
 
 
 def encode_into_cache(model, cache, ids: torch.LongTensor):
-    """`generate()`'s prefill of `ids` `[1, n]` after the tokens `cache` holds, extending `cache` (also returned)."""
+    """`generate()`'s prefill of `ids` `[1, n]` after the tokens `cache` holds, extending and returning `cache`."""
     start, n = cache.get_seq_length(), ids.shape[1]
     position_ids = torch.arange(start, start + n, dtype=torch.int32, device=ids.device).unsqueeze(0)
     attention_mask = torch.ones((1, start + n), dtype=torch.bool, device=ids.device)
@@ -50,13 +51,12 @@ def encode_into_cache(model, cache, ids: torch.LongTensor):
 
 
 def marginal_seconds_per_token(points: list[tuple[int, float]]) -> float | None:
-    """Least-squares slope of seconds over tokens of `points` [(tokens, seconds)]; None unless positive and fitted."""
+    """Least-squares slope of seconds over tokens of (tokens, seconds) `points`; None unless positive and fitted."""
     if len({n for n, _ in points}) < 2:
         return None
     mean_n = sum(n for n, _ in points) / len(points)
     mean_s = sum(s for _, s in points) / len(points)
-    slope = (sum((n - mean_n) * (s - mean_s) for n, s in points)
-             / sum((n - mean_n) ** 2 for n, _ in points))
+    slope = sum((n - mean_n) * (s - mean_s) for n, s in points) / sum((n - mean_n) ** 2 for n, _ in points)
     return slope if slope > 0 else None
 
 
@@ -65,7 +65,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class ChatSession:
-    """One visitor's conversation and its previous turn's KV cache; `system` survives cuts, `thoughts` kept apart."""
+    """One visitor's conversation and its previous turn's KV cache; `system` survives cuts."""
 
     def __init__(self, engine: DiffusionEngine, system: str | None = None):
         self.engine = engine
@@ -89,8 +89,7 @@ class ChatSession:
         return conversation_ids(self.engine.tokenizer, messages, **extra, **kwargs)
 
     def _fit(self, messages: list[dict], thinking: bool, settings: DiffusionSettings) -> tuple[list, list[int], int]:
-        dropped = 0
-        while True:
+        for dropped in itertools.count():
             ids = self._ids(messages, thinking)
             try:
                 self.engine.check_budget(len(ids), settings)
@@ -103,12 +102,10 @@ class ChatSession:
                 while end < len(messages) - 1 and messages[end]["role"] != "user":
                     end += 1
                 messages = messages[:first] + messages[end:]
-                dropped += 1
 
     def turn(self, text: str, settings: DiffusionSettings | None = None, *, seed: int | None = None,
              thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
-        """Denoise the answer to the user's `text`, one `Frame` per forward; only a completed turn joins `messages`.
-        `ValueError` (before any work) for bad input or a turn that cannot fit."""
+        """The answer to `text`, one `Frame` per forward (a completed turn joins `messages`); `ValueError`."""
         text = check_prompt(text)
         settings = settings or self.engine.recommended
         random_state = RunRandomState(parse_seed(seed))
@@ -123,7 +120,7 @@ class ChatSession:
 
     def regenerate(self, settings: DiffusionSettings | None = None, *, seed: int | None = None,
                    thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
-        """Answer the last user message again, replacing the last answer; `ValueError` as `turn` or with no answer."""
+        """The last user message answered again, replacing the last answer; `ValueError` as `turn`."""
         if not self.messages or self.messages[-1]["role"] != "assistant":
             raise ValueError("nothing to regenerate: the conversation has no answer yet")
         text = self.messages[-2]["content"]

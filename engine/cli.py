@@ -29,10 +29,8 @@ THINKING_HELP = "let the model think first (chat templates with enable_thinking,
 RAW_HELP = "no chat template: tokenize the prompt as is"
 
 
-def add_model_flags(parser: argparse.ArgumentParser, *, device: bool = True,
-                    model_help: str = "local folder or hub id (default: embedded model)",
-                    dtype_help: str | None = None) -> None:
-    """--model, --device, --dtype and --quantization."""
+def add_model_flags(parser, model_help: str, *, device: bool = True, dtype_help: str | None = None) -> None:
+    """--model, --device (if `device`), --dtype and --quantization."""
     parser.add_argument("--model", default=str(DEFAULT_MODEL), help=model_help)
     if device:
         parser.add_argument("--device", default="auto", choices=DEVICES)
@@ -41,7 +39,7 @@ def add_model_flags(parser: argparse.ArgumentParser, *, device: bool = True,
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, names=SETTING_NAMES) -> None:
-    """--preset, --seed and one flag per setting of `names` (`SettingSpec.flag`); unset flags stay None."""
+    """--preset, --seed and a flag per setting of `names`; unset flags stay None."""
     parser.add_argument("--preset", default="recommended", choices=PRESET_NAMES,
                         help="diffusion settings to start from; the settings flags override it")
     parser.add_argument("--seed", type=int, default=None, help="-1 or none: a random seed")
@@ -84,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for sub, one_json in ((gen, "one JSON object instead of the text"), (race, "one JSON object"),
                           (chat, "one JSON object per turn"), (infill, "one JSON object")):
-        add_model_flags(sub)
+        add_model_flags(sub, "local folder or hub id (default: embedded model)")
         add_settings_flags(sub, [n for n in SETTING_NAMES if sub is not infill or n != "max_new_tokens"])
         sub.add_argument("--json", action="store_true", help=f"print {one_json}")
 
@@ -93,14 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--html", type=Path, required=True, help="where to write the self-contained HTML page")
 
     mem = commands.add_parser("memory", help="bytes of every parameter and buffer by group, without running the model")
-    add_model_flags(mem, device=False, model_help="checkpoint, or a folder with only config.json",
+    add_model_flags(mem, "checkpoint, or a folder with only config.json", device=False,
                     dtype_help="unquantized tensors' dtype (auto: bfloat16)")
     mem.add_argument("--json", action="store_true", help='print {"total_bytes": N, "groups": {...}}')
     return parser
 
 
 def checked_options(args: argparse.Namespace) -> tuple[int | None, dict]:
-    """(seed, settings flags given), parsed and checked against the checkpoint's generation config where readable."""
+    """(seed, settings flags given), checked over the checkpoint's generation config where it is readable."""
     seed = parse_seed(args.seed)
     changes = {name: getattr(args, name) for name in SETTING_NAMES if getattr(args, name, None) is not None}
     for name, value in changes.items():
@@ -108,16 +106,14 @@ def checked_options(args: argparse.Namespace) -> tuple[int | None, dict]:
     try:
         where, common = model_location(args.model)
         config = DiffusionGemmaGenerationConfig.from_pretrained(where, local_files_only=common["local_files_only"])
-        recommended = DiffusionSettings.from_generation_config(config)
     except Exception:  # noqa: BLE001 - any failure is the load's to report
-        recommended = None
-    if recommended is not None:
-        preset(args.preset, recommended).with_values(changes)
+        return seed, changes
+    preset(args.preset, DiffusionSettings.from_generation_config(config)).with_values(changes)
     return seed, changes
 
 
 def load_engine(args: argparse.Namespace, changes: dict) -> tuple[DiffusionEngine, DiffusionSettings]:
-    """The engine of `--model` and the `--preset` over its recommended settings, then the settings flags."""
+    """The engine of `--model`, and `--preset` over its recommended settings with the settings flags applied."""
     engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
     return engine, preset(args.preset, engine.recommended).with_values(changes)
 
@@ -141,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    """`python -m engine generate`: the text (and a summary line on stderr), or one JSON object."""
+    """`generate`: the text (a summary line on stderr), or one JSON object."""
     check_prompt(args.prompt)
     seed, changes = checked_options(args)
     engine, settings = load_engine(args, changes)
@@ -167,7 +163,7 @@ def generate_command(args: argparse.Namespace) -> int:
 
 
 def verdict_line(verdict: dict) -> str:
-    """`RaceResult.verdict()` as one line of key=value facts ("winner=diffusion ... faults=none")."""
+    """`RaceResult.verdict()` as one line of key=value facts."""
     faults = ",".join(f"{side}:{'+'.join(names)}" for side, names in verdict["faults"].items() if names) or "none"
     ratio = verdict["cost_ratio"]
     return (f"winner={verdict['winner'] or 'none'} stopped_side={verdict['stopped_side'] or 'none'} "
@@ -175,14 +171,14 @@ def verdict_line(verdict: dict) -> str:
 
 
 def race_command(args: argparse.Namespace) -> int:
-    """`python -m engine race`: both answers, one line per side, the speedup and why; or one JSON object."""
+    """`race`: both answers, a line per side, the speedup and verdict; or one JSON object."""
     check_prompt(args.prompt)
     seed, changes = checked_options(args)
     check_temperature(args.ar_temperature)
     engine, settings = load_engine(args, changes)
     runner = race_runner(engine, args.ar_model) if args.ar_model else RaceRunner(engine)
-    result = runner.run(args.prompt, settings, raw=args.raw, seed=seed,
-                        ar_temperature=args.ar_temperature, order=args.order.replace("-", " "), warm_up=args.warm_up)
+    result = runner.run(args.prompt, settings, raw=args.raw, seed=seed, ar_temperature=args.ar_temperature,
+                        order=args.order.replace("-", " "), warm_up=args.warm_up)
     summary = result.summary()
     if args.json:
         print_json(summary)
@@ -200,17 +196,13 @@ def race_command(args: argparse.Namespace) -> int:
 
 
 def chat_command(args: argparse.Namespace) -> int:
-    """`python -m engine chat < turns.txt`: a user turn per non-empty line; a refused one is reported (status 2)."""
+    """`chat < turns.txt`: a user turn per non-empty line; a refused turn is reported (status 2)."""
     seed, changes = checked_options(args)
     engine, settings = load_engine(args, changes)
     check_thinking(engine.tokenizer, args.thinking)
     session = ChatSession(engine, system=args.system)
-    status, turn = 0, 0
-    for line in sys.stdin:
-        text = line.rstrip("\n")
-        if not text.strip():
-            continue
-        turn += 1
+    status = 0
+    for turn, text in enumerate((line.rstrip("\n") for line in sys.stdin if line.strip()), start=1):
         try:
             result, report = session.reply(text, settings, seed=seed, thinking=args.thinking)
         except ValueError as error:
@@ -233,7 +225,7 @@ def chat_command(args: argparse.Namespace) -> int:
 
 
 def infill_command(args: argparse.Namespace) -> int:
-    """`python -m engine infill`: the template with its blanks filled, or one JSON object."""
+    """`infill`: the template with its blanks filled, or one JSON object."""
     seed, changes = checked_options(args)
     parse_template(args.template, None)
     engine, settings = load_engine(args, changes)
@@ -252,7 +244,7 @@ def infill_command(args: argparse.Namespace) -> int:
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    """`python -m engine replay`: load and check the trace, write its offline HTML replay; 2 on a refused trace."""
+    """`replay`: the checked trace's offline HTML replay written; 2 for a refused trace."""
     try:
         trace = load_trace(args.trace)
         write_replay(trace, args.html)
@@ -266,7 +258,7 @@ def replay_command(args: argparse.Namespace) -> int:
 
 
 def memory_command(args: argparse.Namespace) -> int:
-    """`python -m engine memory`: the model's memory report (meta device) as a table or one JSON object."""
+    """`memory`: the model's memory report (meta device) as a table or one JSON object."""
     dtype = torch.bfloat16 if args.dtype == "auto" else getattr(torch, args.dtype)
     report = memory_report(meta_model(args.model, dtype), args.quantization)
     if args.json:

@@ -1,4 +1,4 @@
-"""Chat prompts through the chat template with message text kept as plain text (no typed control tokens); thoughts."""
+"""Chat prompts through the chat template, message text kept as plain text (no typed control tokens); thoughts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ def _encode(tokenizer, text: str, **kwargs) -> list[int]:
 
 
 def chat_template_text(tokenizer) -> str:
-    """The tokenizer's chat template source ("" when it has none; the default one of several named templates)."""
+    """The tokenizer's chat template ("" for none; of several named ones, the default)."""
     template = getattr(tokenizer, "chat_template", None) or ""
     if isinstance(template, dict):
         template = template.get("default", next(iter(template.values()), ""))
@@ -24,14 +24,14 @@ def supports_thinking(tokenizer) -> bool:
 
 
 def check_thinking(tokenizer, thinking: bool, raw: bool = False) -> None:
-    """Refuse (`ValueError`) thinking with a raw prompt or a chat template without a thinking mode."""
+    """`ValueError` for thinking with a raw prompt or a chat template without a thinking mode."""
     if thinking and (raw or not supports_thinking(tokenizer)):
         raise ValueError("thinking needs a chat prompt and a chat template with a thinking mode (enable_thinking); "
                          + ("this prompt is raw" if raw else "this model's template has none"))
 
 
 def chat_prompt_ids(tokenizer, content: str, **template_kwargs) -> list[int]:
-    """Ids of `content` as one user turn plus the generation prompt, as plain text (`conversation_ids`)."""
+    """Ids of `content` as one user turn plus the generation prompt (`conversation_ids`)."""
     return conversation_ids(tokenizer, [{"role": "user", "content": content}], **template_kwargs)
 
 
@@ -43,19 +43,17 @@ def split_thought(token_ids: list[int], tokenizer) -> tuple[str, str]:
     def text(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
-    if open_id is None or open_id not in token_ids:
+    if open_id not in token_ids:
         return "", text(token_ids)
     start = token_ids.index(open_id)
-    end = token_ids.index(close_id, start) if close_id is not None and close_id in token_ids[start:] else None
-    channel = text(token_ids[start + 1:end])
-    _, newline, body = channel.partition("\n")
-    thought = body if newline else ""
+    end = token_ids.index(close_id, start) if close_id in token_ids[start:] else None
+    _, newline, thought = text(token_ids[start + 1:end]).partition("\n")
     answer = token_ids[:start] + (token_ids[end + 1:] if end is not None else [])
-    return thought.strip(), text(answer)
+    return thought.strip() if newline else "", text(answer)
 
 
 def _placeholder(index: int) -> str:
-    """A marker no template or tokenizer gives a meaning (private-use characters; messages holding them are refused)."""
+    """A marker of private-use characters, which no template or tokenizer gives a meaning."""
     return f"\ue000diffgemma-text-{index}\ue001"
 
 
@@ -78,12 +76,12 @@ def check_messages(messages) -> list[dict]:
     return checked
 
 
-def conversation_ids(tokenizer, messages, *, add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+def conversation_ids(tokenizer, messages, **template_kwargs) -> list[int]:
     """Ids of `messages` through the chat template, texts as plain text; `ValueError` for bad messages or template."""
     messages = check_messages(messages)
     if not chat_template_text(tokenizer):
         raise ValueError("this model has no chat template: a conversation needs one")
-    render = dict(add_generation_prompt=add_generation_prompt, tokenize=False, **template_kwargs)
+    render = dict(add_generation_prompt=True, tokenize=False, **template_kwargs)
     rendered = tokenizer.apply_chat_template(messages, **render)
     skeleton = tokenizer.apply_chat_template(
         [{"role": m["role"], "content": _placeholder(i)} for i, m in enumerate(messages)], **render)

@@ -18,7 +18,7 @@ SCHEDULERS = ("BlockRefinementScheduler", "DiscreteDDIMScheduler", "EntropyBound
 
 
 def diffusers_available() -> bool:
-    """Whether diffusers is installed, looked up without importing it (that takes seconds)."""
+    """Whether diffusers is installed, without importing it (that takes seconds)."""
     return importlib.util.find_spec("diffusers") is not None
 
 
@@ -29,7 +29,7 @@ def _diffusers():
 
 
 def make_scheduler(name: str, settings: DiffusionSettings):
-    """A diffusers scheduler by class name, set from `settings`; `ValueError` for another name, `ImportError`."""
+    """A diffusers scheduler by class name, set from `settings`; `ValueError`, `ImportError`."""
     if name not in SCHEDULERS:
         raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {name!r}")
     cls = getattr(_diffusers(), name)
@@ -40,7 +40,7 @@ def make_scheduler(name: str, settings: DiffusionSettings):
 
 
 class PipelineStopped(Exception):
-    """Raised inside the pipeline's step callback to end a `PipelineRun` that was stopped."""
+    """Raised in the pipeline's step callback to end a stopped `PipelineRun`."""
 
 
 class PipelineRun:
@@ -70,7 +70,7 @@ class PipelineRun:
         self._stop.set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait up to `timeout` seconds (None: no limit) for the call to end; returns whether it has."""
+        """Whether the call ended within `timeout` seconds (None: no limit)."""
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
@@ -83,12 +83,12 @@ class PipelineRun:
         return len(self._steps)
 
     def latest(self) -> Frame | None:
-        """The newest frame (None before the first forward), without building the others."""
+        """The newest frame (None before the first forward), the others not built."""
         frames = self.frames(only_last=True)
         return frames[-1] if frames else None
 
     def frames(self, *, only_last: bool = False) -> list[Frame]:
-        """The frames so far, one per decoder forward (exact once the call completed); `only_last`: the newest only."""
+        """The frames so far, one per forward (exact once the call completed); `only_last`: the newest only."""
         complete = self.finished  # read first: a step recorded after it is then only missed, never mislabelled
         steps, sequence, stopped = list(self._steps), self._sequence, self._stopped
         if sequence is None:  # running or stopped: each block's newest callback canvas
@@ -161,14 +161,14 @@ def turn_end_id(tokenizer, eos) -> int | None:
     try:
         rendered = tokenizer.apply_chat_template(
             [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], tokenize=True)
-        rendered = rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered
+        rendered = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
     except Exception:  # noqa: BLE001 - no or an unusual template: the generation config's first id
         return ids[0]
     return next((i for i in ids if i in set(rendered)), ids[0])
 
 
 def pipeline_frames(engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int) -> list[Frame]:
-    """Run the pipeline with `scheduler` to the end and return its frames; raises as `PipelineRun` or the call."""
+    """The frames of the pipeline run to the end with `scheduler`; raises as `PipelineRun` or the call."""
     run = PipelineRun(engine, prompt, settings, scheduler, seed).start()
     run.wait()
     if run.error is not None:

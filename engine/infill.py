@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import threading
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
 
 @dataclass(frozen=True)
 class InfillLayout:
-    """A template in one canvas: `canvas_ids` (-1 for blanks), `fixed` flags, `blanks`, `template_positions`."""
+    """A template in one canvas: `canvas_ids` (-1 for blanks), `fixed` per position, the `blanks`' positions."""
 
     canvas_ids: list[int]
     fixed: list[bool]
@@ -57,34 +58,29 @@ def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
 
 
 def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -> InfillLayout:
-    """Lay the template out in one canvas; `ValueError` as `parse_template` or for more than one canvas."""
+    """The template laid out in one canvas; `ValueError` as `parse_template` or for more than one canvas."""
     ids: list[int] = []
-    fixed: list[bool] = []
     parts = parse_template(template, canvas_length)
     for index, part in enumerate(parts):
         if isinstance(part, int):
             ids += [-1] * part
-            fixed += [False] * part
         else:
-            if index + 1 < len(parts):
-                part = part.rstrip(" ")
-            tokens = tokenizer(part, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            ids += tokens
-            fixed += [True] * len(tokens)
+            text = part.rstrip(" ") if index + 1 < len(parts) else part
+            ids += tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     if len(ids) > canvas_length:
-        blanks = fixed.count(False)
+        blanks = ids.count(-1)
         raise ValueError(f"the template takes {len(ids)} canvas positions ({len(ids) - blanks} fixed tokens and "
                          f"{blanks} blank) but one canvas holds {canvas_length}: infill works inside one canvas, so "
                          f"shorten the text or the blanks")
     used = len(ids)
     ids += [pad_id] * (canvas_length - used)
-    fixed += [True] * (canvas_length - used)
+    fixed = [i >= 0 for i in ids]
     return InfillLayout(canvas_ids=ids, fixed=fixed, blanks=[i for i, f in enumerate(fixed) if not f],
                         template_positions=used)
 
 
 class FixedPositionsLogitsProcessor(LogitsProcessor):
-    """Pins each position of `canvas_ids` to its id (-1: a blank, where `banned` ids are banned), in place."""
+    """Pins each position of `canvas_ids` to its id, in place; -1: a blank, where `banned` ids are banned."""
 
     def __init__(self, canvas_ids: list[int], banned: list[int], device: torch.device):
         self.fixed = torch.tensor([i >= 0 for i in canvas_ids], dtype=torch.bool, device=device)
@@ -135,7 +131,7 @@ def noised_canvas(engine: DiffusionEngine, known: list[int], random_state: RunRa
 
 
 def count_blanks_only(frames: Iterator[Frame], layout: InfillLayout) -> Iterator[Frame]:
-    """`frames` with committed tokens and rates counting only the blanks; a completed fill's last frame "filled"."""
+    """`frames` counting only the blanks as committed tokens; a completed fill stops as "filled"."""
     blanks = len(layout.blanks)
     for frame in frames:
         if frame.done and frame.stop_reason == "max_new_tokens":
@@ -149,14 +145,8 @@ def count_blanks_only(frames: Iterator[Frame], layout: InfillLayout) -> Iterator
 
 
 def filled_text(tokenizer, layout: InfillLayout, canvas_ids: list[int]) -> tuple[str, list[str]]:
-    """(the filled template, the text of each run of adjacent blanks) from a final canvas's ids."""
+    """(the filled template, the text of each run of adjacent blanks) of a final canvas's ids."""
     ids = list(canvas_ids[:layout.template_positions])
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    fills, run = [], []
-    for i in range(layout.template_positions + 1):
-        if i < layout.template_positions and not layout.fixed[i]:
-            run.append(ids[i])
-        elif run:
-            fills.append(tokenizer.decode(run, skip_special_tokens=True))
-            run = []
-    return text, fills
+    runs = itertools.groupby(range(len(ids)), key=lambda position: layout.fixed[position])
+    fills = [tokenizer.decode([ids[i] for i in run], skip_special_tokens=True) for fixed, run in runs if not fixed]
+    return tokenizer.decode(ids, skip_special_tokens=True), fills

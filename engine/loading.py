@@ -26,7 +26,7 @@ class ModelLoadError(RuntimeError):
 
 @dataclass
 class LoadedModel:
-    """A loaded checkpoint: `model` (eval mode), its `tokenizer`, `source`, and the resolved `device` and `dtype`."""
+    """A loaded checkpoint: `model` (eval mode), `tokenizer`, `source`, and the resolved `device` and `dtype`."""
 
     model: object
     tokenizer: object
@@ -36,7 +36,7 @@ class LoadedModel:
 
 
 def resolve_device(device: str) -> torch.device:
-    """`auto` -> cuda, else mps, else cpu; `ModelLoadError` for an unknown or absent device."""
+    """`auto`: cuda, else mps, else cpu; `ModelLoadError` for an unknown or absent device."""
     if device not in DEVICES:
         raise ModelLoadError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     if device == "auto":
@@ -50,7 +50,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto` -> bfloat16 on CUDA, float32 elsewhere."""
+    """`auto`: bfloat16 on CUDA, float32 elsewhere."""
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype == "auto":
@@ -59,7 +59,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def available_cpus() -> int:
-    """CPUs this process may run on (its affinity where the OS reports one, else `os.cpu_count()`), at least 1."""
+    """CPUs this process may run on (its affinity, else `os.cpu_count()`), at least 1."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
@@ -67,7 +67,7 @@ def available_cpus() -> int:
 
 
 def set_serving_threads(device: torch.device, threads: int | None = None) -> int:
-    """Set torch's CPU threads to `threads` (default on CPU: all but one) and return them; `ValueError` below 1."""
+    """Set torch's CPU threads to `threads` (default on CPU: all CPUs but one), returned; `ValueError` below 1."""
     if threads is not None:
         if isinstance(threads, bool) or int(threads) != threads or threads < 1:
             raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
@@ -78,7 +78,7 @@ def set_serving_threads(device: torch.device, threads: int | None = None) -> int
 
 
 def check_quantization(quantization: str, device: torch.device) -> None:
-    """Refuse (`ModelLoadError`) a quantization that `device` or the installed packages cannot run."""
+    """`ModelLoadError` for a quantization that `device` or the installed packages cannot run."""
     if quantization == "fp8":
         refusal = fp8_refusal(device)
     elif quantization != "none" and device.type not in ("cuda", "cpu"):
@@ -91,7 +91,7 @@ def check_quantization(quantization: str, device: torch.device) -> None:
 
 
 def model_location(model: str | Path, *, strict: bool = True) -> tuple[str, dict]:
-    """(where, common `from_pretrained` options) of a folder or hub id; `strict`: `ModelLoadError` for neither."""
+    """(where, `from_pretrained` options) of a folder or hub id; `strict`: `ModelLoadError` for neither."""
     source = str(model)
     local = Path(source).expanduser()
     is_local = local.exists()
@@ -101,7 +101,7 @@ def model_location(model: str | Path, *, strict: bool = True) -> tuple[str, dict
 
 
 def model_name(source) -> str:
-    """A model's name to show: a local path's folder name (never the path), a hub id unchanged."""
+    """A model's name to show: a local path's folder name (never the path), else the hub id."""
     text = str(source)
     return Path(text).name if Path(text).expanduser().exists() else text
 
@@ -128,7 +128,7 @@ def meta_model(model, dtype: torch.dtype = torch.bfloat16):
 
 
 def check_fits(config, dtype: torch.dtype, quantization: str, device: torch.device, free: int | None = None) -> int:
-    """The weights' bytes on CUDA (0 elsewhere); `ModelLoadError` naming a quantization that fits when they don't."""
+    """The weights' bytes on CUDA (0 elsewhere); `ModelLoadError` naming one that fits when they don't."""
     if device.type != "cuda":
         return 0
     free = torch.cuda.mem_get_info(device)[0] if free is None else free
@@ -147,7 +147,7 @@ def check_fits(config, dtype: torch.dtype, quantization: str, device: torch.devi
 
 def load_model(model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto",
                quantization: str = "none") -> LoadedModel:
-    """The model and tokenizer on `device` in `dtype`, quantized as asked; `ModelLoadError` for what stops it."""
+    """The model and tokenizer on `device` in `dtype`, quantized as asked; `ModelLoadError`."""
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     torch_device = resolve_device(device)

@@ -26,7 +26,7 @@ def group_of(name: str) -> str:
 
 
 def stored_tensors(*modules: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every parameter, buffer and bitsandbytes quant-state tensor of `modules`, each tensor once."""
+    """(name, tensor) of every parameter, buffer and quant-state tensor of `modules`, each tensor once."""
     seen = set()
     for module in modules:
         named = [*module.named_parameters(), *module.named_buffers()]
@@ -38,7 +38,7 @@ def stored_tensors(*modules: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def model_bytes(model: nn.Module) -> int:
-    """Bytes a model's tensors take as stored (quantized ones packed, shared ones once)."""
+    """Bytes of a model's tensors as stored (quantized ones packed, shared ones once)."""
     return sum(tensor.numel() * tensor.element_size() for _, tensor in stored_tensors(model))
 
 
@@ -64,6 +64,6 @@ def memory_report(model: nn.Module, quantization: str = "none") -> dict:
 
 
 def format_report(report: dict, title: str) -> str:
-    """The report as an aligned table in GB (10^9 bytes) and bytes."""
+    """The report as a table in GB (10^9 bytes) and bytes."""
     rows = [*report["groups"].items(), ("total", report["total_bytes"])]
     return "\n".join([title] + [f"  {group:<13} {nbytes / 1e9:9.3f} GB  {nbytes:>15,} bytes" for group, nbytes in rows])

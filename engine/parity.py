@@ -15,7 +15,7 @@ from .loading import DEFAULT_MODEL, load_model
 
 @dataclass(frozen=True)
 class ParityCase:
-    """One comparison: a prompt (raw or chat), a seed, and settings changes relative to the checkpoint's."""
+    """One comparison: a seed, a prompt (raw or chat) and (setting, value) changes to the recommended."""
 
     seed: int
     prompt: str
@@ -28,38 +28,40 @@ class ParityCase:
         return f"seed={self.seed} raw={self.raw}{' thinking' if self.thinking else ''} {changed}"
 
 
+def case(seed: int, prompt: str, *, raw: bool = False, thinking: bool = False, **changes) -> ParityCase:
+    return ParityCase(seed, prompt, raw, tuple(changes.items()), thinking)
+
+
 PARITY_CASES: list[ParityCase] = [
-    ParityCase(0, "In the beginning", raw=True),
-    ParityCase(1, "The Lord is my shepherd"),
-    ParityCase(2, "Blessed are the", raw=True, changes=(("max_new_tokens", 256),)),
-    ParityCase(3, "And God said", raw=True, changes=(("adaptive_stopping", False), ("max_denoising_steps", 6))),
-    ParityCase(4, "Love is patient", changes=(("adaptive_stopping", False), ("max_new_tokens", 200))),
-    ParityCase(5, "x", raw=True, changes=(("max_new_tokens", 1),)),
-    ParityCase(6, "Then Jesus said", changes=(("max_new_tokens", 512), ("max_denoising_steps", 4))),
-    ParityCase(7, "In the beginning", raw=True, changes=(("max_denoising_steps", 1),)),
-    ParityCase(8, "Praise the Lord", changes=(("entropy_bound", 1e-6), ("max_denoising_steps", 5))),
-    ParityCase(9, "Praise the Lord", changes=(("entropy_bound", 1000.0),)),
-    ParityCase(10, "The heavens declare", changes=(("t_min", 0.0), ("t_max", 0.01))),
-    ParityCase(11, "The heavens declare", changes=(("t_min", 5.0), ("t_max", 10.0), ("max_denoising_steps", 4))),
-    ParityCase(12, "Let there be light", raw=True, changes=(("stability_threshold", 0),)),
-    ParityCase(13, "Let there be light", raw=True, changes=(("stability_threshold", 64), ("max_denoising_steps", 8))),
-    ParityCase(14, "Who is my neighbor?", changes=(("confidence_threshold", 100.0),)),
-    ParityCase(15, "Who is my neighbor?", changes=(("confidence_threshold", 1e-9), ("max_denoising_steps", 6))),
-    ParityCase(16, "🙂 שלום <script>", changes=(("max_new_tokens", 128),)),
-    ParityCase(17, "Now the serpent", raw=True,
-               changes=(("entropy_bound", 2.0), ("max_new_tokens", 384), ("max_denoising_steps", 8))),
-    ParityCase(18, "He said to them", changes=(("max_denoising_steps", 96), ("max_new_tokens", 64))),
-    ParityCase(19, "Give thanks", raw=True, changes=(("t_min", 0.1), ("t_max", 1.5))),
-    ParityCase(123456789, "A wise son", changes=(("max_new_tokens", 128),)),
-    ParityCase(2**63 - 1, "Hear, O Israel", raw=True, changes=(("max_new_tokens", 64),)),
+    case(0, "In the beginning", raw=True),
+    case(1, "The Lord is my shepherd"),
+    case(2, "Blessed are the", raw=True, max_new_tokens=256),
+    case(3, "And God said", raw=True, adaptive_stopping=False, max_denoising_steps=6),
+    case(4, "Love is patient", adaptive_stopping=False, max_new_tokens=200),
+    case(5, "x", raw=True, max_new_tokens=1),
+    case(6, "Then Jesus said", max_new_tokens=512, max_denoising_steps=4),
+    case(7, "In the beginning", raw=True, max_denoising_steps=1),
+    case(8, "Praise the Lord", entropy_bound=1e-6, max_denoising_steps=5),
+    case(9, "Praise the Lord", entropy_bound=1000.0),
+    case(10, "The heavens declare", t_min=0.0, t_max=0.01),
+    case(11, "The heavens declare", t_min=5.0, t_max=10.0, max_denoising_steps=4),
+    case(12, "Let there be light", raw=True, stability_threshold=0),
+    case(13, "Let there be light", raw=True, stability_threshold=64, max_denoising_steps=8),
+    case(14, "Who is my neighbor?", confidence_threshold=100.0),
+    case(15, "Who is my neighbor?", confidence_threshold=1e-9, max_denoising_steps=6),
+    case(16, "🙂 שלום <script>", max_new_tokens=128),
+    case(17, "Now the serpent", raw=True, entropy_bound=2.0, max_new_tokens=384, max_denoising_steps=8),
+    case(18, "He said to them", max_denoising_steps=96, max_new_tokens=64),
+    case(19, "Give thanks", raw=True, t_min=0.1, t_max=1.5),
+    case(123456789, "A wise son", max_new_tokens=128),
+    case(2**63 - 1, "Hear, O Israel", raw=True, max_new_tokens=64),
 ]
 # For the stand-in of the 26B checkpoint (`standin/`): few decoder forwards each
 STANDIN_PARITY_CASES: list[ParityCase] = [
-    ParityCase(0, "In the beginning", raw=True, changes=(("max_denoising_steps", 2),)),
-    ParityCase(1, "Why is the sky blue?", changes=(("max_denoising_steps", 2),)),
-    ParityCase(2, "Why is the sky blue?", thinking=True, changes=(("max_denoising_steps", 1),)),
-    ParityCase(3, "x", raw=True, changes=(("max_denoising_steps", 1), ("max_new_tokens", 300),
-                                          ("adaptive_stopping", False))),
+    case(0, "In the beginning", raw=True, max_denoising_steps=2),
+    case(1, "Why is the sky blue?", max_denoising_steps=2),
+    case(2, "Why is the sky blue?", thinking=True, max_denoising_steps=1),
+    case(3, "x", raw=True, max_denoising_steps=1, max_new_tokens=300, adaptive_stopping=False),
 ]
 CASE_SETS = {"embedded": PARITY_CASES, "standin": STANDIN_PARITY_CASES}
 

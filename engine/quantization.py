@@ -27,7 +27,7 @@ OTHER_CHOICES = "use --quantization 8bit or 4bit"
 
 @dataclass(frozen=True)
 class Target:
-    """One parameter to quantize: `module.<param>`, reached as `name` (the first of its names when shared)."""
+    """One parameter to quantize, `module.<param>`, named `name` (its first name when shared)."""
 
     name: str
     module: nn.Module
@@ -35,7 +35,7 @@ class Target:
 
 
 class Blockwise8bitParametrization(nn.Module):
-    """Dequantizes a parameter stored as bitsandbytes blockwise 8-bit codes (`quant_state`: scales, code table)."""
+    """Dequantizes bitsandbytes blockwise 8-bit codes with their `quant_state` (scales, code table)."""
 
     def __init__(self, quant_state):
         super().__init__()
@@ -47,15 +47,14 @@ class Blockwise8bitParametrization(nn.Module):
 
 
 def is_experts(module: nn.Module) -> bool:
-    """True for a fused mixture-of-experts module (`gate_up_proj` and `down_proj` parameters, quantized or not)."""
+    """Whether `module` is a fused mixture-of-experts module, quantized or not."""
     return module.__class__.__name__.endswith("Experts") and all(
         name in module._parameters or parametrize.is_parametrized(module, name) for name in EXPERT_PARAMETERS)
 
 
 def share_tied_modules(model: nn.Module, fp8: bool = False) -> int:
-    """Share each encoder text-layer module tied to its decoder twin with the decoder, so it quantizes once:
-    linears and experts with the same parameters, or (`fp8`) FP8 modules with the same FP8 weights; returns how many.
-    """
+    """Share each encoder text-layer module tied to its decoder twin (`fp8`: by its FP8 weights) with the decoder,
+    so it quantizes once; returns how many."""
     inner = getattr(model, "model", model)
     encoder_layers = getattr(getattr(getattr(inner, "encoder", None), "language_model", None), "layers", None)
     decoder_layers = getattr(getattr(inner, "decoder", None), "layers", None)
@@ -82,12 +81,9 @@ def _tied(a: nn.Module, b: nn.Module, fp8: bool) -> bool:
 
 
 def quantization_targets(model: nn.Module) -> list[Target]:
-    """What `quantize_model` quantizes, each once: experts and linears but the router and the LM head."""
-    targets, seen = [], set()
-    for name, module in model.named_modules():
-        if id(module) in seen:
-            continue
-        seen.add(id(module))
+    """What `quantize_model` quantizes, once each: experts and linears but the router and the LM head."""
+    targets = []
+    for name, module in model.named_modules():  # each module once, under its first name
         if is_experts(module):
             targets += [Target(name, module, param) for param in EXPERT_PARAMETERS]
         elif isinstance(module, nn.Linear) and not name.endswith(SKIPPED_SUFFIXES):
@@ -96,7 +92,7 @@ def quantization_targets(model: nn.Module) -> list[Target]:
 
 
 def bitsandbytes():
-    """The bitsandbytes package with `functional` and `nn.parametrize` loaded; `ImportError` when it does not load."""
+    """bitsandbytes with `functional` and `nn.parametrize` loaded; `ImportError`."""
     import bitsandbytes.functional  # noqa: PLC0415 - optional heavy dependency
     import bitsandbytes.nn.parametrize  # noqa: PLC0415
 
@@ -104,7 +100,7 @@ def bitsandbytes():
 
 
 def bitsandbytes_missing() -> str | None:
-    """The one line saying that bitsandbytes (which 4bit and 8bit need) cannot be imported, or None when it can."""
+    """Why 4bit and 8bit cannot run (bitsandbytes does not import), or None."""
     try:
         bitsandbytes()
     except ImportError as error:
@@ -113,13 +109,11 @@ def bitsandbytes_missing() -> str | None:
 
 
 def quantize_parameter(module: nn.Module, param: str, quantization: str) -> None:
-    """Replace `module.<param>` with its `4bit`|`8bit` form, dequantized once per forward; `ValueError`."""
+    """Replace `module.<param>` with its `4bit` or `8bit` form, dequantized once per forward."""
     bnb = bitsandbytes()
     if quantization == "4bit":
         bnb.nn.parametrize.replace_parameter_4bit(module, param, quant_type="nf4", blocksize=NF4_BLOCKSIZE)
         return
-    if quantization != "8bit":
-        raise ValueError(f"quantization must be 4bit or 8bit, got {quantization!r}")
     original = getattr(module, param)
     codes, state = bnb.functional.quantize_blockwise(original.data, blocksize=BLOCKWISE8_BLOCKSIZE)
     setattr(module, param, nn.Parameter(codes, requires_grad=False))
@@ -148,17 +142,13 @@ def quantize_model(model: nn.Module, quantization: str, device: torch.device | s
 
 
 def quantized_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, object]]:
-    seen = set()
     for name, module in model.named_modules():
-        if not parametrize.is_parametrized(module) or id(module) in seen:
-            continue
-        seen.add(id(module))
-        for param, plist in module.parametrizations.items():
+        for param, plist in getattr(module, "parametrizations", {}).items():
             yield f"{name}.{param}", plist.original, getattr(plist[0], "quant_state", None)
 
 
 def quant_state_tensors(state) -> list[torch.Tensor]:
-    """The tensors a bitsandbytes `QuantState` holds (per-block scales, code table, nested statistics)."""
+    """The tensors of a bitsandbytes `QuantState` (scales, code table, nested statistics)."""
     if state is None:
         return []
     tensors = [t for t in (state.absmax, state.code) if isinstance(t, torch.Tensor)]
@@ -170,7 +160,7 @@ def quant_state_tensors(state) -> list[torch.Tensor]:
 
 
 def quantized_nbytes(numel: int, quantization: str) -> int:
-    """Bytes a `numel`-element parameter takes after `quantize_parameter` (codes, float32 scales, code table)."""
+    """Bytes of a `numel`-element parameter after `quantize_parameter` (codes, scales, code table)."""
     if quantization == "4bit":
         return math.ceil(numel / 2) + 4 * math.ceil(numel / NF4_BLOCKSIZE) + 4 * 16
     if quantization == "8bit":
@@ -179,12 +169,11 @@ def quantized_nbytes(numel: int, quantization: str) -> int:
 
 
 def fp8_config():
-    """The `FineGrainedFP8Config` of `fp8`: blocks of `FP8_BLOCK_SIZE`, dynamic activation scales."""
     return FineGrainedFP8Config(weight_block_size=FP8_BLOCK_SIZE, modules_to_not_convert=list(SKIPPED_SUFFIXES))
 
 
 def fp8_refusal(device: torch.device) -> str | None:
-    """Why `fp8` cannot run on `device` (CUDA >= 8.9 and `kernels` needed), or None."""
+    """Why `fp8` cannot run on `device`, or None."""
     needs = "fp8 quantization needs a CUDA GPU of compute capability 8.9 or newer"
     if device.type != "cuda":
         return f"{needs} (Ada, Hopper, Blackwell: FP8 matmul units), not {device.type}: {OTHER_CHOICES}"
@@ -203,7 +192,7 @@ def fp8_refusal(device: torch.device) -> str | None:
 
 
 def check_fp8_shapes(config) -> None:
-    """Refuse (`ValueError`, one line) a model whose expert widths `FP8_BLOCK_SIZE` does not divide."""
+    """`ValueError` for a model whose expert widths `FP8_BLOCK_SIZE` does not divide."""
     text = config.get_text_config()
     rows, cols = FP8_BLOCK_SIZE
     widths = {"hidden_size": text.hidden_size, "moe_intermediate_size": text.moe_intermediate_size}
@@ -219,7 +208,7 @@ def fp8_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 @torch.no_grad()
 def convert_to_fp8(model: nn.Module, device: torch.device | str) -> nn.Module:
-    """Convert `model` (CPU or meta) to `fp8` on `device` one tensor at a time, in place; returns it."""
+    """Convert `model` (CPU or meta) to `fp8` on `device`, one tensor at a time, in place."""
     device = torch.device(device)
     quantizer = FineGrainedFP8HfQuantizer(fp8_config(), pre_quantized=False)
     originals = {name: dict(module.named_parameters(recurse=False))
@@ -247,7 +236,7 @@ def convert_to_fp8(model: nn.Module, device: torch.device | str) -> nn.Module:
 
 
 def from_pretrained_fp8(where: str, device: torch.device, dtype: torch.dtype, **common):
-    """`from_pretrained` with the `fp8` config, quantized on `device` as it loads, tied encoder modules shared."""
+    """The model quantized to `fp8` on `device` as it loads, tied encoder modules shared."""
     network = DiffusionGemmaForBlockDiffusion.from_pretrained(
         where, dtype=dtype, device_map={"": device}, quantization_config=fp8_config(), **common)
     share_tied_modules(network, fp8=True)

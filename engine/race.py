@@ -33,7 +33,7 @@ REPEAT_N = 4  # repetition is counted in runs of this many tokens
 
 @dataclass(frozen=True)
 class SideResult:
-    """One side of a race on its engine clock: answer, tokens, forwards, seconds, rates, trace, bound, answer checks."""
+    """One side of a race, timed on its engine clock; `trace`: (seconds, committed tokens) per forward."""
 
     name: str
     model: str
@@ -60,7 +60,7 @@ class SideResult:
 
     @property
     def faults(self) -> tuple[str, ...]:
-        """("punctuation", "repetition"): the shares past `PUNCTUATION_LIMIT` / `REPETITION_LIMIT`, in that order."""
+        """The names of the shares past their limits, punctuation first."""
         return tuple(name for name, share, limit in (("punctuation", self.punctuation_share, PUNCTUATION_LIMIT),
                                                      ("repetition", self.repeated_share, REPETITION_LIMIT))
                      if share > limit)
@@ -79,7 +79,7 @@ class SideResult:
 
 @dataclass(frozen=True)
 class RaceResult:
-    """A finished or stopped race: both sides, order, seed, budget, device and GPU bandwidth (GB/s or None)."""
+    """A finished or stopped race (a side is None when it never ran); bandwidth in GB/s."""
 
     diffusion: SideResult | None
     autoregressive: SideResult | None
@@ -113,12 +113,12 @@ class RaceResult:
 
     @property
     def winner(self) -> str | None:
-        """The faster side ("diffusion" on a tie); None without a speedup. Speed only: see `faults`."""
+        """The faster side ("diffusion" on a tie), by speed alone; None without a speedup."""
         speedup = self.speedup
         return None if speedup is None else "diffusion" if speedup >= 1 else "autoregressive"
 
     def verdict(self) -> dict:
-        """JSON-ready: winner, stopped_side, cost_ratio (canvas forward over AR forward), bound, faults."""
+        """JSON-ready facts; cost_ratio: seconds per canvas forward over seconds per AR forward."""
         d, a = self.diffusion, self.autoregressive
         ratio = None
         if d is not None and a is not None and d.tokens and a.tokens and a.seconds_per_forward > 0:
@@ -130,7 +130,7 @@ class RaceResult:
         }
 
     def summary(self) -> dict:
-        """JSON-ready dict: both sides' summaries (no traces), speedup, order, rules, `verdict()`."""
+        """JSON-ready: both sides without traces, speedup, order, rules and `verdict()`."""
         return {
             "diffusion": self.diffusion.summary() if self.diffusion else None,
             "autoregressive": self.autoregressive.summary() if self.autoregressive else None,
@@ -148,7 +148,7 @@ def punctuation_share(tokens: Sequence[str]) -> float:
 
 
 def repeated_share(tokens: Sequence[str], n: int = REPEAT_N) -> float:
-    """Share of `tokens` inside a run of `n` tokens seen earlier (exact strings, runs may overlap); 0.0 for none."""
+    """Share of `tokens` inside a run of `n` tokens seen earlier (runs may overlap); 0.0 for none."""
     seen: set[tuple[str, ...]] = set()
     repeated = [False] * len(tokens)
     for start in range(len(tokens) - n + 1):
@@ -181,7 +181,7 @@ def measure_memory_bandwidth(device: torch.device, megabytes: int = 512, repeats
 
 
 def weights_bytes_per_forward(modules: list[torch.nn.Module], config, positions: int) -> int:
-    """Bytes of `modules` one forward over `positions` reads, experts by the share touched (an estimate)."""
+    """Estimated bytes of `modules` one forward over `positions` reads (experts: the share touched)."""
     total = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
     used = getattr(config, "top_k_experts", None) or getattr(config, "num_experts_per_tok", None)
     share = 1.0 - (1.0 - used / total) ** positions if total and used else 1.0
@@ -203,7 +203,7 @@ def side_weights_bytes(engine: DiffusionEngine, ar: AutoregressiveDecoder) -> tu
 
 
 class RaceRunner:
-    """Runs races between `engine` and `ar` (default: its causal encoder), one at a time."""
+    """Races `engine` against `ar` (default: its causal encoder), one race at a time."""
 
     def __init__(self, engine: DiffusionEngine, ar: AutoregressiveDecoder | None = None):
         self.engine = engine
@@ -217,7 +217,7 @@ class RaceRunner:
 
     def check(self, prompt: str, settings: DiffusionSettings, *, raw: bool, ar_temperature=0.0,
               order: str = "alternate", seed=None) -> None:
-        """Every check of a race before anything runs; raises `ValueError` naming the first problem."""
+        """Raise `ValueError` naming the first problem of a race, before anything runs."""
         if order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(repr(o) for o in ORDERS)}, got {order!r}")
         check_temperature(ar_temperature)
@@ -244,16 +244,14 @@ class RaceRunner:
         return time.perf_counter() - start
 
     def _bandwidth_figures(self) -> tuple[float | None, tuple[int, int] | None]:
-        if self.engine.device.type != "cuda":
-            return None, None
-        if self._figures is None:
+        if self._figures is None and self.engine.device.type == "cuda":
             self._figures = measure_memory_bandwidth(self.engine.device), side_weights_bytes(self.engine, self.ar)
-        return self._figures
+        return self._figures or (None, None)
 
     def run(self, prompt: str, settings: DiffusionSettings | None = None, *, raw: bool = False, seed=None,
             ar_temperature=0.0, order: str = "alternate", warm_up: bool = True,
             on_frame: FrameCallback | None = None, stop_event: threading.Event | None = None) -> RaceResult:
-        """Race `prompt` on both sides, one budget and seed, `on_frame(side, frame)` after each forward; ValueError."""
+        """Race `prompt` on both sides, `on_frame(side, frame)` after each forward; `ValueError`."""
         settings = settings or self.engine.recommended
         seed = parse_seed(seed)
         seed = draw_seed() if seed is None else seed
@@ -264,10 +262,8 @@ class RaceRunner:
             bandwidth, weights = self._bandwidth_figures()
             sides = self._order(order)
             results: dict[str, SideResult | None] = dict.fromkeys(SIDES)
-            cancelled = False
             for position, side in enumerate(sides, start=1):
                 if stop_event is not None and stop_event.is_set():
-                    cancelled = True
                     break
                 warm_s = self._warm_up(side, settings) if warm_up else 0.0
                 if side == "diffusion":
@@ -276,7 +272,7 @@ class RaceRunner:
                     frames = self.ar.frames(prompt, budget, raw=raw, temperature=ar_temperature, seed=seed,
                                             stop_event=stop_event)
                 results[side] = self._run_side(side, frames, position, warm_s, on_frame)
-                cancelled = cancelled or results[side].stop_reason == "cancelled"
+        cancelled = any(result is None or result.stop_reason == "cancelled" for result in results.values())
         if bandwidth and weights:
             for side, per_forward in zip(SIDES, weights):
                 if results[side] is not None:
@@ -290,21 +286,18 @@ class RaceRunner:
             memory_bandwidth_gb_s=round(bandwidth / 1e9, 1) if bandwidth else None, cancelled=cancelled,
         )
 
-    def _run_side(self, side: str, frames, position: int, warm_s: float,
-                  on_frame: FrameCallback | None) -> SideResult:
+    def _run_side(self, side: str, frames, position: int, warm_s: float, on_frame: FrameCallback | None) -> SideResult:
         trace: list[tuple[float, int]] = []
-        first_token_s, last, count = None, None, 0
+        last = None
         for last in frames:
-            count += 1
             trace.append((last.elapsed_s, last.committed_tokens))
-            if first_token_s is None and last.committed_tokens > 0:
-                first_token_s = last.elapsed_s
             if on_frame is not None:
                 on_frame(side, last)
         if last is None:
             raise RuntimeError(f"the {side} side ended before its first forward")
+        first_token_s = next((seconds for seconds, tokens in trace if tokens > 0), None)
         if side == "diffusion":
-            summary = self.engine.summarize(last, count)
+            summary = self.engine.summarize(last, len(trace))
             forwards, token_text = summary.forwards, self.engine.token_text
             model, text, token_ids = str(self.engine.source), summary.text, summary.token_ids
         else:
@@ -323,7 +316,7 @@ class RaceRunner:
 
 
 def causal_lm_bytes(model_id: str, dtype: torch.dtype) -> int:
-    """Bytes of causal LM `model_id`'s weights in `dtype`, from its config alone; `ModelLoadError` without one."""
+    """Bytes of causal LM `model_id`'s weights in `dtype`, from its config; `ModelLoadError`."""
     where, common = model_location(model_id, strict=False)
     try:
         config = AutoConfig.from_pretrained(where, **common)
@@ -337,14 +330,14 @@ def causal_lm_bytes(model_id: str, dtype: torch.dtype) -> int:
 
 
 def free_bytes(device: torch.device) -> int:
-    """Free memory where models go: the CUDA device's free memory, else the host's available RAM."""
+    """Free bytes on the CUDA device, else the host's available RAM."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device.index or 0)[0]
     return psutil.virtual_memory().available
 
 
 def check_fit(engine, ar_model: str, dtype: torch.dtype, free: int | None = None) -> int:
-    """Bytes of `ar_model`; `ModelLoadError` when it does not fit next to `engine`'s model in `free` bytes."""
+    """Bytes of `ar_model`; `ModelLoadError` when it does not fit next to `engine`'s model."""
     needed = causal_lm_bytes(ar_model, dtype)
     free = free_bytes(engine.device) if free is None else free
     if needed * FIT_HEADROOM > free:
@@ -359,7 +352,7 @@ def check_fit(engine, ar_model: str, dtype: torch.dtype, free: int | None = None
 
 
 def race_runner(engine, ar_model: str):
-    """A `RaceRunner` against causal LM `ar_model` in the engine's dtype once `check_fit` allows; `ModelLoadError`."""
+    """A `RaceRunner` against causal LM `ar_model` in the engine's dtype; `ModelLoadError` as `check_fit`."""
     dtype = engine.model.dtype
     check_fit(engine, ar_model, dtype)
     return RaceRunner(engine, AutoregressiveDecoder.load(ar_model, engine.device, dtype))

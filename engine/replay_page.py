@@ -59,20 +59,20 @@ def replay_data(trace: Trace) -> dict:
 
 
 def script_json(data: dict) -> str:
-    """`data` as JSON text inert inside a `<script>` element: `<` and lone surrogates written as JSON escapes."""
+    """`data` as JSON text inert inside a `<script>` element (`<` and lone surrogates escaped)."""
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
     return text.replace("<", "\\u003c")
 
 
 def player_script(names: tuple[str, ...] = PLAYER_SCRIPTS) -> str:
-    """The player's JavaScript: the files `names`, in order, in one function scope; `FileNotFoundError`."""
+    """The player's JavaScript files `names`, in order, in one function scope; `FileNotFoundError`."""
     body = "\n".join((PLAYER_DIR / name).read_text(encoding="utf-8") for name in names)
     return f'\n(() => {{\n"use strict";\n{body}\n}})();\n'
 
 
 def replay_html(trace: Trace) -> str:
-    """The self-contained offline replay page of `trace` (HTML); `FileNotFoundError` for a missing asset."""
+    """The self-contained offline replay page of `trace`; `FileNotFoundError` for a missing asset."""
     player = player_script()
     digest = base64.b64encode(hashlib.sha256(player.encode("utf-8")).digest()).decode("ascii")
     # Only the player runs (by its hash, so no inline handler would); it evaluates the unpacked Plotly bundle
@@ -85,7 +85,7 @@ def replay_html(trace: Trace) -> str:
 
 
 def write_replay(trace: Trace, path) -> Path:
-    """Write `replay_html(trace)` to `path` (UTF-8) and return the path; `OSError` as writing raises it."""
+    """Write `replay_html(trace)` to `path` and return the path; `OSError`."""
     path = Path(path)
     path.write_text(replay_html(trace), encoding="utf-8")
     return path

@@ -23,7 +23,7 @@ SHOWN_CHARS = 40  # an echoed bad value is cut to this many characters
 
 @dataclass(frozen=True)
 class SettingSpec:
-    """One setting: name, UI label, kind, range (`low_inclusive`), help, CLI flag, UI slider top and step."""
+    """One setting: name, UI label, kind, range, help, CLI flag, UI slider top and step."""
 
     name: str
     label: str
@@ -42,7 +42,7 @@ class SettingSpec:
         return f"{'[' if self.low_inclusive else '('}{self.low}, {high}]"
 
     def parse(self, value, *, ui: bool = False) -> int | float | bool:
-        """`value` as this setting's kind, in its range (see `parse_setting`)."""
+        """See `parse_setting`."""
         if self.kind is bool:
             return parse_flag(self.name, value)
         span = self.span(ui)
@@ -103,7 +103,7 @@ def shown(value) -> str:
 
 
 def parse_number(value) -> int | float | None:
-    """`value` (a real number or numeric string, not a bool) as an int or float; None for anything else."""
+    """A real number or numeric string (not a bool) as an int or float; None for anything else."""
     if isinstance(value, str):
         for kind in (int, float):
             try:
@@ -117,9 +117,7 @@ def parse_number(value) -> int | float | None:
 
 
 def parse_flag(name: str, value) -> bool:
-    """`value` as a bool: True/False, 1/0 or "true"/"false"; anything else raises `ValueError` naming `name`."""
-    if isinstance(value, bool):
-        return value
+    """`value` as a bool: True/False, 1/0 or "true"/"false"; else `ValueError` naming `name`."""
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
@@ -155,7 +153,7 @@ def draw_seed() -> int:
 
 
 def check_prompt(prompt) -> str:
-    """`prompt` if it is non-empty text of at most `MAX_PROMPT_CHARS` characters, else `ValueError`."""
+    """`prompt` if it is non-empty text of at most `MAX_PROMPT_CHARS` characters; else `ValueError`."""
     if prompt is None or isinstance(prompt, str) and not prompt.strip():
         raise ValueError("prompt is empty: type something for the model to continue")
     if not isinstance(prompt, str):
@@ -167,7 +165,7 @@ def check_prompt(prompt) -> str:
 
 @dataclass(frozen=True)
 class DiffusionSettings:
-    """Validated settings of one generation (`ValueError` names the setting); fields and ranges: `SETTINGS`."""
+    """Validated settings of one generation (`ValueError` names the setting); ranges in `SETTINGS`."""
 
     max_new_tokens: int = 256
     max_denoising_steps: int = 48
@@ -199,7 +197,7 @@ class DiffusionSettings:
         return dataclasses.replace(self, **changes)
 
     def with_values(self, values, *, ui: bool = False) -> "DiffusionSettings":
-        """A copy with the settings in `values` parsed and applied; `ValueError` for an unknown name or bad value."""
+        """A copy with `values` parsed and applied; `ValueError` for an unknown name or bad value."""
         for name in values:
             spec(name)
         return dataclasses.replace(self, **{name: parse_setting(name, values[name], ui=ui)
@@ -210,7 +208,7 @@ class DiffusionSettings:
         return self.t_min + (self.t_max - self.t_min) * cur_step / self.max_denoising_steps
 
     def generate_kwargs(self) -> dict:
-        """Keyword arguments that make `model.generate()` run with exactly these settings."""
+        """`model.generate()` keyword arguments for exactly these settings."""
         adaptive = self.adaptive_stopping
         return {
             "max_new_tokens": self.max_new_tokens, "max_denoising_steps": self.max_denoising_steps,
@@ -229,7 +227,7 @@ def _tidy(value: float) -> float:
 
 
 def preset(name: str, recommended: DiffusionSettings) -> DiffusionSettings:
-    """The named preset over `recommended`: as is, "fast" or "careful"; `ValueError` for another name."""
+    """The named preset over `recommended`; `ValueError` for another name."""
     if name == "recommended":
         return recommended
     if name == "fast":

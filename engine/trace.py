@@ -37,7 +37,7 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """Where a run came from: model name (never a path), revision, device, dtype, canvas length."""
+    """Where a run came from; `name` is never a path."""
 
     name: str
     revision: str
@@ -55,7 +55,7 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class Trace:
-    """One generation: model, settings, seed, prompt and ids, token strings (escape them), kinds, text, frames."""
+    """One generation; `tokens`: id -> string (escape it), `kinds`: id -> kind where not text."""
 
     model: ModelInfo
     settings: DiffusionSettings
@@ -71,7 +71,7 @@ class Trace:
     @classmethod
     def from_frames(cls, frames, *, model: ModelInfo, settings: DiffusionSettings, prompt: str, raw: bool,
                     prompt_ids, token_text, text: str) -> "Trace":
-        """The trace of a run's frames (a trailing cancelled repeat folded in); `TraceError` for none."""
+        """The trace of a run's frames, a trailing cancelled repeat folded in; `TraceError` for none."""
         kept: list[Frame] = []
         for frame in frames:
             if kept and frame.stop_reason == "cancelled" and frame.forward_index == kept[-1].forward_index:
@@ -87,15 +87,25 @@ class Trace:
         if all(len(f.input_kinds) == len(f.input_ids) and len(f.draft_kinds) == len(f.draft_ids) for f in kept):
             kinds = {i: k for f in kept for i, k in zip(f.input_ids + f.draft_ids, f.input_kinds + f.draft_kinds)
                      if k != TEXT}
-        return parse_trace(_document(model, settings, kept[-1].seed, prompt, raw, prompt_ids, text,
-                                     {i: token_text(i) for i in ids}, kept, kinds))
+        unchecked = cls(model=model, settings=settings, seed=kept[-1].seed, prompt=prompt, raw=raw,
+                        prompt_ids=tuple(prompt_ids), tokens={i: token_text(i) for i in ids}, text=text,
+                        frames=tuple(kept), kinds=kinds)
+        return parse_trace(unchecked.to_dict())
 
     def to_dict(self) -> dict:
-        return _document(self.model, self.settings, self.seed, self.prompt, self.raw, self.prompt_ids, self.text,
-                         self.tokens, self.frames, self.kinds)
+        document = {
+            "format": TRACE_FORMAT, "version": TRACE_VERSION, "model": dict(self.model.__dict__),
+            "settings": {key: getattr(self.settings, key) for key in SETTING_KEYS}, "seed": int(self.seed),
+            "prompt": {"text": self.prompt, "raw": bool(self.raw), "ids": [int(i) for i in self.prompt_ids]},
+            "text": self.text, "tokens": {str(i): s for i, s in sorted(self.tokens.items())},
+            "frames": [_compact(frame) for frame in self.frames],
+        }
+        if self.kinds is not None:
+            document["kinds"] = {str(i): k for i, k in sorted(self.kinds.items())}
+        return document
 
     def to_json(self) -> str:
-        """The trace as compact JSON text (UTF-8 safe: non-ASCII kept, no NaN)."""
+        """The trace as compact JSON text (non-ASCII kept, no NaN)."""
         return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
     def save(self, path) -> Path:
@@ -112,7 +122,7 @@ class Trace:
 def record_trace(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings | None = None, *,
                  raw: bool = False, seed: int | None = None, stop_event: threading.Event | None = None,
                  thinking: bool = False) -> Trace:
-    """Run `prompt` to the end on `engine` (arguments as `DiffusionEngine.frames`) and return its `Trace`."""
+    """The `Trace` of `prompt` run to the end on `engine` (arguments as `DiffusionEngine.frames`)."""
     settings = settings or engine.recommended
     frames = engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop_event, thinking=thinking)
     return trace_of_run(engine, frames, prompt=prompt, settings=settings, raw=raw, thinking=thinking)
@@ -120,7 +130,7 @@ def record_trace(engine: DiffusionEngine, prompt: str, settings: DiffusionSettin
 
 def trace_of_run(engine: DiffusionEngine, frames, *, prompt: str, settings: DiffusionSettings, raw: bool,
                  thinking: bool = False) -> Trace:
-    """The `Trace` of `frames` that `engine` produced for `prompt` (re-encoded for its ids); `TraceError` for none."""
+    """The `Trace` of `frames` that `engine` produced for `prompt`; `TraceError` for none."""
     frames = list(frames)
     if not frames:
         raise TraceError(NO_FRAMES)
@@ -128,19 +138,6 @@ def trace_of_run(engine: DiffusionEngine, frames, *, prompt: str, settings: Diff
     return Trace.from_frames(frames, model=ModelInfo.of(engine), settings=settings, prompt=prompt, raw=raw,
                              prompt_ids=prompt_ids, token_text=engine.token_text,
                              text=engine.summarize(frames[-1], len(frames)).text)
-
-
-def _document(model: ModelInfo, settings: DiffusionSettings, seed: int, prompt: str, raw: bool, prompt_ids, text: str,
-              tokens: dict[int, str], frames, kinds: dict[int, str] | None) -> dict:
-    document = {
-        "format": TRACE_FORMAT, "version": TRACE_VERSION, "model": dict(model.__dict__),
-        "settings": {key: getattr(settings, key) for key in SETTING_KEYS}, "seed": int(seed),
-        "prompt": {"text": prompt, "raw": bool(raw), "ids": [int(i) for i in prompt_ids]}, "text": text,
-        "tokens": {str(i): s for i, s in sorted(tokens.items())}, "frames": [_compact(frame) for frame in frames],
-    }
-    if kinds is not None:
-        document["kinds"] = {str(i): k for i, k in sorted(kinds.items())}
-    return document
 
 
 def _compact(frame: Frame) -> dict:
@@ -201,7 +198,7 @@ def _no_constant(name: str):
 
 
 def parse_trace(document) -> Trace:
-    """Check a decoded document (`docs/trace.md`) and build its `Trace`; `TraceError` names the problem and place."""
+    """The `Trace` of a decoded document (`docs/trace.md`); `TraceError` names the problem and place."""
     doc = _object(document, "the trace")
     if doc.get("format") != TRACE_FORMAT:
         raise TraceError(f"not a DiffGemma trace: 'format' must be {TRACE_FORMAT!r}, got {shown(doc.get('format'))}")
@@ -263,8 +260,7 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
         confidence = _floats(f.get("confidence"), f"{where}: confidence", canvas, 1.0)
         entropy = _floats(f.get("entropy"), f"{where}: entropy", canvas, MAX_ENTROPY_NATS)
         elapsed = f.get("elapsed_s")
-        if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)) or not math.isfinite(elapsed) \
-                or not previous_elapsed <= elapsed <= 1e7:
+        if type(elapsed) not in (int, float) or not previous_elapsed <= elapsed <= 1e7:  # NaN fails too
             raise TraceError(f"{where}: elapsed_s must be seconds counting up from the previous frame's "
                              f"({previous_elapsed}), got {shown(elapsed)}")
         previous_elapsed = elapsed = float(elapsed)
@@ -355,8 +351,7 @@ def _floats(value, where: str, length: int, high: float) -> list[float]:
                                        f"entries are numbers in [0, {high:g}]")]
 
 
-def _alternatives(value, where: str, canvas: int, tokens: dict[int, str]
-                  ) -> tuple[list[list[int]], list[list[float]]]:
+def _alternatives(value, where: str, canvas: int, tokens: dict[int, str]) -> tuple[list[list[int]], list[list[float]]]:
     if value is None:
         return [], []
     top_ids, top_probs = [], []
