@@ -1,5 +1,5 @@
-"""The Playground tab's handlers (`Playground`, wired by `blocks.build_app`), the base every tab's runs go through:
-checks, jobs started in the run mechanism, coalesced renders and `/generate`."""
+"""The Playground tab's handlers (`Playground`), through which every tab's jobs start: checks, runs, renders and
+`/generate`."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
 
 @dataclass(frozen=True)
 class Job:
-    """Model work: `kind` (a `Playground.sources` key), a picklable `payload`, its `settings` and `extra_forwards`
-    beyond canvases x steps (for the GPU budget)."""
+    """Model work: `kind` (a `Playground.sources` key), a picklable `payload`, its `settings`, and for the GPU budget
+    its `extra_forwards` beyond canvases x steps."""
 
     kind: str
     payload: object
@@ -70,7 +70,7 @@ def generation_frames(engine: DiffusionEngine, request: RunRequest, stop) -> Ite
 
 
 def received(frames: Iterator, receive) -> Iterator:
-    """`frames`, non-frame items handed to `receive`; after a done frame the source is read to its end first."""
+    """`frames`, non-frame items handed to `receive` (after a done frame: all of the rest first)."""
     if receive is None:
         yield from frames
         return
@@ -103,7 +103,7 @@ def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
 
 
 def previous_run_meter(snap: RunSnapshot | None, running: bool):
-    """After a refused request: the meter of `snap` marked as the previous run's (`gr.skip()`: none, or running)."""
+    """After a refused request: `snap`'s meter marked as the previous run's (skipped: none, or running)."""
     if snap is None or snap.latest is None or running:
         return gr.skip()
     finished = snap.finished_blocks()
@@ -119,9 +119,7 @@ class Playground:
         self.engine = engine
         self.runs = Runner(max_fps=default_live_rate(engine.canvas_length) if max_fps is None else max_fps,
                            reader_budget=reader_budget, abandon_after_s=abandon_after_s, max_run_s=max_run_s)
-        # source(engine, payload, stop) -> frames, by job kind; each tab adds its own
-        self.sources = {"generate": generation_frames}
-        # weak: a session Gradio dropped is not kept alive here
+        self.sources = {"generate": generation_frames}  # kind -> source(engine, payload, stop); each tab adds its own
         self.sessions: weakref.WeakValueDictionary[str, SessionState] = weakref.WeakValueDictionary()
 
     def check_request(self, request: RunRequest) -> None:
@@ -131,7 +129,7 @@ class Playground:
         self.engine.check_settings(request.settings)
 
     def checked_request(self, *inputs, ui_limits: bool, thinking=False) -> RunRequest:
-        """`parse` then `check_request` of the API's inputs; raises gr.Error."""
+        """`parse` then `check_request`; gr.Error."""
         with refusing():
             run = self.parse(*inputs, ui_limits=ui_limits, thinking=thinking)
             self.check_request(run)
@@ -142,21 +140,21 @@ class Playground:
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
                   receive=None) -> RunWorker:
-        """Start `job` in the app's `Runner`, registered as `key`; `record` as `RunWorker`'s, `receive` `received`'s."""
+        """Start `job` in the app's `Runner` as `key`; `record` as `RunWorker`'s, `receive` as `received`'s."""
         source = self.sources[job.kind]
         return self.runs.start(lambda stop: received(source(self.engine, job.payload, stop), receive), key,
                                keep_history=keep_history, record=record)
 
     def step_frames(self, request: RunRequest) -> Iterator[Frame]:
-        """A stepped run's frames, one per `next()`: the engine's generator, kept between clicks."""
+        """A stepped run's frames, one per `next()`."""
         return generation_frames(self.engine, request, None)
 
     def check_job(self, job: Job) -> None:
-        """Checks of `job` beyond its tab's own (on ZeroGPU: the GPU budget; raises ValueError)."""
+        """Checks of `job` beyond its tab's own (ZeroGPU's budget; ValueError)."""
 
     @staticmethod
     def parse(prompt, raw, *values, ui_limits: bool, thinking=False) -> RunRequest:
-        """A `RunRequest` from the API's inputs: prompt, raw, the settings table's settings, seed (ValueError)."""
+        """A `RunRequest` from prompt, raw, the table's settings and seed (ValueError)."""
         *settings, seed = values
         if len(settings) != len(SETTING_NAMES):
             raise TypeError(f"expected {len(SETTING_NAMES)} settings and a seed, got {len(values)} values")
@@ -165,7 +163,7 @@ class Playground:
 
     def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool,
                first: bool = True) -> StreamOutputs:
-        """The view of `snap` (blocks' HTML cached in `session`); hover text if `final`, buttons if `first`|`final`."""
+        """The view of `snap` (blocks' HTML cached in `session`); hover text if `final`, buttons if `first`/`final`."""
         finished = snap.finished_blocks()
         for frame in finished[len(session.finished_html):]:
             session.finished_html.append(block_html(frame, live=False))
@@ -179,7 +177,7 @@ class Playground:
             stack = stack_html(finished, finished_html=session.finished_html)
             session.stacked_blocks = len(finished)
         canvas = live_html(live, newest=latest, status=status)
-        # The text and the thought only change when a block is committed: made and re-sent only then, with the stack
+        # the text and the thought change only with a committed block: sent only then
         committed = isinstance(stack, str) or first
         result = self.engine.summarize(latest, snap.frames_seen) if latest is not None and committed else None
         text = (plain_text(result.text) if result is not None else "") if committed else gr.skip()
@@ -201,8 +199,7 @@ class Playground:
         )
 
     def request_run(self, session: SessionState, *inputs) -> tuple:
-        """A run trigger's first step: check the inputs (gr.Error), take a ticket (stopping the session's run);
-        returns (ticket, waiting meter, Generate and Stop updates)."""
+        """A run trigger's check (gr.Error) and ticket (stopping the session's run): (ticket, meter, buttons)."""
         count = len(SETTING_NAMES) + 3  # prompt, raw, the settings, seed; then `thinking` from the page
         self.checked_request(*inputs[:count], ui_limits=True, thinking=inputs[count] if len(inputs) > count else False)
         if session is None:
@@ -212,7 +209,6 @@ class Playground:
                 gr.update(interactive=True))
 
     def refused(self, session: SessionState):
-        """After a refused request: `previous_run_meter` of the session's run."""
         return previous_run_meter(getattr(session, "snapshot", None), session is not None and session.run_in_progress)
 
     def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
@@ -276,7 +272,7 @@ class Playground:
                                    stop_button=gr.update(interactive=False)).as_tuple()
 
     def unload(self, request: gr.Request) -> None:
-        """A browser tab closed: stop its runs and release the session's state."""
+        """A tab closed: stop its runs and release its session."""
         key = getattr(request, "session_hash", None)
         self.runs.unload(key)
         session = self.sessions.pop(key, None) if key else None
@@ -295,7 +291,7 @@ class Playground:
         return plots.block_plots(snap.block_frames(index), animate=snap.finished or index < snap.block_count - 1)
 
     def apply_preset(self, name) -> tuple:
-        """The preset dropdown: preset `name`'s `PRESET_FIELDS` values (skips for "custom"; gr.Warning: unknown)."""
+        """Preset `name`'s `PRESET_FIELDS` values (skips for "custom"; gr.Warning: unknown)."""
         if name == CUSTOM_PRESET:
             return (gr.skip(),) * len(PRESET_FIELDS)
         try:
@@ -310,7 +306,7 @@ class Playground:
         return str(draw_seed())
 
     def generate_api(self, *inputs, thinking=False) -> tuple[str, dict]:
-        """`/generate` to its end: (text, summary of `API_SUMMARY_KEYS`); gr.Error."""
+        """`/generate` to its end: (text, summary); gr.Error."""
         worker = self.start_run(self.checked_request(*inputs, ui_limits=False, thinking=thinking), keep_history=False)
         try:
             snap = worker.wait()
@@ -319,7 +315,7 @@ class Playground:
         return self.api_result(snap)
 
     async def generate_api_served(self, *inputs, request: gr.Request = None) -> tuple[str, dict]:
-        """`/generate` as served: `generate_api`, its run stopped once its client goes away."""
+        """`/generate` as served: stopped once its client goes away."""
         def job() -> Job:
             run = self.checked_request(*inputs, ui_limits=False)
             return Job("generate", run, run.settings)
@@ -327,7 +323,7 @@ class Playground:
         return self.api_result(await api_run(self, job, request, keep_history=False))
 
     def api_result(self, snap: RunSnapshot) -> tuple[str, dict]:
-        """(text, summary) of a finished API run; raises gr.Error for a failed one."""
+        """(text, summary) of a finished API run; gr.Error for a failed one."""
         if snap.error is not None:
             raise user_error(snap.error)
         if snap.latest is None:

@@ -1,5 +1,5 @@
-"""ZeroGPU (Spaces' shared GPUs): `ZeroGpuPlayground` runs every tab's jobs under `spaces.GPU` in the GPU process
-ZeroGPU forks (the `Job`, its `StopFlag` and each frame pickled across); `GpuBudget` sizes and refuses them."""
+"""ZeroGPU: `ZeroGpuPlayground` runs every tab's jobs under `spaces.GPU` in the GPU process (the `Job`, its `StopFlag`
+and each frame pickled across); `GpuBudget` sizes and refuses them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import gradio as gr
 import torch
 
 from engine import DiffusionEngine, DiffusionSettings, Frame
-from engine.settings import draw_seed
+from engine.settings import draw_seed, parse_number
 from engine.loading import ModelLoadError, load_model
 from engine.memory import memory_report
 
@@ -34,6 +34,12 @@ LOG = logging.getLogger(__name__)
 GpuSize = str  # "large" (half a card) or "xlarge" (the whole card)
 XLARGE_WEIGHTS_BYTES = 45_097_156_608  # `spaces`' own switch to "xlarge"
 MIN_RUN_S = 5.0  # the shortest time limit a run gets
+BUDGET_VARIABLES = {"seconds_per_forward": "DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD",
+                    "setup_s": "DIFFGEMMA_ZEROGPU_SETUP_SECONDS", "quota_s": "DIFFGEMMA_ZEROGPU_QUOTA_SECONDS"}
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
 class StopFlag:
@@ -70,9 +76,9 @@ class GpuBudget:
     def __post_init__(self):
         if self.size not in ("large", "xlarge"):
             raise ValueError(f"ZeroGPU size must be 'large' or 'xlarge', got {self.size!r}")
-        for name in ("seconds_per_forward", "setup_s", "quota_s"):
+        for name in BUDGET_VARIABLES:
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            if not _positive(value):
                 raise ValueError(f"ZeroGPU {name} must be a number > 0, got {value!r}")
 
     @classmethod
@@ -80,16 +86,12 @@ class GpuBudget:
         """The budget from DIFFGEMMA_ZEROGPU_* (defaults where unset); ValueError names a bad variable."""
         env = os.environ if environ is None else environ
         values = {}
-        for field, name in (("seconds_per_forward", "DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD"),
-                            ("setup_s", "DIFFGEMMA_ZEROGPU_SETUP_SECONDS"),
-                            ("quota_s", "DIFFGEMMA_ZEROGPU_QUOTA_SECONDS")):
+        for field, name in BUDGET_VARIABLES.items():
             if text := env.get(name, "").strip():
-                try:
-                    values[field] = float(text)
-                except ValueError:
-                    values[field] = math.nan
-                if not (math.isfinite(values[field]) and values[field] > 0):
+                number = parse_number(text)
+                if not _positive(number):
                     raise ValueError(f"{name} must be a number > 0, got {text!r}")
+                values[field] = float(number)
         return cls(size=size, **values)
 
     @staticmethod
@@ -106,7 +108,7 @@ class GpuBudget:
         return duration_s * (2 if self.size == "xlarge" else 1)
 
     def check(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> None:
-        """Raise ValueError naming what to lower when the request's GPU time cannot fit `quota_s`."""
+        """ValueError naming what to lower when the request's GPU time cannot fit `quota_s`."""
         duration = self.duration_s(settings, canvas_length, extra_forwards)
         if self.quota_cost_s(duration) <= self.quota_s:
             return
@@ -165,11 +167,10 @@ class ZeroGpuPlayground(Playground):
         self._gpu_frames = spaces_module.GPU(duration=self.gpu_seconds, size=self.budget.size)(self._frames_on_gpu)
 
     def gpu_seconds(self, job: Job, stop: StopFlag) -> int:
-        """`spaces.GPU`'s `duration`."""
         return self.budget.duration_s(job.settings, self.engine.canvas_length, job.extra_forwards)
 
     def check_request(self, request: RunRequest) -> None:
-        """`Playground.check_request`, then the GPU budget (ValueError)."""
+        """`Playground.check_request`, then the GPU budget."""
         super().check_request(request)
         self.check_job(Job("generate", request, request.settings))
 
@@ -179,7 +180,7 @@ class ZeroGpuPlayground(Playground):
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
                   receive=None) -> RunWorker:
-        """Start `job` on a GPU, blocking until its first frame; gr.Error: refused, or failed before that frame."""
+        """Start `job` on a GPU, blocking until its first frame; gr.Error: refused, or failed before it."""
         stop = StopFlag()
         frames = self._gpu_frames(job, stop)
         try:
