@@ -53,8 +53,7 @@ class PlaygroundBlocks(gr.Blocks):
 
 
 def load_examples(path: Path = EXAMPLES_PATH, *, embedded: bool = True) -> list[list]:
-    """`[[prompt, raw], ...]` from the examples JSON: its "examples" for the embedded model, else its
-    "instruction_examples" (falling back to "examples")."""
+    """`[[prompt, raw], ...]`: the JSON's "examples" for the embedded model, else its "instruction_examples"."""
     data = json.loads(path.read_text(encoding="utf-8"))
     chosen = data["examples"] if embedded else data.get("instruction_examples") or data["examples"]
     return [[str(e["prompt"]), bool(e.get("raw", False))] for e in chosen]
@@ -91,9 +90,8 @@ def header_html(engine: DiffusionEngine) -> str:
 def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
               reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
               max_run_s: float | None = DEFAULT_MAX_RUN_S, race: RaceRunner | None = None) -> gr.Blocks:
-    """The app of the loaded `engine`, shared by every session, its queue configured; `app.playground` holds its
-    handlers. `max_fps`, `reader_budget`, `abandon_after_s`, `max_run_s` as `Playground`'s; `race`: the Race tab's
-    runner (default: the engine against its own causal encoder)."""
+    """The app of the loaded `engine`, its queue configured, its handlers in `app.playground`; the keywords as
+    `Playground`'s, `race` the Race tab's runner (default: the engine against its own causal encoder)."""
     playground = make_playground(engine, max_fps=max_fps, reader_budget=reader_budget,
                                  abandon_after_s=abandon_after_s, max_run_s=max_run_s)
     race_tab = RaceTab(race or RaceRunner(engine), playground)
@@ -109,11 +107,10 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
             with gr.Tab("Playground", id="playground", elem_id="dg-tab-playground"):
                 with gr.Row(equal_height=False, elem_id="dg-main"):
                     with gr.Column(min_width=0, elem_id="dg-controls"):
-                        prompt = gr.Textbox(
-                            label="Prompt", lines=3, max_lines=8, elem_id="dg-prompt",
-                            info=f"Shift+Enter generates; Enter adds a line; at most {MAX_PROMPT_CHARS:,} characters",
-                            placeholder="Type a prompt, or pick an example", value=default_prompt,
-                        )
+                        prompt = gr.Textbox(label="Prompt", lines=3, max_lines=8, elem_id="dg-prompt", value=default_prompt,
+                                            info=f"Shift+Enter generates; Enter adds a line; at most "
+                                                 f"{MAX_PROMPT_CHARS:,} characters",
+                                            placeholder="Type a prompt, or pick an example")
                         raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)",
                                           value=False, elem_id="dg-raw", info=prose("raw-info"))
                         thinking = gr.Checkbox(label="Think first (the answer follows a thought, shown apart)",
@@ -179,11 +176,9 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                             inputs=[session, *run_inputs, thinking], outputs=[ticket, meter, generate, stop],
                             refused=playground.refused, refused_inputs=[session], refused_outputs=[meter],
                             trigger_mode="multiple")
-        run_step = requested.success(
-            fn=playground.generate_stream, inputs=[session, *run_inputs, ticket, thinking], outputs=stream_outputs,
-            api_visibility="private", concurrency_id="engine", show_progress="full",
-            show_progress_on=[canvas], trigger_mode="multiple",
-        )
+        run_step = requested.success(playground.generate_stream, inputs=[session, *run_inputs, ticket, thinking],
+                                     outputs=stream_outputs, api_visibility="private", concurrency_id="engine",
+                                     show_progress="full", show_progress_on=[canvas], trigger_mode="multiple")
         # Stop also cancels the run step, so a queued run leaves the queue
         stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step], **UNQUEUED)
         keep = KeepHandlers(playground)
@@ -218,8 +213,8 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
 
 
 def register_apis(playground, race: RaceTab, chat: ChatTab, infill: InfillTab, keep: KeepHandlers) -> None:
-    """`/generate`, `/race`, `/chat`, `/infill`, `/export`: each takes the settings table's settings (defaults: the
-    checkpoint's recommended ones) between its own parameters."""
+    """`/generate`, `/race`, `/chat`, `/infill`, `/export`, each with the table's settings (defaults: the
+    checkpoint's recommended ones) among its own parameters."""
     rec = playground.engine.recommended
     required = inspect.Parameter.empty
     seed = ("seed", int, -1)

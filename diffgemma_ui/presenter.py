@@ -1,5 +1,5 @@
-"""The live presenter's data: the session's run (live, last, or a replayed trace) as the replay player's JSON,
-sent in chunks of the frames the page (`assets/replay/present.js`) lacks."""
+"""The live presenter's data: the session's run (live, last, or a replayed trace) as the replay player's JSON, in
+chunks of the frames the page (`assets/replay/present.js`) lacks."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ PRESENT_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js", "present.j
 
 
 def present_head() -> str:
-    """The `<script>` that gives the page the player and its presenter overlay."""
+    """The `<script>` of the player and its presenter overlay."""
     return f"<script>{player_script(names=PRESENT_SCRIPTS)}</script>"
 
 
@@ -30,8 +30,7 @@ def run_frames(session) -> tuple[list, Trace | None]:
 
 
 def present_chunk(engine, session, have) -> str:
-    """JSON of the session's run's frames after `have` ("key:count"): `replay_data` plus `key`; `{"key": null}`
-    without a run."""
+    """JSON of the session's run's frames after `have` ("key:count"): `replay_data` and `key` (null: no run)."""
     frames, trace = run_frames(session)
     request = getattr(session, "request", None)
     if not frames or (trace is None and request is None):

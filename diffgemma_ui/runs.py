@@ -10,7 +10,6 @@ import logging
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -68,7 +67,7 @@ class RunSnapshot:
 
 @dataclass
 class RunRecord:
-    """A run's frames, appended by one writer and read by any number of readers; `count` frames so far."""
+    """A run's frames, appended by one writer, read by any number of readers; `count` frames so far."""
 
     keep_history: bool = True
     count: int = 0
@@ -95,13 +94,11 @@ class RunRecord:
             self.count += 1
 
     def finish(self, error: BaseException | None = None) -> None:
-        """Mark the run over, with the exception that ended it."""
         with self._lock:
             self.finished = True
             self._error = error
 
     def snapshot(self) -> RunSnapshot:
-        """A consistent copy of the record right now."""
         with self._lock:
             return RunSnapshot(frames_seen=self.count, latest=self._latest,
                                blocks=self._frozen + ((tuple(self._current),) if self._current else ()),
@@ -113,12 +110,10 @@ class RunTimeLimitExceeded(RuntimeError):
 
 
 def is_out_of_memory(error: BaseException | None) -> bool:
-    """Whether `error` is the device or the host running out of memory."""
     return isinstance(error, (MemoryError, torch.OutOfMemoryError))
 
 
 def release_memory() -> None:
-    """Collect garbage and hand cached accelerator memory back."""
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
@@ -175,7 +170,7 @@ class RunWorker:
         return self._thread is not None and self._thread.is_alive()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the worker thread to end; returns whether it has."""
+        """Whether the worker thread has ended, after waiting up to `timeout` s."""
         if self._thread is not None:
             self._thread.join(timeout)
         return not self.running
@@ -192,7 +187,7 @@ class RunWorker:
                     break
         except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
             if not isinstance(exc, ValueError):
-                LOG.error("run failed: %s", "".join(traceback.format_exception(exc)).rstrip())
+                LOG.error("run failed", exc_info=exc)
             error = _without_tracebacks(exc)
         finally:
             with contextlib.suppress(Exception):
@@ -387,7 +382,6 @@ class Runner:
             return sum(1 for w in self._runs.values() if w.running)
 
     def updates(self, worker: RunWorker) -> Iterator[RunSnapshot]:
-        """`worker`'s coalesced snapshots at the app's live rate."""
         return worker.updates(self.max_fps, reader_budget=self.reader_budget)
 
     async def served(self, start: Callable[[], RunWorker], request) -> RunSnapshot:

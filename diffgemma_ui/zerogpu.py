@@ -10,7 +10,6 @@ import logging
 import math
 import os
 import tempfile
-import traceback
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -190,7 +189,7 @@ class ZeroGpuPlayground(Playground):
         except BaseException as error:
             stop.discard()
             if isinstance(error, Exception) and not isinstance(error, gr.Error):
-                LOG.error("ZeroGPU run failed to start: %s", "".join(traceback.format_exception(error)).rstrip())
+                LOG.error("ZeroGPU run failed to start", exc_info=error)
                 raise user_error(describe_error(error)) from None
             raise
         # Set-up is over with the first frame: the rest is the forwards' share
@@ -230,7 +229,7 @@ class ZeroGpuPlayground(Playground):
             yield from self.sources[job.kind](self.gpu_engine, job.payload, stop)
         except Exception as error:  # noqa: BLE001 - one clear message across the process boundary
             if not isinstance(error, ValueError):
-                LOG.error("run failed on the GPU: %s", "".join(traceback.format_exception(error)).rstrip())
+                LOG.error("run failed on the GPU", exc_info=error)
             raise user_error(describe_error(error)) from None
 
 
