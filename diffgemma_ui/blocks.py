@@ -20,7 +20,7 @@ from .keep import KeepHandlers, build_keep_controls, wire_keep
 from .meter import meter_html
 from .presenter import present_head, wire_presenter
 from .race_tab import RaceTab, build_race_tab
-from .runs import DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, ClosedSessionDropper
+from .runs import ClosedSessionDropper
 from .session import SessionState
 from .step_through import StepThroughHandlers, build_step_controls, reset_note_on, wire_step_through
 from .tab import (API_SETTINGS, PRIVATE, UNQUEUED, checked, live_plots, refusal_box, register_api, run_buttons,
@@ -87,13 +87,10 @@ def header_html(engine: DiffusionEngine) -> str:
     )
 
 
-def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
-              reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
-              max_run_s: float | None = DEFAULT_MAX_RUN_S, race: RaceRunner | None = None) -> gr.Blocks:
-    """The app of the loaded `engine`, its queue configured, its handlers in `app.playground`; the keywords as
+def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limits) -> gr.Blocks:
+    """The app of the loaded `engine`, its queue configured, its handlers in `app.playground`; `limits` as
     `Playground`'s, `race` the Race tab's runner (default: the engine against its own causal encoder)."""
-    playground = make_playground(engine, max_fps=max_fps, reader_budget=reader_budget,
-                                 abandon_after_s=abandon_after_s, max_run_s=max_run_s)
+    playground = make_playground(engine, **limits)
     race_tab = RaceTab(race or RaceRunner(engine), playground)
     chat_tab, infill_tab = ChatTab(playground), InfillTab(playground)
     rec = engine.recommended

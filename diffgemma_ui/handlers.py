@@ -16,8 +16,7 @@ from engine.settings import SETTING_NAMES, draw_seed
 from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html, thought_html
 from .meter import meter_html, refused_meter_html, run_meter_html, waiting_meter_html
-from .runs import (DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, STOP_WAIT_S, Runner, RunSnapshot, RunWorker,
-                   default_live_rate, session_key, wait_all)
+from .runs import STOP_WAIT_S, Runner, RunSnapshot, RunWorker, default_live_rate, session_key, wait_all
 from .session import SessionState
 from .tab import PlotClock, api_run, describe_error, refusing, user_error
 from .text import plain_text
@@ -111,14 +110,11 @@ def previous_run_meter(snap: RunSnapshot | None, running: bool):
 
 
 class Playground:
-    """Handlers bound to one loaded `engine`; the keywords as `runs.Runner`'s (`max_fps` None: by canvas)."""
+    """Handlers bound to one loaded `engine`; `limits` as `runs.Runner`'s keywords (`max_fps` None: by canvas)."""
 
-    def __init__(self, engine: DiffusionEngine, *, max_fps: float | None = None,
-                 reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
-                 max_run_s: float | None = DEFAULT_MAX_RUN_S):
+    def __init__(self, engine: DiffusionEngine, *, max_fps: float | None = None, **limits):
         self.engine = engine
-        self.runs = Runner(max_fps=default_live_rate(engine.canvas_length) if max_fps is None else max_fps,
-                           reader_budget=reader_budget, abandon_after_s=abandon_after_s, max_run_s=max_run_s)
+        self.runs = Runner(max_fps=default_live_rate(engine.canvas_length) if max_fps is None else max_fps, **limits)
         self.sources = {"generate": generation_frames}  # kind -> source(engine, payload, stop); each tab adds its own
         self.sessions: weakref.WeakValueDictionary[str, SessionState] = weakref.WeakValueDictionary()
 
@@ -156,8 +152,6 @@ class Playground:
     def parse(prompt, raw, *values, ui_limits: bool, thinking=False) -> RunRequest:
         """A `RunRequest` from prompt, raw, the table's settings and seed (ValueError)."""
         *settings, seed = values
-        if len(settings) != len(SETTING_NAMES):
-            raise TypeError(f"expected {len(SETTING_NAMES)} settings and a seed, got {len(values)} values")
         return build_request(prompt, raw, dict(zip(SETTING_NAMES, settings)), seed, ui_limits=ui_limits,
                              thinking=thinking)
 

@@ -11,6 +11,8 @@ import gradio as gr
 from engine.replay_page import player_script, replay_data, script_json
 from engine.trace import ModelInfo, Trace
 
+from .tab import PRIVATE, UNQUEUED
+
 PRESENT_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js", "present.js")
 
 
@@ -57,11 +59,10 @@ def present_chunk(engine, session, have) -> str:
 
 def wire_presenter(playground, session, present: gr.Button) -> None:
     """The `present` button and the hidden components the presenter polls through."""
-    present.click(None, js="() => window.dgPresenter.open()", api_visibility="private", show_progress="hidden")
+    present.click(None, js="() => window.dgPresenter.open()", **PRIVATE)
     have = gr.Textbox(visible="hidden", elem_id="dg-present-have")
     chunk = gr.Textbox(visible="hidden", elem_id="dg-present-data")
     poll = gr.Button(visible="hidden", elem_id="dg-present-poll")
     poll.click(lambda s, h: present_chunk(playground.engine, s, h), inputs=[session, have], outputs=[chunk],
-               js="(s, h) => [s, window.dgPresenter.have()]", api_visibility="private", concurrency_limit=None,
-               show_progress="hidden", queue=False).then(
-        None, [chunk], None, js="(c) => window.dgPresenter.feed(c)", api_visibility="private", show_progress="hidden")
+               js="(s, h) => [s, window.dgPresenter.have()]", queue=False, **UNQUEUED).then(
+        None, [chunk], None, js="(c) => window.dgPresenter.feed(c)", **PRIVATE)

@@ -148,9 +148,7 @@ class RunWorker:
         self._last_poll = time.monotonic()
 
     def start(self) -> "RunWorker":
-        """Start the worker thread; returns self (RuntimeError the second time)."""
-        if self._thread is not None:
-            raise RuntimeError("this run was already started")
+        """Start the worker thread; returns self."""
         self._last_poll = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="diffgemma-run", daemon=True)
         self._thread.start()

@@ -280,9 +280,7 @@ def setting_params(defaults: DiffusionSettings, names: Sequence[str] = API_SETTI
 def register_api(name: str, handler: Callable, params: Sequence[Param], returns, doc: str) -> None:
     """Register `/name`: `await handler(*values, request=...)` behind a signature of `params`."""
     parameters = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
-                  for p, kind, default in params]
-    parameters.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
-                                        annotation=gr.Request))
+                  for p, kind, default in (*params, ("request", gr.Request, None))]
     signature = inspect.Signature(parameters, return_annotation=returns)
 
     async def endpoint(*args, **kwargs):
