@@ -60,7 +60,6 @@ def load_examples(path: Path = EXAMPLES_PATH, *, embedded: bool = True) -> list[
 
 
 def is_embedded_model(engine: DiffusionEngine) -> bool:
-    """Whether `engine` runs the embedded diffgemma-tiny."""
     try:
         return Path(str(engine.source)).resolve() == DEFAULT_MODEL.resolve()
     except (OSError, RuntimeError):
@@ -104,10 +103,10 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
             with gr.Tab("Playground", id="playground", elem_id="dg-tab-playground"):
                 with gr.Row(equal_height=False, elem_id="dg-main"):
                     with gr.Column(min_width=0, elem_id="dg-controls"):
-                        prompt = gr.Textbox(label="Prompt", lines=3, max_lines=8, elem_id="dg-prompt", value=default_prompt,
-                                            info=f"Shift+Enter generates; Enter adds a line; at most "
-                                                 f"{MAX_PROMPT_CHARS:,} characters",
-                                            placeholder="Type a prompt, or pick an example")
+                        prompt = gr.Textbox(
+                            label="Prompt", lines=3, max_lines=8, elem_id="dg-prompt", value=default_prompt,
+                            info=f"Shift+Enter generates; Enter adds a line; at most {MAX_PROMPT_CHARS:,} characters",
+                            placeholder="Type a prompt, or pick an example")
                         raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)",
                                           value=False, elem_id="dg-raw", info=prose("raw-info"))
                         thinking = gr.Checkbox(label="Think first (the answer follows a thought, shown apart)",
@@ -210,8 +209,7 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
 
 
 def register_apis(playground, race: RaceTab, chat: ChatTab, infill: InfillTab, keep: KeepHandlers) -> None:
-    """`/generate`, `/race`, `/chat`, `/infill`, `/export`, each with the table's settings (defaults: the
-    checkpoint's recommended ones) among its own parameters."""
+    """`/generate`, `/race`, `/chat`, `/infill`, `/export`, each with the table's settings (default: recommended)."""
     rec = playground.engine.recommended
     required = inspect.Parameter.empty
     seed = ("seed", int, -1)

@@ -69,8 +69,7 @@ def queue_plan(device_type: str, environ: Mapping[str, str] | None = None) -> Qu
 
 
 def slow_idle_queue_polling(app, seconds: float = QUEUE_IDLE_POLL_S) -> bool:
-    """Make `app`'s idle queue poll every `seconds` (Gradio's 1 ms takes the GIL from the engine); returns whether it
-    could. Call after `app.queue()`."""
+    """After `app.queue()`: poll an idle queue every `seconds` (Gradio's 1 ms takes the GIL); whether it could."""
     queue = getattr(app, "_queue", None)
     if queue is None or not hasattr(queue, "sleep_when_free"):
         return False

@@ -1,5 +1,4 @@
-"""The Playground tab's handlers (`Playground`), through which every tab's jobs start: checks, runs, renders and
-`/generate`."""
+"""The Playground tab's handlers (`Playground`, through which every tab's jobs start) and `/generate`."""
 
 from __future__ import annotations
 
@@ -22,10 +21,8 @@ from .tab import PlotClock, api_run, describe_error, refusing, user_error
 from .text import plain_text
 from .validation import CUSTOM_PRESET, PRESET_FIELDS, RunRequest, build_request, preset_values
 
-API_SUMMARY_KEYS = (
-    "frames", "forwards", "tokens_per_second", "tokens_per_forward", "seconds", "seed", "token_ids", "stop_reason",
-    "forwards_per_block", "time_to_first_frame_s", "prompt_tokens", "tokens", "thought",
-)
+API_SUMMARY_KEYS = ("frames", "forwards", "tokens_per_second", "tokens_per_forward", "seconds", "seed", "token_ids",
+                    "stop_reason", "forwards_per_block", "time_to_first_frame_s", "prompt_tokens", "tokens", "thought")
 
 
 @dataclass(frozen=True)
@@ -53,8 +50,7 @@ STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
 
 @dataclass(frozen=True)
 class Job:
-    """Model work: `kind` (a `Playground.sources` key), a picklable `payload`, its `settings`, and for the GPU budget
-    its `extra_forwards` beyond canvases x steps."""
+    """Model work: a `Playground.sources` `kind`, a picklable `payload`, `settings`, GPU-budget `extra_forwards`."""
 
     kind: str
     payload: object

@@ -61,7 +61,6 @@ class RunSnapshot:
         return [frames[-1] for frames in self.blocks if frames and frames[-1].block_done]
 
     def frames(self) -> list[Frame]:
-        """Every frame kept, in order."""
         return [frame for block in self.blocks for frame in block]
 
 
@@ -133,8 +132,7 @@ def _without_tracebacks(error: BaseException) -> BaseException:
 
 
 class RunWorker:
-    """`source(stop_event)` read into `record` in a thread, stopped when unread `abandon_after_s` or past
-    `time_limit_s`."""
+    """`source(stop_event)` read into `record` in a thread, stopped unread `abandon_after_s` or past `time_limit_s`."""
 
     def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0,
                  time_limit_s: float | None = None, stop_event: threading.Event | None = None, record=None):

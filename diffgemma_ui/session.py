@@ -43,8 +43,8 @@ class SessionState:
         return ticket == self.ticket
 
     def begin(self, worker: RunWorker, ticket: int | None = None) -> bool:
-        """Make `worker` the run for `ticket` (None: claim one) once the previous stream ended; False (and `worker`
-        stopped) when the ticket went stale meanwhile."""
+        """Make `worker` the run for `ticket` (None: claim one) once the previous stream ended; False (`worker`
+        stopped) if the ticket went stale meanwhile."""
         if ticket is None:
             ticket = self.claim()
         self.stop()

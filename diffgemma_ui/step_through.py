@@ -106,7 +106,7 @@ class StepThroughHandlers(Tab):
         return (*outputs.as_tuple(), step_note(latest) if latest is not None else "")
 
     def next_step(self, session: SessionState, *inputs) -> tuple:
-        """"Next step": one forward (a new run from `inputs` if none); gr.Error: bad input, a run in progress, failed."""
+        """"Next step": one forward (a new run from `inputs` if none); gr.Error: bad input, a run going, failed."""
         return self._advance(session, self._step_run(session, inputs))
 
     def run_to_end(self, session: SessionState, *inputs) -> Iterator[tuple]:

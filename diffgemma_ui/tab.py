@@ -71,8 +71,7 @@ def refusing() -> Iterator[None]:
 
 
 async def api_run(playground, job: Callable, request, **options) -> RunSnapshot:
-    """An endpoint's run of `job()` (made and checked under `refusing`) to its final snapshot; `options` as
-    `start_job`'s. gr.Error: refused, the client left, the run failed."""
+    """An endpoint's `job()` (made and checked under `refusing`) run to its final snapshot; gr.Error."""
     def start() -> RunWorker:
         with refusing():
             made = job()
@@ -188,8 +187,8 @@ def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.
 
 def wire_run(triggers: Sequence, check: Callable, stream: Callable, *, state: gr.State, inputs: list, outputs: list,
              box: tuple[gr.HTML, gr.State], stop: gr.Button, check_inputs: list | None = None, **refused):
-    """A tab's run: `check(*check_inputs)` (default `inputs`), then `stream(state, *inputs)` in the engine's slot,
-    a trigger during a stream's end run after it; `stop` stops it. The stream's event."""
+    """A tab's run: `check(*check_inputs)` (default `inputs`), then `stream(state, *inputs)` in the engine's slot
+    (a trigger while a stream ends runs after it); `stop` stops it. The stream's event."""
     event = checked(triggers, check, inputs=inputs if check_inputs is None else check_inputs, box=box,
                     trigger_mode="once", **refused)
     wire_stop(stop, state)

@@ -1,5 +1,5 @@
-"""ZeroGPU: `ZeroGpuPlayground` runs every tab's jobs under `spaces.GPU` in the GPU process (the `Job`, its `StopFlag`
-and each frame pickled across); `GpuBudget` sizes and refuses them."""
+"""ZeroGPU: `ZeroGpuPlayground` runs every tab's jobs under `spaces.GPU` in the GPU process (the `Job`, a `StopFlag`
+and the frames pickled across); `GpuBudget` sizes and refuses them."""
 
 from __future__ import annotations
 
@@ -159,7 +159,6 @@ class ZeroGpuPlayground(Playground):
         return self.budget.duration_s(job.settings, self.engine.canvas_length, job.extra_forwards)
 
     def check_request(self, request: RunRequest) -> None:
-        """`Playground.check_request`, then the GPU budget."""
         super().check_request(request)
         self.check_job(Job("generate", request, request.settings))
 
