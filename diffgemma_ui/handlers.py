@@ -162,18 +162,16 @@ class Playground:
         status = status_text(latest, snap.error) if final else ""
         if latest is None and not final:
             status = "Encoding the prompt\u2026"
-        stack = gr.skip()
+        skip = gr.skip()
+        stack = text = thought = heatmap = order = entropy = skip
         if len(finished) != session.stacked_blocks or final:
             stack = stack_html(finished, finished_html=session.finished_html)
             session.stacked_blocks = len(finished)
+        if isinstance(stack, str) or first:  # the text and the thought change only with a committed block
+            result = self.engine.summarize(latest, snap.frames_seen) if latest is not None else None
+            text = plain_text(result.text) if result is not None else ""
+            thought = thought_html(result.thought if result is not None else "")
         canvas = live_html(live, newest=latest, status=status)
-        # the text and the thought change only with a committed block: sent only then
-        committed = isinstance(stack, str) or first
-        result = self.engine.summarize(latest, snap.frames_seen) if latest is not None and committed else None
-        text = (plain_text(result.text) if result is not None else "") if committed else gr.skip()
-        thought = thought_html(result.thought if result is not None else "") if committed else gr.skip()
-        skip = gr.skip()
-        heatmap = order = entropy = skip
         if plots_due or final:
             heatmap, order, entropy = plots.block_plots(snap.block_frames(), animate=final, hover=final)
         blocks = snap.block_count
