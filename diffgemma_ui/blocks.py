@@ -159,7 +159,7 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
             with gr.Tab("Compare", id="compare", elem_id="dg-tab-compare"):
                 build_compare_tab(CompareHandlers(playground), default_prompt)
             with gr.Tab("Chat", id="chat", elem_id="dg-tab-chat"):
-                build_chat_tab(chat_tab, [p for p, raw in load_examples(embedded=embedded) if not raw])
+                build_chat_tab(chat_tab, [p for p, is_raw in examples if not is_raw])
             with gr.Tab("Infill", id="infill", elem_id="dg-tab-infill"):
                 build_infill_tab(infill_tab, EMBEDDED_TEMPLATE if embedded else INSTRUCTION_TEMPLATE)
 

@@ -38,8 +38,7 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
         return dict.fromkeys(("tokens/s", "tokens/forward", "forwards/block", "ms/forward", "forwards used", "elapsed",
                               "first frame", "tokens", "progress"), "\u2013")
     fpb = frame.forwards_per_block
-    last = committed if committed is not None else (frame if frame.block_done or not fpb else None)
-    rates = last if last is not None else frame
+    rates = committed if committed is not None else frame
     counting = not fpb
     forwards_per_block = format_count(sum(fpb) / len(fpb), 1) if fpb else f"\u2265 {frame.step_index + 1}"
     if frame.done:

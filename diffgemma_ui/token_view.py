@@ -113,20 +113,19 @@ def token_cells(tokens: Sequence[str], kinds: Sequence[str] | None = None,
     n = len(tokens)
     kinds = list(kinds) if kinds else [TEXT] * n
     groups = list(groups) if groups is not None else [None] * n
-    cells: list[TokenCell | None] = [None] * n
+    cells: list[TokenCell] = []
     pos = 0
     while pos < n:
         kind, token = kinds[pos], tokens[pos]
-        data = parse_byte_display(token) if kind == BYTE else b""
-        if kind == BYTE and data:
+        if kind == BYTE and parse_byte_display(token):
             end = pos + 1
             while end < n and kinds[end] == BYTE and groups[end] == groups[pos] and parse_byte_display(tokens[end]):
                 end += 1
-            cells[pos:end] = _byte_run([parse_byte_display(t) for t in tokens[pos:end]])
+            cells.extend(_byte_run([parse_byte_display(t) for t in tokens[pos:end]]))
             pos = end
-            continue
-        cells[pos] = _single_cell(token, kind)
-        pos += 1
+        else:
+            cells.append(_single_cell(token, kind))
+            pos += 1
     return cells
 
 
