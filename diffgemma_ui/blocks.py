@@ -20,7 +20,7 @@ from .keep import KeepHandlers, build_keep_controls, wire_keep
 from .meter import meter_html
 from .presenter import present_head, wire_presenter
 from .race_tab import RaceTab, build_race_tab
-from .runs import DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, ClosedSessionDropper
+from .runs import ClosedSessionDropper
 from .session import SessionState
 from .step_through import StepThroughHandlers, build_step_controls, reset_note_on, wire_step_through
 from .tab import (API_SETTINGS, PRIVATE, UNQUEUED, checked, live_plots, refusal_box, register_api, run_buttons,
@@ -53,15 +53,13 @@ class PlaygroundBlocks(gr.Blocks):
 
 
 def load_examples(path: Path = EXAMPLES_PATH, *, embedded: bool = True) -> list[list]:
-    """`[[prompt, raw], ...]` from the examples JSON: its "examples" for the embedded model, else its
-    "instruction_examples" (falling back to "examples")."""
+    """`[[prompt, raw], ...]`: the JSON's "examples" for the embedded model, else its "instruction_examples"."""
     data = json.loads(path.read_text(encoding="utf-8"))
     chosen = data["examples"] if embedded else data.get("instruction_examples") or data["examples"]
     return [[str(e["prompt"]), bool(e.get("raw", False))] for e in chosen]
 
 
 def is_embedded_model(engine: DiffusionEngine) -> bool:
-    """Whether `engine` runs the embedded diffgemma-tiny."""
     try:
         return Path(str(engine.source)).resolve() == DEFAULT_MODEL.resolve()
     except (OSError, RuntimeError):
@@ -88,14 +86,10 @@ def header_html(engine: DiffusionEngine) -> str:
     )
 
 
-def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
-              reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
-              max_run_s: float | None = DEFAULT_MAX_RUN_S, race: RaceRunner | None = None) -> gr.Blocks:
-    """The app of the loaded `engine`, shared by every session, its queue configured; `app.playground` holds its
-    handlers. `max_fps`, `reader_budget`, `abandon_after_s`, `max_run_s` as `Playground`'s; `race`: the Race tab's
-    runner (default: the engine against its own causal encoder)."""
-    playground = make_playground(engine, max_fps=max_fps, reader_budget=reader_budget,
-                                 abandon_after_s=abandon_after_s, max_run_s=max_run_s)
+def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limits) -> gr.Blocks:
+    """The app of the loaded `engine`, its queue configured, its handlers in `app.playground`; `limits` as
+    `Playground`'s, `race` the Race tab's runner (default: the engine against its own causal encoder)."""
+    playground = make_playground(engine, **limits)
     race_tab = RaceTab(race or RaceRunner(engine), playground)
     chat_tab, infill_tab = ChatTab(playground), InfillTab(playground)
     rec = engine.recommended
@@ -110,10 +104,9 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                 with gr.Row(equal_height=False, elem_id="dg-main"):
                     with gr.Column(min_width=0, elem_id="dg-controls"):
                         prompt = gr.Textbox(
-                            label="Prompt", lines=3, max_lines=8, elem_id="dg-prompt",
+                            label="Prompt", lines=3, max_lines=8, elem_id="dg-prompt", value=default_prompt,
                             info=f"Shift+Enter generates; Enter adds a line; at most {MAX_PROMPT_CHARS:,} characters",
-                            placeholder="Type a prompt, or pick an example", value=default_prompt,
-                        )
+                            placeholder="Type a prompt, or pick an example")
                         raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)",
                                           value=False, elem_id="dg-raw", info=prose("raw-info"))
                         thinking = gr.Checkbox(label="Think first (the answer follows a thought, shown apart)",
@@ -166,7 +159,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
             with gr.Tab("Compare", id="compare", elem_id="dg-tab-compare"):
                 build_compare_tab(CompareHandlers(playground), default_prompt)
             with gr.Tab("Chat", id="chat", elem_id="dg-tab-chat"):
-                build_chat_tab(chat_tab, [p for p, raw in load_examples(embedded=embedded) if not raw])
+                build_chat_tab(chat_tab, [p for p, is_raw in examples if not is_raw])
             with gr.Tab("Infill", id="infill", elem_id="dg-tab-infill"):
                 build_infill_tab(infill_tab, EMBEDDED_TEMPLATE if embedded else INSTRUCTION_TEMPLATE)
 
@@ -179,11 +172,9 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
                             inputs=[session, *run_inputs, thinking], outputs=[ticket, meter, generate, stop],
                             refused=playground.refused, refused_inputs=[session], refused_outputs=[meter],
                             trigger_mode="multiple")
-        run_step = requested.success(
-            fn=playground.generate_stream, inputs=[session, *run_inputs, ticket, thinking], outputs=stream_outputs,
-            api_visibility="private", concurrency_id="engine", show_progress="full",
-            show_progress_on=[canvas], trigger_mode="multiple",
-        )
+        run_step = requested.success(playground.generate_stream, inputs=[session, *run_inputs, ticket, thinking],
+                                     outputs=stream_outputs, api_visibility="private", concurrency_id="engine",
+                                     show_progress="full", show_progress_on=[canvas], trigger_mode="multiple")
         # Stop also cancels the run step, so a queued run leaves the queue
         stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step], **UNQUEUED)
         keep = KeepHandlers(playground)
@@ -218,8 +209,7 @@ def build_app(engine: DiffusionEngine, *, max_fps: float | None = None,
 
 
 def register_apis(playground, race: RaceTab, chat: ChatTab, infill: InfillTab, keep: KeepHandlers) -> None:
-    """`/generate`, `/race`, `/chat`, `/infill`, `/export`: each takes the settings table's settings (defaults: the
-    checkpoint's recommended ones) between its own parameters."""
+    """`/generate`, `/race`, `/chat`, `/infill`, `/export`, each with the table's settings (default: recommended)."""
     rec = playground.engine.recommended
     required = inspect.Parameter.empty
     seed = ("seed", int, -1)

@@ -1,5 +1,5 @@
-"""How the app is served: the platform as its environment says (Spaces' `SYSTEM`, `SPACE_ID`, `SPACES_ZERO_GPU`,
-`CPU_CORES`), the queue plan and its idle polling, serving threads, glibc's malloc arenas and the listening port."""
+"""How the app is served: the platform from its environment (Spaces, ZeroGPU, CPU cores), the queue plan, glibc's
+malloc arenas and the listening port."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def zero_gpu(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def space_id(environ: Mapping[str, str] | None = None) -> str | None:
-    """The Space's id (`owner/name`, or "unknown") on Hugging Face Spaces (`SYSTEM=spaces`), else None."""
+    """The Space's id (or "unknown") on Hugging Face Spaces (`SYSTEM=spaces`), else None."""
     env = _environ(environ)
     if env.get("SYSTEM", "").strip().lower() != "spaces":
         return None
@@ -34,7 +34,7 @@ def space_id(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def space_cpu_cores(environ: Mapping[str, str] | None = None) -> int | None:
-    """A Space's CPU allowance (`CPU_CORES`, a whole number >= 1), or None off Spaces or when unset or bad."""
+    """A Space's `CPU_CORES` (>= 1), or None off Spaces or when unset or bad."""
     if space_id(environ) is None:
         return None
     text = _environ(environ).get("CPU_CORES", "").strip()
@@ -46,7 +46,7 @@ def space_cpu_cores(environ: Mapping[str, str] | None = None) -> int | None:
 
 
 def default_threads(environ: Mapping[str, str] | None = None) -> int | None:
-    """Torch CPU threads when none were asked for: a Space's `CPU_CORES` - 1 (at least 1), None off Spaces."""
+    """Torch CPU threads by default: a Space's `CPU_CORES` - 1 (at least 1), None off Spaces."""
     cores = space_cpu_cores(environ)
     return None if cores is None else max(1, cores - 1)
 
@@ -65,15 +65,11 @@ QUEUE_PLANS = {"cpu": QueuePlan(concurrency=4, max_size=None), "cuda": QueuePlan
 
 def queue_plan(device_type: str, environ: Mapping[str, str] | None = None) -> QueuePlan:
     """The `QueuePlan` for a model on `device_type` ("cpu", "cuda", "mps") in this environment."""
-    if zero_gpu(environ):
-        return QUEUE_PLANS["zerogpu"]
-    return QUEUE_PLANS["cuda" if device_type == "cuda" else "cpu"]
+    return QUEUE_PLANS["zerogpu" if zero_gpu(environ) else "cuda" if device_type == "cuda" else "cpu"]
 
 
 def slow_idle_queue_polling(app, seconds: float = QUEUE_IDLE_POLL_S) -> bool:
-    """Make `app`'s Gradio queue look for new events every `seconds` while none waits (Gradio's own: 1 ms, each a
-    wake-up of the server's event loop that takes the GIL from the engine thread); returns whether it could.
-    Call after `app.queue()`."""
+    """After `app.queue()`: poll an idle queue every `seconds` (Gradio's 1 ms takes the GIL); whether it could."""
     queue = getattr(app, "_queue", None)
     if queue is None or not hasattr(queue, "sleep_when_free"):
         return False
@@ -82,8 +78,8 @@ def slow_idle_queue_polling(app, seconds: float = QUEUE_IDLE_POLL_S) -> bool:
 
 
 def limit_malloc_arenas(arenas: int = SERVING_ARENAS, environ: Mapping[str, str] | None = None) -> int | None:
-    """Set glibc's malloc arena limit to `arenas` (as `MALLOC_ARENA_MAX` would) before the model loads; returns it,
-    or None when `MALLOC_ARENA_MAX` is set or the C library is not glibc. ValueError for `arenas` < 1."""
+    """Set glibc's malloc arena limit (as `MALLOC_ARENA_MAX` would); returns it, or None when `MALLOC_ARENA_MAX` is
+    set or the C library is not glibc. ValueError for `arenas` < 1."""
     if arenas < 1:
         raise ValueError(f"arenas must be >= 1, got {arenas}")
     if _environ(environ).get("MALLOC_ARENA_MAX", "").strip():
@@ -99,7 +95,7 @@ def limit_malloc_arenas(arenas: int = SERVING_ARENAS, environ: Mapping[str, str]
 
 
 def port_in_use(host: str, port: int) -> str | None:
-    """Why the server could not listen on `host`:`port` (an OSError's message), or None when it can."""
+    """Why the server could not listen on `host`:`port`, or None when it can."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -1,5 +1,4 @@
-"""The Playground tab's handlers (`Playground`, wired by `blocks.build_app`), the base every tab's runs go through:
-checks, jobs started in the run mechanism, coalesced renders and `/generate`."""
+"""The Playground tab's handlers (`Playground`, through which every tab's jobs start) and `/generate`."""
 
 from __future__ import annotations
 
@@ -16,17 +15,14 @@ from engine.settings import SETTING_NAMES, draw_seed
 from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html, thought_html
 from .meter import meter_html, refused_meter_html, run_meter_html, waiting_meter_html
-from .runs import (DEFAULT_MAX_RUN_S, DEFAULT_READER_BUDGET, STOP_WAIT_S, Runner, RunSnapshot, RunWorker,
-                   default_live_rate, session_key, wait_all)
+from .runs import STOP_WAIT_S, Runner, RunSnapshot, RunWorker, default_live_rate, session_key, wait_all
 from .session import SessionState
 from .tab import PlotClock, api_run, describe_error, refusing, user_error
 from .text import plain_text
 from .validation import CUSTOM_PRESET, PRESET_FIELDS, RunRequest, build_request, preset_values
 
-API_SUMMARY_KEYS = (
-    "frames", "forwards", "tokens_per_second", "tokens_per_forward", "seconds", "seed", "token_ids", "stop_reason",
-    "forwards_per_block", "time_to_first_frame_s", "prompt_tokens", "tokens", "thought",
-)
+API_SUMMARY_KEYS = ("frames", "forwards", "tokens_per_second", "tokens_per_forward", "seconds", "seed", "token_ids",
+                    "stop_reason", "forwards_per_block", "time_to_first_frame_s", "prompt_tokens", "tokens", "thought")
 
 
 @dataclass(frozen=True)
@@ -54,8 +50,7 @@ STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
 
 @dataclass(frozen=True)
 class Job:
-    """Model work: `kind` (a `Playground.sources` key), a picklable `payload`, its `settings` and `extra_forwards`
-    beyond canvases x steps (for the GPU budget)."""
+    """Model work: a `Playground.sources` `kind`, a picklable `payload`, `settings`, GPU-budget `extra_forwards`."""
 
     kind: str
     payload: object
@@ -70,7 +65,7 @@ def generation_frames(engine: DiffusionEngine, request: RunRequest, stop) -> Ite
 
 
 def received(frames: Iterator, receive) -> Iterator:
-    """`frames`, non-frame items handed to `receive`; after a done frame the source is read to its end first."""
+    """`frames`, non-frame items handed to `receive` (after a done frame: all of the rest first)."""
     if receive is None:
         yield from frames
         return
@@ -103,7 +98,7 @@ def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
 
 
 def previous_run_meter(snap: RunSnapshot | None, running: bool):
-    """After a refused request: the meter of `snap` marked as the previous run's (`gr.skip()`: none, or running)."""
+    """After a refused request: `snap`'s meter marked as the previous run's (skipped: none, or running)."""
     if snap is None or snap.latest is None or running:
         return gr.skip()
     finished = snap.finished_blocks()
@@ -111,17 +106,12 @@ def previous_run_meter(snap: RunSnapshot | None, running: bool):
 
 
 class Playground:
-    """Handlers bound to one loaded `engine`; the keywords as `runs.Runner`'s (`max_fps` None: by canvas)."""
+    """Handlers bound to one loaded `engine`; `limits` as `runs.Runner`'s keywords (`max_fps` None: by canvas)."""
 
-    def __init__(self, engine: DiffusionEngine, *, max_fps: float | None = None,
-                 reader_budget: float | None = DEFAULT_READER_BUDGET, abandon_after_s: float = 30.0,
-                 max_run_s: float | None = DEFAULT_MAX_RUN_S):
+    def __init__(self, engine: DiffusionEngine, *, max_fps: float | None = None, **limits):
         self.engine = engine
-        self.runs = Runner(max_fps=default_live_rate(engine.canvas_length) if max_fps is None else max_fps,
-                           reader_budget=reader_budget, abandon_after_s=abandon_after_s, max_run_s=max_run_s)
-        # source(engine, payload, stop) -> frames, by job kind; each tab adds its own
-        self.sources = {"generate": generation_frames}
-        # weak: a session Gradio dropped is not kept alive here
+        self.runs = Runner(max_fps=default_live_rate(engine.canvas_length) if max_fps is None else max_fps, **limits)
+        self.sources = {"generate": generation_frames}  # kind -> source(engine, payload, stop); each tab adds its own
         self.sessions: weakref.WeakValueDictionary[str, SessionState] = weakref.WeakValueDictionary()
 
     def check_request(self, request: RunRequest) -> None:
@@ -131,7 +121,7 @@ class Playground:
         self.engine.check_settings(request.settings)
 
     def checked_request(self, *inputs, ui_limits: bool, thinking=False) -> RunRequest:
-        """`parse` then `check_request` of the API's inputs; raises gr.Error."""
+        """`parse` then `check_request`; gr.Error."""
         with refusing():
             run = self.parse(*inputs, ui_limits=ui_limits, thinking=thinking)
             self.check_request(run)
@@ -142,30 +132,28 @@ class Playground:
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
                   receive=None) -> RunWorker:
-        """Start `job` in the app's `Runner`, registered as `key`; `record` as `RunWorker`'s, `receive` `received`'s."""
+        """Start `job` in the app's `Runner` as `key`; `record` as `RunWorker`'s, `receive` as `received`'s."""
         source = self.sources[job.kind]
         return self.runs.start(lambda stop: received(source(self.engine, job.payload, stop), receive), key,
                                keep_history=keep_history, record=record)
 
     def step_frames(self, request: RunRequest) -> Iterator[Frame]:
-        """A stepped run's frames, one per `next()`: the engine's generator, kept between clicks."""
+        """A stepped run's frames, one per `next()`."""
         return generation_frames(self.engine, request, None)
 
     def check_job(self, job: Job) -> None:
-        """Checks of `job` beyond its tab's own (on ZeroGPU: the GPU budget; raises ValueError)."""
+        """Checks of `job` beyond its tab's own (ZeroGPU's budget; ValueError)."""
 
     @staticmethod
     def parse(prompt, raw, *values, ui_limits: bool, thinking=False) -> RunRequest:
-        """A `RunRequest` from the API's inputs: prompt, raw, the settings table's settings, seed (ValueError)."""
+        """A `RunRequest` from prompt, raw, the table's settings and seed (ValueError)."""
         *settings, seed = values
-        if len(settings) != len(SETTING_NAMES):
-            raise TypeError(f"expected {len(SETTING_NAMES)} settings and a seed, got {len(values)} values")
         return build_request(prompt, raw, dict(zip(SETTING_NAMES, settings)), seed, ui_limits=ui_limits,
                              thinking=thinking)
 
     def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool,
                first: bool = True) -> StreamOutputs:
-        """The view of `snap` (blocks' HTML cached in `session`); hover text if `final`, buttons if `first`|`final`."""
+        """The view of `snap` (blocks' HTML cached in `session`); hover text if `final`, buttons if `first`/`final`."""
         finished = snap.finished_blocks()
         for frame in finished[len(session.finished_html):]:
             session.finished_html.append(block_html(frame, live=False))
@@ -174,18 +162,16 @@ class Playground:
         status = status_text(latest, snap.error) if final else ""
         if latest is None and not final:
             status = "Encoding the prompt\u2026"
-        stack = gr.skip()
+        skip = gr.skip()
+        stack = text = thought = heatmap = order = entropy = skip
         if len(finished) != session.stacked_blocks or final:
             stack = stack_html(finished, finished_html=session.finished_html)
             session.stacked_blocks = len(finished)
+        if isinstance(stack, str) or first:  # the text and the thought change only with a committed block
+            result = self.engine.summarize(latest, snap.frames_seen) if latest is not None else None
+            text = plain_text(result.text) if result is not None else ""
+            thought = thought_html(result.thought if result is not None else "")
         canvas = live_html(live, newest=latest, status=status)
-        # The text and the thought only change when a block is committed: made and re-sent only then, with the stack
-        committed = isinstance(stack, str) or first
-        result = self.engine.summarize(latest, snap.frames_seen) if latest is not None and committed else None
-        text = (plain_text(result.text) if result is not None else "") if committed else gr.skip()
-        thought = thought_html(result.thought if result is not None else "") if committed else gr.skip()
-        skip = gr.skip()
-        heatmap = order = entropy = skip
         if plots_due or final:
             heatmap, order, entropy = plots.block_plots(snap.block_frames(), animate=final, hover=final)
         blocks = snap.block_count
@@ -201,8 +187,7 @@ class Playground:
         )
 
     def request_run(self, session: SessionState, *inputs) -> tuple:
-        """A run trigger's first step: check the inputs (gr.Error), take a ticket (stopping the session's run);
-        returns (ticket, waiting meter, Generate and Stop updates)."""
+        """A run trigger's check (gr.Error) and ticket (stopping the session's run): (ticket, meter, buttons)."""
         count = len(SETTING_NAMES) + 3  # prompt, raw, the settings, seed; then `thinking` from the page
         self.checked_request(*inputs[:count], ui_limits=True, thinking=inputs[count] if len(inputs) > count else False)
         if session is None:
@@ -212,7 +197,6 @@ class Playground:
                 gr.update(interactive=True))
 
     def refused(self, session: SessionState):
-        """After a refused request: `previous_run_meter` of the session's run."""
         return previous_run_meter(getattr(session, "snapshot", None), session is not None and session.run_in_progress)
 
     def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
@@ -278,7 +262,7 @@ class Playground:
                                    stop_button=gr.update(interactive=False)).as_tuple()
 
     def unload(self, request: gr.Request) -> None:
-        """A browser tab closed: stop its runs and release the session's state."""
+        """A tab closed: stop its runs and release its session."""
         key = getattr(request, "session_hash", None)
         self.runs.unload(key)
         session = self.sessions.pop(key, None) if key else None
@@ -297,7 +281,7 @@ class Playground:
         return plots.block_plots(snap.block_frames(index), animate=snap.finished or index < snap.block_count - 1)
 
     def apply_preset(self, name) -> tuple:
-        """The preset dropdown: preset `name`'s `PRESET_FIELDS` values (skips for "custom"; gr.Warning: unknown)."""
+        """Preset `name`'s `PRESET_FIELDS` values (skips for "custom"; gr.Warning: unknown)."""
         if name == CUSTOM_PRESET:
             return (gr.skip(),) * len(PRESET_FIELDS)
         try:
@@ -312,7 +296,7 @@ class Playground:
         return str(draw_seed())
 
     def generate_api(self, *inputs, thinking=False) -> tuple[str, dict]:
-        """`/generate` to its end: (text, summary of `API_SUMMARY_KEYS`); gr.Error."""
+        """`/generate` to its end: (text, summary); gr.Error."""
         worker = self.start_run(self.checked_request(*inputs, ui_limits=False, thinking=thinking), keep_history=False)
         try:
             snap = worker.wait()
@@ -321,7 +305,7 @@ class Playground:
         return self.api_result(snap)
 
     async def generate_api_served(self, *inputs, request: gr.Request = None) -> tuple[str, dict]:
-        """`/generate` as served: `generate_api`, its run stopped once its client goes away."""
+        """`/generate` as served: stopped once its client goes away."""
         def job() -> Job:
             run = self.checked_request(*inputs, ui_limits=False)
             return Job("generate", run, run.settings)
@@ -329,7 +313,7 @@ class Playground:
         return self.api_result(await api_run(self, job, request, keep_history=False))
 
     def api_result(self, snap: RunSnapshot) -> tuple[str, dict]:
-        """(text, summary) of a finished API run; raises gr.Error for a failed one."""
+        """(text, summary) of a finished API run; gr.Error for a failed one."""
         if snap.error is not None:
             raise user_error(snap.error)
         if snap.latest is None:

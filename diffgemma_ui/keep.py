@@ -1,4 +1,4 @@
-"""Keeping runs: trace and offline-replay downloads, replaying an uploaded trace from its token strings, `/export`."""
+"""Keeping runs: trace and offline-replay downloads, replaying an uploaded trace, `/export`."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def snapshot_upto(trace: Trace, count: int) -> RunSnapshot:
 
 
 def committed_text(trace: Trace, count: int) -> str:
-    """The text after `count` frames: the run's text at its end, before that the committed tokens' strings."""
+    """The text after `count` frames (before the end: the committed tokens' strings)."""
     if count >= len(trace.frames):
         return plain_text(trace.text)
     ids = trace.frames[max(0, count - 1)].committed_ids
@@ -57,7 +57,7 @@ def committed_text(trace: Trace, count: int) -> str:
 
 
 def render_trace(trace: Trace, count: int, *, hover: bool = True) -> StreamOutputs:
-    """The live view of `trace` after its first `count` frames, buttons untouched; `hover`: per-cell heatmap text."""
+    """The live view of `trace` after `count` frames, buttons untouched; `hover`: the heatmap's hover text."""
     snap = snapshot_upto(trace, count)
     latest = snap.latest
     finished = snap.finished_blocks()
@@ -76,6 +76,12 @@ def render_trace(trace: Trace, count: int, *, hover: bool = True) -> StreamOutpu
         block=gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1),
         generate_button=gr.skip(), stop_button=gr.skip(),
     )
+
+
+def shown_trace(session: SessionState, trace: Trace, count: int, hover: bool = True) -> tuple:
+    """`render_trace`'s outputs, its snapshot kept as the session's."""
+    session.snapshot = snapshot_upto(trace, count)
+    return render_trace(trace, count, hover=hover).as_tuple()
 
 
 class KeepHandlers(Tab):
@@ -113,7 +119,7 @@ class KeepHandlers(Tab):
         return (gr.update(value=str(trace_path), interactive=True), gr.update(value=str(html_path), interactive=True))
 
     def check_upload(self, session: SessionState, path) -> None:
-        """The upload's first step: load the trace for `load_upload` (gr.Error: a run in progress, a bad trace)."""
+        """The upload's check: load the trace (gr.Error: a run in progress, a bad trace)."""
         if path is None or session is None:
             return
         if session.run_in_progress:
@@ -124,27 +130,24 @@ class KeepHandlers(Tab):
             raise user_error(f"This trace cannot be replayed: {error}") from None
 
     def load_upload(self, session: SessionState, path) -> tuple:
-        """The upload: the run's stream outputs, replay slider and downloads; gr.Error as `check_upload`."""
+        """The upload: the stream outputs, replay slider and downloads; gr.Error as `check_upload`."""
         if path is None:
             return (gr.skip(),) * (STREAM_WIDTH + 3)
         if session is None:
             session = SessionState()
         checked = getattr(session, "checked_upload", None)
-        if checked is not None and checked[0] == str(path):
-            trace = checked[1]
-        else:
+        if checked is None or checked[0] != str(path):
             self.check_upload(session, path)
-            trace = session.checked_upload[1]
+        trace = session.checked_upload[1]
         session.checked_upload = None
         session.trace, session.request = trace, None
         session.clear_views()
         count = len(trace.frames)
-        session.snapshot = snapshot_upto(trace, count)
         slider = gr.update(minimum=1, maximum=max(2, count), value=count, visible=True, interactive=count > 1)
-        return (*render_trace(trace, count).as_tuple(), slider, *self._files(session, trace))
+        return (*shown_trace(session, trace, count), slider, *self._files(session, trace))
 
     def replay_step(self, session: SessionState, count) -> tuple:
-        """The replay slider: the view after `count` decoder forwards."""
+        """The replay slider: the view after `count` forwards."""
         trace = getattr(session, "trace", None)
         if trace is None:
             return (gr.skip(),) * STREAM_WIDTH
@@ -152,22 +155,20 @@ class KeepHandlers(Tab):
             count = int(count)
         except (TypeError, ValueError):
             count = len(trace.frames)
-        session.snapshot = snapshot_upto(trace, count)
-        return render_trace(trace, count).as_tuple()
+        return shown_trace(session, trace, count)
 
     def replay_play(self, session: SessionState, count, interval_s: float = PLAY_INTERVAL_S) -> Iterator[tuple]:
-        """Play: from `count` (at the end: the start) to the last forward every `interval_s`; outputs and slider."""
+        """Play from `count` (at the end: the start) to the last forward every `interval_s`; outputs and slider."""
         trace = getattr(session, "trace", None)
         if trace is None:
             raise user_error("Upload a trace first: there is nothing to replay.")
         start = 1 if int(count or 1) >= len(trace.frames) else int(count)
         for k in range(start, len(trace.frames) + 1):
-            session.snapshot = snapshot_upto(trace, k)
-            yield (*render_trace(trace, k, hover=k == len(trace.frames)).as_tuple(), k)
+            yield (*shown_trace(session, trace, k, hover=k == len(trace.frames)), k)
             time.sleep(interval_s)
 
     def replay_run(self, session: SessionState) -> Iterator[tuple]:
-        """Replay: the last run or trace played in about `REPLAY_TOTAL_S`, as `replay_play`; gr.Error: none."""
+        """Replay: the last run or trace played in about `REPLAY_TOTAL_S`; gr.Error: none."""
         if session is not None and session.run_in_progress:
             raise user_error("A run is in progress: replay it once it has finished.")
         trace = getattr(session, "trace", None)
@@ -177,7 +178,7 @@ class KeepHandlers(Tab):
         yield from self.replay_play(session, 1, interval_s=interval)
 
     async def export_served(self, *inputs, request: gr.Request = None) -> dict:
-        """`/export`: `/generate`'s run as a trace dict (`docs/trace.md`); gr.Error: bad input, too long, failed."""
+        """`/export`: `/generate`'s run as a trace dict; gr.Error: bad input, too long, failed."""
         run = None
 
         def job() -> Job:
@@ -203,7 +204,7 @@ class KeepControls:
 
 
 def build_keep_controls() -> KeepControls:
-    """The keep controls in an accordion, closed, in the current Blocks context."""
+    """The keep controls in a closed accordion."""
     with gr.Accordion("Keep or replay a run", open=False, elem_id="dg-keep"):
         gr.Markdown(prose("keep-help"))
         with gr.Row():

@@ -19,7 +19,7 @@ def _finite(value) -> float | None:
 
 
 def format_number(value: float, digits: int = 1, unit: str = "") -> str:
-    """`value` with `digits` decimals, thousands separated, and `unit`; "–" for a missing or non-finite value."""
+    """`value` with `digits` decimals, thousands separated, and `unit`; "–" for a missing or non-finite one."""
     value = _finite(value)
     return "\u2013" if value is None else f"{value:,.{digits}f}{unit}"
 
@@ -35,12 +35,10 @@ def format_count(value: float, digits: int = 1) -> str:
 def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[str, str]:
     """The meter's figures by label, unescaped (None: dashes); rates from `committed`, the newest finished block's."""
     if frame is None:
-        return {label: "\u2013" for label in (
-            "tokens/s", "tokens/forward", "forwards/block", "ms/forward", "forwards used", "elapsed", "first frame",
-            "tokens", "progress")}
+        return dict.fromkeys(("tokens/s", "tokens/forward", "forwards/block", "ms/forward", "forwards used", "elapsed",
+                              "first frame", "tokens", "progress"), "\u2013")
     fpb = frame.forwards_per_block
-    last = committed if committed is not None else (frame if frame.block_done or not fpb else None)
-    rates = last if last is not None else frame
+    rates = committed if committed is not None else frame
     counting = not fpb
     forwards_per_block = format_count(sum(fpb) / len(fpb), 1) if fpb else f"\u2265 {frame.step_index + 1}"
     if frame.done:
@@ -66,10 +64,9 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
 
 def ms_per_forward(frame: Frame) -> float:
     """Engine milliseconds per decoder forward after the first (before that, the time to first frame)."""
-    later = frame.forward_index
-    if later < 1:
+    if frame.forward_index < 1:
         return frame.time_to_first_frame_s * 1000
-    return (frame.elapsed_s - frame.time_to_first_frame_s) / later * 1000
+    return (frame.elapsed_s - frame.time_to_first_frame_s) / frame.forward_index * 1000
 
 
 def short_answer_note(frame: Frame) -> str:

@@ -1,5 +1,5 @@
-"""The live presenter's data: the session's run (live, last, or a replayed trace) as the replay player's JSON,
-sent in chunks of the frames the page (`assets/replay/present.js`) lacks."""
+"""The live presenter's data: the session's run (live, last, or a replayed trace) as the replay player's JSON, in
+chunks of the frames the page (`assets/replay/present.js`) lacks."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import gradio as gr
 from engine.replay_page import player_script, replay_data, script_json
 from engine.trace import ModelInfo, Trace
 
+from .tab import PRIVATE, UNQUEUED
+
 PRESENT_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js", "present.js")
 
 
 def present_head() -> str:
-    """The `<script>` that gives the page the player and its presenter overlay."""
+    """The `<script>` of the player and its presenter overlay."""
     return f"<script>{player_script(names=PRESENT_SCRIPTS)}</script>"
 
 
@@ -30,8 +32,7 @@ def run_frames(session) -> tuple[list, Trace | None]:
 
 
 def present_chunk(engine, session, have) -> str:
-    """JSON of the session's run's frames after `have` ("key:count"): `replay_data` plus `key`; `{"key": null}`
-    without a run."""
+    """JSON of the session's run's frames after `have` ("key:count"): `replay_data` and `key` (null: no run)."""
     frames, trace = run_frames(session)
     request = getattr(session, "request", None)
     if not frames or (trace is None and request is None):
@@ -58,11 +59,10 @@ def present_chunk(engine, session, have) -> str:
 
 def wire_presenter(playground, session, present: gr.Button) -> None:
     """The `present` button and the hidden components the presenter polls through."""
-    present.click(None, js="() => window.dgPresenter.open()", api_visibility="private", show_progress="hidden")
+    present.click(None, js="() => window.dgPresenter.open()", **PRIVATE)
     have = gr.Textbox(visible="hidden", elem_id="dg-present-have")
     chunk = gr.Textbox(visible="hidden", elem_id="dg-present-data")
     poll = gr.Button(visible="hidden", elem_id="dg-present-poll")
     poll.click(lambda s, h: present_chunk(playground.engine, s, h), inputs=[session, have], outputs=[chunk],
-               js="(s, h) => [s, window.dgPresenter.have()]", api_visibility="private", concurrency_limit=None,
-               show_progress="hidden", queue=False).then(
-        None, [chunk], None, js="(c) => window.dgPresenter.feed(c)", api_visibility="private", show_progress="hidden")
+               js="(s, h) => [s, window.dgPresenter.have()]", queue=False, **UNQUEUED).then(
+        None, [chunk], None, js="(c) => window.dgPresenter.feed(c)", **PRIVATE)

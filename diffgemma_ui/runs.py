@@ -4,12 +4,12 @@ coalesced snapshots; `Runner` starts an app's runs and ends them (Stop, closed t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -61,13 +61,12 @@ class RunSnapshot:
         return [frames[-1] for frames in self.blocks if frames and frames[-1].block_done]
 
     def frames(self) -> list[Frame]:
-        """Every frame kept, in order."""
         return [frame for block in self.blocks for frame in block]
 
 
 @dataclass
 class RunRecord:
-    """A run's frames, appended by one writer and read by any number of readers; `count` frames so far."""
+    """A run's frames, appended by one writer, read by any number of readers; `count` frames so far."""
 
     keep_history: bool = True
     count: int = 0
@@ -94,13 +93,11 @@ class RunRecord:
             self.count += 1
 
     def finish(self, error: BaseException | None = None) -> None:
-        """Mark the run over, with the exception that ended it."""
         with self._lock:
             self.finished = True
             self._error = error
 
     def snapshot(self) -> RunSnapshot:
-        """A consistent copy of the record right now."""
         with self._lock:
             return RunSnapshot(frames_seen=self.count, latest=self._latest,
                                blocks=self._frozen + ((tuple(self._current),) if self._current else ()),
@@ -112,16 +109,14 @@ class RunTimeLimitExceeded(RuntimeError):
 
 
 def is_out_of_memory(error: BaseException | None) -> bool:
-    """Whether `error` is the device or the host running out of memory."""
     return isinstance(error, (MemoryError, torch.OutOfMemoryError))
 
 
 def release_memory() -> None:
-    """Collect garbage and hand cached accelerator memory back."""
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-    elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+    elif torch.backends.mps.is_available():
         torch.mps.empty_cache()
 
 
@@ -137,8 +132,8 @@ def _without_tracebacks(error: BaseException) -> BaseException:
 
 
 class RunWorker:
-    """`source(stop_event)` read into `record` in a thread, stopped when unread `abandon_after_s` or past
-    `time_limit_s`; `stop_event`: anything with `set()` and `is_set()`."""
+    """`source(stop_event)` read into `record` in a thread, stopped unread `abandon_after_s` or past `time_limit_s`;
+    `stop_event`: anything with `set()` and `is_set()`."""
 
     def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0,
                  time_limit_s: float | None = None, stop_event: threading.Event | None = None, record=None):
@@ -152,16 +147,14 @@ class RunWorker:
         self._last_poll = time.monotonic()
 
     def start(self) -> "RunWorker":
-        """Start the worker thread (once); returns self (RuntimeError the second time)."""
-        if self._thread is not None:
-            raise RuntimeError("this run was already started")
+        """Start the worker thread; returns self."""
         self._last_poll = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="diffgemma-run", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Ask the run to stop (the engine yields a final "cancelled" frame within a forward)."""
+        """Ask the run to stop (within a forward, with a final "cancelled" frame)."""
         self.stop_event.set()
         self._notify()
 
@@ -174,7 +167,7 @@ class RunWorker:
         return self._thread is not None and self._thread.is_alive()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the worker thread to end; returns whether it has."""
+        """Whether the worker thread has ended, after waiting up to `timeout` s."""
         if self._thread is not None:
             self._thread.join(timeout)
         return not self.running
@@ -191,16 +184,12 @@ class RunWorker:
                     break
         except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
             if not isinstance(exc, ValueError):
-                LOG.error("run failed: %s", "".join(traceback.format_exception(exc)).rstrip())
+                LOG.error("run failed", exc_info=exc)
             error = _without_tracebacks(exc)
         finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception:  # noqa: BLE001
-                    pass
-            iterator = close = None
+            with contextlib.suppress(Exception):
+                getattr(iterator, "close", lambda: None)()
+            iterator = None
             if self._timed_out and error is None:
                 error = RunTimeLimitExceeded(
                     f"the run reached this server's limit of {self.time_limit_s:g} s per run and was stopped after "
@@ -288,14 +277,14 @@ DROP_DELAY_S = 5.0  # a closed tab's Gradio record is dropped this long after
 
 
 def wait_all(timeout_s: float, *waits: Callable[[float], object]) -> None:
-    """Call each `wait(seconds)` in turn with what is left of one deadline `timeout_s` seconds away (at least 0)."""
+    """Call each `wait(seconds)` in turn with what is left of one deadline `timeout_s` seconds away."""
     deadline = time.monotonic() + timeout_s
     for wait in waits:
         wait(max(0.0, deadline - time.monotonic()))
 
 
 def pushed(run: Callable[[Callable[[object], None]], object]) -> Iterator:
-    """What `run(emit)` (in a thread) hands to `emit`, as an iterator, then what it returns; its errors raised."""
+    """What `run(emit)` (in a thread) emits, then returns, as an iterator; its errors raised."""
     items: queue.Queue = queue.Queue()
 
     def target() -> None:
@@ -319,7 +308,7 @@ class ClientGone(RuntimeError):
 
 
 def job_alive_check() -> Callable[[], bool]:
-    """Whether the current Gradio job's client is still there, as a function (True outside a queued job)."""
+    """A function: whether the current Gradio job's client is still there (True outside a queued job)."""
     blocks = LocalContext.blocks.get(None)
     event_id = LocalContext.event_id.get(None)
     queue = getattr(blocks, "_queue", None)
@@ -353,7 +342,7 @@ class Runner:
 
     def start(self, source: FrameSource, key: str | None = None, *, keep_history: bool = True, stop_event=None,
               record=None, limit_s: float | None = None) -> RunWorker:
-        """Start `source` in a `RunWorker` under the app's limits (`limit_s`: a tighter one), registered as `key`."""
+        """Start `source` in a `RunWorker` under the app's limits (or a tighter `limit_s`), registered as `key`."""
         limits = [limit for limit in (self.max_run_s, limit_s) if limit is not None]
         worker = RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
                            time_limit_s=min(limits) if limits else None, stop_event=stop_event,
@@ -390,7 +379,6 @@ class Runner:
             return sum(1 for w in self._runs.values() if w.running)
 
     def updates(self, worker: RunWorker) -> Iterator[RunSnapshot]:
-        """`worker`'s coalesced snapshots at the app's live rate."""
         return worker.updates(self.max_fps, reader_budget=self.reader_budget)
 
     async def served(self, start: Callable[[], RunWorker], request) -> RunSnapshot:
@@ -425,13 +413,12 @@ class ClosedSessionDropper:
         self.delay_s = delay_s
 
     def closed(self, session_hash: str) -> None:
-        """The tab of `session_hash` closed: drop its record after the delay."""
         timer = threading.Timer(self.delay_s, self.drop, args=(session_hash,))
         timer.daemon = True
         timer.start()
 
     def drop(self, session_hash: str) -> bool:
-        """Drop the record of `session_hash` now; returns whether there was one."""
+        """Drop the record of `session_hash`; returns whether there was one."""
         holder = getattr(self.blocks, "state_holder", None)
         if holder is None:
             return False

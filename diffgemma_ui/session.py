@@ -1,5 +1,5 @@
 """A visitor's state in a tab (a `gr.State`): one run at a time. In the Playground each trigger takes a ticket
-(`claim`), a run starts only while its ticket is the newest (`begin`), a stale stream stops (`is_current`)."""
+(`claim`); a run starts only while its ticket is the newest (`begin`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ PREVIOUS_STREAM_WAIT_S = 10.0  # a new run waits this long for the previous stre
 
 
 class SessionState:
-    """What a visitor's tab remembers: its `worker`, tickets, `stopped` (Stop), last `snapshot` and the finished
-    blocks' HTML; a deep copy is always fresh."""
+    """A visitor's `worker`, tickets, `stopped` (Stop), last `snapshot` and finished blocks' HTML; copied fresh."""
 
     def __init__(self):
         self.worker: RunWorker | None = None
@@ -44,8 +43,8 @@ class SessionState:
         return ticket == self.ticket
 
     def begin(self, worker: RunWorker, ticket: int | None = None) -> bool:
-        """Make `worker` the run for `ticket` (None: claim one) once the previous stream ended; False, and
-        `worker` stopped, when the ticket went stale meanwhile."""
+        """Make `worker` the run for `ticket` (None: claim one) once the previous stream ended; False (`worker`
+        stopped) if the ticket went stale meanwhile."""
         if ticket is None:
             ticket = self.claim()
         self.stop()
@@ -61,12 +60,12 @@ class SessionState:
         return True
 
     def end_stream(self, worker: RunWorker) -> None:
-        """The stream of `worker` has ended: a waiting `begin` or `wait_for_stream` may go on."""
+        """The stream of `worker` has ended: a waiting `begin` or `wait_for_stream` goes on."""
         if self.worker is worker:
             self._stream_done.set()
 
     def wait_for_stream(self, timeout: float) -> bool:
-        """Wait at most `timeout` seconds for the session's stream to end; returns whether it has."""
+        """Wait up to `timeout` seconds for the session's stream to end; returns whether it has."""
         return self._stream_done.wait(timeout)
 
     @property
@@ -75,7 +74,7 @@ class SessionState:
         return worker is not None and worker.running
 
     def stop(self) -> bool:
-        """Stop the session's run (it ends within one decoder forward); returns whether one was running."""
+        """Stop the session's run; returns whether one was running."""
         self.stopped.set()
         worker = self.worker
         if worker is not None and worker.running:
@@ -89,7 +88,7 @@ class SessionState:
             self.worker.join(STOP_WAIT_S)
 
     def withdraw(self) -> tuple[int, RunWorker | None]:
-        """Stop: stale every ticket and stop the run; returns (the newest ticket, its worker or None)."""
+        """Stop: stale every ticket and stop the run; (the newest ticket, its worker or None)."""
         with self._lock:
             ticket = self.ticket
             self.ticket += 1

@@ -1,5 +1,5 @@
 """Step-through: one decoder forward per "Next step", the rest with "Run to end", from the engine's frame generator
-kept between clicks (a stepped run's tokens are a normal run's); new acceptances are outlined."""
+kept between clicks; new acceptances are outlined."""
 
 from __future__ import annotations
 
@@ -34,9 +34,7 @@ class StepRun:
     def close(self) -> None:
         """Stop the run and free its KV cache."""
         self.done = True
-        close = getattr(self.frames, "close", None)
-        if close is not None:
-            close()
+        getattr(self.frames, "close", lambda: None)()
 
 
 def newly_accepted_style(frame: Frame) -> str:
@@ -80,20 +78,18 @@ class StepThroughHandlers(Tab):
     def _advance(self, session: SessionState, run: StepRun, plots_due: bool = True, stop_button=None) -> tuple:
         """One decoder forward of `run`, rendered."""
         with run.lock:
-            if run.done:
-                return self._render(session, run, True, stop_button)
             try:
-                frame = next(run.frames)
-            except StopIteration:
-                run.done = True
-                return self._render(session, run, True, stop_button)
+                frame = None if run.done else next(run.frames, None)
             except Exception as error:  # noqa: BLE001 - one clear message, the run is over
                 run.close()
                 raise user_error(f"The run failed: {type(error).__name__}: {error}") from None
-            run.record.add(frame)
-            if frame.done:
+            if frame is None:
                 run.done = True
-                run.record.finish()
+            else:
+                run.record.add(frame)
+                if frame.done:
+                    run.done = True
+                    run.record.finish()
             return self._render(session, run, plots_due, stop_button)
 
     def _render(self, session: SessionState, run: StepRun, plots_due: bool, stop_button=None) -> tuple:
@@ -110,8 +106,7 @@ class StepThroughHandlers(Tab):
         return (*outputs.as_tuple(), step_note(latest) if latest is not None else "")
 
     def next_step(self, session: SessionState, *inputs) -> tuple:
-        """"Next step": one forward (a new run from `inputs` if none); gr.Error: bad input, a run in progress, a
-        failure."""
+        """"Next step": one forward (a new run from `inputs` if none); gr.Error: bad input, a run going, failed."""
         return self._advance(session, self._step_run(session, inputs))
 
     def run_to_end(self, session: SessionState, *inputs) -> Iterator[tuple]:
@@ -125,7 +120,7 @@ class StepThroughHandlers(Tab):
             yield self._render(session, run, True, stop_button=gr.update(interactive=False))
 
     def pause(self, session: SessionState) -> tuple:
-        """Stop during "Run to end": end after the forward in progress, the run kept to go on (skips without one)."""
+        """Stop during "Run to end": pause after the forward in progress (skips without one)."""
         run = getattr(session, "step_run", None) if session is not None else None
         if run is None or run.done:
             return (gr.skip(),) * (STREAM_WIDTH + 1)  # the outputs and the note
@@ -147,7 +142,7 @@ class StepControls:
 
 
 def build_step_controls() -> StepControls:
-    """The step-through buttons and their note in the current Blocks context."""
+    """The step-through buttons and their note."""
     with gr.Row(elem_id="dg-step-buttons"):
         next_step = gr.Button("Next step", elem_id="dg-next-step", size="sm", scale=1)
         run_to_end = gr.Button("Run to end", elem_id="dg-run-to-end", size="sm", scale=1)
@@ -157,18 +152,15 @@ def build_step_controls() -> StepControls:
 
 
 def wire_step_through(controls: StepControls, steps, session, run_inputs: list, stream_outputs: list,
-                      stop_button: gr.Button | None = None, box=None) -> None:
-    """Wire "Next step" and "Run to end" (in the engine's queue slot); `stop_button` also pauses a "Run to end";
-    `box` says why a step was refused."""
+                      stop_button: gr.Button, box) -> None:
+    """Wire "Next step" and "Run to end" in the engine's slot, refusals in `box`; `stop_button` pauses "Run to end"."""
     for button, handler in ((controls.next_step, steps.next_step), (controls.run_to_end, steps.run_to_end)):
         noted(button.click, handler, box, inputs=[session, *run_inputs], outputs=[*stream_outputs, controls.note],
               concurrency_id="engine", trigger_mode="once", **PRIVATE)
-    if stop_button is not None:
-        stop_button.click(steps.pause, inputs=[session], outputs=[*stream_outputs, controls.note],
-                          api_visibility="private", concurrency_limit=None, show_progress="hidden")
+    stop_button.click(steps.pause, inputs=[session], outputs=[*stream_outputs, controls.note], **UNQUEUED)
 
 
 def reset_note_on(controls: StepControls, listeners) -> None:
-    """Put the step note back to its help text on each of `listeners` (another run taking the canvas over)."""
+    """Put the step note back to its help text on each of `listeners` (another run took the canvas)."""
     for listener in listeners:
         listener(lambda: prose("step-note"), inputs=None, outputs=[controls.note], **UNQUEUED)

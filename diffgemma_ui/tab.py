@@ -41,7 +41,7 @@ class Tab:
 
 
 def describe_error(error: BaseException) -> str:
-    """The user-facing words for an error that ended a run or refused a request (never a traceback)."""
+    """The visitor's words for an error that ended a run or refused a request (never a traceback)."""
     if isinstance(error, _EXPECTED):
         return str(error.message) if isinstance(error, gr.Error) else str(error) or type(error).__name__
     if is_out_of_memory(error):
@@ -52,7 +52,7 @@ def describe_error(error: BaseException) -> str:
 
 
 def user_error(error: BaseException | str, *, prefix: str = "") -> gr.Error:
-    """The `gr.Error` for `error` (text, or an exception as `describe_error` words it); unexpected ones logged."""
+    """The `gr.Error` for `error` (text, or an exception in `describe_error`'s words); unexpected ones logged."""
     if isinstance(error, BaseException) and not isinstance(error, _EXPECTED):
         LOG.error("request failed: %s: %s", type(error).__name__, error, exc_info=error)
     message = error if isinstance(error, str) else describe_error(error)
@@ -61,7 +61,7 @@ def user_error(error: BaseException | str, *, prefix: str = "") -> gr.Error:
 
 @contextmanager
 def refusing() -> Iterator[None]:
-    """Any exception raised in the block leaves it as `user_error`'s `gr.Error` (a `gr.Error` as it is)."""
+    """Any exception raised in the block leaves it as `user_error`'s `gr.Error`."""
     try:
         yield
     except gr.Error:
@@ -71,8 +71,7 @@ def refusing() -> Iterator[None]:
 
 
 async def api_run(playground, job: Callable, request, **options) -> RunSnapshot:
-    """An endpoint's run of `job()` (made and `check_job`ed under `refusing`, started with `start_job`'s `options`)
-    to its final snapshot; gr.Error: refused, the client left, the run failed."""
+    """An endpoint's `job()` (made and checked under `refusing`) run to its final snapshot; gr.Error."""
     def start() -> RunWorker:
         with refusing():
             made = job()
@@ -95,8 +94,7 @@ def stop_run(state: SessionState | None) -> None:
 
 @contextmanager
 def live_run(playground, job, request, state: SessionState, suffix: str, **options) -> Iterator[RunWorker]:
-    """`playground.start_job(job, **options)` as `state.worker`, registered under `session_key(request, state,
-    suffix)`, stopped and unregistered on leaving."""
+    """`playground.start_job(job, **options)` as `state.worker` under its `session_key`, stopped on leaving."""
     key = session_key(request, state, suffix)
     worker = playground.start_job(job, key, **options)
     state.worker = worker
@@ -113,7 +111,7 @@ def buttons(running: bool) -> tuple:
 
 def run_buttons(label: str, run_id: str, stop_id: str, *, scale: int = 3,
                 min_widths: tuple[int | None, int | None] = (None, None)) -> tuple[gr.Button, gr.Button]:
-    """A tab's primary `label` button and its Stop button (off until a run starts), in the current Blocks context."""
+    """A tab's primary `label` button and its Stop button (off until a run starts)."""
     return (gr.Button(label, variant="primary", elem_id=run_id, scale=scale, min_width=min_widths[0]),
             gr.Button("Stop", variant="stop", interactive=False, elem_id=stop_id, scale=1, min_width=min_widths[1]))
 
@@ -123,12 +121,11 @@ def preset_dropdown(elem_id: str, label: str = "Preset", min_width: int = 140) -
 
 
 def seed_box(elem_id: str, value: str = "0", info: str = "-1 = random", **options) -> gr.Textbox:
-    """A seed box: an integer as text, or -1 for a random one."""
     return gr.Textbox(value=value, label="Seed", info=info, max_lines=1, max_length=24, elem_id=elem_id, **options)
 
 
 class Refusal:
-    """A session's last refusal in one tab (a `gr.State`); a copy is always empty."""
+    """A session's last refusal in one tab (a `gr.State`, copied empty)."""
 
     def __init__(self):
         self.reason = ""
@@ -146,13 +143,13 @@ def refusal_html(reason: str) -> str:
 
 
 def refusal_box(tab: str) -> tuple[gr.HTML, gr.State]:
-    """The refusal box of `tab` (an element id part) and its state, in the current Blocks context."""
+    """The refusal box of `tab` (an element id part) and its state."""
     return gr.HTML("", elem_id=f"dg-{tab}-refusal", elem_classes=["dg-refusal-box"]), gr.State(Refusal())
 
 
 @contextmanager
 def noting(refusal: Refusal) -> Iterator[None]:
-    """Clear `refusal`, then note in it the reason of an exception the block raises (raised again)."""
+    """Clear `refusal`, then note in it why the block raised (raised again)."""
     refusal.reason = ""
     try:
         yield
@@ -178,7 +175,7 @@ def shown_refusal(refusal: Refusal) -> str:
 def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.HTML, gr.State],
             outputs: Sequence = (), refused: Callable | None = None, refused_inputs: Sequence = (),
             refused_outputs: Sequence = (), **options):
-    """Wire `triggers` to `check(*inputs)` (gr.Error shown in `box`, then `refused`); the event, for `.success`."""
+    """Wire `triggers` to `check(*inputs)` (gr.Error shown in `box`, then `refused` called); the event."""
     html, state = box
     event = gr.on(list(triggers), guarded(check, len(outputs)), inputs=[state, *inputs], outputs=[*outputs, html],
                   **{**UNQUEUED, **options})
@@ -190,9 +187,8 @@ def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.
 
 def wire_run(triggers: Sequence, check: Callable, stream: Callable, *, state: gr.State, inputs: list, outputs: list,
              box: tuple[gr.HTML, gr.State], stop: gr.Button, check_inputs: list | None = None, **refused):
-    """A tab's run: `check(*check_inputs)` (default `inputs`; `refused` as `checked`'s), then `stream(state,
-    *inputs)` in the engine's slot; `stop` stops it. A trigger while the previous stream is still ending runs
-    once that stream has ended, never dropped. The stream's event, for `.success`."""
+    """A tab's run: `check(*check_inputs)` (default `inputs`), then `stream(state, *inputs)` in the engine's slot
+    (a trigger while a stream ends runs after it); `stop` stops it. The stream's event."""
     event = checked(triggers, check, inputs=inputs if check_inputs is None else check_inputs, box=box,
                     trigger_mode="once", **refused)
     wire_stop(stop, state)
@@ -201,8 +197,8 @@ def wire_run(triggers: Sequence, check: Callable, stream: Callable, *, state: gr
 
 
 def settled(stream: Callable, outputs: int) -> Callable:
-    """`stream` (a generator of `outputs`-tuples) ending on an update that changes nothing: Gradio sends a stream's
-    last update again as the stream completes, which would undo what the visitor typed or chose since."""
+    """`stream` then an update that changes nothing (Gradio re-sends a stream's last update at its end, which would
+    undo what the visitor changed since)."""
     @functools.wraps(stream)
     def step(*inputs, **options):
         yield from stream(*inputs, **options)
@@ -211,12 +207,11 @@ def settled(stream: Callable, outputs: int) -> Callable:
 
 
 def wire_stop(button: gr.Button, state: gr.State) -> None:
-    """Wire a Stop `button` to `stop_run` of `state`, outside the queue."""
     button.click(stop_run, inputs=[state], outputs=None, **UNQUEUED)
 
 
 def guard_stream(fn: Callable) -> Callable:
-    """`fn` (a run step, generator or not) taking a `Refusal` first, its errors noted there."""
+    """`fn` (generator or not) taking a `Refusal` first, its errors noted there."""
     if inspect.isgeneratorfunction(fn):
         def step(refusal: Refusal, *inputs):
             with noting(refusal):
@@ -229,7 +224,7 @@ def guard_stream(fn: Callable) -> Callable:
 
 
 def noted(listener: Callable, fn: Callable, box: tuple[gr.HTML, gr.State], *, inputs: list, **options):
-    """`listener(fn)` on `inputs` with its errors noted in `box` and shown there after it; the event."""
+    """`listener(fn)` on `inputs`, its errors shown in `box` after it; the event."""
     html, refusal = box
     event = listener(guard_stream(fn), inputs=[refusal, *inputs], **options)
     event.then(shown_refusal, inputs=[refusal], outputs=[html], **UNQUEUED)
@@ -237,7 +232,7 @@ def noted(listener: Callable, fn: Callable, box: tuple[gr.HTML, gr.State], *, in
 
 
 def setting_control(name: str, value, **options) -> gr.Slider | gr.Checkbox:
-    """Setting `name`'s control from the settings table: a slider over the UI's range or a checkbox."""
+    """Setting `name`'s slider over the UI's range, or checkbox."""
     row = spec(name)
     options = {"label": row.label, "info": row.help, "value": value, **options}
     if row.kind is bool:
@@ -248,8 +243,7 @@ def setting_control(name: str, value, **options) -> gr.Slider | gr.Checkbox:
 
 
 def live_plots(prefix: str, *, min_width: int = 260, row_id: str | None = None) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
-    """The three plots, empty, the heatmap above the other two (element ids `prefix` + name), in the current Blocks
-    context."""
+    """The three plots, empty, the heatmap above the other two (element ids `prefix` + name)."""
     heatmap, order, entropy = plots.block_plots([])
     heatmap = gr.Plot(heatmap, show_label=False, elem_id=f"{prefix}heatmap")
     with gr.Row(elem_id=row_id):
@@ -278,16 +272,14 @@ Param = tuple[str, type, object]  # (name, type, default)
 
 
 def setting_params(defaults: DiffusionSettings, names: Sequence[str] = API_SETTINGS) -> list[Param]:
-    """The endpoint parameters of the settings `names` (the table's order), defaulting to `defaults`."""
+    """The endpoint parameters of the settings `names`, defaulting to `defaults`."""
     return [(name, spec(name).kind, getattr(defaults, name)) for name in names]
 
 
 def register_api(name: str, handler: Callable, params: Sequence[Param], returns, doc: str) -> None:
-    """Register `/name`: `await handler(*values, request=...)` behind a signature of `params`, returning `returns`."""
+    """Register `/name`: `await handler(*values, request=...)` behind a signature of `params`."""
     parameters = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
-                  for p, kind, default in params]
-    parameters.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
-                                        annotation=gr.Request))
+                  for p, kind, default in (*params, ("request", gr.Request, None))]
     signature = inspect.Signature(parameters, return_annotation=returns)
 
     async def endpoint(*args, **kwargs):

@@ -1,5 +1,4 @@
-"""Making raw model strings safe and visible (the one place token text is escaped for HTML and Plotly), and the
-page's own prose, read from `assets/text/page.md`."""
+"""The one place raw model strings are made visible and escaped (HTML, Plotly), and the page's prose."""
 
 from __future__ import annotations
 
@@ -9,17 +8,10 @@ import re
 import unicodedata
 from pathlib import Path
 
-# Whitespace shown as visible marks (the chip keeps the token's shape without invisible characters).
-_VISIBLE = {
-    " ": "\u00b7",  # middle dot
-    "\n": "\u21b5",  # downwards arrow with corner leftwards
-    "\r": "\\r",  # carriage return, as C writes it
-    "\t": "\u21e5",  # rightwards arrow to bar
-}
-# Format characters that reorder or hide text (bidi embeddings/overrides/isolates, zero-width, BOM).
-_SHOW_AS_CODE = {0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029, 0x2060, 0xFEFF}
-_SHOW_AS_CODE.update(range(0x202A, 0x202F))
-_SHOW_AS_CODE.update(range(0x2066, 0x206A))
+_VISIBLE = {" ": "\u00b7", "\n": "\u21b5", "\r": "\\r", "\t": "\u21e5"}  # whitespace as visible marks
+# Format characters that reorder or hide text (bidi embeddings/overrides/isolates, zero-width, BOM)
+_SHOW_AS_CODE = {0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029, 0x2060, 0xFEFF,
+                 *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
 EMPTY_TOKEN = "\u2205"  # empty set: a token that decodes to nothing
 PROSE_PATH = Path(__file__).resolve().parent.parent / "assets" / "text" / "page.md"
 
@@ -41,8 +33,7 @@ def _prose_sections() -> dict[str, str]:
 
 
 def prose(name: str) -> str:
-    """The page text `name` of `PROSE_PATH` (from its `<!-- name -->` line to the next marker or heading; wrapped
-    lines joined by spaces, paragraphs by a blank line), `{fields}` left to the caller. KeyError: no such section."""
+    """The `<!-- name -->` section of `PROSE_PATH` (to the next marker or heading), lines joined; KeyError: none."""
     return _prose_sections()[name]
 
 
@@ -63,21 +54,14 @@ def _visible(token: str) -> str:
 
 
 def visible_token(token: str) -> str:
-    """`token` with whitespace and invisible characters as visible marks, unescaped: "·" space, "↵" newline,
-    "⇥" tab, "\\r" and `\\xNN` for ASCII controls (plain ASCII: every font has it), `⟨U+XXXX⟩` for other controls,
-    bidi and zero-width characters; "" as "∅"."""
-    if not isinstance(token, str):
-        token = str(token)
-    if token == "":
-        return EMPTY_TOKEN
-    return _visible(token)
+    """`token` unescaped, whitespace as marks, ASCII controls as `\\xNN`, other invisibles as `⟨U+XXXX⟩`, "" as "∅"."""
+    token = str(token)
+    return _visible(token) if token else EMPTY_TOKEN
 
 
 def escape_html(text: str) -> str:
     """`text` escaped for HTML content and quoted attributes, also `$ { }` and the backtick (Gradio templates)."""
-    if not isinstance(text, str):
-        text = str(text)
-    return (html.escape(text, quote=True).replace("$", "&#36;").replace("{", "&#123;").replace("}", "&#125;")
+    return (html.escape(str(text), quote=True).replace("$", "&#36;").replace("{", "&#123;").replace("}", "&#125;")
             .replace("`", "&#96;"))
 
 
@@ -90,8 +74,7 @@ def token_html(token: str) -> str:
 @functools.lru_cache(maxsize=65536)
 def marked_token_html(token: str) -> str:
     """`token_html`, each whitespace mark in a `<span class="dg-sp">`."""
-    if not isinstance(token, str):
-        token = str(token)
+    token = str(token)
     if not any(char in _VISIBLE for char in token):
         return token_html(token)
     return "".join(f'<span class="dg-sp">{_VISIBLE[char]}</span>' if char in _VISIBLE else token_html(char)
@@ -100,13 +83,9 @@ def marked_token_html(token: str) -> str:
 
 def escape_plotly(text: str) -> str:
     """`text` escaped for Plotly labels, titles and ticks."""
-    if not isinstance(text, str):
-        text = str(text)
-    return html.escape(text, quote=True)
+    return html.escape(str(text), quote=True)
 
 
 def plain_text(text: str) -> str:
     """Text for a plain-text widget: lone surrogates replaced, all else verbatim."""
-    if not isinstance(text, str):
-        text = str(text)
-    return text.encode("utf-8", errors="replace").decode("utf-8")
+    return str(text).encode("utf-8", errors="replace").decode("utf-8")

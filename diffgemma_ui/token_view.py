@@ -1,5 +1,5 @@
-"""What one canvas position shows by token kind: text with whitespace visible, special tokens as a dimmed label,
-byte pieces read together as UTF-8 (a character on its first byte, the rest "+80 94", a lone byte "0xE2")."""
+"""What one canvas position shows by token kind: text with whitespace visible, special tokens as a label, byte
+pieces read together as UTF-8 (a character on its first byte, the rest "+80 94", a lone byte "0xE2")."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from engine.tokens import BYTE, EOS, PAD, SPECIAL, TEXT, parse_byte_display
 
 from .text import escape_html, marked_token_html, visible_token
 
-# Chip styles a token kind can give (the `dg-tok-*` CSS classes)
-STYLES = ("text", "special", "pad", "eos", "bytes", "bytecont", "byte")
 _MARKER = re.compile(r"<(\|?)([^<>|]*)(\|?)>")
 _ID = re.compile(r"<id:(-?\d+)>")
+_CONTROL_NAMES = {PAD: "pad", EOS: "end-of-sequence", SPECIAL: "special token"}
 
 
 @dataclass(frozen=True)
 class TokenCell:
-    """One position's look: `text` (unescaped), `html` (escaped), `style` (of `STYLES`), `detail` (tooltip line)."""
+    """One position's look: `text` (unescaped), `html` (escaped), `style` (a `dg-tok-*` class: a token kind,
+    "bytes", "bytecont"), `detail` (tooltip line)."""
 
     text: str
     html: str
@@ -29,7 +29,6 @@ class TokenCell:
 
 
 def _cell(text: str, style: str, detail: str = "") -> TokenCell:
-    """A cell showing the already visible `text` verbatim."""
     return TokenCell(text, escape_html(text), style, detail)
 
 
@@ -52,7 +51,7 @@ def special_label(piece: str) -> str:
 
 
 def _utf8_units(data: bytes) -> list[tuple[int, int, str | None]]:
-    """`data` as UTF-8 characters (start, end, char), or (i, i + 1, None) for a byte that starts none."""
+    """`data` as UTF-8 characters (start, end, char), (i, i + 1, None) for a byte that starts none."""
     units, i = [], 0
     while i < len(data):
         lead = data[i]
@@ -114,34 +113,31 @@ def token_cells(tokens: Sequence[str], kinds: Sequence[str] | None = None,
     n = len(tokens)
     kinds = list(kinds) if kinds else [TEXT] * n
     groups = list(groups) if groups is not None else [None] * n
-    cells: list[TokenCell | None] = [None] * n
+    cells: list[TokenCell] = []
     pos = 0
     while pos < n:
         kind, token = kinds[pos], tokens[pos]
-        data = parse_byte_display(token) if kind == BYTE else b""
-        if kind == BYTE and data:
+        if kind == BYTE and parse_byte_display(token):
             end = pos + 1
             while end < n and kinds[end] == BYTE and groups[end] == groups[pos] and parse_byte_display(tokens[end]):
                 end += 1
-            cells[pos:end] = _byte_run([parse_byte_display(t) for t in tokens[pos:end]])
+            cells.extend(_byte_run([parse_byte_display(t) for t in tokens[pos:end]]))
             pos = end
-            continue
-        cells[pos] = _single_cell(token, kind)
-        pos += 1
+        else:
+            cells.append(_single_cell(token, kind))
+            pos += 1
     return cells
 
 
 @functools.lru_cache(maxsize=65536)
 def _single_cell(token: str, kind: str) -> TokenCell:
-    """The cell of a token read on its own (cached)."""
-    if kind in (PAD, EOS, SPECIAL):
-        what = {PAD: "pad", EOS: "end-of-sequence", SPECIAL: "special token"}[kind]
-        return _cell(special_label(token), kind, f"{what} {token}: a control symbol, not text")
+    if kind in _CONTROL_NAMES:
+        return _cell(special_label(token), kind, f"{_CONTROL_NAMES[kind]} {token}: a control symbol, not text")
     return TokenCell(visible_token(token), marked_token_html(token), "text")
 
 
 def draft_labels(frame) -> list[str]:
     """Each position's draft token as one plain line for hover labels, special tokens with their kind."""
     cells = token_cells(frame.draft_tokens, frame.draft_kinds or None)
-    suffix = {"pad": " (pad)", "eos": " (end-of-sequence)", "special": " (special token)"}
-    return [cell.text + suffix.get(cell.style, "") for cell in cells]
+    return [f"{cell.text} ({_CONTROL_NAMES[cell.style]})" if cell.style in _CONTROL_NAMES else cell.text
+            for cell in cells]

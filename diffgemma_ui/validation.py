@@ -1,15 +1,15 @@
-"""Checks of what arrives from the browser or the API, with the settings table's parsers (every error a
-`ValueError` for the user); the UI's request shape and presets."""
+"""Checks of what arrives from the browser or the API with the settings table's parsers (`ValueError`s for the
+user), the UI's request shape and presets."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from engine import PRESET_NAMES, DiffusionSettings, preset
-from engine.settings import MAX_PROMPT_CHARS, check_prompt, parse_flag, parse_seed, shown, spec
+from engine.settings import MAX_PROMPT_CHARS, check_prompt, parse_flag, parse_seed, spec
 from engine.settings import SETTING_NAMES as ALL_SETTING_NAMES
 
-__all__ = ["MAX_PROMPT_CHARS", "check_prompt", "shown"]
+__all__ = ["MAX_PROMPT_CHARS", "check_prompt"]
 UI_MAX_NEW_TOKENS = spec("max_new_tokens").ui_high
 UI_MAX_DENOISING_STEPS = spec("max_denoising_steps").ui_high
 UI_MAX_ENTROPY_BOUND = spec("entropy_bound").ui_high

@@ -1,5 +1,5 @@
-"""ZeroGPU (Spaces' shared GPUs): `ZeroGpuPlayground` runs every tab's jobs under `spaces.GPU` in the GPU process
-ZeroGPU forks (the `Job`, its `StopFlag` and each frame pickled across); `GpuBudget` sizes and refuses them."""
+"""ZeroGPU: `ZeroGpuPlayground` runs every tab's jobs under `spaces.GPU` in the GPU process (the `Job`, a `StopFlag`
+and the frames pickled across); `GpuBudget` sizes and refuses them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import logging
 import math
 import os
 import tempfile
-import traceback
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -34,6 +33,8 @@ LOG = logging.getLogger(__name__)
 GpuSize = str  # "large" (half a card) or "xlarge" (the whole card)
 XLARGE_WEIGHTS_BYTES = 45_097_156_608  # `spaces`' own switch to "xlarge"
 MIN_RUN_S = 5.0  # the shortest time limit a run gets
+BUDGET_VARIABLES = {"seconds_per_forward": "DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD",
+                    "setup_s": "DIFFGEMMA_ZEROGPU_SETUP_SECONDS", "quota_s": "DIFFGEMMA_ZEROGPU_QUOTA_SECONDS"}
 
 
 class StopFlag:
@@ -67,22 +68,12 @@ class GpuBudget:
     quota_s: float = 120.0
     size: GpuSize = "large"
 
-    def __post_init__(self):
-        if self.size not in ("large", "xlarge"):
-            raise ValueError(f"ZeroGPU size must be 'large' or 'xlarge', got {self.size!r}")
-        for name in ("seconds_per_forward", "setup_s", "quota_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"ZeroGPU {name} must be a number > 0, got {value!r}")
-
     @classmethod
     def from_environment(cls, size: GpuSize, environ: Mapping[str, str] | None = None) -> "GpuBudget":
         """The budget from DIFFGEMMA_ZEROGPU_* (defaults where unset); ValueError names a bad variable."""
         env = os.environ if environ is None else environ
         values = {}
-        for field, name in (("seconds_per_forward", "DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD"),
-                            ("setup_s", "DIFFGEMMA_ZEROGPU_SETUP_SECONDS"),
-                            ("quota_s", "DIFFGEMMA_ZEROGPU_QUOTA_SECONDS")):
+        for field, name in BUDGET_VARIABLES.items():
             if text := env.get(name, "").strip():
                 try:
                     values[field] = float(text)
@@ -106,7 +97,7 @@ class GpuBudget:
         return duration_s * (2 if self.size == "xlarge" else 1)
 
     def check(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> None:
-        """Raise ValueError naming what to lower when the request's GPU time cannot fit `quota_s`."""
+        """ValueError naming what to lower when the request's GPU time cannot fit `quota_s`."""
         duration = self.duration_s(settings, canvas_length, extra_forwards)
         if self.quota_cost_s(duration) <= self.quota_s:
             return
@@ -165,11 +156,9 @@ class ZeroGpuPlayground(Playground):
         self._gpu_frames = spaces_module.GPU(duration=self.gpu_seconds, size=self.budget.size)(self._frames_on_gpu)
 
     def gpu_seconds(self, job: Job, stop: StopFlag) -> int:
-        """`spaces.GPU`'s `duration`."""
         return self.budget.duration_s(job.settings, self.engine.canvas_length, job.extra_forwards)
 
     def check_request(self, request: RunRequest) -> None:
-        """`Playground.check_request`, then the GPU budget (ValueError)."""
         super().check_request(request)
         self.check_job(Job("generate", request, request.settings))
 
@@ -179,7 +168,7 @@ class ZeroGpuPlayground(Playground):
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
                   receive=None) -> RunWorker:
-        """Start `job` on a GPU, blocking until its first frame; gr.Error: refused, or failed before that frame."""
+        """Start `job` on a GPU, blocking until its first frame; gr.Error: refused, or failed before it."""
         stop = StopFlag()
         frames = self._gpu_frames(job, stop)
         try:
@@ -189,7 +178,7 @@ class ZeroGpuPlayground(Playground):
         except BaseException as error:
             stop.discard()
             if isinstance(error, Exception) and not isinstance(error, gr.Error):
-                LOG.error("ZeroGPU run failed to start: %s", "".join(traceback.format_exception(error)).rstrip())
+                LOG.error("ZeroGPU run failed to start", exc_info=error)
                 raise user_error(describe_error(error)) from None
             raise
         # Set-up is over with the first frame: the rest is the forwards' share
@@ -229,7 +218,7 @@ class ZeroGpuPlayground(Playground):
             yield from self.sources[job.kind](self.gpu_engine, job.payload, stop)
         except Exception as error:  # noqa: BLE001 - one clear message across the process boundary
             if not isinstance(error, ValueError):
-                LOG.error("run failed on the GPU: %s", "".join(traceback.format_exception(error)).rstrip())
+                LOG.error("run failed on the GPU", exc_info=error)
             raise user_error(describe_error(error)) from None
 
 
