@@ -93,11 +93,10 @@ def top_alternatives(log_probs: torch.Tensor, draft_ids: torch.Tensor, k: int = 
 def draft_first(values: torch.Tensor, ids: torch.Tensor, draft_ids: torch.Tensor, draft_values: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top log-probabilities `values` and their `ids` `[canvas_length, k]`, largest first, with each position's
-    draft (log-probability `draft_values`) moved first, or put in place of the last when a tie kept it out:
-    (ids, probabilities) `[canvas_length, k]`."""
+    draft (log-probability `draft_values`) moved first, or written over the last (in place) when a tie kept it
+    out: (ids, probabilities) `[canvas_length, k]`."""
     draft = draft_ids.unsqueeze(-1)
     missing = ~(ids == draft).any(dim=-1)
-    ids, values = ids.clone(), values.clone()
     ids[:, -1] = torch.where(missing, draft_ids, ids[:, -1])
     values[:, -1] = torch.where(missing, draft_values, values[:, -1])
     order = torch.where(ids == draft, torch.inf, values).argsort(dim=-1, descending=True, stable=True)
