@@ -10,6 +10,7 @@ import logging
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -184,7 +185,7 @@ class RunWorker:
                     break
         except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
             if not isinstance(exc, ValueError):
-                LOG.error("run failed", exc_info=exc)
+                LOG.error("run failed: %s", "".join(traceback.format_exception(exc)).rstrip())
             error = _without_tracebacks(exc)
         finally:
             with contextlib.suppress(Exception):
