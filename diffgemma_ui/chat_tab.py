@@ -191,7 +191,7 @@ class ChatTab(Tab):
             for index, snap in enumerate(playground.runs.updates(worker)):
                 state.snapshot = snap
                 out = playground.render(state, snap, final=snap.finished, plots_due=clock.due(snap.block_count),
-                                        first=index == 0)
+                                        first=index == 0, stagger=True)
                 if snap.finished:
                     yield self._final(state, snap, out, regenerating)
                     if snap.error is not None:

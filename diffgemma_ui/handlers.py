@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ class StreamOutputs:
 
 
 STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
+PLOT_SPACING_S = 0.03  # between the updates of a final view, so that the browser receives them apart
 
 
 @dataclass(frozen=True)
@@ -152,8 +154,10 @@ class Playground:
                              thinking=thinking)
 
     def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool,
-               first: bool = True) -> StreamOutputs:
-        """The view of `snap` (blocks' HTML cached in `session`); hover text if `final`, buttons if `first`/`final`."""
+               first: bool = True, stagger: bool = False) -> StreamOutputs:
+        """The view of `snap` (blocks' HTML cached in `session`); hover text if `final`, buttons if `first`/`final`.
+        `stagger`: live plots that are due go one per render (the heatmap first), so that the browser redraws one
+        plot per update."""
         finished = snap.finished_blocks()
         for frame in finished[len(session.finished_html):]:
             session.finished_html.append(block_html(frame, live=False))
@@ -174,6 +178,12 @@ class Playground:
         canvas = live_html(live, newest=latest, status=status)
         if plots_due or final:
             heatmap, order, entropy = plots.block_plots(snap.block_frames(), animate=final, hover=final)
+            session.pending_plots = [("order", order), ("entropy", entropy)] if stagger and not final else []
+            if session.pending_plots:
+                order = entropy = skip
+        elif session.pending_plots:
+            name, figure = session.pending_plots.pop(0)
+            order, entropy = (figure, skip) if name == "order" else (skip, figure)
         blocks = snap.block_count
         block = gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1) if final else skip
         if first and not final:  # the previous run's slider would plot this run's blocks
@@ -230,10 +240,13 @@ class Playground:
                     return  # a newer run or Stop owns the page now
                 session.snapshot = snap
                 outputs = self.render(session, snap, final=snap.finished, plots_due=clock.due(snap.block_count),
-                                      first=index == 0)
-                if not session.is_current(ticket):
-                    return  # Stop came while this view was drawn: its final view must stay the last
-                yield outputs.as_tuple()
+                                      first=index == 0, stagger=True)
+                for part, outputs in enumerate(plots_apart(outputs) if snap.finished else [outputs]):
+                    if part:
+                        time.sleep(PLOT_SPACING_S)
+                    if not session.is_current(ticket):
+                        return  # Stop came while this view was drawn: its final view must stay the last
+                    yield outputs.as_tuple()
                 if snap.finished and snap.error is not None:
                     raise user_error(snap.error)
         finally:  # also when Gradio closes or cancels this generator
@@ -319,6 +332,14 @@ class Playground:
         if snap.latest is None:
             raise user_error("the run ended before the first decoder forward")
         return api_summary(self.engine.summarize(snap.latest, snap.frames_seen))
+
+
+def plots_apart(outputs: StreamOutputs) -> list[StreamOutputs]:
+    """`outputs` as three updates that together show the same, so that the browser redraws one plot per update:
+    the heatmap alone, the unmasking order alone, then the rest of the view."""
+    skips = dict.fromkeys((field.name for field in dataclasses.fields(StreamOutputs)), gr.skip())
+    return [StreamOutputs(**{**skips, "heatmap": outputs.heatmap}), StreamOutputs(**{**skips, "order": outputs.order}),
+            dataclasses.replace(outputs, heatmap=gr.skip(), order=gr.skip())]
 
 
 def initial_outputs() -> StreamOutputs:

@@ -30,6 +30,7 @@ class SessionState:
         self.snapshot: RunSnapshot | None = None
         self.finished_html: list[str] = []
         self.stacked_blocks = -1  # blocks in the stack component (-1: none this run)
+        self.pending_plots: list[tuple[str, object]] = []  # (output name, figure) due, not yet sent
 
     def claim(self) -> int:
         """A new ticket: stops the current run and makes every older ticket stale."""

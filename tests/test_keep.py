@@ -124,7 +124,8 @@ def test_page_keeps_a_run_and_replays_an_upload(browser, served_app, tmp_path):
         page.click("#dg-generate")
         page.wait_for_selector("#dg-meter .dg-meter[data-state=done]", timeout=120_000)
         page.click("#dg-keep .label-wrap")
-        page.wait_for_function("!document.querySelector('#dg-download-trace').disabled", timeout=60_000)
+        page.wait_for_function("(b => b !== null && !b.disabled)(document.querySelector('#dg-download-trace'))",
+                               timeout=60_000)  # the accordion renders its buttons after it opens
         with page.expect_download() as download:
             page.click("#dg-download-trace")
         download.value.save_as(tmp_path / "run.json")

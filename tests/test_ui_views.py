@@ -582,6 +582,14 @@ class FakeEngine:
 ARGS = ("In the beginning", True, 64, 8, 0.5, 0.4, 0.8, 1, 0.05, True, 3)
 
 
+def page_after(outputs: list[tuple]) -> list:
+    """What the page shows after the stream's `outputs`: each output's last value that is not a skip."""
+    shown = list(outputs[0])
+    for update in outputs[1:]:
+        shown = [old if new == gr.skip() else new for old, new in zip(shown, update)]
+    return shown
+
+
 def test_generate_stream_renders_live_then_final_and_frees_the_worker_when_closed():
     playground = Playground(FakeEngine(frames=12), max_fps=1000)
     session = SessionState()
@@ -591,7 +599,10 @@ def test_generate_stream_renders_live_then_final_and_frees_the_worker_when_close
     assert last[8]["interactive"] is True and last[9]["interactive"] is False
     assert "Done" in last[1] and last[3] == "<b>text</b>"  # plain text for a Textbox
     assert 'data-blocks="3"' in last[0]  # 12 frames of 4 steps: 3 finished blocks stacked
-    assert isinstance(last[4], plots.FigureSpec) and "sliders" in last[4]["layout"]
+    shown = page_after(outputs)
+    assert isinstance(shown[4], plots.FigureSpec) and "sliders" in shown[4]["layout"]
+    assert all(isinstance(figure, plots.FigureSpec) for figure in shown[4:7])
+    assert all(sum(isinstance(value, plots.FigureSpec) for value in o[4:7]) <= 1 for o in outputs[1:])  # one each
     stacks = [o[0] for o in outputs if isinstance(o[0], str)]
     assert stacks[0] == "" and len(stacks) <= 5  # the stack is only re-sent when a block finishes
     assert not session.worker.running
@@ -806,16 +817,18 @@ def test_live_plots_follow_every_block_and_name_its_step(monkeypatch):
 
     monkeypatch.setattr(handlers, "PLOT_INTERVAL_S", 1000.0)  # only block changes make plots due
     playground = Playground(FakeEngine(frames=12, delay=0.02), max_fps=1000)
-    plotted = []
+    titles, orders = [], []  # the heatmap's and the unmasking order's, as sent (one plot per update)
     for outputs in playground.generate_stream(SessionState(), *ARGS):
         if isinstance(outputs[4], dict) and outputs[4].get("data"):
-            plotted.append((outputs[4]["layout"]["title"]["text"], outputs[5]["layout"]["title"]["text"]))
-    titles = [heat for heat, _ in plotted]
+            titles.append(outputs[4]["layout"]["title"]["text"])
+        if isinstance(outputs[5], dict) and outputs[5].get("data"):
+            orders.append(outputs[5]["layout"]["title"]["text"])
     for block in (1, 2, 3):  # 12 frames of 4 steps: every block is plotted, none skipped
         assert any(f"block {block} \u00b7" in t for t in titles), titles
     live = [t for t in titles if "live" in t]
     assert live and all(re.search(r"block \d \u00b7 step \d+/\d+ \u00b7 live", t) for t in live), live
-    assert all("block" in order for _, order in plotted)
+    assert orders and all("block" in order for order in orders)
+    assert any("block 3" in order for order in orders)  # the last block's order too
 
 
 def test_plot_legends_short_heatmaps_and_a_readable_play_button():
