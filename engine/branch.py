@@ -81,10 +81,5 @@ def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Fra
     frames = denoise(engine.model, input_ids, settings, token_text=engine.token_text, stop_event=stop_event,
                      random_state=RunRandomState(frame.seed), fork=fork,
                      logits_processors=[fork.held] if fork.held is not None else None)
-    return _from_fork(frames, frame.forward_index, seed)
-
-
-def _from_fork(frames: Iterator[Frame], at: int, seed: int) -> Iterator[Frame]:
-    for frame in frames:
-        if frame.forward_index >= at:
-            yield frame if frame.seed == seed else dataclasses.replace(frame, seed=seed)
+    at = frame.forward_index
+    return (f if f.seed == seed else dataclasses.replace(f, seed=seed) for f in frames if f.forward_index >= at)

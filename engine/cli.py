@@ -13,7 +13,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import Diffu
 from .autoregressive import AR_TEMPERATURE, check_temperature
 from .chat import ChatSession
 from .conversation import check_thinking
-from .engine import DiffusionEngine
+from .engine import DiffusionEngine, last_and_count
 from .infill import filled_text, infill_frames, parse_template
 from .loading import (DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, meta_model,
                       model_location)
@@ -230,9 +230,9 @@ def infill_command(args: argparse.Namespace) -> int:
     parse_template(args.template, None)
     engine, settings = load_engine(args, changes)
     layout, frames = infill_frames(engine, args.template, settings, prompt=args.prompt, seed=seed)
-    frames = list(frames)
-    result = engine.summarize(frames[-1], len(frames))
-    text, fills = filled_text(engine.tokenizer, layout, frames[-1].committed_ids)
+    last, count = last_and_count(frames)
+    result = engine.summarize(last, count)
+    text, fills = filled_text(engine.tokenizer, layout, last.committed_ids)
     if args.json:
         print_json({"text": text, "fills": fills, "blank_positions": layout.blanks,
                     "template_positions": layout.template_positions, "result": result.to_dict()})
