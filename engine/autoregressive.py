@@ -53,7 +53,6 @@ class TokenFrame:
 
 
 def eos_ids(generation_config) -> set[int]:
-    """The EOS ids of a generation config."""
     return set(eos_id_list(getattr(generation_config, "eos_token_id", None)))
 
 

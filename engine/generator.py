@@ -87,8 +87,8 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
             fork: Callable[[int, int, torch.LongTensor], torch.LongTensor] | None = None) -> Iterator[Frame]:
     """Block diffusion on `input_ids` `[1, n]`, one `Frame` per decoder forward; `stop_event` ends with a "cancelled"
     frame; `past_key_values`, `logits_processors`, `initial_canvas` as in `generate()`; `fork(block, forward, canvas)`,
-    called with the run's RNG installed before each forward, returns that forward's input canvas (`engine.branch`).
-    `ValueError` for batch != 1.
+    called with the run's RNG before each forward, returns its input canvas (`engine.branch`); `ValueError` for
+    batch != 1.
     """
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must have shape [1, prompt_length], got {tuple(input_ids.shape)}")
@@ -217,9 +217,8 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
 
 def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted=None, top_ids=None,
                top_probs=None) -> tuple[list, ...]:
-    """A frame's per-position tensors `[canvas_length]` (alternatives `[canvas_length, k]`) as lists of ints, bools
-    and floats, in one device transfer; the ones given as None come back empty.
-    """
+    """A frame's tensors `[canvas_length]` (alternatives `[canvas_length, k]`) as lists, in one device transfer; a
+    None as []."""
     rows = (input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted, top_ids, top_probs)
     kinds = (int, int, bool, int, float, float, bool, int, float)
     given = [row for row in rows if row is not None]

@@ -114,7 +114,6 @@ class Trace:
 
     @property
     def blocks(self) -> list[tuple[Frame, ...]]:
-        """The frames grouped by block, block 0 first."""
         return [tuple(group) for _, group in itertools.groupby(self.frames, key=lambda frame: frame.block_index)]
 
 
