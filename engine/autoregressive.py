@@ -53,15 +53,7 @@ class TokenFrame:
 
 
 def eos_ids(generation_config) -> set[int]:
-    """The EOS ids of a generation config."""
     return set(eos_id_list(getattr(generation_config, "eos_token_id", None)))
-
-
-def softcapped_logits(model, hidden_states: torch.Tensor) -> torch.Tensor:
-    """Float32 logits `[batch, vocab]` of `hidden_states`' last position, softcapped as in the model's forward."""
-    logits = model.lm_head(hidden_states[:, -1]).float()
-    cap = model.final_logit_softcapping
-    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 class AutoregressiveDecoder:
@@ -109,7 +101,9 @@ class AutoregressiveDecoder:
         if self.shared_weights:
             hidden = self.model.model.encoder(input_ids=step_ids, past_key_values=cache,
                                               position_ids=positions).last_hidden_state
-            return softcapped_logits(self.model, hidden)
+            logits = self.model.lm_head(hidden[:, -1]).float()  # softcapped as in the model's forward
+            cap = self.model.final_logit_softcapping
+            return torch.tanh(logits / cap) * cap if cap else logits
         output = self.model(input_ids=step_ids, past_key_values=cache, position_ids=positions, use_cache=True,
                             logits_to_keep=1)
         return output.logits[:, -1].float()

@@ -1,5 +1,4 @@
-"""Branch a run from one of its forwards: the run redone up to there, then chosen tokens pinned, and the random
-draws from there on the run's own (no pins: the run itself) or a new seed's."""
+"""Branch a run at one of its forwards: redone up to there, then tokens pinned, the draws on its seed or a new one."""
 
 from __future__ import annotations
 
@@ -63,8 +62,8 @@ class Fork:
 def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Frame, pins: Mapping[int, int],
                   settings: DiffusionSettings, *, seed: int | None = None,
                   stop_event: threading.Event | None = None) -> Iterator[Frame]:
-    """The run of `prompt_ids` from `frame`'s forward on, `pins` (position -> id) held for its block, the draws from
-    there `seed`'s (None: the run's); `ValueError` for bad arguments."""
+    """The run of `prompt_ids` from `frame`'s forward on, `pins` (position -> id) held for its block, the draws
+    from there `seed`'s (None: the run's); `ValueError` for bad arguments."""
     canvas_length, vocab = engine.canvas_length, engine.model.config.text_config.vocab_size
     for position, token in pins.items():
         if not (isinstance(position, int) and 0 <= position < canvas_length):
@@ -81,10 +80,5 @@ def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Fra
     frames = denoise(engine.model, input_ids, settings, token_text=engine.token_text, stop_event=stop_event,
                      random_state=RunRandomState(frame.seed), fork=fork,
                      logits_processors=[fork.held] if fork.held is not None else None)
-    return _from_fork(frames, frame.forward_index, seed)
-
-
-def _from_fork(frames: Iterator[Frame], at: int, seed: int) -> Iterator[Frame]:
-    for frame in frames:
-        if frame.forward_index >= at:
-            yield frame if frame.seed == seed else dataclasses.replace(frame, seed=seed)
+    at = frame.forward_index
+    return (f if f.seed == seed else dataclasses.replace(f, seed=seed) for f in frames if f.forward_index >= at)

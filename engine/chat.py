@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -54,9 +55,7 @@ def marginal_seconds_per_token(points: list[tuple[int, float]]) -> float | None:
     """Least-squares slope of seconds over tokens of (tokens, seconds) `points`; None unless positive and fitted."""
     if len({n for n, _ in points}) < 2:
         return None
-    mean_n = sum(n for n, _ in points) / len(points)
-    mean_s = sum(s for _, s in points) / len(points)
-    slope = sum((n - mean_n) * (s - mean_s) for n, s in points) / sum((n - mean_n) ** 2 for n, _ in points)
+    slope = statistics.linear_regression(*zip(*points)).slope
     return slope if slope > 0 else None
 
 
@@ -84,9 +83,9 @@ class ChatSession:
         self.thoughts, self.last_report, self.last_result = [], None, None
         self._cache, self._cache_ids, self._cache_prefill_s = None, [], 0.0
 
-    def _ids(self, messages, thinking: bool, **kwargs) -> list[int]:
+    def _ids(self, messages, thinking: bool) -> list[int]:
         extra = {"enable_thinking": thinking} if self.engine.supports_thinking else {}
-        return conversation_ids(self.engine.tokenizer, messages, **extra, **kwargs)
+        return conversation_ids(self.engine.tokenizer, messages, **extra)
 
     def _fit(self, messages: list[dict], thinking: bool, settings: DiffusionSettings) -> tuple[list, list[int], int]:
         for dropped in itertools.count():

@@ -13,7 +13,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import Diffu
 from .autoregressive import AR_TEMPERATURE, check_temperature
 from .chat import ChatSession
 from .conversation import check_thinking
-from .engine import DiffusionEngine
+from .engine import DiffusionEngine, last_and_count
 from .infill import filled_text, infill_frames, parse_template
 from .loading import (DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, meta_model,
                       model_location)
@@ -30,7 +30,6 @@ RAW_HELP = "no chat template: tokenize the prompt as is"
 
 
 def add_model_flags(parser, model_help: str, *, device: bool = True, dtype_help: str | None = None) -> None:
-    """--model, --device (if `device`), --dtype and --quantization."""
     parser.add_argument("--model", default=str(DEFAULT_MODEL), help=model_help)
     if device:
         parser.add_argument("--device", default="auto", choices=DEVICES)
@@ -113,7 +112,6 @@ def checked_options(args: argparse.Namespace) -> tuple[int | None, dict]:
 
 
 def load_engine(args: argparse.Namespace, changes: dict) -> tuple[DiffusionEngine, DiffusionSettings]:
-    """The engine of `--model`, and `--preset` over its recommended settings with the settings flags applied."""
     engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
     return engine, preset(args.preset, engine.recommended).with_values(changes)
 
@@ -137,7 +135,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    """`generate`: the text (a summary line on stderr), or one JSON object."""
     check_prompt(args.prompt)
     seed, changes = checked_options(args)
     engine, settings = load_engine(args, changes)
@@ -171,7 +168,6 @@ def verdict_line(verdict: dict) -> str:
 
 
 def race_command(args: argparse.Namespace) -> int:
-    """`race`: both answers, a line per side, the speedup and verdict; or one JSON object."""
     check_prompt(args.prompt)
     seed, changes = checked_options(args)
     check_temperature(args.ar_temperature)
@@ -225,14 +221,13 @@ def chat_command(args: argparse.Namespace) -> int:
 
 
 def infill_command(args: argparse.Namespace) -> int:
-    """`infill`: the template with its blanks filled, or one JSON object."""
     seed, changes = checked_options(args)
     parse_template(args.template, None)
     engine, settings = load_engine(args, changes)
     layout, frames = infill_frames(engine, args.template, settings, prompt=args.prompt, seed=seed)
-    frames = list(frames)
-    result = engine.summarize(frames[-1], len(frames))
-    text, fills = filled_text(engine.tokenizer, layout, frames[-1].committed_ids)
+    last, count = last_and_count(frames)
+    result = engine.summarize(last, count)
+    text, fills = filled_text(engine.tokenizer, layout, last.committed_ids)
     if args.json:
         print_json({"text": text, "fills": fills, "blank_positions": layout.blanks,
                     "template_positions": layout.template_positions, "result": result.to_dict()})
@@ -244,7 +239,6 @@ def infill_command(args: argparse.Namespace) -> int:
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    """`replay`: the checked trace's offline HTML replay written; 2 for a refused trace."""
     try:
         trace = load_trace(args.trace)
         write_replay(trace, args.html)
@@ -258,7 +252,6 @@ def replay_command(args: argparse.Namespace) -> int:
 
 
 def memory_command(args: argparse.Namespace) -> int:
-    """`memory`: the model's memory report (meta device) as a table or one JSON object."""
     dtype = torch.bfloat16 if args.dtype == "auto" else getattr(torch, args.dtype)
     report = memory_report(meta_model(args.model, dtype), args.quantization)
     if args.json:

@@ -116,7 +116,6 @@ class DiffusionEngine:
                 f"{self.context_limit:,} tokens: shorten the prompt or lower max_new_tokens")
 
     def check_settings(self, settings: DiffusionSettings) -> None:
-        """`check_temperature_schedule` for this model's softcap and decoder dtype."""
         check_temperature_schedule(
             settings, logit_cap=getattr(self.model.config.get_text_config(), "final_logit_softcapping", None),
             feedback_dtype=self.model.model.decoder.embed_tokens.weight.dtype)

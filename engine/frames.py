@@ -120,7 +120,6 @@ class FrameBuilder:
             **fields)
 
     def _describe(self, ids: list[int]) -> tuple[list[str], list[str]]:
-        """(strings, kinds or []) of `ids`; a `TokenText` decodes the uncached ones in one batch."""
         many = getattr(self.token_text, "describe_many", None)
         if many is not None:
             strings, kinds = zip(*many(ids)) if ids else ((), ())

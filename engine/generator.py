@@ -87,8 +87,8 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
             fork: Callable[[int, int, torch.LongTensor], torch.LongTensor] | None = None) -> Iterator[Frame]:
     """Block diffusion on `input_ids` `[1, n]`, one `Frame` per decoder forward; `stop_event` ends with a "cancelled"
     frame; `past_key_values`, `logits_processors`, `initial_canvas` as in `generate()`; `fork(block, forward, canvas)`,
-    called with the run's RNG installed before each forward, returns that forward's input canvas (`engine.branch`).
-    `ValueError` for batch != 1.
+    called with the run's RNG before each forward, returns its input canvas (`engine.branch`); `ValueError` for
+    batch != 1.
     """
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must have shape [1, prompt_length], got {tuple(input_ids.shape)}")
@@ -195,8 +195,8 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                         done, stop_reason = True, "max_new_tokens"
                 confidence, entropy, top_ids, top_probs = frame_statistics(sampler, self_conditioning_logits,
                                                                            argmax_canvas)
-                lists = host_lists(input_canvas[0], argmax_canvas[0], _accepted_mask(sampler)[0], None, confidence,
-                                   entropy, top_ids=top_ids, top_probs=top_probs)
+                lists = host_lists(input_canvas[0], argmax_canvas[0], sampler_state(sampler).accepted_token_mask[0],
+                                   None, confidence, entropy, top_ids=top_ids, top_probs=top_probs)
                 frame = builder.add(
                     block_index=block, step_index=step_index, temperature=settings.temperature_at(cur_step),
                     input_ids=lists[0], draft_ids=lists[1], accepted=lists[2], confidence=lists[4],
@@ -215,33 +215,21 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                     decoder_position_ids=decoder_position_ids, canvas_length=canvas_length, cur_len=cur_len))
 
 
-def _accepted_mask(sampler) -> torch.BoolTensor:
-    return sampler_state(sampler).accepted_token_mask
-
-
 def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted=None, top_ids=None,
                top_probs=None) -> tuple[list, ...]:
-    """A frame's per-position tensors `[canvas_length]` (alternatives `[canvas_length, k]`) as lists of ints, bools
-    and floats, in one device transfer; the ones given as None come back empty.
-    """
-    length = input_ids.shape[0]
-    rows = (input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted)
-    kinds = (int, int, bool, int, float, float, bool)
-    k = 0 if top_ids is None else top_ids.shape[-1]
-    given = [t for t in rows if t is not None] + ([top_ids, top_probs] if k else [])
-    host = torch.cat([t.to(torch.float64).reshape(-1) for t in given]).cpu()  # float64 holds ids exactly
+    """A frame's tensors `[canvas_length]` (alternatives `[canvas_length, k]`) as lists, in one device transfer; a
+    None as []."""
+    rows = (input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted, top_ids, top_probs)
+    kinds = (int, int, bool, int, float, float, bool, int, float)
+    given = [row for row in rows if row is not None]
+    host = torch.cat([row.to(torch.float64).reshape(-1) for row in given]).cpu()  # float64 holds ids exactly
     lists, offset = [], 0
     for row, kind in zip(rows, kinds):
         if row is None:
             lists.append([])
             continue
-        lists.append(_typed_list(host[offset:offset + length], kind))
-        offset += length
-    if k:
-        lists.append(_typed_list(host[offset:offset + length * k].view(length, k), int))
-        lists.append(host[offset + length * k:].view(length, k).tolist())
-    else:
-        lists += [[], []]
+        lists.append(_typed_list(host[offset:offset + row.numel()].view(row.shape), kind))
+        offset += row.numel()
     return tuple(lists)
 
 

@@ -15,7 +15,7 @@ from transformers import LogitsProcessor
 from .engine import DiffusionEngine, encode_text
 from .frames import Frame
 from .generator import RunRandomState, denoise
-from .settings import MAX_PROMPT_CHARS, DiffusionSettings, check_prompt, parse_seed
+from .settings import MAX_PROMPT_CHARS, DiffusionSettings, parse_seed
 from .tokens import eos_id_list
 
 BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
@@ -108,7 +108,7 @@ def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSet
     pad_id = generation_config.pad_token_id or 0
     layout = layout_template(engine.tokenizer, template, engine.canvas_length, pad_id)
     if prompt is not None:
-        input_ids = encode_text(engine.tokenizer, check_prompt(prompt), True, engine.device)
+        input_ids = encode_text(engine.tokenizer, prompt, True, engine.device)
     else:
         bos = engine.tokenizer.bos_token_id
         input_ids = torch.tensor([[bos if bos is not None else pad_id]], dtype=torch.long, device=engine.device)

@@ -53,8 +53,7 @@ def is_experts(module: nn.Module) -> bool:
 
 
 def share_tied_modules(model: nn.Module, fp8: bool = False) -> int:
-    """Share each encoder text-layer module tied to its decoder twin (`fp8`: by its FP8 weights) with the decoder,
-    so it quantizes once; returns how many."""
+    """Share each encoder text-layer module tied to its decoder twin (`fp8`: FP8 weights), once; returns how many."""
     inner = getattr(model, "model", model)
     encoder_layers = getattr(getattr(getattr(inner, "encoder", None), "language_model", None), "layers", None)
     decoder_layers = getattr(getattr(inner, "decoder", None), "layers", None)

@@ -175,9 +175,7 @@ def measure_memory_bandwidth(device: torch.device, megabytes: int = 512, repeats
     for _ in range(repeats):
         target.copy_(source)
     torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start
-    del source, target
-    return 2 * n * repeats / seconds
+    return 2 * n * repeats / (time.perf_counter() - start)
 
 
 def weights_bytes_per_forward(modules: list[torch.nn.Module], config, positions: int) -> int:
@@ -325,8 +323,7 @@ def causal_lm_bytes(model_id: str, dtype: torch.dtype) -> int:
     except Exception as error:  # noqa: BLE001 - one clear message
         raise ModelLoadError(f"cannot read the autoregressive model {model_id!r}: {type(error).__name__}: "
                              f"{' '.join(str(error).split())}") from error
-    parameters = {id(p): p.numel() for p in model.parameters()}
-    return sum(parameters.values()) * torch.empty((), dtype=dtype).element_size()
+    return model.num_parameters() * torch.empty((), dtype=dtype).element_size()
 
 
 def free_bytes(device: torch.device) -> int:

@@ -6,9 +6,10 @@ import base64
 import hashlib
 import json
 import re
+from dataclasses import asdict
 from pathlib import Path
 
-from .trace import SETTING_KEYS, TRACE_VERSION, Trace
+from .trace import TRACE_VERSION, Trace
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 PLAYER_DIR = ASSETS_DIR / "replay"
@@ -51,7 +52,7 @@ def replay_data(trace: Trace) -> dict:
         kinds = {str(position): trace.kinds[i] for i, position in index.items() if i in trace.kinds}
     return {
         "trace_version": TRACE_VERSION, "model": dict(trace.model.__dict__),
-        "settings": {key: getattr(trace.settings, key) for key in SETTING_KEYS}, "seed": str(trace.seed),
+        "settings": asdict(trace.settings), "seed": str(trace.seed),
         "prompt": trace.prompt, "raw": trace.raw, "prompt_tokens": len(trace.prompt_ids), "text": trace.text,
         "tokens": [trace.tokens[i] for i in index], "kinds": kinds, "frames": frames,
         "interval_ms": PLAY_INTERVAL_MS, "present_interval_ms": PRESENT_INTERVAL_MS,

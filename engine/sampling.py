@@ -9,9 +9,8 @@ ALTERNATIVES = 5  # candidates kept per position
 
 
 class RecordingEntropyBoundSampler(EntropyBoundSampler):
-    """`EntropyBoundSampler` that keeps, of its last step, `token_entropy` `[batch, canvas_length]` and the
-    `ALTERNATIVES` largest log-probabilities with their ids (`top_log_probs`, `top_ids`: `[batch, canvas_length, k]`),
-    taken while its log-probabilities are at hand; the full log-probabilities are not kept."""
+    """`EntropyBoundSampler` keeping, of its last step, `token_entropy` `[batch, canvas_length]` and the `ALTERNATIVES`
+    largest log-probabilities with their ids (`top_log_probs`, `top_ids`: `[batch, canvas_length, k]`)."""
 
     token_entropy: torch.Tensor | None = None
     top_log_probs: torch.Tensor | None = None
@@ -54,7 +53,6 @@ def sampler_state(sampler):
     return getattr(accept, "__self__", sampler)
 
 
-
 def canvas_statistics(processed_logits: torch.Tensor, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(confidence, entropy) `[canvas_length]` of logits `[canvas_length, vocab]` and their argmax `draft_ids`."""
     log_probs, entropy = _log_probs_and_entropy(processed_logits)
@@ -68,10 +66,8 @@ def _log_probs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def top_k(values: torch.Tensor, k: int, chunk: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    """`values.topk(k, dim=-1)` of a `[rows, vocab]` tensor: (values, ids) `[rows, k]`, largest first, the same values
-    (ids may differ among ties). Looks only inside the `k` chunks of `chunk` columns with the largest maxima, which
-    hold every one of the top `k`; plain `topk` when the vocabulary is not a multiple of `chunk` or has at most
-    `k` chunks."""
+    """`values.topk(k, dim=-1)` of `[rows, vocab]` (ids may differ among ties), searched only in the `k` chunks of
+    `chunk` columns with the largest maxima, which hold the top `k`; plain `topk` where chunks do not pay."""
     rows, vocab = values.shape
     if vocab % chunk or vocab // chunk <= k:
         return values.topk(k, dim=-1)
@@ -84,17 +80,15 @@ def top_k(values: torch.Tensor, k: int, chunk: int = 128) -> tuple[torch.Tensor,
 
 def top_alternatives(log_probs: torch.Tensor, draft_ids: torch.Tensor, k: int = ALTERNATIVES
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `k` likeliest tokens per position of log-probabilities `[canvas_length, vocab]`, draft first: (ids
-    `[canvas_length, k]`, probabilities)."""
+    """(ids, probabilities) `[canvas_length, k]` of log-probabilities `[canvas_length, vocab]`, draft first."""
     values, ids = top_k(log_probs, min(k, log_probs.shape[-1]))
     return draft_first(values, ids, draft_ids, log_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1))
 
 
 def draft_first(values: torch.Tensor, ids: torch.Tensor, draft_ids: torch.Tensor, draft_values: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top log-probabilities `values` and their `ids` `[canvas_length, k]`, largest first, with each position's
-    draft (log-probability `draft_values`) moved first, or written over the last (in place) when a tie kept it
-    out: (ids, probabilities) `[canvas_length, k]`."""
+    """(ids, probabilities) `[canvas_length, k]` of top `values` and `ids`, each draft (`draft_values`) moved first,
+    or written over the last (in place) when a tie kept it out."""
     draft = draft_ids.unsqueeze(-1)
     missing = ~(ids == draft).any(dim=-1)
     ids[:, -1] = torch.where(missing, draft_ids, ids[:, -1])
@@ -105,9 +99,8 @@ def draft_first(values: torch.Tensor, ids: torch.Tensor, draft_ids: torch.Tensor
 
 def frame_statistics(sampler, processed_logits: torch.Tensor, draft_ids: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(confidence, entropy `[canvas_length]`, `ALTERNATIVES` ids and probabilities per position) of the last step
-    for the argmax `draft_ids` `[1, canvas_length]` of `processed_logits` `[1, canvas_length, vocab]`: from the
-    recording sampler's record when there is one, else from the logits."""
+    """(confidence, entropy `[canvas_length]`, top ids, top probabilities) of the last step's argmax `draft_ids`
+    `[1, canvas_length]`: from the recording sampler's record, else `processed_logits` `[1, canvas_length, vocab]`."""
     state = sampler_state(sampler)
     entropy, values, ids = (getattr(state, name, None) for name in ("token_entropy", "top_log_probs", "top_ids"))
     if entropy is None or values is None:

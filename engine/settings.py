@@ -42,7 +42,6 @@ class SettingSpec:
         return f"{'[' if self.low_inclusive else '('}{self.low}, {high}]"
 
     def parse(self, value, *, ui: bool = False) -> int | float | bool:
-        """See `parse_setting`."""
         if self.kind is bool:
             return parse_flag(self.name, value)
         span = self.span(ui)

@@ -100,9 +100,7 @@ def eos_id_list(eos_token_id: int | Iterable[int] | None) -> list[int]:
     """A generation config's `eos_token_id` (int, list or None) as a list of ints, in its order."""
     if eos_token_id is None:
         return []
-    if isinstance(eos_token_id, int):
-        return [eos_token_id]
-    return [int(i) for i in eos_token_id]
+    return [eos_token_id] if isinstance(eos_token_id, int) else [int(i) for i in eos_token_id]
 
 
 def token_text_for(tokenizer, model) -> TokenText:

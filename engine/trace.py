@@ -6,7 +6,7 @@ import itertools
 import json
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .engine import DiffusionEngine
@@ -26,7 +26,6 @@ MAX_TOKEN_ID = 2**31 - 1
 MAX_TOKEN_CHARS = 1000
 MAX_ENTROPY_NATS = 100.0  # ln(vocabulary) is ~12.5 for 262,144 tokens
 MAX_LABEL_CHARS = 300
-SETTING_KEYS = SETTING_NAMES  # the settings a trace records
 STOP_REASONS = ("eos", "max_new_tokens", "cancelled")
 NO_FRAMES = "the run produced no frames (it ended before its first decoder forward)"
 
@@ -95,7 +94,7 @@ class Trace:
     def to_dict(self) -> dict:
         document = {
             "format": TRACE_FORMAT, "version": TRACE_VERSION, "model": dict(self.model.__dict__),
-            "settings": {key: getattr(self.settings, key) for key in SETTING_KEYS}, "seed": int(self.seed),
+            "settings": asdict(self.settings), "seed": int(self.seed),
             "prompt": {"text": self.prompt, "raw": bool(self.raw), "ids": [int(i) for i in self.prompt_ids]},
             "text": self.text, "tokens": {str(i): s for i, s in sorted(self.tokens.items())},
             "frames": [_compact(frame) for frame in self.frames],
@@ -115,7 +114,6 @@ class Trace:
 
     @property
     def blocks(self) -> list[tuple[Frame, ...]]:
-        """The frames grouped by block, block 0 first."""
         return [tuple(group) for _, group in itertools.groupby(self.frames, key=lambda frame: frame.block_index)]
 
 
@@ -211,11 +209,11 @@ def parse_trace(document) -> Trace:
     labels = {key: _string(model_doc.get(key, "" if key == "revision" else None), f"model.{key}", MAX_LABEL_CHARS)
               for key in ("name", "revision", "device", "dtype")}
     settings_doc = _object(doc.get("settings"), "settings")
-    missing = [key for key in SETTING_KEYS if key not in settings_doc]
+    missing = [key for key in SETTING_NAMES if key not in settings_doc]
     if missing:
         raise TraceError(f"settings: missing {', '.join(missing)}")
     try:
-        settings = DiffusionSettings(**{key: settings_doc[key] for key in SETTING_KEYS})
+        settings = DiffusionSettings(**{key: settings_doc[key] for key in SETTING_NAMES})
     except (TypeError, ValueError) as error:
         raise TraceError(f"settings: {error}") from None
     seed = _int(doc.get("seed"), "seed", 0, MAX_SEED)
