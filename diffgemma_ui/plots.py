@@ -23,6 +23,7 @@ ENTROPY_COLOUR = "#56B4E9"
 REMELT_COLOUR = "#f97316"  # the canvas's re-melt outline (assets/style.css .dg-remelt)
 MODEBAR_REMOVE = ["select2d", "lasso2d"]  # no view reads a selection
 GAP_CELLS = 96  # heatmap rows or columns with 1 px gaps between cells up to this many
+SLIDER_LABELS = 16  # step labels under the heatmap's slider at most
 HOVER_CELLS = 16384  # heatmap cells drawn with per-cell token text at most (256 positions x 64 steps)
 TOOLBAR_PX = 28  # the hover mode bar's strip
 
@@ -100,8 +101,8 @@ BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color"
 
 def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
     """Draft confidence per (step, position) of one block's `frames`: dots where accepted (again), crosses where
-    re-melted, cell gaps only while cells are large (small cells drawn as one pixelated image); `hover`: per-cell token text (up to `HOVER_CELLS` cells);
-    `animate`: step slider and play button."""
+    re-melted, cell gaps only while cells are large (small cells drawn as one pixelated image); `hover`: per-cell
+    token text (up to `HOVER_CELLS` cells); `animate`: step slider and play button."""
     if not frames:
         return empty_figure("Confidence per step and position")
     n = frames[0].canvas_length
@@ -173,13 +174,14 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
         frame_objects = [{"name": f"step {k + 1}", "layout": {"shapes": cover(k), "sliders[0].active": k}}
                          for k in range(steps)]
         instant = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
+        every = whole_step(steps, SLIDER_LABELS)  # the current step is always named above the slider
         layout["sliders"] = [{
             "active": steps - 1,
             "currentvalue": {"prefix": "step ", "font": {"size": 12}, "xanchor": "right"},
             "pad": {"t": 92, "b": 4}, "len": 1.0, "x": 0.0, "y": 0, "ticklen": 3, "minorticklen": 0,
             "font": {"size": 10},
-            "steps": [{"label": str(k + 1), "method": "animate", "args": [[frame_objects[k]], instant]}
-                      for k in range(steps)]}]
+            "steps": [{"label": str(k + 1) if k == 0 or (k + 1) % every == 0 else "", "method": "animate",
+                       "args": [[frame_objects[k]], instant]} for k in range(steps)]}]
         layout["updatemenus"] = [{
             "type": "buttons", "direction": "left", "showactive": False, "x": 0.0, "y": 0, "xanchor": "left",
             "yanchor": "top", "pad": {"t": 58, "r": 8}, **BUTTON_STYLE,

@@ -221,6 +221,10 @@ def test_heatmap_animation_has_slider_play_button_and_one_frame_per_step():
     assert pause["args"][0] == [None]
     assert len(fig["data"][0]["z"]) == 5 and len(fig["data"][0]["z"][0]) == N
     assert "sliders" not in plots.confidence_heatmap(frames, animate=False)["layout"]
+    assert [step["label"] for step in slider["steps"]] == ["1", "2", "3", "4", "5"]
+    long = plots.confidence_heatmap([make_frame(step=k) for k in range(128)], animate=True)["layout"]["sliders"][0]
+    labels = [step["label"] for step in long["steps"]]  # 128 steps: a label every 10 (the slider names its step)
+    assert len(labels) == 128 and [label for label in labels if label] == ["1", *map(str, range(10, 129, 10))]
 
 
 def test_unmasking_order_and_entropy_values():
