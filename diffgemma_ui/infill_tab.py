@@ -63,7 +63,7 @@ class InfillTab(Tab):
     def request(self, template, context, preset_name, max_denoising_steps, seed) -> tuple[InfillLayout, Job]:
         """`job` of the tab's inputs, UI limits, checked (gr.Error)."""
         with refusing():
-            values = dict(preset_values(preset_name, self.engine.recommended), max_denoising_steps=max_denoising_steps)
+            values = preset_values(preset_name, self.engine.recommended, max_denoising_steps=max_denoising_steps)
             layout, job = self.job(template, context, values, seed, ui_limits=True)
             self.playground.check_job(job)
             return layout, job
