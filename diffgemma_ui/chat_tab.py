@@ -110,11 +110,9 @@ def parse_history(history) -> list[dict]:
 class ChatState(SessionState):
     """A visitor's chat: the conversation, its turn, the renderer's caches and the turn counts."""
 
-    def __init__(self):
-        super().__init__()
-        self.chat: ChatSession | None = None
-        self.turns = 0
-        self.cut_turns = 0  # oldest turns cut to fit the context
+    chat: ChatSession | None = None
+    turns = 0
+    cut_turns = 0  # oldest turns cut to fit the context
 
 
 def has_answer(chat: ChatSession | None) -> bool:
