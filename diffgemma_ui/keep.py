@@ -91,8 +91,7 @@ class KeepHandlers(Tab):
         """After a run: write its trace and replay page; updates of both downloads, the replay slider, Replay."""
         hidden = (gr.update(value=None, interactive=False), gr.update(value=None, interactive=False),
                   gr.update(visible=False), gr.update(interactive=False))
-        snap = getattr(session, "snapshot", None)
-        request = getattr(session, "request", None)
+        snap, request = session.snapshot, getattr(session, "request", None)
         if snap is None or request is None or snap.latest is None or snap.error is not None or not snap.finished:
             return hidden
         if snap.latest.max_denoising_steps != request.settings.max_denoising_steps:
@@ -204,7 +203,6 @@ class KeepControls:
 
 
 def build_keep_controls() -> KeepControls:
-    """The keep controls in a closed accordion."""
     with gr.Accordion("Keep or replay a run", open=False, elem_id="dg-keep"):
         gr.Markdown(prose("keep-help"))
         with gr.Row():
