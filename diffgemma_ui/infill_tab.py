@@ -103,8 +103,8 @@ class InfillTab(Tab):
         return previous_run_meter(None if worker is None else worker.snapshot(), worker is not None and worker.running)
 
     async def infill_api(self, template, context, *values, request: gr.Request = None) -> tuple[str, dict]:
-        """`/infill`: `template` filled after an optional raw `context`, settings (one canvas) and seed as
-        `/generate`'s -> (text, summary plus `fills` and blank, fixed and template positions); gr.Error."""
+        """`/infill`: `template` filled after a raw `context`, settings and seed as `/generate`'s (one canvas) -> (text,
+        summary plus `fills` and blank, fixed and template positions); gr.Error."""
         *given, seed = values
         layout = None
 
