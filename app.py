@@ -98,13 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Loading {args.model} (device {args.device}, dtype {args.dtype}, quantization {args.quantization})...",
           flush=True)
     try:
-        if on_zero_gpu:
-            if args.device not in ("auto", "cuda"):
-                raise ModelLoadError(f"on ZeroGPU the model runs on the GPU: device must be auto or cuda, got "
-                                     f"{args.device!r}")
-            engine = DiffusionEngine(load_zero_gpu_model(args.model, args.dtype, args.quantization))
-        else:
-            engine = DiffusionEngine(load_model(args.model, args.device, args.dtype, args.quantization))
+        load = load_zero_gpu_model if on_zero_gpu else load_model
+        engine = DiffusionEngine(load(args.model, args.device, args.dtype, args.quantization))
     except ModelLoadError as error:
         return _fail(str(error))
     except Exception as error:  # noqa: BLE001 - one clear line, never a traceback

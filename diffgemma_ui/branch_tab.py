@@ -35,7 +35,7 @@ def branch_source(engine, job: BranchJob, stop):
 
 def parse_pins(text, frame: Frame, tokenizer) -> dict[int, int]:
     """Pins as position -> token id from `;`-separated `position` (keep `frame`'s draft token) or `position=word`
-    (the word's tokens from there). Raises ValueError: a malformed pin, or one off the canvas."""
+    (the word's tokens from there); ValueError: a malformed pin, or one off the canvas."""
     n, pins = frame.canvas_length, {}
     for item in filter(None, (part.strip() for part in str(text or "").split(";"))):
         where, typed, word = item.partition("=")
@@ -55,7 +55,7 @@ class BranchTab(Tab):
     sources = {"branch": branch_source}
 
     def build(self, session) -> None:
-        """Create and wire the controls (an accordion, closed) in the current Blocks context."""
+        """Create and wire the controls (a closed accordion) in the current Blocks context."""
         with gr.Accordion("Branch from a step", open=False, elem_id="dg-branch") as accordion:
             gr.Markdown(prose("branch-help"))
             forward = gr.Slider(1, 2, value=1, step=1, label="Branch from decoder forward", elem_id="dg-branch-step")

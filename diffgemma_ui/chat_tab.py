@@ -1,6 +1,5 @@
-"""The Chat tab and `/chat`: a multi-turn conversation per visitor (`engine.chat.ChatSession` in its `ChatState`),
-each turn the "chat" job, rendered as the Playground's live view. `/chat` is stateless: the client sends the
-history as JSON and gets it back with the new turn."""
+"""The Chat tab and `/chat`: a multi-turn conversation per visitor (an `engine.chat.ChatSession`), each turn the
+"chat" job; `/chat` is stateless: the client sends the history as JSON and gets it back with the new turn."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ ROLE_LABELS = {"system": "System", "user": "You", "assistant": "Model"}
 
 @dataclass
 class ChatTurn:
-    """A "chat" job's payload: `text` to answer (None: regenerate) after `messages`; `session` is never pickled
-    (the GPU process rebuilds it from the messages)."""
+    """A "chat" job's payload: `text` to answer (None: regenerate) after `messages`; `session` is never pickled."""
 
     text: str | None
     settings: DiffusionSettings
@@ -82,8 +80,7 @@ def chat_source(engine, turn: ChatTurn, stop) -> Iterator:
 
 
 def parse_history(history) -> list[dict]:
-    """The `/chat` history: JSON text ("" for none) of alternating user and assistant {"role", "content"}
-    messages. Raises ValueError naming the problem."""
+    """The `/chat` history: JSON text ("" for none) of alternating user and assistant messages; ValueError."""
     if history is None or (isinstance(history, str) and not history.strip()):
         return []
     if not isinstance(history, str):
@@ -113,11 +110,9 @@ def parse_history(history) -> list[dict]:
 class ChatState(SessionState):
     """A visitor's chat: the conversation, its turn, the renderer's caches and the turn counts."""
 
-    def __init__(self):
-        super().__init__()
-        self.chat: ChatSession | None = None
-        self.turns = 0
-        self.cut_turns = 0  # oldest turns cut to fit the context
+    chat: ChatSession | None = None
+    turns = 0
+    cut_turns = 0  # oldest turns cut to fit the context
 
 
 def has_answer(chat: ChatSession | None) -> bool:
@@ -137,7 +132,7 @@ class ChatTab(Tab):
         """The tab's inputs as a checked turn (gr.Error)."""
         with refusing():
             text = check_prompt(message)
-            values = dict(preset_values(preset_name, self.engine.recommended), max_new_tokens=max_new_tokens)
+            values = preset_values(preset_name, self.engine.recommended, max_new_tokens=max_new_tokens)
             settings = build_settings(values, ui_limits=True)
             self.engine.check_settings(settings)
             self.playground.check_job(Job("chat", None, settings))
@@ -146,7 +141,7 @@ class ChatTab(Tab):
             return ChatTurn(text, settings, seed, thinking, [], [])
 
     def regeneration(self, state: ChatState, preset_name, max_new_tokens, thinking) -> ChatTurn:
-        """The turn that replaces the last answer, with a new seed (gr.Error, also when there is no answer)."""
+        """The turn that replaces the last answer, with a new seed; gr.Error (also without an answer)."""
         if not has_answer(state.chat):
             raise user_error("nothing to regenerate: the conversation has no answer yet")
         return dataclasses.replace(self.turn("x", preset_name, max_new_tokens, -1, thinking), text=None)
@@ -159,8 +154,7 @@ class ChatTab(Tab):
 
     def send_stream(self, state: ChatState, message, preset_name, max_new_tokens, seed, thinking,
                     request: gr.Request = None) -> Iterator[tuple]:
-        """Send: the tab's outputs while `message` is answered; a stopped turn leaves the conversation as it was.
-        Raises gr.Error: bad input, a turn that does not fit, a failed run."""
+        """Send: the tab's outputs while `message` is answered (a stopped turn changes nothing); gr.Error."""
         turn = self.turn(message, preset_name, max_new_tokens, seed, thinking)
         yield from self._stream(state, turn, turn.text, request)
 
@@ -252,9 +246,8 @@ class ChatTab(Tab):
 
     async def chat_api(self, message, history, system, thinking, *values,
                        request: gr.Request = None) -> tuple[str, dict]:
-        """`/chat`: answer `message` after `history` (`parse_history`) and an optional `system` message; settings
-        and seed as `/generate`'s. Returns (answer, `/generate`'s summary with `report` and `history` with this
-        turn); raises gr.Error."""
+        """`/chat`: `message` answered after `history` and `system` (settings, seed as `/generate`'s) -> (answer,
+        `/generate`'s summary with `report` and `history` with this turn); gr.Error."""
         chat = None
 
         def job() -> Job:
@@ -339,8 +332,7 @@ def _bubble(role: str, text: str, *, extra: str = "", state: str = "") -> str:
 
 def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pending_user: str | None = None,
                  pending_answer: str = "", cut_turns: int = 0) -> str:
-    """The conversation: a bubble per message (with each answer's thought), the turn being written
-    (`pending_user`, None: none) and a note of `cut_turns`; carries `data-turns`."""
+    """A bubble per message (answers with their thought), the turn being written (`pending_user`), `cut_turns`."""
     if not messages and pending_user is None and not cut_turns:
         return EMPTY_CHAT_HTML
     parts = []
@@ -367,8 +359,7 @@ def running_note(turn: int, regenerating: bool) -> str:
 
 
 def reuse_html(report: TurnReport | None, turn: int = 0, *, regenerated: bool = False) -> str:
-    """What the turn's encoder cache saved (`IDLE_REUSE_HTML` for None); `turn`: its number (0: not shown);
-    carries `data-reused`, `data-prompt`, `data-encoded`."""
+    """What the turn's encoder cache saved (`IDLE_REUSE_HTML` for None); `turn`: its number (0: not shown)."""
     if report is None:
         return IDLE_REUSE_HTML
     saved = (f" \u00b7 about {report.prefill_saved_s * 1000:,.1f} ms of prefill saved (estimate: reused tokens "

@@ -37,8 +37,8 @@ def sampler_choices() -> list[str]:
 
 
 def pipeline_source(engine, payload: tuple, stop) -> Iterator:
-    """The "pipeline" source of (request, scheduler): its newest frame as forwards land, then the exact frames (one
-    list) and the last frame. Raises what diffusers' call raised."""
+    """The "pipeline" source of (request, scheduler): its newest frame per forward, then the exact frames (one list)
+    and the last frame; raises what diffusers raised."""
     request, scheduler = payload
     run = PipelineRun(engine, request.prompt, request.settings, scheduler, request.seed)
     if stop.is_set():
@@ -66,10 +66,8 @@ def pipeline_source(engine, payload: tuple, stop) -> Iterator:
 class CompareState(SessionState):
     """A visitor's comparison: `running`, and `shown`, the last frames (A, B) of the last one to end."""
 
-    def __init__(self):
-        super().__init__()
-        self.running = False
-        self.shown: tuple[Frame | None, Frame | None] | None = None
+    running = False
+    shown: tuple[Frame | None, Frame | None] | None = None
 
 
 class CompareHandlers(Tab):
@@ -78,8 +76,8 @@ class CompareHandlers(Tab):
     sources = {"pipeline": pipeline_source}
 
     def _checked(self, prompt, raw, seed, max_new_tokens, *sides, b_sampler) -> tuple[list, str | None]:
-        """Both sides' checked requests (one seed; `sides`: A's, then B's bound, steps, adaptive stopping) and B's
-        diffusers scheduler (None: the engine's); raises gr.Error."""
+        """Both sides' requests (one seed; `sides`: A's, then B's bound, steps, adaptive) and B's diffusers scheduler
+        (None: the engine's); gr.Error."""
         if seed is None or (isinstance(seed, (int, float)) and seed < 0) or str(seed).strip() == "":
             seed = draw_seed()
         rec = self.engine.recommended
@@ -96,7 +94,7 @@ class CompareHandlers(Tab):
 
     def request(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
                 b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None) -> None:
-        """The first step of Compare A and B: check both sides, clear the visitor's Stop (raises gr.Error)."""
+        """Compare A and B's first step: check both sides, clear the visitor's Stop; gr.Error."""
         self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
                       b_steps, b_adaptive, b_sampler=b_sampler)
         if state is not None:
@@ -112,8 +110,8 @@ class CompareHandlers(Tab):
     def compare(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
                 b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None,
                 request: gr.Request = None) -> Iterator[tuple]:
-        """Run A then B (B not after a stopped A); yields (A card, B card, verdict, A text, B text, A heatmap,
-        B heatmap). Raises gr.Error: bad input on either side, a failed run."""
+        """Run A then B (B not after a stopped A): (cards A and B, verdict, texts A and B, heatmaps A and B); gr.Error:
+        bad input on either side, a failed run."""
         requests, scheduler = self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive,
                                             b_entropy_bound, b_steps, b_adaptive, b_sampler=b_sampler)
         b_reads_bound = scheduler in (None, "EntropyBoundScheduler")

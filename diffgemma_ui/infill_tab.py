@@ -63,7 +63,7 @@ class InfillTab(Tab):
     def request(self, template, context, preset_name, max_denoising_steps, seed) -> tuple[InfillLayout, Job]:
         """`job` of the tab's inputs, UI limits, checked (gr.Error)."""
         with refusing():
-            values = dict(preset_values(preset_name, self.engine.recommended), max_denoising_steps=max_denoising_steps)
+            values = preset_values(preset_name, self.engine.recommended, max_denoising_steps=max_denoising_steps)
             layout, job = self.job(template, context, values, seed, ui_limits=True)
             self.playground.check_job(job)
             return layout, job
@@ -103,8 +103,8 @@ class InfillTab(Tab):
         return previous_run_meter(None if worker is None else worker.snapshot(), worker is not None and worker.running)
 
     async def infill_api(self, template, context, *values, request: gr.Request = None) -> tuple[str, dict]:
-        """`/infill`: `template` filled after an optional raw `context`, settings (one canvas) and seed as
-        `/generate`'s -> (text, summary plus `fills` and blank, fixed and template positions); gr.Error."""
+        """`/infill`: `template` filled after a raw `context`, settings and seed as `/generate`'s (one canvas) -> (text,
+        summary plus `fills` and blank, fixed and template positions); gr.Error."""
         *given, seed = values
         layout = None
 

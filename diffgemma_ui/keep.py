@@ -60,7 +60,6 @@ def render_trace(trace: Trace, count: int, *, hover: bool = True) -> StreamOutpu
     """The live view of `trace` after `count` frames, buttons untouched; `hover`: the heatmap's hover text."""
     snap = snapshot_upto(trace, count)
     latest = snap.latest
-    finished = snap.finished_blocks()
     live = latest if not latest.block_done else None
     prompt = " ".join(trace.prompt.split())
     prompt = prompt if len(prompt) <= 60 else prompt[:59] + "\u2026"
@@ -71,7 +70,7 @@ def render_trace(trace: Trace, count: int, *, hover: bool = True) -> StreamOutpu
     heatmap, order, entropy = plots.block_plots(snap.block_frames(), hover=hover)
     blocks = snap.block_count
     return StreamOutputs(
-        stack=stack_html(finished), canvas=live_html(live, newest=latest, status=status),
+        stack=stack_html(snap.finished_blocks()), canvas=live_html(live, newest=latest, status=status),
         meter=meter_html(latest), text=committed_text(trace, count), heatmap=heatmap, order=order, entropy=entropy,
         block=gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1),
         generate_button=gr.skip(), stop_button=gr.skip(),
@@ -91,8 +90,7 @@ class KeepHandlers(Tab):
         """After a run: write its trace and replay page; updates of both downloads, the replay slider, Replay."""
         hidden = (gr.update(value=None, interactive=False), gr.update(value=None, interactive=False),
                   gr.update(visible=False), gr.update(interactive=False))
-        snap = getattr(session, "snapshot", None)
-        request = getattr(session, "request", None)
+        snap, request = session.snapshot, getattr(session, "request", None)
         if snap is None or request is None or snap.latest is None or snap.error is not None or not snap.finished:
             return hidden
         if snap.latest.max_denoising_steps != request.settings.max_denoising_steps:
@@ -204,7 +202,6 @@ class KeepControls:
 
 
 def build_keep_controls() -> KeepControls:
-    """The keep controls in a closed accordion."""
     with gr.Accordion("Keep or replay a run", open=False, elem_id="dg-keep"):
         gr.Markdown(prose("keep-help"))
         with gr.Row():

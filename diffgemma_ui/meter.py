@@ -24,23 +24,18 @@ def format_number(value: float, digits: int = 1, unit: str = "") -> str:
     return "\u2013" if value is None else f"{value:,.{digits}f}{unit}"
 
 
-def format_count(value: float, digits: int = 1) -> str:
-    """An integral value as an integer ("32"), else with `digits` decimals."""
-    number = _finite(value)
-    if number is not None and number == round(number):
-        return f"{int(round(number)):,}"
-    return format_number(value, digits)
-
-
 def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[str, str]:
-    """The meter's figures by label, unescaped (None: dashes); rates from `committed`, the newest finished block's."""
+    """The meter's figures by label, unescaped (None: dashes); rates from `committed` (the newest finished block)."""
     if frame is None:
         return dict.fromkeys(("tokens/s", "tokens/forward", "forwards/block", "ms/forward", "forwards used", "elapsed",
                               "first frame", "tokens", "progress"), "\u2013")
     fpb = frame.forwards_per_block
     rates = committed if committed is not None else frame
     counting = not fpb
-    forwards_per_block = format_count(sum(fpb) / len(fpb), 1) if fpb else f"\u2265 {frame.step_index + 1}"
+    forwards_per_block = f"\u2265 {frame.step_index + 1}"
+    if fpb:
+        mean = sum(fpb) / len(fpb)
+        forwards_per_block = format_number(mean, 0 if mean.is_integer() else 1)
     if frame.done:
         progress = STOP_REASONS.get(frame.stop_reason, frame.stop_reason) or "done"
     else:

@@ -55,7 +55,6 @@ class RaceProgress:
     latest: object = None
 
     def add(self, item) -> None:
-        """A `(side, frame)` of the race, or its `RaceResult`."""
         if isinstance(item, RaceResult):
             self.result = item
             return
@@ -81,15 +80,11 @@ class RaceProgress:
 class RaceSession(SessionState):
     """A visitor's race: its run and the finished race's `progress`, for the replay."""
 
-    def __init__(self):
-        super().__init__()
-        self.progress: RaceProgress | None = None
+    progress: RaceProgress | None = None
 
 
 @dataclass(frozen=True)
 class RaceRequest:
-    """A checked race."""
-
     run: RunRequest
     ar_temperature: float
     order: str
@@ -121,9 +116,8 @@ class RaceTab:
             return race
 
     def ui_request(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> RaceRequest:
-        """The tab's inputs checked, UI limits (gr.Error)."""
         with refusing():
-            values = dict(preset_values(preset_name, self.runner.engine.recommended), max_new_tokens=max_new_tokens)
+            values = preset_values(preset_name, self.runner.engine.recommended, max_new_tokens=max_new_tokens)
             run = build_request(prompt, raw, values, seed, ui_limits=True)
         return self.check(run, ar_temperature, order)
 
@@ -161,8 +155,8 @@ class RaceTab:
 
     def live_panels(self, progress: RaceProgress) -> tuple[str, str]:
         running = None if progress.finished or not progress.order else progress.order[-1]
-        return tuple(self.panel(progress, side, "running" if side == running else
-                                "done" if progress.frames[side] else "waiting") for side in SIDES)
+        return tuple(self.panel(progress, side, "running" if side == running else "done" if progress.frames[side]
+                                else "waiting") for side in SIDES)
 
     def race_stream(self, session: RaceSession, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature,
                     order, request: gr.Request = None) -> Iterator[tuple]:
@@ -231,8 +225,8 @@ def build_race_tab(race: RaceTab) -> None:
                                         elem_id="dg-race-temperature", min_width=120)
                 seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random", elem_id="dg-race-seed",
                                  min_width=120)
-                order = gr.Dropdown(list(ORDERS), value="alternate", label="Who runs first",
-                                    elem_id="dg-race-order", min_width=140)
+                order = gr.Dropdown(list(ORDERS), value="alternate", label="Who runs first", elem_id="dg-race-order",
+                                    min_width=140)
             with gr.Row():
                 start, stop = run_buttons("Race", "dg-race-start", "dg-race-stop")
             refusal = refusal_box("race")

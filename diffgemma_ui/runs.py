@@ -133,8 +133,8 @@ def _without_tracebacks(error: BaseException) -> BaseException:
 
 
 class RunWorker:
-    """`source(stop_event)` read into `record` in a thread, stopped unread `abandon_after_s` or past `time_limit_s`;
-    `stop_event`: anything with `set()` and `is_set()`."""
+    """`source(stop_event)` read into `record` in a thread, stopped unread `abandon_after_s` or past `time_limit_s`
+    (`stop_event`: anything with `set()` and `is_set()`)."""
 
     def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0,
                  time_limit_s: float | None = None, stop_event: threading.Event | None = None, record=None):
@@ -148,7 +148,6 @@ class RunWorker:
         self._last_poll = time.monotonic()
 
     def start(self) -> "RunWorker":
-        """Start the worker thread; returns self."""
         self._last_poll = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="diffgemma-run", daemon=True)
         self._thread.start()

@@ -76,7 +76,6 @@ class StepThroughHandlers(Tab):
         return session.step_run
 
     def _advance(self, session: SessionState, run: StepRun, plots_due: bool = True, stop_button=None) -> tuple:
-        """One decoder forward of `run`, rendered."""
         with run.lock:
             try:
                 frame = None if run.done else next(run.frames, None)
@@ -142,7 +141,6 @@ class StepControls:
 
 
 def build_step_controls() -> StepControls:
-    """The step-through buttons and their note."""
     with gr.Row(elem_id="dg-step-buttons"):
         next_step = gr.Button("Next step", elem_id="dg-next-step", size="sm", scale=1)
         run_to_end = gr.Button("Run to end", elem_id="dg-run-to-end", size="sm", scale=1)

@@ -87,15 +87,13 @@ def _byte_run(pieces: list[bytes]) -> list[TokenCell]:
             shown[first].append(f"0x{data[begin]:02X}")
             notes[first].append(f"byte 0x{data[begin]:02X}: not a whole UTF-8 character here")
             continue
-        shown[first].append(visible_token(char))
-        if last == first:
-            notes[first].append(f"bytes {_hex(data[begin:end])} = \u201c{visible_token(char)}\u201d")
-        else:
-            notes[first].append(f"bytes {_hex(data[begin:end])} over {last - first + 1} positions = "
-                                f"\u201c{visible_token(char)}\u201d")
-            for index in range(first + 1, last + 1):
-                notes[index].append(f"continues \u201c{visible_token(char)}\u201d from {index - first} "
-                                    f"position{'s' if index - first != 1 else ''} before")
+        visible = visible_token(char)
+        shown[first].append(visible)
+        spread = f" over {last - first + 1} positions" if last > first else ""
+        notes[first].append(f"bytes {_hex(data[begin:end])}{spread} = \u201c{visible}\u201d")
+        for index in range(first + 1, last + 1):
+            notes[index].append(f"continues \u201c{visible}\u201d from {index - first} "
+                                f"position{'s' if index - first != 1 else ''} before")
     cells = []
     for piece, texts, lines in zip(pieces, shown, notes):
         if texts and all(t.startswith("0x") and len(t) == 4 for t in texts):

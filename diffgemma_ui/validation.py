@@ -43,9 +43,9 @@ def build_request(prompt, raw, values: dict, seed, *, ui_limits: bool = True, th
                       thinking=parse_flag("thinking", thinking))
 
 
-def preset_values(name, recommended: DiffusionSettings) -> dict:
-    """The `PRESET_FIELDS` values of preset `name`; ValueError for an unknown name."""
+def preset_values(name, recommended: DiffusionSettings, **changes) -> dict:
+    """The `PRESET_FIELDS` values of preset `name`, then `changes`; ValueError for an unknown name."""
     if name not in PRESET_NAMES:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")
     settings = preset(name, recommended)
-    return {field: getattr(settings, field) for field in PRESET_FIELDS}
+    return {**{field: getattr(settings, field) for field in PRESET_FIELDS}, **changes}

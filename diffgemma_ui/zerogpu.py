@@ -19,7 +19,7 @@ import gradio as gr
 import torch
 
 from engine import DiffusionEngine, DiffusionSettings, Frame
-from engine.settings import draw_seed
+from engine.settings import draw_seed, parse_number
 from engine.loading import ModelLoadError, load_model
 from engine.memory import memory_report
 
@@ -75,12 +75,10 @@ class GpuBudget:
         values = {}
         for field, name in BUDGET_VARIABLES.items():
             if text := env.get(name, "").strip():
-                try:
-                    values[field] = float(text)
-                except ValueError:
-                    values[field] = math.nan
-                if not (math.isfinite(values[field]) and values[field] > 0):
+                value = parse_number(text)
+                if value is None or not (math.isfinite(value) and value > 0):
                     raise ValueError(f"{name} must be a number > 0, got {text!r}")
+                values[field] = float(value)
         return cls(size=size, **values)
 
     @staticmethod
@@ -126,8 +124,10 @@ def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:
     return "xlarge" if weight_bytes(model) > XLARGE_WEIGHTS_BYTES else "large"
 
 
-def load_zero_gpu_model(model: str, dtype: str = "auto", quantization: str = "none"):
+def load_zero_gpu_model(model: str, device: str = "auto", dtype: str = "auto", quantization: str = "none"):
     """A checkpoint loaded on the CPU, then `.to("cuda")` for `spaces` to pack; ModelLoadError, also if quantized."""
+    if device not in ("auto", "cuda"):
+        raise ModelLoadError(f"on ZeroGPU the model runs on the GPU: device must be auto or cuda, got {device!r}")
     if quantization != "none":
         raise ModelLoadError(f"{quantization} quantization is not offered on ZeroGPU (its packed weights under "
                              "ZeroGPU's CUDA emulation were never checked): use --quantization none (bf16 weights, an "
@@ -162,8 +162,7 @@ class ZeroGpuPlayground(Playground):
         super().check_request(request)
         self.check_job(Job("generate", request, request.settings))
 
-    def check_job(self, job: Job) -> None:
-        """The GPU budget of `job` (ValueError)."""
+    def check_job(self, job: Job) -> None:  # the GPU budget (ValueError)
         self.budget.check(job.settings, self.engine.canvas_length, job.extra_forwards)
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
