@@ -296,6 +296,8 @@ def app_run(args) -> int:
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
                 page.goto(url)
                 page.wait_for_selector("#dg-canvas .dg-canvas")
+                # the run starts once the page has drawn its plots: their first draw belongs to the page load
+                page.wait_for_selector("#dg-heatmap .js-plotly-plot", state="attached", timeout=60_000)
                 load = os.getloadavg()[0]
                 renders.clear()
                 result = page.evaluate(APP_RUN_JS)
