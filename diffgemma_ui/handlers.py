@@ -47,6 +47,7 @@ class StreamOutputs:
 
 
 STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
+STOP_FLUSH_S = 0.1  # Stop's final view waits this long after the stream's end
 PLOT_SPACING_S = 0.03  # between the updates of a final view, so that the browser receives them apart
 
 
@@ -266,8 +267,10 @@ class Playground:
             skips = dict.fromkeys(("stack", "canvas", "text", "heatmap", "order", "entropy", "block"), gr.skip())
             return dataclasses.replace(initial_outputs(), meter=meter_html(None, note="left the queue: nothing ran"),
                                        **skips).as_tuple()
-        # the stream's end too: nothing it sends can arrive after this final view
+        # the stream's end too, and a moment for the queue to write what it sent last: nothing it sent may arrive
+        # after this final view (this answer does not go through the queue)
         wait_all(STOP_WAIT_S, worker.join, session.wait_for_stream)
+        time.sleep(STOP_FLUSH_S)
         snap = worker.snapshot()
         session.snapshot = snap
         final = self.render(session, snap, final=True, plots_due=True)
