@@ -16,7 +16,8 @@ from .tab import PRIVATE, UNQUEUED
 PRESENT_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js", "present.js")
 
 
-def present_head() -> str:  # the player and its presenter overlay
+def present_head() -> str:
+    """The page-head script of the player and its presenter overlay."""
     return f"<script>{player_script(names=PRESENT_SCRIPTS)}</script>"
 
 

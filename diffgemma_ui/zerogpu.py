@@ -162,7 +162,8 @@ class ZeroGpuPlayground(Playground):
         super().check_request(request)
         self.check_job(Job("generate", request, request.settings))
 
-    def check_job(self, job: Job) -> None:  # the GPU budget (ValueError)
+    def check_job(self, job: Job) -> None:
+        """The job fits the GPU budget (ValueError)."""
         self.budget.check(job.settings, self.engine.canvas_length, job.extra_forwards)
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
