@@ -27,9 +27,7 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
 
     def accept_canvas(self, current_canvas, denoiser_canvas, logits, cur_step):
         """The canvas `[batch, canvas_length]` with denoiser tokens accepted within the entropy bound."""
-        dist = torch.distributions.Categorical(logits=logits)
-        token_entropy = dist.entropy()  # (batch_size, canvas_length)
-        log_probs = dist.logits
+        token_entropy, log_probs = entropy_and_log_probs(logits)
         values, ids = top_k(log_probs.reshape(-1, log_probs.shape[-1]), min(ALTERNATIVES, log_probs.shape[-1]))
         self.token_entropy = token_entropy
         self.top_log_probs, self.top_ids = values.view(*log_probs.shape[:-1], -1), ids.view(*log_probs.shape[:-1], -1)
@@ -40,6 +38,15 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
             input=torch.zeros_like(sorted_selection_mask), dim=-1, index=sorted_indices, src=sorted_selection_mask
         )
         return torch.where(self.accepted_token_mask, denoiser_canvas, current_canvas)
+
+
+def entropy_and_log_probs(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Categorical(logits=logits)`'s entropy `[..]` (bitwise) and log-probabilities `[.., vocab]` (clamped to the
+    dtype's minimum), from two vocabulary-sized buffers instead of four and without its argument check."""
+    log_probs = logits - logits.logsumexp(dim=-1, keepdim=True)
+    p_log_p = torch.softmax(log_probs, dim=-1)
+    log_probs.clamp_(min=torch.finfo(log_probs.dtype).min)
+    return -p_log_p.mul_(log_probs).sum(-1), log_probs
 
 
 def with_recording(sampler):
@@ -55,14 +62,9 @@ def sampler_state(sampler):
 
 def canvas_statistics(processed_logits: torch.Tensor, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(confidence, entropy) `[canvas_length]` of logits `[canvas_length, vocab]` and their argmax `draft_ids`."""
-    log_probs, entropy = _log_probs_and_entropy(processed_logits)
+    entropy, log_probs = entropy_and_log_probs(processed_logits.float())
     confidence = log_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1).exp()
     return confidence, entropy
-
-
-def _log_probs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    return log_probs, -(log_probs.exp() * log_probs).sum(dim=-1)
 
 
 def top_k(values: torch.Tensor, k: int, chunk: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,7 +106,7 @@ def frame_statistics(sampler, processed_logits: torch.Tensor, draft_ids: torch.T
     state = sampler_state(sampler)
     entropy, values, ids = (getattr(state, name, None) for name in ("token_entropy", "top_log_probs", "top_ids"))
     if entropy is None or values is None:
-        log_probs, entropy = _log_probs_and_entropy(processed_logits[0])
+        entropy, log_probs = entropy_and_log_probs(processed_logits[0].float())
         top_ids, top_probs = top_alternatives(log_probs, draft_ids[0])
     else:  # the draft is the argmax: its log-probability is the largest one
         state.top_log_probs = state.top_ids = None

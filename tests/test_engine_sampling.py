@@ -10,8 +10,8 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
 )
 
 from engine.generator import host_lists
-from engine.sampling import (RecordingEntropyBoundSampler, canvas_statistics, frame_statistics, top_alternatives, top_k,
-                             with_recording)
+from engine.sampling import (RecordingEntropyBoundSampler, canvas_statistics, entropy_and_log_probs, frame_statistics,
+                             top_alternatives, top_k, with_recording)
 
 
 def _samplers(entropy_bound: float, vocab: int = 500, canvas: int = 32):
@@ -123,3 +123,14 @@ def test_top_k_keeps_the_largest_values_among_ties():
     got_values, got_ids = top_k(values, 5)
     assert got_values[:, 0].tolist() == [1.0, 1.0, 0.0] and got_values[:, 1:].eq(0).all()
     assert got_ids[0, 0] == 5 and got_ids[1, 0] == 700 and all(len(set(row)) == 5 for row in got_ids.tolist())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_entropy_is_bitwise_the_library_categorical_entropy(dtype):
+    logits = (torch.randn(1, 8, 300, generator=torch.Generator().manual_seed(3)) * 4).to(dtype)
+    logits[0, 0, :7] = -torch.inf  # what a top-k or masking processor leaves
+    logits[0, 1, 11] += 60
+    entropy, log_probs = entropy_and_log_probs(logits)
+    expected = torch.distributions.Categorical(logits=logits)
+    assert torch.equal(entropy, expected.entropy())
+    assert torch.equal(log_probs, expected.logits.clamp(min=torch.finfo(dtype).min))
