@@ -142,8 +142,10 @@ class DiffusionEngine:
             stop_reason=last.stop_reason, tokens=last.committed_tokens)
 
     def warm_up(self) -> float:
-        """Pay a process's one-time first-run costs (one short chat and one raw run, seed 0); returns the seconds."""
+        """Pay a process's one-time costs (the token strings of the vocabulary, one short chat and one raw run,
+        seed 0); returns the seconds."""
         start = time.perf_counter()
+        self.token_text.describe_vocabulary()
         settings = self.recommended.replace(
             max_new_tokens=2 * self.canvas_length, max_denoising_steps=2, adaptive_stopping=False)
         for raw in (False, True):

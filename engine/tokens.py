@@ -76,6 +76,15 @@ class TokenText:
         describe = self.describe
         return [cache.get(i) or describe(i) for i in token_ids]
 
+    def describe_vocabulary(self) -> None:
+        """Cache every id of the vocabulary now (seconds at 262,144 ids), so that frames only look strings up."""
+        self.describe_many(list(range(self._size)))
+
+    @property
+    def described(self) -> int:
+        """How many ids are cached."""
+        return len(self._cache)
+
     def _describe(self, token_id: int, text: str | None = None, piece: str | None = None) -> tuple[str, str]:
         if not 0 <= token_id < self._size:
             return f"<id:{token_id}>", SPECIAL
