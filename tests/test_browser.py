@@ -115,6 +115,7 @@ def test_stop_button_and_phone_width(browser, served_app):
     page.wait_for_selector(".dg-meter[data-state='done']", timeout=30_000)
     assert time.monotonic() - started < 20
     assert "stopped" in page.inner_text(".dg-meter").lower()
+    page.wait_for_function("!document.querySelector('#dg-replay-run').disabled", timeout=30_000)  # kept, replayable
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "browser_phone.png"), full_page=True)
