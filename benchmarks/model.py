@@ -33,7 +33,7 @@ from engine.chat import ChatSession, encode_into_cache
 from engine.generator import host_lists
 from engine.loading import REPO_ROOT, set_serving_threads
 from engine.loading import meta_model
-from engine.memory import memory_report
+from engine.quantization import memory_report
 from engine.quantization import QUANTIZATIONS, quantize_model
 from engine.sampling import RecordingEntropyBoundSampler, canvas_statistics, frame_statistics
 from engine.tokens import token_text_for

@@ -10,15 +10,14 @@ from pathlib import Path
 import torch
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
 
-from .autoregressive import AR_TEMPERATURE, check_temperature
 from .chat import ChatSession
 from .conversation import check_thinking
 from .engine import DiffusionEngine, last_and_count
 from .infill import filled_text, infill_frames, parse_template
 from .loading import (DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, meta_model,
                       model_location)
-from .memory import format_report, memory_report
-from .race import RaceRunner, race_runner
+from .quantization import format_report, memory_report
+from .race import AR_TEMPERATURE, RaceRunner, check_temperature, race_runner
 from .replay_page import write_replay
 from .settings import (PRESET_NAMES, SETTING_NAMES, SETTINGS, DiffusionSettings, check_prompt, parse_seed,
                        parse_setting, preset)

@@ -9,9 +9,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
-from .memory import memory_report
 from .quantization import (QUANTIZATIONS, bitsandbytes_missing, check_fp8_shapes, fp8_refusal, from_pretrained_fp8,
-                           quantize_model)
+                           memory_report, quantize_model)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO_ROOT / "assets" / "models" / "diffgemma-tiny"

@@ -1,4 +1,5 @@
-"""Quantization of the whole network: `4bit`/`8bit` through bitsandbytes (CUDA, CPU), `fp8` on CUDA >= 8.9."""
+"""Quantization of the whole network (`4bit`/`8bit` through bitsandbytes on CUDA or the CPU, `fp8` on CUDA >= 8.9)
+and the bytes of a model's tensors (`model_bytes`), by group and as each quantization would store them."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ SKIPPED_SUFFIXES = ("router.proj", "lm_head")  # routing decisions and the tied 
 FP8_BLOCK_SIZE = (64, 64)
 FP8_MIN_CAPABILITY = (8, 9)  # Ada, Hopper, Blackwell: GPUs with FP8 matmul units
 OTHER_CHOICES = "use --quantization 8bit or 4bit"
+GROUPS = ("experts", "attention", "embeddings", "vision_tower", "other")
 
 
 @dataclass(frozen=True)
@@ -240,3 +242,59 @@ def from_pretrained_fp8(where: str, device: torch.device, dtype: torch.dtype, **
         where, dtype=dtype, device_map={"": device}, quantization_config=fp8_config(), **common)
     share_tied_modules(network, fp8=True)
     return network
+
+
+def group_of(name: str) -> str:
+    if ".vision_tower." in f".{name}" or ".embed_vision." in f".{name}":
+        return "vision_tower"
+    if ".experts." in name:
+        return "experts"
+    if ".self_attn." in name:
+        return "attention"
+    if "embed_tokens" in name or name.startswith("lm_head"):
+        return "embeddings"
+    return "other"
+
+
+def stored_tensors(*modules: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every parameter, buffer and quant-state tensor of `modules`, each tensor once."""
+    seen = set()
+    for module in modules:
+        named = [*module.named_parameters(), *module.named_buffers()]
+        named += [(name, t) for name, _, state in quantized_parameters(module) for t in quant_state_tensors(state)]
+        for name, tensor in named:
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                yield name, tensor
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of a model's tensors as stored (quantized ones packed, shared ones once)."""
+    return sum(tensor.numel() * tensor.element_size() for _, tensor in stored_tensors(model))
+
+
+def memory_report(model: nn.Module, quantization: str = "none") -> dict:
+    """`{"total_bytes": N, "groups": {group: N}}` as `quantization` would store `model`; `ValueError`."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    planned = set()
+    if quantization == "fp8":
+        if not fp8_modules(model):
+            if any(p.device.type != "meta" for p in model.parameters()):
+                raise ValueError("the fp8 report converts the model: build it on the meta device (meta_model)")
+            convert_to_fp8(model, "meta")
+    elif quantization != "none":
+        share_tied_modules(model)
+        planned = {id(t.module._parameters[t.param]) for t in quantization_targets(model)
+                   if t.param in t.module._parameters}
+    groups = dict.fromkeys(GROUPS, 0)
+    for name, tensor in stored_tensors(model):
+        nbytes = quantized_nbytes(tensor.numel(), quantization) if id(tensor) in planned else None
+        groups[group_of(name)] += tensor.numel() * tensor.element_size() if nbytes is None else nbytes
+    return {"total_bytes": sum(groups.values()), "groups": groups}
+
+
+def format_report(report: dict, title: str) -> str:
+    """The report as a table in GB (10^9 bytes) and bytes."""
+    rows = [*report["groups"].items(), ("total", report["total_bytes"])]
+    return "\n".join([title] + [f"  {group:<13} {nbytes / 1e9:9.3f} GB  {nbytes:>15,} bytes" for group, nbytes in rows])
