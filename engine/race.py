@@ -423,13 +423,12 @@ class RaceRunner:
             on_frame: FrameCallback | None = None, stop_event: threading.Event | None = None) -> RaceResult:
         """Race `prompt` on both sides, `on_frame(side, frame)` after each forward; `ValueError`."""
         settings = settings or self.engine.recommended
-        seed = parse_seed(seed)
-        seed = draw_seed() if seed is None else seed
-        ar_temperature = check_temperature(ar_temperature)
         self.check(prompt, settings, raw=raw, ar_temperature=ar_temperature, order=order, seed=seed)
-        budget = self.budget(settings)
+        seed, ar_temperature, budget = parse_seed(seed), check_temperature(ar_temperature), self.budget(settings)
+        seed = draw_seed() if seed is None else seed
         with self._lock:
             bandwidth, weights = self._bandwidth_figures()
+            weights_bytes = dict(zip(SIDES, weights)) if bandwidth and weights else {}
             sides = self._order(order)
             results: dict[str, SideResult | None] = dict.fromkeys(SIDES)
             for position, side in enumerate(sides, start=1):
@@ -441,22 +440,16 @@ class RaceRunner:
                 else:
                     frames = self.ar.frames(prompt, budget, raw=raw, temperature=ar_temperature, seed=seed,
                                             stop_event=stop_event)
-                results[side] = self._run_side(side, frames, position, warm_s, on_frame)
-        cancelled = any(result is None or result.stop_reason == "cancelled" for result in results.values())
-        if bandwidth and weights:
-            for side, per_forward in zip(SIDES, weights):
-                if results[side] is not None:
-                    bound_s = per_forward / bandwidth
-                    results[side] = replace(
-                        results[side], weights_bytes_per_forward=per_forward, bandwidth_bound_s_per_forward=bound_s,
-                        bandwidth_bound_tokens_per_second=results[side].tokens_per_forward / bound_s)
+                results[side] = self._run_side(side, frames, position, warm_s, on_frame, weights_bytes.get(side),
+                                               bandwidth)
         return RaceResult(
             diffusion=results["diffusion"], autoregressive=results["autoregressive"], order=sides, seed=seed,
             budget=budget, canvas_length=self.engine.canvas_length, device=str(self.engine.device),
-            memory_bandwidth_gb_s=round(bandwidth / 1e9, 1) if bandwidth else None, cancelled=cancelled,
-        )
+            memory_bandwidth_gb_s=round(bandwidth / 1e9, 1) if bandwidth else None,
+            cancelled=any(result is None or result.stop_reason == "cancelled" for result in results.values()))
 
-    def _run_side(self, side: str, frames, position: int, warm_s: float, on_frame: FrameCallback | None) -> SideResult:
+    def _run_side(self, side: str, frames, position: int, warm_s: float, on_frame: FrameCallback | None,
+                  weights_bytes: int | None, bandwidth: float | None) -> SideResult:
         trace: list[tuple[float, int]] = []
         last = None
         for last in frames:
@@ -465,7 +458,6 @@ class RaceRunner:
                 on_frame(side, last)
         if last is None:
             raise RuntimeError(f"the {side} side ended before its first forward")
-        first_token_s = next((seconds for seconds, tokens in trace if tokens > 0), None)
         if side == "diffusion":
             summary = self.engine.summarize(last, len(trace))
             forwards, token_text = summary.forwards, self.engine.token_text
@@ -474,14 +466,18 @@ class RaceRunner:
             forwards, token_text = last.forwards, self.ar.token_text
             model, text, token_ids = self.ar.source, self.ar.text(last.committed_ids), list(last.committed_ids)
         tokens, seconds = last.committed_tokens, last.elapsed_s
+        per_forward = tokens / forwards if forwards else 0.0
+        bound_s = weights_bytes / bandwidth if weights_bytes else None
         shown = [token_text(i) for i in token_ids if token_text.kind(i) in (TEXT, BYTE)]
         return SideResult(
             name=side, model=model, text=text, token_ids=token_ids, tokens=tokens, forwards=forwards,
             seconds=seconds, tokens_per_second=tokens / seconds if seconds > 0 else 0.0,
-            tokens_per_forward=tokens / forwards if forwards else 0.0, time_to_first_token_s=first_token_s,
+            tokens_per_forward=per_forward, time_to_first_token_s=next((s for s, n in trace if n > 0), None),
             seconds_per_forward=seconds / forwards if forwards else 0.0,
             seconds_per_token=seconds / tokens if tokens else None, stop_reason=last.stop_reason,
             prompt_tokens=last.prompt_tokens, position=position, warm_up_s=warm_s, trace=trace,
+            weights_bytes_per_forward=weights_bytes, bandwidth_bound_s_per_forward=bound_s,
+            bandwidth_bound_tokens_per_second=None if bound_s is None else per_forward / bound_s,
             punctuation_share=punctuation_share(shown), repeated_share=repeated_share(shown))
 
 
