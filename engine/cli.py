@@ -18,10 +18,9 @@ from .loading import (DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadEr
                       model_location)
 from .quantization import format_report, memory_report
 from .race import AR_TEMPERATURE, RaceRunner, check_temperature, race_runner
-from .replay_page import write_replay
 from .settings import (PRESET_NAMES, SETTING_NAMES, SETTINGS, DiffusionSettings, check_prompt, parse_seed,
                        parse_setting, preset)
-from .trace import TraceError, load_trace, trace_of_run
+from .trace import TraceError, load_trace, trace_of_run, write_replay
 
 RACE_ORDERS = ("alternate", "diffusion-first", "autoregressive-first")
 THINKING_HELP = "let the model think first (chat templates with enable_thinking, e.g. Gemma 4)"

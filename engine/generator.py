@@ -87,7 +87,7 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
             fork: Callable[[int, int, torch.LongTensor], torch.LongTensor] | None = None) -> Iterator[Frame]:
     """Block diffusion on `input_ids` `[1, n]`, one `Frame` per decoder forward; `stop_event` ends with a "cancelled"
     frame; `past_key_values`, `logits_processors`, `initial_canvas` as in `generate()`; `fork(block, forward, canvas)`,
-    called with the run's RNG before each forward, returns its input canvas (`engine.branch`); `ValueError` for
+    called with the run's RNG before each forward, returns its input canvas (`infill.Fork`); `ValueError` for
     batch != 1.
     """
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
