@@ -43,10 +43,9 @@ from diffgemma_ui.canvas_view import live_html, stack_html
 from diffgemma_ui.runs import default_live_rate
 from diffgemma_ui.session import SessionState
 from engine import DiffusionEngine, load_model
-from engine.frames import Frame
+from engine.frames import Frame, TokenText
 from engine.loading import DEFAULT_MODEL, set_serving_threads
 from engine.settings import DiffusionSettings
-from engine.tokens import TokenText
 from engine.trace import ModelInfo, Trace, replay_html
 from standin import ensure_standin
 

@@ -13,7 +13,7 @@ import gradio as gr
 
 from engine import DiffusionSettings
 from engine.chat import ChatSession, TurnReport
-from engine.conversation import check_messages, check_thinking
+from engine.engine import check_messages, check_thinking
 from engine.settings import parse_flag, parse_seed
 
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html, thought_html

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .conversation import check_messages, check_thinking, conversation_ids
-from .engine import DiffusionEngine, GenerationResult
+from .engine import DiffusionEngine, GenerationResult, check_messages, check_thinking, conversation_ids
 from .frames import Frame
 from .generator import RunRandomState, denoise
 from .settings import DiffusionSettings, check_prompt, parse_seed

@@ -12,10 +12,9 @@ from contextlib import contextmanager
 import torch
 from transformers import LogitsProcessorList
 
-from .frames import Frame, FrameBuilder
+from .frames import Frame, FrameBuilder, eos_id_list
 from .sampling import frame_statistics, sampler_state, with_recording
 from .settings import DiffusionSettings, draw_seed
-from .tokens import eos_id_list
 
 _GLOBAL_RNG_LOCK = threading.RLock()
 

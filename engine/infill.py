@@ -14,10 +14,9 @@ import torch
 from transformers import LogitsProcessor
 
 from .engine import DiffusionEngine, encode_text
-from .frames import Frame
+from .frames import Frame, eos_id_list
 from .generator import RunRandomState, denoise
 from .settings import MAX_PROMPT_CHARS, DiffusionSettings, draw_seed, parse_seed
-from .tokens import eos_id_list
 
 BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
 

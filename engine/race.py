@@ -14,11 +14,11 @@ from accelerate import init_empty_weights
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from .engine import DiffusionEngine, encode_text, last_and_count
+from .frames import BYTE, TEXT, TokenText, eos_id_list
 from .generator import EngineClock, RunRandomState
 from .loading import FIT_HEADROOM, ModelLoadError, model_location
 from .quantization import model_bytes, stored_tensors
 from .settings import DiffusionSettings, SettingSpec, draw_seed, parse_seed, parse_setting
-from .tokens import BYTE, TEXT, TokenText, eos_id_list
 
 SIDES = ("diffusion", "autoregressive")
 ORDERS = ("alternate", "diffusion first", "autoregressive first")

@@ -14,10 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .engine import DiffusionEngine
-from .frames import Frame, FrameBuilder
+from .frames import TEXT, TOKEN_KINDS, Frame, FrameBuilder
 from .loading import model_name
 from .settings import MAX_PROMPT_CHARS, MAX_SEED, SETTING_NAMES, DiffusionSettings, shown
-from .tokens import TEXT, TOKEN_KINDS
 
 TRACE_FORMAT = "diffgemma-trace"
 TRACE_VERSION = 2

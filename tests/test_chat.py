@@ -1,5 +1,5 @@
-"""Multi-turn chat (engine/chat.py, engine/conversation.py): reused encoder cache equals re-encoding, plain-text
-history, thinking ids as the template writes them, history cuts."""
+"""Multi-turn chat (engine/chat.py; chat prompts: engine/engine.py): reused encoder cache equals re-encoding,
+plain-text history, thinking ids as the template writes them, history cuts."""
 
 import copy
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.chat import ChatSession
-from engine.conversation import chat_prompt_ids, check_messages, conversation_ids
+from engine.engine import chat_prompt_ids, check_messages, conversation_ids
 from engine.generator import RunRandomState, denoise
 
 
