@@ -22,8 +22,6 @@ from .settings import (PRESET_NAMES, SETTING_NAMES, SETTINGS, DiffusionSettings,
 from .trace import TraceError, load_trace, trace_of_run, write_replay
 
 RACE_ORDERS = ("alternate", "diffusion-first", "autoregressive-first")
-THINKING_HELP = "let the model think first (chat templates with enable_thinking, e.g. Gemma 4)"
-RAW_HELP = "no chat template: tokenize the prompt as is"
 
 
 def add_model_flags(parser, model_help: str, *, device: bool = True, dtype_help: str | None = None) -> None:
@@ -54,23 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser("generate", help="generate text for one prompt")
-    gen.add_argument("--prompt", required=True)
-    gen.add_argument("--raw", action="store_true", help=RAW_HELP)
-    gen.add_argument("--thinking", action="store_true", help=THINKING_HELP)
-    gen.add_argument("--trace", type=Path, help="also write the run's trace here (JSON, see docs/trace.md)")
-
     race = commands.add_parser("race", help="race block diffusion against autoregressive decoding on one prompt")
+    chat = commands.add_parser("chat", help="multi-turn chat, one user turn per stdin line (encoder cache reused)")
+    for sub in (gen, race):
+        sub.add_argument("--prompt", required=True)
+        sub.add_argument("--raw", action="store_true", help="no chat template: tokenize the prompt as is")
+    for sub in (gen, chat):
+        sub.add_argument("--thinking", action="store_true",
+                         help="let the model think first (chat templates with enable_thinking, e.g. Gemma 4)")
+    gen.add_argument("--trace", type=Path, help="also write the run's trace here (JSON, see docs/trace.md)")
     race.add_argument("--ar-model", help="separate causal LM for the autoregressive side (default: the diffusion "
                                          "model's own causal encoder)")
-    race.add_argument("--prompt", required=True)
-    race.add_argument("--raw", action="store_true", help=RAW_HELP)
     race.add_argument(AR_TEMPERATURE.flag, type=float, default=0.0, help=AR_TEMPERATURE.help)
     race.add_argument("--order", default="alternate", choices=RACE_ORDERS)
     race.add_argument("--no-warm-up", dest="warm_up", action="store_false", help="skip each side's warm-up")
-
-    chat = commands.add_parser("chat", help="multi-turn chat, one user turn per stdin line (encoder cache reused)")
     chat.add_argument("--system", help="a system message (kept when old turns are cut)")
-    chat.add_argument("--thinking", action="store_true", help=THINKING_HELP)
 
     infill = commands.add_parser("infill", help="fill the blanks of a template inside one canvas")
     infill.add_argument("--template", required=True, help="text with blanks: [___] one token, [___ 12] twelve")

@@ -125,19 +125,16 @@ def check_temperature_schedule(settings: DiffusionSettings, *, logit_cap: float 
                                feedback_dtype: torch.dtype) -> None:
     """Refuse (`ValueError`) a t_min/t_max schedule whose scaled logits overflow float32 or `feedback_dtype`."""
     cap = float(logit_cap) if logit_cap else UNCAPPED_LOGIT_BOUND
-    n = settings.max_denoising_steps
-    lowest, floor = settings.temperature_at(1), SAFETY * 2 * cap / float(torch.finfo(torch.float32).max)
-    if lowest < floor:
-        raise ValueError(
-            f"t_min and t_max: the temperature schedule falls to {lowest:.3g} at the last of {n} steps "
-            f"(t_min + (t_max - t_min) / max_denoising_steps), below {floor:.3g}, where the scaled logits "
-            "overflow float32: raise t_min or t_max")
-    fed_back, floor = settings.temperature_at(2), SAFETY * cap / float(torch.finfo(feedback_dtype).max)
-    if n >= 2 and fed_back < floor:  # the lowest temperature of a step whose logits are fed back
-        raise ValueError(
-            f"t_min and t_max: the temperature schedule falls to {fed_back:.3g} at step {n - 1} of {n}, below "
-            f"{floor:.3g}, where the logits fed back to the next step overflow this model's "
-            f"{str(feedback_dtype).removeprefix('torch.')}: raise t_min or t_max")
+    n, fed = settings.max_denoising_steps, str(feedback_dtype).removeprefix("torch.")
+    for steps_left, dtype, scale, place, overflow in (  # the last step; the last step whose logits are fed back
+            (1, torch.float32, 2, f"the last of {n} steps (t_min + (t_max - t_min) / max_denoising_steps)",
+             "the scaled logits overflow float32"),
+            (2, feedback_dtype, 1, f"step {n - 1} of {n}",
+             f"the logits fed back to the next step overflow this model's {fed}")):
+        temperature, floor = settings.temperature_at(steps_left), SAFETY * scale * cap / float(torch.finfo(dtype).max)
+        if steps_left <= n and temperature < floor:
+            raise ValueError(f"t_min and t_max: the temperature schedule falls to {temperature:.3g} at {place}, "
+                             f"below {floor:.3g}, where {overflow}: raise t_min or t_max")
 
 
 def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinking: bool = False) -> torch.LongTensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import psutil
 import torch
@@ -303,14 +303,10 @@ class RaceResult:
 
     def summary(self) -> dict:
         """JSON-ready: both sides without traces, speedup, order, rules and `verdict()`."""
-        return {
-            "diffusion": self.diffusion.summary() if self.diffusion else None,
-            "autoregressive": self.autoregressive.summary() if self.autoregressive else None,
-            "speedup": self.speedup, "order": list(self.order), "seed": self.seed, "budget": self.budget,
-            "canvas_length": self.canvas_length, "length_rule": self.length_rule, "fairness": FAIRNESS,
-            "device": self.device, "memory_bandwidth_gb_s": self.memory_bandwidth_gb_s, "cancelled": self.cancelled,
-            "verdict": self.verdict(),
-        }
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update({side: data[side] and data[side].summary() for side in SIDES}, order=list(self.order),
+                    speedup=self.speedup, length_rule=self.length_rule, fairness=FAIRNESS, verdict=self.verdict())
+        return data
 
 
 def punctuation_share(tokens: Sequence[str]) -> float:
