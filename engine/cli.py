@@ -32,21 +32,6 @@ def add_model_flags(parser, model_help: str, *, device: bool = True, dtype_help:
     parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
 
 
-def add_settings_flags(parser: argparse.ArgumentParser, names=SETTING_NAMES) -> None:
-    """--preset, --seed and a flag per setting of `names`; unset flags stay None."""
-    parser.add_argument("--preset", default="recommended", choices=PRESET_NAMES,
-                        help="diffusion settings to start from; the settings flags override it")
-    parser.add_argument("--seed", type=int, default=None, help="-1 or none: a random seed")
-    for row in SETTINGS:
-        if row.name not in names:
-            continue
-        if row.kind is bool:
-            parser.add_argument(row.flag, dest=row.name, action=argparse.BooleanOptionalAction, help=row.help)
-        else:
-            parser.add_argument(row.flag, dest=row.name, type=row.kind, metavar="N" if row.kind is int else "X",
-                                help=f"{row.help}; {row.span()}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="DiffusionGemma block-diffusion engine")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -75,7 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     for sub, one_json in ((gen, "one JSON object instead of the text"), (race, "one JSON object"),
                           (chat, "one JSON object per turn"), (infill, "one JSON object")):
         add_model_flags(sub, "local folder or hub id (default: embedded model)")
-        add_settings_flags(sub, [n for n in SETTING_NAMES if sub is not infill or n != "max_new_tokens"])
+        sub.add_argument("--preset", default="recommended", choices=PRESET_NAMES,
+                         help="diffusion settings to start from; the settings flags override it")
+        sub.add_argument("--seed", type=int, default=None, help="-1 or none: a random seed")
+        for row in SETTINGS:  # one flag per setting (infill's canvas is its budget); unset flags stay None
+            if row.kind is bool:
+                sub.add_argument(row.flag, dest=row.name, action=argparse.BooleanOptionalAction, help=row.help)
+            elif sub is not infill or row.name != "max_new_tokens":
+                sub.add_argument(row.flag, dest=row.name, type=row.kind, metavar="N" if row.kind is int else "X",
+                                 help=f"{row.help}; {row.span()}")
         sub.add_argument("--json", action="store_true", help=f"print {one_json}")
 
     rep = commands.add_parser("replay", help="write the offline HTML replay of a trace")

@@ -114,20 +114,15 @@ def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSet
         input_ids = torch.tensor([[bos if bos is not None else pad_id]], dtype=torch.long, device=engine.device)
     engine.check_budget(input_ids.shape[1], settings)
     banned = eos_id_list(generation_config.eos_token_id) + [pad_id]
+    with random_state.active():  # the first canvas: the template's ids, uniformly random tokens in the blanks
+        noise = torch.randint(0, engine.model.config.text_config.vocab_size, (1, engine.canvas_length),
+                              device=engine.device)
+    known = torch.tensor([layout.canvas_ids], dtype=torch.long, device=engine.device)
     frames = denoise(engine.model, input_ids, settings, token_text=engine.token_text, stop_event=stop_event,
                      random_state=random_state,
                      logits_processors=[FixedPositionsLogitsProcessor(layout.canvas_ids, banned, engine.device)],
-                     initial_canvas=noised_canvas(engine, layout.canvas_ids, random_state))
+                     initial_canvas=torch.where(known >= 0, known, noise))
     return layout, count_blanks_only(frames, layout)
-
-
-def noised_canvas(engine: DiffusionEngine, known: list[int], random_state: RunRandomState) -> torch.LongTensor:
-    """A first canvas `[1, canvas_length]`: the `known` ids, uniformly random tokens where they are -1."""
-    with random_state.active():
-        noise = torch.randint(0, engine.model.config.text_config.vocab_size, (1, engine.canvas_length),
-                              device=engine.device)
-    known = torch.tensor([known], dtype=torch.long, device=engine.device)
-    return torch.where(known >= 0, known, noise)
 
 
 def count_blanks_only(frames: Iterator[Frame], layout: InfillLayout) -> Iterator[Frame]:

@@ -142,12 +142,6 @@ def quantize_model(model: nn.Module, quantization: str, device: torch.device | s
     return model.to(device)
 
 
-def quantized_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, object]]:
-    for name, module in model.named_modules():
-        for param, plist in getattr(module, "parametrizations", {}).items():
-            yield f"{name}.{param}", plist.original, getattr(plist[0], "quant_state", None)
-
-
 def quant_state_tensors(state) -> list[torch.Tensor]:
     """The tensors of a bitsandbytes `QuantState` (scales, code table, nested statistics)."""
     if state is None:
@@ -201,10 +195,6 @@ def check_fp8_shapes(config) -> None:
     if bad:
         raise ValueError(f"fp8 quantizes blocks of {rows}x{cols}; this model's {bad} is not a multiple: "
                          f"{OTHER_CHOICES}")
-
-
-def fp8_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, (FP8Linear, FP8Experts))]
 
 
 @torch.no_grad()
@@ -261,7 +251,9 @@ def stored_tensors(*modules: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     seen = set()
     for module in modules:
         named = [*module.named_parameters(), *module.named_buffers()]
-        named += [(name, t) for name, _, state in quantized_parameters(module) for t in quant_state_tensors(state)]
+        named += [(f"{name}.{param}", t) for name, sub in module.named_modules()
+                  for param, plist in getattr(sub, "parametrizations", {}).items()
+                  for t in quant_state_tensors(getattr(plist[0], "quant_state", None))]
         for name, tensor in named:
             if id(tensor) not in seen:
                 seen.add(id(tensor))
@@ -279,7 +271,7 @@ def memory_report(model: nn.Module, quantization: str = "none") -> dict:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     planned = set()
     if quantization == "fp8":
-        if not fp8_modules(model):
+        if not any(isinstance(m, (FP8Linear, FP8Experts)) for m in model.modules()):
             if any(p.device.type != "meta" for p in model.parameters()):
                 raise ValueError("the fp8 report converts the model: build it on the meta device (meta_model)")
             convert_to_fp8(model, "meta")
