@@ -236,7 +236,8 @@ def parse_trace(document) -> Trace:
     tokens = _id_table(doc.get("tokens"), "tokens", f"in [0, {MAX_TOKEN_ID}] as decimal strings",
                        lambda i: i <= MAX_TOKEN_ID, lambda text, where: _string(text, where, MAX_TOKEN_CHARS))
     prompt_ids = _ids(prompt_doc.get("ids"), "prompt.ids", None, tokens)
-    kinds = _id_table(doc["kinds"], "kinds", "listed in tokens", tokens.__contains__, _kind) if "kinds" in doc else None
+    kinds = _id_table(doc["kinds"], "kinds", "listed in tokens", tokens.__contains__,
+                      lambda kind, where: _choice(kind, where, TOKEN_KINDS)) if "kinds" in doc else None
     frame_docs = doc.get("frames")
     if not isinstance(frame_docs, list) or not frame_docs:
         raise TraceError("frames must be a non-empty list")
@@ -276,10 +277,7 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
         previous_elapsed = elapsed = float(elapsed)
         block_done, stopped_early, done = (_bool(f.get(key), f"{where}: {key}")
                                            for key in ("block_done", "stopped_early", "done"))
-        stop_reason = f.get("stop_reason", "")
-        if stop_reason not in ("", *STOP_REASONS):
-            raise TraceError(f"{where}: stop_reason must be one of {', '.join(STOP_REASONS)}, "
-                             f"got {shown(stop_reason)}")
+        stop_reason = _choice(f.get("stop_reason", ""), f"{where}: stop_reason", STOP_REASONS, "")
         for broken, problem in (
                 (done != bool(stop_reason), "a frame is done exactly when it has a stop_reason"),
                 (done and index != len(frame_docs) - 1, "marked done but more frames follow"),
@@ -389,10 +387,11 @@ def _id_table(value, name: str, key_rule: str, valid_key, check) -> dict[int, st
     return table
 
 
-def _kind(kind, where: str) -> str:
-    if kind not in TOKEN_KINDS:
-        raise TraceError(f"{where} must be one of {', '.join(TOKEN_KINDS)}, got {shown(kind)}")
-    return kind
+def _choice(value, where: str, choices: tuple[str, ...], *also: str) -> str:
+    """`value` if it is one of `choices` (or of `also`, unnamed in the message); else `TraceError`."""
+    if value not in (*choices, *also):
+        raise TraceError(f"{where} must be one of {', '.join(choices)}, got {shown(value)}")
+    return value
 
 
 def replay_data(trace: Trace) -> dict:
