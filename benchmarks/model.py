@@ -29,7 +29,7 @@ from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 from benchmarks.bench import run_command
 from benchmarks.gpu.steps import random_cpu_model
 from engine import DEFAULT_MODEL, DiffusionEngine, load_model
-from engine.chat import ChatSession, encode_into_cache
+from engine.engine import ChatSession, encode_into_cache
 from engine.frames import token_text_for
 from engine.generator import host_lists
 from engine.loading import REPO_ROOT, set_serving_threads

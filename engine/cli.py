@@ -10,8 +10,7 @@ from pathlib import Path
 import torch
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
 
-from .chat import ChatSession
-from .engine import DiffusionEngine, check_thinking, last_and_count
+from .engine import ChatSession, DiffusionEngine, check_thinking, last_and_count
 from .infill import filled_text, infill_frames, parse_template
 from .loading import (DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, meta_model,
                       model_location)
