@@ -227,15 +227,11 @@ def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entro
         if row is None:
             lists.append([])
             continue
-        lists.append(_typed_list(host[offset:offset + row.numel()].view(row.shape), kind))
+        values = host[offset:offset + row.numel()].view(row.shape)
+        lists.append(values.to(torch.int64).tolist() if kind is int else (values != 0).tolist() if kind is bool
+                     else values.tolist())
         offset += row.numel()
     return tuple(lists)
-
-
-def _typed_list(values: torch.Tensor, kind: type) -> list:
-    if kind is int:
-        return values.to(torch.int64).tolist()
-    return (values != 0).tolist() if kind is bool else values.tolist()
 
 
 def strip_after_eos(token_ids: list[int], eos_token_id: int | list[int] | None) -> list[int]:

@@ -159,7 +159,7 @@ class AutoregressiveDecoder:
         clock = EngineClock(input_ids.device)
         prompt_tokens = int(input_ids.shape[1])
         committed: list[int] = []
-        counted, first_token_s = 0, 0.0
+        counted = 0
         cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
         step_ids, position = input_ids, 0
         frame = None
@@ -182,14 +182,12 @@ class AutoregressiveDecoder:
                 stop_reason = ("eos" if token_id in self.eos_token_ids
                                else "max_new_tokens" if forward == max_new_tokens - 1 else "")
                 elapsed = clock.now()
-                first_token_s = elapsed if forward == 0 else first_token_s
                 frame = TokenFrame(
                     forward_index=forward, token_id=token_id, token=self.token_text(token_id), committed_ids=committed,
-                    committed_tokens=counted, temperature=temperature, done=bool(stop_reason),
-                    stop_reason=stop_reason, elapsed_s=elapsed, time_to_first_token_s=first_token_s,
+                    committed_tokens=counted, temperature=temperature, done=bool(stop_reason), stop_reason=stop_reason,
+                    elapsed_s=elapsed, time_to_first_token_s=elapsed if frame is None else frame.time_to_first_token_s,
                     tokens_per_second=counted / elapsed if elapsed > 0 else 0.0,
-                    tokens_per_forward=counted / (forward + 1), prompt_tokens=prompt_tokens, seed=rng.seed,
-                )
+                    tokens_per_forward=counted / (forward + 1), prompt_tokens=prompt_tokens, seed=rng.seed)
             yield frame
             if frame.done:
                 return
