@@ -215,11 +215,9 @@ def replay_command(args: argparse.Namespace) -> int:
 
 
 def memory_command(args: argparse.Namespace) -> int:
-    dtype = torch.bfloat16 if args.dtype == "auto" else getattr(torch, args.dtype)
-    data = memory_report(meta_model(args.model, dtype), args.quantization)
-    dtype_name = str(dtype).removeprefix("torch.")
-    return report(args, data, format_report(data, f"{args.model}: {args.quantization}, unquantized tensors in "
-                                                  f"{dtype_name}"))
+    dtype = "bfloat16" if args.dtype == "auto" else args.dtype
+    data = memory_report(meta_model(args.model, getattr(torch, dtype)), args.quantization)
+    return report(args, data, format_report(data, f"{args.model}: {args.quantization}, unquantized tensors in {dtype}"))
 
 
 COMMANDS = {"generate": generate_command, "race": race_command, "chat": chat_command, "infill": infill_command,

@@ -80,9 +80,10 @@ def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -
 
 
 class FixedPositionsLogitsProcessor(LogitsProcessor):
-    """Pins each position of `canvas_ids` to its id, in place; -1: a blank, where `banned` ids are banned."""
+    """Pins each position of `canvas_ids` to its id, in place, while `active`; -1: a blank, `banned` ids banned."""
 
     def __init__(self, canvas_ids: list[int], banned: list[int], device: torch.device):
+        self.active = True
         self.fixed = torch.tensor([i >= 0 for i in canvas_ids], dtype=torch.bool, device=device)
         self.fixed_ids = torch.tensor([max(i, 0) for i in canvas_ids], dtype=torch.long, device=device)
         self.banned = torch.tensor(sorted(set(banned)), dtype=torch.long, device=device)
@@ -90,6 +91,8 @@ class FixedPositionsLogitsProcessor(LogitsProcessor):
         self._blank_at = (~self.fixed).nonzero().squeeze(1)
 
     def __call__(self, input_ids, scores):
+        if not self.active:
+            return scores
         scores[:, self._fixed_at] = float("-inf")
         scores[:, self._fixed_at, self.fixed_ids[self._fixed_at]] = 0.0
         if self.banned.numel():
@@ -155,23 +158,13 @@ def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
     return sum(a != b for a, b in zip(original, branch)) / len(original)
 
 
-class HeldPins(LogitsProcessor):
-    """`pins` (position -> id) fixed while `active`, else the scores unchanged."""
-
-    def __init__(self, pins: Mapping[int, int], canvas_length: int, device: torch.device):
-        self.active = False
-        self.fixed = FixedPositionsLogitsProcessor([pins.get(p, -1) for p in range(canvas_length)], [], device)
-
-    def __call__(self, input_ids, scores):
-        return self.fixed(input_ids, scores) if self.active else scores
-
-
 class Fork:
     """The `denoise` fork of a branch at `frame`'s forward (see `branch_frames`)."""
 
     def __init__(self, frame: Frame, pins: Mapping[int, int], seed: int, device: torch.device):
         self.frame, self.pins, self.seed = frame, dict(pins), seed
-        self.held = HeldPins(pins, frame.canvas_length, device) if pins else None
+        held = [pins.get(p, -1) for p in range(frame.canvas_length)]  # active from the fork to its block's end
+        self.held = FixedPositionsLogitsProcessor(held, [], device) if pins else None
 
     def __call__(self, block: int, forward: int, canvas: torch.LongTensor) -> torch.LongTensor:
         at = self.frame.forward_index

@@ -61,16 +61,13 @@ def share_tied_modules(model: nn.Module, fp8: bool = False) -> int:
     decoder_layers = getattr(getattr(inner, "decoder", None), "layers", None)
     shared = 0
     for encoder_layer, decoder_layer in zip(encoder_layers or [], decoder_layers or []):
-        for path, module in [(p, m) for p, m in decoder_layer.named_modules() if p and _shareable(m, fp8)]:
+        for path, module in [(p, m) for p, m in decoder_layer.named_modules() if p and (
+                isinstance(m, (FP8Linear, FP8Experts)) if fp8 else isinstance(m, nn.Linear) or is_experts(m))]:
             twin = encoder_layer.get_submodule(path)
             if twin is not module and type(twin) is type(module) and _tied(twin, module, fp8):
                 encoder_layer.set_submodule(path, module)
                 shared += 1
     return shared
-
-
-def _shareable(module: nn.Module, fp8: bool) -> bool:
-    return isinstance(module, (FP8Linear, FP8Experts)) if fp8 else isinstance(module, nn.Linear) or is_experts(module)
 
 
 def _tied(a: nn.Module, b: nn.Module, fp8: bool) -> bool:
