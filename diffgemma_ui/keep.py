@@ -13,8 +13,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.replay_page import write_replay
-from engine.trace import MAX_TRACE_BYTES, Trace, TraceError, load_trace, trace_of_run
+from engine.trace import MAX_TRACE_BYTES, Trace, TraceError, load_trace, trace_of_run, write_replay
 
 from . import plots
 from .canvas_view import live_html, stack_html

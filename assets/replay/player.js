@@ -1,4 +1,4 @@
-// The replay player, part 4: frame models of the data (engine/replay_page.py's `replay_data`, holding what
+// The replay player, part 4: frame models of the data (engine/trace.py's `replay_data`, holding what
 // engine/trace.py derives on load), the player over them (`mountPlayer`, also the live presenter's) and the page.
 
 const $ = (id) => document.getElementById(id);
