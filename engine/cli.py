@@ -13,7 +13,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import Diffu
 from .engine import ChatSession, DiffusionEngine, check_thinking, last_and_count
 from .infill import filled_text, infill_frames, parse_template
 from .loading import (DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, meta_model,
-                      model_location)
+                      model_location, set_serving_threads)
 from .quantization import format_report, memory_report
 from .race import AR_TEMPERATURE, RaceRunner, check_temperature, race_runner
 from .settings import (PRESET_NAMES, SETTING_NAMES, SETTINGS, DiffusionSettings, check_prompt, parse_seed,
@@ -27,6 +27,8 @@ def add_model_flags(parser, model_help: str, *, device: bool = True, dtype_help:
     parser.add_argument("--model", default=str(DEFAULT_MODEL), help=model_help)
     if device:
         parser.add_argument("--device", default="auto", choices=DEVICES)
+        parser.add_argument("--threads", type=int, default=None,
+                            help="torch CPU threads (default: torch's, one per core; fewer on a busy machine)")
     parser.add_argument("--dtype", default="auto", choices=DTYPES, help=dtype_help)
     parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
 
@@ -85,6 +87,8 @@ def load_engine(args: argparse.Namespace, *checks) -> tuple[int | None, Diffusio
     """(seed, engine, settings); the seed, settings flags and `checks` (callables) are checked before the model
     loads, over the checkpoint's generation config where it is readable."""
     seed = parse_seed(args.seed)
+    if args.threads is not None:
+        set_serving_threads(torch.device("cpu"), args.threads)
     changes = {name: getattr(args, name) for name in SETTING_NAMES if getattr(args, name, None) is not None}
     for name, value in changes.items():
         parse_setting(name, value)
