@@ -1,5 +1,6 @@
 """The app: the page's layout and which handler each Playground event calls (logic lives in the handlers)."""
 
+import contextlib
 import inspect
 import json
 from pathlib import Path
@@ -20,13 +21,12 @@ from .keep import KeepHandlers, build_keep_controls, wire_keep
 from .meter import meter_html
 from .presenter import present_head, wire_presenter
 from .race_tab import RaceTab, build_race_tab
-from .runs import ClosedSessionDropper
 from .session import SessionState
 from .step_through import StepThroughHandlers, build_step_controls, reset_note_on, wire_step_through
 from .tab import (API_SETTINGS, PRIVATE, UNQUEUED, checked, live_plots, refusal_box, register_api, run_buttons,
                   seed_box, setting_control, setting_params)
 from .text import escape_html, prose
-from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, SETTING_NAMES
+from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS
 from .zerogpu import make_playground, weight_bytes
 
 DEFAULT_PROMPT = "Tell me what happened after the flood."
@@ -123,15 +123,12 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
                             dice = gr.Button("Random", elem_id="dg-dice", scale=0, min_width=76)
                     with gr.Column(min_width=0, elem_id="dg-settings-col"):
                         with gr.Accordion("Denoising settings", open=True, elem_id="dg-settings"):
-                            max_new_tokens, steps, entropy_bound = (setting_control(name, getattr(rec, name))
-                                                                    for name in SETTING_NAMES[:3])
-                            with gr.Row():
-                                t_min, t_max = (setting_control(name, getattr(rec, name), min_width=120)
-                                                for name in ("t_min", "t_max"))
-                            adaptive = setting_control("adaptive_stopping", rec.adaptive_stopping)
-                            with gr.Row():
-                                stability, confidence = (setting_control(name, getattr(rec, name), min_width=120)
-                                                         for name in SETTING_NAMES[5:7])
+                            controls = {}  # by setting name; a pair goes side by side
+                            for names in ((0,), (1,), (2,), (3, 4), (7,), (5, 6)):  # indices in API_SETTINGS
+                                pair = {"min_width": 120} if len(names) > 1 else {}
+                                with gr.Row() if pair else contextlib.nullcontext():
+                                    for name in (API_SETTINGS[i] for i in names):
+                                        controls[name] = setting_control(name, getattr(rec, name), **pair)
                         examples = load_examples(embedded=embedded)
                         gr.Examples(examples, inputs=[prompt, raw], label="Examples: click one to fill the prompt",
                                     examples_per_page=len(examples),
@@ -154,17 +151,17 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
                         BranchTab(playground).build(session)
                 with gr.Accordion("How it works", open=False, elem_id="dg-explainer"):
                     gr.Markdown(EXPLAINER_PATH.read_text(encoding="utf-8"))
-            with gr.Tab("Race", id="race", elem_id="dg-tab-race"):
-                build_race_tab(race_tab)
-            with gr.Tab("Compare", id="compare", elem_id="dg-tab-compare"):
-                build_compare_tab(CompareHandlers(playground), default_prompt)
-            with gr.Tab("Chat", id="chat", elem_id="dg-tab-chat"):
-                build_chat_tab(chat_tab, [p for p, is_raw in examples if not is_raw])
-            with gr.Tab("Infill", id="infill", elem_id="dg-tab-infill"):
-                build_infill_tab(infill_tab, EMBEDDED_TEMPLATE if embedded else INSTRUCTION_TEMPLATE)
+            for name, build, *args in (
+                ("Race", build_race_tab, race_tab),
+                ("Compare", build_compare_tab, CompareHandlers(playground), default_prompt),
+                ("Chat", build_chat_tab, chat_tab, [p for p, is_raw in examples if not is_raw]),
+                ("Infill", build_infill_tab, infill_tab, EMBEDDED_TEMPLATE if embedded else INSTRUCTION_TEMPLATE),
+            ):
+                with gr.Tab(name, id=name.lower(), elem_id=f"dg-tab-{name.lower()}"):
+                    build(*args)
 
-        settings_inputs = [max_new_tokens, steps, entropy_bound, t_min, t_max, stability, confidence, adaptive]
-        run_inputs = [prompt, raw, *settings_inputs[:7], adaptive, seed]
+        settings_inputs = [controls[name] for name in API_SETTINGS]
+        run_inputs = [prompt, raw, *settings_inputs, seed]
         stream_outputs = [stack, canvas, meter, text, heatmap, order, entropy, block, generate, stop, thought]
         ticket = gr.Textbox(visible=False, elem_id="dg-ticket")  # which request of the session a run step serves
         # "multiple": a trigger during a run restarts it (session.py: only the newest ticket's step runs)
@@ -203,7 +200,7 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
     app.queue(default_concurrency_limit=plan.concurrency, max_size=plan.max_size)
     slow_idle_queue_polling(app)
     app.playground = playground
-    playground.runs.closed_sessions = ClosedSessionDropper(app)
+    playground.runs.blocks = app
     app.race, app.chat, app.infill, app.keep = race_tab, chat_tab, infill_tab, keep
     return app
 

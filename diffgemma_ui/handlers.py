@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import gradio as gr
+from gradio.context import LocalContext
 
 from engine import DiffusionEngine, DiffusionSettings, Frame
 from engine.settings import SETTING_NAMES, draw_seed
@@ -47,6 +48,7 @@ class StreamOutputs:
 
 
 STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
+RUN_INPUTS = len(SETTING_NAMES) + 3  # a page run's inputs: prompt, raw, the table's settings, seed
 STOP_FLUSH_S = 0.1  # Stop's final view waits this long after the stream's end
 PLOT_SPACING_S = 0.03  # between the updates of a final view, so that the browser receives them apart
 
@@ -197,10 +199,15 @@ class Playground:
             stop_button=gr.update(interactive=not final) if edge else skip, thought=thought,
         )
 
+    def page_request(self, inputs: tuple, *defaults) -> tuple[RunRequest, tuple]:
+        """A page trigger's `RUN_INPUTS` checked (gr.Error), and what follows them (`defaults` for what is missing;
+        the last: `thinking`)."""
+        extras = (*inputs[RUN_INPUTS:], *defaults[len(inputs) - RUN_INPUTS:])
+        return self.checked_request(*inputs[:RUN_INPUTS], ui_limits=True, thinking=extras[-1]), extras
+
     def request_run(self, session: SessionState, *inputs) -> tuple:
         """A run trigger's check (gr.Error) and ticket (stopping the session's run): (ticket, meter, buttons)."""
-        count = len(SETTING_NAMES) + 3  # prompt, raw, the settings, seed; then `thinking` from the page
-        self.checked_request(*inputs[:count], ui_limits=True, thinking=inputs[count] if len(inputs) > count else False)
+        self.page_request(inputs, False)
         if session is None:
             return 0, gr.skip(), gr.skip(), gr.skip()
         replacing = session.run_in_progress
@@ -210,13 +217,11 @@ class Playground:
     def refused(self, session: SessionState):
         return previous_run_meter(getattr(session, "snapshot", None), session is not None and session.run_in_progress)
 
-    def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
-                        t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed, ticket=None,
-                        thinking=False, request: gr.Request = None) -> Iterator[tuple]:
-        """The run step: `StreamOutputs` tuples to the final frame (none for a stale `ticket`); gr.Error."""
-        run = self.checked_request(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                                   stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True,
-                                   thinking=thinking)
+    def generate_stream(self, session: SessionState, *inputs, request: gr.Request = None) -> Iterator[tuple]:
+        """The run step on `RUN_INPUTS`, the ticket, `thinking`: `StreamOutputs` tuples to the final frame (none for a
+        stale ticket); gr.Error. `request`: the Gradio event's by default."""
+        run, (ticket, _) = self.page_request(inputs, None, False)
+        request = request or LocalContext.request.get(None)
         if session is None:
             session = SessionState()
         try:  # the page's hidden ticket box: "" or None when there is none
@@ -310,15 +315,6 @@ class Playground:
     @staticmethod
     def random_seed() -> str:
         return str(draw_seed())
-
-    def generate_api(self, *inputs, thinking=False) -> tuple[str, dict]:
-        """`/generate` to its end: (text, summary); gr.Error."""
-        worker = self.start_run(self.checked_request(*inputs, ui_limits=False, thinking=thinking), keep_history=False)
-        try:
-            snap = worker.wait()
-        finally:
-            worker.stop()
-        return self.api_result(snap)
 
     async def generate_api_served(self, *inputs, request: gr.Request = None) -> tuple[str, dict]:
         """`/generate` as served: stopped once its client goes away."""

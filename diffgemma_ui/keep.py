@@ -56,9 +56,12 @@ def committed_text(trace: Trace, count: int) -> str:
     return plain_text("".join(trace.tokens.get(i, "") for i in ids))
 
 
-def render_trace(trace: Trace, count: int, *, hover: bool = True) -> StreamOutputs:
-    """The live view of `trace` after `count` frames, buttons untouched; `hover`: the heatmap's hover text."""
+def render_trace(trace: Trace, count: int, *, hover: bool = True, session: SessionState | None = None) -> StreamOutputs:
+    """The live view of `trace` after `count` frames, buttons untouched; `hover`: the heatmap's hover text;
+    `session`: its snapshot kept there."""
     snap = snapshot_upto(trace, count)
+    if session is not None:
+        session.snapshot = snap
     latest = snap.latest
     live = latest if not latest.block_done else None
     prompt = " ".join(trace.prompt.split())
@@ -75,12 +78,6 @@ def render_trace(trace: Trace, count: int, *, hover: bool = True) -> StreamOutpu
         block=gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1),
         generate_button=gr.skip(), stop_button=gr.skip(),
     )
-
-
-def shown_trace(session: SessionState, trace: Trace, count: int, hover: bool = True) -> tuple:
-    """`render_trace`'s outputs, its snapshot kept as the session's."""
-    session.snapshot = snapshot_upto(trace, count)
-    return render_trace(trace, count, hover=hover).as_tuple()
 
 
 class KeepHandlers(Tab):
@@ -142,7 +139,7 @@ class KeepHandlers(Tab):
         session.clear_views()
         count = len(trace.frames)
         slider = gr.update(minimum=1, maximum=max(2, count), value=count, visible=True, interactive=count > 1)
-        return (*shown_trace(session, trace, count), slider, *self._files(session, trace))
+        return (*render_trace(trace, count, session=session).as_tuple(), slider, *self._files(session, trace))
 
     def replay_step(self, session: SessionState, count) -> tuple:
         """The replay slider: the view after `count` forwards."""
@@ -153,7 +150,7 @@ class KeepHandlers(Tab):
             count = int(count)
         except (TypeError, ValueError):
             count = len(trace.frames)
-        return shown_trace(session, trace, count)
+        return render_trace(trace, count, session=session).as_tuple()
 
     def replay_play(self, session: SessionState, count, interval_s: float = PLAY_INTERVAL_S) -> Iterator[tuple]:
         """Play from `count` (at the end: the start) to the last forward every `interval_s`; outputs and slider."""
@@ -162,7 +159,7 @@ class KeepHandlers(Tab):
             raise user_error("Upload a trace first: there is nothing to replay.")
         start = 1 if int(count or 1) >= len(trace.frames) else int(count)
         for k in range(start, len(trace.frames) + 1):
-            yield (*shown_trace(session, trace, k, hover=k == len(trace.frames)), k)
+            yield (*render_trace(trace, k, hover=k == len(trace.frames), session=session).as_tuple(), k)
             time.sleep(interval_s)
 
     def replay_run(self, session: SessionState) -> Iterator[tuple]:

@@ -121,17 +121,6 @@ def release_memory() -> None:
         torch.mps.empty_cache()
 
 
-def _without_tracebacks(error: BaseException) -> BaseException:
-    """`error` with its and its causes' tracebacks dropped (they would keep the run's tensors alive)."""
-    seen = set()
-    current = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        current.__traceback__ = None
-        current = current.__cause__ or current.__context__
-    return error
-
-
 class RunWorker:
     """`source(stop_event)` read into `record` in a thread, stopped unread `abandon_after_s` or past `time_limit_s`
     (`stop_event`: anything with `set()` and `is_set()`)."""
@@ -185,7 +174,11 @@ class RunWorker:
         except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
             if not isinstance(exc, ValueError):
                 LOG.error("run failed: %s", "".join(traceback.format_exception(exc)).rstrip())
-            error = _without_tracebacks(exc)
+            error, seen = exc, set()
+            while exc is not None and id(exc) not in seen:  # its tracebacks would keep the run's tensors alive
+                seen.add(id(exc))
+                exc.__traceback__ = None
+                exc = exc.__cause__ or exc.__context__
         finally:
             with contextlib.suppress(Exception):
                 getattr(iterator, "close", lambda: None)()
@@ -307,21 +300,6 @@ class ClientGone(RuntimeError):
     """The client of a served API call went away; its run was stopped."""
 
 
-def job_alive_check() -> Callable[[], bool]:
-    """A function: whether the current Gradio job's client is still there (True outside a queued job)."""
-    blocks = LocalContext.blocks.get(None)
-    event_id = LocalContext.event_id.get(None)
-    queue = getattr(blocks, "_queue", None)
-    if queue is None or event_id is None:
-        return lambda: True
-
-    def alive() -> bool:
-        event = queue.event_ids_to_events.get(event_id)
-        return event is None or bool(getattr(event, "alive", True))
-
-    return alive
-
-
 def session_key(request, fallback: object, suffix: str = "") -> str:
     """The registry key of a session's run: its hash (or `anon-<id of fallback>`) and `suffix`."""
     return f"{getattr(request, 'session_hash', None) or f'anon-{id(fallback)}'}{suffix}"
@@ -336,7 +314,7 @@ class Runner:
         self.reader_budget = reader_budget
         self.abandon_after_s = abandon_after_s
         self.max_run_s = max_run_s
-        self.closed_sessions: ClosedSessionDropper | None = None
+        self.blocks = None  # the app's `gr.Blocks`, whose record of a closed session `drop_closed` drops
         self._lock = threading.Lock()
         self._runs: dict[str, RunWorker] = {}  # each session's run by registry key
 
@@ -383,7 +361,8 @@ class Runner:
 
     async def served(self, start: Callable[[], RunWorker], request) -> RunSnapshot:
         """An API call's run to its final snapshot, stopped within `API_WAIT_S` once its client left (ClientGone)."""
-        client_alive = job_alive_check()
+        events = getattr(getattr(LocalContext.blocks.get(None), "_queue", None), "event_ids_to_events", {})
+        event_id = LocalContext.event_id.get(None)  # outside a queued job: none, never gone
         worker = await asyncio.to_thread(start)
         key = f"{getattr(request, 'session_hash', None) or 'anon'}:api:{id(worker)}"
         self.register(key, worker)
@@ -391,34 +370,23 @@ class Runner:
             snap = worker.snapshot()
             while not snap.finished:
                 snap = await asyncio.to_thread(worker.wait, API_WAIT_S)
-                if not snap.finished and not client_alive():
+                if not snap.finished and not getattr(events.get(event_id), "alive", True):
                     raise ClientGone("the client went away: run stopped")
         finally:
             self.finish(key, worker)
         return snap
 
     def unload(self, session_hash: str | None) -> None:
-        """A tab closed: stop its session's runs, drop Gradio's record of it soon after."""
+        """A tab closed: stop its session's runs, drop Gradio's record of it `DROP_DELAY_S` later."""
         if session_hash:
             self.stop(session_hash)
-            if self.closed_sessions is not None:
-                self.closed_sessions.closed(session_hash)
+        if session_hash and self.blocks is not None:
+            timer = threading.Timer(DROP_DELAY_S, self.drop_closed, args=(session_hash,))
+            timer.daemon = True
+            timer.start()
 
-
-class ClosedSessionDropper:
-    """Drops Gradio's record of each closed session (`blocks.state_holder`) `delay_s` seconds after its tab closed."""
-
-    def __init__(self, blocks, delay_s: float = DROP_DELAY_S):
-        self.blocks = blocks
-        self.delay_s = delay_s
-
-    def closed(self, session_hash: str) -> None:
-        timer = threading.Timer(self.delay_s, self.drop, args=(session_hash,))
-        timer.daemon = True
-        timer.start()
-
-    def drop(self, session_hash: str) -> bool:
-        """Drop the record of `session_hash`; returns whether there was one."""
+    def drop_closed(self, session_hash: str) -> bool:
+        """Drop `blocks.state_holder`'s record of `session_hash`; returns whether there was one."""
         holder = getattr(self.blocks, "state_holder", None)
         if holder is None:
             return False

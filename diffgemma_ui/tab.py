@@ -158,13 +158,21 @@ def noting(refusal: Refusal) -> Iterator[None]:
         raise
 
 
-def guarded(fn: Callable, width: int) -> Callable:
-    """`fn` (a check step with `width` outputs) taking a `Refusal` first, noted; a pass adds "" for the box."""
+def guarded(fn: Callable, width: int | None = None) -> Callable:
+    """`fn` (generator or not) taking a `Refusal` first, its errors noted there; a check step's pass (`width`
+    outputs) adds "" for the box."""
+    if inspect.isgeneratorfunction(fn):
+        def stream(refusal: Refusal, *inputs):
+            with noting(refusal):
+                yield from fn(*inputs)
+        return stream
+
     def step(refusal: Refusal, *inputs):
         with noting(refusal):
             result = fn(*inputs)
+        if width is None:
+            return result
         return "" if width == 0 else (*(result if width > 1 else (result,)), "")
-
     return step
 
 
@@ -210,23 +218,10 @@ def wire_stop(button: gr.Button, state: gr.State) -> None:
     button.click(stop_run, inputs=[state], outputs=None, **UNQUEUED)
 
 
-def guard_stream(fn: Callable) -> Callable:
-    """`fn` (generator or not) taking a `Refusal` first, its errors noted there."""
-    if inspect.isgeneratorfunction(fn):
-        def step(refusal: Refusal, *inputs):
-            with noting(refusal):
-                yield from fn(*inputs)
-    else:
-        def step(refusal: Refusal, *inputs):
-            with noting(refusal):
-                return fn(*inputs)
-    return step
-
-
 def noted(listener: Callable, fn: Callable, box: tuple[gr.HTML, gr.State], *, inputs: list, **options):
     """`listener(fn)` on `inputs`, its errors shown in `box` after it; the event."""
     html, refusal = box
-    event = listener(guard_stream(fn), inputs=[refusal, *inputs], **options)
+    event = listener(guarded(fn), inputs=[refusal, *inputs], **options)
     event.then(shown_refusal, inputs=[refusal], outputs=[html], **UNQUEUED)
     return event
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import html
 import json
@@ -54,6 +55,11 @@ HOSTILE = [
     "<b>bold</b><br>",
 ]
 N = 16  # canvas length of synthetic frames
+
+
+def generate(playground: Playground, *inputs) -> tuple[str, dict]:
+    """`/generate`'s handler to its end (no client to go away)."""
+    return asyncio.run(playground.generate_api_served(*inputs))
 
 
 def make_frame(step=0, block=0, tokens=None, accepted=None, done=False, block_done=False, committed=None, **kw):
@@ -756,7 +762,7 @@ def test_runs_past_the_time_limit_stop_with_a_clear_message_and_keep_finished_bl
 
     playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_run_s=0.3)
     with pytest.raises(gr.Error, match="limit of 0.3 s per run"):
-        playground.generate_api(*ARGS)
+        generate(playground, *ARGS)
     session = SessionState()
     with pytest.raises(gr.Error, match="limit of 0.3 s per run"):
         for outputs in playground.generate_stream(session, *ARGS):
@@ -768,14 +774,14 @@ def test_runs_past_the_time_limit_stop_with_a_clear_message_and_keep_finished_bl
 
 def test_api_handler_and_block_selection():
     playground = Playground(FakeEngine(frames=9))
-    text, summary = playground.generate_api(*ARGS)
+    text, summary = generate(playground, *ARGS)
     assert text == "<b>text</b>" and summary["frames"] == summary["forwards"] == 9
     assert summary["stop_reason"] == "max_new_tokens" and summary["seed"] == 42
     for bad, message in [(("",), "empty"), ((" ", True), "empty")]:
         with pytest.raises(gr.Error, match=message):
-            playground.generate_api(*bad, *ARGS[len(bad):])
+            generate(playground, *bad, *ARGS[len(bad):])
     with pytest.raises(gr.Error, match="seed"):
-        playground.generate_api(*ARGS[:-1], 2.5)
+        generate(playground, *ARGS[:-1], 2.5)
     session = SessionState()
     list(Playground(FakeEngine(frames=12), max_fps=1000).generate_stream(session, *ARGS))
     heat, order, entropy = playground.select_block(session, 2)
