@@ -17,9 +17,8 @@ from .chat_tab import ChatTab, build_chat_tab
 from .compare_tab import CompareHandlers, build_compare_tab
 from .deployment import queue_plan, slow_idle_queue_polling
 from .infill_tab import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, InfillTab, build_infill_tab
-from .keep import KeepHandlers, build_keep_controls, wire_keep
+from .keep import KeepHandlers, build_keep_controls, present_head, wire_keep, wire_presenter
 from .meter import meter_html
-from .presenter import present_head, wire_presenter
 from .race_tab import RaceTab, build_race_tab
 from .session import SessionState
 from .step_through import StepThroughHandlers, build_step_controls, reset_note_on, wire_step_through

@@ -40,19 +40,6 @@ def viridis(value: float) -> str:
     return f"#{r:02x}{g:02x}{bl:02x}"
 
 
-def text_on(background: str) -> str:
-    """Black or white, whichever reads better on `background` (`#rrggbb`, WCAG luminance)."""
-
-    def channel(c: int) -> float:
-        c = c / 255
-        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
-
-    r, g, b = (channel(c) for c in _rgb(background))
-    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
-    # contrast with black: (L + 0.05) / 0.05; with white: 1.05 / (L + 0.05)
-    return "#111111" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "#ffffff"
-
-
 # Token styles drawn dimmed and labelled, without the confidence colour: control symbols, not text
 _CONTROL_STYLES = ("special", "pad", "eos")
 
@@ -131,9 +118,13 @@ def _alternative(token: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _confidence_style(shown: str) -> str:
-    """The inline colour style of a confidence shown as `shown` (`_number`'s text: the colour of what it says)."""
+    """The inline colour style of a confidence shown as `shown` (`_number`'s text: the colour of what it says): text
+    black or white, whichever contrasts more with the background (WCAG luminance)."""
     background = viridis(shown)
-    return f' style="background:{background};color:{text_on(background)}"'
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in (x / 255 for x in _rgb(background)))
+    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    text = "#111111" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "#ffffff"
+    return f' style="background:{background};color:{text}"'
 
 
 def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None) -> str:

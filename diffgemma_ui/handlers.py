@@ -16,7 +16,7 @@ from engine.settings import SETTING_NAMES, draw_seed
 
 from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html, thought_html
-from .meter import meter_html, refused_meter_html, run_meter_html, waiting_meter_html
+from .meter import REFUSED_NOTICE, meter_html, run_meter_html, waiting_meter_html
 from .runs import STOP_WAIT_S, Runner, RunSnapshot, RunWorker, default_live_rate, session_key, wait_all
 from .session import SessionState
 from .tab import PlotClock, api_run, describe_error, refusing, user_error
@@ -107,7 +107,7 @@ def previous_run_meter(snap: RunSnapshot | None, running: bool):
     if snap is None or snap.latest is None or running:
         return gr.skip()
     finished = snap.finished_blocks()
-    return refused_meter_html(snap.latest, committed=finished[-1] if finished else None)
+    return meter_html(snap.latest, committed=finished[-1] if finished else None, state="refused", notice=REFUSED_NOTICE)
 
 
 class Playground:
@@ -120,10 +120,11 @@ class Playground:
         self.sessions: weakref.WeakValueDictionary[str, SessionState] = weakref.WeakValueDictionary()
 
     def check_request(self, request: RunRequest) -> None:
-        """The engine's checks before any work: prompt encoding, context budget, settings (ValueError)."""
+        """The checks before any work: prompt encoding, context budget, settings, `check_job` (ValueError)."""
         prompt_ids = self.engine.encode_prompt(request.prompt, raw=request.raw, thinking=request.thinking)
         self.engine.check_budget(int(prompt_ids.shape[1]), request.settings)
         self.engine.check_settings(request.settings)
+        self.check_job(Job("generate", request, request.settings))
 
     def checked_request(self, *inputs, ui_limits: bool, thinking=False) -> RunRequest:
         """`parse` then `check_request`; gr.Error."""

@@ -1,9 +1,11 @@
-"""Keeping runs: trace and offline-replay downloads, replaying an uploaded trace, `/export`."""
+"""Keeping runs: trace and offline-replay downloads, replaying an uploaded trace, `/export`, and the live
+presenter's data (the session's run as the replay player's JSON, in chunks of the frames its page lacks)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import shutil
 import tempfile
 import time
@@ -13,8 +15,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.replay_page import write_replay
-from engine.trace import MAX_TRACE_BYTES, Trace, TraceError, load_trace, trace_of_run
+from engine.replay_page import player_script, replay_data, script_json, write_replay
+from engine.trace import MAX_TRACE_BYTES, ModelInfo, Trace, TraceError, load_trace, trace_of_run
 
 from . import plots
 from .canvas_view import live_html, stack_html
@@ -22,12 +24,13 @@ from .handlers import STREAM_WIDTH, Job, StreamOutputs, status_text
 from .meter import meter_html
 from .runs import RunSnapshot
 from .session import SessionState
-from .tab import PRIVATE, Tab, api_run, noted, user_error
+from .tab import PRIVATE, UNQUEUED, Tab, api_run, noted, user_error
 from .text import plain_text, prose
 
 MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # bytes per canvas position per decoder forward
 PLAY_INTERVAL_S = 0.25
 REPLAY_TOTAL_S, REPLAY_MIN_INTERVAL_S, REPLAY_MAX_INTERVAL_S = 8.0, 0.15, 0.6
+PRESENT_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js", "present.js")
 
 
 def check_traceable(settings, canvas_length: int) -> None:
@@ -232,3 +235,55 @@ def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_output
     controls.replay_slider.input(keep.replay_step, inputs=[session, controls.replay_slider], outputs=stream_outputs,
                                  concurrency_limit=None, trigger_mode="always_last", **PRIVATE)
     noted(controls.play.click, keep.replay_play, box, inputs=[session, controls.replay_slider], **played)
+
+
+def present_head() -> str:
+    """The page-head script of the player and its presenter overlay."""
+    return f"<script>{player_script(names=PRESENT_SCRIPTS)}</script>"
+
+
+def run_frames(session) -> tuple[list, Trace | None]:
+    """The frames of the session's run on the page and their trace (None: a run of this app)."""
+    snap, trace = getattr(session, "snapshot", None), getattr(session, "trace", None)
+    if snap is not None and snap.blocks:
+        if trace is not None and snap.blocks[0][0] is trace.frames[0]:
+            return list(trace.frames), trace
+        return snap.frames(), None
+    return (list(trace.frames), trace) if trace is not None else ([], None)
+
+
+def present_chunk(engine, session, have) -> str:
+    """JSON of the session's run's frames after `have` ("key:count"): `replay_data` and `key` (null: no run)."""
+    frames, trace = run_frames(session)
+    request = getattr(session, "request", None)
+    if not frames or (trace is None and request is None):
+        return json.dumps({"key": None})
+    key = str(id(frames[0]))
+    held, _, count = str(have or "").partition(":")
+    start = int(count) if held == key and count.isdigit() else 0
+    new = frames[start:]
+    if not new:
+        return json.dumps({"key": key, "frames": []})
+    if trace is not None:
+        part = dataclasses.replace(trace, frames=tuple(new))
+    else:
+        ids = {i for f in new for row in (f.input_ids, f.draft_ids, *f.top_ids) for i in row}
+        kinds = {i: k for f in new for row, ks in ((f.input_ids, f.input_kinds), (f.draft_ids, f.draft_kinds))
+                 for i, k in zip(row, ks) if k != "text"} if all(f.input_kinds for f in new) else None
+        part = Trace(model=ModelInfo.of(engine), settings=request.settings, seed=new[-1].seed, prompt=request.prompt,
+                     raw=request.raw, prompt_ids=(), tokens={i: engine.token_text(i) for i in ids}, text="",
+                     frames=tuple(new), kinds=kinds)
+    data = replay_data(part)
+    data.update(key=key, prompt_tokens=new[-1].prompt_tokens if trace is None else data["prompt_tokens"])
+    return script_json(data)
+
+
+def wire_presenter(playground, session, present: gr.Button) -> None:
+    """The `present` button and the hidden components the presenter polls through."""
+    present.click(None, js="() => window.dgPresenter.open()", **PRIVATE)
+    have = gr.Textbox(visible="hidden", elem_id="dg-present-have")
+    chunk = gr.Textbox(visible="hidden", elem_id="dg-present-data")
+    poll = gr.Button(visible="hidden", elem_id="dg-present-poll")
+    poll.click(lambda s, h: present_chunk(playground.engine, s, h), inputs=[session, have], outputs=[chunk],
+               js="(s, h) => [s, window.dgPresenter.have()]", queue=False, **UNQUEUED).then(
+        None, [chunk], None, js="(c) => window.dgPresenter.feed(c)", **PRIVATE)

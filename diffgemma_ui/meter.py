@@ -120,11 +120,6 @@ REFUSED_NOTICE = ("Not run: the request was refused (its message says why). Ever
                   "previous run.")
 
 
-def refused_meter_html(frame: Frame | None, *, committed: Frame | None = None) -> str:
-    """The previous run's meter under `REFUSED_NOTICE` (`data-state="refused"`)."""
-    return meter_html(frame, committed=committed, state="refused", notice=REFUSED_NOTICE)
-
-
 def waiting_meter_html(replacing: bool = False) -> str:
     """A queued run's meter (`replacing`: it stopped the session's run); the browser fills in the position."""
     html = meter_html(None, note="\u0000", state="queued")

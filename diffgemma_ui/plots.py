@@ -7,8 +7,6 @@ import json
 import math
 from collections.abc import Sequence
 
-import plotly.graph_objects as go
-
 from engine import Frame
 
 from .canvas_view import PLOTLY_SCALE, viridis
@@ -33,10 +31,6 @@ class FigureSpec(dict):
 
     def to_json(self) -> str:
         return json.dumps(self, separators=(",", ":"), allow_nan=False)
-
-    def to_plotly(self):
-        """A validated `plotly.graph_objects.Figure` (ValueError on an invalid property)."""
-        return go.Figure(self)
 
 
 def _layout(title: str, *, below_toolbar: bool = False, **extra) -> dict:
@@ -173,7 +167,11 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
 
         frame_objects = [{"name": f"step {k + 1}", "layout": {"shapes": cover(k), "sliders[0].active": k}}
                          for k in range(steps)]
-        instant = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
+
+        def animation(duration: int, redraw: bool = True, **more) -> dict:
+            return {"mode": "immediate", **more, "frame": {"duration": duration, "redraw": redraw},
+                    "transition": {"duration": 0}}
+
         every = whole_step(steps, SLIDER_LABELS)  # the current step is always named above the slider
         layout["sliders"] = [{
             "active": steps - 1,
@@ -181,16 +179,13 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
             "pad": {"t": 92, "b": 4}, "len": 1.0, "x": 0.0, "y": 0, "ticklen": 3, "minorticklen": 0,
             "font": {"size": 10},
             "steps": [{"label": str(k + 1) if k == 0 or (k + 1) % every == 0 else "", "method": "animate",
-                       "args": [[frame_objects[k]], instant]} for k in range(steps)]}]
+                       "args": [[frame_objects[k]], animation(0)]} for k in range(steps)]}]
         layout["updatemenus"] = [{
             "type": "buttons", "direction": "left", "showactive": False, "x": 0.0, "y": 0, "xanchor": "left",
             "yanchor": "top", "pad": {"t": 58, "r": 8}, **BUTTON_STYLE,
             "buttons": [
-                {"label": "\u25b6", "method": "animate", "args": [frame_objects, {
-                    "mode": "immediate", "fromcurrent": False, "frame": {"duration": 220, "redraw": True},
-                    "transition": {"duration": 0}}]},
-                {"label": "\u275a\u275a", "method": "animate", "args": [[None], {
-                    "mode": "immediate", "frame": {"duration": 0, "redraw": False}, "transition": {"duration": 0}}]}]}]
+                {"label": "\u25b6", "method": "animate", "args": [frame_objects, animation(220, fromcurrent=False)]},
+                {"label": "\u275a\u275a", "method": "animate", "args": [[None], animation(0, redraw=False)]}]}]
         layout["height"] = HEIGHT + 110
         layout["margin"] = {**layout["margin"], "b": 150}
     return FigureSpec(data=data, layout=layout)

@@ -53,19 +53,11 @@ def special_label(piece: str) -> str:
 def _utf8_units(data: bytes) -> list[tuple[int, int, str | None]]:
     """`data` as UTF-8 characters (start, end, char), (i, i + 1, None) for a byte that starts none."""
     units, i = [], 0
-    while i < len(data):
-        lead = data[i]
-        size = 1 if lead < 0x80 else 2 if 0xC2 <= lead <= 0xDF else 3 if 0xE0 <= lead <= 0xEF else (
-            4 if 0xF0 <= lead <= 0xF4 else 0)
-        if size and i + size <= len(data):
-            try:
-                units.append((i, i + size, data[i:i + size].decode("utf-8")))
-                i += size
-                continue
-            except UnicodeDecodeError:
-                pass
-        units.append((i, i + 1, None))
-        i += 1
+    for char in data.decode("utf-8", errors="surrogateescape"):
+        escaped = "\udc80" <= char <= "\udcff"  # a byte of no character
+        size = 1 if escaped else len(char.encode("utf-8"))
+        units.append((i, i + size, None if escaped else char))
+        i += size
     return units
 
 

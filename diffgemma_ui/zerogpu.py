@@ -158,10 +158,6 @@ class ZeroGpuPlayground(Playground):
     def gpu_seconds(self, job: Job, stop: StopFlag) -> int:
         return self.budget.duration_s(job.settings, self.engine.canvas_length, job.extra_forwards)
 
-    def check_request(self, request: RunRequest) -> None:
-        super().check_request(request)
-        self.check_job(Job("generate", request, request.settings))
-
     def check_job(self, job: Job) -> None:
         """The job fits the GPU budget (ValueError)."""
         self.budget.check(job.settings, self.engine.canvas_length, job.extra_forwards)
@@ -230,6 +226,4 @@ def first_frames(engine: DiffusionEngine, payload: tuple, stop) -> Iterator[Fram
 
 def make_playground(engine: DiffusionEngine, environ: Mapping[str, str] | None = None, **kwargs) -> Playground:
     """`ZeroGpuPlayground` on ZeroGPU, else a plain `Playground`."""
-    if zero_gpu(environ):
-        return ZeroGpuPlayground(engine, **kwargs)
-    return Playground(engine, **kwargs)
+    return (ZeroGpuPlayground if zero_gpu(environ) else Playground)(engine, **kwargs)

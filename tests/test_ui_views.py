@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import gradio as gr
+import plotly.graph_objects as go
 import pytest
 
 from diffgemma_ui import canvas_view, handlers, meter, plots, text
@@ -199,7 +200,7 @@ def test_plots_escape_hover_texts_and_titles(builder):
         "order": lambda: plots.unmasking_order(frames[-1]),
         "entropy": lambda: plots.entropy_and_acceptance(frames),
     }[builder]()
-    fig.to_plotly()  # valid Plotly schema
+    go.Figure(fig)  # valid Plotly schema
     text = fig.to_json()
     json.loads(text)
     for s in _all_strings(fig):
@@ -266,7 +267,7 @@ def test_entropy_plot_counts_positions_in_whole_numbers():
     right = plots.entropy_and_acceptance(frames)["layout"]["yaxis2"]
     assert right["range"] == [0, N] and right["tickmode"] == "linear"  # not "sync": the left axis's odd positions
     assert right["tick0"] == 0 and isinstance(right["dtick"], int) and right["dtick"] == plots.whole_step(N)
-    assert plots.entropy_and_acceptance(frames).to_plotly().layout.yaxis2.dtick == 5
+    assert go.Figure(plots.entropy_and_acceptance(frames)).layout.yaxis2.dtick == 5
 
 
 def test_plots_drop_selection_buttons_and_keep_narrow_titles_clear_of_the_mode_bar():
@@ -287,7 +288,7 @@ def test_plots_drop_selection_buttons_and_keep_narrow_titles_clear_of_the_mode_b
 
 def test_empty_figures_and_gradio_accepts_figure_specs():
     for fig in (plots.confidence_heatmap([]), plots.unmasking_order(None), plots.entropy_and_acceptance([])):
-        fig.to_plotly()
+        go.Figure(fig)
         data = gr.Plot().postprocess(fig)
         assert data.type == "plotly" and json.loads(data.plot)["layout"]
 
