@@ -8,8 +8,7 @@ import os
 import sys
 
 import diffgemma_ui
-from diffgemma_ui.deployment import default_threads, limit_malloc_arenas, port_in_use, zero_gpu
-from diffgemma_ui.zerogpu import load_zero_gpu_model
+from diffgemma_ui.deployment import default_threads, limit_malloc_arenas, load_zero_gpu_model, port_in_use, zero_gpu
 from engine import DiffusionEngine, ModelLoadError, load_model
 from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, set_serving_threads
 from engine.race import race_runner

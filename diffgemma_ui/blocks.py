@@ -15,7 +15,7 @@ from .branch_tab import BranchTab
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
 from .chat_tab import ChatTab, build_chat_tab
 from .compare_tab import CompareHandlers, build_compare_tab
-from .deployment import queue_plan, slow_idle_queue_polling
+from .deployment import make_playground, queue_plan, slow_idle_queue_polling, weight_bytes
 from .infill_tab import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, InfillTab, build_infill_tab
 from .keep import KeepHandlers, build_keep_controls, present_head, wire_keep, wire_presenter
 from .meter import meter_html
@@ -26,7 +26,6 @@ from .tab import (API_SETTINGS, PRIVATE, UNQUEUED, checked, live_plots, refusal_
                   seed_box, setting_control, setting_params)
 from .text import escape_html, prose
 from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS
-from .zerogpu import make_playground, weight_bytes
 
 DEFAULT_PROMPT = "Tell me what happened after the flood."
 INSTRUCTION_DEFAULT_PROMPT = "Explain in three sentences how a diffusion language model writes text."

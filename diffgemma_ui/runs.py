@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import gradio as gr
 import torch
 from gradio.context import LocalContext
 
@@ -296,10 +297,6 @@ def pushed(run: Callable[[Callable[[object], None]], object]) -> Iterator:
             return
 
 
-class ClientGone(RuntimeError):
-    """The client of a served API call went away; its run was stopped."""
-
-
 def session_key(request, fallback: object, suffix: str = "") -> str:
     """The registry key of a session's run: its hash (or `anon-<id of fallback>`) and `suffix`."""
     return f"{getattr(request, 'session_hash', None) or f'anon-{id(fallback)}'}{suffix}"
@@ -360,7 +357,7 @@ class Runner:
         return worker.updates(self.max_fps, reader_budget=self.reader_budget)
 
     async def served(self, start: Callable[[], RunWorker], request) -> RunSnapshot:
-        """An API call's run to its final snapshot, stopped within `API_WAIT_S` once its client left (ClientGone)."""
+        """An API call's run to its final snapshot, stopped within `API_WAIT_S` once its client left (gr.Error)."""
         events = getattr(getattr(LocalContext.blocks.get(None), "_queue", None), "event_ids_to_events", {})
         event_id = LocalContext.event_id.get(None)  # outside a queued job: none, never gone
         worker = await asyncio.to_thread(start)
@@ -371,7 +368,7 @@ class Runner:
             while not snap.finished:
                 snap = await asyncio.to_thread(worker.wait, API_WAIT_S)
                 if not snap.finished and not getattr(events.get(event_id), "alive", True):
-                    raise ClientGone("the client went away: run stopped")
+                    raise gr.Error("the client went away: run stopped", print_exception=False)
         finally:
             self.finish(key, worker)
         return snap

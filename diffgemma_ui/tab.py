@@ -16,7 +16,7 @@ from engine import PRESET_NAMES, DiffusionSettings
 from engine.settings import SETTING_NAMES, spec
 
 from . import plots
-from .runs import ClientGone, RunSnapshot, RunTimeLimitExceeded, RunWorker, is_out_of_memory, session_key
+from .runs import RunSnapshot, RunTimeLimitExceeded, RunWorker, is_out_of_memory, session_key
 from .session import SessionState
 from .text import escape_html
 
@@ -78,10 +78,7 @@ async def api_run(playground, job: Callable, request, **options) -> RunSnapshot:
             playground.check_job(made)
         return playground.start_job(made, **options)
 
-    try:
-        snap = await playground.runs.served(start, request)
-    except ClientGone as error:
-        raise user_error(str(error)) from None
+    snap = await playground.runs.served(start, request)
     if snap.error is not None:
         raise user_error(snap.error)
     return snap

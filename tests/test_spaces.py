@@ -28,9 +28,9 @@ from packaging.version import Version
 
 from deploy.space import front_matter, normalize, read_pins, write_space
 from deploy.targets import REAL_MODEL, SDK_PROVIDED, TARGETS
-from diffgemma_ui.deployment import (QUEUE_IDLE_POLL_S, default_threads, queue_plan, space_cpu_cores, space_id,
-                                     slow_idle_queue_polling, zero_gpu)
-from diffgemma_ui.zerogpu import GpuBudget, StopFlag, gpu_size_for, make_playground, weight_bytes
+from diffgemma_ui.deployment import (QUEUE_IDLE_POLL_S, GpuBudget, StopFlag, default_threads, gpu_size_for,
+                                     make_playground, queue_plan, slow_idle_queue_polling, space_cpu_cores, space_id,
+                                     weight_bytes, zero_gpu)
 from engine.loading import meta_model
 from engine.memory import memory_report
 
