@@ -10,8 +10,8 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import gradio as gr
 
@@ -26,6 +26,7 @@ from .runs import RunSnapshot
 from .session import SessionState
 from .tab import PRIVATE, UNQUEUED, Tab, api_run, noted, user_error
 from .text import plain_text, prose
+from .validation import RunRequest
 
 MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # bytes per canvas position per decoder forward
 PLAY_INTERVAL_S = 0.25
@@ -96,14 +97,18 @@ class KeepHandlers(Tab):
         if snap.latest.max_denoising_steps != request.settings.max_denoising_steps:
             return hidden  # a newer run replaced it meanwhile
         try:
-            check_traceable(request.settings, self.engine.canvas_length)
-            trace = trace_of_run(self.engine, snap.frames(), prompt=request.prompt, settings=request.settings,
-                                 raw=request.raw, thinking=request.thinking)
+            trace = self.run_trace(snap.frames(), request)
         except (TraceError, ValueError) as error:
             gr.Warning(f"This run cannot be kept: {error}")
             return hidden
         session.trace = trace
         return (*self._files(session, trace), gr.update(visible=False), gr.update(interactive=True))
+
+    def run_trace(self, frames, run: RunRequest) -> Trace:
+        """The trace of `frames`, a run of `run`; ValueError (`check_traceable`), TraceError."""
+        check_traceable(run.settings, self.engine.canvas_length)
+        return trace_of_run(self.engine, frames, prompt=run.prompt, settings=run.settings, raw=run.raw,
+                            thinking=run.thinking)
 
     def _files(self, session: SessionState, trace: Trace) -> tuple:
         old = getattr(session, "keep_dir", None)
@@ -187,13 +192,10 @@ class KeepHandlers(Tab):
 
         snap = await api_run(self.playground, job, request)
         self.playground.api_result(snap)
-        trace = await asyncio.to_thread(trace_of_run, self.engine, snap.frames(), prompt=run.prompt,
-                                        settings=run.settings, raw=run.raw, thinking=run.thinking)
-        return trace.to_dict()
+        return (await asyncio.to_thread(self.run_trace, snap.frames(), run)).to_dict()
 
 
-@dataclass
-class KeepControls:
+class KeepControls(NamedTuple):
     trace_button: gr.DownloadButton
     html_button: gr.DownloadButton
     upload: gr.File

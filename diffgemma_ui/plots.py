@@ -102,28 +102,19 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
     n = frames[0].canvas_length
     steps = len(frames)
     hover = hover and n * steps <= HOVER_CELLS
-    z, hover_text, dots_x, dots_y, melt_x, melt_y = [], [], [], [], [], []
+    z, hover_text, dots, melts = [], [], [], []  # dots and melts: (position, row) of their markers
     before = [False] * n
-    for row, frame in enumerate(frames):
+    for row, frame in enumerate(frames, start=1):
         z.append([_round(c) for c in frame.confidence])
-        for pos in range(n):
-            if frame.accepted[pos] and not before[pos]:
-                dots_x.append(pos)
-                dots_y.append(row + 1)
-            elif not frame.accepted[pos] and frame.remelted and frame.remelted[pos]:
-                melt_x.append(pos)
-                melt_y.append(row + 1)
+        dots += [(pos, row) for pos in range(n) if frame.accepted[pos] and not before[pos]]
+        melts += [(pos, row) for pos in range(n) if not frame.accepted[pos] and frame.remelted and frame.remelted[pos]]
         before = frame.accepted
-        if not hover:
-            continue
-        hover_row = []
-        labels = draft_labels(frame)
-        for pos in range(n):
-            accepted = bool(frame.accepted[pos])
-            hover_row.append(f"step {row + 1} \u00b7 position {pos}<br>"
-                             f"\u201c{escape_plotly(labels[pos])}\u201d {'accepted' if accepted else 'renoised'}<br>"
-                             f"confidence {frame.confidence[pos]:.3f} \u00b7 entropy {frame.entropy[pos]:.3f} nats")
-        hover_text.append(hover_row)
+        if hover:
+            labels = draft_labels(frame)
+            hover_text.append([f"step {row} \u00b7 position {pos}<br>\u201c{escape_plotly(labels[pos])}\u201d "
+                               f"{'accepted' if frame.accepted[pos] else 'renoised'}<br>confidence "
+                               f"{frame.confidence[pos]:.3f} \u00b7 entropy {frame.entropy[pos]:.3f} nats"
+                               for pos in range(n)])
     y = list(range(1, steps + 1))
     # a live block reserves rows for its remaining steps
     rows = steps if frames[-1].block_done or frames[-1].done else max(steps, frames[-1].max_denoising_steps)
@@ -138,13 +129,15 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
             "colorbar": {"title": {"text": "conf."}, "thickness": 10, "len": 0.9, "outlinewidth": 0},
         },
         {
-            "type": "scatter", "mode": "markers", "x": dots_x, "y": dots_y, "hoverinfo": "skip",
+            "type": "scatter", "mode": "markers", "x": [x for x, _ in dots], "y": [y for _, y in dots],
+            "hoverinfo": "skip",
             "name": "accepted at this step",
             "marker": {"symbol": "circle", "size": 4 if n * rows <= 64 * 64 else 3, "color": "rgba(255,255,255,0.85)",
                        "line": {"width": 0.5, "color": "rgba(0,0,0,0.6)"}},
         },
         {
-            "type": "scatter", "mode": "markers", "x": melt_x, "y": melt_y, "hoverinfo": "skip",
+            "type": "scatter", "mode": "markers", "x": [x for x, _ in melts], "y": [y for _, y in melts],
+            "hoverinfo": "skip",
             "name": "re-melted at this step", "marker": {"symbol": "x", "size": 7, "color": REMELT_COLOUR},
         },
     ]

@@ -163,15 +163,28 @@ class RunWorker:
         return not self.running
 
     def _run(self) -> None:
+        """Record the source's items to its final frame, or `STOP_GRACE_S` and two items past Stop."""
         error: BaseException | None = None
         iterator = None
-        self._started = time.monotonic()
-        self._after_stop, self._stopped_at, self._timed_out = 0, None, False
+        started, after_stop, stopped_at, timed_out = time.monotonic(), 0, None, False
         try:
             iterator = self._source(self.stop_event)
             for frame in iterator:
-                if self.take(frame):
+                self.record.add(frame)
+                self._notify()
+                if getattr(frame, "done", False):
                     break
+                now = time.monotonic()
+                if self.abandon_after_s is not None and now - self._last_poll > self.abandon_after_s:
+                    self.stop_event.set()
+                if self.time_limit_s is not None and now - started > self.time_limit_s:
+                    timed_out = True
+                    self.stop_event.set()
+                if self.stop_event.is_set():
+                    after_stop += 1
+                    stopped_at = stopped_at or now
+                    if after_stop >= 2 and now - stopped_at > STOP_GRACE_S:
+                        break
         except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
             if not isinstance(exc, ValueError):
                 LOG.error("run failed: %s", "".join(traceback.format_exception(exc)).rstrip())
@@ -184,7 +197,7 @@ class RunWorker:
             with contextlib.suppress(Exception):
                 getattr(iterator, "close", lambda: None)()
             iterator = None
-            if self._timed_out and error is None:
+            if timed_out and error is None:
                 error = RunTimeLimitExceeded(
                     f"the run reached this server's limit of {self.time_limit_s:g} s per run and was stopped after "
                     f"{self.record.count} decoder forwards (finished blocks are kept): lower max_new_tokens or "
@@ -193,24 +206,6 @@ class RunWorker:
                 release_memory()
             self.record.finish(error)
             self._notify()
-
-    def take(self, frame) -> bool:
-        """Record one item; returns whether the run is over (its final frame, or `STOP_GRACE_S` past Stop)."""
-        self.record.add(frame)
-        self._notify()
-        if getattr(frame, "done", False):
-            return True
-        now = time.monotonic()
-        if self.abandon_after_s is not None and now - self._last_poll > self.abandon_after_s:
-            self.stop_event.set()
-        if self.time_limit_s is not None and now - self._started > self.time_limit_s:
-            self._timed_out = True
-            self.stop_event.set()
-        if self.stop_event.is_set():
-            self._after_stop += 1
-            self._stopped_at = self._stopped_at or now
-            return self._after_stop >= 2 and now - self._stopped_at > STOP_GRACE_S
-        return False
 
     def snapshot(self) -> RunSnapshot:
         """The run right now (counts as a poll)."""
@@ -225,16 +220,11 @@ class RunWorker:
         next_allowed = 0.0
         reader_s = None  # smoothed seconds the reader spends per snapshot
         while True:
-            with self._changed:
-                while self.record.count == seen and not self.record.finished:
+            with self._changed:  # a new frame, then the time for it
+                while not self.record.finished and (self.record.count == seen or time.monotonic() < next_allowed):
                     self._last_poll = time.monotonic()
-                    self._changed.wait(poll_s)
-                while not self.record.finished:
-                    delay = next_allowed - time.monotonic()
-                    if delay <= 0:
-                        break
-                    self._last_poll = time.monotonic()
-                    self._changed.wait(min(delay, poll_s))
+                    waiting = self.record.count == seen
+                    self._changed.wait(poll_s if waiting else min(next_allowed - time.monotonic(), poll_s))
             snap = self.snapshot()
             if snap.frames_seen == seen and not snap.finished:
                 continue
