@@ -304,14 +304,12 @@ class Playground:
 
     def apply_preset(self, name) -> tuple:
         """Preset `name`'s `PRESET_FIELDS` values (skips for "custom"; gr.Warning: unknown)."""
-        if name == CUSTOM_PRESET:
-            return (gr.skip(),) * len(PRESET_FIELDS)
         try:
-            values = preset_values(name, self.engine.recommended)
+            if name != CUSTOM_PRESET:
+                return tuple(preset_values(name, self.engine.recommended).values())
         except ValueError as error:
             gr.Warning(str(error))
-            return (gr.skip(),) * len(PRESET_FIELDS)
-        return tuple(values[field] for field in PRESET_FIELDS)
+        return (gr.skip(),) * len(PRESET_FIELDS)
 
     @staticmethod
     def random_seed() -> str:

@@ -99,9 +99,7 @@ class SessionState:
 
     def release(self) -> None:
         """Drop everything the session holds (its tab closed)."""
-        with self._lock:
-            self.ticket += 1
-        self.stop()
+        self.claim()
         self.worker = None
         self.clear_views()
         self._stream_done.set()

@@ -130,6 +130,9 @@ class Refusal:
     def __deepcopy__(self, memo) -> "Refusal":
         return Refusal()
 
+    def html(self) -> str:
+        return refusal_html(self.reason)
+
 
 def refusal_html(reason: str) -> str:
     """The box under a tab's buttons: `reason` escaped, or "" when there is none."""
@@ -173,10 +176,6 @@ def guarded(fn: Callable, width: int | None = None) -> Callable:
     return step
 
 
-def shown_refusal(refusal: Refusal) -> str:
-    return refusal_html(refusal.reason)
-
-
 def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.HTML, gr.State],
             outputs: Sequence = (), refused: Callable | None = None, refused_inputs: Sequence = (),
             refused_outputs: Sequence = (), **options):
@@ -184,7 +183,7 @@ def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.
     html, state = box
     event = gr.on(list(triggers), guarded(check, len(outputs)), inputs=[state, *inputs], outputs=[*outputs, html],
                   **{**UNQUEUED, **options})
-    event.failure(shown_refusal, inputs=[state], outputs=[html], **UNQUEUED)
+    event.failure(Refusal.html, inputs=[state], outputs=[html], **UNQUEUED)
     if refused is not None:
         event.failure(refused, inputs=list(refused_inputs), outputs=list(refused_outputs), **UNQUEUED)
     return event
@@ -219,7 +218,7 @@ def noted(listener: Callable, fn: Callable, box: tuple[gr.HTML, gr.State], *, in
     """`listener(fn)` on `inputs`, its errors shown in `box` after it; the event."""
     html, refusal = box
     event = listener(guarded(fn), inputs=[refusal, *inputs], **options)
-    event.then(shown_refusal, inputs=[refusal], outputs=[html], **UNQUEUED)
+    event.then(Refusal.html, inputs=[refusal], outputs=[html], **UNQUEUED)
     return event
 
 
