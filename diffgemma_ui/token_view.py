@@ -50,32 +50,24 @@ def special_label(piece: str) -> str:
     return piece.strip("<>[]|") or "special"
 
 
-def _utf8_units(data: bytes) -> list[tuple[int, int, str | None]]:
-    """`data` as UTF-8 characters (start, end, char), (i, i + 1, None) for a byte that starts none."""
-    units, i = [], 0
-    for char in data.decode("utf-8", errors="surrogateescape"):
-        escaped = "\udc80" <= char <= "\udcff"  # a byte of no character
-        size = 1 if escaped else len(char.encode("utf-8"))
-        units.append((i, i + size, None if escaped else char))
-        i += size
-    return units
-
-
 def _hex(data: bytes) -> str:
     return " ".join(f"{b:02X}" for b in data)
 
 
 def _byte_run(pieces: list[bytes]) -> list[TokenCell]:
-    """The cells of consecutive byte positions, read as one UTF-8 string."""
+    """The cells of consecutive byte positions, read as one UTF-8 string (a byte of no character on its own)."""
     data = b"".join(pieces)
     owner = []  # owner[byte offset] = index of the position holding that byte
     for index, piece in enumerate(pieces):
         owner.extend([index] * len(piece))
     shown: list[list[str]] = [[] for _ in pieces]
     notes: list[list[str]] = [[] for _ in pieces]
-    for begin, end, char in _utf8_units(data):
+    end = 0
+    for char in data.decode("utf-8", errors="surrogateescape"):  # a byte of no character: a lone surrogate
+        begin, lone = end, "\udc80" <= char <= "\udcff"
+        end += 1 if lone else len(char.encode("utf-8"))
         first, last = owner[begin], owner[end - 1]
-        if char is None:
+        if lone:
             shown[first].append(f"0x{data[begin]:02X}")
             notes[first].append(f"byte 0x{data[begin]:02X}: not a whole UTF-8 character here")
             continue
@@ -89,11 +81,10 @@ def _byte_run(pieces: list[bytes]) -> list[TokenCell]:
     cells = []
     for piece, texts, lines in zip(pieces, shown, notes):
         if texts and all(t.startswith("0x") and len(t) == 4 for t in texts):
-            cells.append(_cell(" ".join(texts), "byte", "; ".join(lines)))
-        elif texts:
-            cells.append(_cell("".join(texts), "bytes", "; ".join(lines)))
+            text, style = " ".join(texts), "byte"
         else:
-            cells.append(_cell(f"+{_hex(piece)}", "bytecont", "; ".join(lines)))
+            text, style = ("".join(texts), "bytes") if texts else (f"+{_hex(piece)}", "bytecont")
+        cells.append(_cell(text, style, "; ".join(lines)))
     return cells
 
 
