@@ -12,7 +12,7 @@ import gradio as gr
 from gradio.context import LocalContext
 
 from engine import DiffusionEngine, DiffusionSettings, Frame
-from engine.settings import SETTING_NAMES, draw_seed
+from engine.settings import SETTING_NAMES, draw_seed, parse_number
 
 from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html, thought_html
@@ -222,13 +222,10 @@ class Playground:
         """The run step on `RUN_INPUTS`, the ticket, `thinking`: `StreamOutputs` tuples to the final frame (none for a
         stale ticket); gr.Error. `request`: the Gradio event's by default."""
         run, (ticket, _) = self.page_request(inputs, None, False)
+        ticket = parse_number(ticket)  # the page's hidden ticket box: None when it holds none
         request = request or LocalContext.request.get(None)
         if session is None:
             session = SessionState()
-        try:  # the page's hidden ticket box: "" or None when there is none
-            ticket = int(str(ticket).strip()) if ticket not in (None, "") else None
-        except ValueError:
-            ticket = None
         if ticket is not None and not session.is_current(ticket):
             return
         key = session_key(request, session)

@@ -244,19 +244,14 @@ def present_head() -> str:
     return f"<script>{player_script(names=PRESENT_SCRIPTS)}</script>"
 
 
-def run_frames(session) -> tuple[list, Trace | None]:
-    """The frames of the session's run on the page and their trace (None: a run of this app)."""
-    snap, trace = getattr(session, "snapshot", None), getattr(session, "trace", None)
-    if snap is not None and snap.blocks:
-        if trace is not None and snap.blocks[0][0] is trace.frames[0]:
-            return list(trace.frames), trace
-        return snap.frames(), None
-    return (list(trace.frames), trace) if trace is not None else ([], None)
-
-
 def present_chunk(engine, session, have) -> str:
-    """JSON of the session's run's frames after `have` ("key:count"): `replay_data` and `key` (null: no run)."""
-    frames, trace = run_frames(session)
+    """JSON of the frames of the session's run on the page after `have` ("key:count"): `replay_data` and `key` (null:
+    no run); the run's trace, if the page shows one, or else one of its frames."""
+    snap, trace = getattr(session, "snapshot", None), getattr(session, "trace", None)
+    if snap is not None and snap.blocks and not (trace is not None and snap.blocks[0][0] is trace.frames[0]):
+        frames, trace = snap.frames(), None  # a run of this app
+    else:
+        frames = list(trace.frames) if trace is not None else []
     request = getattr(session, "request", None)
     if not frames or (trace is None and request is None):
         return json.dumps({"key": None})
