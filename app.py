@@ -1,8 +1,6 @@
 """DiffGemma Playground: the Gradio app and Spaces entry point; `python app.py --help` lists the options, each
 with a DIFFGEMMA_* environment default. The model is the server's choice; web users cannot change it."""
 
-from __future__ import annotations
-
 import argparse
 import os
 import sys

@@ -1,8 +1,6 @@
 """The live canvas as HTML: a chip per position, finished blocks stacked above the live one, the thought apart, the
 viridis scale shared with the plots; model strings escaped by `diffgemma_ui.text`."""
 
-from __future__ import annotations
-
 import functools
 import math
 from collections.abc import Sequence

@@ -2,8 +2,6 @@
 malloc arenas, the listening port; on ZeroGPU `ZeroGpuPlayground` runs every tab's jobs under `spaces.GPU` in the GPU
 process (the `Job`, a `StopFlag` and the frames pickled across), `GpuBudget` sizing and refusing them."""
 
-from __future__ import annotations
-
 import copy
 import ctypes
 import ctypes.util

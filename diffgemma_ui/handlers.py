@@ -1,7 +1,5 @@
 """The Playground tab's handlers (`Playground`, through which every tab's jobs start) and `/generate`."""
 
-from __future__ import annotations
-
 import dataclasses
 import time
 import weakref

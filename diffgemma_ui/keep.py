@@ -1,8 +1,6 @@
 """Keeping runs: trace and offline-replay downloads, replaying an uploaded trace, `/export`, and the live
 presenter's data (the session's run as the replay player's JSON, in chunks of the frames its page lacks)."""
 
-from __future__ import annotations
-
 import asyncio
 import dataclasses
 import json

@@ -1,7 +1,5 @@
 """The live speed meter as HTML stat cards, every figure from the newest frame's engine clock (never the UI's)."""
 
-from __future__ import annotations
-
 import math
 
 from engine import Frame

@@ -1,8 +1,6 @@
 """Plotly views of a run as plain figure dicts (confidence heatmap, unmasking order, entropy and acceptance per
 step); hover tokens go through `escape_plotly`."""
 
-from __future__ import annotations
-
 import json
 import math
 from collections.abc import Sequence

@@ -1,8 +1,6 @@
 """The one run mechanism: each tab's model work is a frame source read by a `RunWorker` thread, read back as
 coalesced snapshots; `Runner` starts an app's runs and ends them (Stop, closed tab, gone client, time limit)."""
 
-from __future__ import annotations
-
 import asyncio
 import contextlib
 import gc

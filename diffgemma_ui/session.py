@@ -1,8 +1,6 @@
 """A visitor's state in a tab (a `gr.State`): one run at a time. In the Playground each trigger takes a ticket
 (`claim`); a run starts only while its ticket is the newest (`begin`)."""
 
-from __future__ import annotations
-
 import threading
 
 from .runs import STOP_WAIT_S, RunSnapshot, RunWorker

@@ -1,8 +1,6 @@
 """The skeleton every tab fills in: a check step wired by `checked` (its refusal kept in the tab's `refusal_box`), a
 `live_run` streamed and rendered, `user_error` for any failure, `register_api` for an endpoint with the settings."""
 
-from __future__ import annotations
-
 import functools
 import inspect
 import logging

@@ -1,7 +1,5 @@
 """The one place raw model strings are made visible and escaped (HTML, Plotly), and the page's prose."""
 
-from __future__ import annotations
-
 import functools
 import html
 import re

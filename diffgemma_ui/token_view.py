@@ -1,8 +1,6 @@
 """What one canvas position shows by token kind: text with whitespace visible, special tokens as a label, byte
 pieces read together as UTF-8 (a character on its first byte, the rest "+80 94", a lone byte "0xE2")."""
 
-from __future__ import annotations
-
 import functools
 import re
 from collections.abc import Sequence

@@ -1,8 +1,6 @@
 """Checks of what arrives from the browser or the API with the settings table's parsers (`ValueError`s for the
 user), the UI's request shape and presets."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from engine import PRESET_NAMES, DiffusionSettings, preset
