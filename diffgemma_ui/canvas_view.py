@@ -116,8 +116,7 @@ def _alternative(token: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _confidence_style(shown: str) -> str:
-    """The inline colour style of a confidence shown as `shown` (`_number`'s text: the colour of what it says): text
-    black or white, whichever contrasts more with the background (WCAG luminance)."""
+    """The style of a confidence shown as `shown` (the colour of what it says), text black or white by WCAG contrast."""
     background = viridis(shown)
     r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in (x / 255 for x in _rgb(background)))
     luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b

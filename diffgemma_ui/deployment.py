@@ -1,6 +1,5 @@
-"""How the app is served: the platform from its environment (Spaces, ZeroGPU, CPU cores), the queue plan, glibc's
-malloc arenas, the listening port; on ZeroGPU `ZeroGpuPlayground` runs every tab's jobs under `spaces.GPU` in the GPU
-process (the `Job`, a `StopFlag` and the frames pickled across), `GpuBudget` sizing and refusing them."""
+"""How the app is served: the platform (Spaces, ZeroGPU, CPU cores), the queue plan, malloc arenas, the port; on
+ZeroGPU `ZeroGpuPlayground` runs every tab's jobs under `spaces.GPU` (`Job`, `StopFlag` and frames pickled across)."""
 
 import copy
 import ctypes

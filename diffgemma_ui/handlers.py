@@ -199,8 +199,7 @@ class Playground:
         )
 
     def page_request(self, inputs: tuple, *defaults) -> tuple[RunRequest, tuple]:
-        """A page trigger's `RUN_INPUTS` checked (gr.Error), and what follows them (`defaults` for what is missing;
-        the last: `thinking`)."""
+        """A page trigger's checked `RUN_INPUTS` (gr.Error) and the inputs after them (`defaults` where missing)."""
         extras = (*inputs[RUN_INPUTS:], *defaults[len(inputs) - RUN_INPUTS:])
         return self.checked_request(*inputs[:RUN_INPUTS], ui_limits=True, thinking=extras[-1]), extras
 
@@ -217,8 +216,8 @@ class Playground:
         return previous_run_meter(getattr(session, "snapshot", None), session is not None and session.run_in_progress)
 
     def generate_stream(self, session: SessionState, *inputs, request: gr.Request = None) -> Iterator[tuple]:
-        """The run step on `RUN_INPUTS`, the ticket, `thinking`: `StreamOutputs` tuples to the final frame (none for a
-        stale ticket); gr.Error. `request`: the Gradio event's by default."""
+        """The run step on `RUN_INPUTS`, ticket, `thinking`: `StreamOutputs` tuples to the final frame (none for a stale
+        ticket); gr.Error."""
         run, (ticket, _) = self.page_request(inputs, None, False)
         ticket = parse_number(ticket)  # the page's hidden ticket box: None when it holds none
         request = request or LocalContext.request.get(None)

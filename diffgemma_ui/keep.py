@@ -1,5 +1,4 @@
-"""Keeping runs: trace and offline-replay downloads, replaying an uploaded trace, `/export`, and the live
-presenter's data (the session's run as the replay player's JSON, in chunks of the frames its page lacks)."""
+"""Keeping runs: trace and offline-replay downloads, replaying an uploaded trace, `/export`, the presenter's data."""
 
 import asyncio
 import dataclasses
@@ -59,8 +58,7 @@ def committed_text(trace: Trace, count: int) -> str:
 
 
 def render_trace(trace: Trace, count: int, *, hover: bool = True, session: SessionState | None = None) -> StreamOutputs:
-    """The live view of `trace` after `count` frames, buttons untouched; `hover`: the heatmap's hover text;
-    `session`: its snapshot kept there."""
+    """The live view of `trace` after `count` frames (its snapshot kept in `session`); `hover`: heatmap hover text."""
     snap = snapshot_upto(trace, count)
     if session is not None:
         session.snapshot = snap
@@ -243,8 +241,7 @@ def present_head() -> str:
 
 
 def present_chunk(engine, session, have) -> str:
-    """JSON of the frames of the session's run on the page after `have` ("key:count"): `replay_data` and `key` (null:
-    no run); the run's trace, if the page shows one, or else one of its frames."""
+    """JSON of the page's run's frames after `have` ("key:count"): `replay_data` and `key` (null: no run)."""
     snap, trace = getattr(session, "snapshot", None), getattr(session, "trace", None)
     if snap is not None and snap.blocks and not (trace is not None and snap.blocks[0][0] is trace.frames[0]):
         frames, trace = snap.frames(), None  # a run of this app

@@ -157,8 +157,7 @@ def noting(refusal: Refusal) -> Iterator[None]:
 
 
 def guarded(fn: Callable, width: int | None = None) -> Callable:
-    """`fn` (generator or not) taking a `Refusal` first, its errors noted there; a check step's pass (`width`
-    outputs) adds "" for the box."""
+    """`fn` (generator or not) taking a `Refusal` first, its errors noted there; `width`: a check step's outputs."""
     if inspect.isgeneratorfunction(fn):
         def stream(refusal: Refusal, *inputs):
             with noting(refusal):
