@@ -184,16 +184,13 @@ class GpuBudget:
         forwards = self.forwards(settings, canvas_length) + extra_forwards
         return math.ceil(self.setup_s + forwards * self.seconds_per_forward)
 
-    def quota_cost_s(self, duration_s: float) -> float:
-        return duration_s * (2 if self.size == "xlarge" else 1)
-
     def check(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> None:
         """ValueError naming what to lower when the request's GPU time cannot fit `quota_s`."""
         duration = self.duration_s(settings, canvas_length, extra_forwards)
-        if self.quota_cost_s(duration) <= self.quota_s:
+        cost = 2 if self.size == "xlarge" else 1  # quota seconds per GPU second
+        if duration * cost <= self.quota_s:
             return
-        per_forward = self.quota_cost_s(self.seconds_per_forward)
-        most = max(0, int((self.quota_s - self.quota_cost_s(self.setup_s)) // per_forward))
+        most = max(0, int((self.quota_s - self.setup_s * cost) // (self.seconds_per_forward * cost)))
         raise ValueError(
             f"this request may need {duration} s of GPU "
             f"({self.forwards(settings, canvas_length) + extra_forwards} decoder forwards "
