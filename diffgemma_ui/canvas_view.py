@@ -203,16 +203,6 @@ def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = 
     return f'<div class="dg-canvas" data-forward="{forward}">{block}{status_html}</div>'
 
 
-def canvas_html(finished: Sequence[Frame], live: Frame | None, *, finished_html: Sequence[str] | None = None,
-                status: str = "") -> str:
-    """The legend, `stack_html` and `live_html` in one string (tests and exports)."""
-    newest = live if live is not None else (finished[-1] if finished else None)
-    if newest is None and not status:
-        return EMPTY_CANVAS_HTML
-    return (legend_html() + stack_html(finished, finished_html=finished_html)
-            + live_html(live, newest=newest, status=status))
-
-
 def thought_html(thought: str) -> str:
     """The thought channel's text as a collapsed `<details>`, escaped; "" when there is none."""
     if not thought or not thought.strip():

@@ -30,7 +30,7 @@ from diffgemma_ui.validation import (
 )
 from engine import DiffusionSettings, Frame
 from engine.settings import parse_seed
-from synthetic import parse_html, synthetic_frame
+from synthetic import canvas_html, parse_html, synthetic_frame
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -120,7 +120,7 @@ def test_escape_helpers():
 # -- canvas ----------------------------------------------------------------------------------------------------------
 def test_canvas_escapes_hostile_tokens_in_text_and_tooltips():
     live = make_frame(step=3)
-    out = canvas_view.canvas_html([], live)
+    out = canvas_html([], live)
     collected = assert_safe_html(out)
     chips = [a for t, a in collected.tags if t == "span" and "dg-chip" in a.get("class", "") and "title" in a]
     assert len(chips) == N
@@ -151,7 +151,7 @@ def test_canvas_stacks_finished_blocks_above_live_and_fades_after_eos():
     first = make_frame(step=5, block=0, block_done=True, committed=list(range(N)))
     second = make_frame(step=4, block=1, block_done=True, committed=list(range(N + 5)))
     live = make_frame(step=1, block=2)
-    out = canvas_view.canvas_html([first, second], live)
+    out = canvas_html([first, second], live)
     assert_safe_html(out)
     blocks = [a["data-block"] for t, a in parse_html(out).tags if t == "section"]
     assert blocks == ["0", "1", "2"]
@@ -164,9 +164,9 @@ def test_canvas_stacks_finished_blocks_above_live_and_fades_after_eos():
 def test_canvas_cache_matches_and_empty_state():
     finished = [make_frame(step=3, block_done=True, committed=list(range(N)))]
     cached = [canvas_view.block_html(f, live=False) for f in finished]
-    assert canvas_view.canvas_html(finished, None) == canvas_view.canvas_html(finished, None, finished_html=cached)
-    assert canvas_view.canvas_html([], None) == canvas_view.EMPTY_CANVAS_HTML
-    status = canvas_view.canvas_html(finished, None, status="<b>done</b>")
+    assert canvas_html(finished, None) == canvas_html(finished, None, finished_html=cached)
+    assert canvas_html([], None) == canvas_view.EMPTY_CANVAS_HTML
+    status = canvas_html(finished, None, status="<b>done</b>")
     assert "&lt;b&gt;done&lt;/b&gt;" in status
 
 
@@ -858,13 +858,13 @@ def test_plot_legends_short_heatmaps_and_a_readable_play_button():
 
 def test_every_preset_fits_the_page_sliders(engine):
     """A preset the page offers must be a value its sliders accept (Gradio refuses a run past a slider's maximum)."""
-    from diffgemma_ui.validation import UI_MAX_DENOISING_STEPS, UI_MAX_ENTROPY_BOUND
     from engine import PRESET_NAMES, preset
+    from engine.settings import spec
 
     for name in PRESET_NAMES:
         settings = preset(name, engine.recommended)
-        assert 0.01 <= settings.entropy_bound <= UI_MAX_ENTROPY_BOUND, name
-        assert settings.max_denoising_steps <= UI_MAX_DENOISING_STEPS, name
+        assert 0.01 <= settings.entropy_bound <= spec("entropy_bound").ui_high, name
+        assert settings.max_denoising_steps <= spec("max_denoising_steps").ui_high, name
 
 
 def test_live_renders_send_the_text_only_with_a_committed_block():
