@@ -1,5 +1,5 @@
-"""DiffGemma Playground: the Gradio app and Spaces entry point; `python app.py --help` lists the options, each
-with a DIFFGEMMA_* environment default. The model is the server's choice; web users cannot change it."""
+"""DiffGemma Playground's entry point (Spaces too): `python app.py --help` lists the options. The model is the
+server's choice; web users cannot change it."""
 
 import argparse
 import os

@@ -85,8 +85,7 @@ def header_html(engine: DiffusionEngine) -> str:
 
 
 def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limits) -> gr.Blocks:
-    """The app of `engine`, queue configured, handlers in `app.playground`; `limits` as `Playground`'s, `race` the Race
-    tab's runner (default: the engine against its own causal encoder)."""
+    """The app of `engine`, handlers in `app.playground`; `limits` as `Playground`'s, `race` the Race tab's runner."""
     playground = make_playground(engine, **limits)
     race_tab = RaceTab(race or RaceRunner(engine), playground)
     chat_tab, infill_tab = ChatTab(playground), InfillTab(playground)

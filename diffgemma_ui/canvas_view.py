@@ -1,5 +1,4 @@
-"""The live canvas as HTML: a chip per position, finished blocks stacked above the live one, the thought apart, the
-viridis scale shared with the plots; model strings escaped by `diffgemma_ui.text`."""
+"""The live canvas as HTML (a chip per position, finished blocks above the live one), the thought, the viridis scale."""
 
 import functools
 import math

@@ -1,5 +1,4 @@
-"""Plotly views of a run as plain figure dicts (confidence heatmap, unmasking order, entropy and acceptance per
-step); hover tokens go through `escape_plotly`."""
+"""Plotly views of a block as plain figure dicts: confidence heatmap, unmasking order, entropy and acceptance."""
 
 import json
 import math
@@ -92,9 +91,8 @@ BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color"
 
 
 def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
-    """Draft confidence per (step, position) of one block's `frames`: dots where accepted (again), crosses where
-    re-melted, cell gaps only while cells are large (small cells drawn as one pixelated image); `hover`: per-cell
-    token text (up to `HOVER_CELLS` cells); `animate`: step slider and play button."""
+    """Draft confidence per (step, position) of one block's `frames`, dots where accepted, crosses where re-melted;
+    `hover`: per-cell token text (up to `HOVER_CELLS` cells); `animate`: step slider and play button."""
     if not frames:
         return empty_figure("Confidence per step and position")
     n = frames[0].canvas_length

@@ -1,5 +1,4 @@
-"""The one run mechanism: each tab's model work is a frame source read by a `RunWorker` thread, read back as
-coalesced snapshots; `Runner` starts an app's runs and ends them (Stop, closed tab, gone client, time limit)."""
+"""The one run mechanism: `RunWorker` threads read frame sources into records; `Runner` starts and ends them."""
 
 import asyncio
 import contextlib

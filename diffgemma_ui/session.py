@@ -1,5 +1,4 @@
-"""A visitor's state in a tab (a `gr.State`): one run at a time. In the Playground each trigger takes a ticket
-(`claim`); a run starts only while its ticket is the newest (`begin`)."""
+"""A visitor's state in a tab (a `gr.State`): one run at a time, started only for the newest ticket."""
 
 import threading
 

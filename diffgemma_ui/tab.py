@@ -1,5 +1,4 @@
-"""The skeleton every tab fills in: a check step wired by `checked` (its refusal kept in the tab's `refusal_box`), a
-`live_run` streamed and rendered, `user_error` for any failure, `register_api` for an endpoint with the settings."""
+"""The skeleton every tab fills in: a `checked` step, a `live_run` stream, `user_error`, `register_api`."""
 
 import functools
 import inspect

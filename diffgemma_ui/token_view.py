@@ -1,5 +1,4 @@
-"""What one canvas position shows by token kind: text with whitespace visible, special tokens as a label, byte
-pieces read together as UTF-8 (a character on its first byte, the rest "+80 94", a lone byte "0xE2")."""
+"""What one canvas position shows by token kind: visible whitespace, special tokens' labels, bytes read as UTF-8."""
 
 import functools
 import re

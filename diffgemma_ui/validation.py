@@ -1,5 +1,4 @@
-"""Checks of what arrives from the browser or the API with the settings table's parsers (`ValueError`s for the
-user), the UI's request shape and presets."""
+"""The UI's request (`RunRequest`) and presets, checked with the settings table's parsers (`ValueError`)."""
 
 from dataclasses import dataclass
 
