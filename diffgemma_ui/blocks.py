@@ -29,8 +29,7 @@ from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS
 
 DEFAULT_PROMPT = "Tell me what happened after the flood."
 INSTRUCTION_DEFAULT_PROMPT = "Explain in three sentences how a diffusion language model writes text."
-PACKAGE_DIR = Path(__file__).resolve().parent
-ASSETS_DIR = PACKAGE_DIR.parent / "assets"
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 EXAMPLES_PATH = ASSETS_DIR / "examples.json"
 EXPLAINER_PATH = ASSETS_DIR / "text" / "explainer.md"
 

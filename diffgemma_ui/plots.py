@@ -188,18 +188,12 @@ def unmasking_order(frame: Frame | None) -> FigureSpec:
     steps = max(1, frame.max_denoising_steps)
     last = max([s for s in frame.first_accepted_step if s >= 0], default=0) + 1
     y, colours, hover = [], [], []
-    labels = draft_labels(frame)
-    for pos in range(n):
-        step = frame.first_accepted_step[pos]
-        token = escape_plotly(labels[pos])
-        if step is None or step < 0:
-            y.append(0.3)
-            colours.append(NOT_ACCEPTED_COLOUR)
-            hover.append(f"position {pos}<br>\u201c{token}\u201d<br>not accepted yet")
-        else:
-            y.append(step + 1)
-            colours.append(viridis(step / max(1, last - 1)) if last > 1 else viridis(0))
-            hover.append(f"position {pos}<br>\u201c{token}\u201d<br>first accepted at step {step + 1}")
+    for pos, (step, label) in enumerate(zip(frame.first_accepted_step, draft_labels(frame))):
+        accepted = step is not None and step >= 0
+        y.append(step + 1 if accepted else 0.3)
+        colours.append(viridis(step / (last - 1) if last > 1 else 0) if accepted else NOT_ACCEPTED_COLOUR)
+        when = f"first accepted at step {step + 1}" if accepted else "not accepted yet"
+        hover.append(f"position {pos}<br>\u201c{escape_plotly(label)}\u201d<br>{when}")
     data = [{
         "type": "bar", "x": list(range(n)), "y": y, "marker": {"color": colours, "line": {"width": 0}},
         "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>",

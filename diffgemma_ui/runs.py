@@ -305,10 +305,9 @@ class Runner:
     def start(self, source: FrameSource, key: str | None = None, *, keep_history: bool = True, stop_event=None,
               record=None, limit_s: float | None = None) -> RunWorker:
         """Start `source` in a `RunWorker` under the app's limits (or a tighter `limit_s`), registered as `key`."""
-        limits = [limit for limit in (self.max_run_s, limit_s) if limit is not None]
-        worker = RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
-                           time_limit_s=min(limits) if limits else None, stop_event=stop_event,
-                           record=record).start()
+        limit = min((s for s in (self.max_run_s, limit_s) if s is not None), default=None)
+        worker = RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s, time_limit_s=limit,
+                           stop_event=stop_event, record=record).start()
         if key is not None:
             self.register(key, worker)
         return worker
