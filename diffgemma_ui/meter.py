@@ -41,7 +41,9 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
         if counting:
             progress += " \u00b7 tokens/s from the first committed block"
     none = "\u2013" if frame.done else "\u2026"
-    per_forward_ms = ms_per_forward(frame)
+    per_forward_ms = frame.time_to_first_frame_s * 1000  # after the first forward: the later ones' mean
+    if frame.forward_index >= 1:
+        per_forward_ms = (frame.elapsed_s - frame.time_to_first_frame_s) / frame.forward_index * 1000
     return {
         "tokens/s": none if counting else format_number(rates.tokens_per_second, 1),
         "tokens/forward": none if counting else format_number(rates.tokens_per_forward, 2),
@@ -53,22 +55,6 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
         "tokens": f"{frame.committed_tokens:,}",
         "progress": progress,
     }
-
-
-def ms_per_forward(frame: Frame) -> float:
-    """Engine milliseconds per decoder forward after the first (before that, the time to first frame)."""
-    if frame.forward_index < 1:
-        return frame.time_to_first_frame_s * 1000
-    return (frame.elapsed_s - frame.time_to_first_frame_s) / frame.forward_index * 1000
-
-
-def short_answer_note(frame: Frame) -> str:
-    """A line when a finished answer filled under half the canvas positions it paid for, else ""."""
-    positions = (frame.block_index + 1) * frame.canvas_length
-    if not frame.done or frame.stop_reason != "eos" or 2 * frame.committed_tokens >= positions:
-        return ""
-    return (f"a {frame.committed_tokens:,}-token answer paid for {positions:,} canvas positions: every forward "
-            "denoises the whole canvas, so tokens/s counts only the answer")
 
 
 def stat_cards_html(values: dict[str, str]) -> str:
@@ -95,9 +81,11 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
                   f"token{'' if frame.prompt_tokens == 1 else 's'} \u00b7 "
                   f"{frame.forward_index + 1:,} forward{'' if frame.forward_index == 0 else 's'}"
                   f' <span class="dg-rate-note">{escape_html(prose("rate-note"))}</span></div>')
-    short = short_answer_note(frame) if frame is not None else ""
-    if short:
-        footer += f'<div class="dg-meter-note dg-short-answer">{escape_html(short)}</div>'
+        positions = (frame.block_index + 1) * frame.canvas_length  # a short answer pays for whole canvases
+        if frame.done and frame.stop_reason == "eos" and 2 * frame.committed_tokens < positions:
+            short = (f"a {frame.committed_tokens:,}-token answer paid for {positions:,} canvas positions: every "
+                     "forward denoises the whole canvas, so tokens/s counts only the answer")
+            footer += f'<div class="dg-meter-note dg-short-answer">{escape_html(short)}</div>'
     banner = f'<div class="dg-meter-notice" role="status">{escape_html(notice)}</div>' if notice else ""
     return (f'<div class="dg-meter" data-state="{state}" data-tps="{tps:.6g}" data-ttff="{ttff:.6g}">'
             f"{banner}{cards}{footer}</div>")
