@@ -56,13 +56,6 @@ def load_examples(path: Path = EXAMPLES_PATH, *, embedded: bool = True) -> list[
     return [[str(e["prompt"]), bool(e.get("raw", False))] for e in chosen]
 
 
-def is_embedded_model(engine: DiffusionEngine) -> bool:
-    try:
-        return Path(str(engine.source)).resolve() == DEFAULT_MODEL.resolve()
-    except (OSError, RuntimeError):
-        return False
-
-
 def header_html(engine: DiffusionEngine) -> str:
     """The page header: title, model, device, canvas, the weights' memory as stored (escaped)."""
     model = escape_html(Path(str(engine.source)).name or str(engine.source))
@@ -89,7 +82,10 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
     race_tab = RaceTab(race or RaceRunner(engine), playground)
     chat_tab, infill_tab = ChatTab(playground), InfillTab(playground)
     rec = engine.recommended
-    embedded = is_embedded_model(engine)
+    try:
+        embedded = Path(str(engine.source)).resolve() == DEFAULT_MODEL.resolve()
+    except (OSError, RuntimeError):
+        embedded = False
     default_prompt = DEFAULT_PROMPT if embedded else INSTRUCTION_DEFAULT_PROMPT
 
     with PlaygroundBlocks(title="DiffGemma Playground", analytics_enabled=False) as app:

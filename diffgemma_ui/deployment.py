@@ -103,8 +103,8 @@ def slow_idle_queue_polling(app, seconds: float = QUEUE_IDLE_POLL_S) -> bool:
 
 
 def limit_malloc_arenas(arenas: int = SERVING_ARENAS, environ: Mapping[str, str] | None = None) -> int | None:
-    """Set glibc's malloc arena limit (as `MALLOC_ARENA_MAX` would); returns it, or None when `MALLOC_ARENA_MAX` is
-    set or the C library is not glibc. ValueError for `arenas` < 1."""
+    """Set glibc's malloc arena limit as `MALLOC_ARENA_MAX` would: it, or None (that variable set, or not glibc);
+    ValueError below 1."""
     if arenas < 1:
         raise ValueError(f"arenas must be >= 1, got {arenas}")
     if _environ(environ).get("MALLOC_ARENA_MAX", "").strip():

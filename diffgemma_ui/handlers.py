@@ -115,7 +115,7 @@ class Playground:
         self.engine = engine
         self.runs = Runner(max_fps=default_live_rate(engine.canvas_length) if max_fps is None else max_fps, **limits)
         self.sources = {"generate": generation_frames}  # kind -> source(engine, payload, stop); each tab adds its own
-        self.sessions: weakref.WeakValueDictionary[str, SessionState] = weakref.WeakValueDictionary()
+        self.sessions = weakref.WeakValueDictionary()  # session key -> SessionState, for `unload`
 
     def check_request(self, request: RunRequest) -> None:
         """The checks before any work: prompt encoding, context budget, settings, `check_job` (ValueError)."""

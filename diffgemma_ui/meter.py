@@ -41,7 +41,7 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
         if counting:
             progress += " \u00b7 tokens/s from the first committed block"
     none = "\u2013" if frame.done else "\u2026"
-    per_forward_ms = frame.time_to_first_frame_s * 1000  # after the first forward: the later ones' mean
+    per_forward_ms = frame.time_to_first_frame_s * 1000  # then the mean of the forwards after the first
     if frame.forward_index >= 1:
         per_forward_ms = (frame.elapsed_s - frame.time_to_first_frame_s) / frame.forward_index * 1000
     return {
@@ -81,7 +81,7 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
                   f"token{'' if frame.prompt_tokens == 1 else 's'} \u00b7 "
                   f"{frame.forward_index + 1:,} forward{'' if frame.forward_index == 0 else 's'}"
                   f' <span class="dg-rate-note">{escape_html(prose("rate-note"))}</span></div>')
-        positions = (frame.block_index + 1) * frame.canvas_length  # a short answer pays for whole canvases
+        positions = (frame.block_index + 1) * frame.canvas_length
         if frame.done and frame.stop_reason == "eos" and 2 * frame.committed_tokens < positions:
             short = (f"a {frame.committed_tokens:,}-token answer paid for {positions:,} canvas positions: every "
                      "forward denoises the whole canvas, so tokens/s counts only the answer")

@@ -91,14 +91,14 @@ BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color"
 
 
 def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
-    """Draft confidence per (step, position) of one block's `frames`, dots where accepted, crosses where re-melted;
-    `hover`: per-cell token text (up to `HOVER_CELLS` cells); `animate`: step slider and play button."""
+    """Draft confidence per (step, position) of one block's `frames`, accepts and re-melts marked; `hover`: per-cell
+    token text (up to `HOVER_CELLS`); `animate`: step slider, play button."""
     if not frames:
         return empty_figure("Confidence per step and position")
     n = frames[0].canvas_length
     steps = len(frames)
     hover = hover and n * steps <= HOVER_CELLS
-    z, hover_text, dots, melts = [], [], [], []  # dots and melts: (position, row) of their markers
+    z, hover_text, dots, melts = [], [], [], []  # markers at (position, row)
     before = [False] * n
     for row, frame in enumerate(frames, start=1):
         z.append([_round(c) for c in frame.confidence])

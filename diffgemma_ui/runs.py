@@ -298,7 +298,7 @@ class Runner:
         self.reader_budget = reader_budget
         self.abandon_after_s = abandon_after_s
         self.max_run_s = max_run_s
-        self.blocks = None  # the app's `gr.Blocks`, whose record of a closed session `drop_closed` drops
+        self.blocks = None  # the app's gr.Blocks, for `drop_closed`
         self._lock = threading.Lock()
         self._runs: dict[str, RunWorker] = {}  # each session's run by registry key
 

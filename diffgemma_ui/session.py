@@ -42,7 +42,7 @@ class SessionState:
 
     def begin(self, worker: RunWorker, ticket: int | None = None) -> bool:
         """Make `worker` the run for `ticket` (None: claim one) once the previous stream ended; False (`worker`
-        stopped) if the ticket went stale meanwhile."""
+        stopped): the ticket went stale."""
         if ticket is None:
             ticket = self.claim()
         self.stop()
