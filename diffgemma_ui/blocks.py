@@ -93,16 +93,16 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
         gr.HTML(header_html(engine), elem_id="dg-header-block")
         with gr.Tabs(elem_id="dg-tabs"):
             with gr.Tab("Playground", id="playground", elem_id="dg-tab-playground"):
-                with gr.Row(equal_height=False, elem_id="dg-main"):
+                with gr.Row(elem_id="dg-main"):
                     with gr.Column(min_width=0, elem_id="dg-controls"):
                         prompt = gr.Textbox(
                             label="Prompt", lines=3, max_lines=8, elem_id="dg-prompt", value=default_prompt,
                             info=f"Shift+Enter generates; Enter adds a line; at most {MAX_PROMPT_CHARS:,} characters",
                             placeholder="Type a prompt, or pick an example")
                         raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)",
-                                          value=False, elem_id="dg-raw", info=prose("raw-info"))
+                                          elem_id="dg-raw", info=prose("raw-info"))
                         thinking = gr.Checkbox(label="Think first (the answer follows a thought, shown apart)",
-                                               value=False, visible=engine.supports_thinking, elem_id="dg-thinking")
+                                               visible=engine.supports_thinking, elem_id="dg-thinking")
                         with gr.Row(elem_id="dg-buttons"):
                             generate, stop = run_buttons("Generate", "dg-generate", "dg-stop")
                         refusal = refusal_box("playground")
@@ -114,7 +114,7 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
                             seed = seed_box("dg-seed", scale=2, min_width=200)
                             dice = gr.Button("Random", elem_id="dg-dice", scale=0, min_width=76)
                     with gr.Column(min_width=0, elem_id="dg-settings-col"):
-                        with gr.Accordion("Denoising settings", open=True, elem_id="dg-settings"):
+                        with gr.Accordion("Denoising settings", elem_id="dg-settings"):
                             controls = {}  # by setting name; a pair goes side by side
                             for names in ((0,), (1,), (2,), (3, 4), (7,), (5, 6)):  # indices in API_SETTINGS
                                 pair = {"min_width": 120} if len(names) > 1 else {}

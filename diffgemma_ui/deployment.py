@@ -1,5 +1,4 @@
-"""How the app is served: the platform (Spaces, ZeroGPU, CPU cores), the queue plan, malloc arenas, the port; on
-ZeroGPU `ZeroGpuPlayground` runs every tab's jobs under `spaces.GPU` (`Job`, `StopFlag` and frames pickled across)."""
+"""How the app is served: the platform, the queue plan, malloc arenas, the port; ZeroGPU's `ZeroGpuPlayground`."""
 
 import copy
 import ctypes

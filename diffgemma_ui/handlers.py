@@ -131,9 +131,6 @@ class Playground:
             self.check_request(run)
         return run
 
-    def start_run(self, request: RunRequest, *, keep_history: bool = True) -> RunWorker:
-        return self.start_job(Job("generate", request, request.settings), keep_history=keep_history)
-
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
                   receive=None) -> RunWorker:
         """Start `job` in the app's `Runner` as `key`; `record` as `RunWorker`'s, `receive` as `received`'s."""
@@ -228,7 +225,7 @@ class Playground:
         key = session_key(request, session)
         clock = PlotClock(wait_first=session.snapshot is None,
                           cells=self.engine.canvas_length * run.settings.max_denoising_steps)
-        worker = self.start_run(run)
+        worker = self.start_job(Job("generate", run, run.settings))
         if not session.begin(worker, ticket):
             return
         session.request, session.trace = run, None  # what `keep` exports as this run's trace
@@ -287,7 +284,7 @@ class Playground:
 
     def select_block(self, session: SessionState, block) -> tuple:
         """The three plots of block number `block` (1-based) of the session's last run."""
-        snap = session.snapshot if session is not None else None
+        snap = getattr(session, "snapshot", None)
         if snap is None or not snap.blocks:
             return plots.block_plots([])
         try:

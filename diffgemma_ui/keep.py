@@ -81,7 +81,7 @@ def render_trace(trace: Trace, count: int, *, hover: bool = True, session: Sessi
 
 
 class KeepHandlers(Tab):
-    """Handlers on a session's `request`, `snapshot`, `trace` (replayed or exported) and `keep_dir` (downloads)."""
+    """Handlers of a session's `request`, `snapshot`, `trace` (replayed or kept) and `keep_dir` (downloads)."""
 
     def export_files(self, session: SessionState) -> tuple:
         """After a run: write its trace and replay page; updates of both downloads, the replay slider, Replay."""

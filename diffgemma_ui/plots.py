@@ -52,9 +52,9 @@ def _axis(title: str, **extra) -> dict:
     return {"title": {"text": title}, "gridcolor": GRID, "zeroline": False, **extra}
 
 
-def _round(value: float, digits: int = 3) -> float:
+def _round(value: float) -> float:
     value = float(value)
-    return round(value, digits) if value == value else 0.0  # NaN -> 0
+    return round(value, 3) if value == value else 0.0  # NaN -> 0
 
 
 def empty_figure(title: str, message: str = "Fills in as the canvas denoises", *,

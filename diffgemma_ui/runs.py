@@ -121,7 +121,7 @@ def release_memory() -> None:
 
 class RunWorker:
     """`source(stop_event)` read into `record` in a thread, stopped unread `abandon_after_s` or past `time_limit_s`
-    (`stop_event`: anything with `set()` and `is_set()`)."""
+    (`stop_event`: any object with `set` and `is_set`)."""
 
     def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0,
                  time_limit_s: float | None = None, stop_event: threading.Event | None = None, record=None):

@@ -197,8 +197,8 @@ def wire_run(triggers: Sequence, check: Callable, stream: Callable, *, state: gr
 
 
 def settled(stream: Callable, outputs: int) -> Callable:
-    """`stream` then an update that changes nothing (Gradio re-sends a stream's last update at its end, which would
-    undo what the visitor changed since)."""
+    """`stream`, then an update that changes nothing (Gradio re-sends a stream's last update as it ends, which would
+    undo later edits)."""
     @functools.wraps(stream)
     def step(*inputs, **options):
         yield from stream(*inputs, **options)

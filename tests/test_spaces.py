@@ -208,14 +208,15 @@ def test_spaces_installed_changes_nothing_without_zerogpu(engine):
     import importlib.util
 
     from engine import DiffusionSettings
-    from diffgemma_ui.handlers import Playground, status_text
+    from diffgemma_ui.handlers import Job, Playground, status_text
     from diffgemma_ui.validation import RunRequest
 
     assert importlib.util.find_spec("spaces") is not None
     playground = make_playground(engine, environ={})
     assert type(playground) is Playground
     settings = DiffusionSettings(max_new_tokens=1024, max_denoising_steps=64, adaptive_stopping=False)
-    worker = playground.start_run(RunRequest(prompt="In the beginning", raw=True, settings=settings, seed=0))
+    run = RunRequest(prompt="In the beginning", raw=True, settings=settings, seed=0)
+    worker = playground.start_job(Job("generate", run, settings))
     while worker.record.count < 2:
         time.sleep(0.01)
     worker.stop()
