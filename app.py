@@ -1,15 +1,12 @@
-"""DiffGemma Playground: the Gradio app and Spaces entry point; `python app.py --help` lists the options, each
-with a DIFFGEMMA_* environment default. The model is the server's choice; web users cannot change it."""
-
-from __future__ import annotations
+"""DiffGemma Playground's entry point (Spaces too): `python app.py --help` lists the options. The model is the
+server's choice; web users cannot change it."""
 
 import argparse
 import os
 import sys
 
 import diffgemma_ui
-from diffgemma_ui.deployment import default_threads, limit_malloc_arenas, port_in_use, zero_gpu
-from diffgemma_ui.zerogpu import load_zero_gpu_model
+from diffgemma_ui.deployment import default_threads, limit_malloc_arenas, load_zero_gpu_model, port_in_use, zero_gpu
 from engine import DiffusionEngine, ModelLoadError, load_model
 from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, set_serving_threads
 from engine.race import race_runner

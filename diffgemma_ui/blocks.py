@@ -1,5 +1,6 @@
 """The app: the page's layout and which handler each Playground event calls (logic lives in the handlers)."""
 
+import contextlib
 import inspect
 import json
 from pathlib import Path
@@ -14,25 +15,21 @@ from .branch_tab import BranchTab
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
 from .chat_tab import ChatTab, build_chat_tab
 from .compare_tab import CompareHandlers, build_compare_tab
-from .deployment import queue_plan, slow_idle_queue_polling
+from .deployment import make_playground, queue_plan, slow_idle_queue_polling, weight_bytes
 from .infill_tab import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, InfillTab, build_infill_tab
-from .keep import KeepHandlers, build_keep_controls, wire_keep
+from .keep import KeepHandlers, build_keep_controls, present_head, wire_keep, wire_presenter
 from .meter import meter_html
-from .presenter import present_head, wire_presenter
 from .race_tab import RaceTab, build_race_tab
-from .runs import ClosedSessionDropper
 from .session import SessionState
 from .step_through import StepThroughHandlers, build_step_controls, reset_note_on, wire_step_through
 from .tab import (API_SETTINGS, PRIVATE, UNQUEUED, checked, live_plots, refusal_box, register_api, run_buttons,
                   seed_box, setting_control, setting_params)
 from .text import escape_html, prose
-from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, SETTING_NAMES
-from .zerogpu import make_playground, weight_bytes
+from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS
 
 DEFAULT_PROMPT = "Tell me what happened after the flood."
 INSTRUCTION_DEFAULT_PROMPT = "Explain in three sentences how a diffusion language model writes text."
-PACKAGE_DIR = Path(__file__).resolve().parent
-ASSETS_DIR = PACKAGE_DIR.parent / "assets"
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 EXAMPLES_PATH = ASSETS_DIR / "examples.json"
 EXPLAINER_PATH = ASSETS_DIR / "text" / "explainer.md"
 
@@ -59,13 +56,6 @@ def load_examples(path: Path = EXAMPLES_PATH, *, embedded: bool = True) -> list[
     return [[str(e["prompt"]), bool(e.get("raw", False))] for e in chosen]
 
 
-def is_embedded_model(engine: DiffusionEngine) -> bool:
-    try:
-        return Path(str(engine.source)).resolve() == DEFAULT_MODEL.resolve()
-    except (OSError, RuntimeError):
-        return False
-
-
 def header_html(engine: DiffusionEngine) -> str:
     """The page header: title, model, device, canvas, the weights' memory as stored (escaped)."""
     model = escape_html(Path(str(engine.source)).name or str(engine.source))
@@ -87,13 +77,15 @@ def header_html(engine: DiffusionEngine) -> str:
 
 
 def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limits) -> gr.Blocks:
-    """The app of `engine`, queue configured, handlers in `app.playground`; `limits` as `Playground`'s, `race` the Race
-    tab's runner (default: the engine against its own causal encoder)."""
+    """The app of `engine`, handlers in `app.playground`; `limits` as `Playground`'s, `race` the Race tab's runner."""
     playground = make_playground(engine, **limits)
     race_tab = RaceTab(race or RaceRunner(engine), playground)
     chat_tab, infill_tab = ChatTab(playground), InfillTab(playground)
     rec = engine.recommended
-    embedded = is_embedded_model(engine)
+    try:
+        embedded = Path(str(engine.source)).resolve() == DEFAULT_MODEL.resolve()
+    except (OSError, RuntimeError):
+        embedded = False
     default_prompt = DEFAULT_PROMPT if embedded else INSTRUCTION_DEFAULT_PROMPT
 
     with PlaygroundBlocks(title="DiffGemma Playground", analytics_enabled=False) as app:
@@ -101,16 +93,16 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
         gr.HTML(header_html(engine), elem_id="dg-header-block")
         with gr.Tabs(elem_id="dg-tabs"):
             with gr.Tab("Playground", id="playground", elem_id="dg-tab-playground"):
-                with gr.Row(equal_height=False, elem_id="dg-main"):
+                with gr.Row(elem_id="dg-main"):
                     with gr.Column(min_width=0, elem_id="dg-controls"):
                         prompt = gr.Textbox(
                             label="Prompt", lines=3, max_lines=8, elem_id="dg-prompt", value=default_prompt,
                             info=f"Shift+Enter generates; Enter adds a line; at most {MAX_PROMPT_CHARS:,} characters",
                             placeholder="Type a prompt, or pick an example")
                         raw = gr.Checkbox(label="Raw prompt (no chat template: continue the text as is)",
-                                          value=False, elem_id="dg-raw", info=prose("raw-info"))
+                                          elem_id="dg-raw", info=prose("raw-info"))
                         thinking = gr.Checkbox(label="Think first (the answer follows a thought, shown apart)",
-                                               value=False, visible=engine.supports_thinking, elem_id="dg-thinking")
+                                               visible=engine.supports_thinking, elem_id="dg-thinking")
                         with gr.Row(elem_id="dg-buttons"):
                             generate, stop = run_buttons("Generate", "dg-generate", "dg-stop")
                         refusal = refusal_box("playground")
@@ -122,16 +114,13 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
                             seed = seed_box("dg-seed", scale=2, min_width=200)
                             dice = gr.Button("Random", elem_id="dg-dice", scale=0, min_width=76)
                     with gr.Column(min_width=0, elem_id="dg-settings-col"):
-                        with gr.Accordion("Denoising settings", open=True, elem_id="dg-settings"):
-                            max_new_tokens, steps, entropy_bound = (setting_control(name, getattr(rec, name))
-                                                                    for name in SETTING_NAMES[:3])
-                            with gr.Row():
-                                t_min, t_max = (setting_control(name, getattr(rec, name), min_width=120)
-                                                for name in ("t_min", "t_max"))
-                            adaptive = setting_control("adaptive_stopping", rec.adaptive_stopping)
-                            with gr.Row():
-                                stability, confidence = (setting_control(name, getattr(rec, name), min_width=120)
-                                                         for name in SETTING_NAMES[5:7])
+                        with gr.Accordion("Denoising settings", elem_id="dg-settings"):
+                            controls = {}  # by setting name; a pair goes side by side
+                            for names in ((0,), (1,), (2,), (3, 4), (7,), (5, 6)):  # indices in API_SETTINGS
+                                pair = {"min_width": 120} if len(names) > 1 else {}
+                                with gr.Row() if pair else contextlib.nullcontext():
+                                    for name in (API_SETTINGS[i] for i in names):
+                                        controls[name] = setting_control(name, getattr(rec, name), **pair)
                         examples = load_examples(embedded=embedded)
                         gr.Examples(examples, inputs=[prompt, raw], label="Examples: click one to fill the prompt",
                                     examples_per_page=len(examples),
@@ -154,17 +143,17 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
                         BranchTab(playground).build(session)
                 with gr.Accordion("How it works", open=False, elem_id="dg-explainer"):
                     gr.Markdown(EXPLAINER_PATH.read_text(encoding="utf-8"))
-            with gr.Tab("Race", id="race", elem_id="dg-tab-race"):
-                build_race_tab(race_tab)
-            with gr.Tab("Compare", id="compare", elem_id="dg-tab-compare"):
-                build_compare_tab(CompareHandlers(playground), default_prompt)
-            with gr.Tab("Chat", id="chat", elem_id="dg-tab-chat"):
-                build_chat_tab(chat_tab, [p for p, is_raw in examples if not is_raw])
-            with gr.Tab("Infill", id="infill", elem_id="dg-tab-infill"):
-                build_infill_tab(infill_tab, EMBEDDED_TEMPLATE if embedded else INSTRUCTION_TEMPLATE)
+            for name, build, *args in (
+                ("Race", build_race_tab, race_tab),
+                ("Compare", build_compare_tab, CompareHandlers(playground), default_prompt),
+                ("Chat", build_chat_tab, chat_tab, [p for p, is_raw in examples if not is_raw]),
+                ("Infill", build_infill_tab, infill_tab, EMBEDDED_TEMPLATE if embedded else INSTRUCTION_TEMPLATE),
+            ):
+                with gr.Tab(name, id=name.lower(), elem_id=f"dg-tab-{name.lower()}"):
+                    build(*args)
 
-        settings_inputs = [max_new_tokens, steps, entropy_bound, t_min, t_max, stability, confidence, adaptive]
-        run_inputs = [prompt, raw, *settings_inputs[:7], adaptive, seed]
+        settings_inputs = [controls[name] for name in API_SETTINGS]
+        run_inputs = [prompt, raw, *settings_inputs, seed]
         stream_outputs = [stack, canvas, meter, text, heatmap, order, entropy, block, generate, stop, thought]
         ticket = gr.Textbox(visible=False, elem_id="dg-ticket")  # which request of the session a run step serves
         # "multiple": a trigger during a run restarts it (session.py: only the newest ticket's step runs)
@@ -204,7 +193,7 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
     app.queue(default_concurrency_limit=plan.concurrency, max_size=plan.max_size)
     slow_idle_queue_polling(app)
     app.playground = playground
-    playground.runs.closed_sessions = ClosedSessionDropper(app)
+    playground.runs.blocks = app
     app.race, app.chat, app.infill, app.keep = race_tab, chat_tab, infill_tab, keep
     return app
 

@@ -1,7 +1,4 @@
-"""The live canvas as HTML: a chip per position, finished blocks stacked above the live one, the thought apart, the
-viridis scale shared with the plots; model strings escaped by `diffgemma_ui.text`."""
-
-from __future__ import annotations
+"""The live canvas as HTML (a chip per position, finished blocks above the live one), the thought, the viridis scale."""
 
 import functools
 import math
@@ -38,19 +35,6 @@ def viridis(value: float) -> str:
     a, b = _rgb(VIRIDIS[low]), _rgb(VIRIDIS[low + 1])
     r, g, bl = (round(x + (y - x) * frac) for x, y in zip(a, b))
     return f"#{r:02x}{g:02x}{bl:02x}"
-
-
-def text_on(background: str) -> str:
-    """Black or white, whichever reads better on `background` (`#rrggbb`, WCAG luminance)."""
-
-    def channel(c: int) -> float:
-        c = c / 255
-        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
-
-    r, g, b = (channel(c) for c in _rgb(background))
-    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
-    # contrast with black: (L + 0.05) / 0.05; with white: 1.05 / (L + 0.05)
-    return "#111111" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "#ffffff"
 
 
 # Token styles drawn dimmed and labelled, without the confidence colour: control symbols, not text
@@ -131,60 +115,54 @@ def _alternative(token: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _confidence_style(shown: str) -> str:
-    """The inline colour style of a confidence shown as `shown` (`_number`'s text: the colour of what it says)."""
+    """The style of a confidence shown as `shown` (the colour of what it says), text black or white by WCAG contrast."""
     background = viridis(shown)
-    return f' style="background:{background};color:{text_on(background)}"'
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in (x / 255 for x in _rgb(background)))
+    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    text = "#111111" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "#ffffff"
+    return f' style="background:{background};color:{text}"'
 
 
 def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None) -> str:
     """One block from its newest frame, `live` or finished; `fixed`: per position, given (infill)."""
-    fixed = [bool(f) for f in fixed] if fixed is not None else [False] * frame.canvas_length
     n = frame.canvas_length
-    header_bits = [f"Block {frame.block_index + 1}"]
-    draft_kinds = frame.draft_kinds or None
+    fixed = [bool(f) for f in fixed] if fixed is not None else [False] * n
+    bits = [f"Block {frame.block_index + 1}"]
+    remelts = [f"{frame.block_remelts} re-melted"] if frame.block_remelts else []
     if live:
-        accepted = sum(1 for a in frame.accepted if a)
-        header_bits += [f"step {frame.step_index + 1}/{frame.max_denoising_steps}",
-                        f"T={_number(frame.temperature, 2)}", f"{accepted}/{n} accepted"]
-        if frame.block_remelts:
-            header_bits.append(f"{frame.block_remelts} re-melted")
-        if frame.stop_reason == "cancelled":
-            header_bits.append("stopped")
         flags = [bool(a) for a in frame.accepted]
-        shown = [frame.draft_tokens[p] if flags[p] else frame.input_tokens[p] for p in range(n)]
+        bits += [f"step {frame.step_index + 1}/{frame.max_denoising_steps}", f"T={_number(frame.temperature, 2)}",
+                 f"{sum(flags)}/{n} accepted", *remelts, *(["stopped"] if frame.stop_reason == "cancelled" else [])]
+        shown = [draft if flag else noise for draft, noise, flag in zip(frame.draft_tokens, frame.input_tokens, flags)]
         kinds = None
         if frame.draft_kinds and frame.input_kinds:
-            kinds = [frame.draft_kinds[p] if flags[p] else frame.input_kinds[p] for p in range(n)]
+            kinds = [kind if flag else noise for kind, noise, flag in zip(frame.draft_kinds, frame.input_kinds, flags)]
         cells = token_cells(shown, kinds, groups=flags)
-        drafts = token_cells(frame.draft_tokens, draft_kinds)
+        drafts = token_cells(frame.draft_tokens, frame.draft_kinds or None)
         looks = ["accepted" if flag else "noisy" for flag in flags]
-        melted = [bool(frame.remelted) and frame.remelted[pos] for pos in range(n)]
+        melted = list(frame.remelted) or [False] * n
     else:
-        start = frame.block_index * n
-        kept = max(0, min(n, len(frame.committed_ids) - start))
+        kept = max(0, min(n, len(frame.committed_ids) - frame.block_index * n))
         forwards = frame.step_index + 1
-        header_bits += [f"{forwards} forward{'s' if forwards != 1 else ''}",
-                        "stopped early (stable)" if frame.block_stopped_early else "all steps"]
-        if frame.block_remelts:
-            header_bits.append(f"{frame.block_remelts} re-melted")
         pads = sum(1 for k in (frame.draft_kinds or [])[:kept] if k == PAD)
+        bits += [f"{forwards} forward{'s' if forwards != 1 else ''}",
+                 "stopped early (stable)" if frame.block_stopped_early else "all steps", *remelts]
         if kept < n:
-            header_bits.append(f"{kept - pads} token{'s' if kept - pads != 1 else ''} kept, end-of-sequence")
+            bits.append(f"{kept - pads} token{'s' if kept - pads != 1 else ''} kept, end-of-sequence")
         if pads:
-            header_bits.append(f"{pads} pad{'s' if pads != 1 else ''} (not counted)")
+            bits.append(f"{pads} pad{'s' if pads != 1 else ''} (not counted)")
         shown = frame.draft_tokens
-        cells = drafts = token_cells(shown, draft_kinds, groups=[pos < kept for pos in range(n)])
+        cells = drafts = token_cells(shown, frame.draft_kinds or None, groups=[pos < kept for pos in range(n)])
         looks = ["committed" if pos < kept else "pad" for pos in range(n)]
         flags, melted = [True] * n, [False] * n  # a finished block shows no guesses and no re-melts
+    alternatives = [list(zip(*pair)) for pair in zip(frame.top_tokens, frame.top_probs)] or [()] * n
     chips = [chip_html(shown[pos], kind=looks[pos], position=pos, confidence=frame.confidence[pos],
                        entropy=frame.entropy[pos], first_accepted_step=frame.first_accepted_step[pos],
                        draft=None if flags[pos] else frame.draft_tokens[pos], cell=cells[pos],
                        draft_cell=None if flags[pos] else drafts[pos], fixed=fixed[pos], remelted=melted[pos],
-                       alternatives=list(zip(frame.top_tokens[pos], frame.top_probs[pos])) if frame.top_tokens else ())
-             for pos in range(n)]
-    state = "live" if live else "done"
-    header = escape_html(" \u00b7 ".join(header_bits))
-    return (f'<section class="dg-block dg-block-{state}" data-block="{frame.block_index}">'
+                       alternatives=alternatives[pos]) for pos in range(n)]
+    header = escape_html(" \u00b7 ".join(bits))
+    return (f'<section class="dg-block dg-block-{"live" if live else "done"}" data-block="{frame.block_index}">'
             f'<header>{header}</header><div class="dg-chips">{"".join(chips)}</div></section>')
 
 
@@ -222,16 +200,6 @@ def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = 
     forward = newest.forward_index if newest is not None else -1
     status_html = f'<p class="dg-status">{escape_html(status)}</p>' if status else ""
     return f'<div class="dg-canvas" data-forward="{forward}">{block}{status_html}</div>'
-
-
-def canvas_html(finished: Sequence[Frame], live: Frame | None, *, finished_html: Sequence[str] | None = None,
-                status: str = "") -> str:
-    """The legend, `stack_html` and `live_html` in one string (tests and exports)."""
-    newest = live if live is not None else (finished[-1] if finished else None)
-    if newest is None and not status:
-        return EMPTY_CANVAS_HTML
-    return (legend_html() + stack_html(finished, finished_html=finished_html)
-            + live_html(live, newest=newest, status=status))
 
 
 def thought_html(thought: str) -> str:

@@ -1,19 +1,43 @@
-"""How the app is served: the platform from its environment (Spaces, ZeroGPU, CPU cores), the queue plan, glibc's
-malloc arenas and the listening port."""
+"""How the app is served: the platform, the queue plan, malloc arenas, the port; ZeroGPU's `ZeroGpuPlayground`."""
 
-from __future__ import annotations
-
+import copy
 import ctypes
 import ctypes.util
+import dataclasses
+import itertools
+import logging
+import math
 import os
 import socket
-from collections.abc import Mapping
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+import torch
+
+from engine import DiffusionEngine, DiffusionSettings, Frame
+from engine.settings import draw_seed, parse_number
+from engine.loading import ModelLoadError, load_model
+from engine.quantization import memory_report
+
+from .handlers import Job, Playground, generation_frames, received
+from .runs import RunWorker
+from .tab import describe_error, user_error
+from .validation import RunRequest
 
 TRUE_WORDS = ("1", "t", "true", "yes", "on")  # as `spaces.config.boolean` reads them
 M_ARENA_MAX = -8  # glibc's malloc.h
 SERVING_ARENAS = 2
 QUEUE_IDLE_POLL_S = 0.01  # how often an idle Gradio queue looks for new events
+LOG = logging.getLogger(__name__)
+GpuSize = str  # "large" (half a card) or "xlarge" (the whole card)
+XLARGE_WEIGHTS_BYTES = 45_097_156_608  # `spaces`' own switch to "xlarge"
+MIN_RUN_S = 5.0  # the shortest time limit a run gets
+BUDGET_VARIABLES = {"seconds_per_forward": "DIFFGEMMA_ZEROGPU_SECONDS_PER_FORWARD",
+                    "setup_s": "DIFFGEMMA_ZEROGPU_SETUP_SECONDS", "quota_s": "DIFFGEMMA_ZEROGPU_QUOTA_SECONDS"}
 
 
 def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -78,8 +102,8 @@ def slow_idle_queue_polling(app, seconds: float = QUEUE_IDLE_POLL_S) -> bool:
 
 
 def limit_malloc_arenas(arenas: int = SERVING_ARENAS, environ: Mapping[str, str] | None = None) -> int | None:
-    """Set glibc's malloc arena limit (as `MALLOC_ARENA_MAX` would); returns it, or None when `MALLOC_ARENA_MAX` is
-    set or the C library is not glibc. ValueError for `arenas` < 1."""
+    """Set glibc's malloc arena limit as `MALLOC_ARENA_MAX` would: it, or None (that variable set, or not glibc);
+    ValueError below 1."""
     if arenas < 1:
         raise ValueError(f"arenas must be >= 1, got {arenas}")
     if _environ(environ).get("MALLOC_ARENA_MAX", "").strip():
@@ -104,3 +128,190 @@ def port_in_use(host: str, port: int) -> str | None:
         except OSError as error:
             return error.strerror or str(error)
     return None
+
+
+class StopFlag:
+    """A stop signal across processes (`set`, `is_set` as `threading.Event`'s): a file, only its path pickled."""
+
+    def __init__(self, directory: str | os.PathLike | None = None):
+        if directory is None:
+            shm = Path("/dev/shm")
+            directory = shm if shm.is_dir() and os.access(shm, os.W_OK) else tempfile.gettempdir()
+        self.path = str(Path(directory) / f"diffgemma-stop-{uuid.uuid4().hex}")
+
+    def set(self) -> None:
+        try:
+            Path(self.path).touch()
+        except OSError as error:  # the worker still ends
+            LOG.warning("could not raise the stop flag %s: %s", self.path, error)
+
+    def is_set(self) -> bool:
+        return os.path.exists(self.path)
+
+    def discard(self) -> None:
+        Path(self.path).unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    """A request's ZeroGPU time: per forward, `setup_s`, the `quota_s` it must fit; an xlarge second costs two."""
+
+    seconds_per_forward: float = 0.1
+    setup_s: float = 20.0
+    quota_s: float = 120.0
+    size: GpuSize = "large"
+
+    @classmethod
+    def from_environment(cls, size: GpuSize, environ: Mapping[str, str] | None = None) -> "GpuBudget":
+        """The budget from DIFFGEMMA_ZEROGPU_* (defaults where unset); ValueError names a bad variable."""
+        values = {}
+        for field, name in BUDGET_VARIABLES.items():
+            if text := _environ(environ).get(name, "").strip():
+                value = parse_number(text)
+                if value is None or not (math.isfinite(value) and value > 0):
+                    raise ValueError(f"{name} must be a number > 0, got {text!r}")
+                values[field] = float(value)
+        return cls(size=size, **values)
+
+    @staticmethod
+    def forwards(settings: DiffusionSettings, canvas_length: int) -> int:
+        """Decoder forwards a request may take at most."""
+        return math.ceil(settings.max_new_tokens / canvas_length) * settings.max_denoising_steps
+
+    def duration_s(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> int:
+        """Seconds of GPU to ask for: `setup_s` plus the forwards' time, rounded up."""
+        forwards = self.forwards(settings, canvas_length) + extra_forwards
+        return math.ceil(self.setup_s + forwards * self.seconds_per_forward)
+
+    def check(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> None:
+        """ValueError naming what to lower when the request's GPU time cannot fit `quota_s`."""
+        duration = self.duration_s(settings, canvas_length, extra_forwards)
+        cost = 2 if self.size == "xlarge" else 1  # quota seconds per GPU second
+        if duration * cost <= self.quota_s:
+            return
+        most = max(0, int((self.quota_s - self.setup_s * cost) // (self.seconds_per_forward * cost)))
+        raise ValueError(
+            f"this request may need {duration} s of GPU "
+            f"({self.forwards(settings, canvas_length) + extra_forwards} decoder forwards "
+            f"of {canvas_length}-token canvases), over what this ZeroGPU Space can ask for ({self.quota_s:g} s of "
+            f"quota{', an xlarge second counting twice' if self.size == 'xlarge' else ''}): lower max_new_tokens or "
+            f"max_denoising_steps (at most about {most} forwards in all)")
+
+
+def weight_bytes(model) -> int:
+    return memory_report(model)["total_bytes"]
+
+
+def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:
+    """DIFFGEMMA_ZEROGPU_SIZE (large|xlarge) when set, else by weight bytes; ValueError for another value."""
+    chosen = _environ(environ).get("DIFFGEMMA_ZEROGPU_SIZE", "").strip().lower()
+    if chosen and chosen != "auto":
+        if chosen not in ("large", "xlarge"):
+            raise ValueError(f"DIFFGEMMA_ZEROGPU_SIZE must be auto, large or xlarge, got {chosen!r}")
+        return chosen
+    return "xlarge" if weight_bytes(model) > XLARGE_WEIGHTS_BYTES else "large"
+
+
+def load_zero_gpu_model(model: str, device: str = "auto", dtype: str = "auto", quantization: str = "none"):
+    """A checkpoint loaded on the CPU, then `.to("cuda")` for `spaces` to pack; ModelLoadError, also if quantized."""
+    if device not in ("auto", "cuda"):
+        raise ModelLoadError(f"on ZeroGPU the model runs on the GPU: device must be auto or cuda, got {device!r}")
+    if quantization != "none":
+        raise ModelLoadError(f"{quantization} quantization is not offered on ZeroGPU (its packed weights under "
+                             "ZeroGPU's CUDA emulation were never checked): use --quantization none (bf16 weights, an "
+                             "xlarge GPU)")
+    loaded = load_model(model, "cpu", "bfloat16" if dtype == "auto" else dtype, "none")
+    loaded.model.to("cuda")
+    loaded.device = torch.device("cuda")
+    return loaded
+
+
+_WARMED_PID: int | None = None  # the process whose model has been warmed up
+
+
+class ZeroGpuPlayground(Playground):
+    """`Playground` whose jobs run under `spaces.GPU` on `gpu_engine`; `engine` is a CPU view for checks."""
+
+    def __init__(self, engine: DiffusionEngine, *, budget: GpuBudget | None = None, spaces_module=None, **kwargs):
+        view = copy.copy(engine)  # the main process's engine: its model never runs there
+        view.device = torch.device("cpu")
+        super().__init__(view, **kwargs)
+        self.gpu_engine = engine
+        self.budget = budget or GpuBudget.from_environment(gpu_size_for(engine.model))
+        self.sources["steps"] = first_frames
+        if spaces_module is None:
+            import spaces as spaces_module  # noqa: PLC0415 - only on ZeroGPU
+        self._gpu_frames = spaces_module.GPU(duration=self.gpu_seconds, size=self.budget.size)(self._frames_on_gpu)
+
+    def gpu_seconds(self, job: Job, stop: StopFlag) -> int:
+        return self.budget.duration_s(job.settings, self.engine.canvas_length, job.extra_forwards)
+
+    def check_job(self, job: Job) -> None:
+        """The job fits the GPU budget (ValueError)."""
+        self.budget.check(job.settings, self.engine.canvas_length, job.extra_forwards)
+
+    def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
+                  receive=None) -> RunWorker:
+        """Start `job` on a GPU, blocking until its first frame; gr.Error: refused, or failed before it."""
+        stop = StopFlag()
+        frames = self._gpu_frames(job, stop)
+        try:
+            first = [next(frames)]
+        except StopIteration:
+            first = []
+        except BaseException as error:
+            stop.discard()
+            if isinstance(error, Exception) and not isinstance(error, gr.Error):
+                LOG.error("ZeroGPU run failed to start", exc_info=error)
+                raise user_error(describe_error(error)) from None
+            raise
+        # Set-up is over with the first frame: the rest is the forwards' share
+        left = max(MIN_RUN_S, self.gpu_seconds(job, stop) - self.budget.setup_s)
+
+        def source(_stop) -> Iterator[Frame]:
+            try:
+                yield from received(itertools.chain(first, frames), receive)
+            finally:
+                frames.close()  # ends the GPU call
+                stop.discard()
+
+        return self.runs.start(source, key, keep_history=keep_history, stop_event=stop, record=record, limit_s=left)
+
+    def step_frames(self, request: RunRequest) -> Iterator[Frame]:
+        """A stepped run: step n is a GPU call running the first n forwards (same seed), sending the last."""
+        request = dataclasses.replace(request, seed=draw_seed() if request.seed is None else request.seed)
+        self.check_job(Job("steps", None, request.settings))
+        for count in itertools.count(1):
+            worker = self.start_job(Job("steps", (request, count), request.settings), keep_history=False)
+            snap = worker.wait()
+            if snap.error is not None:
+                raise snap.error
+            if snap.latest is None or snap.frames_seen < count:
+                return
+            yield snap.latest
+            if snap.latest.done:
+                return
+
+    def _frames_on_gpu(self, job: Job, stop: StopFlag) -> Iterator[Frame]:
+        """In the GPU process: warm up once, then the job's source; errors as the `gr.Error` `spaces` passes on."""
+        global _WARMED_PID
+        try:
+            if _WARMED_PID != os.getpid():
+                self.gpu_engine.warm_up()
+                _WARMED_PID = os.getpid()
+            yield from self.sources[job.kind](self.gpu_engine, job.payload, stop)
+        except Exception as error:  # noqa: BLE001 - one clear message across the process boundary
+            if not isinstance(error, ValueError):
+                LOG.error("run failed on the GPU", exc_info=error)
+            raise user_error(describe_error(error)) from None
+
+
+def first_frames(engine: DiffusionEngine, payload: tuple, stop) -> Iterator[Frame]:
+    """The "steps" source: the first `count` frames of `request`'s run (payload `(request, count)`)."""
+    request, count = payload
+    return itertools.islice(generation_frames(engine, request, stop), count)
+
+
+def make_playground(engine: DiffusionEngine, environ: Mapping[str, str] | None = None, **kwargs) -> Playground:
+    """`ZeroGpuPlayground` on ZeroGPU, else a plain `Playground`."""
+    return (ZeroGpuPlayground if zero_gpu(environ) else Playground)(engine, **kwargs)

@@ -1,7 +1,5 @@
 """The Playground tab's handlers (`Playground`, through which every tab's jobs start) and `/generate`."""
 
-from __future__ import annotations
-
 import dataclasses
 import time
 import weakref
@@ -9,13 +7,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import gradio as gr
+from gradio.context import LocalContext
 
 from engine import DiffusionEngine, DiffusionSettings, Frame
-from engine.settings import SETTING_NAMES, draw_seed
+from engine.settings import SETTING_NAMES, draw_seed, parse_number
 
 from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html, thought_html
-from .meter import meter_html, refused_meter_html, run_meter_html, waiting_meter_html
+from .meter import REFUSED_NOTICE, meter_html, run_meter_html, waiting_meter_html
 from .runs import STOP_WAIT_S, Runner, RunSnapshot, RunWorker, default_live_rate, session_key, wait_all
 from .session import SessionState
 from .tab import PlotClock, api_run, describe_error, refusing, user_error
@@ -47,6 +46,7 @@ class StreamOutputs:
 
 
 STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
+RUN_INPUTS = len(SETTING_NAMES) + 3  # a page run's inputs: prompt, raw, the table's settings, seed
 STOP_FLUSH_S = 0.1  # Stop's final view waits this long after the stream's end
 PLOT_SPACING_S = 0.03  # between the updates of a final view, so that the browser receives them apart
 
@@ -105,7 +105,7 @@ def previous_run_meter(snap: RunSnapshot | None, running: bool):
     if snap is None or snap.latest is None or running:
         return gr.skip()
     finished = snap.finished_blocks()
-    return refused_meter_html(snap.latest, committed=finished[-1] if finished else None)
+    return meter_html(snap.latest, committed=finished[-1] if finished else None, state="refused", notice=REFUSED_NOTICE)
 
 
 class Playground:
@@ -115,13 +115,14 @@ class Playground:
         self.engine = engine
         self.runs = Runner(max_fps=default_live_rate(engine.canvas_length) if max_fps is None else max_fps, **limits)
         self.sources = {"generate": generation_frames}  # kind -> source(engine, payload, stop); each tab adds its own
-        self.sessions: weakref.WeakValueDictionary[str, SessionState] = weakref.WeakValueDictionary()
+        self.sessions = weakref.WeakValueDictionary()  # session key -> SessionState, for `unload`
 
     def check_request(self, request: RunRequest) -> None:
-        """The engine's checks before any work: prompt encoding, context budget, settings (ValueError)."""
+        """The checks before any work: prompt encoding, context budget, settings, `check_job` (ValueError)."""
         prompt_ids = self.engine.encode_prompt(request.prompt, raw=request.raw, thinking=request.thinking)
         self.engine.check_budget(int(prompt_ids.shape[1]), request.settings)
         self.engine.check_settings(request.settings)
+        self.check_job(Job("generate", request, request.settings))
 
     def checked_request(self, *inputs, ui_limits: bool, thinking=False) -> RunRequest:
         """`parse` then `check_request`; gr.Error."""
@@ -129,9 +130,6 @@ class Playground:
             run = self.parse(*inputs, ui_limits=ui_limits, thinking=thinking)
             self.check_request(run)
         return run
-
-    def start_run(self, request: RunRequest, *, keep_history: bool = True) -> RunWorker:
-        return self.start_job(Job("generate", request, request.settings), keep_history=keep_history)
 
     def start_job(self, job: Job, key: str | None = None, *, keep_history: bool = True, record=None,
                   receive=None) -> RunWorker:
@@ -197,10 +195,14 @@ class Playground:
             stop_button=gr.update(interactive=not final) if edge else skip, thought=thought,
         )
 
+    def page_request(self, inputs: tuple, *defaults) -> tuple[RunRequest, tuple]:
+        """A page trigger's checked `RUN_INPUTS` (gr.Error) and the inputs after them (`defaults` where missing)."""
+        extras = (*inputs[RUN_INPUTS:], *defaults[len(inputs) - RUN_INPUTS:])
+        return self.checked_request(*inputs[:RUN_INPUTS], ui_limits=True, thinking=extras[-1]), extras
+
     def request_run(self, session: SessionState, *inputs) -> tuple:
         """A run trigger's check (gr.Error) and ticket (stopping the session's run): (ticket, meter, buttons)."""
-        count = len(SETTING_NAMES) + 3  # prompt, raw, the settings, seed; then `thinking` from the page
-        self.checked_request(*inputs[:count], ui_limits=True, thinking=inputs[count] if len(inputs) > count else False)
+        self.page_request(inputs, False)
         if session is None:
             return 0, gr.skip(), gr.skip(), gr.skip()
         replacing = session.run_in_progress
@@ -210,25 +212,20 @@ class Playground:
     def refused(self, session: SessionState):
         return previous_run_meter(getattr(session, "snapshot", None), session is not None and session.run_in_progress)
 
-    def generate_stream(self, session: SessionState, prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound,
-                        t_min, t_max, stability_threshold, confidence_threshold, adaptive_stopping, seed, ticket=None,
-                        thinking=False, request: gr.Request = None) -> Iterator[tuple]:
-        """The run step: `StreamOutputs` tuples to the final frame (none for a stale `ticket`); gr.Error."""
-        run = self.checked_request(prompt, raw, max_new_tokens, max_denoising_steps, entropy_bound, t_min, t_max,
-                                   stability_threshold, confidence_threshold, adaptive_stopping, seed, ui_limits=True,
-                                   thinking=thinking)
+    def generate_stream(self, session: SessionState, *inputs, request: gr.Request = None) -> Iterator[tuple]:
+        """The run step on `RUN_INPUTS`, ticket, `thinking`: `StreamOutputs` tuples to the final frame (none for a stale
+        ticket); gr.Error."""
+        run, (ticket, _) = self.page_request(inputs, None, False)
+        ticket = parse_number(ticket)  # the page's hidden ticket box: None when it holds none
+        request = request or LocalContext.request.get(None)
         if session is None:
             session = SessionState()
-        try:  # the page's hidden ticket box: "" or None when there is none
-            ticket = int(str(ticket).strip()) if ticket not in (None, "") else None
-        except ValueError:
-            ticket = None
         if ticket is not None and not session.is_current(ticket):
             return
         key = session_key(request, session)
         clock = PlotClock(wait_first=session.snapshot is None,
                           cells=self.engine.canvas_length * run.settings.max_denoising_steps)
-        worker = self.start_run(run)
+        worker = self.start_job(Job("generate", run, run.settings))
         if not session.begin(worker, ticket):
             return
         session.request, session.trace = run, None  # what `keep` exports as this run's trace
@@ -287,7 +284,7 @@ class Playground:
 
     def select_block(self, session: SessionState, block) -> tuple:
         """The three plots of block number `block` (1-based) of the session's last run."""
-        snap = session.snapshot if session is not None else None
+        snap = getattr(session, "snapshot", None)
         if snap is None or not snap.blocks:
             return plots.block_plots([])
         try:
@@ -298,27 +295,16 @@ class Playground:
 
     def apply_preset(self, name) -> tuple:
         """Preset `name`'s `PRESET_FIELDS` values (skips for "custom"; gr.Warning: unknown)."""
-        if name == CUSTOM_PRESET:
-            return (gr.skip(),) * len(PRESET_FIELDS)
         try:
-            values = preset_values(name, self.engine.recommended)
+            if name != CUSTOM_PRESET:
+                return tuple(preset_values(name, self.engine.recommended).values())
         except ValueError as error:
             gr.Warning(str(error))
-            return (gr.skip(),) * len(PRESET_FIELDS)
-        return tuple(values[field] for field in PRESET_FIELDS)
+        return (gr.skip(),) * len(PRESET_FIELDS)
 
     @staticmethod
     def random_seed() -> str:
         return str(draw_seed())
-
-    def generate_api(self, *inputs, thinking=False) -> tuple[str, dict]:
-        """`/generate` to its end: (text, summary); gr.Error."""
-        worker = self.start_run(self.checked_request(*inputs, ui_limits=False, thinking=thinking), keep_history=False)
-        try:
-            snap = worker.wait()
-        finally:
-            worker.stop()
-        return self.api_result(snap)
 
     async def generate_api_served(self, *inputs, request: gr.Request = None) -> tuple[str, dict]:
         """`/generate` as served: stopped once its client goes away."""

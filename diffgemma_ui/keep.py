@@ -1,19 +1,19 @@
-"""Keeping runs: trace and offline-replay downloads, replaying an uploaded trace, `/export`."""
-
-from __future__ import annotations
+"""Keeping runs: trace and offline-replay downloads, replaying an uploaded trace, `/export`, the presenter's data."""
 
 import asyncio
 import dataclasses
+import json
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import gradio as gr
 
-from engine.trace import MAX_TRACE_BYTES, Trace, TraceError, load_trace, trace_of_run, write_replay
+from engine.trace import (MAX_TRACE_BYTES, ModelInfo, Trace, TraceError, load_trace, player_script, replay_data,
+                          script_json, trace_of_run, write_replay)
 
 from . import plots
 from .canvas_view import live_html, stack_html
@@ -23,10 +23,12 @@ from .runs import RunSnapshot
 from .session import SessionState
 from .tab import PRIVATE, UNQUEUED, Tab, api_run, noted, user_error
 from .text import plain_text, prose
+from .validation import RunRequest
 
 MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # bytes per canvas position per decoder forward
 PLAY_INTERVAL_S = 0.25
 REPLAY_TOTAL_S, REPLAY_MIN_INTERVAL_S, REPLAY_MAX_INTERVAL_S = 8.0, 0.15, 0.6
+PRESENT_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js", "present.js")
 
 
 def check_traceable(settings, canvas_length: int) -> None:
@@ -55,9 +57,11 @@ def committed_text(trace: Trace, count: int) -> str:
     return plain_text("".join(trace.tokens.get(i, "") for i in ids))
 
 
-def render_trace(trace: Trace, count: int, *, hover: bool = True) -> StreamOutputs:
-    """The live view of `trace` after `count` frames, buttons untouched; `hover`: the heatmap's hover text."""
+def render_trace(trace: Trace, count: int, *, hover: bool = True, session: SessionState | None = None) -> StreamOutputs:
+    """The live view of `trace` after `count` frames (its snapshot kept in `session`); `hover`: heatmap hover text."""
     snap = snapshot_upto(trace, count)
+    if session is not None:
+        session.snapshot = snap
     latest = snap.latest
     live = latest if not latest.block_done else None
     prompt = " ".join(trace.prompt.split())
@@ -76,14 +80,8 @@ def render_trace(trace: Trace, count: int, *, hover: bool = True) -> StreamOutpu
     )
 
 
-def shown_trace(session: SessionState, trace: Trace, count: int, hover: bool = True) -> tuple:
-    """`render_trace`'s outputs, its snapshot kept as the session's."""
-    session.snapshot = snapshot_upto(trace, count)
-    return render_trace(trace, count, hover=hover).as_tuple()
-
-
 class KeepHandlers(Tab):
-    """Handlers on a session's `request`, `snapshot`, `trace` (replayed or exported) and `keep_dir` (downloads)."""
+    """Handlers of a session's `request`, `snapshot`, `trace` (replayed or kept) and `keep_dir` (downloads)."""
 
     def export_files(self, session: SessionState) -> tuple:
         """After a run: write its trace and replay page; updates of both downloads, the replay slider, Replay."""
@@ -95,14 +93,18 @@ class KeepHandlers(Tab):
         if snap.latest.max_denoising_steps != request.settings.max_denoising_steps:
             return hidden  # a newer run replaced it meanwhile
         try:
-            check_traceable(request.settings, self.engine.canvas_length)
-            trace = trace_of_run(self.engine, snap.frames(), prompt=request.prompt, settings=request.settings,
-                                 raw=request.raw, thinking=request.thinking)
+            trace = self.run_trace(snap.frames(), request)
         except (TraceError, ValueError) as error:
             gr.Warning(f"This run cannot be kept: {error}")
             return hidden
         session.trace = trace
         return (*self._files(session, trace), gr.update(visible=False), gr.update(interactive=True))
+
+    def run_trace(self, frames, run: RunRequest) -> Trace:
+        """The trace of `frames`, a run of `run`; ValueError (`check_traceable`), TraceError."""
+        check_traceable(run.settings, self.engine.canvas_length)
+        return trace_of_run(self.engine, frames, prompt=run.prompt, settings=run.settings, raw=run.raw,
+                            thinking=run.thinking)
 
     def _files(self, session: SessionState, trace: Trace) -> tuple:
         old = getattr(session, "keep_dir", None)
@@ -141,7 +143,7 @@ class KeepHandlers(Tab):
         session.clear_views()
         count = len(trace.frames)
         slider = gr.update(minimum=1, maximum=max(2, count), value=count, visible=True, interactive=count > 1)
-        return (*shown_trace(session, trace, count), slider, *self._files(session, trace))
+        return (*render_trace(trace, count, session=session).as_tuple(), slider, *self._files(session, trace))
 
     def replay_step(self, session: SessionState, count) -> tuple:
         """The replay slider: the view after `count` forwards."""
@@ -152,7 +154,7 @@ class KeepHandlers(Tab):
             count = int(count)
         except (TypeError, ValueError):
             count = len(trace.frames)
-        return shown_trace(session, trace, count)
+        return render_trace(trace, count, session=session).as_tuple()
 
     def replay_play(self, session: SessionState, count, interval_s: float = PLAY_INTERVAL_S) -> Iterator[tuple]:
         """Play from `count` (at the end: the start) to the last forward every `interval_s`; outputs and slider."""
@@ -161,7 +163,7 @@ class KeepHandlers(Tab):
             raise user_error("Upload a trace first: there is nothing to replay.")
         start = 1 if int(count or 1) >= len(trace.frames) else int(count)
         for k in range(start, len(trace.frames) + 1):
-            yield (*shown_trace(session, trace, k, hover=k == len(trace.frames)), k)
+            yield (*render_trace(trace, k, hover=k == len(trace.frames), session=session).as_tuple(), k)
             time.sleep(interval_s)
 
     def replay_run(self, session: SessionState) -> Iterator[tuple]:
@@ -186,13 +188,10 @@ class KeepHandlers(Tab):
 
         snap = await api_run(self.playground, job, request)
         self.playground.api_result(snap)
-        trace = await asyncio.to_thread(trace_of_run, self.engine, snap.frames(), prompt=run.prompt,
-                                        settings=run.settings, raw=run.raw, thinking=run.thinking)
-        return trace.to_dict()
+        return (await asyncio.to_thread(self.run_trace, snap.frames(), run)).to_dict()
 
 
-@dataclass
-class KeepControls:
+class KeepControls(NamedTuple):
     trace_button: gr.DownloadButton
     html_button: gr.DownloadButton
     upload: gr.File
@@ -235,3 +234,49 @@ def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_output
     controls.replay_slider.input(keep.replay_step, inputs=[session, controls.replay_slider], outputs=stream_outputs,
                                  concurrency_limit=None, trigger_mode="always_last", **PRIVATE)
     noted(controls.play.click, keep.replay_play, box, inputs=[session, controls.replay_slider], **played)
+
+
+def present_head() -> str:
+    """The page-head script of the player and its presenter overlay."""
+    return f"<script>{player_script(names=PRESENT_SCRIPTS)}</script>"
+
+
+def present_chunk(engine, session, have) -> str:
+    """JSON of the page's run's frames after `have` ("key:count"): `replay_data` and `key` (null: no run)."""
+    snap, trace = getattr(session, "snapshot", None), getattr(session, "trace", None)
+    if snap is not None and snap.blocks and not (trace is not None and snap.blocks[0][0] is trace.frames[0]):
+        frames, trace = snap.frames(), None  # a run of this app
+    else:
+        frames = list(trace.frames) if trace is not None else []
+    request = getattr(session, "request", None)
+    if not frames or (trace is None and request is None):
+        return json.dumps({"key": None})
+    key = str(id(frames[0]))
+    held, _, count = str(have or "").partition(":")
+    start = int(count) if held == key and count.isdigit() else 0
+    new = frames[start:]
+    if not new:
+        return json.dumps({"key": key, "frames": []})
+    if trace is not None:
+        part = dataclasses.replace(trace, frames=tuple(new))
+    else:
+        ids = {i for f in new for row in (f.input_ids, f.draft_ids, *f.top_ids) for i in row}
+        kinds = {i: k for f in new for row, ks in ((f.input_ids, f.input_kinds), (f.draft_ids, f.draft_kinds))
+                 for i, k in zip(row, ks) if k != "text"} if all(f.input_kinds for f in new) else None
+        part = Trace(model=ModelInfo.of(engine), settings=request.settings, seed=new[-1].seed, prompt=request.prompt,
+                     raw=request.raw, prompt_ids=(), tokens={i: engine.token_text(i) for i in ids}, text="",
+                     frames=tuple(new), kinds=kinds)
+    data = replay_data(part)
+    data.update(key=key, prompt_tokens=new[-1].prompt_tokens if trace is None else data["prompt_tokens"])
+    return script_json(data)
+
+
+def wire_presenter(playground, session, present: gr.Button) -> None:
+    """The `present` button and the hidden components the presenter polls through."""
+    present.click(None, js="() => window.dgPresenter.open()", **PRIVATE)
+    have = gr.Textbox(visible="hidden", elem_id="dg-present-have")
+    chunk = gr.Textbox(visible="hidden", elem_id="dg-present-data")
+    poll = gr.Button(visible="hidden", elem_id="dg-present-poll")
+    poll.click(lambda s, h: present_chunk(playground.engine, s, h), inputs=[session, have], outputs=[chunk],
+               js="(s, h) => [s, window.dgPresenter.have()]", queue=False, **UNQUEUED).then(
+        None, [chunk], None, js="(c) => window.dgPresenter.feed(c)", **PRIVATE)

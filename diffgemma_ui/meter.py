@@ -1,7 +1,5 @@
 """The live speed meter as HTML stat cards, every figure from the newest frame's engine clock (never the UI's)."""
 
-from __future__ import annotations
-
 import math
 
 from engine import Frame
@@ -43,7 +41,9 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
         if counting:
             progress += " \u00b7 tokens/s from the first committed block"
     none = "\u2013" if frame.done else "\u2026"
-    per_forward_ms = ms_per_forward(frame)
+    per_forward_ms = frame.time_to_first_frame_s * 1000  # then the mean of the forwards after the first
+    if frame.forward_index >= 1:
+        per_forward_ms = (frame.elapsed_s - frame.time_to_first_frame_s) / frame.forward_index * 1000
     return {
         "tokens/s": none if counting else format_number(rates.tokens_per_second, 1),
         "tokens/forward": none if counting else format_number(rates.tokens_per_forward, 2),
@@ -55,22 +55,6 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
         "tokens": f"{frame.committed_tokens:,}",
         "progress": progress,
     }
-
-
-def ms_per_forward(frame: Frame) -> float:
-    """Engine milliseconds per decoder forward after the first (before that, the time to first frame)."""
-    if frame.forward_index < 1:
-        return frame.time_to_first_frame_s * 1000
-    return (frame.elapsed_s - frame.time_to_first_frame_s) / frame.forward_index * 1000
-
-
-def short_answer_note(frame: Frame) -> str:
-    """A line when a finished answer filled under half the canvas positions it paid for, else ""."""
-    positions = (frame.block_index + 1) * frame.canvas_length
-    if not frame.done or frame.stop_reason != "eos" or 2 * frame.committed_tokens >= positions:
-        return ""
-    return (f"a {frame.committed_tokens:,}-token answer paid for {positions:,} canvas positions: every forward "
-            "denoises the whole canvas, so tokens/s counts only the answer")
 
 
 def stat_cards_html(values: dict[str, str]) -> str:
@@ -97,9 +81,11 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
                   f"token{'' if frame.prompt_tokens == 1 else 's'} \u00b7 "
                   f"{frame.forward_index + 1:,} forward{'' if frame.forward_index == 0 else 's'}"
                   f' <span class="dg-rate-note">{escape_html(prose("rate-note"))}</span></div>')
-    short = short_answer_note(frame) if frame is not None else ""
-    if short:
-        footer += f'<div class="dg-meter-note dg-short-answer">{escape_html(short)}</div>'
+        positions = (frame.block_index + 1) * frame.canvas_length
+        if frame.done and frame.stop_reason == "eos" and 2 * frame.committed_tokens < positions:
+            short = (f"a {frame.committed_tokens:,}-token answer paid for {positions:,} canvas positions: every "
+                     "forward denoises the whole canvas, so tokens/s counts only the answer")
+            footer += f'<div class="dg-meter-note dg-short-answer">{escape_html(short)}</div>'
     banner = f'<div class="dg-meter-notice" role="status">{escape_html(notice)}</div>' if notice else ""
     return (f'<div class="dg-meter" data-state="{state}" data-tps="{tps:.6g}" data-ttff="{ttff:.6g}">'
             f"{banner}{cards}{footer}</div>")
@@ -118,11 +104,6 @@ def run_meter_html(frame: Frame | None, *, committed: Frame | None = None, final
 
 REFUSED_NOTICE = ("Not run: the request was refused (its message says why). Everything below is from the "
                   "previous run.")
-
-
-def refused_meter_html(frame: Frame | None, *, committed: Frame | None = None) -> str:
-    """The previous run's meter under `REFUSED_NOTICE` (`data-state="refused"`)."""
-    return meter_html(frame, committed=committed, state="refused", notice=REFUSED_NOTICE)
 
 
 def waiting_meter_html(replacing: bool = False) -> str:

@@ -1,13 +1,8 @@
-"""Plotly views of a run as plain figure dicts (confidence heatmap, unmasking order, entropy and acceptance per
-step); hover tokens go through `escape_plotly`."""
-
-from __future__ import annotations
+"""Plotly views of a block as plain figure dicts: confidence heatmap, unmasking order, entropy and acceptance."""
 
 import json
 import math
 from collections.abc import Sequence
-
-import plotly.graph_objects as go
 
 from engine import Frame
 
@@ -34,10 +29,6 @@ class FigureSpec(dict):
     def to_json(self) -> str:
         return json.dumps(self, separators=(",", ":"), allow_nan=False)
 
-    def to_plotly(self):
-        """A validated `plotly.graph_objects.Figure` (ValueError on an invalid property)."""
-        return go.Figure(self)
-
 
 def _layout(title: str, *, below_toolbar: bool = False, **extra) -> dict:
     """The shared layout, `extra` on top; `below_toolbar` moves the title below the hover mode bar."""
@@ -61,9 +52,9 @@ def _axis(title: str, **extra) -> dict:
     return {"title": {"text": title}, "gridcolor": GRID, "zeroline": False, **extra}
 
 
-def _round(value: float, digits: int = 3) -> float:
+def _round(value: float) -> float:
     value = float(value)
-    return round(value, digits) if value == value else 0.0  # NaN -> 0
+    return round(value, 3) if value == value else 0.0  # NaN -> 0
 
 
 def empty_figure(title: str, message: str = "Fills in as the canvas denoises", *,
@@ -100,36 +91,26 @@ BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color"
 
 
 def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
-    """Draft confidence per (step, position) of one block's `frames`: dots where accepted (again), crosses where
-    re-melted, cell gaps only while cells are large (small cells drawn as one pixelated image); `hover`: per-cell
-    token text (up to `HOVER_CELLS` cells); `animate`: step slider and play button."""
+    """Draft confidence per (step, position) of one block's `frames`, accepts and re-melts marked; `hover`: per-cell
+    token text (up to `HOVER_CELLS`); `animate`: step slider, play button."""
     if not frames:
         return empty_figure("Confidence per step and position")
     n = frames[0].canvas_length
     steps = len(frames)
     hover = hover and n * steps <= HOVER_CELLS
-    z, hover_text, dots_x, dots_y, melt_x, melt_y = [], [], [], [], [], []
+    z, hover_text, dots, melts = [], [], [], []  # markers at (position, row)
     before = [False] * n
-    for row, frame in enumerate(frames):
+    for row, frame in enumerate(frames, start=1):
         z.append([_round(c) for c in frame.confidence])
-        for pos in range(n):
-            if frame.accepted[pos] and not before[pos]:
-                dots_x.append(pos)
-                dots_y.append(row + 1)
-            elif not frame.accepted[pos] and frame.remelted and frame.remelted[pos]:
-                melt_x.append(pos)
-                melt_y.append(row + 1)
+        dots += [(pos, row) for pos in range(n) if frame.accepted[pos] and not before[pos]]
+        melts += [(pos, row) for pos in range(n) if not frame.accepted[pos] and frame.remelted and frame.remelted[pos]]
         before = frame.accepted
-        if not hover:
-            continue
-        hover_row = []
-        labels = draft_labels(frame)
-        for pos in range(n):
-            accepted = bool(frame.accepted[pos])
-            hover_row.append(f"step {row + 1} \u00b7 position {pos}<br>"
-                             f"\u201c{escape_plotly(labels[pos])}\u201d {'accepted' if accepted else 'renoised'}<br>"
-                             f"confidence {frame.confidence[pos]:.3f} \u00b7 entropy {frame.entropy[pos]:.3f} nats")
-        hover_text.append(hover_row)
+        if hover:
+            labels = draft_labels(frame)
+            hover_text.append([f"step {row} \u00b7 position {pos}<br>\u201c{escape_plotly(labels[pos])}\u201d "
+                               f"{'accepted' if frame.accepted[pos] else 'renoised'}<br>confidence "
+                               f"{frame.confidence[pos]:.3f} \u00b7 entropy {frame.entropy[pos]:.3f} nats"
+                               for pos in range(n)])
     y = list(range(1, steps + 1))
     # a live block reserves rows for its remaining steps
     rows = steps if frames[-1].block_done or frames[-1].done else max(steps, frames[-1].max_denoising_steps)
@@ -144,13 +125,15 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
             "colorbar": {"title": {"text": "conf."}, "thickness": 10, "len": 0.9, "outlinewidth": 0},
         },
         {
-            "type": "scatter", "mode": "markers", "x": dots_x, "y": dots_y, "hoverinfo": "skip",
+            "type": "scatter", "mode": "markers", "x": [x for x, _ in dots], "y": [y for _, y in dots],
+            "hoverinfo": "skip",
             "name": "accepted at this step",
             "marker": {"symbol": "circle", "size": 4 if n * rows <= 64 * 64 else 3, "color": "rgba(255,255,255,0.85)",
                        "line": {"width": 0.5, "color": "rgba(0,0,0,0.6)"}},
         },
         {
-            "type": "scatter", "mode": "markers", "x": melt_x, "y": melt_y, "hoverinfo": "skip",
+            "type": "scatter", "mode": "markers", "x": [x for x, _ in melts], "y": [y for _, y in melts],
+            "hoverinfo": "skip",
             "name": "re-melted at this step", "marker": {"symbol": "x", "size": 7, "color": REMELT_COLOUR},
         },
     ]
@@ -173,7 +156,11 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
 
         frame_objects = [{"name": f"step {k + 1}", "layout": {"shapes": cover(k), "sliders[0].active": k}}
                          for k in range(steps)]
-        instant = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
+
+        def animation(duration: int, redraw: bool = True, **more) -> dict:
+            return {"mode": "immediate", **more, "frame": {"duration": duration, "redraw": redraw},
+                    "transition": {"duration": 0}}
+
         every = whole_step(steps, SLIDER_LABELS)  # the current step is always named above the slider
         layout["sliders"] = [{
             "active": steps - 1,
@@ -181,16 +168,13 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
             "pad": {"t": 92, "b": 4}, "len": 1.0, "x": 0.0, "y": 0, "ticklen": 3, "minorticklen": 0,
             "font": {"size": 10},
             "steps": [{"label": str(k + 1) if k == 0 or (k + 1) % every == 0 else "", "method": "animate",
-                       "args": [[frame_objects[k]], instant]} for k in range(steps)]}]
+                       "args": [[frame_objects[k]], animation(0)]} for k in range(steps)]}]
         layout["updatemenus"] = [{
             "type": "buttons", "direction": "left", "showactive": False, "x": 0.0, "y": 0, "xanchor": "left",
             "yanchor": "top", "pad": {"t": 58, "r": 8}, **BUTTON_STYLE,
             "buttons": [
-                {"label": "\u25b6", "method": "animate", "args": [frame_objects, {
-                    "mode": "immediate", "fromcurrent": False, "frame": {"duration": 220, "redraw": True},
-                    "transition": {"duration": 0}}]},
-                {"label": "\u275a\u275a", "method": "animate", "args": [[None], {
-                    "mode": "immediate", "frame": {"duration": 0, "redraw": False}, "transition": {"duration": 0}}]}]}]
+                {"label": "\u25b6", "method": "animate", "args": [frame_objects, animation(220, fromcurrent=False)]},
+                {"label": "\u275a\u275a", "method": "animate", "args": [[None], animation(0, redraw=False)]}]}]
         layout["height"] = HEIGHT + 110
         layout["margin"] = {**layout["margin"], "b": 150}
     return FigureSpec(data=data, layout=layout)
@@ -204,18 +188,12 @@ def unmasking_order(frame: Frame | None) -> FigureSpec:
     steps = max(1, frame.max_denoising_steps)
     last = max([s for s in frame.first_accepted_step if s >= 0], default=0) + 1
     y, colours, hover = [], [], []
-    labels = draft_labels(frame)
-    for pos in range(n):
-        step = frame.first_accepted_step[pos]
-        token = escape_plotly(labels[pos])
-        if step is None or step < 0:
-            y.append(0.3)
-            colours.append(NOT_ACCEPTED_COLOUR)
-            hover.append(f"position {pos}<br>\u201c{token}\u201d<br>not accepted yet")
-        else:
-            y.append(step + 1)
-            colours.append(viridis(step / max(1, last - 1)) if last > 1 else viridis(0))
-            hover.append(f"position {pos}<br>\u201c{token}\u201d<br>first accepted at step {step + 1}")
+    for pos, (step, label) in enumerate(zip(frame.first_accepted_step, draft_labels(frame))):
+        accepted = step is not None and step >= 0
+        y.append(step + 1 if accepted else 0.3)
+        colours.append(viridis(step / (last - 1) if last > 1 else 0) if accepted else NOT_ACCEPTED_COLOUR)
+        when = f"first accepted at step {step + 1}" if accepted else "not accepted yet"
+        hover.append(f"position {pos}<br>\u201c{escape_plotly(label)}\u201d<br>{when}")
     data = [{
         "type": "bar", "x": list(range(n)), "y": y, "marker": {"color": colours, "line": {"width": 0}},
         "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>",

@@ -1,7 +1,4 @@
-"""The one run mechanism: each tab's model work is a frame source read by a `RunWorker` thread, read back as
-coalesced snapshots; `Runner` starts an app's runs and ends them (Stop, closed tab, gone client, time limit)."""
-
-from __future__ import annotations
+"""The one run mechanism: `RunWorker` threads read frame sources into records; `Runner` starts and ends them."""
 
 import asyncio
 import contextlib
@@ -14,6 +11,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import gradio as gr
 import torch
 from gradio.context import LocalContext
 
@@ -121,20 +119,9 @@ def release_memory() -> None:
         torch.mps.empty_cache()
 
 
-def _without_tracebacks(error: BaseException) -> BaseException:
-    """`error` with its and its causes' tracebacks dropped (they would keep the run's tensors alive)."""
-    seen = set()
-    current = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        current.__traceback__ = None
-        current = current.__cause__ or current.__context__
-    return error
-
-
 class RunWorker:
     """`source(stop_event)` read into `record` in a thread, stopped unread `abandon_after_s` or past `time_limit_s`
-    (`stop_event`: anything with `set()` and `is_set()`)."""
+    (`stop_event`: any object with `set` and `is_set`)."""
 
     def __init__(self, source: FrameSource, *, keep_history: bool = True, abandon_after_s: float | None = 30.0,
                  time_limit_s: float | None = None, stop_event: threading.Event | None = None, record=None):
@@ -173,24 +160,41 @@ class RunWorker:
         return not self.running
 
     def _run(self) -> None:
+        """Record the source's items to its final frame, or `STOP_GRACE_S` and two items past Stop."""
         error: BaseException | None = None
         iterator = None
-        self._started = time.monotonic()
-        self._after_stop, self._stopped_at, self._timed_out = 0, None, False
+        started, after_stop, stopped_at, timed_out = time.monotonic(), 0, None, False
         try:
             iterator = self._source(self.stop_event)
             for frame in iterator:
-                if self.take(frame):
+                self.record.add(frame)
+                self._notify()
+                if getattr(frame, "done", False):
                     break
+                now = time.monotonic()
+                if self.abandon_after_s is not None and now - self._last_poll > self.abandon_after_s:
+                    self.stop_event.set()
+                if self.time_limit_s is not None and now - started > self.time_limit_s:
+                    timed_out = True
+                    self.stop_event.set()
+                if self.stop_event.is_set():
+                    after_stop += 1
+                    stopped_at = stopped_at or now
+                    if after_stop >= 2 and now - stopped_at > STOP_GRACE_S:
+                        break
         except BaseException as exc:  # noqa: BLE001 - reported to the reader, never lost in a thread
             if not isinstance(exc, ValueError):
                 LOG.error("run failed: %s", "".join(traceback.format_exception(exc)).rstrip())
-            error = _without_tracebacks(exc)
+            error, seen = exc, set()
+            while exc is not None and id(exc) not in seen:  # its tracebacks would keep the run's tensors alive
+                seen.add(id(exc))
+                exc.__traceback__ = None
+                exc = exc.__cause__ or exc.__context__
         finally:
             with contextlib.suppress(Exception):
                 getattr(iterator, "close", lambda: None)()
             iterator = None
-            if self._timed_out and error is None:
+            if timed_out and error is None:
                 error = RunTimeLimitExceeded(
                     f"the run reached this server's limit of {self.time_limit_s:g} s per run and was stopped after "
                     f"{self.record.count} decoder forwards (finished blocks are kept): lower max_new_tokens or "
@@ -199,24 +203,6 @@ class RunWorker:
                 release_memory()
             self.record.finish(error)
             self._notify()
-
-    def take(self, frame) -> bool:
-        """Record one item; returns whether the run is over (its final frame, or `STOP_GRACE_S` past Stop)."""
-        self.record.add(frame)
-        self._notify()
-        if getattr(frame, "done", False):
-            return True
-        now = time.monotonic()
-        if self.abandon_after_s is not None and now - self._last_poll > self.abandon_after_s:
-            self.stop_event.set()
-        if self.time_limit_s is not None and now - self._started > self.time_limit_s:
-            self._timed_out = True
-            self.stop_event.set()
-        if self.stop_event.is_set():
-            self._after_stop += 1
-            self._stopped_at = self._stopped_at or now
-            return self._after_stop >= 2 and now - self._stopped_at > STOP_GRACE_S
-        return False
 
     def snapshot(self) -> RunSnapshot:
         """The run right now (counts as a poll)."""
@@ -231,16 +217,11 @@ class RunWorker:
         next_allowed = 0.0
         reader_s = None  # smoothed seconds the reader spends per snapshot
         while True:
-            with self._changed:
-                while self.record.count == seen and not self.record.finished:
+            with self._changed:  # a new frame, then the time for it
+                while not self.record.finished and (self.record.count == seen or time.monotonic() < next_allowed):
                     self._last_poll = time.monotonic()
-                    self._changed.wait(poll_s)
-                while not self.record.finished:
-                    delay = next_allowed - time.monotonic()
-                    if delay <= 0:
-                        break
-                    self._last_poll = time.monotonic()
-                    self._changed.wait(min(delay, poll_s))
+                    waiting = self.record.count == seen
+                    self._changed.wait(poll_s if waiting else min(next_allowed - time.monotonic(), poll_s))
             snap = self.snapshot()
             if snap.frames_seen == seen and not snap.finished:
                 continue
@@ -303,25 +284,6 @@ def pushed(run: Callable[[Callable[[object], None]], object]) -> Iterator:
             return
 
 
-class ClientGone(RuntimeError):
-    """The client of a served API call went away; its run was stopped."""
-
-
-def job_alive_check() -> Callable[[], bool]:
-    """A function: whether the current Gradio job's client is still there (True outside a queued job)."""
-    blocks = LocalContext.blocks.get(None)
-    event_id = LocalContext.event_id.get(None)
-    queue = getattr(blocks, "_queue", None)
-    if queue is None or event_id is None:
-        return lambda: True
-
-    def alive() -> bool:
-        event = queue.event_ids_to_events.get(event_id)
-        return event is None or bool(getattr(event, "alive", True))
-
-    return alive
-
-
 def session_key(request, fallback: object, suffix: str = "") -> str:
     """The registry key of a session's run: its hash (or `anon-<id of fallback>`) and `suffix`."""
     return f"{getattr(request, 'session_hash', None) or f'anon-{id(fallback)}'}{suffix}"
@@ -336,17 +298,16 @@ class Runner:
         self.reader_budget = reader_budget
         self.abandon_after_s = abandon_after_s
         self.max_run_s = max_run_s
-        self.closed_sessions: ClosedSessionDropper | None = None
+        self.blocks = None  # the app's gr.Blocks, for `drop_closed`
         self._lock = threading.Lock()
         self._runs: dict[str, RunWorker] = {}  # each session's run by registry key
 
     def start(self, source: FrameSource, key: str | None = None, *, keep_history: bool = True, stop_event=None,
               record=None, limit_s: float | None = None) -> RunWorker:
         """Start `source` in a `RunWorker` under the app's limits (or a tighter `limit_s`), registered as `key`."""
-        limits = [limit for limit in (self.max_run_s, limit_s) if limit is not None]
-        worker = RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s,
-                           time_limit_s=min(limits) if limits else None, stop_event=stop_event,
-                           record=record).start()
+        limit = min((s for s in (self.max_run_s, limit_s) if s is not None), default=None)
+        worker = RunWorker(source, keep_history=keep_history, abandon_after_s=self.abandon_after_s, time_limit_s=limit,
+                           stop_event=stop_event, record=record).start()
         if key is not None:
             self.register(key, worker)
         return worker
@@ -382,8 +343,9 @@ class Runner:
         return worker.updates(self.max_fps, reader_budget=self.reader_budget)
 
     async def served(self, start: Callable[[], RunWorker], request) -> RunSnapshot:
-        """An API call's run to its final snapshot, stopped within `API_WAIT_S` once its client left (ClientGone)."""
-        client_alive = job_alive_check()
+        """An API call's run to its final snapshot, stopped within `API_WAIT_S` once its client left (gr.Error)."""
+        events = getattr(getattr(LocalContext.blocks.get(None), "_queue", None), "event_ids_to_events", {})
+        event_id = LocalContext.event_id.get(None)  # outside a queued job: none, never gone
         worker = await asyncio.to_thread(start)
         key = f"{getattr(request, 'session_hash', None) or 'anon'}:api:{id(worker)}"
         self.register(key, worker)
@@ -391,34 +353,23 @@ class Runner:
             snap = worker.snapshot()
             while not snap.finished:
                 snap = await asyncio.to_thread(worker.wait, API_WAIT_S)
-                if not snap.finished and not client_alive():
-                    raise ClientGone("the client went away: run stopped")
+                if not snap.finished and not getattr(events.get(event_id), "alive", True):
+                    raise gr.Error("the client went away: run stopped", print_exception=False)
         finally:
             self.finish(key, worker)
         return snap
 
     def unload(self, session_hash: str | None) -> None:
-        """A tab closed: stop its session's runs, drop Gradio's record of it soon after."""
+        """A tab closed: stop its session's runs, drop Gradio's record of it `DROP_DELAY_S` later."""
         if session_hash:
             self.stop(session_hash)
-            if self.closed_sessions is not None:
-                self.closed_sessions.closed(session_hash)
+        if session_hash and self.blocks is not None:
+            timer = threading.Timer(DROP_DELAY_S, self.drop_closed, args=(session_hash,))
+            timer.daemon = True
+            timer.start()
 
-
-class ClosedSessionDropper:
-    """Drops Gradio's record of each closed session (`blocks.state_holder`) `delay_s` seconds after its tab closed."""
-
-    def __init__(self, blocks, delay_s: float = DROP_DELAY_S):
-        self.blocks = blocks
-        self.delay_s = delay_s
-
-    def closed(self, session_hash: str) -> None:
-        timer = threading.Timer(self.delay_s, self.drop, args=(session_hash,))
-        timer.daemon = True
-        timer.start()
-
-    def drop(self, session_hash: str) -> bool:
-        """Drop the record of `session_hash`; returns whether there was one."""
+    def drop_closed(self, session_hash: str) -> bool:
+        """Drop `blocks.state_holder`'s record of `session_hash`; returns whether there was one."""
         holder = getattr(self.blocks, "state_holder", None)
         if holder is None:
             return False

@@ -1,7 +1,4 @@
-"""A visitor's state in a tab (a `gr.State`): one run at a time. In the Playground each trigger takes a ticket
-(`claim`); a run starts only while its ticket is the newest (`begin`)."""
-
-from __future__ import annotations
+"""A visitor's state in a tab (a `gr.State`): one run at a time, started only for the newest ticket."""
 
 import threading
 
@@ -45,7 +42,7 @@ class SessionState:
 
     def begin(self, worker: RunWorker, ticket: int | None = None) -> bool:
         """Make `worker` the run for `ticket` (None: claim one) once the previous stream ended; False (`worker`
-        stopped) if the ticket went stale meanwhile."""
+        stopped): the ticket went stale."""
         if ticket is None:
             ticket = self.claim()
         self.stop()
@@ -99,9 +96,7 @@ class SessionState:
 
     def release(self) -> None:
         """Drop everything the session holds (its tab closed)."""
-        with self._lock:
-            self.ticket += 1
-        self.stop()
+        self.claim()
         self.worker = None
         self.clear_views()
         self._stream_done.set()

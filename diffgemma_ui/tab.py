@@ -1,7 +1,4 @@
-"""The skeleton every tab fills in: a check step wired by `checked` (its refusal kept in the tab's `refusal_box`), a
-`live_run` streamed and rendered, `user_error` for any failure, `register_api` for an endpoint with the settings."""
-
-from __future__ import annotations
+"""The skeleton every tab fills in: a `checked` step, a `live_run` stream, `user_error`, `register_api`."""
 
 import functools
 import inspect
@@ -16,7 +13,7 @@ from engine import PRESET_NAMES, DiffusionSettings
 from engine.settings import SETTING_NAMES, spec
 
 from . import plots
-from .runs import ClientGone, RunSnapshot, RunTimeLimitExceeded, RunWorker, is_out_of_memory, session_key
+from .runs import RunSnapshot, RunTimeLimitExceeded, RunWorker, is_out_of_memory, session_key
 from .session import SessionState
 from .text import escape_html
 
@@ -78,10 +75,7 @@ async def api_run(playground, job: Callable, request, **options) -> RunSnapshot:
             playground.check_job(made)
         return playground.start_job(made, **options)
 
-    try:
-        snap = await playground.runs.served(start, request)
-    except ClientGone as error:
-        raise user_error(str(error)) from None
+    snap = await playground.runs.served(start, request)
     if snap.error is not None:
         raise user_error(snap.error)
     return snap
@@ -133,6 +127,9 @@ class Refusal:
     def __deepcopy__(self, memo) -> "Refusal":
         return Refusal()
 
+    def html(self) -> str:
+        return refusal_html(self.reason)
+
 
 def refusal_html(reason: str) -> str:
     """The box under a tab's buttons: `reason` escaped, or "" when there is none."""
@@ -158,18 +155,21 @@ def noting(refusal: Refusal) -> Iterator[None]:
         raise
 
 
-def guarded(fn: Callable, width: int) -> Callable:
-    """`fn` (a check step with `width` outputs) taking a `Refusal` first, noted; a pass adds "" for the box."""
+def guarded(fn: Callable, width: int | None = None) -> Callable:
+    """`fn` (generator or not) taking a `Refusal` first, its errors noted there; `width`: a check step's outputs."""
+    if inspect.isgeneratorfunction(fn):
+        def stream(refusal: Refusal, *inputs):
+            with noting(refusal):
+                yield from fn(*inputs)
+        return stream
+
     def step(refusal: Refusal, *inputs):
         with noting(refusal):
             result = fn(*inputs)
+        if width is None:
+            return result
         return "" if width == 0 else (*(result if width > 1 else (result,)), "")
-
     return step
-
-
-def shown_refusal(refusal: Refusal) -> str:
-    return refusal_html(refusal.reason)
 
 
 def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.HTML, gr.State],
@@ -179,7 +179,7 @@ def checked(triggers: Sequence, check: Callable, *, inputs: list, box: tuple[gr.
     html, state = box
     event = gr.on(list(triggers), guarded(check, len(outputs)), inputs=[state, *inputs], outputs=[*outputs, html],
                   **{**UNQUEUED, **options})
-    event.failure(shown_refusal, inputs=[state], outputs=[html], **UNQUEUED)
+    event.failure(Refusal.html, inputs=[state], outputs=[html], **UNQUEUED)
     if refused is not None:
         event.failure(refused, inputs=list(refused_inputs), outputs=list(refused_outputs), **UNQUEUED)
     return event
@@ -197,8 +197,8 @@ def wire_run(triggers: Sequence, check: Callable, stream: Callable, *, state: gr
 
 
 def settled(stream: Callable, outputs: int) -> Callable:
-    """`stream` then an update that changes nothing (Gradio re-sends a stream's last update at its end, which would
-    undo what the visitor changed since)."""
+    """`stream`, then an update that changes nothing (Gradio re-sends a stream's last update as it ends, which would
+    undo later edits)."""
     @functools.wraps(stream)
     def step(*inputs, **options):
         yield from stream(*inputs, **options)
@@ -210,25 +210,12 @@ def wire_stop(button: gr.Button, state: gr.State) -> None:
     button.click(stop_run, inputs=[state], outputs=None, **UNQUEUED)
 
 
-def guard_stream(fn: Callable) -> Callable:
-    """`fn` (generator or not) taking a `Refusal` first, its errors noted there."""
-    if inspect.isgeneratorfunction(fn):
-        def step(refusal: Refusal, *inputs):
-            with noting(refusal):
-                yield from fn(*inputs)
-    else:
-        def step(refusal: Refusal, *inputs):
-            with noting(refusal):
-                return fn(*inputs)
-    return step
-
-
 def noted(listener: Callable, fn: Callable, box: tuple[gr.HTML, gr.State], *, inputs: list, **options):
     """`listener(fn)` on `inputs`, its errors shown in `box` after it (the box emptied after a pass); the event."""
     html, refusal = box
-    event = listener(guard_stream(fn), inputs=[refusal, *inputs], **options)
+    event = listener(guarded(fn), inputs=[refusal, *inputs], **options)
     for outcome in (event.success, event.failure):  # Gradio runs no `.then` after an error
-        outcome(shown_refusal, inputs=[refusal], outputs=[html], **UNQUEUED)
+        outcome(Refusal.html, inputs=[refusal], outputs=[html], **UNQUEUED)
     return event
 
 

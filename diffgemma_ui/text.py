@@ -1,7 +1,5 @@
 """The one place raw model strings are made visible and escaped (HTML, Plotly), and the page's prose."""
 
-from __future__ import annotations
-
 import functools
 import html
 import re
@@ -38,9 +36,10 @@ def prose(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=65536)
-def _visible(token: str) -> str:
+def visible_token(token: str) -> str:
+    """`token` unescaped, whitespace as marks, ASCII controls as `\\xNN`, other invisibles as `⟨U+XXXX⟩`, "" as "∅"."""
     out = []
-    for char in token:
+    for char in str(token):
         code = ord(char)
         if char in _VISIBLE:
             out.append(_VISIBLE[char])
@@ -50,13 +49,7 @@ def _visible(token: str) -> str:
             out.append(f"\u27e8U+{code:04X}\u27e9")
         else:
             out.append(char)
-    return "".join(out)
-
-
-def visible_token(token: str) -> str:
-    """`token` unescaped, whitespace as marks, ASCII controls as `\\xNN`, other invisibles as `⟨U+XXXX⟩`, "" as "∅"."""
-    token = str(token)
-    return _visible(token) if token else EMPTY_TOKEN
+    return "".join(out) or EMPTY_TOKEN
 
 
 def escape_html(text: str) -> str:

@@ -1,7 +1,4 @@
-"""What one canvas position shows by token kind: text with whitespace visible, special tokens as a label, byte
-pieces read together as UTF-8 (a character on its first byte, the rest "+80 94", a lone byte "0xE2")."""
-
-from __future__ import annotations
+"""What one canvas position shows by token kind: visible whitespace, special tokens' labels, bytes read as UTF-8."""
 
 import functools
 import re
@@ -50,40 +47,24 @@ def special_label(piece: str) -> str:
     return piece.strip("<>[]|") or "special"
 
 
-def _utf8_units(data: bytes) -> list[tuple[int, int, str | None]]:
-    """`data` as UTF-8 characters (start, end, char), (i, i + 1, None) for a byte that starts none."""
-    units, i = [], 0
-    while i < len(data):
-        lead = data[i]
-        size = 1 if lead < 0x80 else 2 if 0xC2 <= lead <= 0xDF else 3 if 0xE0 <= lead <= 0xEF else (
-            4 if 0xF0 <= lead <= 0xF4 else 0)
-        if size and i + size <= len(data):
-            try:
-                units.append((i, i + size, data[i:i + size].decode("utf-8")))
-                i += size
-                continue
-            except UnicodeDecodeError:
-                pass
-        units.append((i, i + 1, None))
-        i += 1
-    return units
-
-
 def _hex(data: bytes) -> str:
     return " ".join(f"{b:02X}" for b in data)
 
 
 def _byte_run(pieces: list[bytes]) -> list[TokenCell]:
-    """The cells of consecutive byte positions, read as one UTF-8 string."""
+    """The cells of consecutive byte positions, read as one UTF-8 string (a byte of no character on its own)."""
     data = b"".join(pieces)
     owner = []  # owner[byte offset] = index of the position holding that byte
     for index, piece in enumerate(pieces):
         owner.extend([index] * len(piece))
     shown: list[list[str]] = [[] for _ in pieces]
     notes: list[list[str]] = [[] for _ in pieces]
-    for begin, end, char in _utf8_units(data):
+    end = 0
+    for char in data.decode("utf-8", errors="surrogateescape"):  # a byte of no character: a lone surrogate
+        begin, lone = end, "\udc80" <= char <= "\udcff"
+        end += 1 if lone else len(char.encode("utf-8"))
         first, last = owner[begin], owner[end - 1]
-        if char is None:
+        if lone:
             shown[first].append(f"0x{data[begin]:02X}")
             notes[first].append(f"byte 0x{data[begin]:02X}: not a whole UTF-8 character here")
             continue
@@ -97,11 +78,10 @@ def _byte_run(pieces: list[bytes]) -> list[TokenCell]:
     cells = []
     for piece, texts, lines in zip(pieces, shown, notes):
         if texts and all(t.startswith("0x") and len(t) == 4 for t in texts):
-            cells.append(_cell(" ".join(texts), "byte", "; ".join(lines)))
-        elif texts:
-            cells.append(_cell("".join(texts), "bytes", "; ".join(lines)))
+            text, style = " ".join(texts), "byte"
         else:
-            cells.append(_cell(f"+{_hex(piece)}", "bytecont", "; ".join(lines)))
+            text, style = ("".join(texts), "bytes") if texts else (f"+{_hex(piece)}", "bytecont")
+        cells.append(_cell(text, style, "; ".join(lines)))
     return cells
 
 

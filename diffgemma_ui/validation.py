@@ -1,7 +1,4 @@
-"""Checks of what arrives from the browser or the API with the settings table's parsers (`ValueError`s for the
-user), the UI's request shape and presets."""
-
-from __future__ import annotations
+"""The UI's request (`RunRequest`) and presets, checked with the settings table's parsers (`ValueError`)."""
 
 from dataclasses import dataclass
 
@@ -10,9 +7,6 @@ from engine.settings import MAX_PROMPT_CHARS, check_prompt, parse_flag, parse_se
 from engine.settings import SETTING_NAMES as ALL_SETTING_NAMES
 
 __all__ = ["MAX_PROMPT_CHARS", "check_prompt"]
-UI_MAX_NEW_TOKENS = spec("max_new_tokens").ui_high
-UI_MAX_DENOISING_STEPS = spec("max_denoising_steps").ui_high
-UI_MAX_ENTROPY_BOUND = spec("entropy_bound").ui_high
 SETTING_NAMES = tuple(name for name in ALL_SETTING_NAMES if spec(name).kind is not bool)
 PRESET_FIELDS = (*SETTING_NAMES[1:], "adaptive_stopping")  # all but max_new_tokens, the user's
 CUSTOM_PRESET = "custom"  # the preset box once a setting is changed by hand

@@ -1,9 +1,12 @@
-"""Synthetic frames and an HTML tag collector, shared by the view and security tests (no model needed)."""
+"""Synthetic frames, the Playground canvas of them and an HTML tag collector, shared by the view and security tests
+(no model needed)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html.parser import HTMLParser
 
+from diffgemma_ui.canvas_view import EMPTY_CANVAS_HTML, legend_html, live_html, stack_html
 from engine import Frame
 
 
@@ -54,3 +57,13 @@ def parse_html(fragment: str) -> TagCollector:
     collector.feed(fragment)
     collector.close()
     return collector
+
+
+def canvas_html(finished: Sequence[Frame], live: Frame | None, *, finished_html: Sequence[str] | None = None,
+                status: str = "") -> str:
+    """The legend, `stack_html` and `live_html` in one string, as the Playground shows them."""
+    newest = live if live is not None else (finished[-1] if finished else None)
+    if newest is None and not status:
+        return EMPTY_CANVAS_HTML
+    return (legend_html() + stack_html(finished, finished_html=finished_html)
+            + live_html(live, newest=newest, status=status))

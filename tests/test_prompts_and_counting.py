@@ -7,6 +7,7 @@ result, the meter, the CLI and the API, as `model.generate()` counts them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -136,8 +137,8 @@ def test_pads_are_counted_the_same_way_everywhere(engine, capsys, model_writes_p
     printed = json.loads(capsys.readouterr().out)
     assert printed["tokens"] == tokens and printed["tokens_per_forward"] == pytest.approx(tokens / printed["forwards"])
     # the API
-    _, summary = Playground(engine).generate_api("In the beginning", True, 96, 4, settings.entropy_bound, 0.0, 0.01,
-                                                 settings.stability_threshold, settings.confidence_threshold,
-                                                 settings.adaptive_stopping, 0)
+    _, summary = asyncio.run(Playground(engine).generate_api_served(
+        "In the beginning", True, 96, 4, settings.entropy_bound, 0.0, 0.01, settings.stability_threshold,
+        settings.confidence_threshold, settings.adaptive_stopping, 0))
     assert summary["tokens"] == tokens and summary["token_ids"] == result.token_ids
     assert summary["tokens_per_forward"] == pytest.approx(tokens / summary["forwards"])

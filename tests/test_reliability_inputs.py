@@ -26,8 +26,6 @@ from diffgemma_ui.validation import (
     MAX_PROMPT_CHARS,
     PRESET_FIELDS,
     SETTING_NAMES,
-    UI_MAX_DENOISING_STEPS,
-    UI_MAX_NEW_TOKENS,
     build_request,
     build_settings,
     check_prompt,
@@ -43,6 +41,8 @@ pytestmark = pytest.mark.slow
 GOOD = ["In the beginning", True, 64, 2, 0.5, 0.4, 0.8, 1, 0.05, True, 5]
 INDEX = {name: i for i, name in enumerate(
     ["prompt", "raw", *SETTING_NAMES, "adaptive_stopping", "seed"])}
+UI_MAX_NEW_TOKENS = spec("max_new_tokens").ui_high  # the page's slider tops
+UI_MAX_DENOISING_STEPS = spec("max_denoising_steps").ui_high
 MAX_MESSAGE_CHARS = 300  # a clear message is one short line
 BAD_INPUTS: set[str] = set()  # every distinct bad input tried, as "field=repr(value)"
 
@@ -469,11 +469,12 @@ class _Tags(HTMLParser):
 
 def test_a_real_run_on_hostile_text_renders_escaped(engine):
     """Frames of a real run on markup/bidi/control text render to HTML with only the view's own markup."""
-    from diffgemma_ui import canvas_view, meter
+    from diffgemma_ui import meter
+    from synthetic import canvas_html
 
     frames = list(engine.frames(UNUSUAL_PROMPTS[4] + UNUSUAL_PROMPTS[2] + UNUSUAL_PROMPTS[0], DiffusionSettings(
         max_new_tokens=64, max_denoising_steps=2), raw=True, seed=3))
-    html = canvas_view.canvas_html([frames[-1]], frames[0]) + meter.meter_html(frames[-1])
+    html = canvas_html([frames[-1]], frames[0]) + meter.meter_html(frames[-1])
     parser = _Tags()
     parser.feed(html)
     assert {tag for tag, _ in parser.tags} <= {"div", "section", "header", "span", "p", "b", "wbr"}

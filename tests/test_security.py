@@ -32,7 +32,7 @@ from diffgemma_ui.session import SessionState
 from diffgemma_ui.text import plain_text, visible_token
 from engine import DEFAULT_MODEL, Frame, GenerationResult, ModelLoadError, load_model
 from pages import set_number
-from synthetic import parse_html, synthetic_frame
+from synthetic import canvas_html, parse_html, synthetic_frame
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = [
@@ -312,9 +312,9 @@ def test_canvas_blocks_stack_and_status_are_inert():
     status = status_text(None, RuntimeError(HOSTILE[0] + HOSTILE[2]))
     assert_inert_html(canvas_view.block_html(live, live=True), shows=HOSTILE)
     assert_inert_html(canvas_view.block_html(finished[0], live=False), shows=HOSTILE)
-    assert_inert_html(canvas_view.canvas_html(finished, live, status=status), shows=HOSTILE + [HOSTILE[0]])
+    assert_inert_html(canvas_html(finished, live, status=status), shows=HOSTILE + [HOSTILE[0]])
     cancelled = hostile_frame(step=2, done=True, stop_reason="cancelled")
-    assert_inert_html(canvas_view.canvas_html([], cancelled, status=status_text(cancelled)))
+    assert_inert_html(canvas_html([], cancelled, status=status_text(cancelled)))
     for name in ("stack_html", "live_html"):  # newer split views, where present
         builder = getattr(canvas_view, name, None)
         if builder is None:

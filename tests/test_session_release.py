@@ -1,8 +1,8 @@
 """A closed tab's session is released, Gradio's own record of it included (issue 13 item 11).
 
 Gradio keeps, per session hash, the last value of every component and the components `gr.update` replaced; on its
-own it would keep a closed tab's record until 10,000 later sessions had come (`diffgemma_ui.runs.ClosedSessionDropper`). The
-memory figure for 50 browser visitors is measured by `python -m benchmarks.browser sessions --sessions 50`.
+own it would keep a closed tab's record until 10,000 later sessions had come (`diffgemma_ui.runs.Runner.drop_closed`).
+The memory figure for 50 browser visitors is measured by `python -m benchmarks.browser sessions --sessions 50`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from benchmarks import browser as browser_bench
-from diffgemma_ui.runs import DROP_DELAY_S, ClosedSessionDropper
+from diffgemma_ui.runs import DROP_DELAY_S
 from pages import open_page, set_number
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def short_run(page) -> None:
 def test_closing_a_tab_drops_its_gradio_record_and_keeps_the_open_ones(served_app, browser, monkeypatch):
     app, url = served_app
     holder = app.state_holder
-    assert isinstance(app.playground.runs.closed_sessions, ClosedSessionDropper)
+    assert app.playground.runs.blocks is app
     before = set(holder.session_data)
     closing, problems = open_page(browser, url)
     short_run(closing)
@@ -53,16 +53,16 @@ def test_closing_a_tab_drops_its_gradio_record_and_keeps_the_open_ones(served_ap
     record = holder.session_data[closing_hash]
     assert any("dg-block" in str((c.get("props") or {}).get("value", "")) for c in record.config_values.values()), \
         "the record of a finished run holds its last views"
-    dropper = app.playground.runs.closed_sessions
+    runs = app.playground.runs
     drops = []  # (session hash, whether it had a record): other tests' closed tabs may be dropped meanwhile
-    original_drop = dropper.drop
+    original_drop = runs.drop_closed
 
     def recording_drop(session_hash: str) -> bool:
         had_record = original_drop(session_hash)
         drops.append((session_hash, had_record))
         return had_record
 
-    monkeypatch.setattr(dropper, "drop", recording_drop)
+    monkeypatch.setattr(runs, "drop_closed", recording_drop)
 
     closing.close()
     assert wait_until(lambda: (closing_hash, True) in drops, DROP_DELAY_S + 15), \

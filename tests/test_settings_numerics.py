@@ -7,6 +7,8 @@ and the API's message for the reported case (`--t-min 0 --t-max 1e-38`).
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
 
@@ -74,5 +76,5 @@ def test_api_refuses_it_naming_the_setting_and_never_says_try_again(engine):
 
     playground = Playground(engine)
     with pytest.raises(gr.Error) as refused:
-        playground.generate_api("In the beginning", True, 64, 32, 0.5, 0.0, 1e-38, 1, 0.05, True, 0)
+        asyncio.run(playground.generate_api_served("In the beginning", True, 64, 32, 0.5, 0.0, 1e-38, 1, 0.05, True, 0))
     assert "t_min and t_max" in refused.value.message and "try again" not in refused.value.message

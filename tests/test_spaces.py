@@ -28,9 +28,9 @@ from packaging.version import Version
 
 from deploy.space import front_matter, normalize, read_pins, write_space
 from deploy.targets import REAL_MODEL, SDK_PROVIDED, TARGETS
-from diffgemma_ui.deployment import (QUEUE_IDLE_POLL_S, default_threads, queue_plan, space_cpu_cores, space_id,
-                                     slow_idle_queue_polling, zero_gpu)
-from diffgemma_ui.zerogpu import GpuBudget, StopFlag, gpu_size_for, make_playground, weight_bytes
+from diffgemma_ui.deployment import (QUEUE_IDLE_POLL_S, GpuBudget, StopFlag, default_threads, gpu_size_for,
+                                     make_playground, queue_plan, slow_idle_queue_polling, space_cpu_cores, space_id,
+                                     weight_bytes, zero_gpu)
 from engine.loading import meta_model
 from engine.quantization import memory_report
 
@@ -208,14 +208,15 @@ def test_spaces_installed_changes_nothing_without_zerogpu(engine):
     import importlib.util
 
     from engine import DiffusionSettings
-    from diffgemma_ui.handlers import Playground, status_text
+    from diffgemma_ui.handlers import Job, Playground, status_text
     from diffgemma_ui.validation import RunRequest
 
     assert importlib.util.find_spec("spaces") is not None
     playground = make_playground(engine, environ={})
     assert type(playground) is Playground
     settings = DiffusionSettings(max_new_tokens=1024, max_denoising_steps=64, adaptive_stopping=False)
-    worker = playground.start_run(RunRequest(prompt="In the beginning", raw=True, settings=settings, seed=0))
+    run = RunRequest(prompt="In the beginning", raw=True, settings=settings, seed=0)
+    worker = playground.start_job(Job("generate", run, settings))
     while worker.record.count < 2:
         time.sleep(0.01)
     worker.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import html
 import json
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import gradio as gr
+import plotly.graph_objects as go
 import pytest
 
 from diffgemma_ui import canvas_view, handlers, meter, plots, text
@@ -28,7 +30,7 @@ from diffgemma_ui.validation import (
 )
 from engine import DiffusionSettings, Frame
 from engine.settings import parse_seed
-from synthetic import parse_html, synthetic_frame
+from synthetic import canvas_html, parse_html, synthetic_frame
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,6 +56,11 @@ HOSTILE = [
     "<b>bold</b><br>",
 ]
 N = 16  # canvas length of synthetic frames
+
+
+def generate(playground: Playground, *inputs) -> tuple[str, dict]:
+    """`/generate`'s handler to its end (no client to go away)."""
+    return asyncio.run(playground.generate_api_served(*inputs))
 
 
 def make_frame(step=0, block=0, tokens=None, accepted=None, done=False, block_done=False, committed=None, **kw):
@@ -113,7 +120,7 @@ def test_escape_helpers():
 # -- canvas ----------------------------------------------------------------------------------------------------------
 def test_canvas_escapes_hostile_tokens_in_text_and_tooltips():
     live = make_frame(step=3)
-    out = canvas_view.canvas_html([], live)
+    out = canvas_html([], live)
     collected = assert_safe_html(out)
     chips = [a for t, a in collected.tags if t == "span" and "dg-chip" in a.get("class", "") and "title" in a]
     assert len(chips) == N
@@ -144,7 +151,7 @@ def test_canvas_stacks_finished_blocks_above_live_and_fades_after_eos():
     first = make_frame(step=5, block=0, block_done=True, committed=list(range(N)))
     second = make_frame(step=4, block=1, block_done=True, committed=list(range(N + 5)))
     live = make_frame(step=1, block=2)
-    out = canvas_view.canvas_html([first, second], live)
+    out = canvas_html([first, second], live)
     assert_safe_html(out)
     blocks = [a["data-block"] for t, a in parse_html(out).tags if t == "section"]
     assert blocks == ["0", "1", "2"]
@@ -157,9 +164,9 @@ def test_canvas_stacks_finished_blocks_above_live_and_fades_after_eos():
 def test_canvas_cache_matches_and_empty_state():
     finished = [make_frame(step=3, block_done=True, committed=list(range(N)))]
     cached = [canvas_view.block_html(f, live=False) for f in finished]
-    assert canvas_view.canvas_html(finished, None) == canvas_view.canvas_html(finished, None, finished_html=cached)
-    assert canvas_view.canvas_html([], None) == canvas_view.EMPTY_CANVAS_HTML
-    status = canvas_view.canvas_html(finished, None, status="<b>done</b>")
+    assert canvas_html(finished, None) == canvas_html(finished, None, finished_html=cached)
+    assert canvas_html([], None) == canvas_view.EMPTY_CANVAS_HTML
+    status = canvas_html(finished, None, status="<b>done</b>")
     assert "&lt;b&gt;done&lt;/b&gt;" in status
 
 
@@ -193,7 +200,7 @@ def test_plots_escape_hover_texts_and_titles(builder):
         "order": lambda: plots.unmasking_order(frames[-1]),
         "entropy": lambda: plots.entropy_and_acceptance(frames),
     }[builder]()
-    fig.to_plotly()  # valid Plotly schema
+    go.Figure(fig)  # valid Plotly schema
     text = fig.to_json()
     json.loads(text)
     for s in _all_strings(fig):
@@ -260,7 +267,7 @@ def test_entropy_plot_counts_positions_in_whole_numbers():
     right = plots.entropy_and_acceptance(frames)["layout"]["yaxis2"]
     assert right["range"] == [0, N] and right["tickmode"] == "linear"  # not "sync": the left axis's odd positions
     assert right["tick0"] == 0 and isinstance(right["dtick"], int) and right["dtick"] == plots.whole_step(N)
-    assert plots.entropy_and_acceptance(frames).to_plotly().layout.yaxis2.dtick == 5
+    assert go.Figure(plots.entropy_and_acceptance(frames)).layout.yaxis2.dtick == 5
 
 
 def test_plots_drop_selection_buttons_and_keep_narrow_titles_clear_of_the_mode_bar():
@@ -281,7 +288,7 @@ def test_plots_drop_selection_buttons_and_keep_narrow_titles_clear_of_the_mode_b
 
 def test_empty_figures_and_gradio_accepts_figure_specs():
     for fig in (plots.confidence_heatmap([]), plots.unmasking_order(None), plots.entropy_and_acceptance([])):
-        fig.to_plotly()
+        go.Figure(fig)
         data = gr.Plot().postprocess(fig)
         assert data.type == "plotly" and json.loads(data.plot)["layout"]
 
@@ -756,7 +763,7 @@ def test_runs_past_the_time_limit_stop_with_a_clear_message_and_keep_finished_bl
 
     playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_run_s=0.3)
     with pytest.raises(gr.Error, match="limit of 0.3 s per run"):
-        playground.generate_api(*ARGS)
+        generate(playground, *ARGS)
     session = SessionState()
     with pytest.raises(gr.Error, match="limit of 0.3 s per run"):
         for outputs in playground.generate_stream(session, *ARGS):
@@ -768,14 +775,14 @@ def test_runs_past_the_time_limit_stop_with_a_clear_message_and_keep_finished_bl
 
 def test_api_handler_and_block_selection():
     playground = Playground(FakeEngine(frames=9))
-    text, summary = playground.generate_api(*ARGS)
+    text, summary = generate(playground, *ARGS)
     assert text == "<b>text</b>" and summary["frames"] == summary["forwards"] == 9
     assert summary["stop_reason"] == "max_new_tokens" and summary["seed"] == 42
     for bad, message in [(("",), "empty"), ((" ", True), "empty")]:
         with pytest.raises(gr.Error, match=message):
-            playground.generate_api(*bad, *ARGS[len(bad):])
+            generate(playground, *bad, *ARGS[len(bad):])
     with pytest.raises(gr.Error, match="seed"):
-        playground.generate_api(*ARGS[:-1], 2.5)
+        generate(playground, *ARGS[:-1], 2.5)
     session = SessionState()
     list(Playground(FakeEngine(frames=12), max_fps=1000).generate_stream(session, *ARGS))
     heat, order, entropy = playground.select_block(session, 2)
@@ -851,13 +858,13 @@ def test_plot_legends_short_heatmaps_and_a_readable_play_button():
 
 def test_every_preset_fits_the_page_sliders(engine):
     """A preset the page offers must be a value its sliders accept (Gradio refuses a run past a slider's maximum)."""
-    from diffgemma_ui.validation import UI_MAX_DENOISING_STEPS, UI_MAX_ENTROPY_BOUND
     from engine import PRESET_NAMES, preset
+    from engine.settings import spec
 
     for name in PRESET_NAMES:
         settings = preset(name, engine.recommended)
-        assert 0.01 <= settings.entropy_bound <= UI_MAX_ENTROPY_BOUND, name
-        assert settings.max_denoising_steps <= UI_MAX_DENOISING_STEPS, name
+        assert 0.01 <= settings.entropy_bound <= spec("entropy_bound").ui_high, name
+        assert settings.max_denoising_steps <= spec("max_denoising_steps").ui_high, name
 
 
 def test_live_renders_send_the_text_only_with_a_committed_block():

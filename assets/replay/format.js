@@ -121,7 +121,7 @@ function viridis(value) {
   return "#" + a.map((x, i) => roundHalfEven(x + (b[i] - x) * frac).toString(16).padStart(2, "0")).join("");
 }
 
-// colors.text_on: black or white, whichever reads better on the background (WCAG relative luminance)
+// canvas_view._confidence_style's text: black or white, whichever reads better on the background (WCAG luminance)
 function textOn(background) {
   const channel = (c) => { c /= 255; return c <= 0.04045 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; };
   const [r, g, b] = rgb(background).map(channel);

@@ -1,5 +1,5 @@
 // The live playground's presenter: the replay player (parts 1-4) in an overlay over the page, fed the session's run
-// as chunks of the player's data (diffgemma_ui/presenter.py) that a hidden button fetches each second, so a live run
+// as chunks of the player's data (diffgemma_ui/keep.py) that a hidden button fetches each second, so a live run
 // plays at narration speed while the engine runs ahead. The Present button or ?present=1 opens it; Esc leaves.
 
 const OVERLAY = `<div id="dgp-controls" class="dg-controls">

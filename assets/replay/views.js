@@ -118,12 +118,12 @@ function meterValues(f) {
   };
 }
 
-// meter.ms_per_forward: engine ms per decoder forward after the first (prefill excluded); before it, the first's
+// meter_values' ms/forward: engine ms per decoder forward after the first (prefill excluded); before it, the first's
 function msPerForward(f) {
   return f.forward < 1 ? f.firstFrame * 1000 : (f.elapsed - f.firstFrame) / f.forward * 1000;
 }
 
-// meter.short_answer_note: an answer ended at EOS that filled under half of the positions it paid for
+// meter_html's short-answer note: an answer ended at EOS that filled under half of the positions it paid for
 function shortAnswerNote(f) {
   const positions = (f.block + 1) * f.canvasLength;
   if (!f.done || f.stopReason !== "eos" || 2 * f.committedTokens >= positions) return "";
