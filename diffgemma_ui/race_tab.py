@@ -69,9 +69,7 @@ class RaceProgress:
     def finish(self, error: BaseException | None = None) -> None:
         self.error, self.finished = error, True
 
-    @property
-    def frames_seen(self) -> int:
-        return self.count
+    frames_seen = property(lambda self: self.count)
 
     def snapshot(self) -> "RaceProgress":
         return self
@@ -120,9 +118,6 @@ class RaceTab:
             values = preset_values(preset_name, self.runner.engine.recommended, max_new_tokens=max_new_tokens)
             run = build_request(prompt, raw, values, seed, ui_limits=True)
         return self.check(run, ar_temperature, order)
-
-    def check_inputs(self, *inputs) -> None:
-        self.ui_request(*inputs)
 
     def job(self, race: RaceRequest) -> Job:
         """The "race" job (its autoregressive side: a forward per token of the budget)."""
@@ -236,7 +231,7 @@ def build_race_tab(race: RaceTab) -> None:
     result = gr.HTML(result_html(None), elem_id="dg-race-result")
 
     outputs = [*panels, result, start, stop]
-    ran = wire_run([start.click], race.check_inputs, race.race_stream, state=session, box=refusal, stop=stop,
+    ran = wire_run([start.click], race.ui_request, race.race_stream, state=session, box=refusal, stop=stop,
                    inputs=[prompt, raw, preset_box, max_new_tokens, seed, temperature, order], outputs=outputs)
     ran.success(race.replay_stream, inputs=[session], outputs=outputs, **UNQUEUED)  # outside the engine's slot
 
@@ -250,37 +245,34 @@ def frame_at(frames: Sequence, t: float):
 def side_figures(frame, *, t: float | None = None, first_token_s: float | None = None) -> dict[str, str]:
     """A side's figures by `FIGURES` label for its newest `frame` at replay time `t` (None: the frame's time)."""
     if frame is None:
-        return {label: "\u2013" for label in FIGURES}
+        return dict.fromkeys(FIGURES, "\u2013")
     elapsed = frame.elapsed_s if t is None or frame.done else max(t, frame.elapsed_s)
-    forwards = frame.forward_index + 1
-    tokens = frame.committed_tokens
-    counting = tokens == 0 and not frame.done
-    none = tokens == 0 and frame.done
+    forwards, tokens = frame.forward_index + 1, frame.committed_tokens
+    unknown = "\u2013" if frame.done else "\u2026"  # none came, or none yet
     shown_first = first_token_s is not None and first_token_s <= elapsed
-
-    def rate(value: float, digits: int) -> str:
-        return "\u2026" if counting else "\u2013" if none else format_number(value, digits)
-
     return {
-        "tokens/s": rate(tokens / elapsed if elapsed > 0 else 0.0, 1),
-        "tokens/forward": rate(tokens / forwards, 2),
+        "tokens/s": format_number(tokens / elapsed if elapsed > 0 else 0.0, 1) if tokens else unknown,
+        "tokens/forward": format_number(tokens / forwards, 2) if tokens else unknown,
         "forwards": f"{forwards:,}",
-        "first token": (format_number(first_token_s, 2, " s") if shown_first
-                        else "\u2013" if frame.done else "\u2026"),
+        "first token": format_number(first_token_s, 2, " s") if shown_first else unknown,
         "time": format_number(elapsed, 2, " s"),
         "tokens": f"{tokens:,}",
     }
+
+
+def _tag(tag: str, css: str, text: str) -> str:
+    """`text` escaped in a `tag` of class `css`; "" for no text."""
+    return f'<{tag} class="{css}">{escape_html(text)}</{tag}>' if text else ""
 
 
 def panel_html(side: str, frame, *, text: str, model: str, position: int | None, state: str,
                t: float | None = None, first_token_s: float | None = None) -> str:
     """One side's panel (answer, figures, diffusion's live canvas); `position`: 1 or 2; `state`: idle, waiting,
     running, replay or done; carries `data-side`, `data-state`, `data-tokens`."""
-    figures = side_figures(frame, t=t, first_token_s=first_token_s)
-    moving = state in ("running", "replay")
+    moving, done = state in ("running", "replay"), frame is not None and frame.done
     if state == "waiting":
         note = WAITING_TEXT.get(position or 2, "")
-    elif state != "idle" and frame is not None and frame.done and (t is None or t >= frame.elapsed_s):
+    elif state != "idle" and done and (t is None or t >= frame.elapsed_s):
         note = STOP_REASONS.get(frame.stop_reason, frame.stop_reason) or "done"
     else:
         note = STATE_NOTES.get(state, "")
@@ -288,17 +280,15 @@ def panel_html(side: str, frame, *, text: str, model: str, position: int | None,
     canvas = ""
     if side == "diffusion" and frame is not None and not frame.block_done and moving:
         canvas = f'<div class="dg-race-canvas">{block_html(frame, live=True)}</div>'
-    answer = escape_html(text)
-    caret = '<span class="dg-race-caret"></span>' if moving and not (frame is not None and frame.done) else ""
-    placeholder = "" if answer or caret else '<span class="dg-race-empty">The answer appears here.</span>'
-    tokens = frame.committed_tokens if frame is not None else 0
+    caret = '<span class="dg-race-caret"></span>' if moving and not done else ""
+    answer = escape_html(text) + caret or _tag("span", "dg-race-empty", "The answer appears here.")
     return (
-        f'<div class="dg-race-panel" data-side="{side}" data-state="{escape_html(state)}" data-tokens="{tokens}">'
-        f'<div class="dg-race-head"><h3>{TITLES[side]}</h3><span>{SUBTITLES[side]} \u00b7 '
-        f'{escape_html(model)}{order}</span></div>'
-        f'<div class="dg-meter dg-race-meter">{stat_cards_html(figures)}'
+        f'<div class="dg-race-panel" data-side="{side}" data-state="{escape_html(state)}" '
+        f'data-tokens="{frame.committed_tokens if frame is not None else 0}"><div class="dg-race-head">'
+        f'<h3>{TITLES[side]}</h3><span>{SUBTITLES[side]} \u00b7 {escape_html(model)}{order}</span></div>'
+        f'<div class="dg-meter dg-race-meter">{stat_cards_html(side_figures(frame, t=t, first_token_s=first_token_s))}'
         f'<div class="dg-meter-note">{escape_html(note)} \u00b7 engine clock</div></div>'
-        f'<div class="dg-race-answer">{answer}{caret}{placeholder}</div>{canvas}</div>'
+        f'<div class="dg-race-answer">{answer}</div>{canvas}</div>'
     )
 
 
@@ -306,44 +296,41 @@ def _ms(seconds: float | None, digits: int = 2) -> str:
     return "\u2013" if seconds is None else format_number(seconds * 1000, digits, " ms")
 
 
+COST_COLUMNS = (  # (heading, a side's cell); the last two only where the bandwidth bound was measured
+    ("cost per forward", lambda side: _ms(side.seconds_per_forward)),
+    ("tokens per forward", lambda side: format_number(side.tokens_per_forward, 2) if side.tokens else "\u2013"),
+    ("cost per token", lambda side: _ms(side.seconds_per_token)),
+    ("bandwidth bound per forward", lambda side: _ms(side.bandwidth_bound_s_per_forward, 3)),
+    ("bound tokens/s", lambda side: format_number(side.bandwidth_bound_tokens_per_second, 0)),
+)
+
+
 def cost_table_html(result: RaceResult) -> str:
     """Cost per forward and tokens per forward of both sides (and the bandwidth bound where measured)."""
     sides = [s for s in (result.diffusion, result.autoregressive) if s is not None]
     bound = any(s.bandwidth_bound_s_per_forward for s in sides)
-    head = "<tr><th></th><th>cost per forward</th><th>tokens per forward</th><th>cost per token</th>"
+    columns = COST_COLUMNS if bound else COST_COLUMNS[:3]
+    rows = "".join(f"<tr><td>{TITLES[s.name]}</td>{''.join(f'<td>{escape_html(cell(s))}</td>' for _, cell in columns)}"
+                   "</tr>" for s in sides)
+    caption = prose("race-costs")
     if bound:
-        head += "<th>bandwidth bound per forward</th><th>bound tokens/s</th>"
-    rows = []
-    for side in sides:
-        cells = [TITLES[side.name], _ms(side.seconds_per_forward),
-                 format_number(side.tokens_per_forward, 2) if side.tokens else "\u2013", _ms(side.seconds_per_token)]
-        if bound:
-            cells += [_ms(side.bandwidth_bound_s_per_forward, 3),
-                      format_number(side.bandwidth_bound_tokens_per_second, 0)]
-        rows.append("<tr>" + "".join(f"<td>{escape_html(c)}</td>" for c in cells) + "</tr>")
-    caption = "measured: engine seconds / forwards; cost per token = cost per forward / tokens per forward"
-    if bound:
-        caption += (f"; bound = weights' bytes per forward / {format_number(result.memory_bandwidth_gb_s, 0)} GB/s "
-                    "measured memory bandwidth")
-    return (f'<table class="dg-race-costs"><caption>{escape_html(caption)}</caption>{head}</tr>'
-            f'{"".join(rows)}</table>')
+        caption += "; " + prose("race-costs-bound").format(bandwidth=format_number(result.memory_bandwidth_gb_s, 0))
+    return (f'<table class="dg-race-costs"><caption>{escape_html(caption)}</caption><tr><th></th>'
+            f'{"".join(f"<th>{name}</th>" for name, _ in columns)}</tr>{rows}</table>')
 
 
 def speedup_text(result: RaceResult) -> str:
     """The headline speedup; a stopped race gives none."""
-    speedup = result.speedup
+    speedup, side = result.speedup, result.stopped_side
     if result.cancelled:
-        side = result.stopped_side
         stopped = getattr(result, side) if side else None
         if stopped is None:
             return f"Stopped before the {side} side ran: no speedup."
         return f"Stopped: the {side} side was cut short after {stopped.tokens} tokens, so no speedup is given."
     if speedup is None:
         return "No speedup: a side made no tokens."
-    text = f"Diffusion ran at {speedup:.2f}x the autoregressive speed"
-    if speedup < 1:
-        text += f" ({1 / speedup:.1f}x slower)"
-    return text + " (tokens/s on both sides)"
+    slower = f" ({1 / speedup:.1f}x slower)" if speedup < 1 else ""
+    return f"Diffusion ran at {speedup:.2f}x the autoregressive speed{slower} (tokens/s on both sides)"
 
 
 def caveat_text(result: RaceResult) -> str:
@@ -354,14 +341,7 @@ def caveat_text(result: RaceResult) -> str:
             shares = {"punctuation": side.punctuation_share, "repetition": side.repeated_share}
             clauses = " and ".join(FAULT_TEXT[fault].format(shares[fault]) for fault in side.faults)
             sentences.append(f"The {side.name} answer {clauses}.")
-    if not sentences:
-        return ""
-    return " ".join(sentences) + " The speedup counts tokens per second, not readable text."
-
-
-def _side_cost(side: SideResult, forward: str) -> str:
-    return (f"{side.seconds_per_forward * 1000:.2f} ms per {forward} / {side.tokens_per_forward:.2f} tokens per "
-            f"forward = {side.seconds_per_token * 1000:.2f} ms per token.")
+    return " ".join(sentences) + " The speedup counts tokens per second, not readable text." if sentences else ""
 
 
 def explanation(result: RaceResult) -> str:
@@ -370,26 +350,27 @@ def explanation(result: RaceResult) -> str:
     if d is None or a is None or d.tokens == 0 or a.tokens == 0:
         return ""
     verdict = result.verdict()
-    per_token = f"Diffusion: {_side_cost(d, 'canvas forward')} Autoregressive: {_side_cost(a, 'forward')}"
     ratio = verdict["cost_ratio"]
-    costs = (f"a canvas forward cost {'far more than' if ratio is None else f'{ratio:.1f}x'} an autoregressive "
-             f"forward here, and each committed {d.tokens_per_forward:.2f} tokens against 1.")
+    costs = prose("race-costs-why").format(ratio="far more than" if ratio is None else f"{ratio:.1f}x",
+                                           tokens=d.tokens_per_forward)
     if verdict["winner"] is None:  # one side cut short
         side = verdict["stopped_side"]
-        why = (f"No winner: the race was stopped while the {side} side ran after {getattr(result, side).tokens} "
-               f"tokens. So far {costs}")
+        why = prose("race-no-winner").format(side=side, tokens=getattr(result, side).tokens, costs=costs)
     else:
         winner = "Diffusion wins" if verdict["winner"] == "diffusion" else "Autoregressive decoding wins"
-        alone = " on speed alone" if any(verdict["faults"].values()) else ""
-        why = f"{winner}{alone}: {costs}"
-    if verdict["bound"] == "memory":
-        device_note = prose("race-memory-bound")
-        if d.bandwidth_bound_s_per_forward and a.bandwidth_bound_s_per_forward:
-            device_note += (f" Bandwidth bound: {d.bandwidth_bound_s_per_forward * 1000:.3f} ms per canvas forward, "
-                            f"{a.bandwidth_bound_s_per_forward * 1000:.3f} ms per autoregressive forward.")
-    else:
+        why = f"{winner}{' on speed alone' if any(verdict['faults'].values()) else ''}: {costs}"
+    per_token = " ".join(prose("race-side-cost").format(
+        name=name, forward=forward, ms=side.seconds_per_forward * 1000, tokens=side.tokens_per_forward,
+        token_ms=side.seconds_per_token * 1000) for name, forward, side in (
+        ("Diffusion", "canvas forward", d), ("Autoregressive", "forward", a)))
+    if verdict["bound"] != "memory":
         device_note = prose("race-compute-bound").format(device=result.device.split(":")[0].upper(),
                                                           canvas=result.canvas_length)
+    elif d.bandwidth_bound_s_per_forward and a.bandwidth_bound_s_per_forward:
+        device_note = prose("race-memory-bound") + " " + prose("race-bandwidth-bound").format(
+            canvas=d.bandwidth_bound_s_per_forward * 1000, autoregressive=a.bandwidth_bound_s_per_forward * 1000)
+    else:
+        device_note = prose("race-memory-bound")
     return f"{why} {per_token} {device_note}"
 
 
@@ -406,18 +387,13 @@ def lengths_text(result: RaceResult) -> str:
 def result_html(result: RaceResult | None) -> str:
     """The result card (None: the rules only); carries `data-speedup` and `data-faults` (faulted sides)."""
     if result is None:
-        return ('<div class="dg-race-result" data-state="idle"><p class="dg-race-rules">'
-                f'{escape_html(prose("race-rules"))}</p></div>')
+        return f'<div class="dg-race-result" data-state="idle">{_tag("p", "dg-race-rules", prose("race-rules"))}</div>'
     speedup = "" if result.speedup is None else f"{result.speedup:.6g}"
-    lengths = lengths_text(result)
-    lengths = f'<p class="dg-race-lengths">{escape_html(lengths)}</p>' if lengths else ""
-    caveat = caveat_text(result)
-    caveat = f'<span class="dg-race-caveat">{escape_html(caveat)}</span>' if caveat else ""
     faulted = " ".join(name for name, faults in result.verdict()["faults"].items() if faults)
-    return (
-        f'<div class="dg-race-result" data-state="done" data-speedup="{speedup}" data-faults="{faulted}">'
-        f'<p class="dg-race-speedup">{escape_html(speedup_text(result))}{caveat}</p>{lengths}{cost_table_html(result)}'
-        f'<p class="dg-race-explain">{escape_html(explanation(result))}</p>'
-        f'<p class="dg-race-rules">{escape_html(FAIRNESS)} Length: {escape_html(result.length_rule)}. '
-        f"Seed {escape_html(str(result.seed))}.</p></div>"
-    )
+    rules = f"{FAIRNESS} Length: {result.length_rule}. Seed {result.seed}."
+    caveat = _tag("span", "dg-race-caveat", caveat_text(result))
+    return (f'<div class="dg-race-result" data-state="done" data-speedup="{speedup}" data-faults="{faulted}">'
+            f'<p class="dg-race-speedup">{escape_html(speedup_text(result))}{caveat}</p>'
+            f'{_tag("p", "dg-race-lengths", lengths_text(result))}'
+            f'{cost_table_html(result)}<p class="dg-race-explain">{escape_html(explanation(result))}</p>'
+            f'{_tag("p", "dg-race-rules", rules)}</div>')

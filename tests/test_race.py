@@ -597,4 +597,4 @@ def test_race_is_not_refused_on_zero_gpu(engine, monkeypatch):
     from diffgemma_ui.race_tab import RaceTab
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    assert RaceTab(RaceRunner(engine)).check_inputs("In the beginning", True, "fast", 64, 0, 0.0, "alternate") is None
+    assert RaceTab(RaceRunner(engine)).ui_request("In the beginning", True, "fast", 64, 0, 0.0, "alternate").order
