@@ -9,7 +9,7 @@ import gradio as gr
 
 from engine import PRESET_NAMES, DiffusionSettings, Frame, preset
 from engine.diffusers_sampler import SCHEDULERS, PipelineRun, diffusers_available
-from engine.settings import draw_seed
+from engine.settings import SETTING_NAMES, draw_seed, spec
 
 from . import plots
 from .handlers import Job
@@ -29,6 +29,8 @@ DEFAULT_SIDES = {"A": "recommended", "B": "fast"}
 IDLE_NOTE = "engine clock \u00b7 press Compare A and B to start"
 NOT_RUN = "not run"  # a side's state when Stop came before its turn
 NOT_RUN_NOTE = "not run: Stop came before this side's turn \u00b7 press Compare A and B to run both"
+SIDE_SETTINGS = {"entropy_bound": "nats", "max_denoising_steps": None,  # each side's own settings: their info
+                 "adaptive_stopping": spec("adaptive_stopping").help}
 
 
 def sampler_choices() -> list[str]:
@@ -75,16 +77,21 @@ class CompareHandlers(Tab):
 
     sources = {"pipeline": pipeline_source}
 
-    def _checked(self, prompt, raw, seed, max_new_tokens, *sides, b_sampler) -> tuple[list, str | None]:
-        """Both sides' requests (one seed; `sides`: A's, then B's bound, steps, adaptive) and B's diffusers scheduler
-        (None: the engine's); gr.Error."""
+    def _checked(self, inputs: tuple) -> tuple[list, str | None]:
+        """Both sides' requests of the tab's inputs (prompt, raw, one seed, max_new_tokens, A's then B's
+        `SIDE_SETTINGS`, then B's sampler, by default the engine's) and B's diffusers scheduler or None; gr.Error."""
+        prompt, raw, seed, max_new_tokens, *sides = inputs
+        b_sampler = sides.pop() if len(sides) > 2 * len(SIDE_SETTINGS) else ENGINE_SAMPLER
         if seed is None or (isinstance(seed, (int, float)) and seed < 0) or str(seed).strip() == "":
             seed = draw_seed()
-        rec = self.engine.recommended
-        requests = [self.playground.checked_request(
-            prompt, raw, max_new_tokens, steps, bound, rec.t_min, rec.t_max, rec.stability_threshold,
-            rec.confidence_threshold, adaptive, seed, ui_limits=True)
-            for bound, steps, adaptive in (sides[:3], sides[3:])]
+        rec, count = self.engine.recommended, len(SIDE_SETTINGS)
+
+        def values(side) -> list:
+            chosen = {"max_new_tokens": max_new_tokens, **dict(zip(SIDE_SETTINGS, side))}
+            return [chosen.get(name, getattr(rec, name)) for name in SETTING_NAMES]
+
+        requests = [self.playground.checked_request(prompt, raw, *values(side), seed, ui_limits=True)
+                    for side in (sides[:count], sides[count:])]
         if b_sampler not in sampler_choices():
             raise user_error(f"unknown sampler {str(b_sampler)[:60]!r}")
         scheduler = b_sampler[len(DIFFUSERS_PREFIX):] if b_sampler.startswith(DIFFUSERS_PREFIX) else None
@@ -92,11 +99,10 @@ class CompareHandlers(Tab):
             raise user_error("diffusers' pipeline always applies the chat template: untick raw prompt to use it")
         return requests, scheduler
 
-    def request(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
-                b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None) -> None:
-        """Compare A and B's first step: check both sides, clear the visitor's Stop; gr.Error."""
-        self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
-                      b_steps, b_adaptive, b_sampler=b_sampler)
+    def request(self, state: CompareState | None, *inputs) -> None:
+        """Compare A and B's first step: check both sides of `inputs` (as `compare`'s), clear the visitor's Stop;
+        gr.Error."""
+        self._checked(inputs)
         if state is not None:
             state.stopped.clear()
 
@@ -107,13 +113,10 @@ class CompareHandlers(Tab):
             return gr.skip()
         return verdict_html(*state.shown, notice=REFUSED_NOTICE)
 
-    def compare(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
-                b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None,
-                request: gr.Request = None) -> Iterator[tuple]:
-        """Run A then B (B not after a stopped A): (cards A and B, verdict, texts A and B, heatmaps A and B); gr.Error:
-        bad input on either side, a failed run."""
-        requests, scheduler = self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive,
-                                            b_entropy_bound, b_steps, b_adaptive, b_sampler=b_sampler)
+    def compare(self, state: CompareState | None, request: gr.Request, *inputs) -> Iterator[tuple]:
+        """Run A then B of the tab's `inputs` (B not after a stopped A): (cards A and B, verdict, texts A and B,
+        heatmaps A and B); gr.Error: bad input on either side, a failed run."""
+        requests, scheduler = self._checked(inputs)
         b_reads_bound = scheduler in (None, "EntropyBoundScheduler")
         sampler_note = (scheduler or "") + ("" if b_reads_bound else " (its own defaults for what it samples with)")
         state = state if state is not None else CompareState()
@@ -179,10 +182,6 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
                 max_new_tokens = setting_control("max_new_tokens", rec.max_new_tokens, info=None,
                                                  elem_id="dg-compare-max-new", min_width=160)
 
-    def apply(choice):
-        settings = preset(choice, rec)
-        return settings.entropy_bound, settings.max_denoising_steps, settings.adaptive_stopping
-
     side_inputs = []
     with gr.Row():
         for side in SIDES:
@@ -190,19 +189,15 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
             with gr.Column(min_width=260, elem_id=f"dg-compare-settings-{side}"):
                 name = gr.Dropdown(list(PRESET_NAMES), value=DEFAULT_SIDES[side], label=f"Settings {side}: preset",
                                    elem_id=f"dg-compare-preset-{side}")
-                controls = [
-                    setting_control("entropy_bound", settings.entropy_bound, label=f"{side}: entropy bound",
-                                    info="nats"),
-                    setting_control("max_denoising_steps", settings.max_denoising_steps,
-                                    label=f"{side}: max denoising steps", info=None),
-                    setting_control("adaptive_stopping", settings.adaptive_stopping,
-                                    label=f"{side}: adaptive stopping"),
-                ]
+                controls = [setting_control(setting, getattr(settings, setting), info=info,
+                                            label=f"{side}: {spec(setting).label.lower()}")
+                            for setting, info in SIDE_SETTINGS.items()]
                 if side == "B":
                     sampler = gr.Dropdown(sampler_choices(), value=ENGINE_SAMPLER, label="B: sampler",
                                           info="diffusers' schedulers run its DiffusionGemmaPipeline (chat prompts)",
                                           elem_id="dg-compare-sampler")
-            name.change(apply, inputs=[name], outputs=controls, **UNQUEUED)
+            name.change(lambda choice: [getattr(preset(choice, rec), setting) for setting in SIDE_SETTINGS],
+                        inputs=[name], outputs=controls, **UNQUEUED)
             side_inputs += controls
     with gr.Row():
         run, stop = run_buttons("Compare A and B", "dg-compare-run", "dg-compare-stop")
@@ -219,7 +214,7 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
                 heatmaps.append(gr.Plot(plots.confidence_heatmap([]), show_label=False,
                                         elem_id=f"dg-compare-heatmap-{side}"))
 
-    inputs = [prompt, raw, seed, max_new_tokens, *side_inputs, sampler, state]
+    inputs = [state, prompt, raw, seed, max_new_tokens, *side_inputs, sampler]
     requested = checked([run.click], compare.request, inputs=inputs, box=refusal, refused=compare.refused,
                         refused_inputs=[state], refused_outputs=[verdict], trigger_mode="once")
     requested.success(lambda: buttons(True), outputs=[run, stop], **UNQUEUED)
