@@ -129,7 +129,7 @@ def test_two_turns_reuse_the_cache_then_regenerate_and_clear(tab):
     cleared = tab.clear(state)
     assert 'data-turns="0"' in cleared[0] and state.chat.messages == [] and 'data-state="idle"' in cleared[1]
     with pytest.raises(gr.Error, match="nothing to regenerate"):
-        tab.check_regenerate(state, "recommended", 64, False)
+        tab.regeneration(state, "recommended", 64, False)
 
 
 @pytest.mark.slow
@@ -167,7 +167,7 @@ def test_bad_chat_input_is_refused_before_anything_runs(tab):
                           (("hi", "recommended", 64, "x", False), "seed"),
                           (("hi", "recommended", 64, 0, True), "thinking")]:
         with pytest.raises(gr.Error, match=message):
-            tab.check_turn(*args)
+            tab.turn(*args)
 
 
 def test_chat_and_infill_are_not_refused_on_zero_gpu(tab, monkeypatch):
@@ -175,7 +175,7 @@ def test_chat_and_infill_are_not_refused_on_zero_gpu(tab, monkeypatch):
     from diffgemma_ui.infill_tab import InfillTab
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    assert tab.check_turn("hi", "recommended", 64, 0, False) is None
+    assert tab.turn("hi", "recommended", 64, 0, False).text == "hi"
     answer, summary = asyncio.run(tab.chat_api("hi", "[]", "", False, 64, 3, 2.0, 0.05, 0.1, 1, 0.05, True, 1))
     assert summary["history"][-1] == {"role": "assistant", "content": answer}
     assert InfillTab(tab.playground).check_inputs("a [___]", "", "recommended", 4, 0) is None
@@ -192,7 +192,7 @@ def test_thinking_switch_only_where_the_template_has_one(engine, standin_engine)
         switch = [c for c in page.get_config_file()["components"] if c["props"].get("elem_id") == "dg-chat-thinking"]
         assert len(switch) == 1 and switch[0]["props"]["visible"] is shown
         if shown:
-            chat.check_turn("hi", "recommended", 64, 0, True)  # accepted on the stand-in
+            chat.turn("hi", "recommended", 64, 0, True)  # accepted on the stand-in
 
 
 # -- /chat -----------------------------------------------------------------------------------------------------------
