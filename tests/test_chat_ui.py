@@ -178,7 +178,7 @@ def test_chat_and_infill_are_not_refused_on_zero_gpu(tab, monkeypatch):
     assert tab.turn("hi", "recommended", 64, 0, False).text == "hi"
     answer, summary = asyncio.run(tab.chat_api("hi", "[]", "", False, 64, 3, 2.0, 0.05, 0.1, 1, 0.05, True, 1))
     assert summary["history"][-1] == {"role": "assistant", "content": answer}
-    assert InfillTab(tab.playground).check_inputs("a [___]", "", "recommended", 4, 0) is None
+    assert InfillTab(tab.playground).request("a [___]", "", "recommended", 4, 0)[1].kind == "infill"
 
 
 def test_thinking_switch_only_where_the_template_has_one(engine, standin_engine):

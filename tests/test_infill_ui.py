@@ -76,11 +76,11 @@ def test_templates_that_cannot_run_are_refused_plainly(tab):
     for template, message in [("word " * 50 + "[___ 20]", r"takes \d+ canvas positions .* one canvas holds 64"),
                               ("no blanks", "no blank"), ("a [___ x]", "malformed blank"), ("", "empty")]:
         with pytest.raises(gr.Error, match=message):
-            tab.check_inputs(template, "", "recommended", 4, 0)
+            tab.request(template, "", "recommended", 4, 0)
         with pytest.raises(gr.Error, match=message):
             next(tab.fill_stream(SessionState(), template, "", "recommended", 4, 0))
     with pytest.raises(gr.Error, match="seed"):
-        tab.check_inputs("a [___]", "", "recommended", 4, "x")
+        tab.request("a [___]", "", "recommended", 4, "x")
 
 
 @pytest.mark.slow
