@@ -87,10 +87,9 @@ class BranchTab(Tab):
     def branch(self, session, forward, pins_text, seed, request: gr.Request = None):
         """The Branch button: yields (the original and the branch side by side, the refusal box's reason)."""
         trace = getattr(session, "trace", None)
-        if trace is None or session.run_in_progress:
-            yield gr.skip(), refusal_html("Nothing to branch from: generate (and let the run finish), or upload one.")
-            return
         try:
+            if trace is None or session.run_in_progress:
+                raise ValueError("Nothing to branch from: generate (and let the run finish), or upload one.")
             if (trace.model.name, trace.model.canvas_length) != (ModelInfo.of(self.engine).name,
                                                                  self.engine.canvas_length):
                 raise ValueError(f"this trace is of {trace.model.name}: branch it where that model is loaded")

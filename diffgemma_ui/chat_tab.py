@@ -250,7 +250,8 @@ class ChatTab(Tab):
             turn = ChatTurn(run.prompt, run.settings, run.seed, run.thinking, chat.messages, chat.thoughts)
             return Job("chat", turn, run.settings)
 
-        await api_run(self.playground, job, request, keep_history=False, receive=lambda outcome: vars(chat).update(outcome))
+        await api_run(self.playground, job, request, keep_history=False,
+                      receive=lambda fields: vars(chat).update(fields))
         if chat.last_result is None:
             raise user_error("the turn was stopped before its answer was complete")
         text, summary = api_summary(chat.last_result)

@@ -140,18 +140,19 @@ class RaceTab:
                                               if side == "diffusion" else self.runner.ar.text(ids))
         return progress.texts[side, len(ids)]
 
-    def panel(self, progress: RaceProgress, side: str, state: str, t: float | None = None) -> str:
-        """One side's `panel_html`; `t`: replay time (None: its newest frame)."""
-        frames = progress.frames[side]
-        frame = frame_at(frames, t) if t is not None else (frames[-1] if frames else None)
-        position = progress.order.index(side) + 1 if side in progress.order else None
-        return panel_html(side, frame, text=self.side_text(progress, side, frame), model=self.models[side],
-                          position=position, state=state, t=t, first_token_s=progress.first_token_s.get(side))
-
-    def live_panels(self, progress: RaceProgress) -> tuple[str, str]:
+    def panels(self, progress: RaceProgress, state: str | None = None, t: float | None = None) -> tuple[str, ...]:
+        """Both sides' `panel_html` in `state` (None: as the race runs); `t`: replay time (None: newest frames)."""
         running = None if progress.finished or not progress.order else progress.order[-1]
-        return tuple(self.panel(progress, side, "running" if side == running else "done" if progress.frames[side]
-                                else "waiting") for side in SIDES)
+        panels = []
+        for side in SIDES:
+            frames = progress.frames[side]
+            frame = frame_at(frames, t) if t is not None else (frames[-1] if frames else None)
+            shown = state or ("running" if side == running else "done" if frames else "waiting")
+            panels.append(panel_html(
+                side, frame, text=self.side_text(progress, side, frame), model=self.models[side], state=shown, t=t,
+                position=progress.order.index(side) + 1 if side in progress.order else None,
+                first_token_s=progress.first_token_s.get(side)))
+        return tuple(panels)
 
     def race_stream(self, session: RaceSession, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature,
                     order, request: gr.Request = None) -> Iterator[tuple]:
@@ -162,12 +163,12 @@ class RaceTab:
         session.stopped.clear()
         with live_run(self.playground, self.job(race), request, session, ":race", record=RaceProgress()) as worker:
             progress = worker.record
-            yield (*self.live_panels(progress), result_html(None), *buttons(True))
+            yield (*self.panels(progress), result_html(None), *buttons(True))
             for snap in worker.updates(1.0 / LIVE_INTERVAL_S, reader_budget=None):
                 if not snap.finished:
-                    yield (*self.live_panels(progress), *SKIP3)
+                    yield (*self.panels(progress), *SKIP3)
             if progress.error is not None:
-                yield (*self.live_panels(progress), gr.skip(), *buttons(False))
+                yield (*self.panels(progress), gr.skip(), *buttons(False))
                 raise user_error(progress.error)
             session.progress = progress
 
@@ -182,10 +183,9 @@ class RaceTab:
             total = max(side.seconds for side in (result.diffusion, result.autoregressive))
             start = time.monotonic()
             while (t := time.monotonic() - start) < total and not session.stopped.is_set():
-                yield (*(self.panel(progress, side, "replay", t) for side in SIDES), *SKIP3)
+                yield (*self.panels(progress, "replay", t), *SKIP3)
                 time.sleep(1.0 / REPLAY_FPS)
-        final = tuple(self.panel(progress, side, "done", float("inf")) for side in SIDES)
-        yield (*final, result_html(result), *buttons(False))
+        yield (*self.panels(progress, "done", float("inf")), result_html(result), *buttons(False))
 
     async def race_api(self, *inputs, request: gr.Request = None) -> tuple[str, str, dict]:
         """`/race`: `/generate`'s inputs, AR temperature, order -> (diffusion text, AR text, summary); gr.Error."""
