@@ -13,7 +13,7 @@ import gradio as gr
 
 from engine.autoregressive import check_temperature
 from engine.loading import model_name
-from engine.race import FAIRNESS, ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner, SideResult
+from engine.race import FAIRNESS, ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner
 
 from .canvas_view import STOP_REASONS, block_html
 from .handlers import Job, Playground
@@ -81,13 +81,6 @@ class RaceSession(SessionState):
     progress: RaceProgress | None = None
 
 
-@dataclass(frozen=True)
-class RaceRequest:
-    run: RunRequest
-    ar_temperature: float
-    order: str
-
-
 class RaceTab:
     """Handlers of the Race tab and `/race` around one `RaceRunner`, run through `playground` (default: its own)."""
 
@@ -104,31 +97,31 @@ class RaceTab:
         return {"diffusion": diffusion,
                 "autoregressive": f"{diffusion}'s causal encoder" if ar.shared_weights else model_name(ar.source)}
 
-    def check(self, run: RunRequest, ar_temperature, order) -> RaceRequest:
-        """`run` checked as a race (both budgets, temperature, order); raises gr.Error."""
+    def check(self, run: RunRequest, ar_temperature, order) -> tuple:
+        """`run` checked as a race (both budgets, temperature, order): the "race" payload; raises gr.Error."""
         with refusing():
             self.checker.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
                                seed=run.seed)
-            race = RaceRequest(run=run, ar_temperature=check_temperature(ar_temperature), order=order)
+            race = (run, check_temperature(ar_temperature), order)
             self.playground.check_job(self.job(race))
             return race
 
-    def ui_request(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> RaceRequest:
+    def ui_request(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> tuple:
         with refusing():
             values = preset_values(preset_name, self.runner.engine.recommended, max_new_tokens=max_new_tokens)
             run = build_request(prompt, raw, values, seed, ui_limits=True)
         return self.check(run, ar_temperature, order)
 
-    def job(self, race: RaceRequest) -> Job:
-        """The "race" job (its autoregressive side: a forward per token of the budget)."""
-        return Job("race", race, race.run.settings, extra_forwards=self.checker.budget(race.run.settings))
+    def job(self, race: tuple) -> Job:
+        """The "race" job of (request, AR temperature, order) (its autoregressive side: a forward per token)."""
+        return Job("race", race, race[0].settings, extra_forwards=self.checker.budget(race[0].settings))
 
-    def race_items(self, engine, race: RaceRequest, stop: threading.Event) -> Iterator:
+    def race_items(self, engine, race: tuple, stop: threading.Event) -> Iterator:
         """The "race" source: each side's (side, frame) as it runs, then the `RaceResult`."""
-        run = race.run
+        run, temperature, order = race
         return pushed(lambda emit: self.runner.run(
-            run.prompt, run.settings, raw=run.raw, seed=run.seed, ar_temperature=race.ar_temperature,
-            order=race.order, on_frame=lambda side, frame: emit((side, frame)), stop_event=stop))
+            run.prompt, run.settings, raw=run.raw, seed=run.seed, ar_temperature=temperature, order=order,
+            on_frame=lambda side, frame: emit((side, frame)), stop_event=stop))
 
     def side_text(self, progress: RaceProgress, side: str, frame) -> str:
         """The decoded answer of `frame`, cached by side and length."""
@@ -195,9 +188,8 @@ class RaceTab:
             return self.job(self.check(Playground.parse(*inputs, ui_limits=False), ar_temperature, order))
 
         result = (await api_run(self.playground, job, request, record=RaceProgress())).result
-        diffusion, autoregressive = (plain_text(side.text) if side is not None else ""
-                                     for side in (result.diffusion, result.autoregressive))
-        return diffusion, autoregressive, result.summary()
+        sides = (result.diffusion, result.autoregressive)
+        return *(plain_text(side.text) if side is not None else "" for side in sides), result.summary()
 
 
 def build_race_tab(race: RaceTab) -> None:

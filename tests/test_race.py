@@ -597,4 +597,5 @@ def test_race_is_not_refused_on_zero_gpu(engine, monkeypatch):
     from diffgemma_ui.race_tab import RaceTab
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    assert RaceTab(RaceRunner(engine)).ui_request("In the beginning", True, "fast", 64, 0, 0.0, "alternate").order
+    race = RaceTab(RaceRunner(engine)).ui_request("In the beginning", True, "fast", 64, 0, 0.0, "alternate")
+    assert race[2] == "alternate"
