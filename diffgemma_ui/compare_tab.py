@@ -25,6 +25,7 @@ PIPELINE_POLL_S = 0.05
 ENGINE_SAMPLER = "engine: entropy bound (transformers)"
 DIFFUSERS_PREFIX = "diffusers: "
 SIDES = ("A", "B")
+DOT = " \u00b7 "
 DEFAULT_SIDES = {"A": "recommended", "B": "fast"}
 IDLE_NOTE = "engine clock \u00b7 press Compare A and B to start"
 NOT_RUN = "not run"  # a side's state when Stop came before its turn
@@ -226,21 +227,19 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
 
 
 # -- views (pure) ----------------------------------------------------------------------------------------------
-def settings_label(settings: DiffusionSettings, *, bound_and_t: bool = True) -> str:
-    """The settings presets differ in, in a line; `bound_and_t` False leaves out the bound and temperatures."""
-    bound = f"entropy bound {settings.entropy_bound:g} \u00b7 " if bound_and_t else ""
-    schedule = f"t {settings.t_max:g}\u2192{settings.t_min:g} \u00b7 " if bound_and_t else ""
-    return (f"{bound}max {settings.max_denoising_steps} steps \u00b7 {schedule}adaptive stopping "
-            f"{'on' if settings.adaptive_stopping else 'off'}")
-
-
 def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None, state: str,
               sampler: str = "", bound_and_t: bool = True) -> str:
-    """One side's card: name, settings, `sampler`, `state` and the meter of its newest frame."""
-    label = settings_label(settings, bound_and_t=bound_and_t) if settings is not None else ""
-    label = f"{sampler} \u00b7 {label}" if sampler else label
+    """One side's card: name, `sampler`, the settings presets differ in (`bound_and_t` False: not the bound and
+    temperatures), `state` and the meter of its newest frame."""
+    parts = [sampler] * bool(sampler)
+    if settings is not None:
+        parts += [f"entropy bound {settings.entropy_bound:g}"] * bound_and_t
+        parts += [f"max {settings.max_denoising_steps} steps"]
+        parts += [f"t {settings.t_max:g}\u2192{settings.t_min:g}"] * bound_and_t
+        parts += [f"adaptive stopping {'on' if settings.adaptive_stopping else 'off'}"]
     return (f'<div class="dg-compare-side" data-side="{escape_html(side)}" data-state="{escape_html(state)}">'
-            f'<h3>{escape_html(side)} \u00b7 {escape_html(state)}</h3><p class="dg-meter-note">{escape_html(label)}</p>'
+            f'<h3>{escape_html(side)} \u00b7 {escape_html(state)}</h3>'
+            f'<p class="dg-meter-note">{escape_html(DOT.join(parts))}</p>'
             f"{meter_html(last, note=NOT_RUN_NOTE if state == NOT_RUN else IDLE_NOTE)}</div>")
 
 
