@@ -14,7 +14,6 @@ import gradio as gr
 from engine import DiffusionSettings
 from engine.chat import ChatSession, TurnReport
 from engine.conversation import check_messages, check_thinking
-from engine.settings import parse_flag, parse_seed
 
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html, thought_html
 from .handlers import Job, Playground, api_summary
@@ -24,7 +23,7 @@ from .session import SessionState
 from .tab import (UNQUEUED, PlotClock, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
                   refusing, run_buttons, seed_box, setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
-from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, preset_values
+from .validation import MAX_PROMPT_CHARS, build_request, preset_values
 
 MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text
 CHAT_MAX_NEW_TOKENS = 128  # the default answer budget
@@ -124,14 +123,12 @@ class ChatTab(Tab):
     def turn(self, message, preset_name, max_new_tokens, seed, thinking) -> ChatTurn:
         """The tab's inputs as a checked turn (gr.Error)."""
         with refusing():
-            text = check_prompt(message)
             values = preset_values(preset_name, self.engine.recommended, max_new_tokens=max_new_tokens)
-            settings = build_settings(values, ui_limits=True)
-            self.engine.check_settings(settings)
-            self.playground.check_job(Job("chat", None, settings))
-            seed, thinking = parse_seed(seed), parse_flag("thinking", thinking)
-            check_thinking(self.engine.tokenizer, thinking)
-            return ChatTurn(text, settings, seed, thinking, [], [])
+            run = build_request(message, False, values, seed, thinking=thinking)
+            self.engine.check_settings(run.settings)
+            self.playground.check_job(Job("chat", None, run.settings))
+            check_thinking(self.engine.tokenizer, run.thinking)
+            return ChatTurn(run.prompt, run.settings, run.seed, run.thinking, [], [])
 
     def regeneration(self, state: ChatState, preset_name, max_new_tokens, thinking) -> ChatTurn:
         """The turn that replaces the last answer, with a new seed; gr.Error (also without an answer)."""
