@@ -16,7 +16,7 @@ from engine.settings import parse_seed
 
 from . import plots
 from .canvas_view import block_html, legend_html
-from .handlers import Job, api_summary, previous_run_meter, status_text
+from .handlers import Job, api_summary, status_text
 from .meter import meter_html, run_meter_html
 from .session import SessionState
 from .tab import (API_SETTINGS, PlotClock, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
@@ -77,7 +77,7 @@ class InfillTab(Tab):
         clock, skip, tokenizer = PlotClock(wait_first=True), gr.skip(), self.engine.tokenizer
         with live_run(self.playground, job, request, state, ":infill") as worker:
             for index, snap in enumerate(self.playground.runs.updates(worker)):
-                latest, final = snap.latest, snap.finished
+                state.snapshot, latest, final = snap, snap.latest, snap.finished
                 status = status_text(latest, snap.error) if final else ("" if latest else "Encoding\u2026")
                 committed = latest if latest is not None and latest.block_done else None
                 ids = None if latest is None else (latest.committed_ids if committed else latest.draft_ids)
@@ -90,12 +90,6 @@ class InfillTab(Tab):
                        *(buttons(not final) if index == 0 or final else (skip, skip)))
                 if final and snap.error is not None:
                     raise user_error(snap.error)
-
-    @staticmethod
-    def refused(state: SessionState):
-        """After a refusal: `previous_run_meter` of the last fill."""
-        worker = getattr(state, "worker", None)
-        return previous_run_meter(None if worker is None else worker.snapshot(), worker is not None and worker.running)
 
     async def infill_api(self, template, context, *values, request: gr.Request = None) -> tuple[str, dict]:
         """`/infill`: `template` filled after a raw `context`, settings and seed as `/generate`'s (one canvas) -> (text,
@@ -153,7 +147,7 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
     wire_run([fill.click, template.submit], infill.request, infill.fill_stream, state=state, box=refusal,
              stop=stop, inputs=[template, context, preset_box, steps, seed],
              outputs=[canvas, meter, filled, text, heatmap, order, entropy, fill, stop],
-             refused=infill.refused, refused_inputs=[state], refused_outputs=[meter])
+             refused=infill.playground.refused, refused_inputs=[state], refused_outputs=[meter])
 
 
 def infill_canvas_html(frame: Frame | None, layout: InfillLayout | None, status: str = "") -> str:

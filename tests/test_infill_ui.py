@@ -108,9 +108,9 @@ def test_fixed_chips_hold_the_template_tokens_in_every_render(tab, engine):
 @pytest.mark.slow
 def test_a_refused_fill_marks_the_previous_fill_as_the_previous_runs(tab):
     state = SessionState()
-    assert isinstance(tab.refused(state), type(gr.skip()))  # no previous fill
+    assert isinstance(tab.playground.refused(state), type(gr.skip()))  # no previous fill
     renders = list(tab.fill_stream(state, TEMPLATE, "", "recommended", 3, 4))
-    meter = tab.refused(state)
+    meter = tab.playground.refused(state)
     assert 'data-state="refused"' in meter and "Everything below is from the previous run" in meter
     assert renders[-1][1].split('data-tps="')[1][:8] == meter.split('data-tps="')[1][:8]  # the same figures
 
