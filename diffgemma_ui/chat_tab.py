@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine import DiffusionSettings
 from engine.chat import ChatSession, TurnReport
 from engine.conversation import check_messages, check_thinking
 
@@ -23,7 +22,7 @@ from .session import SessionState
 from .tab import (UNQUEUED, PlotClock, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
                   refusing, run_buttons, seed_box, setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
-from .validation import MAX_PROMPT_CHARS, build_request, preset_values
+from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, preset_values
 
 MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text
 CHAT_MAX_NEW_TOKENS = 128  # the default answer budget
@@ -43,14 +42,13 @@ STOPPED_NOTE, IDLE_REUSE_HTML = _note("stopped", prose("chat-stopped")), _note("
 
 @dataclass
 class ChatTurn:
-    """A "chat" job's payload: `text` to answer (None: regenerate) after `messages`; `session` is never pickled."""
+    """A "chat" job's payload: `run`'s prompt answered after `messages` (`regenerate`: the last answer replaced);
+    `session` is never pickled."""
 
-    text: str | None
-    settings: DiffusionSettings
-    seed: int | None
-    thinking: bool
+    run: RunRequest
     messages: list
     thoughts: list
+    regenerate: bool = False
     session: ChatSession | None = None
 
     def __getstate__(self) -> dict:
@@ -63,11 +61,12 @@ def chat_source(engine, turn: ChatTurn, stop) -> Iterator:
     if chat is None:
         chat = ChatSession(engine)
         chat.messages, chat.thoughts = list(turn.messages), list(turn.thoughts)
-    options = dict(seed=turn.seed, thinking=turn.thinking, stop_event=stop)
-    if turn.text is None:
-        yield from chat.regenerate(turn.settings, **options)
+    run = turn.run
+    options = dict(seed=run.seed, thinking=run.thinking, stop_event=stop)
+    if turn.regenerate:
+        yield from chat.regenerate(run.settings, **options)
     else:
-        yield from chat.turn(turn.text, turn.settings, **options)
+        yield from chat.turn(run.prompt, run.settings, **options)
     yield {name: getattr(chat, name) for name in OUTCOME}
 
 
@@ -128,13 +127,13 @@ class ChatTab(Tab):
             self.engine.check_settings(run.settings)
             self.playground.check_job(Job("chat", None, run.settings))
             check_thinking(self.engine.tokenizer, run.thinking)
-            return ChatTurn(run.prompt, run.settings, run.seed, run.thinking, [], [])
+            return ChatTurn(run, [], [])
 
     def regeneration(self, state: ChatState, preset_name, max_new_tokens, thinking) -> ChatTurn:
         """The turn that replaces the last answer, with a new seed; gr.Error (also without an answer)."""
         if not has_answer(state.chat):
             raise user_error("nothing to regenerate: the conversation has no answer yet")
-        return dataclasses.replace(self.turn("x", preset_name, max_new_tokens, -1, thinking), text=None)
+        return dataclasses.replace(self.turn("x", preset_name, max_new_tokens, -1, thinking), regenerate=True)
 
     def send_stream(self, state: ChatState, message, preset_name, max_new_tokens, seed, thinking,
                     request: gr.Request = None) -> Iterator[tuple]:
@@ -147,10 +146,10 @@ class ChatTab(Tab):
         yield from self._stream(state, self.regeneration(state, preset_name, max_new_tokens, thinking), request)
 
     def _stream(self, state: ChatState, turn: ChatTurn, request) -> Iterator[tuple]:
-        playground, regenerating = self.playground, turn.text is None
+        playground, regenerating = self.playground, turn.regenerate
         state.halt()
         chat = state.chat = state.chat or ChatSession(self.engine)
-        user_text = chat.messages[-2]["content"] if regenerating else turn.text
+        user_text = chat.messages[-2]["content"] if regenerating else turn.run.prompt
         turn.messages, turn.thoughts, turn.session = list(chat.messages), list(chat.thoughts), chat
         shown, shown_thoughts = turn.messages, turn.thoughts
         if regenerating:  # shown while the turn runs: without the answer it replaces
@@ -161,7 +160,7 @@ class ChatTab(Tab):
         chat.last_report = chat.last_result = None
         clock = PlotClock(wait_first=True)
         number = state.turns + (0 if regenerating else 1)  # the turn being generated
-        job = Job("chat", turn, turn.settings)
+        job = Job("chat", turn, turn.run.settings)
         with live_run(playground, job, request, state, ":chat", receive=vars(chat).update) as worker:
             for index, snap in enumerate(playground.runs.updates(worker)):
                 state.snapshot = snap
@@ -244,8 +243,7 @@ class ChatTab(Tab):
             earlier = parse_history(history)
             chat.messages = chat.messages + earlier
             chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
-            turn = ChatTurn(run.prompt, run.settings, run.seed, run.thinking, chat.messages, chat.thoughts)
-            return Job("chat", turn, run.settings)
+            return Job("chat", ChatTurn(run, chat.messages, chat.thoughts), run.settings)
 
         await api_run(self.playground, job, request, keep_history=False,
                       receive=lambda fields: vars(chat).update(fields))

@@ -175,7 +175,7 @@ def test_chat_and_infill_are_not_refused_on_zero_gpu(tab, monkeypatch):
     from diffgemma_ui.infill_tab import InfillTab
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    assert tab.turn("hi", "recommended", 64, 0, False).text == "hi"
+    assert tab.turn("hi", "recommended", 64, 0, False).run.prompt == "hi"
     answer, summary = asyncio.run(tab.chat_api("hi", "[]", "", False, 64, 3, 2.0, 0.05, 0.1, 1, 0.05, True, 1))
     assert summary["history"][-1] == {"role": "assistant", "content": answer}
     assert InfillTab(tab.playground).request("a [___]", "", "recommended", 4, 0)[1].kind == "infill"
