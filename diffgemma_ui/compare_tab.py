@@ -79,8 +79,7 @@ class CompareHandlers(Tab):
     sources = {"pipeline": pipeline_source}
 
     def _checked(self, inputs: tuple) -> tuple[list, str | None]:
-        """Both sides' requests of the tab's inputs (prompt, raw, one seed, max_new_tokens, A's then B's
-        `SIDE_SETTINGS`, then B's sampler, by default the engine's) and B's diffusers scheduler or None; gr.Error."""
+        """(both sides' requests, B's diffusers scheduler or None) of `compare`'s inputs; gr.Error."""
         prompt, raw, seed, max_new_tokens, *sides = inputs
         b_sampler = sides.pop() if len(sides) > 2 * len(SIDE_SETTINGS) else ENGINE_SAMPLER
         if seed is None or (isinstance(seed, (int, float)) and seed < 0) or str(seed).strip() == "":
@@ -101,8 +100,7 @@ class CompareHandlers(Tab):
         return requests, scheduler
 
     def request(self, state: CompareState | None, *inputs) -> None:
-        """Compare A and B's first step: check both sides of `inputs` (as `compare`'s), clear the visitor's Stop;
-        gr.Error."""
+        """Compare A and B's first step: check `compare`'s inputs, clear the visitor's Stop; gr.Error."""
         self._checked(inputs)
         if state is not None:
             state.stopped.clear()
@@ -115,8 +113,8 @@ class CompareHandlers(Tab):
         return verdict_html(*state.shown, notice=REFUSED_NOTICE)
 
     def compare(self, state: CompareState | None, request: gr.Request, *inputs) -> Iterator[tuple]:
-        """Run A then B of the tab's `inputs` (B not after a stopped A): (cards A and B, verdict, texts A and B,
-        heatmaps A and B); gr.Error: bad input on either side, a failed run."""
+        """Run A then B (not after a stopped A) of prompt, raw, seed, max_new_tokens, A's and B's `SIDE_SETTINGS`, B's
+        sampler: (cards, verdict, texts, heatmaps); gr.Error: bad input on either side, a failed run."""
         requests, scheduler = self._checked(inputs)
         b_reads_bound = scheduler in (None, "EntropyBoundScheduler")
         sampler_note = (scheduler or "") + ("" if b_reads_bound else " (its own defaults for what it samples with)")
