@@ -20,7 +20,7 @@ from .handlers import Job, Playground
 from .meter import format_number, stat_cards_html
 from .runs import pushed
 from .session import SessionState
-from .tab import (UNQUEUED, api_run, buttons, live_run, preset_dropdown, refusal_box, refusing, run_buttons,
+from .tab import (UNQUEUED, api_run, buttons, live_run, preset_dropdown, refusal_box, refusing, run_buttons, seed_box,
                   setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
 from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, preset_values
@@ -210,8 +210,7 @@ def build_race_tab(race: RaceTab) -> None:
             with gr.Row():
                 temperature = gr.Number(value=0.0, minimum=0.0, label="AR temperature", info="0 = greedy",
                                         elem_id="dg-race-temperature", min_width=120)
-                seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random", elem_id="dg-race-seed",
-                                 min_width=120)
+                seed = seed_box("dg-race-seed", min_width=120)
                 order = gr.Dropdown(list(ORDERS), value="alternate", label="Who runs first", elem_id="dg-race-order",
                                     min_width=140)
             with gr.Row():
