@@ -57,16 +57,13 @@ class ChatTurn:
 
 def chat_source(engine, turn: ChatTurn, stop) -> Iterator:
     """The "chat" source: the turn's frames, then what it left in its `ChatSession` (`OUTCOME` by name)."""
-    chat = turn.session
+    run, chat = turn.run, turn.session
     if chat is None:
         chat = ChatSession(engine)
         chat.messages, chat.thoughts = list(turn.messages), list(turn.thoughts)
-    run = turn.run
     options = dict(seed=run.seed, thinking=run.thinking, stop_event=stop)
-    if turn.regenerate:
-        yield from chat.regenerate(run.settings, **options)
-    else:
-        yield from chat.turn(run.prompt, run.settings, **options)
+    yield from (chat.regenerate(run.settings, **options) if turn.regenerate
+                else chat.turn(run.prompt, run.settings, **options))
     yield {name: getattr(chat, name) for name in OUTCOME}
 
 

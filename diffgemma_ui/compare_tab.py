@@ -157,9 +157,8 @@ class CompareHandlers(Tab):
                 block = [f for f in exact if f.block_index == 0] if exact else snap.block_frames(0)
                 heatmaps[side] = plots.confidence_heatmap(block)
                 states[side] = "stopped" if state.stopped.is_set() else "done"
-            if states[0] == "waiting":
-                states[0] = "stopped"
-            states[:] = [NOT_RUN if s == "waiting" else s for s in states]  # B after a stopped A
+            # A stopped before its run, B after a stopped A
+            states[:] = [("stopped", NOT_RUN)[i] if s == "waiting" else s for i, s in enumerate(states)]
             yield view()
         finally:
             state.running = False
