@@ -3,11 +3,9 @@ forward (`engine.branch`) and show the branch beside the original with the share
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import gradio as gr
 
-from engine import DiffusionSettings, Frame
+from engine import Frame
 from engine.branch import branch_frames, changed_share
 from engine.settings import draw_seed, parse_seed
 from engine.trace import ModelInfo
@@ -19,18 +17,10 @@ from .tab import PRIVATE, Tab, describe_error, refusal_html
 from .text import escape_html, prose
 
 
-@dataclass(frozen=True)
-class BranchJob:
-    prompt_ids: tuple[int, ...]
-    frame: Frame
-    pins: dict[int, int]
-    settings: DiffusionSettings
-    seed: int | None
-
-
-def branch_source(engine, job: BranchJob, stop):
-    """The "branch" frame source."""
-    return branch_frames(engine, job.prompt_ids, job.frame, job.pins, job.settings, seed=job.seed, stop_event=stop)
+def branch_source(engine, payload: tuple, stop):
+    """The "branch" frame source of (prompt ids, the forward's frame, pins, settings, seed)."""
+    *arguments, seed = payload
+    return branch_frames(engine, *arguments, seed=seed, stop_event=stop)
 
 
 def parse_pins(text, frame: Frame, tokenizer) -> dict[int, int]:
@@ -97,8 +87,8 @@ class BranchTab(Tab):
             pins = parse_pins(pins_text, frame, self.engine.tokenizer)
             typed = str(seed or "").strip()
             seed = frame.seed if not typed else parse_seed(typed)
-            job = Job("branch", BranchJob(tuple(trace.prompt_ids), frame, pins, trace.settings,
-                                          draw_seed() if seed is None else seed), trace.settings)
+            job = Job("branch", (tuple(trace.prompt_ids), frame, pins, trace.settings,
+                                 draw_seed() if seed is None else seed), trace.settings)
             self.playground.check_job(job)
         except ValueError as error:
             yield gr.skip(), refusal_html(str(error))
