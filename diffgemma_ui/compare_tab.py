@@ -27,9 +27,7 @@ DIFFUSERS_PREFIX = "diffusers: "
 SIDES = ("A", "B")
 DOT = " \u00b7 "
 DEFAULT_SIDES = {"A": "recommended", "B": "fast"}
-IDLE_NOTE = "engine clock \u00b7 press Compare A and B to start"
 NOT_RUN = "not run"  # a side's state when Stop came before its turn
-NOT_RUN_NOTE = "not run: Stop came before this side's turn \u00b7 press Compare A and B to run both"
 SIDE_SETTINGS = {"entropy_bound": "nats", "max_denoising_steps": None,  # each side's own settings: their info
                  "adaptive_stopping": spec("adaptive_stopping").help}
 
@@ -134,10 +132,9 @@ class CompareHandlers(Tab):
                     break
                 states[side] = "running"
                 exact: list[Frame] = []  # the pipeline's exact frames
-                job, options = Job("generate", run, run.settings), {}
-                if side == 1 and scheduler is not None:
-                    job = Job("pipeline", (run, scheduler), run.settings)
-                    options = dict(keep_history=False, receive=exact.extend)
+                piped = side == 1 and scheduler is not None
+                job = Job("pipeline", (run, scheduler), run.settings) if piped else Job("generate", run, run.settings)
+                options = dict(keep_history=False, receive=exact.extend) if piped else {}
                 with live_run(self.playground, job, request, state, ":compare", **options) as worker:
                     if state.stopped.is_set():
                         worker.stop()
@@ -237,7 +234,7 @@ def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None,
     return (f'<div class="dg-compare-side" data-side="{escape_html(side)}" data-state="{escape_html(state)}">'
             f'<h3>{escape_html(side)} \u00b7 {escape_html(state)}</h3>'
             f'<p class="dg-meter-note">{escape_html(DOT.join(parts))}</p>'
-            f"{meter_html(last, note=NOT_RUN_NOTE if state == NOT_RUN else IDLE_NOTE)}</div>")
+            f'{meter_html(last, note=prose("compare-not-run" if state == NOT_RUN else "compare-idle"))}</div>')
 
 
 VERDICT_ROWS = (  # (name, figure of a finished frame, its format, whether B / A is shown)
