@@ -260,14 +260,13 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
         with gr.Column(min_width=0, elem_id="dg-chat-left"):
             history = gr.HTML(EMPTY_CHAT_HTML, elem_id="dg-chat-history")
             message = gr.Textbox(label="Message", lines=2, max_lines=6, elem_id="dg-chat-message",
-                                 placeholder=f"Write a message (at most {MAX_PROMPT_CHARS:,} characters); "
-                                             "Shift+Enter sends")
+                                 placeholder=prose("chat-placeholder").format(limit=MAX_PROMPT_CHARS))
             if example_messages:
                 gr.Examples([[m] for m in example_messages], inputs=[message], elem_id="dg-chat-examples",
                             label="Example messages: click one to fill the box",
                             examples_per_page=len(example_messages))
-            thinking = gr.Checkbox(label="Think first (the thought is shown apart, collapsed, and not fed back)",
-                                   value=False, visible=engine.supports_thinking, elem_id="dg-chat-thinking")
+            thinking = gr.Checkbox(label=prose("chat-thinking"), value=False, visible=engine.supports_thinking,
+                                   elem_id="dg-chat-thinking")
             with gr.Row(elem_id="dg-chat-buttons"):
                 send, stop = run_buttons("Send", "dg-chat-send", "dg-chat-stop", scale=2, min_widths=(80, 64))
                 regenerate = gr.Button("Regenerate", interactive=False, elem_id="dg-chat-regenerate", scale=1,

@@ -177,6 +177,9 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
                 max_new_tokens = setting_control("max_new_tokens", rec.max_new_tokens, info=None,
                                                  elem_id="dg-compare-max-new", min_width=160)
 
+    def apply(choice) -> list:
+        return [getattr(preset(choice, rec), setting) for setting in SIDE_SETTINGS]
+
     side_inputs = []
     with gr.Row():
         for side in SIDES:
@@ -189,10 +192,8 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
                             for setting, info in SIDE_SETTINGS.items()]
                 if side == "B":
                     sampler = gr.Dropdown(sampler_choices(), value=ENGINE_SAMPLER, label="B: sampler",
-                                          info="diffusers' schedulers run its DiffusionGemmaPipeline (chat prompts)",
-                                          elem_id="dg-compare-sampler")
-            name.change(lambda choice: [getattr(preset(choice, rec), setting) for setting in SIDE_SETTINGS],
-                        inputs=[name], outputs=controls, **UNQUEUED)
+                                          info=prose("compare-sampler-info"), elem_id="dg-compare-sampler")
+            name.change(apply, inputs=[name], outputs=controls, **UNQUEUED)
             side_inputs += controls
     with gr.Row():
         run, stop = run_buttons("Compare A and B", "dg-compare-run", "dg-compare-stop")

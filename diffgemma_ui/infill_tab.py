@@ -27,9 +27,7 @@ from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, preset_v
 EMBEDDED_TEMPLATE = "In the beginning God created the [___ 2] and the [___ 3]. And the earth was without [___ 2]."
 INSTRUCTION_TEMPLATE = "The capital of France is [___ 2], and the capital of Italy is [___ 2]."
 EMPTY_INFILL_HTML = f'<div class="dg-canvas dg-empty" data-forward="-1"><p>{prose("infill-empty")}</p></div>'
-FIXED_LEGEND_HTML = ('<div class="dg-legend dg-infill-legend" aria-hidden="true">'
-                     '<span class="dg-chip dg-accepted dg-fixed">the</span><span>fixed by the template (given at '
-                     "every step, never renoised)</span><span>other chips: the blanks being denoised</span></div>")
+FIXED_LEGEND_HTML = f'<div class="dg-legend dg-infill-legend" aria-hidden="true">{prose("infill-legend")}</div>'
 _PER_POSITION = ("input_ids", "draft_ids", "accepted", "confidence", "entropy", "first_accepted_step",
                  "input_tokens", "draft_tokens", "input_kinds", "draft_kinds")
 _POSITION = re.compile(r"position (\d+)")
@@ -122,8 +120,7 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
         with gr.Column(min_width=0, elem_id="dg-infill-left"):
             template = gr.Textbox(label="Template", value=default_template, lines=4, max_lines=10,
                                   elem_id="dg-infill-template",
-                                  info="blanks as described above \u00b7 Shift+Enter fills \u00b7 at most "
-                                       f"{MAX_PROMPT_CHARS:,} characters")
+                                  info=prose("infill-template-info").format(limit=MAX_PROMPT_CHARS))
             context = gr.Textbox(label="Context (optional)", lines=1, max_lines=4,
                                  placeholder="raw text the encoder reads before the canvas",
                                  elem_id="dg-infill-context")

@@ -34,10 +34,7 @@ SUBTITLES = {"diffusion": "canvas by canvas", "autoregressive": "token by token"
 FIGURES = ("tokens/s", "tokens/forward", "forwards", "first token", "time", "tokens")
 WAITING_TEXT = {1: "runs first", 2: "waits its turn: it runs after the other side"}
 STATE_NOTES = {"idle": "press Race to start", "running": "running now", "replay": "replay"}
-FAULT_TEXT = {  # `SideResult.faults` in words
-    "punctuation": "is mostly punctuation ({:.0%} of its visible tokens have no letter or digit)",
-    "repetition": f"repeats itself ({{:.0%}} of its tokens repeat an earlier run of {REPEAT_N})",
-}
+FAULT_TEXT = {"punctuation": prose("race-punctuation"), "repetition": prose("race-repetition")}  # `faults` in words
 
 
 @dataclass
@@ -217,8 +214,8 @@ def build_race_tab(race: RaceTab) -> None:
                 start, stop = run_buttons("Race", "dg-race-start", "dg-race-stop")
             refusal = refusal_box("race")
     with gr.Row(elem_id="dg-race-panels"):
-        panels = [gr.HTML(panel_html(side, None, text="", model=race.models[side], position=None, state="idle"),
-                          elem_id=f"dg-race-{side}", min_width=0) for side in SIDES]
+        panels = [gr.HTML(html, elem_id=f"dg-race-{side}", min_width=0)
+                  for side, html in zip(SIDES, race.panels(RaceProgress(), "idle"))]
     result = gr.HTML(result_html(None), elem_id="dg-race-result")
 
     outputs = [*panels, result, start, stop]
@@ -317,11 +314,11 @@ def speedup_text(result: RaceResult) -> str:
         stopped = getattr(result, side) if side else None
         if stopped is None:
             return f"Stopped before the {side} side ran: no speedup."
-        return f"Stopped: the {side} side was cut short after {stopped.tokens} tokens, so no speedup is given."
+        return prose("race-cut-short").format(side=side, tokens=stopped.tokens)
     if speedup is None:
         return "No speedup: a side made no tokens."
     slower = f" ({1 / speedup:.1f}x slower)" if speedup < 1 else ""
-    return f"Diffusion ran at {speedup:.2f}x the autoregressive speed{slower} (tokens/s on both sides)"
+    return prose("race-speedup").format(speedup=speedup, slower=slower)
 
 
 def caveat_text(result: RaceResult) -> str:
@@ -330,9 +327,9 @@ def caveat_text(result: RaceResult) -> str:
     for side in (result.diffusion, result.autoregressive):
         if side is not None and side.faults:
             shares = {"punctuation": side.punctuation_share, "repetition": side.repeated_share}
-            clauses = " and ".join(FAULT_TEXT[fault].format(shares[fault]) for fault in side.faults)
+            clauses = " and ".join(FAULT_TEXT[fault].format(share=shares[fault], run=REPEAT_N) for fault in side.faults)
             sentences.append(f"The {side.name} answer {clauses}.")
-    return " ".join(sentences) + " The speedup counts tokens per second, not readable text." if sentences else ""
+    return " ".join([*sentences, prose("race-caveat")]) if sentences else ""
 
 
 def explanation(result: RaceResult) -> str:

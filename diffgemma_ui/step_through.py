@@ -4,6 +4,7 @@ kept between clicks; new acceptances are outlined."""
 from __future__ import annotations
 
 import threading
+from collections import namedtuple
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
@@ -130,12 +131,7 @@ class StepThroughHandlers(Tab):
         return (*rendered[:-1], note)
 
 
-@dataclass
-class StepControls:
-    next_step: gr.Button
-    run_to_end: gr.Button
-    replay: gr.Button
-    note: gr.Markdown
+StepControls = namedtuple("StepControls", "next_step run_to_end replay note")  # buttons and the step note
 
 
 def build_step_controls() -> StepControls:
