@@ -58,9 +58,9 @@ class BranchTab(Tab):
                 run = gr.Button("Branch", variant="primary", elem_id="dg-branch-run", scale=1)
             box = gr.HTML("", elem_id="dg-branch-refusal", elem_classes=["dg-refusal-box"])
             result = gr.HTML("", elem_id="dg-branch-result")
-        accordion.expand(lambda s: self.pick(s, None), inputs=[session], outputs=[forward, start, pins], **PRIVATE)
-        forward.input(self.pick, inputs=[session, forward], outputs=[forward, start, pins], trigger_mode="always_last",
-                      **PRIVATE)
+        picked = [forward, start, pins]
+        accordion.expand(lambda s: self.pick(s, None), inputs=[session], outputs=picked, **PRIVATE)
+        forward.input(self.pick, inputs=[session, forward], outputs=picked, trigger_mode="always_last", **PRIVATE)
         run.click(self.branch, inputs=[session, forward, pins, seed], outputs=[result, box], concurrency_id="engine",
                   trigger_mode="once", **PRIVATE)
 
@@ -68,7 +68,7 @@ class BranchTab(Tab):
         """The forward slider (None: the last forward): its range, that forward's block, no pins."""
         trace = getattr(session, "trace", None)
         if trace is None:
-            return gr.update(), '<p class="dg-status">Generate, or upload a trace, to branch from it.</p>', ""
+            return gr.update(), f'<p class="dg-status">{prose("branch-none")}</p>', ""
         count = len(trace.frames)
         k = max(1, min(count, int(forward or count)))
         frame = trace.frames[k - 1]

@@ -316,8 +316,8 @@ def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pend
         return EMPTY_CHAT_HTML
     parts = []
     if cut_turns:
-        parts.append(f'<p class="dg-chat-cut">{cut_turns} oldest turn{"s" if cut_turns != 1 else ""} cut to fit '
-                     "the model's context: the model no longer sees them.</p>")
+        cut = prose("chat-cut").format(turns=cut_turns, s="s" if cut_turns != 1 else "")
+        parts.append(f'<p class="dg-chat-cut">{cut}</p>')
     answer_thoughts = iter(thoughts)
     for message in messages:
         extra = thought_html(next(answer_thoughts, "")) if message["role"] == "assistant" else ""

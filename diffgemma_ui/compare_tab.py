@@ -116,7 +116,7 @@ class CompareHandlers(Tab):
         requests, scheduler = self._checked(inputs)
         b_reads_bound = scheduler in (None, "EntropyBoundScheduler")
         sampler_note = (scheduler or "") + ("" if b_reads_bound else " (its own defaults for what it samples with)")
-        state = state if state is not None else CompareState()
+        state = state or CompareState()
         lasts, texts, states = [None, None], ["", ""], ["waiting", "waiting"]
         heatmaps = [plots.confidence_heatmap([])] * 2
 
