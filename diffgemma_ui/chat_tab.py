@@ -132,15 +132,13 @@ class ChatTab(Tab):
             raise user_error("nothing to regenerate: the conversation has no answer yet")
         return dataclasses.replace(self.turn("x", preset_name, max_new_tokens, -1, thinking), regenerate=True)
 
-    def send_stream(self, state: ChatState, message, preset_name, max_new_tokens, seed, thinking,
-                    request: gr.Request = None) -> Iterator[tuple]:
-        """Send: the tab's outputs while `message` is answered (a stopped turn changes nothing); gr.Error."""
-        yield from self._stream(state, self.turn(message, preset_name, max_new_tokens, seed, thinking), request)
+    def send_stream(self, state: ChatState, request: gr.Request, *inputs) -> Iterator[tuple]:
+        """Send (`inputs` as `turn`'s): the tab's outputs as it is answered (a stopped turn is not kept); gr.Error."""
+        yield from self._stream(state, self.turn(*inputs), request)
 
-    def regenerate_stream(self, state: ChatState, preset_name, max_new_tokens, thinking,
-                          request: gr.Request = None) -> Iterator[tuple]:
-        """Regenerate: the last answer replaced by one with a new seed, as `send_stream`."""
-        yield from self._stream(state, self.regeneration(state, preset_name, max_new_tokens, thinking), request)
+    def regenerate_stream(self, state: ChatState, request: gr.Request, *inputs) -> Iterator[tuple]:
+        """Regenerate (`inputs` as `regeneration`'s): the last answer replaced, with a new seed, as `send_stream`."""
+        yield from self._stream(state, self.regeneration(state, *inputs), request)
 
     def _stream(self, state: ChatState, turn: ChatTurn, request) -> Iterator[tuple]:
         playground, regenerating = self.playground, turn.regenerate

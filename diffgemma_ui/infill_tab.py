@@ -67,10 +67,9 @@ class InfillTab(Tab):
             self.playground.check_job(job)
             return layout, job
 
-    def fill_stream(self, state: SessionState, template, context, preset_name, max_denoising_steps, seed,
-                    request: gr.Request = None) -> Iterator[tuple]:
-        """Fill: (canvas, meter, filled template and text, three plots, Fill, Stop); gr.Error: bad input, failed."""
-        layout, job = self.request(template, context, preset_name, max_denoising_steps, seed)
+    def fill_stream(self, state: SessionState, request: gr.Request, *inputs) -> Iterator[tuple]:
+        """Fill (`inputs` as `request`'s): (canvas, meter, filled template and text, plots, Fill, Stop); gr.Error."""
+        layout, job = self.request(*inputs)
         state.stop()
         clock, skip, tokenizer = PlotClock(wait_first=True), gr.skip(), self.engine.tokenizer
         with live_run(self.playground, job, request, state, ":infill") as worker:

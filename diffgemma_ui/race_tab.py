@@ -144,10 +144,9 @@ class RaceTab:
                 first_token_s=progress.first_token_s.get(side)))
         return tuple(panels)
 
-    def race_stream(self, session: RaceSession, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature,
-                    order, request: gr.Request = None) -> Iterator[tuple]:
-        """Race: (both panels, result, Race, Stop) live, the race kept for `replay_stream`; gr.Error: bad, failed."""
-        race = self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
+    def race_stream(self, session: RaceSession, request: gr.Request, *inputs) -> Iterator[tuple]:
+        """Race (`inputs` as `ui_request`'s): (panels, result, Race, Stop) live, kept for `replay_stream`; gr.Error."""
+        race = self.ui_request(*inputs)
         session.stop()
         session.progress = None
         session.stopped.clear()

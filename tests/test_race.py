@@ -574,7 +574,7 @@ def test_race_tab_runs_then_replays_and_resets_buttons_on_failure(engine, monkey
 
     tab, session = RaceTab(RaceRunner(engine)), RaceSession()
     inputs = ("In the beginning", True, "fast", 64, 0, 0.0, "diffusion first")
-    live = list(tab.race_stream(session, *inputs))
+    live = list(tab.race_stream(session, None, *inputs))
     assert live[0][3]["interactive"] is False and live[0][4]["interactive"] is True  # Race off, Stop on
     assert session.progress is not None and session.progress.result is not None
     replay = list(tab.replay_stream(session))
@@ -587,7 +587,7 @@ def test_race_tab_runs_then_replays_and_resets_buttons_on_failure(engine, monkey
     monkeypatch.setattr(tab.runner, "run", lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("boom")))
     outputs = []
     with pytest.raises(gr.Error, match="engine failed"):
-        for output in tab.race_stream(RaceSession(), *inputs):
+        for output in tab.race_stream(RaceSession(), None, *inputs):
             outputs.append(output)
     assert outputs[-1][3]["interactive"] is True and outputs[-1][4]["interactive"] is False
 
