@@ -42,8 +42,7 @@ STOPPED_NOTE, IDLE_REUSE_HTML = _note("stopped", prose("chat-stopped")), _note("
 
 @dataclass
 class ChatTurn:
-    """A "chat" job's payload: `run`'s prompt answered after `messages` (`regenerate`: the last answer replaced);
-    `session` is never pickled."""
+    """A "chat" job's payload: `run`'s prompt answered after `messages` (or regenerated); `session` never pickled."""
 
     run: RunRequest
     messages: list
@@ -175,7 +174,7 @@ class ChatTab(Tab):
                 yield self._view(state, history, note, out, running=index == 0 or None)
 
     def _view(self, state: ChatState, history, note, out, message=None, *, running: bool | None) -> tuple:
-        """The tab's outputs: `history`, `note`, `out`'s canvas, meter and plots, `message` (None: left), buttons."""
+        """The tab's outputs, `out`'s canvas, meter and plots between `note` and `message` (None: left alone)."""
         plots = (out.stack, out.canvas, out.meter, out.heatmap, out.order, out.entropy) if out else (gr.skip(),) * 6
         return (history, note, *plots, gr.skip() if message is None else message, *self._buttons(state, running))
 
@@ -263,7 +262,7 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
                 gr.Examples([[m] for m in example_messages], inputs=[message], elem_id="dg-chat-examples",
                             label="Example messages: click one to fill the box",
                             examples_per_page=len(example_messages))
-            thinking = gr.Checkbox(label=prose("chat-thinking"), value=False, visible=engine.supports_thinking,
+            thinking = gr.Checkbox(label=prose("chat-thinking"), visible=engine.supports_thinking,
                                    elem_id="dg-chat-thinking")
             with gr.Row(elem_id="dg-chat-buttons"):
                 send, stop = run_buttons("Send", "dg-chat-send", "dg-chat-stop", scale=2, min_widths=(80, 64))

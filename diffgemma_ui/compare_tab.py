@@ -175,7 +175,7 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
                 seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random, one for both",
                                  elem_id="dg-compare-seed", min_width=100)
                 max_new_tokens = setting_control("max_new_tokens", rec.max_new_tokens, info=None,
-                                                 elem_id="dg-compare-max-new", min_width=160)
+                                                 elem_id="dg-compare-max-new")
 
     def apply(choice) -> list:
         return [getattr(preset(choice, rec), setting) for setting in SIDE_SETTINGS]

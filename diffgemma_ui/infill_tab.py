@@ -120,7 +120,7 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
             template = gr.Textbox(label="Template", value=default_template, lines=4, max_lines=10,
                                   elem_id="dg-infill-template",
                                   info=prose("infill-template-info").format(limit=MAX_PROMPT_CHARS))
-            context = gr.Textbox(label="Context (optional)", lines=1, max_lines=4,
+            context = gr.Textbox(label="Context (optional)", max_lines=4,
                                  placeholder="raw text the encoder reads before the canvas",
                                  elem_id="dg-infill-context")
             with gr.Row(elem_id="dg-infill-settings"):
@@ -166,8 +166,7 @@ def filled_html(tokenizer, layout: InfillLayout | None, canvas_ids: Sequence[int
         text = escape_html(plain_text(tokenizer.decode(ids[span[0]:span[-1] + 1], skip_special_tokens=True)))
         parts.append(text if fixed else f'<mark class="dg-fill" title="positions {span[0]}\u2013{span[-1]}">'
                      f'{text or "&#8709;"}</mark>')
-    state = "live" if live else "done"
-    label = "Current draft of the blanks" if live else "Filled template"
+    state, label = ("live", "Current draft of the blanks") if live else ("done", "Filled template")
     return (f'<div class="dg-filled" data-state="{state}"><div class="dg-filled-label">{label}</div>'
             f'<div class="dg-filled-text">{"".join(parts)}</div></div>')
 

@@ -201,8 +201,7 @@ def build_race_tab(race: RaceTab) -> None:
             with gr.Row():
                 preset_box = preset_dropdown("dg-race-preset", "Diffusion preset", min_width=120)
                 max_new_tokens = setting_control("max_new_tokens", rec.max_new_tokens, label="Token budget",
-                                                 info="both sides; whole canvases", elem_id="dg-race-budget",
-                                                 min_width=160)
+                                                 info="both sides; whole canvases", elem_id="dg-race-budget")
             with gr.Row():
                 temperature = gr.Number(value=0.0, minimum=0.0, label="AR temperature", info="0 = greedy",
                                         elem_id="dg-race-temperature", min_width=120)
