@@ -113,7 +113,7 @@ class ChatTab(Tab):
 
     def __init__(self, playground: Playground):
         super().__init__(playground)
-        self.sessions: weakref.WeakValueDictionary[str, ChatState] = weakref.WeakValueDictionary()
+        self.sessions = weakref.WeakValueDictionary()  # session hash -> `ChatState`
 
     def turn(self, message, preset_name, max_new_tokens, seed, thinking) -> ChatTurn:
         """The tab's inputs as a checked turn (gr.Error)."""

@@ -257,9 +257,9 @@ def verdict_html(a: Frame | None, b: Frame | None, *, notice: str | None = None)
         x, y = figure(a), figure(b)
         cells = (shape.format(x), shape.format(y), (f"{y / x:.2f}\u00d7" if x > 0 else "\u2013") if ratio else "")
         body += f"<tr><th>{escape_html(name)}</th>" + "".join(f"<td>{escape_html(c)}</td>" for c in cells) + "</tr>"
-    same = a.committed_ids == b.committed_ids
-    first_difference = next((i for i, (x, y) in enumerate(zip(a.committed_ids, b.committed_ids)) if x != y),
-                            min(len(a.committed_ids), len(b.committed_ids)))
+    ids = a.committed_ids, b.committed_ids
+    same = ids[0] == ids[1]
+    first_difference = next((i for i, (x, y) in enumerate(zip(*ids)) if x != y), min(map(len, ids)))
     texts = "the same tokens" if same else f"different tokens from token {first_difference + 1}"
     return (f'<div class="dg-compare-verdict" data-state="{"refused" if notice else "done"}" '
             f'data-same="{str(same).lower()}">{banner}'

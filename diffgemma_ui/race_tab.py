@@ -87,12 +87,9 @@ class RaceTab:
         # on ZeroGPU the playground's engine is a CPU view: the checks run there
         self.checker = runner if self.playground.engine is runner.engine else RaceRunner(self.playground.engine)
         self.playground.sources["race"] = self.race_items
-
-    @property
-    def models(self) -> dict[str, str]:
-        ar, diffusion = self.runner.ar, model_name(self.runner.engine.source)
-        return {"diffusion": diffusion,
-                "autoregressive": f"{diffusion}'s causal encoder" if ar.shared_weights else model_name(ar.source)}
+        ar, diffusion = runner.ar, model_name(runner.engine.source)
+        shared = f"{diffusion}'s causal encoder"
+        self.models = {"diffusion": diffusion, "autoregressive": shared if ar.shared_weights else model_name(ar.source)}
 
     def check(self, run: RunRequest, ar_temperature, order) -> tuple:
         """`run` checked as a race (both budgets, temperature, order): the "race" payload; raises gr.Error."""
