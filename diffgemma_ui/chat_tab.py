@@ -165,12 +165,11 @@ class ChatTab(Tab):
                     if snap.error is not None:
                         raise user_error(snap.error)
                     continue
-                history = note = gr.skip()
+                history = gr.skip()
                 if index == 0 or isinstance(out.stack, str):  # a block was committed: the answer grew
                     history = history_html(shown, shown_thoughts, pending_user=user_text, pending_answer=out.text,
                                            cut_turns=state.cut_turns)
-                if index == 0:
-                    note = running_note(number, regenerating)
+                note = running_note(number, regenerating) if index == 0 else gr.skip()
                 yield self._view(state, history, note, out, running=index == 0 or None)
 
     def _view(self, state: ChatState, history, note, out, message=None, *, running: bool | None) -> tuple:

@@ -221,7 +221,7 @@ def build_race_tab(race: RaceTab) -> None:
 
 def frame_at(frames: Sequence, t: float):
     """The newest of `frames` whose `elapsed_s` is at most `t` (engine seconds), or None."""
-    index = bisect_right([f.elapsed_s for f in frames], t)
+    index = bisect_right(frames, t, key=lambda frame: frame.elapsed_s)
     return frames[index - 1] if index else None
 
 

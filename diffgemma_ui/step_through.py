@@ -120,7 +120,7 @@ class StepThroughHandlers(Tab):
 
     def pause(self, session: SessionState) -> tuple:
         """Stop during "Run to end": pause after the forward in progress (skips without one)."""
-        run = getattr(session, "step_run", None) if session is not None else None
+        run = getattr(session, "step_run", None)
         if run is None or run.done:
             return (gr.skip(),) * (STREAM_WIDTH + 1)  # the outputs and the note
         run.pause.set()
