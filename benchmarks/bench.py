@@ -1,6 +1,7 @@
 """Speed of the engine and the playground against bare `generate()`: `python -m benchmarks.bench [--quick] [--json]`.
 
-What it measures, on one model (the embedded diffgemma-tiny unless `--model`), each with a warm-up run first, then
+What it measures, on one model (the embedded diffgemma-tiny unless `--model`), after the engine's warm-up as the app
+does it (`DiffusionEngine.warm_up`), each with a warm-up run first, then
 repetitions interleaved path by path (alternating which path goes first) over a few seeds, reported as the median
 with min and max:
 
@@ -926,6 +927,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(section: str) -> None:
         print(f"[{time.perf_counter() - started:6.1f} s] {section}", file=sys.stderr, flush=True)
+
+    report(f"engine warm-up, as the app's: {engine.warm_up():.1f} s")
 
     mode = QUICK if args.quick else FULL
     if args.ways_only:

@@ -43,12 +43,10 @@ from diffgemma_ui.canvas_view import live_html, stack_html
 from diffgemma_ui.runs import default_live_rate
 from diffgemma_ui.session import SessionState
 from engine import DiffusionEngine, load_model
-from engine.frames import Frame
+from engine.frames import Frame, TokenText
 from engine.loading import DEFAULT_MODEL, set_serving_threads
-from engine.replay_page import replay_html
 from engine.settings import DiffusionSettings
-from engine.tokens import TokenText
-from engine.trace import ModelInfo, Trace
+from engine.trace import ModelInfo, Trace, replay_html
 from standin import ensure_standin
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

@@ -29,14 +29,13 @@ from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 from benchmarks.bench import run_command
 from benchmarks.gpu.steps import random_cpu_model
 from engine import DEFAULT_MODEL, DiffusionEngine, load_model
-from engine.chat import ChatSession, encode_into_cache
+from engine.engine import ChatSession, encode_into_cache
+from engine.frames import token_text_for
 from engine.generator import host_lists
 from engine.loading import REPO_ROOT, set_serving_threads
 from engine.loading import meta_model
-from engine.memory import memory_report
-from engine.quantization import QUANTIZATIONS, quantize_model
+from engine.quantization import QUANTIZATIONS, memory_report, quantize_model
 from engine.sampling import RecordingEntropyBoundSampler, canvas_statistics, frame_statistics
-from engine.tokens import token_text_for
 from standin import ensure_standin
 from training.evaluate import EVAL_PROMPTS, load_dictionary, sample_quality
 

@@ -176,12 +176,13 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
                                      outputs=stream_outputs, api_visibility="private", concurrency_id="engine",
                                      show_progress="full", show_progress_on=[canvas], trigger_mode="multiple")
         # Stop also cancels the run step, so a queued run leaves the queue
-        stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step], **UNQUEUED)
-        keep = KeepHandlers(playground)
-        wire_keep(keep_controls, keep, session, stream_outputs, [run_step], replay_button=step_controls.replay,
-                  box=refusal)
-        wire_step_through(step_controls, StepThroughHandlers(playground), session, run_inputs, stream_outputs,
-                          stop_button=stop, box=refusal)
+        stopped = stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step],
+                             **UNQUEUED)
+        stepped = wire_step_through(step_controls, StepThroughHandlers(playground), session, run_inputs,
+                                    stream_outputs, stop_button=stop, box=refusal)
+        keep = KeepHandlers(playground)  # a run kept however it ended: by itself, by Stop, or stepped through
+        wire_keep(keep_controls, keep, session, stream_outputs, [run_step, stopped, *stepped],
+                  replay_button=step_controls.replay, box=refusal)
         reset_note_on(step_controls, [requested.success, step_controls.replay.click, keep_controls.upload.upload,
                                       keep_controls.play.click])
         wire_presenter(playground, session, present)

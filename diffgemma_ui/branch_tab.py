@@ -1,12 +1,12 @@
 """Branch from a step: pick a forward of the last run or an uploaded trace, pin tokens, redo the run from that
-forward (`engine.branch`) and show the branch beside the original with the share of positions changed."""
+forward (`engine.infill.branch_frames`) and show the branch beside the original with the share of positions changed."""
 
 from __future__ import annotations
 
 import gradio as gr
 
 from engine import Frame
-from engine.branch import branch_frames, changed_share
+from engine.infill import branch_frames, changed_share
 from engine.settings import draw_seed, parse_seed
 from engine.trace import ModelInfo
 

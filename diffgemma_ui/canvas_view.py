@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 
 from engine import Frame
-from engine.tokens import PAD
+from engine.frames import PAD
 
 from .text import escape_html, plain_text
 from .token_view import TokenCell, token_cells

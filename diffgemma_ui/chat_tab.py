@@ -1,4 +1,4 @@
-"""The Chat tab and `/chat`: a multi-turn conversation per visitor (an `engine.chat.ChatSession`), each turn the
+"""The Chat tab and `/chat`: a multi-turn conversation per visitor (an `engine.engine.ChatSession`), each turn the
 "chat" job; `/chat` is stateless: the client sends the history as JSON and gets it back with the new turn."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine.chat import ChatSession, TurnReport
-from engine.conversation import check_messages, check_thinking
+from engine.engine import ChatSession, TurnReport, check_messages, check_thinking
 
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html, thought_html
 from .handlers import Job, Playground, api_summary

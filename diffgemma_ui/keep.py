@@ -13,8 +13,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.replay_page import write_replay
-from engine.trace import MAX_TRACE_BYTES, Trace, TraceError, load_trace, trace_of_run
+from engine.trace import MAX_TRACE_BYTES, Trace, TraceError, load_trace, trace_of_run, write_replay
 
 from . import plots
 from .canvas_view import live_html, stack_html
@@ -22,7 +21,7 @@ from .handlers import STREAM_WIDTH, Job, StreamOutputs, status_text
 from .meter import meter_html
 from .runs import RunSnapshot
 from .session import SessionState
-from .tab import PRIVATE, Tab, api_run, noted, user_error
+from .tab import PRIVATE, UNQUEUED, Tab, api_run, noted, user_error
 from .text import plain_text, prose
 
 MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # bytes per canvas position per decoder forward
@@ -229,6 +228,7 @@ def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_output
     noted(replay_button.click, keep.replay_run, box, inputs=[session], **played)
     uploaded = noted(controls.upload.upload, keep.check_upload, box, inputs=[session, controls.upload], outputs=None,
                      concurrency_limit=2, **PRIVATE)
+    uploaded.failure(lambda: None, outputs=[controls.upload], **UNQUEUED)  # the refused file leaves the box
     uploaded.success(keep.load_upload, inputs=[session, controls.upload], outputs=[
         *stream_outputs, controls.replay_slider, controls.trace_button, controls.html_button], concurrency_limit=2,
                      api_visibility="private", show_progress="minimal")

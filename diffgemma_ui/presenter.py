@@ -8,8 +8,7 @@ import json
 
 import gradio as gr
 
-from engine.replay_page import player_script, replay_data, script_json
-from engine.trace import ModelInfo, Trace
+from engine.trace import ModelInfo, Trace, player_script, replay_data, script_json
 
 from .tab import PRIVATE, UNQUEUED
 

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from engine.autoregressive import check_temperature
 from engine.loading import model_name
-from engine.race import FAIRNESS, ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner
+from engine.race import FAIRNESS, ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner, check_temperature
 
 from .canvas_view import STOP_REASONS, block_html
 from .handlers import Job, Playground

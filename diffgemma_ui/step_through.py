@@ -144,12 +144,14 @@ def build_step_controls() -> StepControls:
 
 
 def wire_step_through(controls: StepControls, steps, session, run_inputs: list, stream_outputs: list,
-                      stop_button: gr.Button, box) -> None:
-    """Wire "Next step" and "Run to end" in the engine's slot, refusals in `box`; `stop_button` pauses "Run to end"."""
-    for button, handler in ((controls.next_step, steps.next_step), (controls.run_to_end, steps.run_to_end)):
-        noted(button.click, handler, box, inputs=[session, *run_inputs], outputs=[*stream_outputs, controls.note],
-              concurrency_id="engine", trigger_mode="once", **PRIVATE)
+                      stop_button: gr.Button, box) -> list:
+    """Wire "Next step" and "Run to end" in the engine's slot, refusals in `box`; `stop_button` pauses "Run to end".
+    Their events."""
+    stepped = [noted(button.click, handler, box, inputs=[session, *run_inputs],
+                     outputs=[*stream_outputs, controls.note], concurrency_id="engine", trigger_mode="once", **PRIVATE)
+               for button, handler in ((controls.next_step, steps.next_step), (controls.run_to_end, steps.run_to_end))]
     stop_button.click(steps.pause, inputs=[session], outputs=[*stream_outputs, controls.note], **UNQUEUED)
+    return stepped
 
 
 def reset_note_on(controls: StepControls, listeners) -> None:

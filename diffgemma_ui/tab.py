@@ -224,10 +224,11 @@ def guard_stream(fn: Callable) -> Callable:
 
 
 def noted(listener: Callable, fn: Callable, box: tuple[gr.HTML, gr.State], *, inputs: list, **options):
-    """`listener(fn)` on `inputs`, its errors shown in `box` after it; the event."""
+    """`listener(fn)` on `inputs`, its errors shown in `box` after it (the box emptied after a pass); the event."""
     html, refusal = box
     event = listener(guard_stream(fn), inputs=[refusal, *inputs], **options)
-    event.then(shown_refusal, inputs=[refusal], outputs=[html], **UNQUEUED)
+    for outcome in (event.success, event.failure):  # Gradio runs no `.then` after an error
+        outcome(shown_refusal, inputs=[refusal], outputs=[html], **UNQUEUED)
     return event
 
 

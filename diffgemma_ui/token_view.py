@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.tokens import BYTE, EOS, PAD, SPECIAL, TEXT, parse_byte_display
+from engine.frames import BYTE, EOS, PAD, SPECIAL, TEXT, parse_byte_display
 
 from .text import escape_html, marked_token_html, visible_token
 

@@ -21,7 +21,7 @@ import torch
 from engine import DiffusionEngine, DiffusionSettings, Frame
 from engine.settings import draw_seed, parse_number
 from engine.loading import ModelLoadError, load_model
-from engine.memory import memory_report
+from engine.quantization import memory_report
 
 from .deployment import zero_gpu
 from .handlers import Job, Playground, generation_frames, received

@@ -8,11 +8,10 @@ import time
 
 import torch
 
-from .frames import Frame, FrameBuilder
+from .frames import Frame, FrameBuilder, eos_id_list
 from .generator import strip_after_eos
 from .sampling import canvas_statistics
 from .settings import DiffusionSettings, check_prompt
-from .tokens import eos_id_list
 
 SCHEDULERS = ("BlockRefinementScheduler", "DiscreteDDIMScheduler", "EntropyBoundScheduler")
 

@@ -1,8 +1,14 @@
-"""The engine's public face: prompt in, frames out. `DiffusionEngine` wraps a loaded model and its tokenizer."""
+"""The engine's public face: prompt in, frames out. `DiffusionEngine` wraps a loaded model and its tokenizer. Chat
+prompts go through the chat template, message text kept as plain text (no typed control tokens); thoughts. A
+`ChatSession` reuses the previous turn's encoder cache for the shared prefix, old turns cut to fit."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import itertools
 import math
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -10,34 +16,116 @@ from dataclasses import dataclass
 
 import torch
 
-from .frames import Frame
+from .frames import Frame, token_text_for
 from .generator import RunRandomState, denoise
 from .loading import LoadedModel
-from .conversation import chat_prompt_ids, check_thinking, split_thought, supports_thinking
 from .settings import DiffusionSettings, check_prompt, parse_seed
-from .tokens import token_text_for
 
 SAFETY = 2.0  # headroom for rounding on the overflow limits
 UNCAPPED_LOGIT_BOUND = 1.0e4  # assumed logit bound of a model without a softcap
+CHANNEL_OPEN, CHANNEL_CLOSE = "<|channel>", "<channel|>"
+ROLES = ("system", "user", "assistant")
+PREFILL_POINTS = 16  # the prefills (newest) the saving estimate's slope is fitted to
+_PROBE_ANSWER = "x"  # any text: only where the next turn's rendering starts to differ matters
 
 
-def check_temperature_schedule(settings: DiffusionSettings, *, logit_cap: float | None,
-                               feedback_dtype: torch.dtype) -> None:
-    """Refuse (`ValueError`) a t_min/t_max schedule whose scaled logits overflow float32 or `feedback_dtype`."""
-    cap = float(logit_cap) if logit_cap else UNCAPPED_LOGIT_BOUND
-    n = settings.max_denoising_steps
-    lowest, floor = settings.temperature_at(1), SAFETY * 2 * cap / float(torch.finfo(torch.float32).max)
-    if lowest < floor:
-        raise ValueError(
-            f"t_min and t_max: the temperature schedule falls to {lowest:.3g} at the last of {n} steps "
-            f"(t_min + (t_max - t_min) / max_denoising_steps), below {floor:.3g}, where the scaled logits "
-            "overflow float32: raise t_min or t_max")
-    fed_back, floor = settings.temperature_at(2), SAFETY * cap / float(torch.finfo(feedback_dtype).max)
-    if n >= 2 and fed_back < floor:  # the lowest temperature of a step whose logits are fed back
-        raise ValueError(
-            f"t_min and t_max: the temperature schedule falls to {fed_back:.3g} at step {n - 1} of {n}, below "
-            f"{floor:.3g}, where the logits fed back to the next step overflow this model's "
-            f"{str(feedback_dtype).removeprefix('torch.')}: raise t_min or t_max")
+def _encode(tokenizer, text: str, **kwargs) -> list[int]:
+    return tokenizer(text, add_special_tokens=False, **kwargs)["input_ids"] if text else []
+
+
+def chat_template_text(tokenizer) -> str:
+    """The tokenizer's chat template ("" for none; of several named ones, the default)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):
+        template = template.get("default", next(iter(template.values()), ""))
+    return template if isinstance(template, str) else ""
+
+
+def supports_thinking(tokenizer) -> bool:
+    """Whether the tokenizer's chat template takes `enable_thinking` (Gemma 4 checkpoints)."""
+    return "enable_thinking" in chat_template_text(tokenizer)
+
+
+def check_thinking(tokenizer, thinking: bool, raw: bool = False) -> None:
+    """`ValueError` for thinking with a raw prompt or a chat template without a thinking mode."""
+    if thinking and (raw or not supports_thinking(tokenizer)):
+        raise ValueError("thinking needs a chat prompt and a chat template with a thinking mode (enable_thinking); "
+                         + ("this prompt is raw" if raw else "this model's template has none"))
+
+
+def chat_prompt_ids(tokenizer, content: str, **template_kwargs) -> list[int]:
+    """Ids of `content` as one user turn plus the generation prompt (`conversation_ids`)."""
+    return conversation_ids(tokenizer, [{"role": "user", "content": content}], **template_kwargs)
+
+
+def split_thought(token_ids: list[int], tokenizer) -> tuple[str, str]:
+    """(thought, answer) of generated ids: the thought is the `<|channel>`...`<channel|>` span, name line dropped."""
+    vocab = tokenizer.get_vocab()
+    open_id, close_id = vocab.get(CHANNEL_OPEN), vocab.get(CHANNEL_CLOSE)
+
+    def text(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    if open_id not in token_ids:
+        return "", text(token_ids)
+    start = token_ids.index(open_id)
+    end = token_ids.index(close_id, start) if close_id in token_ids[start:] else None
+    _, newline, thought = text(token_ids[start + 1:end]).partition("\n")
+    answer = token_ids[:start] + (token_ids[end + 1:] if end is not None else [])
+    return thought.strip() if newline else "", text(answer)
+
+
+def _placeholder(index: int) -> str:
+    """A marker of private-use characters, which no template or tokenizer gives a meaning."""
+    return f"\ue000diffgemma-text-{index}\ue001"
+
+
+def check_messages(messages) -> list[dict]:
+    """`messages` as {"role", "content"} dicts, lone surrogates replaced; `ValueError` for anything else."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError("a conversation is a non-empty list of messages")
+    checked = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or set(message) - {"role", "content"}:
+            raise ValueError(f"message {i} must be a dict with 'role' and 'content' only")
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise ValueError(f"message {i} has role {role!r}; allowed: {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise ValueError(f"message {i} content must be text, got {type(content).__name__}")
+        if "\ue000" in content and "\ue001" in content:
+            raise ValueError(f"message {i} contains a reserved private-use sequence (U+E000 ... U+E001)")
+        checked.append({"role": role, "content": content.encode("utf-8", errors="replace").decode("utf-8")})
+    return checked
+
+
+def conversation_ids(tokenizer, messages, **template_kwargs) -> list[int]:
+    """Ids of `messages` through the chat template, texts as plain text; `ValueError` for bad messages or template."""
+    messages = check_messages(messages)
+    if not chat_template_text(tokenizer):
+        raise ValueError("this model has no chat template: a conversation needs one")
+    render = dict(add_generation_prompt=True, tokenize=False, **template_kwargs)
+    rendered = tokenizer.apply_chat_template(messages, **render)
+    skeleton = tokenizer.apply_chat_template(
+        [{"role": m["role"], "content": _placeholder(i)} for i, m in enumerate(messages)], **render)
+    parts, rest = [], skeleton
+    for i in range(len(messages)):
+        before, found, rest = rest.partition(_placeholder(i))
+        if not found:
+            raise ValueError("this model's chat template drops or repeats message text; the playground cannot keep "
+                             "it apart from its markers")
+        parts.append(before)
+    parts.append(rest)
+    for texts in ([m["content"] for m in messages], [m["content"].strip() for m in messages]):
+        if "".join(p + t for p, t in zip(parts, texts)) + parts[-1] == rendered:
+            break
+    else:
+        raise ValueError("this model's chat template changes message text in a way the playground cannot keep "
+                         "apart from its markers")
+    ids: list[int] = []
+    for part, text in zip(parts, texts):
+        ids += _encode(tokenizer, part) + _encode(tokenizer, text, split_special_tokens=True)
+    return ids + _encode(tokenizer, parts[-1])
 
 
 def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinking: bool = False) -> torch.LongTensor:
@@ -116,9 +204,19 @@ class DiffusionEngine:
                 f"{self.context_limit:,} tokens: shorten the prompt or lower max_new_tokens")
 
     def check_settings(self, settings: DiffusionSettings) -> None:
-        check_temperature_schedule(
-            settings, logit_cap=getattr(self.model.config.get_text_config(), "final_logit_softcapping", None),
-            feedback_dtype=self.model.model.decoder.embed_tokens.weight.dtype)
+        """Refuse (`ValueError`) a t_min/t_max schedule whose scaled logits overflow float32 or the decoder's dtype."""
+        cap = getattr(self.model.config.get_text_config(), "final_logit_softcapping", None) or UNCAPPED_LOGIT_BOUND
+        feedback_dtype = self.model.model.decoder.embed_tokens.weight.dtype
+        n, fed = settings.max_denoising_steps, str(feedback_dtype).removeprefix("torch.")
+        for steps_left, dtype, scale, place, overflow in (  # the last step; the last step whose logits are fed back
+                (1, torch.float32, 2, f"the last of {n} steps (t_min + (t_max - t_min) / max_denoising_steps)",
+                 "the scaled logits overflow float32"),
+                (2, feedback_dtype, 1, f"step {n - 1} of {n}",
+                 f"the logits fed back to the next step overflow this model's {fed}")):
+            temperature, floor = settings.temperature_at(steps_left), SAFETY * scale * cap / torch.finfo(dtype).max
+            if steps_left <= n and temperature < floor:
+                raise ValueError(f"t_min and t_max: the temperature schedule falls to {temperature:.3g} at {place}, "
+                                 f"below {floor:.3g}, where {overflow}: raise t_min or t_max")
 
     def frames(self, prompt: str, settings: DiffusionSettings | None = None, *, raw: bool = False,
                seed: int | None = None, stop_event: threading.Event | None = None,
@@ -142,8 +240,10 @@ class DiffusionEngine:
             stop_reason=last.stop_reason, tokens=last.committed_tokens)
 
     def warm_up(self) -> float:
-        """Pay a process's one-time first-run costs (one short chat and one raw run, seed 0); returns the seconds."""
+        """Pay a process's one-time costs (the token strings of the vocabulary, one short chat and one raw run,
+        seed 0); returns the seconds."""
         start = time.perf_counter()
+        self.token_text.describe_vocabulary()
         settings = self.recommended.replace(
             max_new_tokens=2 * self.canvas_length, max_denoising_steps=2, adaptive_stopping=False)
         for raw in (False, True):
@@ -161,3 +261,177 @@ def last_and_count(frames) -> tuple:
     for last in frames:
         count += 1
     return last, count
+
+
+@dataclass(frozen=True)
+class TurnReport:
+    """What one chat turn encoded and reused, its prefill seconds (measured, saved estimate) and turns cut."""
+
+    prompt_tokens: int
+    reused_tokens: int
+    encoded_tokens: int
+    prefill_s: float
+    prefill_saved_s: float | None
+    dropped_turns: int = 0
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def encode_into_cache(model, cache, ids: torch.LongTensor):
+    """`generate()`'s prefill of `ids` `[1, n]` after the tokens `cache` holds, extending and returning `cache`."""
+    start, n = cache.get_seq_length(), ids.shape[1]
+    position_ids = torch.arange(start, start + n, dtype=torch.int32, device=ids.device).unsqueeze(0)
+    attention_mask = torch.ones((1, start + n), dtype=torch.bool, device=ids.device)
+    unprocessed, masks = model._prepare_encoder_inputs(
+        input_ids=ids, attention_mask=attention_mask, encoder_position_ids=position_ids, past_key_values=cache,
+        is_prefill=True, canvas_length=model.config.canvas_length, batch_size=1)
+    return model.model.encoder(input_ids=unprocessed, attention_mask=masks, past_key_values=cache,
+                               position_ids=position_ids).past_key_values
+
+
+def marginal_seconds_per_token(points: list[tuple[int, float]]) -> float | None:
+    """Least-squares slope of seconds over tokens of (tokens, seconds) `points`; None unless positive and fitted."""
+    if len({n for n, _ in points}) < 2:
+        return None
+    slope = statistics.linear_regression(*zip(*points)).slope
+    return slope if slope > 0 else None
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+class ChatSession:
+    """One visitor's conversation and its previous turn's KV cache; `system` survives cuts."""
+
+    def __init__(self, engine: DiffusionEngine, system: str | None = None):
+        self.engine = engine
+        self.messages: list[dict] = check_messages([{"role": "system", "content": system}]) if system else []
+        self.thoughts: list[str] = []  # thought text of each answer, shown apart, never fed back
+        self.last_report: TurnReport | None = None
+        self.last_result: GenerationResult | None = None
+        self._cache = None  # KV cache holding exactly self._cache_ids
+        self._cache_ids: list[int] = []
+        self._prefills: list[tuple[int, float]] = []  # (tokens, seconds) of the latest encoder calls
+        self._cache_prefill_s = 0.0  # measured prefill seconds that encoded what the cache holds
+
+    def clear(self) -> None:
+        """Forget the conversation and its cache (the system message stays)."""
+        self.messages = [m for m in self.messages if m["role"] == "system"]
+        self.thoughts, self.last_report, self.last_result = [], None, None
+        self._cache, self._cache_ids, self._cache_prefill_s = None, [], 0.0
+
+    def _ids(self, messages, thinking: bool) -> list[int]:
+        extra = {"enable_thinking": thinking} if self.engine.supports_thinking else {}
+        return conversation_ids(self.engine.tokenizer, messages, **extra)
+
+    def _fit(self, messages: list[dict], thinking: bool, settings: DiffusionSettings) -> tuple[list, list[int], int]:
+        for dropped in itertools.count():
+            ids = self._ids(messages, thinking)
+            try:
+                self.engine.check_budget(len(ids), settings)
+                return messages, ids, dropped
+            except ValueError:
+                first = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)
+                if first is None or first == len(messages) - 1:
+                    raise  # only the new user turn is left: it alone does not fit
+                end = first + 1
+                while end < len(messages) - 1 and messages[end]["role"] != "user":
+                    end += 1
+                messages = messages[:first] + messages[end:]
+
+    def turn(self, text: str, settings: DiffusionSettings | None = None, *, seed: int | None = None,
+             thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
+        """The answer to `text`, one `Frame` per forward (a completed turn joins `messages`); `ValueError`."""
+        text = check_prompt(text)
+        settings = settings or self.engine.recommended
+        random_state = RunRandomState(parse_seed(seed))
+        self.engine.check_settings(settings)
+        check_thinking(self.engine.tokenizer, thinking)
+        messages, ids, dropped = self._fit(self.messages + [{"role": "user", "content": text}], thinking, settings)
+        probe = self._ids(messages + [{"role": "assistant", "content": _PROBE_ANSWER},
+                                      {"role": "user", "content": _PROBE_ANSWER}], thinking)
+        stable = min(_common_prefix(ids, probe), len(ids) - 1)  # denoise needs at least one token of its own
+        self.last_result = self.last_report = None
+        return self._run(messages, ids, stable, dropped, settings, random_state, stop_event)
+
+    def regenerate(self, settings: DiffusionSettings | None = None, *, seed: int | None = None,
+                   thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
+        """The last user message answered again, replacing the last answer; `ValueError` as `turn`."""
+        if not self.messages or self.messages[-1]["role"] != "assistant":
+            raise ValueError("nothing to regenerate: the conversation has no answer yet")
+        text = self.messages[-2]["content"]
+        kept_messages, kept_thoughts = self.messages, self.thoughts
+        self.messages, self.thoughts = self.messages[:-2], self.thoughts[:-1]
+        try:
+            frames = self.turn(text, settings, seed=seed, thinking=thinking, stop_event=stop_event)
+        except ValueError:
+            self.messages, self.thoughts = kept_messages, kept_thoughts
+            raise
+        return self._restore_on_cancel(frames, kept_messages, kept_thoughts)
+
+    def _restore_on_cancel(self, frames, kept_messages, kept_thoughts):
+        done = False
+        for frame in frames:
+            done = frame.done and frame.stop_reason != "cancelled"
+            yield frame
+        if not done:
+            self.messages, self.thoughts = kept_messages, kept_thoughts
+
+    def _run(self, messages, ids, stable, dropped, settings, random_state, stop_event):
+        model, device = self.engine.model, self.engine.device
+        reused = _common_prefix(self._cache_ids, ids) if self._cache is not None else 0
+        restarted = self._cache is not None and not (reused == len(self._cache_ids) and reused <= stable)
+        if self._cache is not None and not restarted:
+            base = self._cache  # extended in place: it keeps holding exactly self._cache_ids
+        else:  # no cache yet, or the history changed before its end (a cut, a thinking switch): encode it all
+            reused = 0
+            generation_config, _ = model._prepare_generation_config(None, **settings.generate_kwargs())
+            base = model._prepare_cache_for_generation(generation_config, 1, len(ids) + settings.max_new_tokens)
+        tensor = torch.tensor([ids], dtype=torch.long, device=device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            if stable > reused:
+                base = encode_into_cache(model, base, tensor[:, reused:stable])
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        prefill_s = time.perf_counter() - start
+        reused_cost_s = self._cache_prefill_s if reused else 0.0
+        # Keep the prefix for the next turn whatever happens to this answer; denoise extends a copy
+        self._cache, self._cache_ids, self._cache_prefill_s = base, ids[:stable], reused_cost_s + prefill_s
+        cache = copy.deepcopy(base)
+        count, last = 0, None
+        for frame in denoise(model, tensor[:, stable:], settings, token_text=self.engine.token_text,
+                             stop_event=stop_event, random_state=random_state, past_key_values=cache):
+            count, last = count + 1, dataclasses.replace(frame, prompt_tokens=len(ids))
+            yield last
+        if last is None or not last.done or last.stop_reason == "cancelled":
+            return
+        result = self.engine.summarize(last, count)
+        if stable > reused:
+            self._prefills = [*self._prefills, (stable - reused, prefill_s)][-PREFILL_POINTS:]
+        rate = marginal_seconds_per_token(self._prefills)
+        notes = [f"{dropped} oldest turn{'s' if dropped != 1 else ''} cut to fit the model's context of "
+                 f"{self.engine.context_limit:,} tokens" if dropped else "",
+                 "the conversation's start changed (turns cut or thinking switched): encoded in full"
+                 if restarted else ""]
+        cut_note = "; ".join(n for n in notes if n)
+        self.last_report = TurnReport(
+            prompt_tokens=len(ids), reused_tokens=reused, encoded_tokens=len(ids) - reused, prefill_s=prefill_s,
+            prefill_saved_s=None if rate is None or not reused else min(reused * rate, reused_cost_s),
+            dropped_turns=dropped, note=cut_note)
+        self.last_result = result
+        answers = sum(m["role"] == "assistant" for m in messages)  # those the cut kept, the newest
+        self.messages = messages + [{"role": "assistant", "content": result.text}]
+        self.thoughts = self.thoughts[len(self.thoughts) - answers:] + [result.thought]
+
+    def reply(self, text: str, settings: DiffusionSettings | None = None,
+              **kwargs) -> tuple[GenerationResult, TurnReport]:
+        """Run a turn to the end: (result, report); errors as `turn`, `RuntimeError` if cancelled."""
+        for _ in self.turn(text, settings, **kwargs):
+            pass
+        if self.last_result is None:
+            raise RuntimeError("the turn was cancelled")
+        return self.last_result, self.last_report

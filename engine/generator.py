@@ -12,10 +12,9 @@ from contextlib import contextmanager
 import torch
 from transformers import LogitsProcessorList
 
-from .frames import Frame, FrameBuilder
+from .frames import Frame, FrameBuilder, eos_id_list
 from .sampling import frame_statistics, sampler_state, with_recording
 from .settings import DiffusionSettings, draw_seed
-from .tokens import eos_id_list
 
 _GLOBAL_RNG_LOCK = threading.RLock()
 
@@ -87,7 +86,7 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
             fork: Callable[[int, int, torch.LongTensor], torch.LongTensor] | None = None) -> Iterator[Frame]:
     """Block diffusion on `input_ids` `[1, n]`, one `Frame` per decoder forward; `stop_event` ends with a "cancelled"
     frame; `past_key_values`, `logits_processors`, `initial_canvas` as in `generate()`; `fork(block, forward, canvas)`,
-    called with the run's RNG before each forward, returns its input canvas (`engine.branch`); `ValueError` for
+    called with the run's RNG before each forward, returns its input canvas (`infill.Fork`); `ValueError` for
     batch != 1.
     """
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
@@ -228,15 +227,11 @@ def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entro
         if row is None:
             lists.append([])
             continue
-        lists.append(_typed_list(host[offset:offset + row.numel()].view(row.shape), kind))
+        values = host[offset:offset + row.numel()].view(row.shape)
+        lists.append(values.to(torch.int64).tolist() if kind is int else (values != 0).tolist() if kind is bool
+                     else values.tolist())
         offset += row.numel()
     return tuple(lists)
-
-
-def _typed_list(values: torch.Tensor, kind: type) -> list:
-    if kind is int:
-        return values.to(torch.int64).tolist()
-    return (values != 0).tolist() if kind is bool else values.tolist()
 
 
 def strip_after_eos(token_ids: list[int], eos_token_id: int | list[int] | None) -> list[int]:

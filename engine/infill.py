@@ -1,4 +1,5 @@
-"""Canvas infill: a template's text (`[___]` one blank, `[___ 12]` twelve) stays put while the blanks fill."""
+"""Canvas positions held while the rest denoises: infill, a template's text (`[___]` one blank, `[___ 12]` twelve)
+kept while the blanks fill, and branches, a run redone from one of its forwards with tokens pinned."""
 
 from __future__ import annotations
 
@@ -6,17 +7,16 @@ import dataclasses
 import itertools
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessor
 
 from .engine import DiffusionEngine, encode_text
-from .frames import Frame
+from .frames import Frame, eos_id_list
 from .generator import RunRandomState, denoise
-from .settings import MAX_PROMPT_CHARS, DiffusionSettings, parse_seed
-from .tokens import eos_id_list
+from .settings import MAX_PROMPT_CHARS, DiffusionSettings, draw_seed, parse_seed
 
 BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
 
@@ -80,9 +80,10 @@ def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -
 
 
 class FixedPositionsLogitsProcessor(LogitsProcessor):
-    """Pins each position of `canvas_ids` to its id, in place; -1: a blank, where `banned` ids are banned."""
+    """Pins each position of `canvas_ids` to its id, in place, while `active`; -1: a blank, `banned` ids banned."""
 
     def __init__(self, canvas_ids: list[int], banned: list[int], device: torch.device):
+        self.active = True
         self.fixed = torch.tensor([i >= 0 for i in canvas_ids], dtype=torch.bool, device=device)
         self.fixed_ids = torch.tensor([max(i, 0) for i in canvas_ids], dtype=torch.long, device=device)
         self.banned = torch.tensor(sorted(set(banned)), dtype=torch.long, device=device)
@@ -90,6 +91,8 @@ class FixedPositionsLogitsProcessor(LogitsProcessor):
         self._blank_at = (~self.fixed).nonzero().squeeze(1)
 
     def __call__(self, input_ids, scores):
+        if not self.active:
+            return scores
         scores[:, self._fixed_at] = float("-inf")
         scores[:, self._fixed_at, self.fixed_ids[self._fixed_at]] = 0.0
         if self.banned.numel():
@@ -114,20 +117,15 @@ def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSet
         input_ids = torch.tensor([[bos if bos is not None else pad_id]], dtype=torch.long, device=engine.device)
     engine.check_budget(input_ids.shape[1], settings)
     banned = eos_id_list(generation_config.eos_token_id) + [pad_id]
+    with random_state.active():  # the first canvas: the template's ids, uniformly random tokens in the blanks
+        noise = torch.randint(0, engine.model.config.text_config.vocab_size, (1, engine.canvas_length),
+                              device=engine.device)
+    known = torch.tensor([layout.canvas_ids], dtype=torch.long, device=engine.device)
     frames = denoise(engine.model, input_ids, settings, token_text=engine.token_text, stop_event=stop_event,
                      random_state=random_state,
                      logits_processors=[FixedPositionsLogitsProcessor(layout.canvas_ids, banned, engine.device)],
-                     initial_canvas=noised_canvas(engine, layout.canvas_ids, random_state))
+                     initial_canvas=torch.where(known >= 0, known, noise))
     return layout, count_blanks_only(frames, layout)
-
-
-def noised_canvas(engine: DiffusionEngine, known: list[int], random_state: RunRandomState) -> torch.LongTensor:
-    """A first canvas `[1, canvas_length]`: the `known` ids, uniformly random tokens where they are -1."""
-    with random_state.active():
-        noise = torch.randint(0, engine.model.config.text_config.vocab_size, (1, engine.canvas_length),
-                              device=engine.device)
-    known = torch.tensor([known], dtype=torch.long, device=engine.device)
-    return torch.where(known >= 0, known, noise)
 
 
 def count_blanks_only(frames: Iterator[Frame], layout: InfillLayout) -> Iterator[Frame]:
@@ -150,3 +148,61 @@ def filled_text(tokenizer, layout: InfillLayout, canvas_ids: list[int]) -> tuple
     runs = itertools.groupby(range(len(ids)), key=lambda position: layout.fixed[position])
     fills = [tokenizer.decode([ids[i] for i in run], skip_special_tokens=True) for fixed, run in runs if not fixed]
     return tokenizer.decode(ids, skip_special_tokens=True), fills
+
+
+def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
+    """The share of positions whose token differs between two canvases; `ValueError` for unequal or 0 lengths."""
+    if len(original) != len(branch) or not original:
+        raise ValueError(f"canvases to compare must have the same positive length, got {len(original)} and "
+                         f"{len(branch)}")
+    return sum(a != b for a, b in zip(original, branch)) / len(original)
+
+
+class Fork:
+    """The `denoise` fork of a branch at `frame`'s forward (see `branch_frames`)."""
+
+    def __init__(self, frame: Frame, pins: Mapping[int, int], seed: int, device: torch.device):
+        self.frame, self.pins, self.seed = frame, dict(pins), seed
+        held = [pins.get(p, -1) for p in range(frame.canvas_length)]  # active from the fork to its block's end
+        self.held = FixedPositionsLogitsProcessor(held, [], device) if pins else None
+
+    def __call__(self, block: int, forward: int, canvas: torch.LongTensor) -> torch.LongTensor:
+        at = self.frame.forward_index
+        if forward == at:
+            if canvas[0].tolist() != list(self.frame.input_ids):
+                raise ValueError(f"forward {at + 1} of this run does not replay here (another device or library "
+                                 f"version made it): branch it where it was made")
+            if self.seed != self.frame.seed:
+                torch.manual_seed(self.seed)
+            if self.pins:
+                canvas = canvas.clone()
+                canvas[0, list(self.pins)] = torch.tensor(list(self.pins.values()), dtype=canvas.dtype,
+                                                          device=canvas.device)
+        if self.held is not None:
+            self.held.active = forward >= at and block == self.frame.block_index
+        return canvas
+
+
+def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Frame, pins: Mapping[int, int],
+                  settings: DiffusionSettings, *, seed: int | None = None,
+                  stop_event: threading.Event | None = None) -> Iterator[Frame]:
+    """The run of `prompt_ids` from `frame`'s forward on, `pins` (position -> id) held for its block, the draws
+    from there `seed`'s (None: the run's); `ValueError` for bad arguments."""
+    canvas_length, vocab = engine.canvas_length, engine.model.config.text_config.vocab_size
+    for position, token in pins.items():
+        if not (isinstance(position, int) and 0 <= position < canvas_length):
+            raise ValueError(f"a pinned position must be in [0, {canvas_length - 1}], got {position!r}")
+        if not (isinstance(token, int) and 0 <= token < vocab):
+            raise ValueError(f"a pinned token must be an id in [0, {vocab - 1}], got {token!r}")
+    seed = frame.seed if seed is None else parse_seed(seed)
+    if seed is None:
+        seed = draw_seed()
+    engine.check_settings(settings)
+    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=engine.device)
+    engine.check_budget(input_ids.shape[1], settings)
+    fork = Fork(frame, pins, seed, engine.device)
+    frames = denoise(engine.model, input_ids, settings, token_text=engine.token_text, stop_event=stop_event,
+                     random_state=RunRandomState(frame.seed), fork=fork,
+                     logits_processors=[fork.held] if fork.held is not None else None)
+    at = frame.forward_index
+    return (f if f.seed == seed else dataclasses.replace(f, seed=seed) for f in frames if f.forward_index >= at)

@@ -9,9 +9,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
-from .memory import memory_report
 from .quantization import (QUANTIZATIONS, bitsandbytes_missing, check_fp8_shapes, fp8_refusal, from_pretrained_fp8,
-                           quantize_model)
+                           memory_report, quantize_model)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO_ROOT / "assets" / "models" / "diffgemma-tiny"
@@ -42,10 +41,10 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available()
                             else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("device 'cuda' was asked for, but torch sees no CUDA GPU (use --device cpu)")
-    if device == "mps" and not torch.backends.mps.is_available():
-        raise ModelLoadError("device 'mps' was asked for, but this machine has no Apple GPU (use --device cpu)")
+    missing = {"cuda": (torch.cuda, "torch sees no CUDA GPU"),
+               "mps": (torch.backends.mps, "this machine has no Apple GPU")}
+    if device in missing and not missing[device][0].is_available():
+        raise ModelLoadError(f"device {device!r} was asked for, but {missing[device][1]} (use --device cpu)")
     return torch.device(device)
 
 

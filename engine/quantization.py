@@ -1,4 +1,5 @@
-"""Quantization of the whole network: `4bit`/`8bit` through bitsandbytes (CUDA, CPU), `fp8` on CUDA >= 8.9."""
+"""Quantization of the whole network (`4bit`/`8bit` through bitsandbytes on CUDA or the CPU, `fp8` on CUDA >= 8.9)
+and the bytes of a model's tensors (`model_bytes`), by group and as each quantization would store them."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ SKIPPED_SUFFIXES = ("router.proj", "lm_head")  # routing decisions and the tied 
 FP8_BLOCK_SIZE = (64, 64)
 FP8_MIN_CAPABILITY = (8, 9)  # Ada, Hopper, Blackwell: GPUs with FP8 matmul units
 OTHER_CHOICES = "use --quantization 8bit or 4bit"
+GROUPS = ("experts", "attention", "embeddings", "vision_tower", "other")
 
 
 @dataclass(frozen=True)
@@ -59,16 +61,13 @@ def share_tied_modules(model: nn.Module, fp8: bool = False) -> int:
     decoder_layers = getattr(getattr(inner, "decoder", None), "layers", None)
     shared = 0
     for encoder_layer, decoder_layer in zip(encoder_layers or [], decoder_layers or []):
-        for path, module in [(p, m) for p, m in decoder_layer.named_modules() if p and _shareable(m, fp8)]:
+        for path, module in [(p, m) for p, m in decoder_layer.named_modules() if p and (
+                isinstance(m, (FP8Linear, FP8Experts)) if fp8 else isinstance(m, nn.Linear) or is_experts(m))]:
             twin = encoder_layer.get_submodule(path)
             if twin is not module and type(twin) is type(module) and _tied(twin, module, fp8):
                 encoder_layer.set_submodule(path, module)
                 shared += 1
     return shared
-
-
-def _shareable(module: nn.Module, fp8: bool) -> bool:
-    return isinstance(module, (FP8Linear, FP8Experts)) if fp8 else isinstance(module, nn.Linear) or is_experts(module)
 
 
 def _tied(a: nn.Module, b: nn.Module, fp8: bool) -> bool:
@@ -140,12 +139,6 @@ def quantize_model(model: nn.Module, quantization: str, device: torch.device | s
     return model.to(device)
 
 
-def quantized_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, object]]:
-    for name, module in model.named_modules():
-        for param, plist in getattr(module, "parametrizations", {}).items():
-            yield f"{name}.{param}", plist.original, getattr(plist[0], "quant_state", None)
-
-
 def quant_state_tensors(state) -> list[torch.Tensor]:
     """The tensors of a bitsandbytes `QuantState` (scales, code table, nested statistics)."""
     if state is None:
@@ -201,10 +194,6 @@ def check_fp8_shapes(config) -> None:
                          f"{OTHER_CHOICES}")
 
 
-def fp8_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, (FP8Linear, FP8Experts))]
-
-
 @torch.no_grad()
 def convert_to_fp8(model: nn.Module, device: torch.device | str) -> nn.Module:
     """Convert `model` (CPU or meta) to `fp8` on `device`, one tensor at a time, in place."""
@@ -240,3 +229,61 @@ def from_pretrained_fp8(where: str, device: torch.device, dtype: torch.dtype, **
         where, dtype=dtype, device_map={"": device}, quantization_config=fp8_config(), **common)
     share_tied_modules(network, fp8=True)
     return network
+
+
+def group_of(name: str) -> str:
+    if ".vision_tower." in f".{name}" or ".embed_vision." in f".{name}":
+        return "vision_tower"
+    if ".experts." in name:
+        return "experts"
+    if ".self_attn." in name:
+        return "attention"
+    if "embed_tokens" in name or name.startswith("lm_head"):
+        return "embeddings"
+    return "other"
+
+
+def stored_tensors(*modules: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every parameter, buffer and quant-state tensor of `modules`, each tensor once."""
+    seen = set()
+    for module in modules:
+        named = [*module.named_parameters(), *module.named_buffers()]
+        named += [(f"{name}.{param}", t) for name, sub in module.named_modules()
+                  for param, plist in getattr(sub, "parametrizations", {}).items()
+                  for t in quant_state_tensors(getattr(plist[0], "quant_state", None))]
+        for name, tensor in named:
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                yield name, tensor
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of a model's tensors as stored (quantized ones packed, shared ones once)."""
+    return sum(tensor.numel() * tensor.element_size() for _, tensor in stored_tensors(model))
+
+
+def memory_report(model: nn.Module, quantization: str = "none") -> dict:
+    """`{"total_bytes": N, "groups": {group: N}}` as `quantization` would store `model`; `ValueError`."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    planned = set()
+    if quantization == "fp8":
+        if not any(isinstance(m, (FP8Linear, FP8Experts)) for m in model.modules()):
+            if any(p.device.type != "meta" for p in model.parameters()):
+                raise ValueError("the fp8 report converts the model: build it on the meta device (meta_model)")
+            convert_to_fp8(model, "meta")
+    elif quantization != "none":
+        share_tied_modules(model)
+        planned = {id(t.module._parameters[t.param]) for t in quantization_targets(model)
+                   if t.param in t.module._parameters}
+    groups = dict.fromkeys(GROUPS, 0)
+    for name, tensor in stored_tensors(model):
+        nbytes = quantized_nbytes(tensor.numel(), quantization) if id(tensor) in planned else None
+        groups[group_of(name)] += tensor.numel() * tensor.element_size() if nbytes is None else nbytes
+    return {"total_bytes": sum(groups.values()), "groups": groups}
+
+
+def format_report(report: dict, title: str) -> str:
+    """The report as a table in GB (10^9 bytes) and bytes."""
+    rows = [*report["groups"].items(), ("total", report["total_bytes"])]
+    return "\n".join([title] + [f"  {group:<13} {nbytes / 1e9:9.3f} GB  {nbytes:>15,} bytes" for group, nbytes in rows])

@@ -112,4 +112,4 @@ def frame_statistics(sampler, processed_logits: torch.Tensor, draft_ids: torch.T
         state.top_log_probs = state.top_ids = None
         top_ids, top_probs = draft_first(values[0], ids[0], draft_ids[0], values[0, :, 0])
         entropy = entropy[0].float()
-    return top_probs[:, 0], entropy, top_ids, top_probs
+    return top_probs[:, 0], torch.where(entropy > 0, entropy, 0.0), top_ids, top_probs  # not -0.0 or -1e-8

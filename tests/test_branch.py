@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.branch import branch_frames, changed_share
+from engine.infill import branch_frames, changed_share
 
 pytestmark = pytest.mark.slow
 

@@ -40,6 +40,16 @@ WATCH_METER_STATES = """() => {
                                                      attributeFilter: ['data-state']});
 }"""
 
+# What the heatmap's plot shows: its title, whether it has the animation's buttons, its size
+HEATMAP_STATE = """() => {
+  const plot = document.querySelector('#dg-heatmap .js-plotly-plot');
+  if (!plot || !plot.layout) return {plot: !!plot};
+  const title = plot.layout.title && (plot.layout.title.text || plot.layout.title);
+  return {title: String(title), updatemenus: (plot.layout.updatemenus || []).length,
+          buttons: plot.querySelectorAll('.updatemenu-button').length, width: plot.clientWidth,
+          height: plot.clientHeight, meter: document.querySelector('#dg-meter').innerText.slice(0, 200)};
+}"""
+
 
 def test_generate_shows_live_canvas_final_text_and_speed(browser, served_app, engine):
     _, url = served_app
@@ -105,6 +115,7 @@ def test_stop_button_and_phone_width(browser, served_app):
     page.wait_for_selector(".dg-meter[data-state='done']", timeout=30_000)
     assert time.monotonic() - started < 20
     assert "stopped" in page.inner_text(".dg-meter").lower()
+    page.wait_for_function("!document.querySelector('#dg-replay-run').disabled", timeout=30_000)  # kept, replayable
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "browser_phone.png"), full_page=True)
@@ -265,7 +276,10 @@ def test_interrupting_the_heatmap_replay_is_not_a_page_error(browser, served_app
     set_number(page, "Max new tokens", 64)
     page.click("#dg-generate")
     page.wait_for_selector(".dg-meter[data-state='done']", timeout=60_000)
-    page.wait_for_selector("#dg-heatmap .updatemenu-button")
+    try:
+        page.wait_for_selector("#dg-heatmap .updatemenu-button")
+    except Exception as error:  # say what the heatmap held instead, so that a failure can be traced
+        raise AssertionError(f"no play button on the final heatmap: {page.evaluate(HEATMAP_STATE)}") from error
     buttons = page.locator("#dg-heatmap .updatemenu-button")
     play, pause = buttons.nth(0), buttons.nth(1)
     for button in (play, pause, play, play):  # each click interrupts the running animation

@@ -1,13 +1,12 @@
-"""Multi-turn chat (engine/chat.py, engine/conversation.py): reused encoder cache equals re-encoding, plain-text
-history, thinking ids as the template writes them, history cuts."""
+"""Multi-turn chat (`ChatSession` and the chat prompts in engine/engine.py): reused encoder cache equals re-encoding,
+plain-text history, thinking ids as the template writes them, history cuts."""
 
 import copy
 
 import pytest
 import torch
 
-from engine.chat import ChatSession
-from engine.conversation import chat_prompt_ids, check_messages, conversation_ids
+from engine.engine import ChatSession, chat_prompt_ids, check_messages, conversation_ids
 from engine.generator import RunRandomState, denoise
 
 
@@ -50,7 +49,7 @@ def test_follow_up_with_reused_cache_matches_reencoding_the_conversation(engine,
 
 
 def test_the_saving_shown_never_exceeds_what_encoding_the_reused_tokens_cost(engine, monkeypatch):
-    import engine.chat as chat_module
+    import engine.engine as chat_module
 
     settings = engine.recommended.replace(max_new_tokens=engine.canvas_length, max_denoising_steps=2)
     session = ChatSession(engine)

@@ -16,7 +16,7 @@ import pytest
 
 from diffgemma_ui.chat_tab import ChatState, ChatTab, history_html, parse_history, reuse_html
 from diffgemma_ui.tab import stop_run
-from engine.chat import TurnReport
+from engine.engine import TurnReport
 from synthetic import parse_html
 
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "chat"
@@ -55,7 +55,7 @@ def test_reuse_note_gives_tokens_and_time_saved():
 
 
 def test_the_saving_estimate_leaves_the_fixed_cost_of_an_encoder_call_out():
-    from engine.chat import marginal_seconds_per_token
+    from engine.engine import marginal_seconds_per_token
 
     # 50 ms per call plus 0.5 ms per token: a re-encode of 200 reused tokens costs 100 ms more, not 200 x 50.5/1
     points = [(1, 0.0505), (40, 0.07), (100, 0.1)]

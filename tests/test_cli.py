@@ -173,3 +173,16 @@ def test_settings_that_clash_with_the_checkpoints_are_refused_before_loading(cap
     # the embedded model recommends t_max 0.05: a t_min of 0.9 alone cannot run, nor can the careful preset under it
     assert main([*command, "--t-min", "0.9"]) == 2
     assert "t_min must be below t_max" in capsys.readouterr().err
+
+
+def test_threads_sets_torchs_cpu_threads_and_refuses_zero(capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert run_json(capsys, "--threads", "1")["token_ids"]
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert main(["generate", "--prompt", "x", "--threads", "0", "--model", "/nonexistent/model"]) == 2
+    assert "threads must be a whole number >= 1, got 0" in capsys.readouterr().err

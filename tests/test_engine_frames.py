@@ -109,6 +109,7 @@ def test_warm_up_runs_both_prompt_paths_and_changes_no_result(engine, monkeypatc
     torch.manual_seed(0)
     assert engine.warm_up() > 0
     assert torch.equal(torch.rand(3), expected)
+    assert engine.token_text.described == len(engine.tokenizer)  # frames only look their strings up
     assert sorted(call["raw"] for call in calls) == [False, True]
     monkeypatch.undo()
     assert engine.generate("Blessed are the", short(engine), raw=True, seed=5).token_ids == before.token_ids

@@ -134,3 +134,11 @@ def test_entropy_is_bitwise_the_library_categorical_entropy(dtype):
     expected = torch.distributions.Categorical(logits=logits)
     assert torch.equal(entropy, expected.entropy())
     assert torch.equal(log_probs, expected.logits.clamp(min=torch.finfo(dtype).min))
+
+
+def test_a_certain_position_shows_an_entropy_of_plus_zero():
+    logits = torch.full((1, 4, 50), -1e4)
+    logits[0, :, 7] = 1e4  # one token certain: p log p sums to zero, which may come out as -0.0 or -1e-8
+    _, entropy, _, _ = frame_statistics(RecordingEntropyBoundSampler.of(_samplers(0.1, 50, 4)[0]), logits,
+                                        logits.argmax(-1))
+    assert [f"{value:.3f}" for value in entropy.tolist()] == ["0.000"] * 4

@@ -16,8 +16,7 @@ import torch
 
 from engine import DEFAULT_MODEL, DiffusionEngine, load_model
 from engine.loading import REPO_ROOT
-from engine.memory import model_bytes
-from engine.quantization import BITSANDBYTES_QUANTIZATIONS, QUANTIZATIONS, fp8_refusal
+from engine.quantization import BITSANDBYTES_QUANTIZATIONS, QUANTIZATIONS, fp8_refusal, model_bytes
 
 KIT = REPO_ROOT / "benchmarks" / "gpu"
 

@@ -151,7 +151,9 @@ def test_page_keeps_a_run_and_replays_an_upload(browser, served_app, tmp_path):
         bad.write_text('{"format": "diffgemma-trace", "version": 3}', encoding="utf-8")
         page.click("#dg-upload-trace button[aria-label='Clear']")
         page.set_input_files("#dg-upload-trace input[type=file]", str(bad))
-        page.wait_for_selector("text=trace version 3 is not supported", timeout=30_000)
+        page.wait_for_selector("#dg-playground-refusal .dg-refusal", timeout=30_000)  # it stays, not only a toast
+        assert "trace version 3 is not supported" in page.inner_text("#dg-playground-refusal")
+        page.wait_for_function("!document.querySelector('#dg-upload-trace').innerText.includes('bad.json')")
         page.screenshot(path=str(SHOTS / "refused.png"), full_page=False)
         assert [p for p in problems if "trace version 3" not in p] == []
     finally:

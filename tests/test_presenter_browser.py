@@ -38,6 +38,7 @@ def test_presenter_buffers_a_live_run_and_answers_the_keys(browser, served_app):
         assert "Nothing to present yet" in page.inner_text("#dgp-replay-caption")
         page.keyboard.press("Escape")
         assert page.locator("#dgp-overlay").is_hidden()
+        assert "present" not in page.url  # a reload stays on the page
         set_up_a_short_run(page, 128)
         page.click("#dg-present")
         page.click("#dgp-generate")

@@ -1,4 +1,4 @@
-"""Quantization (engine/quantization.py, fp8 included) and the memory report (engine/memory.py), on the CPU.
+"""Quantization (engine/quantization.py, fp8 included) and the memory report (its `memory_report`), on the CPU.
 
 Each CPU choice (4bit, 8bit) loads the embedded model and a scaled stand-in of the real 26B config (its structure:
 5 sliding : 1 full attention layers with their own head sizes, tied encoder/decoder, a vision tower; widths cut
@@ -24,9 +24,8 @@ from torch.nn.utils import parametrize
 from engine import DEFAULT_MODEL, DiffusionEngine, ModelLoadError, load_model
 from engine.cli import main as cli_main
 from engine.loading import REPO_ROOT, check_fits, check_quantization, meta_model
-from engine.memory import GROUPS, memory_report, model_bytes
-from engine.quantization import (BITSANDBYTES_QUANTIZATIONS, FP8_BLOCK_SIZE, check_fp8_shapes, fp8_refusal,
-                                 from_pretrained_fp8, is_experts, quantized_nbytes)
+from engine.quantization import (BITSANDBYTES_QUANTIZATIONS, FP8_BLOCK_SIZE, GROUPS, check_fp8_shapes, fp8_refusal,
+                                 from_pretrained_fp8, is_experts, memory_report, model_bytes, quantized_nbytes)
 
 REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
 CHOICES = list(BITSANDBYTES_QUANTIZATIONS)  # the choices that run on a CPU
@@ -337,11 +336,11 @@ def test_fp8_refuses_expert_widths_its_blocks_do_not_divide(standin):
 
 
 def test_loading_modules_import_one_way_and_only_optional_packages_late():
-    """quantization <- memory <- loading: each imports only modules before it, at the top; inside a
+    """quantization <- loading: each imports only modules before it, at the top; inside a
     function only an optional heavy package (bitsandbytes) is imported."""
     import ast
 
-    order = ["quantization", "memory", "loading"]
+    order = ["quantization", "loading"]
     for index, name in enumerate(order):
         tree = ast.parse((REPO_ROOT / "engine" / f"{name}.py").read_text())
         top = set(tree.body)

@@ -8,9 +8,8 @@ import threading
 import pytest
 import torch
 
-from engine.autoregressive import AutoregressiveDecoder, TokenFrame, check_temperature, eos_ids
-from engine.race import (ORDERS, RaceResult, RaceRunner, SideResult, punctuation_share, repeated_share,
-                         weights_bytes_per_forward)
+from engine.race import (ORDERS, AutoregressiveDecoder, RaceResult, RaceRunner, SideResult, TokenFrame,
+                         check_temperature, eos_ids, punctuation_share, repeated_share, weights_bytes_per_forward)
 
 PROMPTS = [("In the beginning", True), ("Blessed are the", True), ("Tell me what happened after the flood.", False)]
 

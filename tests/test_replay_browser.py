@@ -13,8 +13,7 @@ import pytest
 from benchmarks.browser import synthetic_trace
 from diffgemma_ui import canvas_view, meter, plots
 from diffgemma_ui.text import visible_token
-from engine.replay_page import write_replay
-from engine.trace import Trace, load_trace
+from engine.trace import Trace, load_trace, write_replay
 from test_security import HOSTILE as HOSTILE_TOKENS
 from test_trace import hostile_trace
 

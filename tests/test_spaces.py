@@ -32,7 +32,7 @@ from diffgemma_ui.deployment import (QUEUE_IDLE_POLL_S, default_threads, queue_p
                                      slow_idle_queue_polling, zero_gpu)
 from diffgemma_ui.zerogpu import GpuBudget, StopFlag, gpu_size_for, make_playground, weight_bytes
 from engine.loading import meta_model
-from engine.memory import memory_report
+from engine.quantization import memory_report
 
 REPO = Path(__file__).resolve().parent.parent
 EMULATION = Path(__file__).resolve().parent / "zerogpu_emulation.py"

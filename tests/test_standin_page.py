@@ -11,7 +11,7 @@ import pytest
 from diffgemma_ui import build_app
 from diffgemma_ui.blocks import header_html, load_examples
 from diffgemma_ui.canvas_view import thought_html
-from engine.conversation import chat_prompt_ids
+from engine.engine import chat_prompt_ids
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts"

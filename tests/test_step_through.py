@@ -96,6 +96,7 @@ def test_step_buttons_on_the_page(browser, served_app):
         page.click("#dg-run-to-end")
         page.wait_for_selector("#dg-meter .dg-meter[data-state=done]", timeout=120_000)
         assert page.locator("#dg-stack .dg-block").count() == 2
+        page.wait_for_function("!document.querySelector('#dg-replay-run').disabled", timeout=30_000)  # kept too
         page.screenshot(path=str(SHOTS / "end.png"), full_page=True)
         stepped = page.inner_text("#dg-step-note")
         page.click("#dg-generate")  # a normal run takes over: the note no longer speaks of the stepped run

@@ -1,7 +1,7 @@
 """Token display on a real Gemma vocabulary: "▁" pieces, byte-fallback pieces, special tokens and pads.
 
 The view builders are fed frames whose tokens come from a 262,144-piece Gemma tokenizer with Gemma 4's special tokens
-(the stand-in's, see conftest), through the stand-in engine's own `engine.tokens.TokenText`.
+(the stand-in's, see conftest), through the stand-in engine's own `engine.frames.TokenText`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from diffgemma_ui import canvas_view
 from diffgemma_ui.token_view import special_label, token_cells
-from engine.tokens import BYTE, EOS, PAD, SPECIAL, TEXT, parse_byte_display, token_text_for
+from engine.frames import BYTE, EOS, PAD, SPECIAL, TEXT, parse_byte_display, token_text_for
 from synthetic import parse_html, synthetic_frame
 
 # The real checkpoint's image markers (config.json: boi, image, eoi)

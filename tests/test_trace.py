@@ -13,9 +13,8 @@ import threading
 import pytest
 
 from benchmarks.browser import synthetic_trace
-from engine.replay_page import script_json, replay_data, replay_html
 from engine.trace import (MAX_TRACE_BYTES, TRACE_VERSION, ModelInfo, Trace, TraceError, load_trace, record_trace,
-                          trace_of_run)
+                          replay_data, replay_html, script_json, trace_of_run)
 
 EXACT_FIELDS = ("block_index", "step_index", "forward_index", "canvas_length", "max_denoising_steps", "temperature",
                 "input_ids", "draft_ids", "accepted", "first_accepted_step", "input_tokens", "draft_tokens",
@@ -235,7 +234,7 @@ DATA_SCRIPT = re.compile(r'<script type="application/json" id="dg-replay-data">(
 
 
 def page_data(page: str) -> dict:
-    """The data an offline replay page embeds (`engine.replay_page.replay_data`)."""
+    """The data an offline replay page embeds (`engine.trace.replay_data`)."""
     return json.loads(DATA_SCRIPT.search(page).group(1))
 
 

@@ -12,7 +12,7 @@ Figures printed (and written as JSON with `--json-out`):
   in Li et al. 2016; also the per-sample mean), decoder forwards per canvas, tokens per forward (non-pad generated
   tokens / decoder forwards, as `generate()` counts them), `<pad>` written as content, answers ended by an EOS id;
 - speed on this machine: diffusion tokens/s against greedy autoregressive decoding with the same weights
-  (`engine.autoregressive.AutoregressiveDecoder.from_diffusion`: the causal encoder, one forward per token) on the
+  (`engine.race.AutoregressiveDecoder.from_diffusion`: the causal encoder, one forward per token) on the
   same prompts and token budget, prompts alternating which side runs first; peak RSS;
 - what a watcher sees (`training.denoising`), for the recommended settings and for the fast and careful presets
   (`engine.settings.preset`), each with its own race: median decoder forwards per canvas, the share of a canvas the
@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
-from engine.autoregressive import AutoregressiveDecoder
+from engine.race import AutoregressiveDecoder
 from engine.engine import DiffusionEngine
 from engine.loading import DEFAULT_MODEL, load_model
 from engine.settings import PRESET_NAMES, RANGES, DiffusionSettings, preset

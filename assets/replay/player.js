@@ -1,4 +1,4 @@
-// The replay player, part 4: frame models of the data (engine/replay_page.py's `replay_data`, holding what
+// The replay player, part 4: frame models of the data (engine/trace.py's `replay_data`, holding what
 // engine/trace.py derives on load), the player over them (`mountPlayer`, also the live presenter's) and the page.
 
 const $ = (id) => document.getElementById(id);
@@ -153,7 +153,10 @@ function mountPlayer(find, data, root, {presenting, onPresent, active = () => tr
     const f = frames[k], block = blocks[f.block];
     const stack = stackView(stackSections(f));
     find("dg-stack").replaceChildren(...(stack ? [stack] : []));
-    if (stack) stack.scrollTop = stack.scrollHeight;  // the newest finished block in view
+    if (stack && stack.lastElementChild) {  // the end of the stack, or the newest block's header when it is taller
+      const newestTop = stack.lastElementChild.getBoundingClientRect().top - stack.getBoundingClientRect().top;
+      stack.scrollTop = Math.min(newestTop, stack.scrollHeight - stack.clientHeight);
+    }
     const status = k === last ? (f.stopReason in STOP_REASONS ? STOP_REASONS[f.stopReason] : f.stopReason) : "";
     find("dg-canvas").replaceChildren(liveView(f.forward, f.blockDone ? null : blockModel(f, true), status));
     find("dg-meter").replaceChildren(meterView(f));

@@ -69,6 +69,11 @@ function close() {
   document.documentElement.classList.remove("dg-presenting");
   clearInterval(live.timer);
   live.timer = null;
+  const url = new URL(location.href);  // a reload after leaving stays on the page
+  if (url.searchParams.has("present")) {
+    url.searchParams.delete("present");
+    history.replaceState(history.state, "", url);
+  }
 }
 
 window.dgPresenter = {open, close, feed, have: () => (live.key ? `${live.key}:${live.data.frames.length}` : "")};

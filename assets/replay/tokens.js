@@ -31,7 +31,7 @@ function specialLabel(piece) {
   return piece.replace(BRACKETS, "") || "special";
 }
 
-// engine.tokens.parse_byte_display: "<0xE2><0x80>" -> [0xE2, 0x80]; [] when the string is not byte pieces
+// engine.frames.parse_byte_display: "<0xE2><0x80>" -> [0xE2, 0x80]; [] when the string is not byte pieces
 function parseByteDisplay(text) {
   if (!BYTE_PIECES.test(text)) return [];
   return text.match(/<0x[0-9A-Fa-f]{2}>/g).map((piece) => parseInt(piece.slice(3, 5), 16));

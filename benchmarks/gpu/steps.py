@@ -490,7 +490,7 @@ def step_preflight(result: Result, rehearsal: bool) -> None:
 
     from engine.engine import DiffusionEngine
     from engine.loading import DEFAULT_MODEL, ModelLoadError, check_fits, load_model
-    from engine.memory import model_bytes
+    from engine.quantization import model_bytes
 
     device = device_of(rehearsal)
     for quantization in ("none", "4bit", "8bit"):
@@ -531,7 +531,7 @@ def build_26b(result: Result, rehearsal: bool):
     time and peak (the peak counter is reset after), and the bytes of the weights."""
     import torch
 
-    from engine.memory import model_bytes
+    from engine.quantization import model_bytes
 
     device = device_of(rehearsal)
     release(device)
@@ -591,7 +591,7 @@ def step_quantized(result: Result, rehearsal: bool, quantization: str) -> None:
     import torch
 
     from benchmarks.bench import scaling_prompt
-    from engine.memory import model_bytes
+    from engine.quantization import model_bytes
     from engine.quantization import quantize_model
 
     device = device_of(rehearsal)
