@@ -3,11 +3,9 @@ forward (`engine.infill.branch_frames`) and show the branch beside the original 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import gradio as gr
 
-from engine import DiffusionSettings, Frame
+from engine import Frame
 from engine.infill import branch_frames, changed_share
 from engine.settings import draw_seed, parse_seed
 from engine.trace import ModelInfo
@@ -19,18 +17,10 @@ from .tab import PRIVATE, Tab, describe_error, refusal_html
 from .text import escape_html, prose
 
 
-@dataclass(frozen=True)
-class BranchJob:
-    prompt_ids: tuple[int, ...]
-    frame: Frame
-    pins: dict[int, int]
-    settings: DiffusionSettings
-    seed: int | None
-
-
-def branch_source(engine, job: BranchJob, stop):
-    """The "branch" frame source."""
-    return branch_frames(engine, job.prompt_ids, job.frame, job.pins, job.settings, seed=job.seed, stop_event=stop)
+def branch_source(engine, payload: tuple, stop):
+    """The "branch" frame source of (prompt ids, the forward's frame, pins, settings, seed)."""
+    *arguments, seed = payload
+    return branch_frames(engine, *arguments, seed=seed, stop_event=stop)
 
 
 def parse_pins(text, frame: Frame, tokenizer) -> dict[int, int]:
@@ -68,9 +58,9 @@ class BranchTab(Tab):
                 run = gr.Button("Branch", variant="primary", elem_id="dg-branch-run", scale=1)
             box = gr.HTML("", elem_id="dg-branch-refusal", elem_classes=["dg-refusal-box"])
             result = gr.HTML("", elem_id="dg-branch-result")
-        accordion.expand(lambda s: self.pick(s, None), inputs=[session], outputs=[forward, start, pins], **PRIVATE)
-        forward.input(self.pick, inputs=[session, forward], outputs=[forward, start, pins], trigger_mode="always_last",
-                      **PRIVATE)
+        picked = [forward, start, pins]
+        accordion.expand(lambda s: self.pick(s, None), inputs=[session], outputs=picked, **PRIVATE)
+        forward.input(self.pick, inputs=[session, forward], outputs=picked, trigger_mode="always_last", **PRIVATE)
         run.click(self.branch, inputs=[session, forward, pins, seed], outputs=[result, box], concurrency_id="engine",
                   trigger_mode="once", **PRIVATE)
 
@@ -78,7 +68,7 @@ class BranchTab(Tab):
         """The forward slider (None: the last forward): its range, that forward's block, no pins."""
         trace = getattr(session, "trace", None)
         if trace is None:
-            return gr.update(), '<p class="dg-status">Generate, or upload a trace, to branch from it.</p>', ""
+            return gr.update(), f'<p class="dg-status">{prose("branch-none")}</p>', ""
         count = len(trace.frames)
         k = max(1, min(count, int(forward or count)))
         frame = trace.frames[k - 1]
@@ -87,10 +77,9 @@ class BranchTab(Tab):
     def branch(self, session, forward, pins_text, seed, request: gr.Request = None):
         """The Branch button: yields (the original and the branch side by side, the refusal box's reason)."""
         trace = getattr(session, "trace", None)
-        if trace is None or session.run_in_progress:
-            yield gr.skip(), refusal_html("Nothing to branch from: generate (and let the run finish), or upload one.")
-            return
         try:
+            if trace is None or session.run_in_progress:
+                raise ValueError("Nothing to branch from: generate (and let the run finish), or upload one.")
             if (trace.model.name, trace.model.canvas_length) != (ModelInfo.of(self.engine).name,
                                                                  self.engine.canvas_length):
                 raise ValueError(f"this trace is of {trace.model.name}: branch it where that model is loaded")
@@ -98,8 +87,8 @@ class BranchTab(Tab):
             pins = parse_pins(pins_text, frame, self.engine.tokenizer)
             typed = str(seed or "").strip()
             seed = frame.seed if not typed else parse_seed(typed)
-            job = Job("branch", BranchJob(tuple(trace.prompt_ids), frame, pins, trace.settings,
-                                          draw_seed() if seed is None else seed), trace.settings)
+            job = Job("branch", (tuple(trace.prompt_ids), frame, pins, trace.settings,
+                                 draw_seed() if seed is None else seed), trace.settings)
             self.playground.check_job(job)
         except ValueError as error:
             yield gr.skip(), refusal_html(str(error))

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine import DiffusionSettings
 from engine.engine import ChatSession, TurnReport, check_messages, check_thinking
-from engine.settings import parse_flag, parse_seed
 
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html, thought_html
 from .handlers import Job, Playground, api_summary
@@ -23,59 +21,48 @@ from .session import SessionState
 from .tab import (UNQUEUED, PlotClock, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
                   refusing, run_buttons, seed_box, setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
-from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, preset_values
+from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, preset_values
 
 MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text
 CHAT_MAX_NEW_TOKENS = 128  # the default answer budget
 IDLE_METER_NOTE = "engine clock \u00b7 press Send to start"
-STOPPED_NOTE = f'<div class="dg-chat-reuse" data-state="stopped">{prose("chat-stopped")}</div>'
 EMPTY_CHAT_HTML = f'<div class="dg-chat-history dg-empty" data-turns="0"><p>{prose("chat-empty")}</p></div>'
-IDLE_REUSE_HTML = f'<div class="dg-chat-reuse" data-state="idle">{prose("chat-reuse-idle")}</div>'
 ROLE_LABELS = {"system": "System", "user": "You", "assistant": "Model"}
+OUTCOME = ("messages", "thoughts", "last_report", "last_result")  # a turn's `ChatSession` fields, sent after it
+
+
+def _note(state: str, html: str, data: str = "") -> str:
+    """The cache reuse note in `state` (a `data-state`), `data` its other attributes."""
+    return f'<div class="dg-chat-reuse" data-state="{state}"{data}>{html}</div>'
+
+
+STOPPED_NOTE, IDLE_REUSE_HTML = _note("stopped", prose("chat-stopped")), _note("idle", prose("chat-reuse-idle"))
 
 
 @dataclass
 class ChatTurn:
-    """A "chat" job's payload: `text` to answer (None: regenerate) after `messages`; `session` is never pickled."""
+    """A "chat" job's payload: `run`'s prompt answered after `messages` (or regenerated); `session` never pickled."""
 
-    text: str | None
-    settings: DiffusionSettings
-    seed: int | None
-    thinking: bool
+    run: RunRequest
     messages: list
     thoughts: list
+    regenerate: bool = False
     session: ChatSession | None = None
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "session": None}
 
 
-@dataclass(frozen=True)
-class ChatOutcome:
-    """What a turn left, sent after its final frame."""
-
-    messages: list
-    thoughts: list
-    report: object
-    result: object
-
-    def apply(self, chat: ChatSession) -> None:
-        chat.messages, chat.thoughts, chat.last_report, chat.last_result = (
-            self.messages, self.thoughts, self.report, self.result)
-
-
 def chat_source(engine, turn: ChatTurn, stop) -> Iterator:
-    """The "chat" source: the turn's frames, then its `ChatOutcome`."""
-    chat = turn.session
+    """The "chat" source: the turn's frames, then what it left in its `ChatSession` (`OUTCOME` by name)."""
+    run, chat = turn.run, turn.session
     if chat is None:
         chat = ChatSession(engine)
         chat.messages, chat.thoughts = list(turn.messages), list(turn.thoughts)
-    options = dict(seed=turn.seed, thinking=turn.thinking, stop_event=stop)
-    if turn.text is None:
-        yield from chat.regenerate(turn.settings, **options)
-    else:
-        yield from chat.turn(turn.text, turn.settings, **options)
-    yield ChatOutcome(chat.messages, chat.thoughts, chat.last_report, chat.last_result)
+    options = dict(seed=run.seed, thinking=run.thinking, stop_event=stop)
+    yield from (chat.regenerate(run.settings, **options) if turn.regenerate
+                else chat.turn(run.prompt, run.settings, **options))
+    yield {name: getattr(chat, name) for name in OUTCOME}
 
 
 def parse_history(history) -> list[dict]:
@@ -125,50 +112,37 @@ class ChatTab(Tab):
 
     def __init__(self, playground: Playground):
         super().__init__(playground)
-        self.sessions: weakref.WeakValueDictionary[str, ChatState] = weakref.WeakValueDictionary()
+        self.sessions = weakref.WeakValueDictionary()  # session hash -> `ChatState`
 
     def turn(self, message, preset_name, max_new_tokens, seed, thinking) -> ChatTurn:
         """The tab's inputs as a checked turn (gr.Error)."""
         with refusing():
-            text = check_prompt(message)
             values = preset_values(preset_name, self.engine.recommended, max_new_tokens=max_new_tokens)
-            settings = build_settings(values, ui_limits=True)
-            self.engine.check_settings(settings)
-            self.playground.check_job(Job("chat", None, settings))
-            seed, thinking = parse_seed(seed), parse_flag("thinking", thinking)
-            check_thinking(self.engine.tokenizer, thinking)
-            return ChatTurn(text, settings, seed, thinking, [], [])
+            run = build_request(message, False, values, seed, thinking=thinking)
+            self.engine.check_settings(run.settings)
+            self.playground.check_job(Job("chat", None, run.settings))
+            check_thinking(self.engine.tokenizer, run.thinking)
+            return ChatTurn(run, [], [])
 
     def regeneration(self, state: ChatState, preset_name, max_new_tokens, thinking) -> ChatTurn:
         """The turn that replaces the last answer, with a new seed; gr.Error (also without an answer)."""
         if not has_answer(state.chat):
             raise user_error("nothing to regenerate: the conversation has no answer yet")
-        return dataclasses.replace(self.turn("x", preset_name, max_new_tokens, -1, thinking), text=None)
+        return dataclasses.replace(self.turn("x", preset_name, max_new_tokens, -1, thinking), regenerate=True)
 
-    def check_turn(self, *inputs) -> None:
-        self.turn(*inputs)
+    def send_stream(self, state: ChatState, request: gr.Request, *inputs) -> Iterator[tuple]:
+        """Send (`inputs` as `turn`'s): the tab's outputs as it is answered (a stopped turn is not kept); gr.Error."""
+        yield from self._stream(state, self.turn(*inputs), request)
 
-    def check_regenerate(self, *inputs) -> None:
-        self.regeneration(*inputs)
+    def regenerate_stream(self, state: ChatState, request: gr.Request, *inputs) -> Iterator[tuple]:
+        """Regenerate (`inputs` as `regeneration`'s): the last answer replaced, with a new seed, as `send_stream`."""
+        yield from self._stream(state, self.regeneration(state, *inputs), request)
 
-    def send_stream(self, state: ChatState, message, preset_name, max_new_tokens, seed, thinking,
-                    request: gr.Request = None) -> Iterator[tuple]:
-        """Send: the tab's outputs while `message` is answered (a stopped turn changes nothing); gr.Error."""
-        turn = self.turn(message, preset_name, max_new_tokens, seed, thinking)
-        yield from self._stream(state, turn, turn.text, request)
-
-    def regenerate_stream(self, state: ChatState, preset_name, max_new_tokens, thinking,
-                          request: gr.Request = None) -> Iterator[tuple]:
-        """Regenerate: the last answer replaced by one with a new seed, as `send_stream`."""
-        turn = self.regeneration(state, preset_name, max_new_tokens, thinking)
-        yield from self._stream(state, turn, state.chat.messages[-2]["content"], request)
-
-    def _stream(self, state: ChatState, turn: ChatTurn, user_text: str, request) -> Iterator[tuple]:
-        playground, regenerating = self.playground, turn.text is None
+    def _stream(self, state: ChatState, turn: ChatTurn, request) -> Iterator[tuple]:
+        playground, regenerating = self.playground, turn.regenerate
         state.halt()
-        if state.chat is None:
-            state.chat = ChatSession(self.engine)
-        chat = state.chat
+        chat = state.chat = state.chat or ChatSession(self.engine)
+        user_text = chat.messages[-2]["content"] if regenerating else turn.run.prompt
         turn.messages, turn.thoughts, turn.session = list(chat.messages), list(chat.thoughts), chat
         shown, shown_thoughts = turn.messages, turn.thoughts
         if regenerating:  # shown while the turn runs: without the answer it replaces
@@ -179,8 +153,8 @@ class ChatTab(Tab):
         chat.last_report = chat.last_result = None
         clock = PlotClock(wait_first=True)
         number = state.turns + (0 if regenerating else 1)  # the turn being generated
-        job = Job("chat", turn, turn.settings)
-        with live_run(playground, job, request, state, ":chat", receive=lambda outcome: outcome.apply(chat)) as worker:
+        job = Job("chat", turn, turn.run.settings)
+        with live_run(playground, job, request, state, ":chat", receive=vars(chat).update) as worker:
             for index, snap in enumerate(playground.runs.updates(worker)):
                 state.snapshot = snap
                 out = playground.render(state, snap, final=snap.finished, plots_due=clock.due(snap.block_count),
@@ -190,20 +164,23 @@ class ChatTab(Tab):
                     if snap.error is not None:
                         raise user_error(snap.error)
                     continue
-                history = note = gr.skip()
+                history = gr.skip()
                 if index == 0 or isinstance(out.stack, str):  # a block was committed: the answer grew
                     history = history_html(shown, shown_thoughts, pending_user=user_text, pending_answer=out.text,
                                            cut_turns=state.cut_turns)
-                if index == 0:
-                    note = running_note(number, regenerating)
-                yield (history, note, out.stack, out.canvas, out.meter, out.heatmap, out.order, out.entropy,
-                       gr.skip(), *self._buttons(state, running=index == 0 or None))
+                note = running_note(number, regenerating) if index == 0 else gr.skip()
+                yield self._view(state, history, note, out, running=index == 0 or None)
+
+    def _view(self, state: ChatState, history, note, out, message=None, *, running: bool | None) -> tuple:
+        """The tab's outputs, `out`'s canvas, meter and plots between `note` and `message` (None: left alone)."""
+        plots = (out.stack, out.canvas, out.meter, out.heatmap, out.order, out.entropy) if out else (gr.skip(),) * 6
+        return (history, note, *plots, gr.skip() if message is None else message, *self._buttons(state, running))
 
     def _final(self, state: ChatState, snap, out, regenerating: bool) -> tuple:
         """The turn's last view (the message box emptied once answered, unless regenerated)."""
         chat = state.chat
         if chat is None:  # the tab closed meanwhile
-            return (EMPTY_CHAT_HTML, STOPPED_NOTE, *(gr.skip(),) * 7, *self._buttons(state, running=False))
+            return self._view(state, EMPTY_CHAT_HTML, STOPPED_NOTE, None, running=False)
         answered = (snap.error is None and snap.latest is not None and snap.latest.done
                     and snap.latest.stop_reason != "cancelled" and chat.last_report is not None)
         reuse = STOPPED_NOTE
@@ -212,9 +189,8 @@ class ChatTab(Tab):
             state.cut_turns += chat.last_report.dropped_turns
             reuse = reuse_html(chat.last_report, state.turns, regenerated=regenerating)
         history = history_html(chat.messages, chat.thoughts, cut_turns=state.cut_turns)
-        message = gr.update(value="") if answered and not regenerating else gr.skip()
-        return (history, reuse, out.stack, out.canvas, out.meter, out.heatmap, out.order, out.entropy, message,
-                *self._buttons(state, running=False))
+        message = gr.update(value="") if answered and not regenerating else None
+        return self._view(state, history, reuse, out, message, running=False)
 
     @staticmethod
     def _buttons(state: ChatState, running: bool | None) -> tuple:
@@ -259,10 +235,10 @@ class ChatTab(Tab):
             earlier = parse_history(history)
             chat.messages = chat.messages + earlier
             chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
-            turn = ChatTurn(run.prompt, run.settings, run.seed, run.thinking, chat.messages, chat.thoughts)
-            return Job("chat", turn, run.settings)
+            return Job("chat", ChatTurn(run, chat.messages, chat.thoughts), run.settings)
 
-        await api_run(self.playground, job, request, keep_history=False, receive=lambda outcome: outcome.apply(chat))
+        await api_run(self.playground, job, request, keep_history=False,
+                      receive=lambda fields: vars(chat).update(fields))
         if chat.last_result is None:
             raise user_error("the turn was stopped before its answer was complete")
         text, summary = api_summary(chat.last_result)
@@ -279,14 +255,13 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
         with gr.Column(min_width=0, elem_id="dg-chat-left"):
             history = gr.HTML(EMPTY_CHAT_HTML, elem_id="dg-chat-history")
             message = gr.Textbox(label="Message", lines=2, max_lines=6, elem_id="dg-chat-message",
-                                 placeholder=f"Write a message (at most {MAX_PROMPT_CHARS:,} characters); "
-                                             "Shift+Enter sends")
+                                 placeholder=prose("chat-placeholder").format(limit=MAX_PROMPT_CHARS))
             if example_messages:
                 gr.Examples([[m] for m in example_messages], inputs=[message], elem_id="dg-chat-examples",
                             label="Example messages: click one to fill the box",
                             examples_per_page=len(example_messages))
-            thinking = gr.Checkbox(label="Think first (the thought is shown apart, collapsed, and not fed back)",
-                                   value=False, visible=engine.supports_thinking, elem_id="dg-chat-thinking")
+            thinking = gr.Checkbox(label=prose("chat-thinking"), visible=engine.supports_thinking,
+                                   elem_id="dg-chat-thinking")
             with gr.Row(elem_id="dg-chat-buttons"):
                 send, stop = run_buttons("Send", "dg-chat-send", "dg-chat-stop", scale=2, min_widths=(80, 64))
                 regenerate = gr.Button("Regenerate", interactive=False, elem_id="dg-chat-regenerate", scale=1,
@@ -312,10 +287,10 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
 
     outputs = [history, reuse, stack, canvas, meter, heatmap, order, entropy, message, send, stop, regenerate, clear]
     run = dict(state=state, outputs=outputs, box=refusal, stop=stop)
-    wire_run([send.click, message.submit], chat.check_turn, chat.send_stream,
+    wire_run([send.click, message.submit], chat.turn, chat.send_stream,
              inputs=[message, preset_box, max_new_tokens, seed, thinking], **run)
     regen_inputs = [preset_box, max_new_tokens, thinking]
-    wire_run([regenerate.click], chat.check_regenerate, chat.regenerate_stream, inputs=regen_inputs,
+    wire_run([regenerate.click], chat.regeneration, chat.regenerate_stream, inputs=regen_inputs,
              check_inputs=[state, *regen_inputs], **run)
     clear.click(chat.clear, inputs=[state], outputs=outputs, **UNQUEUED)
 
@@ -336,8 +311,8 @@ def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pend
         return EMPTY_CHAT_HTML
     parts = []
     if cut_turns:
-        parts.append(f'<p class="dg-chat-cut">{cut_turns} oldest turn{"s" if cut_turns != 1 else ""} cut to fit '
-                     "the model's context: the model no longer sees them.</p>")
+        cut = prose("chat-cut").format(turns=cut_turns, s="s" if cut_turns != 1 else "")
+        parts.append(f'<p class="dg-chat-cut">{cut}</p>')
     answer_thoughts = iter(thoughts)
     for message in messages:
         extra = thought_html(next(answer_thoughts, "")) if message["role"] == "assistant" else ""
@@ -353,23 +328,18 @@ def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pend
 def running_note(turn: int, regenerating: bool) -> str:
     """The reuse note while turn number `turn` is generated."""
     head = f"Turn {turn}{' (regenerating)' if regenerating else ''}"
-    return (f'<div class="dg-chat-reuse" data-state="running">{escape_html(head)} \u00b7 '
-            f'{prose("chat-reuse-running")}</div>')
+    return _note("running", f'{escape_html(head)} \u00b7 {prose("chat-reuse-running")}')
 
 
 def reuse_html(report: TurnReport | None, turn: int = 0, *, regenerated: bool = False) -> str:
     """What the turn's encoder cache saved (`IDLE_REUSE_HTML` for None); `turn`: its number (0: not shown)."""
     if report is None:
         return IDLE_REUSE_HTML
-    saved = (f" \u00b7 about {report.prefill_saved_s * 1000:,.1f} ms of prefill saved (estimate: reused tokens "
-             "\u00d7 the extra prefill time per token measured in this conversation, at most what encoding them "
-             "took)"
-             if report.reused_tokens and report.prefill_saved_s is not None else "")
-    head = f"Turn {turn}{' (regenerated)' if regenerated else ''} \u00b7 " if turn else ""
-    text = (f"{head}prompt {report.prompt_tokens:,} tokens: {report.reused_tokens:,} reused from the previous "
-            f"turn's cache (not re-encoded), {report.encoded_tokens:,} encoded \u00b7 prefill "
-            f"{report.prefill_s * 1000:,.1f} ms{saved}")
+    tokens = dict(reused=report.reused_tokens, prompt=report.prompt_tokens, encoded=report.encoded_tokens)
+    text = prose("chat-reuse-done").format(**tokens, ms=report.prefill_s * 1000)
+    if report.reused_tokens and report.prefill_saved_s is not None:
+        text += " \u00b7 " + prose("chat-reuse-saved").format(ms=report.prefill_saved_s * 1000)
+    if turn:
+        text = f"Turn {turn}{' (regenerated)' if regenerated else ''} \u00b7 {text}"
     note = f'<div class="dg-chat-cut">{escape_html(report.note)}</div>' if report.note else ""
-    return (f'<div class="dg-chat-reuse" data-state="done" data-reused="{report.reused_tokens}" '
-            f'data-prompt="{report.prompt_tokens}" data-encoded="{report.encoded_tokens}">'
-            f"{escape_html(text)}{note}</div>")
+    return _note("done", escape_html(text) + note, "".join(f' data-{k}="{v}"' for k, v in tokens.items()))

@@ -9,7 +9,7 @@ import gradio as gr
 
 from engine import PRESET_NAMES, DiffusionSettings, Frame, preset
 from engine.diffusers_sampler import SCHEDULERS, PipelineRun, diffusers_available
-from engine.settings import draw_seed
+from engine.settings import SETTING_NAMES, draw_seed, spec
 
 from . import plots
 from .handlers import Job
@@ -25,10 +25,11 @@ PIPELINE_POLL_S = 0.05
 ENGINE_SAMPLER = "engine: entropy bound (transformers)"
 DIFFUSERS_PREFIX = "diffusers: "
 SIDES = ("A", "B")
+DOT = " \u00b7 "
 DEFAULT_SIDES = {"A": "recommended", "B": "fast"}
-IDLE_NOTE = "engine clock \u00b7 press Compare A and B to start"
 NOT_RUN = "not run"  # a side's state when Stop came before its turn
-NOT_RUN_NOTE = "not run: Stop came before this side's turn \u00b7 press Compare A and B to run both"
+SIDE_SETTINGS = {"entropy_bound": "nats", "max_denoising_steps": None,  # each side's own settings: their info
+                 "adaptive_stopping": spec("adaptive_stopping").help}
 
 
 def sampler_choices() -> list[str]:
@@ -75,16 +76,20 @@ class CompareHandlers(Tab):
 
     sources = {"pipeline": pipeline_source}
 
-    def _checked(self, prompt, raw, seed, max_new_tokens, *sides, b_sampler) -> tuple[list, str | None]:
-        """Both sides' requests (one seed; `sides`: A's, then B's bound, steps, adaptive) and B's diffusers scheduler
-        (None: the engine's); gr.Error."""
+    def _checked(self, inputs: tuple) -> tuple[list, str | None]:
+        """(both sides' requests, B's diffusers scheduler or None) of `compare`'s inputs; gr.Error."""
+        prompt, raw, seed, max_new_tokens, *sides = inputs
+        b_sampler = sides.pop() if len(sides) > 2 * len(SIDE_SETTINGS) else ENGINE_SAMPLER
         if seed is None or (isinstance(seed, (int, float)) and seed < 0) or str(seed).strip() == "":
             seed = draw_seed()
-        rec = self.engine.recommended
-        requests = [self.playground.checked_request(
-            prompt, raw, max_new_tokens, steps, bound, rec.t_min, rec.t_max, rec.stability_threshold,
-            rec.confidence_threshold, adaptive, seed, ui_limits=True)
-            for bound, steps, adaptive in (sides[:3], sides[3:])]
+        rec, count = self.engine.recommended, len(SIDE_SETTINGS)
+
+        def values(side) -> list:
+            chosen = {"max_new_tokens": max_new_tokens, **dict(zip(SIDE_SETTINGS, side))}
+            return [chosen.get(name, getattr(rec, name)) for name in SETTING_NAMES]
+
+        requests = [self.playground.checked_request(prompt, raw, *values(side), seed, ui_limits=True)
+                    for side in (sides[:count], sides[count:])]
         if b_sampler not in sampler_choices():
             raise user_error(f"unknown sampler {str(b_sampler)[:60]!r}")
         scheduler = b_sampler[len(DIFFUSERS_PREFIX):] if b_sampler.startswith(DIFFUSERS_PREFIX) else None
@@ -92,11 +97,9 @@ class CompareHandlers(Tab):
             raise user_error("diffusers' pipeline always applies the chat template: untick raw prompt to use it")
         return requests, scheduler
 
-    def request(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
-                b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None) -> None:
-        """Compare A and B's first step: check both sides, clear the visitor's Stop; gr.Error."""
-        self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
-                      b_steps, b_adaptive, b_sampler=b_sampler)
+    def request(self, state: CompareState | None, *inputs) -> None:
+        """Compare A and B's first step: check `compare`'s inputs, clear the visitor's Stop; gr.Error."""
+        self._checked(inputs)
         if state is not None:
             state.stopped.clear()
 
@@ -107,16 +110,13 @@ class CompareHandlers(Tab):
             return gr.skip()
         return verdict_html(*state.shown, notice=REFUSED_NOTICE)
 
-    def compare(self, prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive, b_entropy_bound,
-                b_steps, b_adaptive, b_sampler=ENGINE_SAMPLER, state: CompareState | None = None,
-                request: gr.Request = None) -> Iterator[tuple]:
-        """Run A then B (B not after a stopped A): (cards A and B, verdict, texts A and B, heatmaps A and B); gr.Error:
-        bad input on either side, a failed run."""
-        requests, scheduler = self._checked(prompt, raw, seed, max_new_tokens, a_entropy_bound, a_steps, a_adaptive,
-                                            b_entropy_bound, b_steps, b_adaptive, b_sampler=b_sampler)
+    def compare(self, state: CompareState | None, request: gr.Request, *inputs) -> Iterator[tuple]:
+        """Run A then B (not after a stopped A) of prompt, raw, seed, max_new_tokens, A's and B's `SIDE_SETTINGS`, B's
+        sampler: (cards, verdict, texts, heatmaps); gr.Error: bad input on either side, a failed run."""
+        requests, scheduler = self._checked(inputs)
         b_reads_bound = scheduler in (None, "EntropyBoundScheduler")
         sampler_note = (scheduler or "") + ("" if b_reads_bound else " (its own defaults for what it samples with)")
-        state = state if state is not None else CompareState()
+        state = state or CompareState()
         lasts, texts, states = [None, None], ["", ""], ["waiting", "waiting"]
         heatmaps = [plots.confidence_heatmap([])] * 2
 
@@ -132,10 +132,9 @@ class CompareHandlers(Tab):
                     break
                 states[side] = "running"
                 exact: list[Frame] = []  # the pipeline's exact frames
-                job, options = Job("generate", run, run.settings), {}
-                if side == 1 and scheduler is not None:
-                    job = Job("pipeline", (run, scheduler), run.settings)
-                    options = dict(keep_history=False, receive=exact.extend)
+                piped = side == 1 and scheduler is not None
+                job = Job("pipeline", (run, scheduler), run.settings) if piped else Job("generate", run, run.settings)
+                options = dict(keep_history=False, receive=exact.extend) if piped else {}
                 with live_run(self.playground, job, request, state, ":compare", **options) as worker:
                     if state.stopped.is_set():
                         worker.stop()
@@ -155,9 +154,8 @@ class CompareHandlers(Tab):
                 block = [f for f in exact if f.block_index == 0] if exact else snap.block_frames(0)
                 heatmaps[side] = plots.confidence_heatmap(block)
                 states[side] = "stopped" if state.stopped.is_set() else "done"
-            if states[0] == "waiting":
-                states[0] = "stopped"
-            states[:] = [NOT_RUN if s == "waiting" else s for s in states]  # B after a stopped A
+            # A stopped before its run, B after a stopped A
+            states[:] = [("stopped", NOT_RUN)[i] if s == "waiting" else s for i, s in enumerate(states)]
             yield view()
         finally:
             state.running = False
@@ -177,11 +175,10 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
                 seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random, one for both",
                                  elem_id="dg-compare-seed", min_width=100)
                 max_new_tokens = setting_control("max_new_tokens", rec.max_new_tokens, info=None,
-                                                 elem_id="dg-compare-max-new", min_width=160)
+                                                 elem_id="dg-compare-max-new")
 
-    def apply(choice):
-        settings = preset(choice, rec)
-        return settings.entropy_bound, settings.max_denoising_steps, settings.adaptive_stopping
+    def apply(choice) -> list:
+        return [getattr(preset(choice, rec), setting) for setting in SIDE_SETTINGS]
 
     side_inputs = []
     with gr.Row():
@@ -190,18 +187,12 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
             with gr.Column(min_width=260, elem_id=f"dg-compare-settings-{side}"):
                 name = gr.Dropdown(list(PRESET_NAMES), value=DEFAULT_SIDES[side], label=f"Settings {side}: preset",
                                    elem_id=f"dg-compare-preset-{side}")
-                controls = [
-                    setting_control("entropy_bound", settings.entropy_bound, label=f"{side}: entropy bound",
-                                    info="nats"),
-                    setting_control("max_denoising_steps", settings.max_denoising_steps,
-                                    label=f"{side}: max denoising steps", info=None),
-                    setting_control("adaptive_stopping", settings.adaptive_stopping,
-                                    label=f"{side}: adaptive stopping"),
-                ]
+                controls = [setting_control(setting, getattr(settings, setting), info=info,
+                                            label=f"{side}: {spec(setting).label.lower()}")
+                            for setting, info in SIDE_SETTINGS.items()]
                 if side == "B":
                     sampler = gr.Dropdown(sampler_choices(), value=ENGINE_SAMPLER, label="B: sampler",
-                                          info="diffusers' schedulers run its DiffusionGemmaPipeline (chat prompts)",
-                                          elem_id="dg-compare-sampler")
+                                          info=prose("compare-sampler-info"), elem_id="dg-compare-sampler")
             name.change(apply, inputs=[name], outputs=controls, **UNQUEUED)
             side_inputs += controls
     with gr.Row():
@@ -219,7 +210,7 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
                 heatmaps.append(gr.Plot(plots.confidence_heatmap([]), show_label=False,
                                         elem_id=f"dg-compare-heatmap-{side}"))
 
-    inputs = [prompt, raw, seed, max_new_tokens, *side_inputs, sampler, state]
+    inputs = [state, prompt, raw, seed, max_new_tokens, *side_inputs, sampler]
     requested = checked([run.click], compare.request, inputs=inputs, box=refusal, refused=compare.refused,
                         refused_inputs=[state], refused_outputs=[verdict], trigger_mode="once")
     requested.success(lambda: buttons(True), outputs=[run, stop], **UNQUEUED)
@@ -231,22 +222,20 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
 
 
 # -- views (pure) ----------------------------------------------------------------------------------------------
-def settings_label(settings: DiffusionSettings, *, bound_and_t: bool = True) -> str:
-    """The settings presets differ in, in a line; `bound_and_t` False leaves out the bound and temperatures."""
-    bound = f"entropy bound {settings.entropy_bound:g} \u00b7 " if bound_and_t else ""
-    schedule = f"t {settings.t_max:g}\u2192{settings.t_min:g} \u00b7 " if bound_and_t else ""
-    return (f"{bound}max {settings.max_denoising_steps} steps \u00b7 {schedule}adaptive stopping "
-            f"{'on' if settings.adaptive_stopping else 'off'}")
-
-
 def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None, state: str,
               sampler: str = "", bound_and_t: bool = True) -> str:
-    """One side's card: name, settings, `sampler`, `state` and the meter of its newest frame."""
-    label = settings_label(settings, bound_and_t=bound_and_t) if settings is not None else ""
-    label = f"{sampler} \u00b7 {label}" if sampler else label
+    """One side's card: name, `sampler`, the settings presets differ in (`bound_and_t` False: not the bound and
+    temperatures), `state` and the meter of its newest frame."""
+    parts = [sampler] * bool(sampler)
+    if settings is not None:
+        parts += [f"entropy bound {settings.entropy_bound:g}"] * bound_and_t
+        parts += [f"max {settings.max_denoising_steps} steps"]
+        parts += [f"t {settings.t_max:g}\u2192{settings.t_min:g}"] * bound_and_t
+        parts += [f"adaptive stopping {'on' if settings.adaptive_stopping else 'off'}"]
     return (f'<div class="dg-compare-side" data-side="{escape_html(side)}" data-state="{escape_html(state)}">'
-            f'<h3>{escape_html(side)} \u00b7 {escape_html(state)}</h3><p class="dg-meter-note">{escape_html(label)}</p>'
-            f"{meter_html(last, note=NOT_RUN_NOTE if state == NOT_RUN else IDLE_NOTE)}</div>")
+            f'<h3>{escape_html(side)} \u00b7 {escape_html(state)}</h3>'
+            f'<p class="dg-meter-note">{escape_html(DOT.join(parts))}</p>'
+            f'{meter_html(last, note=prose("compare-not-run" if state == NOT_RUN else "compare-idle"))}</div>')
 
 
 VERDICT_ROWS = (  # (name, figure of a finished frame, its format, whether B / A is shown)
@@ -268,9 +257,9 @@ def verdict_html(a: Frame | None, b: Frame | None, *, notice: str | None = None)
         x, y = figure(a), figure(b)
         cells = (shape.format(x), shape.format(y), (f"{y / x:.2f}\u00d7" if x > 0 else "\u2013") if ratio else "")
         body += f"<tr><th>{escape_html(name)}</th>" + "".join(f"<td>{escape_html(c)}</td>" for c in cells) + "</tr>"
-    same = a.committed_ids == b.committed_ids
-    first_difference = next((i for i, (x, y) in enumerate(zip(a.committed_ids, b.committed_ids)) if x != y),
-                            min(len(a.committed_ids), len(b.committed_ids)))
+    ids = a.committed_ids, b.committed_ids
+    same = ids[0] == ids[1]
+    first_difference = next((i for i, (x, y) in enumerate(zip(*ids)) if x != y), min(map(len, ids)))
     texts = "the same tokens" if same else f"different tokens from token {first_difference + 1}"
     return (f'<div class="dg-compare-verdict" data-state="{"refused" if notice else "done"}" '
             f'data-same="{str(same).lower()}">{banner}'

@@ -4,6 +4,7 @@ text stays put; the canvas marks the fixed positions and the plots show the blan
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections.abc import Iterator, Sequence
 
@@ -15,7 +16,7 @@ from engine.settings import parse_seed
 
 from . import plots
 from .canvas_view import block_html, legend_html
-from .handlers import Job, api_summary, previous_run_meter, status_text
+from .handlers import Job, api_summary, status_text
 from .meter import meter_html, run_meter_html
 from .session import SessionState
 from .tab import (API_SETTINGS, PlotClock, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
@@ -26,9 +27,7 @@ from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, preset_v
 EMBEDDED_TEMPLATE = "In the beginning God created the [___ 2] and the [___ 3]. And the earth was without [___ 2]."
 INSTRUCTION_TEMPLATE = "The capital of France is [___ 2], and the capital of Italy is [___ 2]."
 EMPTY_INFILL_HTML = f'<div class="dg-canvas dg-empty" data-forward="-1"><p>{prose("infill-empty")}</p></div>'
-FIXED_LEGEND_HTML = ('<div class="dg-legend dg-infill-legend" aria-hidden="true">'
-                     '<span class="dg-chip dg-accepted dg-fixed">the</span><span>fixed by the template (given at '
-                     "every step, never renoised)</span><span>other chips: the blanks being denoised</span></div>")
+FIXED_LEGEND_HTML = f'<div class="dg-legend dg-infill-legend" aria-hidden="true">{prose("infill-legend")}</div>'
 _PER_POSITION = ("input_ids", "draft_ids", "accepted", "confidence", "entropy", "first_accepted_step",
                  "input_tokens", "draft_tokens", "input_kinds", "draft_kinds")
 _POSITION = re.compile(r"position (\d+)")
@@ -68,39 +67,26 @@ class InfillTab(Tab):
             self.playground.check_job(job)
             return layout, job
 
-    def check_inputs(self, *inputs) -> None:
-        self.request(*inputs)
-
-    def fill_stream(self, state: SessionState, template, context, preset_name, max_denoising_steps, seed,
-                    request: gr.Request = None) -> Iterator[tuple]:
-        """Fill: (canvas, meter, filled template and text, three plots, Fill, Stop); gr.Error: bad input, failed."""
-        layout, job = self.request(template, context, preset_name, max_denoising_steps, seed)
+    def fill_stream(self, state: SessionState, request: gr.Request, *inputs) -> Iterator[tuple]:
+        """Fill (`inputs` as `request`'s): (canvas, meter, filled template and text, plots, Fill, Stop); gr.Error."""
+        layout, job = self.request(*inputs)
         state.stop()
         clock, skip, tokenizer = PlotClock(wait_first=True), gr.skip(), self.engine.tokenizer
         with live_run(self.playground, job, request, state, ":infill") as worker:
             for index, snap in enumerate(self.playground.runs.updates(worker)):
-                latest, final = snap.latest, snap.finished
+                state.snapshot, latest, final = snap, snap.latest, snap.finished
                 status = status_text(latest, snap.error) if final else ("" if latest else "Encoding\u2026")
                 committed = latest if latest is not None and latest.block_done else None
-                meter = run_meter_html(latest, committed=committed, final=final)
                 ids = None if latest is None else (latest.committed_ids if committed else latest.draft_ids)
-                text = skip
-                if final:
-                    text = plain_text(filled_text(tokenizer, layout, ids)[0]) if ids else ""
-                heatmap = order = entropy = skip
-                if clock.due() or final:
-                    heatmap, order, entropy = blank_plots(snap.block_frames(0), layout.blanks, final=final)
-                filled = filled_html(tokenizer, layout, ids, live=not final)
-                yield (infill_canvas_html(latest, layout, status), meter, filled, text, heatmap, order, entropy,
+                text = (plain_text(filled_text(tokenizer, layout, ids)[0]) if ids else "") if final else skip
+                due = clock.due() or final
+                yield (infill_canvas_html(latest, layout, status),
+                       run_meter_html(latest, committed=committed, final=final),
+                       filled_html(tokenizer, layout, ids, live=not final), text,
+                       *(blank_plots(snap.block_frames(0), layout.blanks, final=final) if due else (skip,) * 3),
                        *(buttons(not final) if index == 0 or final else (skip, skip)))
                 if final and snap.error is not None:
                     raise user_error(snap.error)
-
-    @staticmethod
-    def refused(state: SessionState):
-        """After a refusal: `previous_run_meter` of the last fill."""
-        worker = getattr(state, "worker", None)
-        return previous_run_meter(None if worker is None else worker.snapshot(), worker is not None and worker.running)
 
     async def infill_api(self, template, context, *values, request: gr.Request = None) -> tuple[str, dict]:
         """`/infill`: `template` filled after a raw `context`, settings and seed as `/generate`'s (one canvas) -> (text,
@@ -133,9 +119,8 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
         with gr.Column(min_width=0, elem_id="dg-infill-left"):
             template = gr.Textbox(label="Template", value=default_template, lines=4, max_lines=10,
                                   elem_id="dg-infill-template",
-                                  info="blanks as described above \u00b7 Shift+Enter fills \u00b7 at most "
-                                       f"{MAX_PROMPT_CHARS:,} characters")
-            context = gr.Textbox(label="Context (optional)", lines=1, max_lines=4,
+                                  info=prose("infill-template-info").format(limit=MAX_PROMPT_CHARS))
+            context = gr.Textbox(label="Context (optional)", max_lines=4,
                                  placeholder="raw text the encoder reads before the canvas",
                                  elem_id="dg-infill-context")
             with gr.Row(elem_id="dg-infill-settings"):
@@ -155,20 +140,18 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
             with gr.Accordion("Plots of the blank positions", elem_id="dg-infill-plots"):
                 heatmap, order, entropy = live_plots("dg-infill-")
 
-    wire_run([fill.click, template.submit], infill.check_inputs, infill.fill_stream, state=state, box=refusal,
+    wire_run([fill.click, template.submit], infill.request, infill.fill_stream, state=state, box=refusal,
              stop=stop, inputs=[template, context, preset_box, steps, seed],
              outputs=[canvas, meter, filled, text, heatmap, order, entropy, fill, stop],
-             refused=infill.refused, refused_inputs=[state], refused_outputs=[meter])
+             refused=infill.playground.refused, refused_inputs=[state], refused_outputs=[meter])
 
 
 def infill_canvas_html(frame: Frame | None, layout: InfillLayout | None, status: str = "") -> str:
     """The canvas of `frame`, its fixed positions marked, and a status line; carries `data-forward`, `data-fixed`."""
-    if frame is None or layout is None:
-        if not status:
-            return EMPTY_INFILL_HTML
-        return f'<div class="dg-canvas" data-forward="-1"><p class="dg-status">{escape_html(status)}</p></div>'
-    block = block_html(frame, live=not frame.block_done, fixed=layout.fixed)
     status_html = f'<p class="dg-status">{escape_html(status)}</p>' if status else ""
+    if frame is None or layout is None:
+        return f'<div class="dg-canvas" data-forward="-1">{status_html}</div>' if status else EMPTY_INFILL_HTML
+    block = block_html(frame, live=not frame.block_done, fixed=layout.fixed)
     return (f'<div class="dg-canvas dg-infill-canvas" data-forward="{frame.forward_index}" '
             f'data-fixed="{sum(layout.fixed)}">{legend_html()}{FIXED_LEGEND_HTML}{block}{status_html}</div>')
 
@@ -177,18 +160,13 @@ def filled_html(tokenizer, layout: InfillLayout | None, canvas_ids: Sequence[int
     """The template, each run of blanks `<mark>`ed as the canvas's draft (`live`) or committed ids; "" before."""
     if layout is None or canvas_ids is None:
         return ""
-    ids = list(canvas_ids[:layout.template_positions])
-    parts, start = [], 0
-    for i in range(1, layout.template_positions + 1):
-        if i == layout.template_positions or layout.fixed[i] != layout.fixed[start]:
-            text = escape_html(plain_text(tokenizer.decode(ids[start:i], skip_special_tokens=True)))
-            if layout.fixed[start]:
-                parts.append(text)
-            else:
-                parts.append(f'<mark class="dg-fill" title="positions {start}\u2013{i - 1}">{text or "&#8709;"}</mark>')
-            start = i
-    state = "live" if live else "done"
-    label = "Current draft of the blanks" if live else "Filled template"
+    ids, parts = list(canvas_ids[:layout.template_positions]), []
+    for fixed, run in itertools.groupby(range(layout.template_positions), key=layout.fixed.__getitem__):
+        span = list(run)
+        text = escape_html(plain_text(tokenizer.decode(ids[span[0]:span[-1] + 1], skip_special_tokens=True)))
+        parts.append(text if fixed else f'<mark class="dg-fill" title="positions {span[0]}\u2013{span[-1]}">'
+                     f'{text or "&#8709;"}</mark>')
+    state, label = ("live", "Current draft of the blanks") if live else ("done", "Filled template")
     return (f'<div class="dg-filled" data-state="{state}"><div class="dg-filled-label">{label}</div>'
             f'<div class="dg-filled-text">{"".join(parts)}</div></div>')
 

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from engine.loading import model_name
-from engine.race import FAIRNESS, ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner, SideResult, check_temperature
+from engine.race import FAIRNESS, ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner, check_temperature
 
 from .canvas_view import STOP_REASONS, block_html
 from .handlers import Job, Playground
 from .meter import format_number, stat_cards_html
 from .runs import pushed
 from .session import SessionState
-from .tab import (UNQUEUED, api_run, buttons, live_run, preset_dropdown, refusal_box, refusing, run_buttons,
+from .tab import (UNQUEUED, api_run, buttons, live_run, preset_dropdown, refusal_box, refusing, run_buttons, seed_box,
                   setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
 from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, preset_values
@@ -33,10 +33,7 @@ SUBTITLES = {"diffusion": "canvas by canvas", "autoregressive": "token by token"
 FIGURES = ("tokens/s", "tokens/forward", "forwards", "first token", "time", "tokens")
 WAITING_TEXT = {1: "runs first", 2: "waits its turn: it runs after the other side"}
 STATE_NOTES = {"idle": "press Race to start", "running": "running now", "replay": "replay"}
-FAULT_TEXT = {  # `SideResult.faults` in words
-    "punctuation": "is mostly punctuation ({:.0%} of its visible tokens have no letter or digit)",
-    "repetition": f"repeats itself ({{:.0%}} of its tokens repeat an earlier run of {REPEAT_N})",
-}
+FAULT_TEXT = {"punctuation": prose("race-punctuation"), "repetition": prose("race-repetition")}  # `faults` in words
 
 
 @dataclass
@@ -68,9 +65,7 @@ class RaceProgress:
     def finish(self, error: BaseException | None = None) -> None:
         self.error, self.finished = error, True
 
-    @property
-    def frames_seen(self) -> int:
-        return self.count
+    frames_seen = property(lambda self: self.count)
 
     def snapshot(self) -> "RaceProgress":
         return self
@@ -82,13 +77,6 @@ class RaceSession(SessionState):
     progress: RaceProgress | None = None
 
 
-@dataclass(frozen=True)
-class RaceRequest:
-    run: RunRequest
-    ar_temperature: float
-    order: str
-
-
 class RaceTab:
     """Handlers of the Race tab and `/race` around one `RaceRunner`, run through `playground` (default: its own)."""
 
@@ -98,41 +86,35 @@ class RaceTab:
         # on ZeroGPU the playground's engine is a CPU view: the checks run there
         self.checker = runner if self.playground.engine is runner.engine else RaceRunner(self.playground.engine)
         self.playground.sources["race"] = self.race_items
+        ar, diffusion = runner.ar, model_name(runner.engine.source)
+        shared = f"{diffusion}'s causal encoder"
+        self.models = {"diffusion": diffusion, "autoregressive": shared if ar.shared_weights else model_name(ar.source)}
 
-    @property
-    def models(self) -> dict[str, str]:
-        ar, diffusion = self.runner.ar, model_name(self.runner.engine.source)
-        return {"diffusion": diffusion,
-                "autoregressive": f"{diffusion}'s causal encoder" if ar.shared_weights else model_name(ar.source)}
-
-    def check(self, run: RunRequest, ar_temperature, order) -> RaceRequest:
-        """`run` checked as a race (both budgets, temperature, order); raises gr.Error."""
+    def check(self, run: RunRequest, ar_temperature, order) -> tuple:
+        """`run` checked as a race (both budgets, temperature, order): the "race" payload; raises gr.Error."""
         with refusing():
             self.checker.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
                                seed=run.seed)
-            race = RaceRequest(run=run, ar_temperature=check_temperature(ar_temperature), order=order)
+            race = (run, check_temperature(ar_temperature), order)
             self.playground.check_job(self.job(race))
             return race
 
-    def ui_request(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> RaceRequest:
+    def ui_request(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> tuple:
         with refusing():
             values = preset_values(preset_name, self.runner.engine.recommended, max_new_tokens=max_new_tokens)
             run = build_request(prompt, raw, values, seed, ui_limits=True)
         return self.check(run, ar_temperature, order)
 
-    def check_inputs(self, *inputs) -> None:
-        self.ui_request(*inputs)
+    def job(self, race: tuple) -> Job:
+        """The "race" job of (request, AR temperature, order) (its autoregressive side: a forward per token)."""
+        return Job("race", race, race[0].settings, extra_forwards=self.checker.budget(race[0].settings))
 
-    def job(self, race: RaceRequest) -> Job:
-        """The "race" job (its autoregressive side: a forward per token of the budget)."""
-        return Job("race", race, race.run.settings, extra_forwards=self.checker.budget(race.run.settings))
-
-    def race_items(self, engine, race: RaceRequest, stop: threading.Event) -> Iterator:
+    def race_items(self, engine, race: tuple, stop: threading.Event) -> Iterator:
         """The "race" source: each side's (side, frame) as it runs, then the `RaceResult`."""
-        run = race.run
+        run, temperature, order = race
         return pushed(lambda emit: self.runner.run(
-            run.prompt, run.settings, raw=run.raw, seed=run.seed, ar_temperature=race.ar_temperature,
-            order=race.order, on_frame=lambda side, frame: emit((side, frame)), stop_event=stop))
+            run.prompt, run.settings, raw=run.raw, seed=run.seed, ar_temperature=temperature, order=order,
+            on_frame=lambda side, frame: emit((side, frame)), stop_event=stop))
 
     def side_text(self, progress: RaceProgress, side: str, frame) -> str:
         """The decoded answer of `frame`, cached by side and length."""
@@ -144,34 +126,34 @@ class RaceTab:
                                               if side == "diffusion" else self.runner.ar.text(ids))
         return progress.texts[side, len(ids)]
 
-    def panel(self, progress: RaceProgress, side: str, state: str, t: float | None = None) -> str:
-        """One side's `panel_html`; `t`: replay time (None: its newest frame)."""
-        frames = progress.frames[side]
-        frame = frame_at(frames, t) if t is not None else (frames[-1] if frames else None)
-        position = progress.order.index(side) + 1 if side in progress.order else None
-        return panel_html(side, frame, text=self.side_text(progress, side, frame), model=self.models[side],
-                          position=position, state=state, t=t, first_token_s=progress.first_token_s.get(side))
-
-    def live_panels(self, progress: RaceProgress) -> tuple[str, str]:
+    def panels(self, progress: RaceProgress, state: str | None = None, t: float | None = None) -> tuple[str, ...]:
+        """Both sides' `panel_html` in `state` (None: as the race runs); `t`: replay time (None: newest frames)."""
         running = None if progress.finished or not progress.order else progress.order[-1]
-        return tuple(self.panel(progress, side, "running" if side == running else "done" if progress.frames[side]
-                                else "waiting") for side in SIDES)
+        panels = []
+        for side in SIDES:
+            frames = progress.frames[side]
+            frame = frame_at(frames, t) if t is not None else (frames[-1] if frames else None)
+            shown = state or ("running" if side == running else "done" if frames else "waiting")
+            panels.append(panel_html(
+                side, frame, text=self.side_text(progress, side, frame), model=self.models[side], state=shown, t=t,
+                position=progress.order.index(side) + 1 if side in progress.order else None,
+                first_token_s=progress.first_token_s.get(side)))
+        return tuple(panels)
 
-    def race_stream(self, session: RaceSession, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature,
-                    order, request: gr.Request = None) -> Iterator[tuple]:
-        """Race: (both panels, result, Race, Stop) live, the race kept for `replay_stream`; gr.Error: bad, failed."""
-        race = self.ui_request(prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order)
+    def race_stream(self, session: RaceSession, request: gr.Request, *inputs) -> Iterator[tuple]:
+        """Race (`inputs` as `ui_request`'s): (panels, result, Race, Stop) live, kept for `replay_stream`; gr.Error."""
+        race = self.ui_request(*inputs)
         session.stop()
         session.progress = None
         session.stopped.clear()
         with live_run(self.playground, self.job(race), request, session, ":race", record=RaceProgress()) as worker:
             progress = worker.record
-            yield (*self.live_panels(progress), result_html(None), *buttons(True))
+            yield (*self.panels(progress), result_html(None), *buttons(True))
             for snap in worker.updates(1.0 / LIVE_INTERVAL_S, reader_budget=None):
                 if not snap.finished:
-                    yield (*self.live_panels(progress), *SKIP3)
+                    yield (*self.panels(progress), *SKIP3)
             if progress.error is not None:
-                yield (*self.live_panels(progress), gr.skip(), *buttons(False))
+                yield (*self.panels(progress), gr.skip(), *buttons(False))
                 raise user_error(progress.error)
             session.progress = progress
 
@@ -186,10 +168,9 @@ class RaceTab:
             total = max(side.seconds for side in (result.diffusion, result.autoregressive))
             start = time.monotonic()
             while (t := time.monotonic() - start) < total and not session.stopped.is_set():
-                yield (*(self.panel(progress, side, "replay", t) for side in SIDES), *SKIP3)
+                yield (*self.panels(progress, "replay", t), *SKIP3)
                 time.sleep(1.0 / REPLAY_FPS)
-        final = tuple(self.panel(progress, side, "done", float("inf")) for side in SIDES)
-        yield (*final, result_html(result), *buttons(False))
+        yield (*self.panels(progress, "done", float("inf")), result_html(result), *buttons(False))
 
     async def race_api(self, *inputs, request: gr.Request = None) -> tuple[str, str, dict]:
         """`/race`: `/generate`'s inputs, AR temperature, order -> (diffusion text, AR text, summary); gr.Error."""
@@ -199,9 +180,8 @@ class RaceTab:
             return self.job(self.check(Playground.parse(*inputs, ui_limits=False), ar_temperature, order))
 
         result = (await api_run(self.playground, job, request, record=RaceProgress())).result
-        diffusion, autoregressive = (plain_text(side.text) if side is not None else ""
-                                     for side in (result.diffusion, result.autoregressive))
-        return diffusion, autoregressive, result.summary()
+        sides = (result.diffusion, result.autoregressive)
+        return *(plain_text(side.text) if side is not None else "" for side in sides), result.summary()
 
 
 def build_race_tab(race: RaceTab) -> None:
@@ -217,69 +197,64 @@ def build_race_tab(race: RaceTab) -> None:
             with gr.Row():
                 preset_box = preset_dropdown("dg-race-preset", "Diffusion preset", min_width=120)
                 max_new_tokens = setting_control("max_new_tokens", rec.max_new_tokens, label="Token budget",
-                                                 info="both sides; whole canvases", elem_id="dg-race-budget",
-                                                 min_width=160)
+                                                 info="both sides; whole canvases", elem_id="dg-race-budget")
             with gr.Row():
                 temperature = gr.Number(value=0.0, minimum=0.0, label="AR temperature", info="0 = greedy",
                                         elem_id="dg-race-temperature", min_width=120)
-                seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random", elem_id="dg-race-seed",
-                                 min_width=120)
+                seed = seed_box("dg-race-seed", min_width=120)
                 order = gr.Dropdown(list(ORDERS), value="alternate", label="Who runs first", elem_id="dg-race-order",
                                     min_width=140)
             with gr.Row():
                 start, stop = run_buttons("Race", "dg-race-start", "dg-race-stop")
             refusal = refusal_box("race")
     with gr.Row(elem_id="dg-race-panels"):
-        panels = [gr.HTML(panel_html(side, None, text="", model=race.models[side], position=None, state="idle"),
-                          elem_id=f"dg-race-{side}", min_width=0) for side in SIDES]
+        panels = [gr.HTML(html, elem_id=f"dg-race-{side}", min_width=0)
+                  for side, html in zip(SIDES, race.panels(RaceProgress(), "idle"))]
     result = gr.HTML(result_html(None), elem_id="dg-race-result")
 
     outputs = [*panels, result, start, stop]
-    ran = wire_run([start.click], race.check_inputs, race.race_stream, state=session, box=refusal, stop=stop,
+    ran = wire_run([start.click], race.ui_request, race.race_stream, state=session, box=refusal, stop=stop,
                    inputs=[prompt, raw, preset_box, max_new_tokens, seed, temperature, order], outputs=outputs)
     ran.success(race.replay_stream, inputs=[session], outputs=outputs, **UNQUEUED)  # outside the engine's slot
 
 
 def frame_at(frames: Sequence, t: float):
     """The newest of `frames` whose `elapsed_s` is at most `t` (engine seconds), or None."""
-    index = bisect_right([f.elapsed_s for f in frames], t)
+    index = bisect_right(frames, t, key=lambda frame: frame.elapsed_s)
     return frames[index - 1] if index else None
 
 
 def side_figures(frame, *, t: float | None = None, first_token_s: float | None = None) -> dict[str, str]:
     """A side's figures by `FIGURES` label for its newest `frame` at replay time `t` (None: the frame's time)."""
     if frame is None:
-        return {label: "\u2013" for label in FIGURES}
+        return dict.fromkeys(FIGURES, "\u2013")
     elapsed = frame.elapsed_s if t is None or frame.done else max(t, frame.elapsed_s)
-    forwards = frame.forward_index + 1
-    tokens = frame.committed_tokens
-    counting = tokens == 0 and not frame.done
-    none = tokens == 0 and frame.done
+    forwards, tokens = frame.forward_index + 1, frame.committed_tokens
+    unknown = "\u2013" if frame.done else "\u2026"  # none came, or none yet
     shown_first = first_token_s is not None and first_token_s <= elapsed
-
-    def rate(value: float, digits: int) -> str:
-        return "\u2026" if counting else "\u2013" if none else format_number(value, digits)
-
     return {
-        "tokens/s": rate(tokens / elapsed if elapsed > 0 else 0.0, 1),
-        "tokens/forward": rate(tokens / forwards, 2),
+        "tokens/s": format_number(tokens / elapsed if elapsed > 0 else 0.0, 1) if tokens else unknown,
+        "tokens/forward": format_number(tokens / forwards, 2) if tokens else unknown,
         "forwards": f"{forwards:,}",
-        "first token": (format_number(first_token_s, 2, " s") if shown_first
-                        else "\u2013" if frame.done else "\u2026"),
+        "first token": format_number(first_token_s, 2, " s") if shown_first else unknown,
         "time": format_number(elapsed, 2, " s"),
         "tokens": f"{tokens:,}",
     }
+
+
+def _tag(tag: str, css: str, text: str) -> str:
+    """`text` escaped in a `tag` of class `css`; "" for no text."""
+    return f'<{tag} class="{css}">{escape_html(text)}</{tag}>' if text else ""
 
 
 def panel_html(side: str, frame, *, text: str, model: str, position: int | None, state: str,
                t: float | None = None, first_token_s: float | None = None) -> str:
     """One side's panel (answer, figures, diffusion's live canvas); `position`: 1 or 2; `state`: idle, waiting,
     running, replay or done; carries `data-side`, `data-state`, `data-tokens`."""
-    figures = side_figures(frame, t=t, first_token_s=first_token_s)
-    moving = state in ("running", "replay")
+    moving, done = state in ("running", "replay"), frame is not None and frame.done
     if state == "waiting":
         note = WAITING_TEXT.get(position or 2, "")
-    elif state != "idle" and frame is not None and frame.done and (t is None or t >= frame.elapsed_s):
+    elif state != "idle" and done and (t is None or t >= frame.elapsed_s):
         note = STOP_REASONS.get(frame.stop_reason, frame.stop_reason) or "done"
     else:
         note = STATE_NOTES.get(state, "")
@@ -287,17 +262,15 @@ def panel_html(side: str, frame, *, text: str, model: str, position: int | None,
     canvas = ""
     if side == "diffusion" and frame is not None and not frame.block_done and moving:
         canvas = f'<div class="dg-race-canvas">{block_html(frame, live=True)}</div>'
-    answer = escape_html(text)
-    caret = '<span class="dg-race-caret"></span>' if moving and not (frame is not None and frame.done) else ""
-    placeholder = "" if answer or caret else '<span class="dg-race-empty">The answer appears here.</span>'
-    tokens = frame.committed_tokens if frame is not None else 0
+    caret = '<span class="dg-race-caret"></span>' if moving and not done else ""
+    answer = escape_html(text) + caret or _tag("span", "dg-race-empty", "The answer appears here.")
     return (
-        f'<div class="dg-race-panel" data-side="{side}" data-state="{escape_html(state)}" data-tokens="{tokens}">'
-        f'<div class="dg-race-head"><h3>{TITLES[side]}</h3><span>{SUBTITLES[side]} \u00b7 '
-        f'{escape_html(model)}{order}</span></div>'
-        f'<div class="dg-meter dg-race-meter">{stat_cards_html(figures)}'
+        f'<div class="dg-race-panel" data-side="{side}" data-state="{escape_html(state)}" '
+        f'data-tokens="{frame.committed_tokens if frame is not None else 0}"><div class="dg-race-head">'
+        f'<h3>{TITLES[side]}</h3><span>{SUBTITLES[side]} \u00b7 {escape_html(model)}{order}</span></div>'
+        f'<div class="dg-meter dg-race-meter">{stat_cards_html(side_figures(frame, t=t, first_token_s=first_token_s))}'
         f'<div class="dg-meter-note">{escape_html(note)} \u00b7 engine clock</div></div>'
-        f'<div class="dg-race-answer">{answer}{caret}{placeholder}</div>{canvas}</div>'
+        f'<div class="dg-race-answer">{answer}</div>{canvas}</div>'
     )
 
 
@@ -305,44 +278,41 @@ def _ms(seconds: float | None, digits: int = 2) -> str:
     return "\u2013" if seconds is None else format_number(seconds * 1000, digits, " ms")
 
 
+COST_COLUMNS = (  # (heading, a side's cell); the last two only where the bandwidth bound was measured
+    ("cost per forward", lambda side: _ms(side.seconds_per_forward)),
+    ("tokens per forward", lambda side: format_number(side.tokens_per_forward, 2) if side.tokens else "\u2013"),
+    ("cost per token", lambda side: _ms(side.seconds_per_token)),
+    ("bandwidth bound per forward", lambda side: _ms(side.bandwidth_bound_s_per_forward, 3)),
+    ("bound tokens/s", lambda side: format_number(side.bandwidth_bound_tokens_per_second, 0)),
+)
+
+
 def cost_table_html(result: RaceResult) -> str:
     """Cost per forward and tokens per forward of both sides (and the bandwidth bound where measured)."""
     sides = [s for s in (result.diffusion, result.autoregressive) if s is not None]
     bound = any(s.bandwidth_bound_s_per_forward for s in sides)
-    head = "<tr><th></th><th>cost per forward</th><th>tokens per forward</th><th>cost per token</th>"
+    columns = COST_COLUMNS if bound else COST_COLUMNS[:3]
+    rows = "".join(f"<tr><td>{TITLES[s.name]}</td>{''.join(f'<td>{escape_html(cell(s))}</td>' for _, cell in columns)}"
+                   "</tr>" for s in sides)
+    caption = prose("race-costs")
     if bound:
-        head += "<th>bandwidth bound per forward</th><th>bound tokens/s</th>"
-    rows = []
-    for side in sides:
-        cells = [TITLES[side.name], _ms(side.seconds_per_forward),
-                 format_number(side.tokens_per_forward, 2) if side.tokens else "\u2013", _ms(side.seconds_per_token)]
-        if bound:
-            cells += [_ms(side.bandwidth_bound_s_per_forward, 3),
-                      format_number(side.bandwidth_bound_tokens_per_second, 0)]
-        rows.append("<tr>" + "".join(f"<td>{escape_html(c)}</td>" for c in cells) + "</tr>")
-    caption = "measured: engine seconds / forwards; cost per token = cost per forward / tokens per forward"
-    if bound:
-        caption += (f"; bound = weights' bytes per forward / {format_number(result.memory_bandwidth_gb_s, 0)} GB/s "
-                    "measured memory bandwidth")
-    return (f'<table class="dg-race-costs"><caption>{escape_html(caption)}</caption>{head}</tr>'
-            f'{"".join(rows)}</table>')
+        caption += "; " + prose("race-costs-bound").format(bandwidth=format_number(result.memory_bandwidth_gb_s, 0))
+    return (f'<table class="dg-race-costs"><caption>{escape_html(caption)}</caption><tr><th></th>'
+            f'{"".join(f"<th>{name}</th>" for name, _ in columns)}</tr>{rows}</table>')
 
 
 def speedup_text(result: RaceResult) -> str:
     """The headline speedup; a stopped race gives none."""
-    speedup = result.speedup
+    speedup, side = result.speedup, result.stopped_side
     if result.cancelled:
-        side = result.stopped_side
         stopped = getattr(result, side) if side else None
         if stopped is None:
             return f"Stopped before the {side} side ran: no speedup."
-        return f"Stopped: the {side} side was cut short after {stopped.tokens} tokens, so no speedup is given."
+        return prose("race-cut-short").format(side=side, tokens=stopped.tokens)
     if speedup is None:
         return "No speedup: a side made no tokens."
-    text = f"Diffusion ran at {speedup:.2f}x the autoregressive speed"
-    if speedup < 1:
-        text += f" ({1 / speedup:.1f}x slower)"
-    return text + " (tokens/s on both sides)"
+    slower = f" ({1 / speedup:.1f}x slower)" if speedup < 1 else ""
+    return prose("race-speedup").format(speedup=speedup, slower=slower)
 
 
 def caveat_text(result: RaceResult) -> str:
@@ -351,16 +321,9 @@ def caveat_text(result: RaceResult) -> str:
     for side in (result.diffusion, result.autoregressive):
         if side is not None and side.faults:
             shares = {"punctuation": side.punctuation_share, "repetition": side.repeated_share}
-            clauses = " and ".join(FAULT_TEXT[fault].format(shares[fault]) for fault in side.faults)
+            clauses = " and ".join(FAULT_TEXT[fault].format(share=shares[fault], run=REPEAT_N) for fault in side.faults)
             sentences.append(f"The {side.name} answer {clauses}.")
-    if not sentences:
-        return ""
-    return " ".join(sentences) + " The speedup counts tokens per second, not readable text."
-
-
-def _side_cost(side: SideResult, forward: str) -> str:
-    return (f"{side.seconds_per_forward * 1000:.2f} ms per {forward} / {side.tokens_per_forward:.2f} tokens per "
-            f"forward = {side.seconds_per_token * 1000:.2f} ms per token.")
+    return " ".join([*sentences, prose("race-caveat")]) if sentences else ""
 
 
 def explanation(result: RaceResult) -> str:
@@ -369,26 +332,27 @@ def explanation(result: RaceResult) -> str:
     if d is None or a is None or d.tokens == 0 or a.tokens == 0:
         return ""
     verdict = result.verdict()
-    per_token = f"Diffusion: {_side_cost(d, 'canvas forward')} Autoregressive: {_side_cost(a, 'forward')}"
     ratio = verdict["cost_ratio"]
-    costs = (f"a canvas forward cost {'far more than' if ratio is None else f'{ratio:.1f}x'} an autoregressive "
-             f"forward here, and each committed {d.tokens_per_forward:.2f} tokens against 1.")
+    costs = prose("race-costs-why").format(ratio="far more than" if ratio is None else f"{ratio:.1f}x",
+                                           tokens=d.tokens_per_forward)
     if verdict["winner"] is None:  # one side cut short
         side = verdict["stopped_side"]
-        why = (f"No winner: the race was stopped while the {side} side ran after {getattr(result, side).tokens} "
-               f"tokens. So far {costs}")
+        why = prose("race-no-winner").format(side=side, tokens=getattr(result, side).tokens, costs=costs)
     else:
         winner = "Diffusion wins" if verdict["winner"] == "diffusion" else "Autoregressive decoding wins"
-        alone = " on speed alone" if any(verdict["faults"].values()) else ""
-        why = f"{winner}{alone}: {costs}"
-    if verdict["bound"] == "memory":
-        device_note = prose("race-memory-bound")
-        if d.bandwidth_bound_s_per_forward and a.bandwidth_bound_s_per_forward:
-            device_note += (f" Bandwidth bound: {d.bandwidth_bound_s_per_forward * 1000:.3f} ms per canvas forward, "
-                            f"{a.bandwidth_bound_s_per_forward * 1000:.3f} ms per autoregressive forward.")
-    else:
+        why = f"{winner}{' on speed alone' if any(verdict['faults'].values()) else ''}: {costs}"
+    per_token = " ".join(prose("race-side-cost").format(
+        name=name, forward=forward, ms=side.seconds_per_forward * 1000, tokens=side.tokens_per_forward,
+        token_ms=side.seconds_per_token * 1000) for name, forward, side in (
+        ("Diffusion", "canvas forward", d), ("Autoregressive", "forward", a)))
+    if verdict["bound"] != "memory":
         device_note = prose("race-compute-bound").format(device=result.device.split(":")[0].upper(),
                                                           canvas=result.canvas_length)
+    elif d.bandwidth_bound_s_per_forward and a.bandwidth_bound_s_per_forward:
+        device_note = prose("race-memory-bound") + " " + prose("race-bandwidth-bound").format(
+            canvas=d.bandwidth_bound_s_per_forward * 1000, autoregressive=a.bandwidth_bound_s_per_forward * 1000)
+    else:
+        device_note = prose("race-memory-bound")
     return f"{why} {per_token} {device_note}"
 
 
@@ -405,18 +369,13 @@ def lengths_text(result: RaceResult) -> str:
 def result_html(result: RaceResult | None) -> str:
     """The result card (None: the rules only); carries `data-speedup` and `data-faults` (faulted sides)."""
     if result is None:
-        return ('<div class="dg-race-result" data-state="idle"><p class="dg-race-rules">'
-                f'{escape_html(prose("race-rules"))}</p></div>')
+        return f'<div class="dg-race-result" data-state="idle">{_tag("p", "dg-race-rules", prose("race-rules"))}</div>'
     speedup = "" if result.speedup is None else f"{result.speedup:.6g}"
-    lengths = lengths_text(result)
-    lengths = f'<p class="dg-race-lengths">{escape_html(lengths)}</p>' if lengths else ""
-    caveat = caveat_text(result)
-    caveat = f'<span class="dg-race-caveat">{escape_html(caveat)}</span>' if caveat else ""
     faulted = " ".join(name for name, faults in result.verdict()["faults"].items() if faults)
-    return (
-        f'<div class="dg-race-result" data-state="done" data-speedup="{speedup}" data-faults="{faulted}">'
-        f'<p class="dg-race-speedup">{escape_html(speedup_text(result))}{caveat}</p>{lengths}{cost_table_html(result)}'
-        f'<p class="dg-race-explain">{escape_html(explanation(result))}</p>'
-        f'<p class="dg-race-rules">{escape_html(FAIRNESS)} Length: {escape_html(result.length_rule)}. '
-        f"Seed {escape_html(str(result.seed))}.</p></div>"
-    )
+    rules = f"{FAIRNESS} Length: {result.length_rule}. Seed {result.seed}."
+    caveat = _tag("span", "dg-race-caveat", caveat_text(result))
+    return (f'<div class="dg-race-result" data-state="done" data-speedup="{speedup}" data-faults="{faulted}">'
+            f'<p class="dg-race-speedup">{escape_html(speedup_text(result))}{caveat}</p>'
+            f'{_tag("p", "dg-race-lengths", lengths_text(result))}'
+            f'{cost_table_html(result)}<p class="dg-race-explain">{escape_html(explanation(result))}</p>'
+            f'{_tag("p", "dg-race-rules", rules)}</div>')

@@ -4,6 +4,7 @@ kept between clicks; new acceptances are outlined."""
 from __future__ import annotations
 
 import threading
+from collections import namedtuple
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
@@ -51,10 +52,9 @@ def newly_accepted_style(frame: Frame) -> str:
 
 def step_note(frame: Frame) -> str:
     """One line on what `frame`'s forward did (plain text)."""
-    new = sum(1 for step in frame.first_accepted_step if step == frame.step_index)
-    return (f"Step-through \u00b7 forward {frame.forward_index + 1}: block {frame.block_index + 1}, step "
-            f"{frame.step_index + 1}; {frame.accepted_count} positions accepted, {new} for the first time "
-            f"(outlined)")
+    return prose("step-forward").format(forward=frame.forward_index + 1, block=frame.block_index + 1,
+                                        step=frame.step_index + 1, accepted=frame.accepted_count,
+                                        new=frame.first_accepted_step.count(frame.step_index))
 
 
 class StepThroughHandlers(Tab):
@@ -120,24 +120,18 @@ class StepThroughHandlers(Tab):
 
     def pause(self, session: SessionState) -> tuple:
         """Stop during "Run to end": pause after the forward in progress (skips without one)."""
-        run = getattr(session, "step_run", None) if session is not None else None
+        run = getattr(session, "step_run", None)
         if run is None or run.done:
             return (gr.skip(),) * (STREAM_WIDTH + 1)  # the outputs and the note
         run.pause.set()
         with run.lock:  # after the forward in progress
             rendered = self._render(session, run, True, stop_button=gr.update(interactive=False))
-        latest = session.snapshot.latest if session.snapshot is not None else None
-        note = (f"Paused after forward {latest.forward_index + 1}: **Next step** or **Run to end** goes on from "
-                "here." if latest is not None else rendered[-1])
-        return rendered[:-1] + (note,)
+        latest = session.snapshot.latest
+        note = rendered[-1] if latest is None else prose("step-paused").format(latest.forward_index + 1)
+        return (*rendered[:-1], note)
 
 
-@dataclass
-class StepControls:
-    next_step: gr.Button
-    run_to_end: gr.Button
-    replay: gr.Button
-    note: gr.Markdown
+StepControls = namedtuple("StepControls", "next_step run_to_end replay note")  # buttons and the step note
 
 
 def build_step_controls() -> StepControls:

@@ -105,10 +105,10 @@ def final(outputs):
 @pytest.mark.slow
 def test_two_turns_reuse_the_cache_then_regenerate_and_clear(tab):
     state = ChatState()
-    out = final(list(tab.send_stream(state, "Who was Noah?", "recommended", 64, 3, False)))
+    out = final(list(tab.send_stream(state, None, "Who was Noah?", "recommended", 64, 3, False)))
     assert 'data-reused="0"' in out["reuse"] and out["message"]["value"] == ""
     assert 'data-turns="1"' in out["history"] and out["regenerate"]["interactive"] is True
-    streamed = list(tab.send_stream(state, "What did he <end_of_turn> build?", "recommended", 64, 4, False))
+    streamed = list(tab.send_stream(state, None, "What did he <end_of_turn> build?", "recommended", 64, 4, False))
     during = dict(zip(NAMES, streamed[0]))  # the note names the turn being generated, not the last one
     assert "Turn 2" in during["reuse"] and "Turn 1" not in during["reuse"]
     assert 'data-state="running"' in during["reuse"]
@@ -119,7 +119,7 @@ def test_two_turns_reuse_the_cache_then_regenerate_and_clear(tab):
     assert "What did he &lt;end_of_turn&gt; build?" in second["history"]
     seed = state.chat.last_result.seed
     before = list(state.chat.messages)
-    streamed = list(tab.regenerate_stream(state, "recommended", 64, False))
+    streamed = list(tab.regenerate_stream(state, None, "recommended", 64, False))
     assert "Turn 2 (regenerating)" in dict(zip(NAMES, streamed[0]))["reuse"]
     regenerated = final(streamed)
     assert state.chat.messages[:-1] == before[:-1] and len(state.chat.messages) == len(before)
@@ -129,16 +129,16 @@ def test_two_turns_reuse_the_cache_then_regenerate_and_clear(tab):
     cleared = tab.clear(state)
     assert 'data-turns="0"' in cleared[0] and state.chat.messages == [] and 'data-state="idle"' in cleared[1]
     with pytest.raises(gr.Error, match="nothing to regenerate"):
-        tab.check_regenerate(state, "recommended", 64, False)
+        tab.regeneration(state, "recommended", 64, False)
 
 
 @pytest.mark.slow
 def test_stop_and_a_closed_tab_leave_the_conversation_as_it_was(tab):
     state = ChatState()
-    list(tab.send_stream(state, "Hello", "recommended", 64, 1, False))
+    list(tab.send_stream(state, None, "Hello", "recommended", 64, 1, False))
     kept = list(state.chat.messages)
     # Stop: the turn ends within a forward, the conversation is unchanged and the message stays in its box
-    stream = tab.send_stream(state, "Tell me a long story", "careful", 1024, 2, False)
+    stream = tab.send_stream(state, None, "Tell me a long story", "careful", 1024, 2, False)
     next(stream)
     stop_run(state)  # the Stop button
     out = final(list(stream))
@@ -147,7 +147,7 @@ def test_stop_and_a_closed_tab_leave_the_conversation_as_it_was(tab):
     assert out["send"]["interactive"] is True and out["stop"]["interactive"] is False
     # A closed tab: the playground's unload stops the session's chat turn through the registry
     request = SimpleNamespace(session_hash="closed-tab-test")
-    stream = tab.send_stream(state, "Another long one", "careful", 1024, 3, False, request=request)
+    stream = tab.send_stream(state, request, "Another long one", "careful", 1024, 3, False)
     next(stream)
     assert tab.playground.runs.active() == 1
     tab.playground.unload(request)
@@ -167,7 +167,7 @@ def test_bad_chat_input_is_refused_before_anything_runs(tab):
                           (("hi", "recommended", 64, "x", False), "seed"),
                           (("hi", "recommended", 64, 0, True), "thinking")]:
         with pytest.raises(gr.Error, match=message):
-            tab.check_turn(*args)
+            tab.turn(*args)
 
 
 def test_chat_and_infill_are_not_refused_on_zero_gpu(tab, monkeypatch):
@@ -175,10 +175,10 @@ def test_chat_and_infill_are_not_refused_on_zero_gpu(tab, monkeypatch):
     from diffgemma_ui.infill_tab import InfillTab
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    assert tab.check_turn("hi", "recommended", 64, 0, False) is None
+    assert tab.turn("hi", "recommended", 64, 0, False).run.prompt == "hi"
     answer, summary = asyncio.run(tab.chat_api("hi", "[]", "", False, 64, 3, 2.0, 0.05, 0.1, 1, 0.05, True, 1))
     assert summary["history"][-1] == {"role": "assistant", "content": answer}
-    assert InfillTab(tab.playground).check_inputs("a [___]", "", "recommended", 4, 0) is None
+    assert InfillTab(tab.playground).request("a [___]", "", "recommended", 4, 0)[1].kind == "infill"
 
 
 def test_thinking_switch_only_where_the_template_has_one(engine, standin_engine):
@@ -192,7 +192,7 @@ def test_thinking_switch_only_where_the_template_has_one(engine, standin_engine)
         switch = [c for c in page.get_config_file()["components"] if c["props"].get("elem_id") == "dg-chat-thinking"]
         assert len(switch) == 1 and switch[0]["props"]["visible"] is shown
         if shown:
-            chat.check_turn("hi", "recommended", 64, 0, True)  # accepted on the stand-in
+            chat.turn("hi", "recommended", 64, 0, True)  # accepted on the stand-in
 
 
 # -- /chat -----------------------------------------------------------------------------------------------------------

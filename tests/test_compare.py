@@ -54,7 +54,8 @@ def test_compare_runs_a_then_b_with_one_seed(engine):
         return started[-1]
 
     playground.start_job = recording_start_job
-    views = list(CompareHandlers(playground).compare("In the beginning", True, -1, 128, 0.5, 3, False, 2.0, 2, True))
+    views = list(CompareHandlers(playground).compare(None, None, "In the beginning", True, -1, 128, 0.5, 3, False,
+                                                     2.0, 2, True))
     assert len(started) == 2
     card_a, card_b, verdict, text_a, text_b, heatmap_a, heatmap_b = views[-1]
     assert 'data-state="done"' in card_a and 'data-state="done"' in card_b and 'data-state="done"' in verdict
@@ -135,7 +136,7 @@ def test_diffusers_scheduler_as_side_b(engine):
     again = pipeline_frames(engine, "Tell me about the flood.", settings, "BlockRefinementScheduler", 4)
     assert again[-1].committed_ids == last.committed_ids  # the pipeline's generator is seeded
     views = list(CompareHandlers(Playground(engine)).compare(
-        "Tell me about the flood.", False, 4, 128, 0.5, 3, True, 0.5, 3, True,
+        None, None, "Tell me about the flood.", False, 4, 128, 0.5, 3, True, 0.5, 3, True,
         DIFFUSERS_PREFIX + "EntropyBoundScheduler"))
     card_a, card_b, verdict, _, text_b, _, heatmap_b = views[-1]
     assert "EntropyBoundScheduler" in card_b and 'data-state="done"' in verdict and heatmap_b["data"]
@@ -183,8 +184,8 @@ def test_diffusers_side_b_refuses_raw_prompts(engine):
     from diffgemma_ui.handlers import Playground
 
     with pytest.raises(Exception, match="always applies the chat template"):
-        list(CompareHandlers(Playground(engine)).compare("In the beginning", True, 4, 64, 0.5, 3, True, 0.5, 3, True,
-                                                         DIFFUSERS_PREFIX + "DiscreteDDIMScheduler"))
+        list(CompareHandlers(Playground(engine)).compare(None, None, "In the beginning", True, 4, 64, 0.5, 3, True,
+                                                         0.5, 3, True, DIFFUSERS_PREFIX + "DiscreteDDIMScheduler"))
 
 
 def test_a_sampler_that_ignores_the_bound_is_not_shown_with_one():
@@ -201,7 +202,7 @@ def test_stop_ends_the_running_side_and_b_never_starts(engine):
     from diffgemma_ui.handlers import Playground
 
     handlers, state = CompareHandlers(Playground(engine)), CompareState()
-    views = handlers.compare("In the beginning", True, 0, 1024, 0.5, 64, False, 0.5, 64, False, state=state)
+    views = handlers.compare(state, None, "In the beginning", True, 0, 1024, 0.5, 64, False, 0.5, 64, False)
     first = next(views)
     assert 'data-side="A" data-state="running"' in first[0]
     stop_run(state)  # the Stop button
@@ -221,11 +222,11 @@ def test_a_refused_comparison_marks_the_previous_one_and_a_stop_while_queued_run
     handlers, state = CompareHandlers(playground), CompareState()
     args = ("In the beginning", True, 0, 16, 2.0, 2, True, 2.0, 1, True)
     assert isinstance(handlers.refused(state), type(gr.skip()))  # nothing on the page to mark
-    handlers.request(*args, state=state)
-    last = list(handlers.compare(*args, state=state))[-1]
+    handlers.request(state, *args)
+    last = list(handlers.compare(state, None, *args))[-1]
     assert 'data-state="done"' in last[2] and not state.running
     with pytest.raises(gr.Error):
-        handlers.request("   ", *args[1:], state=state)  # an empty prompt is refused before the queue
+        handlers.request(state, "   ", *args[1:])  # an empty prompt is refused before the queue
     marked = handlers.refused(state)
     assert 'data-state="refused"' in marked and "Everything below is from the previous run" in marked
     assert "decoder forwards" in marked  # the previous comparison's own figures stay
@@ -233,9 +234,9 @@ def test_a_refused_comparison_marks_the_previous_one_and_a_stop_while_queued_run
     started = []
     start_job = playground.start_job
     playground.start_job = lambda job, *a, **kwargs: started.append(job) or start_job(job, *a, **kwargs)
-    handlers.request(*args, state=state)  # accepted, then Stop while it waits in the queue
+    handlers.request(state, *args)  # accepted, then Stop while it waits in the queue
     stop_run(state)
-    card_a, card_b, verdict, *_ = list(handlers.compare(*args, state=state))[-1]
+    card_a, card_b, verdict, *_ = list(handlers.compare(state, None, *args))[-1]
     assert started == [] and 'data-state="stopped"' in card_a and 'data-state="not run"' in card_b
-    handlers.request(*args, state=state)  # the next accepted request runs again
-    assert 'data-state="done"' in list(handlers.compare(*args, state=state))[-1][2] and len(started) == 2
+    handlers.request(state, *args)  # the next accepted request runs again
+    assert 'data-state="done"' in list(handlers.compare(state, None, *args))[-1][2] and len(started) == 2

@@ -76,17 +76,17 @@ def test_templates_that_cannot_run_are_refused_plainly(tab):
     for template, message in [("word " * 50 + "[___ 20]", r"takes \d+ canvas positions .* one canvas holds 64"),
                               ("no blanks", "no blank"), ("a [___ x]", "malformed blank"), ("", "empty")]:
         with pytest.raises(gr.Error, match=message):
-            tab.check_inputs(template, "", "recommended", 4, 0)
+            tab.request(template, "", "recommended", 4, 0)
         with pytest.raises(gr.Error, match=message):
-            next(tab.fill_stream(SessionState(), template, "", "recommended", 4, 0))
+            next(tab.fill_stream(SessionState(), None, template, "", "recommended", 4, 0))
     with pytest.raises(gr.Error, match="seed"):
-        tab.check_inputs("a [___]", "", "recommended", 4, "x")
+        tab.request("a [___]", "", "recommended", 4, "x")
 
 
 @pytest.mark.slow
 def test_fixed_chips_hold_the_template_tokens_in_every_render(tab, engine):
     layout = tab.layout(TEMPLATE)
-    renders = list(tab.fill_stream(SessionState(), TEMPLATE, "", "careful", 6, 4))
+    renders = list(tab.fill_stream(SessionState(), None, TEMPLATE, "", "careful", 6, 4))
     assert len(renders) >= 2
     expected = None
     for canvas, meter, *_ in renders:
@@ -108,9 +108,9 @@ def test_fixed_chips_hold_the_template_tokens_in_every_render(tab, engine):
 @pytest.mark.slow
 def test_a_refused_fill_marks_the_previous_fill_as_the_previous_runs(tab):
     state = SessionState()
-    assert isinstance(tab.refused(state), type(gr.skip()))  # no previous fill
-    renders = list(tab.fill_stream(state, TEMPLATE, "", "recommended", 3, 4))
-    meter = tab.refused(state)
+    assert isinstance(tab.playground.refused(state), type(gr.skip()))  # no previous fill
+    renders = list(tab.fill_stream(state, None, TEMPLATE, "", "recommended", 3, 4))
+    meter = tab.playground.refused(state)
     assert 'data-state="refused"' in meter and "Everything below is from the previous run" in meter
     assert renders[-1][1].split('data-tps="')[1][:8] == meter.split('data-tps="')[1][:8]  # the same figures
 

@@ -573,7 +573,7 @@ def test_race_tab_runs_then_replays_and_resets_buttons_on_failure(engine, monkey
 
     tab, session = RaceTab(RaceRunner(engine)), RaceSession()
     inputs = ("In the beginning", True, "fast", 64, 0, 0.0, "diffusion first")
-    live = list(tab.race_stream(session, *inputs))
+    live = list(tab.race_stream(session, None, *inputs))
     assert live[0][3]["interactive"] is False and live[0][4]["interactive"] is True  # Race off, Stop on
     assert session.progress is not None and session.progress.result is not None
     replay = list(tab.replay_stream(session))
@@ -586,7 +586,7 @@ def test_race_tab_runs_then_replays_and_resets_buttons_on_failure(engine, monkey
     monkeypatch.setattr(tab.runner, "run", lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("boom")))
     outputs = []
     with pytest.raises(gr.Error, match="engine failed"):
-        for output in tab.race_stream(RaceSession(), *inputs):
+        for output in tab.race_stream(RaceSession(), None, *inputs):
             outputs.append(output)
     assert outputs[-1][3]["interactive"] is True and outputs[-1][4]["interactive"] is False
 
@@ -596,4 +596,5 @@ def test_race_is_not_refused_on_zero_gpu(engine, monkeypatch):
     from diffgemma_ui.race_tab import RaceTab
 
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    assert RaceTab(RaceRunner(engine)).check_inputs("In the beginning", True, "fast", 64, 0, 0.0, "alternate") is None
+    race = RaceTab(RaceRunner(engine)).ui_request("In the beginning", True, "fast", 64, 0, 0.0, "alternate")
+    assert race[2] == "alternate"
