@@ -1,8 +1,6 @@
 """Branch from a step: pick a forward of the last run or an uploaded trace, pin tokens, redo the run from that
 forward (`engine.infill.branch_frames`) and show the branch beside the original with the share of positions changed."""
 
-from __future__ import annotations
-
 import gradio as gr
 
 from engine import Frame

@@ -1,8 +1,6 @@
 """The Chat tab and `/chat`: a multi-turn conversation per visitor (an `engine.engine.ChatSession`), each turn the
 "chat" job; `/chat` is stateless: the client sends the history as JSON and gets it back with the new turn."""
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import weakref

@@ -1,8 +1,6 @@
 """The Compare tab: one prompt and seed under settings A, then B (after A, in one queued event), side by side;
 each side a "generate" job, or B through diffusers' schedulers the "pipeline" job."""
 
-from __future__ import annotations
-
 from collections.abc import Iterator
 
 import gradio as gr

@@ -1,8 +1,6 @@
 """The Infill tab and `/infill`: a template's blanks denoised inside one canvas (the "infill" job) while its fixed
 text stays put; the canvas marks the fixed positions and the plots show the blanks only."""
 
-from __future__ import annotations
-
 import dataclasses
 import itertools
 import re

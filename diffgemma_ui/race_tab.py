@@ -1,8 +1,6 @@
 """The Race tab and `/race`: block diffusion against autoregressive decoding on one prompt (the "race" job, one
 side after the other), then both replayed side by side on the engine clock, with a result card saying why."""
 
-from __future__ import annotations
-
 import threading
 import time
 from bisect import bisect_right

@@ -1,8 +1,6 @@
 """Step-through: one decoder forward per "Next step", the rest with "Run to end", from the engine's frame generator
 kept between clicks; new acceptances are outlined."""
 
-from __future__ import annotations
-
 import threading
 from collections import namedtuple
 from collections.abc import Iterator
