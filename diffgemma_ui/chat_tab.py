@@ -334,7 +334,8 @@ def reuse_html(report: TurnReport | None, turn: int = 0, *, regenerated: bool = 
     if report is None:
         return IDLE_REUSE_HTML
     tokens = dict(reused=report.reused_tokens, prompt=report.prompt_tokens, encoded=report.encoded_tokens)
-    text = prose("chat-reuse-done").format(**tokens, ms=report.prefill_s * 1000)
+    text = prose("chat-reuse-done" if report.reused_tokens else "chat-reuse-none").format(
+        **tokens, ms=report.prefill_s * 1000)
     if report.reused_tokens and report.prefill_saved_s is not None:
         text += " \u00b7 " + prose("chat-reuse-saved").format(ms=report.prefill_saved_s * 1000)
     if turn:

@@ -102,8 +102,7 @@ def run_meter_html(frame: Frame | None, *, committed: Frame | None = None, final
     return meter_html(frame, committed=committed)
 
 
-REFUSED_NOTICE = ("Not run: the request was refused (its message says why). Everything below is from the "
-                  "previous run.")
+REFUSED_NOTICE = "Refused (the box under the buttons says why). Everything below is from the previous run."
 
 
 def waiting_meter_html(replacing: bool = False) -> str:

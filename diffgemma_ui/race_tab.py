@@ -309,7 +309,7 @@ def speedup_text(result: RaceResult) -> str:
         return prose("race-cut-short").format(side=side, tokens=stopped.tokens)
     if speedup is None:
         return "No speedup: a side made no tokens."
-    slower = f" ({1 / speedup:.1f}x slower)" if speedup < 1 else ""
+    slower = f": {1 / speedup:.1f}x slower" if speedup < 1 else ""
     return prose("race-speedup").format(speedup=speedup, slower=slower)
 
 

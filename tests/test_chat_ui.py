@@ -49,6 +49,7 @@ def test_reuse_note_gives_tokens_and_time_saved():
     first = reuse_html(TurnReport(prompt_tokens=10, reused_tokens=0, encoded_tokens=10, prefill_s=0.01,
                                   prefill_saved_s=None), 1)
     assert "saved" not in first  # nothing reused, nothing claimed
+    assert "none reused" in first and "previous turn" not in first  # a first turn has no previous one
     unknown = reuse_html(TurnReport(prompt_tokens=80, reused_tokens=60, encoded_tokens=20, prefill_s=0.01,
                                     prefill_saved_s=None), 2)
     assert "60 reused" in unknown and "saved" not in unknown  # no rate measured yet: no figure made up
