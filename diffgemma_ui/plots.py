@@ -144,7 +144,7 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
                     dtick=max(1, math.ceil(rows / 8))),
         annotations=[_legend_line(
             "colour: confidence of the draft token",
-            "white dot: accepted at that step \u00b7 orange \u00d7: re-melted (accepted before)")],
+            "white dot: accepted \u00b7 orange \u00d7: re-melted (was accepted)")],
         margin={"l": 48, "r": 16, "t": 72, "b": 40},
     )
     if animate and steps > 1:

@@ -244,7 +244,7 @@ function heatmapFigure(frames) {
     yaxis: axis("step", {range: [rows + 0.5, 0.5], autorange: false, showgrid: false,
       dtick: Math.max(1, Math.ceil(rows / 8))}),
     annotations: [legendLine("colour: confidence of the draft token",
-      "white dot: accepted at that step \u00b7 orange \u00d7: re-melted (accepted before)")],
+      "white dot: accepted \u00b7 orange \u00d7: re-melted (was accepted)")],
     margin: {l: 48, r: 16, t: 72, b: 40},
   })};
 }
