@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--preset", default="recommended", choices=PRESET_NAMES,
                          help="diffusion settings to start from; the settings flags override it")
         sub.add_argument("--seed", type=int, default=None, help="-1 or none: a random seed")
-        for row in SETTINGS:  # one flag per setting (infill's canvas is its budget); unset flags stay None
+        for row in SETTINGS:  # one flag each (infill's budget is its canvas); unset flags stay None
             if row.kind is bool:
                 sub.add_argument(row.flag, dest=row.name, action=argparse.BooleanOptionalAction, help=row.help)
             elif sub is not infill or row.name != "max_new_tokens":
@@ -84,8 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_engine(args: argparse.Namespace, *checks) -> tuple[int | None, DiffusionEngine, DiffusionSettings]:
-    """(seed, engine, settings); the seed, settings flags and `checks` (callables) are checked before the model
-    loads, over the checkpoint's generation config where it is readable."""
+    """(seed, engine, settings); seed, settings flags and `checks` (callables) are checked before the model loads."""
     seed = parse_seed(args.seed)
     if args.threads is not None:
         set_serving_threads(torch.device("cpu"), args.threads)
@@ -97,7 +96,7 @@ def load_engine(args: argparse.Namespace, *checks) -> tuple[int | None, Diffusio
     try:
         where, common = model_location(args.model)
         config = DiffusionGemmaGenerationConfig.from_pretrained(where, local_files_only=common["local_files_only"])
-    except Exception:  # noqa: BLE001 - any failure is the load's to report
+    except Exception:  # noqa: BLE001 - the load reports it
         pass
     else:
         preset(args.preset, DiffusionSettings.from_generation_config(config)).with_values(changes)
@@ -106,7 +105,7 @@ def load_engine(args: argparse.Namespace, *checks) -> tuple[int | None, Diffusio
 
 
 def report(args: argparse.Namespace, data: dict, text: str, *notes: str) -> int:
-    """Print `data` as one JSON line with --json, else `text` on stdout and `notes` on stderr; returns 0."""
+    """Print `data` as one JSON line with --json, else `text` on stdout and `notes` on stderr; 0."""
     if args.json:
         print(json.dumps(data, ensure_ascii=False), flush=True)
         return 0
@@ -122,7 +121,7 @@ def fail(error: BaseException, prefix: str = "") -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status (2: bad input or a model that does not load)."""
+    """Run the command line; the exit status (2: bad input or a model that does not load)."""
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 def generate_command(args: argparse.Namespace) -> int:
     seed, engine, settings = load_engine(args, lambda: check_prompt(args.prompt))
     frames = engine.frames(args.prompt, settings, raw=args.raw, seed=seed, thinking=args.thinking)
-    frames = list(frames) if args.trace else frames  # kept only for the trace
+    frames = list(frames) if args.trace else frames
     result = engine.summarize(*last_and_count(frames))
     if args.trace:
         trace = trace_of_run(engine, frames, prompt=args.prompt, settings=settings, raw=args.raw,
@@ -171,7 +170,7 @@ def race_command(args: argparse.Namespace) -> int:
 
 
 def chat_command(args: argparse.Namespace) -> int:
-    """`chat < turns.txt`: a user turn per non-empty line; a refused turn is reported (status 2)."""
+    """`chat < turns.txt`: a user turn per non-empty line; a refused turn sets status 2."""
     seed, engine, settings = load_engine(args)
     check_thinking(engine.tokenizer, args.thinking)
     session = ChatSession(engine, system=args.system)

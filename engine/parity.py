@@ -15,7 +15,7 @@ from .loading import DEFAULT_MODEL, load_model
 
 @dataclass(frozen=True)
 class ParityCase:
-    """One comparison: a seed, a prompt (raw or chat) and (setting, value) changes to the recommended."""
+    """One comparison: a seed, a prompt and (setting, value) changes to the recommended."""
 
     seed: int
     prompt: str
@@ -56,7 +56,7 @@ PARITY_CASES: list[ParityCase] = [
     case(123456789, "A wise son", max_new_tokens=128),
     case(2**63 - 1, "Hear, O Israel", raw=True, max_new_tokens=64),
 ]
-# For the stand-in of the 26B checkpoint (`standin/`): few decoder forwards each
+# For the 26B stand-in (`standin/`): few forwards each
 STANDIN_PARITY_CASES: list[ParityCase] = [
     case(0, "In the beginning", raw=True, max_denoising_steps=2),
     case(1, "Why is the sky blue?", max_denoising_steps=2),
@@ -67,7 +67,7 @@ CASE_SETS = {"embedded": PARITY_CASES, "standin": STANDIN_PARITY_CASES}
 
 
 def run_case(engine: DiffusionEngine, case: ParityCase) -> tuple[list[int], list[int], str]:
-    """(generate() ids, engine ids, engine stop reason), generated ids up to and including the first EOS."""
+    """(generate() ids, engine ids, engine stop reason), ids up to and including the first EOS."""
     settings = engine.recommended.replace(**dict(case.changes))
     input_ids = engine.encode_prompt(case.prompt, raw=case.raw, thinking=case.thinking)
     torch.manual_seed(case.seed)
