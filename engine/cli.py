@@ -28,7 +28,7 @@ def add_model_flags(parser, model_help: str, *, device: bool = True, dtype_help:
     if device:
         parser.add_argument("--device", default="auto", choices=DEVICES)
         parser.add_argument("--threads", type=int, default=None,
-                            help="torch CPU threads (default: torch's, one per core; fewer on a busy machine)")
+                            help="torch CPU threads (default: one per core)")
     parser.add_argument("--dtype", default="auto", choices=DTYPES, help=dtype_help)
     parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
 
@@ -39,16 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", help="generate text for one prompt")
     race = commands.add_parser("race", help="race block diffusion against autoregressive decoding on one prompt")
-    chat = commands.add_parser("chat", help="multi-turn chat, one user turn per stdin line (encoder cache reused)")
+    chat = commands.add_parser("chat", help="multi-turn chat, one user turn per stdin line")
     for sub in (gen, race):
         sub.add_argument("--prompt", required=True)
         sub.add_argument("--raw", action="store_true", help="no chat template: tokenize the prompt as is")
     for sub in (gen, chat):
         sub.add_argument("--thinking", action="store_true",
-                         help="let the model think first (chat templates with enable_thinking, e.g. Gemma 4)")
+                         help="let the model think first (chat templates with enable_thinking)")
     gen.add_argument("--trace", type=Path, help="also write the run's trace here (JSON, see docs/trace.md)")
-    race.add_argument("--ar-model", help="separate causal LM for the autoregressive side (default: the diffusion "
-                                         "model's own causal encoder)")
+    race.add_argument("--ar-model", help="causal LM to race (default: the diffusion model's own causal encoder)")
     race.add_argument(AR_TEMPERATURE.flag, type=float, default=0.0, help=AR_TEMPERATURE.help)
     race.add_argument("--order", default="alternate", choices=RACE_ORDERS)
     race.add_argument("--no-warm-up", dest="warm_up", action="store_false", help="skip each side's warm-up")
@@ -56,13 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     infill = commands.add_parser("infill", help="fill the blanks of a template inside one canvas")
     infill.add_argument("--template", required=True, help="text with blanks: [___] one token, [___ 12] twelve")
-    infill.add_argument("--prompt", help="raw context the encoder reads before the canvas (default: <bos> only)")
+    infill.add_argument("--prompt", help="raw context before the canvas (default: <bos> only)")
 
     for sub, one_json in ((gen, "one JSON object instead of the text"), (race, "one JSON object"),
                           (chat, "one JSON object per turn"), (infill, "one JSON object")):
         add_model_flags(sub, "local folder or hub id (default: embedded model)")
         sub.add_argument("--preset", default="recommended", choices=PRESET_NAMES,
-                         help="diffusion settings to start from; the settings flags override it")
+                         help="settings to start from; the settings flags override it")
         sub.add_argument("--seed", type=int, default=None, help="-1 or none: a random seed")
         for row in SETTINGS:  # one flag each (infill's budget is its canvas); unset flags stay None
             if row.kind is bool:
@@ -74,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = commands.add_parser("replay", help="write the offline HTML replay of a trace")
     rep.add_argument("trace", type=Path, help="a trace JSON file (python -m engine generate ... --trace FILE)")
-    rep.add_argument("--html", type=Path, required=True, help="where to write the self-contained HTML page")
+    rep.add_argument("--html", type=Path, required=True, help="where to write the HTML page")
 
     mem = commands.add_parser("memory", help="bytes of every parameter and buffer by group, without running the model")
     add_model_flags(mem, "checkpoint, or a folder with only config.json", device=False,
@@ -84,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_engine(args: argparse.Namespace, *checks) -> tuple[int | None, DiffusionEngine, DiffusionSettings]:
-    """(seed, engine, settings); seed, settings flags and `checks` (callables) are checked before the model loads."""
+    """(seed, engine, settings), the flags and `checks` (callables) checked before the model loads."""
     seed = parse_seed(args.seed)
     if args.threads is not None:
         set_serving_threads(torch.device("cpu"), args.threads)

@@ -87,7 +87,7 @@ class PipelineRun:
         return frames[-1] if frames else None
 
     def frames(self, *, only_last: bool = False) -> list[Frame]:
-        """The frames so far, one per forward (exact once the call completed); `only_last`: the newest only."""
+        """The frames so far (exact once the call completed); `only_last`: the newest only."""
         complete = self.finished  # read first: a later step is then missed, never mislabelled
         steps, sequence, stopped = list(self._steps), self._sequence, self._stopped
         if sequence is None:  # running or stopped: each block's newest callback canvas
@@ -167,7 +167,7 @@ def turn_end_id(tokenizer, eos) -> int | None:
 
 
 def pipeline_frames(engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int) -> list[Frame]:
-    """The frames of the pipeline run to the end with `scheduler`; raises what the run raised."""
+    """The frames of the pipeline run to the end; raises what the run raised."""
     run = PipelineRun(engine, prompt, settings, scheduler, seed).start()
     run.wait()
     if run.error is not None:

@@ -1,5 +1,4 @@
-"""Prompt in, frames out: `DiffusionEngine` on a loaded model; chat prompts through the chat template (message text
-as plain text); `ChatSession` reusing the previous turn's encoder cache, old turns cut to fit."""
+"""Prompt in, frames out: `DiffusionEngine`, chat templates, and `ChatSession` reusing the last turn's cache."""
 
 from __future__ import annotations
 
@@ -48,7 +47,7 @@ def supports_thinking(tokenizer) -> bool:
 def check_thinking(tokenizer, thinking: bool, raw: bool = False) -> None:
     """`ValueError` for thinking with a raw prompt or a template without a thinking mode."""
     if thinking and (raw or not supports_thinking(tokenizer)):
-        raise ValueError("thinking needs a chat prompt and a chat template with a thinking mode (enable_thinking); "
+        raise ValueError("thinking needs a chat prompt and a template with a thinking mode (enable_thinking): "
                          + ("this prompt is raw" if raw else "this model's template has none"))
 
 
@@ -58,7 +57,7 @@ def chat_prompt_ids(tokenizer, content: str, **template_kwargs) -> list[int]:
 
 
 def split_thought(token_ids: list[int], tokenizer) -> tuple[str, str]:
-    """(thought, answer) of generated ids; the thought: the `<|channel>`...`<channel|>` span, name line dropped."""
+    """(thought, answer) of generated ids; the thought is the `<|channel>` span, name line dropped."""
     vocab = tokenizer.get_vocab()
     open_id, close_id = vocab.get(CHANNEL_OPEN), vocab.get(CHANNEL_CLOSE)
 
@@ -75,7 +74,7 @@ def split_thought(token_ids: list[int], tokenizer) -> tuple[str, str]:
 
 
 def _placeholder(index: int) -> str:
-    """A marker of private-use characters, meaningless to templates and tokenizers."""
+    """A private-use marker, meaningless to templates and tokenizers."""
     return f"\ue000diffgemma-text-{index}\ue001"
 
 
@@ -143,7 +142,7 @@ def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinkin
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """Summary of a finished run: ids (EOS kept), text, thought, forwards, engine seconds, rates."""
+    """A finished run: ids (EOS kept), text, thought, forwards, engine seconds, rates."""
 
     token_ids: list[int]
     text: str
@@ -195,10 +194,9 @@ class DiffusionEngine:
         """`ValueError` when the prompt plus `budget(settings)` exceed the context window."""
         generated = self.budget(settings)
         if prompt_tokens + generated > self.context_limit:
-            raise ValueError(
-                f"prompt is {prompt_tokens:,} tokens and {settings.max_new_tokens} new tokens take {generated:,} "
-                f"(whole canvases of {self.canvas_length}); together over the model's context of "
-                f"{self.context_limit:,} tokens: shorten the prompt or lower max_new_tokens")
+            raise ValueError(f"prompt of {prompt_tokens:,} tokens plus {settings.max_new_tokens} new ones (whole "
+                             f"canvases: {generated:,}) exceeds the model's context of {self.context_limit:,}: "
+                             "shorten the prompt or lower max_new_tokens")
 
     def check_settings(self, settings: DiffusionSettings) -> None:
         """`ValueError` for a t_min/t_max schedule whose scaled logits overflow float32 or the decoder's dtype."""
@@ -206,8 +204,7 @@ class DiffusionEngine:
         feedback_dtype = self.model.model.decoder.embed_tokens.weight.dtype
         n, fed = settings.max_denoising_steps, str(feedback_dtype).removeprefix("torch.")
         for steps_left, dtype, scale, place, overflow in (  # the last step; the last whose logits are fed back
-                (1, torch.float32, 2, f"the last of {n} steps (t_min + (t_max - t_min) / max_denoising_steps)",
-                 "the scaled logits overflow float32"),
+                (1, torch.float32, 2, f"the last of {n} steps", "the scaled logits overflow float32"),
                 (2, feedback_dtype, 1, f"step {n - 1} of {n}",
                  f"the logits fed back to the next step overflow this model's {fed}")):
             temperature, floor = settings.temperature_at(steps_left), SAFETY * scale * cap / torch.finfo(dtype).max
@@ -237,7 +234,7 @@ class DiffusionEngine:
             stop_reason=last.stop_reason, tokens=last.committed_tokens)
 
     def warm_up(self) -> float:
-        """Pay one-time costs (the vocabulary's strings, a short chat and raw run); returns the seconds."""
+        """Pay one-time costs (the vocabulary's strings, a short chat and raw run); the seconds."""
         start = time.perf_counter()
         self.token_text.describe_vocabulary()
         settings = self.recommended.replace(
@@ -252,7 +249,7 @@ class DiffusionEngine:
 
 
 def last_and_count(frames) -> tuple:
-    """(the last of `frames`, how many there were); (None, 0) for none."""
+    """(the last of `frames`, their count); (None, 0) for none."""
     count, last = 0, None
     for last in frames:
         count += 1
@@ -308,7 +305,7 @@ class ChatSession:
         self.thoughts: list[str] = []  # of each answer, never fed back
         self.last_report: TurnReport | None = None
         self.last_result: GenerationResult | None = None
-        self._cache = None  # KV cache holding exactly self._cache_ids
+        self._cache = None  # holds exactly self._cache_ids
         self._cache_ids: list[int] = []
         self._prefills: list[tuple[int, float]] = []  # (tokens, seconds) of the latest encoder calls
         self._cache_prefill_s = 0.0  # prefill seconds that encoded what the cache holds

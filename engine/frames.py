@@ -1,5 +1,4 @@
-"""The frame, one per decoder forward (plain lists, no tensors), the one type the UI reads; its tokens' display
-strings and kinds, cached per id."""
+"""The frame, one per decoder forward (plain lists), the type the UI reads; token strings and kinds, cached."""
 
 from __future__ import annotations
 
@@ -235,10 +234,8 @@ def eos_id_list(eos_token_id: int | Iterable[int] | None) -> list[int]:
 
 def token_text_for(tokenizer, model) -> TokenText:
     """The `TokenText` of a model: EOS and pad from its generation config, its `*_token_id`s special."""
-    generation = getattr(model, "generation_config", None)
-    eos = getattr(generation, "eos_token_id", None)
-    pad = getattr(generation, "pad_token_id", None)
-    config = getattr(model, "config", None)
+    generation, config = getattr(model, "generation_config", None), getattr(model, "config", None)
     marker_ids = [value for name, value in (config.to_dict() if config is not None else {}).items()
                   if name.endswith("_token_id") and isinstance(value, int)]
-    return TokenText(tokenizer, eos_token_ids=eos, pad_token_id=pad, special_ids=marker_ids)
+    return TokenText(tokenizer, eos_token_ids=getattr(generation, "eos_token_id", None),
+                     pad_token_id=getattr(generation, "pad_token_id", None), special_ids=marker_ids)

@@ -1,5 +1,4 @@
-"""Canvas positions held while the rest denoises: infill (a template's text kept while its blanks fill) and
-branches (a run redone from one of its forwards with tokens pinned)."""
+"""Canvas positions held while the rest denoises: infill (a template's blanks) and branches (pinned tokens)."""
 
 from __future__ import annotations
 
@@ -158,7 +157,7 @@ def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
 
 
 class Fork:
-    """The `denoise` fork of a branch at `frame`'s forward (see `branch_frames`)."""
+    """The `denoise` fork of a branch at `frame`'s forward."""
 
     def __init__(self, frame: Frame, pins: Mapping[int, int], seed: int, device: torch.device):
         self.frame, self.pins, self.seed = frame, dict(pins), seed

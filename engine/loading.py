@@ -114,8 +114,8 @@ def read_config(model: str | Path):
         raise ModelLoadError(f"cannot read a model config from {str(model)!r}: {error}") from error
     if getattr(config, "model_type", None) != "diffusion_gemma":
         raise ModelLoadError(
-            f"{str(model)!r} is a {getattr(config, 'model_type', 'unknown')!r} model; this playground runs "
-            "DiffusionGemma checkpoints (model_type 'diffusion_gemma')")
+            f"{str(model)!r} is a {getattr(config, 'model_type', 'unknown')!r} model, not DiffusionGemma "
+            "(model_type 'diffusion_gemma')")
     return config
 
 

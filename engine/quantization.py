@@ -1,5 +1,4 @@
-"""Quantization (`4bit`/`8bit` through bitsandbytes on CUDA or the CPU, `fp8` on CUDA >= 8.9) and the bytes of a
-model's tensors, by group and as each quantization would store them."""
+"""Quantization (`4bit`/`8bit` by bitsandbytes, `fp8` on CUDA >= 8.9) and the bytes a model's tensors take."""
 
 from __future__ import annotations
 
@@ -168,7 +167,7 @@ def fp8_refusal(device: torch.device) -> str | None:
     """Why `fp8` cannot run on `device`, or None."""
     needs = "fp8 quantization needs a CUDA GPU of compute capability 8.9 or newer"
     if device.type != "cuda":
-        return f"{needs} (Ada, Hopper, Blackwell: FP8 matmul units), not {device.type}: {OTHER_CHOICES}"
+        return f"{needs}, not {device.type}: {OTHER_CHOICES}"
     if not torch.cuda.is_available():
         return f"{needs}, and CUDA is not available: {OTHER_CHOICES}"
     capability = torch.cuda.get_device_capability(device)

@@ -24,7 +24,7 @@ ORDERS = ("alternate", "diffusion first", "autoregressive first")
 LENGTH_RULE = ("both sides stop at their first end-of-sequence token, within the same budget of "
                "{budget} tokens; tokens counted: generated tokens up to and including EOS, never the prompt or pads")
 FAIRNESS = ("The two runs take turns on the device, never at once, each right after its own warm-up, and are "
-            "replayed here on the engine's clock, so each side's time is what it takes alone.")
+            "timed on the engine's clock, so each side's time is its own.")
 FrameCallback = Callable[[str, object], None]
 PUNCTUATION_LIMIT = 2 / 3  # shares past these mark an answer faulty
 REPETITION_LIMIT = 0.5
@@ -321,7 +321,7 @@ def repeated_share(tokens: Sequence[str], n: int = REPEAT_N) -> float:
 
 
 def measure_memory_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 10) -> float | None:
-    """A CUDA device's memory bandwidth in bytes/s from timed copies; None off CUDA or out of memory."""
+    """CUDA memory bandwidth in bytes/s from timed copies; None off CUDA or out of memory."""
     if device.type != "cuda":
         return None
     n = megabytes * 2**20

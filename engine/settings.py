@@ -79,8 +79,7 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "mean entropy, nats: adaptive stopping needs the canvas below it", "--confidence-threshold", 2.0,
                 0.001),
     SettingSpec("adaptive_stopping", "Adaptive stopping", bool, None, None, True,
-                "end a canvas early once its likeliest tokens are stable and confident, however few the entropy "
-                "bound accepted", "--adaptive-stopping"),
+                "end a canvas early once its likeliest tokens are stable and confident", "--adaptive-stopping"),
 )
 SETTING_NAMES: tuple[str, ...] = tuple(s.name for s in SETTINGS)
 _SPECS = {s.name: s for s in SETTINGS}

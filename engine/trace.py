@@ -1,5 +1,4 @@
-"""Traces: a generation as one JSON document (`docs/trace.md`) replayable without the model, and the offline
-replay page, one self-contained HTML file that plays a trace back."""
+"""Traces: a generation as one JSON document (`docs/trace.md`), and the offline HTML page that replays one."""
 
 from __future__ import annotations
 
