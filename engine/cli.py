@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("trace", type=Path, help="a trace JSON file (python -m engine generate ... --trace FILE)")
     rep.add_argument("--html", type=Path, required=True, help="where to write the HTML page")
 
-    mem = commands.add_parser("memory", help="bytes of every parameter and buffer by group, without running the model")
+    mem = commands.add_parser("memory", help="parameter and buffer bytes by group, without running the model")
     add_model_flags(mem, "checkpoint, or a folder with only config.json", device=False,
                     dtype_help="unquantized tensors' dtype (auto: bfloat16)")
     mem.add_argument("--json", action="store_true", help='print {"total_bytes": N, "groups": {...}}')

@@ -142,7 +142,7 @@ def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinkin
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """A finished run: ids (EOS kept), text, thought, forwards, engine seconds, rates."""
+    """A finished run; `token_ids` keep EOS, times are the engine clock."""
 
     token_ids: list[int]
     text: str
@@ -258,7 +258,7 @@ def last_and_count(frames) -> tuple:
 
 @dataclass(frozen=True)
 class TurnReport:
-    """What a chat turn encoded and reused, its prefill seconds (measured, saved estimate) and turns cut."""
+    """What a chat turn encoded and reused; `prefill_saved_s` is an estimate."""
 
     prompt_tokens: int
     reused_tokens: int
@@ -408,7 +408,7 @@ class ChatSession:
         rate = marginal_seconds_per_token(self._prefills)
         notes = [f"{dropped} oldest turn{'s' if dropped != 1 else ''} cut to fit the model's context of "
                  f"{self.engine.context_limit:,} tokens" if dropped else "",
-                 "the conversation's start changed (turns cut or thinking switched): encoded in full"
+                 "the conversation's start changed (a cut or a thinking switch): encoded in full"
                  if restarted else ""]
         cut_note = "; ".join(n for n in notes if n)
         self.last_report = TurnReport(

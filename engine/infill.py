@@ -22,7 +22,7 @@ BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
 
 @dataclass(frozen=True)
 class InfillLayout:
-    """A template in one canvas: `canvas_ids` (-1: blank), `fixed` per position, the blanks' positions."""
+    """A template in one canvas; `canvas_ids` has -1 at blanks."""
 
     canvas_ids: list[int]
     fixed: list[bool]

@@ -25,7 +25,7 @@ class ModelLoadError(RuntimeError):
 
 @dataclass
 class LoadedModel:
-    """A loaded checkpoint: `model` (eval mode), `tokenizer`, `source`, resolved `device` and `dtype`."""
+    """A loaded checkpoint, `model` in eval mode."""
 
     model: object
     tokenizer: object

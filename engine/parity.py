@@ -15,7 +15,7 @@ from .loading import DEFAULT_MODEL, load_model
 
 @dataclass(frozen=True)
 class ParityCase:
-    """One comparison: a seed, a prompt and (setting, value) changes to the recommended."""
+    """One comparison; `changes`: (setting, value) pairs over the recommended."""
 
     seed: int
     prompt: str

@@ -23,7 +23,7 @@ SHOWN_CHARS = 40  # an echoed bad value's length
 
 @dataclass(frozen=True)
 class SettingSpec:
-    """One setting: name, UI label, kind, range, help, CLI flag, UI slider top and step."""
+    """One row of the settings table; `ui_high`: the UI slider's top."""
 
     name: str
     label: str

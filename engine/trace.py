@@ -90,7 +90,7 @@ class Trace:
                 kept.append(frame)
         if not kept:
             raise TraceError(NO_FRAMES)
-        ids = set(int(i) for i in prompt_ids) | set(kept[-1].committed_ids)
+        ids = {int(i) for i in prompt_ids} | set(kept[-1].committed_ids)
         for frame in kept:
             ids.update(frame.input_ids, frame.draft_ids, *frame.top_ids)
         kinds = None
