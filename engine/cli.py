@@ -1,7 +1,5 @@
 """Command line: `python -m engine generate|race|chat|infill|replay|memory`; errors: one `error:` line, status 2."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import sys

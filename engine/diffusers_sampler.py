@@ -1,7 +1,5 @@
 """diffusers' `DiffusionGemmaPipeline` as an optional second sampler: its step callback's canvases as frames."""
 
-from __future__ import annotations
-
 import importlib.util
 import threading
 import time

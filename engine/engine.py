@@ -1,7 +1,5 @@
 """Prompt in, frames out: `DiffusionEngine`, chat templates, and `ChatSession` reusing the last turn's cache."""
 
-from __future__ import annotations
-
 import copy
 import dataclasses
 import itertools

@@ -1,7 +1,5 @@
 """The frame, one per decoder forward (plain lists), the type the UI reads; token strings and kinds, cached."""
 
-from __future__ import annotations
-
 import dataclasses
 import re
 from collections.abc import Callable, Iterable

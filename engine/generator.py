@@ -1,7 +1,5 @@
 """Step-by-step generation: `generate()`'s block loop, one `Frame` per forward; per-run RNG; the engine clock."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import threading

@@ -1,7 +1,5 @@
 """Canvas positions held while the rest denoises: infill (a template's blanks) and branches (pinned tokens)."""
 
-from __future__ import annotations
-
 import dataclasses
 import itertools
 import re

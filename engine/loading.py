@@ -1,7 +1,5 @@
 """Load a DiffusionGemma checkpoint (folder or hub id; default: the embedded one) with transformers, no remote code."""
 
-from __future__ import annotations
-
 import os
 from dataclasses import dataclass
 from pathlib import Path

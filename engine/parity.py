@@ -1,7 +1,5 @@
 """Parity check: the engine's tokens equal `model.generate()`'s (`python -m engine.parity [--model] [--cases]`)."""
 
-from __future__ import annotations
-
 import argparse
 import sys
 from dataclasses import dataclass

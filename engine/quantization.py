@@ -1,7 +1,5 @@
 """Quantization (`4bit`/`8bit` by bitsandbytes, `fp8` on CUDA >= 8.9) and the bytes a model's tensors take."""
 
-from __future__ import annotations
-
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass

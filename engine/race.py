@@ -1,7 +1,5 @@
 """The race: block diffusion against autoregressive decoding on one prompt, one side after the other, same budget."""
 
-from __future__ import annotations
-
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence

@@ -1,7 +1,5 @@
 """The settings table and the one parser of settings, seeds and prompts."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import numbers

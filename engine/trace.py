@@ -1,7 +1,5 @@
 """Traces: a generation as one JSON document (`docs/trace.md`), and the offline HTML page that replays one."""
 
-from __future__ import annotations
-
 import base64
 import hashlib
 import itertools
