@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser("generate", help="generate text for one prompt")
-    race = commands.add_parser("race", help="race block diffusion against autoregressive decoding on one prompt")
+    race = commands.add_parser("race", help="race block diffusion against autoregressive decoding")
     chat = commands.add_parser("chat", help="multi-turn chat, one user turn per stdin line")
     for sub in (gen, race):
         sub.add_argument("--prompt", required=True)
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in (gen, chat):
         sub.add_argument("--thinking", action="store_true",
                          help="let the model think first (chat templates with enable_thinking)")
-    gen.add_argument("--trace", type=Path, help="also write the run's trace here (JSON, see docs/trace.md)")
+    gen.add_argument("--trace", type=Path, help="also write the run's trace here (JSON: docs/trace.md)")
     race.add_argument("--ar-model", help="causal LM to race (default: the diffusion model's own causal encoder)")
     race.add_argument(AR_TEMPERATURE.flag, type=float, default=0.0, help=AR_TEMPERATURE.help)
     race.add_argument("--order", default="alternate", choices=RACE_ORDERS)

@@ -20,7 +20,7 @@ def diffusers_available() -> bool:
 
 
 def _diffusers():
-    import diffusers  # noqa: PLC0415 - optional heavy dependency
+    import diffusers  # noqa: PLC0415 - optional, heavy
 
     return diffusers
 

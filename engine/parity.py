@@ -80,7 +80,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--cases", choices=sorted(CASE_SETS), default="embedded",
-                        help="embedded: many settings, for the small model; standin: few forwards, for the stand-in")
+                        help="embedded: many settings (small model); standin: few forwards (the stand-in)")
     args = parser.parse_args()
     engine = DiffusionEngine(load_model(args.model))
     cases = CASE_SETS[args.cases]

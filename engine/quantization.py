@@ -88,7 +88,7 @@ def quantization_targets(model: nn.Module) -> list[Target]:
 
 def bitsandbytes():
     """bitsandbytes with `functional` and `nn.parametrize`; `ImportError`."""
-    import bitsandbytes.functional  # noqa: PLC0415 - optional heavy dependency
+    import bitsandbytes.functional  # noqa: PLC0415 - optional, heavy
     import bitsandbytes.nn.parametrize  # noqa: PLC0415
 
     return bitsandbytes

@@ -26,7 +26,7 @@ FAIRNESS = ("The two runs take turns on the device, never at once, each right af
 FrameCallback = Callable[[str, object], None]
 PUNCTUATION_LIMIT = 2 / 3  # shares past these mark an answer faulty
 REPETITION_LIMIT = 0.5
-REPEAT_N = 4  # repetition is counted in runs of this many tokens
+REPEAT_N = 4  # tokens per run counted as repetition
 
 
 AR_TEMPERATURE = SettingSpec("ar_temperature", "Autoregressive temperature", float, 0.0, 10.0, True,
