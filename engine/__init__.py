@@ -1,4 +1,4 @@
-"""DiffusionGemma engine (no UI code): loading, block diffusion as one `Frame` per forward, settings, traces."""
+"""DiffusionGemma engine (no UI code): loading, block diffusion as one `Frame` per forward, settings."""
 
 from .engine import DiffusionEngine, GenerationResult
 from .frames import Frame

@@ -1,7 +1,5 @@
 """Command line: `python -m engine generate|race|chat|infill|replay|memory`; errors: one `error:` line, status 2."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import sys
@@ -28,7 +26,7 @@ def add_model_flags(parser, model_help: str, *, device: bool = True, dtype_help:
     if device:
         parser.add_argument("--device", default="auto", choices=DEVICES)
         parser.add_argument("--threads", type=int, default=None,
-                            help="torch CPU threads (default: torch's, one per core; fewer on a busy machine)")
+                            help="torch CPU threads (default: one per core)")
     parser.add_argument("--dtype", default="auto", choices=DTYPES, help=dtype_help)
     parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
 
@@ -38,17 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser("generate", help="generate text for one prompt")
-    race = commands.add_parser("race", help="race block diffusion against autoregressive decoding on one prompt")
-    chat = commands.add_parser("chat", help="multi-turn chat, one user turn per stdin line (encoder cache reused)")
+    race = commands.add_parser("race", help="race block diffusion against autoregressive decoding")
+    chat = commands.add_parser("chat", help="multi-turn chat, one user turn per stdin line")
     for sub in (gen, race):
         sub.add_argument("--prompt", required=True)
         sub.add_argument("--raw", action="store_true", help="no chat template: tokenize the prompt as is")
     for sub in (gen, chat):
         sub.add_argument("--thinking", action="store_true",
-                         help="let the model think first (chat templates with enable_thinking, e.g. Gemma 4)")
-    gen.add_argument("--trace", type=Path, help="also write the run's trace here (JSON, see docs/trace.md)")
-    race.add_argument("--ar-model", help="separate causal LM for the autoregressive side (default: the diffusion "
-                                         "model's own causal encoder)")
+                         help="let the model think first (chat templates with enable_thinking)")
+    gen.add_argument("--trace", type=Path, help="also write the run's trace here (JSON: docs/trace.md)")
+    race.add_argument("--ar-model", help="causal LM to race (default: the diffusion model's own causal encoder)")
     race.add_argument(AR_TEMPERATURE.flag, type=float, default=0.0, help=AR_TEMPERATURE.help)
     race.add_argument("--order", default="alternate", choices=RACE_ORDERS)
     race.add_argument("--no-warm-up", dest="warm_up", action="store_false", help="skip each side's warm-up")
@@ -56,15 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     infill = commands.add_parser("infill", help="fill the blanks of a template inside one canvas")
     infill.add_argument("--template", required=True, help="text with blanks: [___] one token, [___ 12] twelve")
-    infill.add_argument("--prompt", help="raw context the encoder reads before the canvas (default: <bos> only)")
+    infill.add_argument("--prompt", help="raw context before the canvas (default: <bos> only)")
 
     for sub, one_json in ((gen, "one JSON object instead of the text"), (race, "one JSON object"),
                           (chat, "one JSON object per turn"), (infill, "one JSON object")):
         add_model_flags(sub, "local folder or hub id (default: embedded model)")
         sub.add_argument("--preset", default="recommended", choices=PRESET_NAMES,
-                         help="diffusion settings to start from; the settings flags override it")
+                         help="settings to start from; the settings flags override it")
         sub.add_argument("--seed", type=int, default=None, help="-1 or none: a random seed")
-        for row in SETTINGS:  # one flag per setting (infill's canvas is its budget); unset flags stay None
+        for row in SETTINGS:  # one flag each (infill's budget is its canvas); unset flags stay None
             if row.kind is bool:
                 sub.add_argument(row.flag, dest=row.name, action=argparse.BooleanOptionalAction, help=row.help)
             elif sub is not infill or row.name != "max_new_tokens":
@@ -74,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = commands.add_parser("replay", help="write the offline HTML replay of a trace")
     rep.add_argument("trace", type=Path, help="a trace JSON file (python -m engine generate ... --trace FILE)")
-    rep.add_argument("--html", type=Path, required=True, help="where to write the self-contained HTML page")
+    rep.add_argument("--html", type=Path, required=True, help="where to write the HTML page")
 
-    mem = commands.add_parser("memory", help="bytes of every parameter and buffer by group, without running the model")
+    mem = commands.add_parser("memory", help="parameter and buffer bytes by group, without running the model")
     add_model_flags(mem, "checkpoint, or a folder with only config.json", device=False,
                     dtype_help="unquantized tensors' dtype (auto: bfloat16)")
     mem.add_argument("--json", action="store_true", help='print {"total_bytes": N, "groups": {...}}')
@@ -84,8 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_engine(args: argparse.Namespace, *checks) -> tuple[int | None, DiffusionEngine, DiffusionSettings]:
-    """(seed, engine, settings); the seed, settings flags and `checks` (callables) are checked before the model
-    loads, over the checkpoint's generation config where it is readable."""
+    """(seed, engine, settings), the flags and `checks` (callables) checked before the model loads."""
     seed = parse_seed(args.seed)
     if args.threads is not None:
         set_serving_threads(torch.device("cpu"), args.threads)
@@ -97,7 +93,7 @@ def load_engine(args: argparse.Namespace, *checks) -> tuple[int | None, Diffusio
     try:
         where, common = model_location(args.model)
         config = DiffusionGemmaGenerationConfig.from_pretrained(where, local_files_only=common["local_files_only"])
-    except Exception:  # noqa: BLE001 - any failure is the load's to report
+    except Exception:  # noqa: BLE001 - the load reports it
         pass
     else:
         preset(args.preset, DiffusionSettings.from_generation_config(config)).with_values(changes)
@@ -106,7 +102,7 @@ def load_engine(args: argparse.Namespace, *checks) -> tuple[int | None, Diffusio
 
 
 def report(args: argparse.Namespace, data: dict, text: str, *notes: str) -> int:
-    """Print `data` as one JSON line with --json, else `text` on stdout and `notes` on stderr; returns 0."""
+    """Print `data` as one JSON line with --json, else `text` on stdout and `notes` on stderr; 0."""
     if args.json:
         print(json.dumps(data, ensure_ascii=False), flush=True)
         return 0
@@ -122,7 +118,7 @@ def fail(error: BaseException, prefix: str = "") -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status (2: bad input or a model that does not load)."""
+    """Run the command line; the exit status (2: bad input or a model that does not load)."""
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
@@ -133,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 def generate_command(args: argparse.Namespace) -> int:
     seed, engine, settings = load_engine(args, lambda: check_prompt(args.prompt))
     frames = engine.frames(args.prompt, settings, raw=args.raw, seed=seed, thinking=args.thinking)
-    frames = list(frames) if args.trace else frames  # kept only for the trace
+    frames = list(frames) if args.trace else frames
     result = engine.summarize(*last_and_count(frames))
     if args.trace:
         trace = trace_of_run(engine, frames, prompt=args.prompt, settings=settings, raw=args.raw,
@@ -171,7 +167,7 @@ def race_command(args: argparse.Namespace) -> int:
 
 
 def chat_command(args: argparse.Namespace) -> int:
-    """`chat < turns.txt`: a user turn per non-empty line; a refused turn is reported (status 2)."""
+    """`chat < turns.txt`: a user turn per non-empty line; a refused turn sets status 2."""
     seed, engine, settings = load_engine(args)
     check_thinking(engine.tokenizer, args.thinking)
     session = ChatSession(engine, system=args.system)

@@ -1,6 +1,4 @@
-"""diffusers' `DiffusionGemmaPipeline` as a second sampler (optional): its step callback's canvases as frames."""
-
-from __future__ import annotations
+"""diffusers' `DiffusionGemmaPipeline` as an optional second sampler: its step callback's canvases as frames."""
 
 import importlib.util
 import threading
@@ -17,12 +15,12 @@ SCHEDULERS = ("BlockRefinementScheduler", "DiscreteDDIMScheduler", "EntropyBound
 
 
 def diffusers_available() -> bool:
-    """Whether diffusers is installed, without importing it (that takes seconds)."""
+    """Whether diffusers is installed, without importing it (seconds)."""
     return importlib.util.find_spec("diffusers") is not None
 
 
 def _diffusers():
-    import diffusers  # noqa: PLC0415 - optional heavy dependency
+    import diffusers  # noqa: PLC0415 - optional, heavy
 
     return diffusers
 
@@ -39,11 +37,11 @@ def make_scheduler(name: str, settings: DiffusionSettings):
 
 
 class PipelineStopped(Exception):
-    """Raised in the pipeline's step callback to end a stopped `PipelineRun`."""
+    """Raised in the step callback to end a stopped `PipelineRun`."""
 
 
 class PipelineRun:
-    """One pipeline call on the engine's model in a thread, read as frames as it runs; `ValueError`, `ImportError`."""
+    """One pipeline call in a thread, read as frames as it runs; `ValueError`, `ImportError`."""
 
     def __init__(self, engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int):
         self.engine, self.settings, self.seed = engine, settings, int(seed)
@@ -87,8 +85,8 @@ class PipelineRun:
         return frames[-1] if frames else None
 
     def frames(self, *, only_last: bool = False) -> list[Frame]:
-        """The frames so far, one per forward (exact once the call completed); `only_last`: the newest only."""
-        complete = self.finished  # read first: a step recorded after it is then only missed, never mislabelled
+        """The frames so far (exact once the call completed); `only_last`: the newest only."""
+        complete = self.finished  # read first: a later step is then missed, never mislabelled
         steps, sequence, stopped = list(self._steps), self._sequence, self._stopped
         if sequence is None:  # running or stopped: each block's newest callback canvas
             sequence = [i for n, step in enumerate(steps) if n == len(steps) - 1 or steps[n + 1]["step"] == 0
@@ -153,7 +151,7 @@ class PipelineRun:
 
 
 def turn_end_id(tokenizer, eos) -> int | None:
-    """The first of `eos` the chat template writes after an answer (the pipeline stops at one id), else the first."""
+    """The first of `eos` the chat template writes after an answer, else the first."""
     ids = eos_id_list(eos)
     if not ids:
         return None
@@ -161,13 +159,13 @@ def turn_end_id(tokenizer, eos) -> int | None:
         rendered = tokenizer.apply_chat_template(
             [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], tokenize=True)
         rendered = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
-    except Exception:  # noqa: BLE001 - no or an unusual template: the generation config's first id
+    except Exception:  # noqa: BLE001 - no or an unusual template
         return ids[0]
     return next((i for i in ids if i in set(rendered)), ids[0])
 
 
 def pipeline_frames(engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int) -> list[Frame]:
-    """The frames of the pipeline run to the end with `scheduler`; raises as `PipelineRun` or the call."""
+    """The frames of the pipeline run to the end; raises what the run raised."""
     run = PipelineRun(engine, prompt, settings, scheduler, seed).start()
     run.wait()
     if run.error is not None:

@@ -1,8 +1,4 @@
-"""The engine's public face: prompt in, frames out. `DiffusionEngine` wraps a loaded model and its tokenizer. Chat
-prompts go through the chat template, message text kept as plain text (no typed control tokens); thoughts. A
-`ChatSession` reuses the previous turn's encoder cache for the shared prefix, old turns cut to fit."""
-
-from __future__ import annotations
+"""Prompt in, frames out: `DiffusionEngine`, chat templates, and `ChatSession` reusing the last turn's cache."""
 
 import copy
 import dataclasses
@@ -21,12 +17,12 @@ from .generator import RunRandomState, denoise
 from .loading import LoadedModel
 from .settings import DiffusionSettings, check_prompt, parse_seed
 
-SAFETY = 2.0  # headroom for rounding on the overflow limits
-UNCAPPED_LOGIT_BOUND = 1.0e4  # assumed logit bound of a model without a softcap
+SAFETY = 2.0  # headroom on the overflow limits
+UNCAPPED_LOGIT_BOUND = 1.0e4  # logit bound assumed without a softcap
 CHANNEL_OPEN, CHANNEL_CLOSE = "<|channel>", "<channel|>"
 ROLES = ("system", "user", "assistant")
-PREFILL_POINTS = 16  # the prefills (newest) the saving estimate's slope is fitted to
-_PROBE_ANSWER = "x"  # any text: only where the next turn's rendering starts to differ matters
+PREFILL_POINTS = 16  # newest prefills the saving estimate is fitted to
+_PROBE_ANSWER = "x"  # any text: only where the next turn's rendering differs matters
 
 
 def _encode(tokenizer, text: str, **kwargs) -> list[int]:
@@ -34,7 +30,7 @@ def _encode(tokenizer, text: str, **kwargs) -> list[int]:
 
 
 def chat_template_text(tokenizer) -> str:
-    """The tokenizer's chat template ("" for none; of several named ones, the default)."""
+    """The tokenizer's (default) chat template, "" for none."""
     template = getattr(tokenizer, "chat_template", None) or ""
     if isinstance(template, dict):
         template = template.get("default", next(iter(template.values()), ""))
@@ -42,24 +38,24 @@ def chat_template_text(tokenizer) -> str:
 
 
 def supports_thinking(tokenizer) -> bool:
-    """Whether the tokenizer's chat template takes `enable_thinking` (Gemma 4 checkpoints)."""
+    """Whether the chat template takes `enable_thinking` (Gemma 4)."""
     return "enable_thinking" in chat_template_text(tokenizer)
 
 
 def check_thinking(tokenizer, thinking: bool, raw: bool = False) -> None:
-    """`ValueError` for thinking with a raw prompt or a chat template without a thinking mode."""
+    """`ValueError` for thinking with a raw prompt or a template without a thinking mode."""
     if thinking and (raw or not supports_thinking(tokenizer)):
-        raise ValueError("thinking needs a chat prompt and a chat template with a thinking mode (enable_thinking); "
+        raise ValueError("thinking needs a chat prompt and a template with a thinking mode (enable_thinking): "
                          + ("this prompt is raw" if raw else "this model's template has none"))
 
 
 def chat_prompt_ids(tokenizer, content: str, **template_kwargs) -> list[int]:
-    """Ids of `content` as one user turn plus the generation prompt (`conversation_ids`)."""
+    """Ids of `content` as one user turn plus the generation prompt."""
     return conversation_ids(tokenizer, [{"role": "user", "content": content}], **template_kwargs)
 
 
 def split_thought(token_ids: list[int], tokenizer) -> tuple[str, str]:
-    """(thought, answer) of generated ids: the thought is the `<|channel>`...`<channel|>` span, name line dropped."""
+    """(thought, answer) of generated ids; the thought is the `<|channel>` span, name line dropped."""
     vocab = tokenizer.get_vocab()
     open_id, close_id = vocab.get(CHANNEL_OPEN), vocab.get(CHANNEL_CLOSE)
 
@@ -76,12 +72,12 @@ def split_thought(token_ids: list[int], tokenizer) -> tuple[str, str]:
 
 
 def _placeholder(index: int) -> str:
-    """A marker of private-use characters, which no template or tokenizer gives a meaning."""
+    """A private-use marker, meaningless to templates and tokenizers."""
     return f"\ue000diffgemma-text-{index}\ue001"
 
 
 def check_messages(messages) -> list[dict]:
-    """`messages` as {"role", "content"} dicts, lone surrogates replaced; `ValueError` for anything else."""
+    """`messages` as {"role", "content"} dicts, lone surrogates replaced; `ValueError`."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError("a conversation is a non-empty list of messages")
     checked = []
@@ -100,11 +96,11 @@ def check_messages(messages) -> list[dict]:
 
 
 def conversation_ids(tokenizer, messages, **template_kwargs) -> list[int]:
-    """Ids of `messages` through the chat template, texts as plain text; `ValueError` for bad messages or template."""
+    """Ids of `messages` through the chat template, texts as plain text; `ValueError`."""
     messages = check_messages(messages)
     if not chat_template_text(tokenizer):
         raise ValueError("this model has no chat template: a conversation needs one")
-    render = dict(add_generation_prompt=True, tokenize=False, **template_kwargs)
+    render = {"add_generation_prompt": True, "tokenize": False, **template_kwargs}
     rendered = tokenizer.apply_chat_template(messages, **render)
     skeleton = tokenizer.apply_chat_template(
         [{"role": m["role"], "content": _placeholder(i)} for i, m in enumerate(messages)], **render)
@@ -112,16 +108,15 @@ def conversation_ids(tokenizer, messages, **template_kwargs) -> list[int]:
     for i in range(len(messages)):
         before, found, rest = rest.partition(_placeholder(i))
         if not found:
-            raise ValueError("this model's chat template drops or repeats message text; the playground cannot keep "
-                             "it apart from its markers")
+            raise ValueError("this model's chat template drops or repeats message text, so it cannot be told from "
+                             "its markers")
         parts.append(before)
     parts.append(rest)
     for texts in ([m["content"] for m in messages], [m["content"].strip() for m in messages]):
         if "".join(p + t for p, t in zip(parts, texts)) + parts[-1] == rendered:
             break
     else:
-        raise ValueError("this model's chat template changes message text in a way the playground cannot keep "
-                         "apart from its markers")
+        raise ValueError("this model's chat template changes message text, so it cannot be told from its markers")
     ids: list[int] = []
     for part, text in zip(parts, texts):
         ids += _encode(tokenizer, part) + _encode(tokenizer, text, split_special_tokens=True)
@@ -129,9 +124,8 @@ def conversation_ids(tokenizer, messages, **template_kwargs) -> list[int]:
 
 
 def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinking: bool = False) -> torch.LongTensor:
-    """Ids `[1, n]` of `prompt` on `device`, raw (`<bos>` first) or as a chat turn; `ValueError` for bad input."""
-    prompt = check_prompt(prompt)
-    prompt = prompt.encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates become U+FFFD
+    """Ids `[1, n]` of `prompt` on `device`, raw (`<bos>` first) or as a chat turn; `ValueError`."""
+    prompt = check_prompt(prompt).encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates: U+FFFD
     check_thinking(tokenizer, thinking, raw)
     if raw:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
@@ -146,7 +140,7 @@ def encode_text(tokenizer, prompt: str, raw: bool, device: torch.device, thinkin
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """Summary of a finished run: ids (EOS kept), `text`, `thought`, forwards, engine seconds, rates, `tokens`."""
+    """A finished run; `token_ids` keep EOS, times are the engine clock."""
 
     token_ids: list[int]
     text: str
@@ -171,7 +165,7 @@ class GenerationResult:
 
 
 class DiffusionEngine:
-    """Runs block diffusion on text prompts, one `Frame` per decoder forward; runs are thread-safe."""
+    """Block diffusion on text prompts, one `Frame` per decoder forward; thread-safe."""
 
     def __init__(self, loaded: LoadedModel):
         self.model = loaded.model
@@ -195,22 +189,20 @@ class DiffusionEngine:
         return math.ceil(settings.max_new_tokens / self.canvas_length) * self.canvas_length
 
     def check_budget(self, prompt_tokens: int, settings: DiffusionSettings) -> None:
-        """Raise `ValueError` when the prompt plus `budget(settings)` exceed the context window."""
+        """`ValueError` when the prompt plus `budget(settings)` exceed the context window."""
         generated = self.budget(settings)
         if prompt_tokens + generated > self.context_limit:
-            raise ValueError(
-                f"prompt is {prompt_tokens:,} tokens and {settings.max_new_tokens} new tokens take {generated:,} "
-                f"(whole canvases of {self.canvas_length}); together over the model's context of "
-                f"{self.context_limit:,} tokens: shorten the prompt or lower max_new_tokens")
+            raise ValueError(f"prompt of {prompt_tokens:,} tokens plus {settings.max_new_tokens} new ones (whole "
+                             f"canvases: {generated:,}) exceeds the model's context of {self.context_limit:,}: "
+                             "shorten the prompt or lower max_new_tokens")
 
     def check_settings(self, settings: DiffusionSettings) -> None:
-        """Refuse (`ValueError`) a t_min/t_max schedule whose scaled logits overflow float32 or the decoder's dtype."""
+        """`ValueError` for a t_min/t_max schedule whose scaled logits overflow float32 or the decoder's dtype."""
         cap = getattr(self.model.config.get_text_config(), "final_logit_softcapping", None) or UNCAPPED_LOGIT_BOUND
         feedback_dtype = self.model.model.decoder.embed_tokens.weight.dtype
         n, fed = settings.max_denoising_steps, str(feedback_dtype).removeprefix("torch.")
-        for steps_left, dtype, scale, place, overflow in (  # the last step; the last step whose logits are fed back
-                (1, torch.float32, 2, f"the last of {n} steps (t_min + (t_max - t_min) / max_denoising_steps)",
-                 "the scaled logits overflow float32"),
+        for steps_left, dtype, scale, place, overflow in (  # the last step; the last whose logits are fed back
+                (1, torch.float32, 2, f"the last of {n} steps", "the scaled logits overflow float32"),
                 (2, feedback_dtype, 1, f"step {n - 1} of {n}",
                  f"the logits fed back to the next step overflow this model's {fed}")):
             temperature, floor = settings.temperature_at(steps_left), SAFETY * scale * cap / torch.finfo(dtype).max
@@ -221,7 +213,7 @@ class DiffusionEngine:
     def frames(self, prompt: str, settings: DiffusionSettings | None = None, *, raw: bool = False,
                seed: int | None = None, stop_event: threading.Event | None = None,
                thinking: bool = False) -> Iterator[Frame]:
-        """Check, encode and `denoise` `prompt`; `ValueError` (before any work) for bad input."""
+        """Check, encode and `denoise` `prompt`; `ValueError` before any work."""
         settings = settings or self.recommended
         seed = parse_seed(seed)
         self.check_settings(settings)
@@ -240,8 +232,7 @@ class DiffusionEngine:
             stop_reason=last.stop_reason, tokens=last.committed_tokens)
 
     def warm_up(self) -> float:
-        """Pay a process's one-time costs (the token strings of the vocabulary, one short chat and one raw run,
-        seed 0); returns the seconds."""
+        """Pay one-time costs (the vocabulary's strings, a short chat and raw run); the seconds."""
         start = time.perf_counter()
         self.token_text.describe_vocabulary()
         settings = self.recommended.replace(
@@ -251,12 +242,12 @@ class DiffusionEngine:
         return time.perf_counter() - start
 
     def generate(self, prompt: str, settings: DiffusionSettings | None = None, **kwargs) -> GenerationResult:
-        """Run to the end and return the summary (same arguments as `frames`)."""
+        """Run to the end and return the summary (arguments as `frames`)."""
         return self.summarize(*last_and_count(self.frames(prompt, settings, **kwargs)))
 
 
 def last_and_count(frames) -> tuple:
-    """(the last of `frames`, how many there were); (None, 0) for none."""
+    """(the last of `frames`, their count); (None, 0) for none."""
     count, last = 0, None
     for last in frames:
         count += 1
@@ -265,7 +256,7 @@ def last_and_count(frames) -> tuple:
 
 @dataclass(frozen=True)
 class TurnReport:
-    """What one chat turn encoded and reused, its prefill seconds (measured, saved estimate) and turns cut."""
+    """What a chat turn encoded and reused; `prefill_saved_s` is an estimate."""
 
     prompt_tokens: int
     reused_tokens: int
@@ -280,7 +271,7 @@ class TurnReport:
 
 
 def encode_into_cache(model, cache, ids: torch.LongTensor):
-    """`generate()`'s prefill of `ids` `[1, n]` after the tokens `cache` holds, extending and returning `cache`."""
+    """`generate()`'s prefill of `ids` `[1, n]` after what `cache` holds; the extended `cache`."""
     start, n = cache.get_seq_length(), ids.shape[1]
     position_ids = torch.arange(start, start + n, dtype=torch.int32, device=ids.device).unsqueeze(0)
     attention_mask = torch.ones((1, start + n), dtype=torch.bool, device=ids.device)
@@ -292,7 +283,7 @@ def encode_into_cache(model, cache, ids: torch.LongTensor):
 
 
 def marginal_seconds_per_token(points: list[tuple[int, float]]) -> float | None:
-    """Least-squares slope of seconds over tokens of (tokens, seconds) `points`; None unless positive and fitted."""
+    """Least-squares slope of (tokens, seconds) `points`; None unless positive and fitted."""
     if len({n for n, _ in points}) < 2:
         return None
     slope = statistics.linear_regression(*zip(*points)).slope
@@ -309,16 +300,16 @@ class ChatSession:
     def __init__(self, engine: DiffusionEngine, system: str | None = None):
         self.engine = engine
         self.messages: list[dict] = check_messages([{"role": "system", "content": system}]) if system else []
-        self.thoughts: list[str] = []  # thought text of each answer, shown apart, never fed back
+        self.thoughts: list[str] = []  # of each answer, never fed back
         self.last_report: TurnReport | None = None
         self.last_result: GenerationResult | None = None
-        self._cache = None  # KV cache holding exactly self._cache_ids
+        self._cache = None  # holds exactly self._cache_ids
         self._cache_ids: list[int] = []
         self._prefills: list[tuple[int, float]] = []  # (tokens, seconds) of the latest encoder calls
-        self._cache_prefill_s = 0.0  # measured prefill seconds that encoded what the cache holds
+        self._cache_prefill_s = 0.0  # prefill seconds that encoded what the cache holds
 
     def clear(self) -> None:
-        """Forget the conversation and its cache (the system message stays)."""
+        """Forget the conversation and its cache, not the system message."""
         self.messages = [m for m in self.messages if m["role"] == "system"]
         self.thoughts, self.last_report, self.last_result = [], None, None
         self._cache, self._cache_ids, self._cache_prefill_s = None, [], 0.0
@@ -336,7 +327,7 @@ class ChatSession:
             except ValueError:
                 first = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)
                 if first is None or first == len(messages) - 1:
-                    raise  # only the new user turn is left: it alone does not fit
+                    raise  # the new user turn alone does not fit
                 end = first + 1
                 while end < len(messages) - 1 and messages[end]["role"] != "user":
                     end += 1
@@ -353,13 +344,13 @@ class ChatSession:
         messages, ids, dropped = self._fit(self.messages + [{"role": "user", "content": text}], thinking, settings)
         probe = self._ids(messages + [{"role": "assistant", "content": _PROBE_ANSWER},
                                       {"role": "user", "content": _PROBE_ANSWER}], thinking)
-        stable = min(_common_prefix(ids, probe), len(ids) - 1)  # denoise needs at least one token of its own
+        stable = min(_common_prefix(ids, probe), len(ids) - 1)  # denoise needs a token of its own
         self.last_result = self.last_report = None
         return self._run(messages, ids, stable, dropped, settings, random_state, stop_event)
 
     def regenerate(self, settings: DiffusionSettings | None = None, *, seed: int | None = None,
                    thinking: bool = False, stop_event: threading.Event | None = None) -> Iterator[Frame]:
-        """The last user message answered again, replacing the last answer; `ValueError` as `turn`."""
+        """The last user message answered again, replacing the answer; `ValueError`."""
         if not self.messages or self.messages[-1]["role"] != "assistant":
             raise ValueError("nothing to regenerate: the conversation has no answer yet")
         text = self.messages[-2]["content"]
@@ -385,8 +376,8 @@ class ChatSession:
         reused = _common_prefix(self._cache_ids, ids) if self._cache is not None else 0
         restarted = self._cache is not None and not (reused == len(self._cache_ids) and reused <= stable)
         if self._cache is not None and not restarted:
-            base = self._cache  # extended in place: it keeps holding exactly self._cache_ids
-        else:  # no cache yet, or the history changed before its end (a cut, a thinking switch): encode it all
+            base = self._cache  # extended in place
+        else:  # no cache, or the history changed before its end (a cut, a thinking switch): encode it all
             reused = 0
             generation_config, _ = model._prepare_generation_config(None, **settings.generate_kwargs())
             base = model._prepare_cache_for_generation(generation_config, 1, len(ids) + settings.max_new_tokens)
@@ -399,7 +390,7 @@ class ChatSession:
                 torch.cuda.synchronize()
         prefill_s = time.perf_counter() - start
         reused_cost_s = self._cache_prefill_s if reused else 0.0
-        # Keep the prefix for the next turn whatever happens to this answer; denoise extends a copy
+        # Keep the prefix for the next turn whatever happens; denoise extends a copy
         self._cache, self._cache_ids, self._cache_prefill_s = base, ids[:stable], reused_cost_s + prefill_s
         cache = copy.deepcopy(base)
         count, last = 0, None
@@ -415,7 +406,7 @@ class ChatSession:
         rate = marginal_seconds_per_token(self._prefills)
         notes = [f"{dropped} oldest turn{'s' if dropped != 1 else ''} cut to fit the model's context of "
                  f"{self.engine.context_limit:,} tokens" if dropped else "",
-                 "the conversation's start changed (turns cut or thinking switched): encoded in full"
+                 "the conversation's start changed (a cut or a thinking switch): encoded in full"
                  if restarted else ""]
         cut_note = "; ".join(n for n in notes if n)
         self.last_report = TurnReport(
@@ -423,13 +414,13 @@ class ChatSession:
             prefill_saved_s=None if rate is None or not reused else min(reused * rate, reused_cost_s),
             dropped_turns=dropped, note=cut_note)
         self.last_result = result
-        answers = sum(m["role"] == "assistant" for m in messages)  # those the cut kept, the newest
+        answers = sum(m["role"] == "assistant" for m in messages)  # the newest, kept by the cut
         self.messages = messages + [{"role": "assistant", "content": result.text}]
         self.thoughts = self.thoughts[len(self.thoughts) - answers:] + [result.thought]
 
     def reply(self, text: str, settings: DiffusionSettings | None = None,
               **kwargs) -> tuple[GenerationResult, TurnReport]:
-        """Run a turn to the end: (result, report); errors as `turn`, `RuntimeError` if cancelled."""
+        """Run a turn to the end: (result, report); `ValueError`, `RuntimeError` if cancelled."""
         for _ in self.turn(text, settings, **kwargs):
             pass
         if self.last_result is None:

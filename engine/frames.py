@@ -1,7 +1,4 @@
-"""The frame: the one type that crosses from `engine/` to the UI, one per decoder forward (plain lists, no tensors);
-the display strings and kinds (text, byte piece, pad, EOS, special) of its tokens, cached per id."""
-
-from __future__ import annotations
+"""The frame, one per decoder forward (plain lists), the type the UI reads; token strings and kinds, cached."""
 
 import dataclasses
 import re
@@ -13,23 +10,20 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 TEXT, BYTE, PAD, EOS, SPECIAL = "text", "byte", "pad", "eos", "special"
 TOKEN_KINDS = (TEXT, BYTE, PAD, EOS, SPECIAL)
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-# Gemma 4 markers: <|turn>, <turn|>, <|think|>, <|channel>, <|image> ... (never ordinary text, special flag or not)
+# Gemma 4 markers: <|turn>, <turn|>, <|think|>, <|channel> ... (never ordinary text, special flag or not)
 _PIPE_MARKER = re.compile(r"<\|[^<>\s]*>|<[^<>\s]*\|>")
 
 
 @dataclass(frozen=True)
 class Frame:
-    """The canvas right after one decoder forward; per-position lists have length `canvas_length`.
+    """The canvas after one decoder forward; per-position lists have length `canvas_length`.
 
-    input_ids/draft_ids: the noisy canvas the decoder read and its argmax draft; accepted: the entropy-bound sampler
-    kept the position this forward; confidence: draft probability in [0, 1]; entropy: nats; first_accepted_step: the
-    step a position was first accepted (-1: not yet); remelted: accepted earlier in the block, renoised now
-    (block_remelts counts them); top_ids/top_probs/top_tokens: the k likeliest tokens, draft first (empty if not
-    recorded); *_tokens: display strings; *_kinds: `TOKEN_KINDS` (empty if not classified).
-    block_done/block_stopped_early/done: the block or the run ended here; committed_ids: generated ids of finished
-    blocks (EOS kept, pads after it dropped); committed_tokens: non-pad ones among them.
-    Times are the engine clock (seconds inside the generator only). stop_reason: "eos", "max_new_tokens",
-    "cancelled" or "filled" (infill) on the last frame, else "".
+    input_ids/draft_ids: the noisy canvas read and its argmax draft; accepted: kept by the sampler this forward;
+    confidence: draft probability; entropy: nats; first_accepted_step: -1 until accepted; remelted: accepted earlier
+    in the block, renoised now; top_*: the k likeliest tokens, draft first (empty if not recorded); *_tokens: display
+    strings; *_kinds: `TOKEN_KINDS` (empty if not classified). committed_ids: ids of finished blocks (EOS kept, pads
+    after it dropped); committed_tokens: the non-pad ones. Times: the engine clock. stop_reason: "eos",
+    "max_new_tokens", "cancelled" or "filled" (infill) on the last frame, else "".
     """
 
     block_index: int
@@ -77,7 +71,7 @@ class Frame:
 
     @property
     def mean_entropy(self) -> float:
-        """Mean per-position entropy of this forward, in nats."""
+        """Mean per-position entropy, nats."""
         return sum(self.entropy) / max(1, len(self.entropy))
 
     def to_dict(self) -> dict:
@@ -85,7 +79,7 @@ class Frame:
 
 
 class FrameBuilder:
-    """Rebuilds a run's frames from per-forward records, deriving first-accepted steps, re-melts, times and rates."""
+    """Builds a run's frames from per-forward records, deriving first-accepted steps, re-melts and rates."""
 
     def __init__(self, canvas_length: int, max_denoising_steps: int, *, prompt_tokens: int, seed: int,
                  token_text: Callable[[int], str], token_kind: Callable[[int], str] | None = None,
@@ -101,7 +95,7 @@ class FrameBuilder:
     def add(self, *, step_index: int, input_ids: list[int], draft_ids: list[int], accepted: list[bool],
             block_done: bool, elapsed_s: float, committed_tokens: int, top_ids=(), build: bool = True,
             **fields) -> Frame | None:
-        """The next forward's `Frame` (`fields`: the rest of its fields); with `build` False only count it."""
+        """The next forward's `Frame` (`fields`: its other fields); with `build` False only count it."""
         if step_index == 0:
             self.first_accepted, self.block_remelts = [-1] * self.canvas_length, 0
         remelted = [s >= 0 and not a for a, s in zip(accepted, self.first_accepted)] if self.remelts else []
@@ -139,12 +133,12 @@ class FrameBuilder:
 
 
 def byte_display(data: bytes) -> str:
-    """Bytes as byte-piece text, `<0xE2><0x80>`: a `byte` token's display string (`parse_byte_display` reverses it)."""
+    """Bytes as byte-piece text, `<0xE2><0x80>`: a `byte` token's display string."""
     return "".join(f"<0x{b:02X}>" for b in data)
 
 
 def parse_byte_display(text: str) -> bytes:
-    """The bytes of a `byte` token's display string (`<0xE2><0x80>` -> b"\\xe2\\x80"); b"" if it is not one."""
+    """The bytes of a `byte` token's display string; b"" if it is not one."""
     pieces = _BYTE_PIECE.findall(text)
     if not pieces or "".join(f"<0x{p}>" for p in pieces) != text:
         return b""
@@ -152,7 +146,7 @@ def parse_byte_display(text: str) -> bytes:
 
 
 class TokenText:
-    """Display string and kind (`TOKEN_KINDS`) of a token id, cached. Strings are raw model output: escape them."""
+    """Display string and kind (`TOKEN_KINDS`) of a token id, cached; strings are raw: escape them."""
 
     def __init__(self, tokenizer, *, eos_token_ids: int | Iterable[int] | None = None,
                  pad_token_id: int | None = None, special_ids: Iterable[int] = ()):
@@ -174,7 +168,7 @@ class TokenText:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._backend = backend if hasattr(backend, "decode_batch") and hasattr(backend, "id_to_token") else None
         decoder = getattr(backend, "decoder", None)
-        byte_level = type(decoder).__name__ == "ByteLevel"  # GPT-2's alphabet: printable character -> byte
+        byte_level = type(decoder).__name__ == "ByteLevel"  # GPT-2's printable-character alphabet
         self._byte_level = {char: byte for byte, char in bytes_to_unicode().items()} if byte_level else None
 
     def __call__(self, token_id: int) -> str:
@@ -190,7 +184,7 @@ class TokenText:
         return cached
 
     def describe_many(self, token_ids: list[int]) -> list[tuple[str, str]]:
-        """`describe` of each id, the uncached ones decoded in one batch by the tokenizer's backend."""
+        """`describe` of each id, the uncached decoded in one backend batch."""
         cache = self._cache
         missing = sorted(i for i in set(token_ids).difference(cache) if 0 <= i < self._size)
         if missing and self._backend is not None:
@@ -201,7 +195,7 @@ class TokenText:
         return [cache.get(i) or describe(i) for i in token_ids]
 
     def describe_vocabulary(self) -> None:
-        """Cache every id of the vocabulary now (seconds at 262,144 ids), so that frames only look strings up."""
+        """Cache every id of the vocabulary now (seconds at 262,144 ids)."""
         self.describe_many(list(range(self._size)))
 
     @property
@@ -230,18 +224,16 @@ class TokenText:
 
 
 def eos_id_list(eos_token_id: int | Iterable[int] | None) -> list[int]:
-    """A generation config's `eos_token_id` (int, list or None) as a list of ints, in its order."""
+    """A generation config's `eos_token_id` (int, list or None) as a list of ints."""
     if eos_token_id is None:
         return []
     return [eos_token_id] if isinstance(eos_token_id, int) else [int(i) for i in eos_token_id]
 
 
 def token_text_for(tokenizer, model) -> TokenText:
-    """The `TokenText` of a loaded model: EOS and pad from its generation config, its config's `*_token_id`s special."""
-    generation = getattr(model, "generation_config", None)
-    eos = getattr(generation, "eos_token_id", None)
-    pad = getattr(generation, "pad_token_id", None)
-    config = getattr(model, "config", None)
+    """The `TokenText` of a model: EOS and pad from its generation config, its `*_token_id`s special."""
+    generation, config = getattr(model, "generation_config", None), getattr(model, "config", None)
     marker_ids = [value for name, value in (config.to_dict() if config is not None else {}).items()
                   if name.endswith("_token_id") and isinstance(value, int)]
-    return TokenText(tokenizer, eos_token_ids=eos, pad_token_id=pad, special_ids=marker_ids)
+    return TokenText(tokenizer, eos_token_ids=getattr(generation, "eos_token_id", None),
+                     pad_token_id=getattr(generation, "pad_token_id", None), special_ids=marker_ids)

@@ -1,7 +1,5 @@
 """Step-by-step generation: `generate()`'s block loop, one `Frame` per forward; per-run RNG; the engine clock."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import threading
@@ -20,7 +18,7 @@ _GLOBAL_RNG_LOCK = threading.RLock()
 
 
 class RunRandomState:
-    """One run's torch RNG state, seeded like `torch.manual_seed(seed)` (None: drawn), apart from other runs."""
+    """One run's torch RNG state, seeded like `torch.manual_seed(seed)` (None: drawn)."""
 
     def __init__(self, seed: int | None):
         self.seed = draw_seed() if seed is None else seed
@@ -44,7 +42,7 @@ class RunRandomState:
 
     @contextmanager
     def active(self):
-        """Run the body with this run's random state installed, under the process-wide lock."""
+        """Run the body with this run's random state, under the process-wide lock."""
         with _GLOBAL_RNG_LOCK:
             saved = self._capture()
             self._restore(self._state)
@@ -67,7 +65,7 @@ class EngineClock:
         return self
 
     def now(self) -> float:
-        """Seconds counted so far, the open section included (call inside `with clock:`)."""
+        """Seconds so far, the open section included (call inside `with clock:`)."""
         return self.seconds + (time.perf_counter() - self._start)
 
     def __exit__(self, *exc):
@@ -216,12 +214,11 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
 
 def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted=None, top_ids=None,
                top_probs=None) -> tuple[list, ...]:
-    """A frame's tensors `[canvas_length]` (alternatives `[canvas_length, k]`) as lists, in one device transfer; a
-    None as []."""
+    """A frame's tensors `[canvas_length]` (alternatives `[canvas_length, k]`) as lists, in one transfer; None: []."""
     rows = (input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted, top_ids, top_probs)
     kinds = (int, int, bool, int, float, float, bool, int, float)
     given = [row for row in rows if row is not None]
-    host = torch.cat([row.to(torch.float64).reshape(-1) for row in given]).cpu()  # float64 holds ids exactly
+    host = torch.cat([row.to(torch.float64).reshape(-1) for row in given]).cpu()  # exact for ids
     lists, offset = [], 0
     for row, kind in zip(rows, kinds):
         if row is None:
@@ -235,7 +232,7 @@ def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entro
 
 
 def strip_after_eos(token_ids: list[int], eos_token_id: int | list[int] | None) -> list[int]:
-    """Generated ids up to and including the first EOS (the pads `_finalize_canvas` put after it dropped)."""
+    """Generated ids up to and including the first EOS."""
     eos_ids = set(eos_id_list(eos_token_id))
     for i, token in enumerate(token_ids):
         if token in eos_ids:

@@ -1,7 +1,4 @@
-"""Canvas positions held while the rest denoises: infill, a template's text (`[___]` one blank, `[___ 12]` twelve)
-kept while the blanks fill, and branches, a run redone from one of its forwards with tokens pinned."""
-
-from __future__ import annotations
+"""Canvas positions held while the rest denoises: infill (a template's blanks) and branches (pinned tokens)."""
 
 import dataclasses
 import itertools
@@ -23,7 +20,7 @@ BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
 
 @dataclass(frozen=True)
 class InfillLayout:
-    """A template in one canvas: `canvas_ids` (-1 for blanks), `fixed` per position, the `blanks`' positions."""
+    """A template in one canvas; `canvas_ids` has -1 at blanks."""
 
     canvas_ids: list[int]
     fixed: list[bool]
@@ -32,7 +29,7 @@ class InfillLayout:
 
 
 def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
-    """The template as fixed text (str) and blank lengths (int); `ValueError` for a bad template."""
+    """The template (`[___]` one blank, `[___ 12]` twelve) as text (str) and blank lengths (int); `ValueError`."""
     if not isinstance(template, str) or not template.strip():
         raise ValueError("infill template is empty: write text with blanks such as [___] or [___ 12]")
     if len(template) > MAX_PROMPT_CHARS:
@@ -58,7 +55,7 @@ def parse_template(template: str, canvas_length: int | None) -> list[str | int]:
 
 
 def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -> InfillLayout:
-    """The template laid out in one canvas; `ValueError` as `parse_template` or for more than one canvas."""
+    """The template laid out in one canvas; `ValueError` for a bad template or more than one canvas."""
     ids: list[int] = []
     parts = parse_template(template, canvas_length)
     for index, part in enumerate(parts):
@@ -70,8 +67,7 @@ def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -
     if len(ids) > canvas_length:
         blanks = ids.count(-1)
         raise ValueError(f"the template takes {len(ids)} canvas positions ({len(ids) - blanks} fixed tokens and "
-                         f"{blanks} blank) but one canvas holds {canvas_length}: infill works inside one canvas, so "
-                         f"shorten the text or the blanks")
+                         f"{blanks} blank) but one canvas holds {canvas_length}: shorten the text or the blanks")
     used = len(ids)
     ids += [pad_id] * (canvas_length - used)
     fixed = [i >= 0 for i in ids]
@@ -80,7 +76,7 @@ def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -
 
 
 class FixedPositionsLogitsProcessor(LogitsProcessor):
-    """Pins each position of `canvas_ids` to its id, in place, while `active`; -1: a blank, `banned` ids banned."""
+    """Pins each position of `canvas_ids` to its id while `active`; -1: a blank, where `banned` ids are banned."""
 
     def __init__(self, canvas_ids: list[int], banned: list[int], device: torch.device):
         self.active = True
@@ -103,7 +99,7 @@ class FixedPositionsLogitsProcessor(LogitsProcessor):
 def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSettings | None = None, *,
                   prompt: str | None = None, seed: int | None = None,
                   stop_event: threading.Event | None = None) -> tuple[InfillLayout, Iterator[Frame]]:
-    """(layout, frames) denoising `template`'s blanks after raw `prompt` (default `<bos>`); `ValueError`."""
+    """(layout, frames) filling `template`'s blanks after raw `prompt` (default `<bos>`); `ValueError`."""
     settings = (settings or engine.recommended).replace(max_new_tokens=engine.canvas_length)
     engine.check_settings(settings)
     random_state = RunRandomState(parse_seed(seed))
@@ -117,7 +113,7 @@ def infill_frames(engine: DiffusionEngine, template: str, settings: DiffusionSet
         input_ids = torch.tensor([[bos if bos is not None else pad_id]], dtype=torch.long, device=engine.device)
     engine.check_budget(input_ids.shape[1], settings)
     banned = eos_id_list(generation_config.eos_token_id) + [pad_id]
-    with random_state.active():  # the first canvas: the template's ids, uniformly random tokens in the blanks
+    with random_state.active():  # the first canvas: the template, random tokens in the blanks
         noise = torch.randint(0, engine.model.config.text_config.vocab_size, (1, engine.canvas_length),
                               device=engine.device)
     known = torch.tensor([layout.canvas_ids], dtype=torch.long, device=engine.device)
@@ -143,7 +139,7 @@ def count_blanks_only(frames: Iterator[Frame], layout: InfillLayout) -> Iterator
 
 
 def filled_text(tokenizer, layout: InfillLayout, canvas_ids: list[int]) -> tuple[str, list[str]]:
-    """(the filled template, the text of each run of adjacent blanks) of a final canvas's ids."""
+    """(the filled template, the text of each run of adjacent blanks) of a final canvas."""
     ids = list(canvas_ids[:layout.template_positions])
     runs = itertools.groupby(range(len(ids)), key=lambda position: layout.fixed[position])
     fills = [tokenizer.decode([ids[i] for i in run], skip_special_tokens=True) for fixed, run in runs if not fixed]
@@ -151,7 +147,7 @@ def filled_text(tokenizer, layout: InfillLayout, canvas_ids: list[int]) -> tuple
 
 
 def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
-    """The share of positions whose token differs between two canvases; `ValueError` for unequal or 0 lengths."""
+    """The share of positions whose token differs; `ValueError` for unequal or 0 lengths."""
     if len(original) != len(branch) or not original:
         raise ValueError(f"canvases to compare must have the same positive length, got {len(original)} and "
                          f"{len(branch)}")
@@ -159,11 +155,11 @@ def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
 
 
 class Fork:
-    """The `denoise` fork of a branch at `frame`'s forward (see `branch_frames`)."""
+    """The `denoise` fork of a branch at `frame`'s forward."""
 
     def __init__(self, frame: Frame, pins: Mapping[int, int], seed: int, device: torch.device):
         self.frame, self.pins, self.seed = frame, dict(pins), seed
-        held = [pins.get(p, -1) for p in range(frame.canvas_length)]  # active from the fork to its block's end
+        held = [pins.get(p, -1) for p in range(frame.canvas_length)]  # active to the block's end
         self.held = FixedPositionsLogitsProcessor(held, [], device) if pins else None
 
     def __call__(self, block: int, forward: int, canvas: torch.LongTensor) -> torch.LongTensor:
@@ -186,8 +182,8 @@ class Fork:
 def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Frame, pins: Mapping[int, int],
                   settings: DiffusionSettings, *, seed: int | None = None,
                   stop_event: threading.Event | None = None) -> Iterator[Frame]:
-    """The run of `prompt_ids` from `frame`'s forward on, `pins` (position -> id) held for its block, the draws
-    from there `seed`'s (None: the run's); `ValueError` for bad arguments."""
+    """The run of `prompt_ids` from `frame`'s forward, `pins` (position -> id) held for its block, drawing from
+    `seed` (None: the run's); `ValueError`."""
     canvas_length, vocab = engine.canvas_length, engine.model.config.text_config.vocab_size
     for position, token in pins.items():
         if not (isinstance(position, int) and 0 <= position < canvas_length):

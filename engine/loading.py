@@ -1,7 +1,5 @@
 """Load a DiffusionGemma checkpoint (folder or hub id; default: the embedded one) with transformers, no remote code."""
 
-from __future__ import annotations
-
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +14,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO_ROOT / "assets" / "models" / "diffgemma-tiny"
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-FIT_HEADROOM = 1.15  # the cache, activations and logits, and the allocator's slack, on top of the weights
+FIT_HEADROOM = 1.15  # cache, activations and allocator slack over the weights
 
 
 class ModelLoadError(RuntimeError):
@@ -25,7 +23,7 @@ class ModelLoadError(RuntimeError):
 
 @dataclass
 class LoadedModel:
-    """A loaded checkpoint: `model` (eval mode), `tokenizer`, `source`, and the resolved `device` and `dtype`."""
+    """A loaded checkpoint, `model` in eval mode."""
 
     model: object
     tokenizer: object
@@ -58,7 +56,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def available_cpus() -> int:
-    """CPUs this process may run on (its affinity, else `os.cpu_count()`), at least 1."""
+    """CPUs this process may run on, at least 1."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
@@ -66,7 +64,7 @@ def available_cpus() -> int:
 
 
 def set_serving_threads(device: torch.device, threads: int | None = None) -> int:
-    """Set torch's CPU threads to `threads` (default on CPU: all CPUs but one), returned; `ValueError` below 1."""
+    """Set torch's CPU threads to `threads` (CPU default: all but one), returned; `ValueError` below 1."""
     if threads is not None:
         if isinstance(threads, bool) or int(threads) != threads or threads < 1:
             raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
@@ -77,7 +75,7 @@ def set_serving_threads(device: torch.device, threads: int | None = None) -> int
 
 
 def check_quantization(quantization: str, device: torch.device) -> None:
-    """`ModelLoadError` for a quantization that `device` or the installed packages cannot run."""
+    """`ModelLoadError` for a quantization `device` or the installed packages cannot run."""
     if quantization == "fp8":
         refusal = fp8_refusal(device)
     elif quantization != "none" and device.type not in ("cuda", "cpu"):
@@ -100,7 +98,7 @@ def model_location(model: str | Path, *, strict: bool = True) -> tuple[str, dict
 
 
 def model_name(source) -> str:
-    """A model's name to show: a local path's folder name (never the path), else the hub id."""
+    """A model's name to show: a local folder's name (never the path), else the hub id."""
     text = str(source)
     return Path(text).name if Path(text).expanduser().exists() else text
 
@@ -110,24 +108,24 @@ def read_config(model: str | Path):
     where, common = model_location(model)
     try:
         config = AutoConfig.from_pretrained(where, **common)
-    except Exception as error:  # noqa: BLE001 - every failure becomes one clear message
+    except Exception as error:  # noqa: BLE001
         raise ModelLoadError(f"cannot read a model config from {str(model)!r}: {error}") from error
     if getattr(config, "model_type", None) != "diffusion_gemma":
         raise ModelLoadError(
-            f"{str(model)!r} is a {getattr(config, 'model_type', 'unknown')!r} model; this playground runs "
-            "DiffusionGemma checkpoints (model_type 'diffusion_gemma')")
+            f"{str(model)!r} is a {getattr(config, 'model_type', 'unknown')!r} model, not DiffusionGemma "
+            "(model_type 'diffusion_gemma')")
     return config
 
 
 def meta_model(model, dtype: torch.dtype = torch.bfloat16):
-    """The model of a config, folder or hub id on the meta device; `ModelLoadError` as `read_config`."""
+    """The model of a config, folder or hub id on the meta device; `ModelLoadError`."""
     config = model if hasattr(model, "get_text_config") else read_config(model)
     with torch.device("meta"):
         return DiffusionGemmaForBlockDiffusion._from_config(config, dtype=dtype)
 
 
 def check_fits(config, dtype: torch.dtype, quantization: str, device: torch.device, free: int | None = None) -> int:
-    """The weights' bytes on CUDA (0 elsewhere); `ModelLoadError` naming one that fits when they don't."""
+    """The weights' bytes on CUDA (0 elsewhere); `ModelLoadError` naming a quantization that fits."""
     if device.type != "cuda":
         return 0
     free = torch.cuda.mem_get_info(device)[0] if free is None else free
@@ -162,7 +160,7 @@ def load_model(model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: s
             raise ModelLoadError(str(error)) from error
     check_fits(config, torch_dtype, quantization, torch_device)
     cuda = torch_device.type == "cuda"
-    device_map = "cpu" if quantization != "none" else {"": torch_device} if cuda else None  # quantized from the CPU
+    device_map = "cpu" if quantization != "none" else {"": torch_device} if cuda else None
     try:
         if quantization == "fp8":
             network = from_pretrained_fp8(where, torch_device, torch_dtype, **common)
@@ -174,7 +172,7 @@ def load_model(model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: s
         raise ModelLoadError(
             f"cannot load weights or tokenizer from {source!r}: {type(error).__name__}: {error}") from error
     vocab_size = getattr(getattr(network.config, "text_config", network.config), "vocab_size", None)
-    if vocab_size and len(tokenizer) < vocab_size // 2:  # no tokenizer.json: every prompt would become <unk>
+    if vocab_size and len(tokenizer) < vocab_size // 2:  # no tokenizer.json
         raise ModelLoadError(
             f"the tokenizer in {source!r} has {len(tokenizer):,} tokens for a model of {vocab_size:,}: its tokenizer "
             "files (tokenizer.json) are missing or wrong")

@@ -1,7 +1,5 @@
 """Parity check: the engine's tokens equal `model.generate()`'s (`python -m engine.parity [--model] [--cases]`)."""
 
-from __future__ import annotations
-
 import argparse
 import sys
 from dataclasses import dataclass
@@ -15,7 +13,7 @@ from .loading import DEFAULT_MODEL, load_model
 
 @dataclass(frozen=True)
 class ParityCase:
-    """One comparison: a seed, a prompt (raw or chat) and (setting, value) changes to the recommended."""
+    """One comparison; `changes`: (setting, value) pairs over the recommended."""
 
     seed: int
     prompt: str
@@ -56,7 +54,7 @@ PARITY_CASES: list[ParityCase] = [
     case(123456789, "A wise son", max_new_tokens=128),
     case(2**63 - 1, "Hear, O Israel", raw=True, max_new_tokens=64),
 ]
-# For the stand-in of the 26B checkpoint (`standin/`): few decoder forwards each
+# For the 26B stand-in (`standin/`): few forwards each
 STANDIN_PARITY_CASES: list[ParityCase] = [
     case(0, "In the beginning", raw=True, max_denoising_steps=2),
     case(1, "Why is the sky blue?", max_denoising_steps=2),
@@ -67,7 +65,7 @@ CASE_SETS = {"embedded": PARITY_CASES, "standin": STANDIN_PARITY_CASES}
 
 
 def run_case(engine: DiffusionEngine, case: ParityCase) -> tuple[list[int], list[int], str]:
-    """(generate() ids, engine ids, engine stop reason), generated ids up to and including the first EOS."""
+    """(generate() ids, engine ids, engine stop reason), ids up to and including the first EOS."""
     settings = engine.recommended.replace(**dict(case.changes))
     input_ids = engine.encode_prompt(case.prompt, raw=case.raw, thinking=case.thinking)
     torch.manual_seed(case.seed)
@@ -82,7 +80,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--cases", choices=sorted(CASE_SETS), default="embedded",
-                        help="embedded: many settings, for the small model; standin: few forwards, for the stand-in")
+                        help="embedded: many settings (small model); standin: few forwards (the stand-in)")
     args = parser.parse_args()
     engine = DiffusionEngine(load_model(args.model))
     cases = CASE_SETS[args.cases]

@@ -1,7 +1,4 @@
-"""Quantization of the whole network (`4bit`/`8bit` through bitsandbytes on CUDA or the CPU, `fp8` on CUDA >= 8.9)
-and the bytes of a model's tensors (`model_bytes`), by group and as each quantization would store them."""
-
-from __future__ import annotations
+"""Quantization (`4bit`/`8bit` by bitsandbytes, `fp8` on CUDA >= 8.9) and the bytes a model's tensors take."""
 
 import math
 from collections.abc import Iterator
@@ -20,16 +17,16 @@ BITSANDBYTES_QUANTIZATIONS = ("4bit", "8bit")
 EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")
 NF4_BLOCKSIZE = 64
 BLOCKWISE8_BLOCKSIZE = 256
-SKIPPED_SUFFIXES = ("router.proj", "lm_head")  # routing decisions and the tied vocabulary matrix stay as they are
+SKIPPED_SUFFIXES = ("router.proj", "lm_head")  # kept as they are
 FP8_BLOCK_SIZE = (64, 64)
-FP8_MIN_CAPABILITY = (8, 9)  # Ada, Hopper, Blackwell: GPUs with FP8 matmul units
+FP8_MIN_CAPABILITY = (8, 9)
 OTHER_CHOICES = "use --quantization 8bit or 4bit"
 GROUPS = ("experts", "attention", "embeddings", "vision_tower", "other")
 
 
 @dataclass(frozen=True)
 class Target:
-    """One parameter to quantize, `module.<param>`, named `name` (its first name when shared)."""
+    """One parameter to quantize, `module.<param>`, under its first name."""
 
     name: str
     module: nn.Module
@@ -37,7 +34,7 @@ class Target:
 
 
 class Blockwise8bitParametrization(nn.Module):
-    """Dequantizes bitsandbytes blockwise 8-bit codes with their `quant_state` (scales, code table)."""
+    """Dequantizes bitsandbytes blockwise 8-bit codes with their `quant_state`."""
 
     def __init__(self, quant_state):
         super().__init__()
@@ -49,13 +46,13 @@ class Blockwise8bitParametrization(nn.Module):
 
 
 def is_experts(module: nn.Module) -> bool:
-    """Whether `module` is a fused mixture-of-experts module, quantized or not."""
+    """Whether `module` is a fused mixture-of-experts module."""
     return module.__class__.__name__.endswith("Experts") and all(
         name in module._parameters or parametrize.is_parametrized(module, name) for name in EXPERT_PARAMETERS)
 
 
 def share_tied_modules(model: nn.Module, fp8: bool = False) -> int:
-    """Share each encoder text-layer module tied to its decoder twin (`fp8`: FP8 weights), once; returns how many."""
+    """Share each encoder text-layer module tied to its decoder twin (`fp8`: FP8 weights); how many."""
     inner = getattr(model, "model", model)
     encoder_layers = getattr(getattr(getattr(inner, "encoder", None), "language_model", None), "layers", None)
     decoder_layers = getattr(getattr(inner, "decoder", None), "layers", None)
@@ -79,9 +76,9 @@ def _tied(a: nn.Module, b: nn.Module, fp8: bool) -> bool:
 
 
 def quantization_targets(model: nn.Module) -> list[Target]:
-    """What `quantize_model` quantizes, once each: experts and linears but the router and the LM head."""
+    """What `quantize_model` quantizes, once each: experts and linears but the router and LM head."""
     targets = []
-    for name, module in model.named_modules():  # each module once, under its first name
+    for name, module in model.named_modules():
         if is_experts(module):
             targets += [Target(name, module, param) for param in EXPERT_PARAMETERS]
         elif isinstance(module, nn.Linear) and not name.endswith(SKIPPED_SUFFIXES):
@@ -90,15 +87,15 @@ def quantization_targets(model: nn.Module) -> list[Target]:
 
 
 def bitsandbytes():
-    """bitsandbytes with `functional` and `nn.parametrize` loaded; `ImportError`."""
-    import bitsandbytes.functional  # noqa: PLC0415 - optional heavy dependency
+    """bitsandbytes with `functional` and `nn.parametrize`; `ImportError`."""
+    import bitsandbytes.functional  # noqa: PLC0415 - optional, heavy
     import bitsandbytes.nn.parametrize  # noqa: PLC0415
 
     return bitsandbytes
 
 
 def bitsandbytes_missing() -> str | None:
-    """Why 4bit and 8bit cannot run (bitsandbytes does not import), or None."""
+    """Why 4bit and 8bit cannot run, or None."""
     try:
         bitsandbytes()
     except ImportError as error:
@@ -107,7 +104,7 @@ def bitsandbytes_missing() -> str | None:
 
 
 def quantize_parameter(module: nn.Module, param: str, quantization: str) -> None:
-    """Replace `module.<param>` with its `4bit` or `8bit` form, dequantized once per forward."""
+    """Replace `module.<param>` with its `4bit` or `8bit` form, dequantized per forward."""
     bnb = bitsandbytes()
     if quantization == "4bit":
         bnb.nn.parametrize.replace_parameter_4bit(module, param, quant_type="nf4", blocksize=NF4_BLOCKSIZE)
@@ -122,7 +119,7 @@ def quantize_parameter(module: nn.Module, param: str, quantization: str) -> None
 
 
 def quantize_model(model: nn.Module, quantization: str, device: torch.device | str) -> nn.Module:
-    """Quantize `model` (on the CPU) onto `device` one tensor at a time, in place; `ImportError`, `ValueError`."""
+    """Quantize `model` (on the CPU) onto `device` tensor by tensor, in place; `ImportError`, `ValueError`."""
     if quantization == "none":
         return model.to(device)
     if quantization not in BITSANDBYTES_QUANTIZATIONS:
@@ -140,7 +137,7 @@ def quantize_model(model: nn.Module, quantization: str, device: torch.device | s
 
 
 def quant_state_tensors(state) -> list[torch.Tensor]:
-    """The tensors of a bitsandbytes `QuantState` (scales, code table, nested statistics)."""
+    """The tensors of a bitsandbytes `QuantState`."""
     if state is None:
         return []
     tensors = [t for t in (state.absmax, state.code) if isinstance(t, torch.Tensor)]
@@ -152,7 +149,7 @@ def quant_state_tensors(state) -> list[torch.Tensor]:
 
 
 def quantized_nbytes(numel: int, quantization: str) -> int:
-    """Bytes of a `numel`-element parameter after `quantize_parameter` (codes, scales, code table)."""
+    """Bytes of a `numel`-element parameter after `quantize_parameter`."""
     if quantization == "4bit":
         return math.ceil(numel / 2) + 4 * math.ceil(numel / NF4_BLOCKSIZE) + 4 * 16
     if quantization == "8bit":
@@ -168,7 +165,7 @@ def fp8_refusal(device: torch.device) -> str | None:
     """Why `fp8` cannot run on `device`, or None."""
     needs = "fp8 quantization needs a CUDA GPU of compute capability 8.9 or newer"
     if device.type != "cuda":
-        return f"{needs} (Ada, Hopper, Blackwell: FP8 matmul units), not {device.type}: {OTHER_CHOICES}"
+        return f"{needs}, not {device.type}: {OTHER_CHOICES}"
     if not torch.cuda.is_available():
         return f"{needs}, and CUDA is not available: {OTHER_CHOICES}"
     capability = torch.cuda.get_device_capability(device)
@@ -184,7 +181,7 @@ def fp8_refusal(device: torch.device) -> str | None:
 
 
 def check_fp8_shapes(config) -> None:
-    """`ValueError` for a model whose expert widths `FP8_BLOCK_SIZE` does not divide."""
+    """`ValueError` for expert widths that `FP8_BLOCK_SIZE` does not divide."""
     text = config.get_text_config()
     rows, cols = FP8_BLOCK_SIZE
     widths = {"hidden_size": text.hidden_size, "moe_intermediate_size": text.moe_intermediate_size}
@@ -196,14 +193,14 @@ def check_fp8_shapes(config) -> None:
 
 @torch.no_grad()
 def convert_to_fp8(model: nn.Module, device: torch.device | str) -> nn.Module:
-    """Convert `model` (CPU or meta) to `fp8` on `device`, one tensor at a time, in place."""
+    """Convert `model` (CPU or meta) to `fp8` on `device`, tensor by tensor, in place."""
     device = torch.device(device)
     quantizer = FineGrainedFP8HfQuantizer(fp8_config(), pre_quantized=False)
     originals = {name: dict(module.named_parameters(recurse=False))
                  for name, module in model.named_modules(remove_duplicate=False)}
     quantizer.preprocess_model(model)
     quantize = quantizer.get_quantize_ops()
-    converted: dict[int, dict[str, nn.Parameter]] = {}  # id(original tensor) -> {parameter name: converted}
+    converted: dict[int, dict[str, nn.Parameter]] = {}  # id(original) -> {name: converted}
     for name, module in model.named_modules(remove_duplicate=False):
         if not isinstance(module, (FP8Linear, FP8Experts)):
             continue
@@ -215,7 +212,7 @@ def convert_to_fp8(model: nn.Module, device: torch.device | str) -> nn.Module:
                 converted[id(original)] = {key: nn.Parameter(t, requires_grad=False) for key, t in out.items()}
             module._parameters.update(converted[id(original)])
         for param_name, param in module.named_parameters(recurse=False):
-            if param.device != device:  # the scale of a tensor kept in the model dtype: allocated, never read
+            if param.device != device:  # a scale of a tensor kept in the model dtype: never read
                 module._parameters[param_name] = nn.Parameter(
                     torch.zeros(param.shape, dtype=param.dtype, device=device), requires_grad=False)
     share_tied_modules(model, fp8=True)
@@ -224,7 +221,7 @@ def convert_to_fp8(model: nn.Module, device: torch.device | str) -> nn.Module:
 
 
 def from_pretrained_fp8(where: str, device: torch.device, dtype: torch.dtype, **common):
-    """The model quantized to `fp8` on `device` as it loads, tied encoder modules shared."""
+    """The model quantized to `fp8` on `device` as it loads, tied modules shared."""
     network = DiffusionGemmaForBlockDiffusion.from_pretrained(
         where, dtype=dtype, device_map={"": device}, quantization_config=fp8_config(), **common)
     share_tied_modules(network, fp8=True)
@@ -244,7 +241,7 @@ def group_of(name: str) -> str:
 
 
 def stored_tensors(*modules: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every parameter, buffer and quant-state tensor of `modules`, each tensor once."""
+    """(name, tensor) of every parameter, buffer and quant-state tensor of `modules`, each once."""
     seen = set()
     for module in modules:
         named = [*module.named_parameters(), *module.named_buffers()]
@@ -258,7 +255,7 @@ def stored_tensors(*modules: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def model_bytes(model: nn.Module) -> int:
-    """Bytes of a model's tensors as stored (quantized ones packed, shared ones once)."""
+    """Bytes of a model's tensors as stored (shared ones once)."""
     return sum(tensor.numel() * tensor.element_size() for _, tensor in stored_tensors(model))
 
 

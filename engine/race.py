@@ -1,7 +1,4 @@
-"""The race: block diffusion against autoregressive decoding (`AutoregressiveDecoder`, one token per forward) on
-one prompt, one side after the other, same budget."""
-
-from __future__ import annotations
+"""The race: block diffusion against autoregressive decoding on one prompt, one side after the other, same budget."""
 
 import threading
 import time
@@ -25,11 +22,11 @@ ORDERS = ("alternate", "diffusion first", "autoregressive first")
 LENGTH_RULE = ("both sides stop at their first end-of-sequence token, within the same budget of "
                "{budget} tokens; tokens counted: generated tokens up to and including EOS, never the prompt or pads")
 FAIRNESS = ("The two runs take turns on the device, never at once, each right after its own warm-up, and are "
-            "replayed here on the engine's clock, so each side's time is what it takes alone.")
+            "timed on the engine's clock, so each side's time is its own.")
 FrameCallback = Callable[[str, object], None]
-PUNCTUATION_LIMIT = 2 / 3  # shares past these limits mark an answer as faulty
+PUNCTUATION_LIMIT = 2 / 3  # shares past these mark an answer faulty
 REPETITION_LIMIT = 0.5
-REPEAT_N = 4  # repetition is counted in runs of this many tokens
+REPEAT_N = 4  # tokens per run counted as repetition
 
 
 AR_TEMPERATURE = SettingSpec("ar_temperature", "Autoregressive temperature", float, 0.0, 10.0, True,
@@ -37,7 +34,7 @@ AR_TEMPERATURE = SettingSpec("ar_temperature", "Autoregressive temperature", flo
 
 
 def check_temperature(value) -> float:
-    """`value` as the autoregressive sampling temperature in [0, 10] (0: greedy); `ValueError`."""
+    """`value` as the AR temperature in [0, 10] (0: greedy); `ValueError`."""
     return AR_TEMPERATURE.parse(value)
 
 
@@ -73,7 +70,7 @@ def eos_ids(generation_config) -> set[int]:
 
 
 class AutoregressiveDecoder:
-    """Token-by-token decoding with a KV cache on a DiffusionGemma encoder or a causal LM (`load`)."""
+    """Token-by-token decoding with a KV cache on a DiffusionGemma encoder or a causal LM."""
 
     def __init__(self, model, tokenizer, *, source: str, device: torch.device, shared_weights: bool):
         self.model = model
@@ -89,13 +86,13 @@ class AutoregressiveDecoder:
 
     @classmethod
     def from_diffusion(cls, engine) -> "AutoregressiveDecoder":
-        """The decoder on a `DiffusionEngine`'s own encoder, `lm_head` and tokenizer."""
+        """The decoder on a `DiffusionEngine`'s own encoder and `lm_head`."""
         return cls(engine.model, engine.tokenizer, source=f"{engine.source} (its causal encoder)",
                    device=engine.device, shared_weights=True)
 
     @classmethod
     def load(cls, model_id: str, device: torch.device, dtype: torch.dtype) -> "AutoregressiveDecoder":
-        """A separate causal LM (no remote code) and its tokenizer on `device`; `ModelLoadError`."""
+        """A separate causal LM and its tokenizer on `device`; `ModelLoadError`."""
         where, common = model_location(model_id, strict=False)
         kwargs = {"dtype": dtype, **common}
         if device.type == "cuda":
@@ -103,7 +100,7 @@ class AutoregressiveDecoder:
         try:
             model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
             tokenizer = AutoTokenizer.from_pretrained(where, **common)
-        except Exception as error:  # noqa: BLE001 - one clear message
+        except Exception as error:  # noqa: BLE001
             raise ModelLoadError(f"cannot load the autoregressive model {model_id!r}: {type(error).__name__}: "
                                  f"{error}") from error
         if device.type != "cuda":
@@ -112,12 +109,12 @@ class AutoregressiveDecoder:
         return cls(model, tokenizer, source=str(model_id), device=device, shared_weights=False)
 
     def next_token_logits(self, step_ids: torch.LongTensor, cache: DynamicCache, position: int) -> torch.Tensor:
-        """One forward over `step_ids` `[1, n]` from `position`, extending `cache`; float32 logits `[1, vocab]`."""
+        """One forward of `step_ids` `[1, n]` at `position`, extending `cache`; float32 logits `[1, vocab]`."""
         positions = torch.arange(position, position + step_ids.shape[1], device=step_ids.device).unsqueeze(0)
         if self.shared_weights:
             hidden = self.model.model.encoder(input_ids=step_ids, past_key_values=cache,
                                               position_ids=positions).last_hidden_state
-            logits = self.model.lm_head(hidden[:, -1]).float()  # softcapped as in the model's forward
+            logits = self.model.lm_head(hidden[:, -1]).float()
             cap = self.model.final_logit_softcapping
             return torch.tanh(logits / cap) * cap if cap else logits
         output = self.model(input_ids=step_ids, past_key_values=cache, position_ids=positions, use_cache=True,
@@ -128,16 +125,15 @@ class AutoregressiveDecoder:
         return encode_text(self.tokenizer, prompt, raw, self.device)
 
     def check_budget(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        """`ValueError` when the prompt plus `max_new_tokens` exceed the model's context window."""
+        """`ValueError` when the prompt plus `max_new_tokens` exceed the context window."""
         if self.context_limit and prompt_tokens + max_new_tokens > self.context_limit:
-            raise ValueError(
-                f"prompt is {prompt_tokens:,} tokens and {max_new_tokens:,} new tokens are asked for; together over "
-                f"the autoregressive model's context of {self.context_limit:,} tokens: shorten the prompt or lower "
-                "max_new_tokens")
+            raise ValueError(f"prompt of {prompt_tokens:,} tokens plus {max_new_tokens:,} new ones exceeds the "
+                             f"autoregressive model's context of {self.context_limit:,}: shorten the prompt or lower "
+                             "max_new_tokens")
 
     def frames(self, prompt: str, max_new_tokens: int, *, raw: bool = False, temperature: float = 0.0,
                seed: int | None = None, stop_event: threading.Event | None = None) -> Iterator[TokenFrame]:
-        """`decode` of `prompt`; `ValueError` (before any work) for a bad argument."""
+        """`decode` of `prompt`; `ValueError` before any work."""
         max_new_tokens = parse_setting("max_new_tokens", max_new_tokens)
         temperature = check_temperature(temperature)
         seed = parse_seed(seed)
@@ -157,12 +153,9 @@ class AutoregressiveDecoder:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         rng = random_state or RunRandomState(None)
         clock = EngineClock(input_ids.device)
-        prompt_tokens = int(input_ids.shape[1])
-        committed: list[int] = []
-        counted = 0
+        prompt_tokens, committed, counted, frame = int(input_ids.shape[1]), [], 0, None
         cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
         step_ids, position = input_ids, 0
-        frame = None
         for forward in range(max_new_tokens):
             if stop_event is not None and stop_event.is_set():
                 if frame is not None:
@@ -196,14 +189,14 @@ class AutoregressiveDecoder:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def warm_up(self) -> float:
-        """Pay first-run costs with a short greedy run; returns its seconds."""
+        """Pay first-run costs with a short greedy run; its seconds."""
         last, _ = last_and_count(self.frames("Warm-up.", 4, raw=True, seed=0))
         return last.elapsed_s if last is not None else 0.0
 
 
 @dataclass(frozen=True)
 class SideResult:
-    """One side of a race, timed on its engine clock; `trace`: (seconds, committed tokens) per forward."""
+    """One side of a race on its engine clock; `trace`: (seconds, committed tokens) per forward."""
 
     name: str
     model: str
@@ -230,7 +223,7 @@ class SideResult:
 
     @property
     def faults(self) -> tuple[str, ...]:
-        """The names of the shares past their limits, punctuation first."""
+        """The shares past their limits, punctuation first."""
         return tuple(name for name, share, limit in (("punctuation", self.punctuation_share, PUNCTUATION_LIMIT),
                                                      ("repetition", self.repeated_share, REPETITION_LIMIT))
                      if share > limit)
@@ -263,7 +256,7 @@ class RaceResult:
 
     @property
     def speedup(self) -> float | None:
-        """Diffusion tokens/s over autoregressive tokens/s; None for a stopped race or a side without tokens."""
+        """Diffusion tokens/s over autoregressive tokens/s; None if stopped or a side has no tokens."""
         d, a = self.diffusion, self.autoregressive
         if self.cancelled or d is None or a is None or d.tokens_per_second <= 0 or a.tokens_per_second <= 0:
             return None
@@ -283,12 +276,12 @@ class RaceResult:
 
     @property
     def winner(self) -> str | None:
-        """The faster side ("diffusion" on a tie), by speed alone; None without a speedup."""
+        """The faster side ("diffusion" on a tie); None without a speedup."""
         speedup = self.speedup
         return None if speedup is None else "diffusion" if speedup >= 1 else "autoregressive"
 
     def verdict(self) -> dict:
-        """JSON-ready facts; cost_ratio: seconds per canvas forward over seconds per AR forward."""
+        """JSON-ready facts; cost_ratio: seconds per canvas forward over per AR forward."""
         d, a = self.diffusion, self.autoregressive
         ratio = None
         if d is not None and a is not None and d.tokens and a.tokens and a.seconds_per_forward > 0:
@@ -300,7 +293,7 @@ class RaceResult:
         }
 
     def summary(self) -> dict:
-        """JSON-ready: both sides without traces, speedup, order, rules and `verdict()`."""
+        """JSON-ready: sides without traces, speedup, order, rules and `verdict()`."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data.update({side: data[side] and data[side].summary() for side in SIDES}, order=list(self.order),
                     speedup=self.speedup, length_rule=self.length_rule, fairness=FAIRNESS, verdict=self.verdict())
@@ -308,13 +301,13 @@ class RaceResult:
 
 
 def punctuation_share(tokens: Sequence[str]) -> float:
-    """Share of the non-blank `tokens` (display strings) with no letter or digit; 0.0 for none."""
+    """Share of the non-blank `tokens` with no letter or digit; 0.0 for none."""
     shown = [token for token in tokens if token.strip()]
     return sum(1 for token in shown if not any(c.isalnum() for c in token)) / len(shown) if shown else 0.0
 
 
 def repeated_share(tokens: Sequence[str], n: int = REPEAT_N) -> float:
-    """Share of `tokens` inside a run of `n` tokens seen earlier (runs may overlap); 0.0 for none."""
+    """Share of `tokens` inside a run of `n` seen earlier (runs may overlap); 0.0 for none."""
     seen: set[tuple[str, ...]] = set()
     repeated = [False] * len(tokens)
     for start in range(len(tokens) - n + 1):
@@ -326,7 +319,7 @@ def repeated_share(tokens: Sequence[str], n: int = REPEAT_N) -> float:
 
 
 def measure_memory_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 10) -> float | None:
-    """A CUDA device's memory bandwidth in bytes/s from timed copies; None off CUDA or out of memory."""
+    """CUDA memory bandwidth in bytes/s from timed copies; None off CUDA or out of memory."""
     if device.type != "cuda":
         return None
     n = megabytes * 2**20
@@ -345,7 +338,7 @@ def measure_memory_bandwidth(device: torch.device, megabytes: int = 512, repeats
 
 
 def weights_bytes_per_forward(modules: list[torch.nn.Module], config, positions: int) -> int:
-    """Estimated bytes of `modules` one forward over `positions` reads (experts: the share touched)."""
+    """Bytes of `modules` one forward over `positions` reads (experts: the share touched)."""
     total = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
     used = getattr(config, "top_k_experts", None) or getattr(config, "num_experts_per_tok", None)
     share = 1.0 - (1.0 - used / total) ** positions if total and used else 1.0
@@ -358,7 +351,7 @@ def weights_bytes_per_forward(modules: list[torch.nn.Module], config, positions:
 
 
 def side_weights_bytes(engine: DiffusionEngine, ar: AutoregressiveDecoder) -> tuple[int, int]:
-    """(bytes one canvas forward reads, bytes one autoregressive forward reads)."""
+    """(bytes one canvas forward reads, bytes one AR forward reads)."""
     model = engine.model
     text_config = model.config.get_text_config(decoder=True)
     diffusion = weights_bytes_per_forward([model.model.decoder, model.lm_head], text_config, engine.canvas_length)
@@ -381,7 +374,7 @@ class RaceRunner:
 
     def check(self, prompt: str, settings: DiffusionSettings, *, raw: bool, ar_temperature=0.0,
               order: str = "alternate", seed=None) -> None:
-        """Raise `ValueError` naming the first problem of a race, before anything runs."""
+        """`ValueError` naming the race's first problem, before anything runs."""
         if order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(repr(o) for o in ORDERS)}, got {order!r}")
         check_temperature(ar_temperature)
@@ -415,7 +408,7 @@ class RaceRunner:
     def run(self, prompt: str, settings: DiffusionSettings | None = None, *, raw: bool = False, seed=None,
             ar_temperature=0.0, order: str = "alternate", warm_up: bool = True,
             on_frame: FrameCallback | None = None, stop_event: threading.Event | None = None) -> RaceResult:
-        """Race `prompt` on both sides, `on_frame(side, frame)` after each forward; `ValueError`."""
+        """Race `prompt`, `on_frame(side, frame)` after each forward; `ValueError`."""
         settings = settings or self.engine.recommended
         self.check(prompt, settings, raw=raw, ar_temperature=ar_temperature, order=order, seed=seed)
         seed, ar_temperature, budget = parse_seed(seed), check_temperature(ar_temperature), self.budget(settings)
@@ -482,7 +475,7 @@ def causal_lm_bytes(model_id: str, dtype: torch.dtype) -> int:
         config = AutoConfig.from_pretrained(where, **common)
         with init_empty_weights():
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
-    except Exception as error:  # noqa: BLE001 - one clear message
+    except Exception as error:  # noqa: BLE001
         raise ModelLoadError(f"cannot read the autoregressive model {model_id!r}: {type(error).__name__}: "
                              f"{' '.join(str(error).split())}") from error
     return model.num_parameters() * torch.empty((), dtype=dtype).element_size()
@@ -505,13 +498,12 @@ def check_fit(engine, ar_model: str, dtype: torch.dtype, free: int | None = None
             f"the autoregressive model {ar_model} needs about {needed / gib:.1f} GiB "
             f"({str(dtype).removeprefix('torch.')} weights, plus {FIT_HEADROOM - 1:.0%} for its cache) next to the "
             f"diffusion model's {model_bytes(engine.model) / gib:.1f} GiB, but {engine.device} has "
-            f"{free / gib:.1f} GiB free: run without --ar-model to race against the diffusion model's own causal "
-            "encoder")
+            f"{free / gib:.1f} GiB free: run without --ar-model to race the diffusion model's own encoder")
     return needed
 
 
 def race_runner(engine, ar_model: str):
-    """A `RaceRunner` against causal LM `ar_model` in the engine's dtype; `ModelLoadError` as `check_fit`."""
+    """A `RaceRunner` against causal LM `ar_model` in the engine's dtype; `ModelLoadError`."""
     dtype = engine.model.dtype
     check_fit(engine, ar_model, dtype)
     return RaceRunner(engine, AutoregressiveDecoder.load(ar_model, engine.device, dtype))

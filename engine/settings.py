@@ -1,6 +1,4 @@
-"""The settings table and the one parser of settings, seeds and prompts for the engine, CLI, UI and API."""
-
-from __future__ import annotations
+"""The settings table and the one parser of settings, seeds and prompts."""
 
 import dataclasses
 import math
@@ -16,14 +14,14 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
 MAX_NEW_TOKENS_LIMIT = 4096
 MAX_DENOISING_STEPS_LIMIT = 512
 MAX_SEED = 2**63 - 1
-DRAWN_SEED_BITS = 53  # exact as a JavaScript number
+DRAWN_SEED_BITS = 53  # exact in JavaScript
 MAX_PROMPT_CHARS = 20_000
-SHOWN_CHARS = 40  # an echoed bad value is cut to this many characters
+SHOWN_CHARS = 40  # an echoed bad value's length
 
 
 @dataclass(frozen=True)
 class SettingSpec:
-    """One setting: name, UI label, kind, range, help, CLI flag, UI slider top and step."""
+    """One row of the settings table; `ui_high`: the UI slider's top."""
 
     name: str
     label: str
@@ -37,7 +35,7 @@ class SettingSpec:
     ui_step: float | None = None
 
     def span(self, ui: bool = False) -> str:
-        """The range as text, "[1, 4096]" or "(0.0, 1000.0]" (ui: up to `ui_high`)."""
+        """The range as text, "[1, 4096]" or "(0.0, 1000.0]" (ui: to `ui_high`)."""
         high = self.ui_high if ui and self.ui_high is not None else self.high
         return f"{'[' if self.low_inclusive else '('}{self.low}, {high}]"
 
@@ -79,8 +77,7 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "mean entropy, nats: adaptive stopping needs the canvas below it", "--confidence-threshold", 2.0,
                 0.001),
     SettingSpec("adaptive_stopping", "Adaptive stopping", bool, None, None, True,
-                "end a canvas early once its likeliest tokens are stable and confident, however few the entropy "
-                "bound accepted", "--adaptive-stopping"),
+                "end a canvas early once its likeliest tokens are stable and confident", "--adaptive-stopping"),
 )
 SETTING_NAMES: tuple[str, ...] = tuple(s.name for s in SETTINGS)
 _SPECS = {s.name: s for s in SETTINGS}
@@ -102,7 +99,7 @@ def shown(value) -> str:
 
 
 def parse_number(value) -> int | float | None:
-    """A real number or numeric string (not a bool) as an int or float; None for anything else."""
+    """A real number or numeric string (not a bool) as an int or float; else None."""
     if isinstance(value, str):
         for kind in (int, float):
             try:
@@ -116,7 +113,7 @@ def parse_number(value) -> int | float | None:
 
 
 def parse_flag(name: str, value) -> bool:
-    """`value` as a bool: True/False, 1/0 or "true"/"false"; else `ValueError` naming `name`."""
+    """`value` as a bool: True/False, 1/0 or "true"/"false"; else `ValueError`."""
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
@@ -125,19 +122,19 @@ def parse_flag(name: str, value) -> bool:
 
 
 def parse_setting(name: str, value, *, ui: bool = False) -> int | float | bool:
-    """`value` as setting `name`'s kind in its range (`ui`: the UI's); `ValueError` naming it."""
+    """`value` as setting `name`'s kind in its range (`ui`: the UI's); `ValueError`."""
     return spec(name).parse(value, ui=ui)
 
 
 def parse_seed(value) -> int | None:
-    """A seed in [0, 2**63 - 1], None for a random one (None, "", -1); `ValueError` naming the range."""
+    """A seed in [0, 2**63 - 1], None for a random one (None, "", -1); `ValueError`."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     error = ValueError(f"seed must be an integer in [0, {MAX_SEED}] (or -1 for a random seed), got {shown(value)}")
     number = parse_number(value)
     integral = isinstance(number, int) or isinstance(number, float) and number.is_integer()
     if not integral or isinstance(value, str) and isinstance(number, float) and number != -1:
-        raise error  # a seed string is digits, or -1 however written
+        raise error  # a seed string is digits, or -1
     number = int(number)
     if number == -1:
         return None
@@ -152,7 +149,7 @@ def draw_seed() -> int:
 
 
 def check_prompt(prompt) -> str:
-    """`prompt` if it is non-empty text of at most `MAX_PROMPT_CHARS` characters; else `ValueError`."""
+    """`prompt` if non-empty text of at most `MAX_PROMPT_CHARS` characters; else `ValueError`."""
     if prompt is None or isinstance(prompt, str) and not prompt.strip():
         raise ValueError("prompt is empty: type something for the model to continue")
     if not isinstance(prompt, str):
@@ -164,7 +161,7 @@ def check_prompt(prompt) -> str:
 
 @dataclass(frozen=True)
 class DiffusionSettings:
-    """Validated settings of one generation (`ValueError` names the setting); ranges in `SETTINGS`."""
+    """Validated settings of one generation (`ValueError`); ranges in `SETTINGS`."""
 
     max_new_tokens: int = 256
     max_denoising_steps: int = 48
@@ -183,7 +180,7 @@ class DiffusionSettings:
 
     @classmethod
     def from_generation_config(cls, generation_config: DiffusionGemmaGenerationConfig | None) -> "DiffusionSettings":
-        """The checkpoint's generation config, library defaults for what it leaves unset."""
+        """The checkpoint's generation config, library defaults where unset."""
         values = DiffusionGemmaGenerationConfig._get_default_generation_params()
         if generation_config is not None:
             for key in values:
@@ -196,7 +193,7 @@ class DiffusionSettings:
         return dataclasses.replace(self, **changes)
 
     def with_values(self, values, *, ui: bool = False) -> "DiffusionSettings":
-        """A copy with `values` parsed and applied; `ValueError` for an unknown name or bad value."""
+        """A copy with `values` parsed and applied; `ValueError`."""
         for name in values:
             spec(name)
         return dataclasses.replace(self, **{name: parse_setting(name, values[name], ui=ui)
@@ -207,7 +204,7 @@ class DiffusionSettings:
         return self.t_min + (self.t_max - self.t_min) * cur_step / self.max_denoising_steps
 
     def generate_kwargs(self) -> dict:
-        """`model.generate()` keyword arguments for exactly these settings."""
+        """`model.generate()` keyword arguments for these settings."""
         adaptive = self.adaptive_stopping
         return {
             "max_new_tokens": self.max_new_tokens, "max_denoising_steps": self.max_denoising_steps,

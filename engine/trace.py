@@ -1,7 +1,4 @@
-"""Traces: a generation as one JSON document (`docs/trace.md`), replayable without the model; `TraceError`; and the
-offline replay page, one self-contained HTML file (no network) that plays a trace back in the browser."""
-
-from __future__ import annotations
+"""Traces: a generation as one JSON document (`docs/trace.md`), and the offline HTML page that replays one."""
 
 import base64
 import hashlib
@@ -27,23 +24,23 @@ MAX_CANVAS_LENGTH = 4096
 MAX_FRAMES = 20_000
 MAX_TOKEN_ID = 2**31 - 1
 MAX_TOKEN_CHARS = 1000
-MAX_ENTROPY_NATS = 100.0  # ln(vocabulary) is ~12.5 for 262,144 tokens
+MAX_ENTROPY_NATS = 100.0
 MAX_LABEL_CHARS = 300
 STOP_REASONS = ("eos", "max_new_tokens", "cancelled")
 NO_FRAMES = "the run produced no frames (it ended before its first decoder forward)"
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 PLAYER_DIR = ASSETS_DIR / "replay"
-PLAYER_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js")  # in load order: each uses the ones before
+PLAYER_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js")  # in load order
 STYLESHEETS = (PLAYER_DIR / "theme.css", ASSETS_DIR / "style.css", PLAYER_DIR / "page.css")
 PLOTLY_GZ = ASSETS_DIR / "vendor" / "plotly-cartesian-4.1.1.min.js.gz"
 PAGE = PLAYER_DIR / "page.html"  # a `str.format` template: csp, css, data, plotly, player
 PLAY_INTERVAL_MS = 350
-PRESENT_INTERVAL_MS = 1400  # a caption a teacher can read aloud per forward
+PRESENT_INTERVAL_MS = 1400
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class TraceError(ValueError):
-    """A trace that cannot be loaded; the message names the first problem found."""
+    """A trace that cannot be loaded; the message names the first problem."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +79,7 @@ class Trace:
     @classmethod
     def from_frames(cls, frames, *, model: ModelInfo, settings: DiffusionSettings, prompt: str, raw: bool,
                     prompt_ids, token_text, text: str) -> "Trace":
-        """The trace of a run's frames, a trailing cancelled repeat folded in; `TraceError` for none."""
+        """The trace of a run's frames, a trailing cancelled repeat folded in; `TraceError`."""
         kept: list[Frame] = []
         for frame in frames:
             if kept and frame.stop_reason == "cancelled" and frame.forward_index == kept[-1].forward_index:
@@ -91,7 +88,7 @@ class Trace:
                 kept.append(frame)
         if not kept:
             raise TraceError(NO_FRAMES)
-        ids = set(int(i) for i in prompt_ids) | set(kept[-1].committed_ids)
+        ids = {int(i) for i in prompt_ids} | set(kept[-1].committed_ids)
         for frame in kept:
             ids.update(frame.input_ids, frame.draft_ids, *frame.top_ids)
         kinds = None
@@ -116,7 +113,7 @@ class Trace:
         return document
 
     def to_json(self) -> str:
-        """The trace as compact JSON text (non-ASCII kept, no NaN)."""
+        """Compact JSON text (non-ASCII kept, no NaN)."""
         return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
     def save(self, path) -> Path:
@@ -132,7 +129,7 @@ class Trace:
 def record_trace(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings | None = None, *,
                  raw: bool = False, seed: int | None = None, stop_event: threading.Event | None = None,
                  thinking: bool = False) -> Trace:
-    """The `Trace` of `prompt` run to the end on `engine` (arguments as `DiffusionEngine.frames`)."""
+    """The `Trace` of `prompt` run to the end (arguments as `DiffusionEngine.frames`)."""
     settings = settings or engine.recommended
     frames = engine.frames(prompt, settings, raw=raw, seed=seed, stop_event=stop_event, thinking=thinking)
     return trace_of_run(engine, frames, prompt=prompt, settings=settings, raw=raw, thinking=thinking)
@@ -175,7 +172,7 @@ def _rounded(value: float, digits: int = 3) -> float:
 
 
 def load_trace(source) -> Trace:
-    """The checked trace in JSON text, bytes or a `Path`; `TraceError` (one line) for anything wrong."""
+    """The checked trace in JSON text, bytes or a `Path`; `TraceError` (one line)."""
     if isinstance(source, str):
         source = source.encode("utf-8", errors="surrogatepass")
     if not isinstance(source, (bytes, bytearray, Path)):
@@ -208,7 +205,7 @@ def _no_constant(name: str):
 
 
 def parse_trace(document) -> Trace:
-    """The `Trace` of a decoded document (`docs/trace.md`); `TraceError` names the problem and place."""
+    """The `Trace` of a decoded document; `TraceError` names the problem and place."""
     doc = _object(document, "the trace")
     if doc.get("format") != TRACE_FORMAT:
         raise TraceError(f"not a DiffGemma trace: 'format' must be {TRACE_FORMAT!r}, got {shown(doc.get('format'))}")
@@ -256,7 +253,7 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
     frames: list[Frame] = []
     committed: list[int] = []
     committed_tokens, previous_elapsed, expected = 0, 0.0, (0, 0)
-    for index, item in enumerate(frame_docs):  # a frame marked done is the last: checked below
+    for index, item in enumerate(frame_docs):
         where = f"frame {index}"
         f = _object(item, where)
         block = _int(f.get("block"), f"{where}: block", 0, MAX_FRAMES)
@@ -388,14 +385,14 @@ def _id_table(value, name: str, key_rule: str, valid_key, check) -> dict[int, st
 
 
 def _choice(value, where: str, choices: tuple[str, ...], *also: str) -> str:
-    """`value` if it is one of `choices` (or of `also`, unnamed in the message); else `TraceError`."""
+    """`value` if in `choices` or `also` (unnamed in the message); else `TraceError`."""
     if value not in (*choices, *also):
         raise TraceError(f"{where} must be one of {', '.join(choices)}, got {shown(value)}")
     return value
 
 
 def replay_data(trace: Trace) -> dict:
-    """What the player needs of `trace`, JSON-ready (schema: `docs/trace.md`, "The offline replay page")."""
+    """What the player needs of `trace`, JSON-ready (schema: `docs/trace.md`)."""
     index: dict[int, int] = {}
 
     def ids(values) -> list[int]:
@@ -432,23 +429,23 @@ def replay_data(trace: Trace) -> dict:
 
 
 def script_json(data: dict) -> str:
-    """`data` as JSON text inert inside a `<script>` element (`<` and lone surrogates escaped)."""
+    """`data` as JSON inert inside a `<script>` (`<` and lone surrogates escaped)."""
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
     return text.replace("<", "\\u003c")
 
 
 def player_script(names: tuple[str, ...] = PLAYER_SCRIPTS) -> str:
-    """The player's JavaScript files `names`, in order, in one function scope; `FileNotFoundError`."""
+    """The player's JavaScript files in one function scope; `FileNotFoundError`."""
     body = "\n".join((PLAYER_DIR / name).read_text(encoding="utf-8") for name in names)
     return f'\n(() => {{\n"use strict";\n{body}\n}})();\n'
 
 
 def replay_html(trace: Trace) -> str:
-    """The self-contained offline replay page of `trace`; `FileNotFoundError` for a missing asset."""
+    """The offline replay page of `trace`; `FileNotFoundError` for a missing asset."""
     player = player_script()
     digest = base64.b64encode(hashlib.sha256(player.encode("utf-8")).digest()).decode("ascii")
-    # Only the player runs (by its hash, so no inline handler would); it evaluates the unpacked Plotly bundle
+    # Only the player runs (by its hash); it evaluates the unpacked Plotly bundle
     csp = (f"default-src 'none'; script-src 'sha256-{digest}' 'unsafe-eval'; style-src 'unsafe-inline'; "
            "img-src data:; font-src data:")
     css = "\n".join(path.read_text(encoding="utf-8") for path in STYLESHEETS)
@@ -458,7 +455,7 @@ def replay_html(trace: Trace) -> str:
 
 
 def write_replay(trace: Trace, path) -> Path:
-    """Write `replay_html(trace)` to `path` and return the path; `OSError`."""
+    """Write `replay_html(trace)` to `path`, returned; `OSError`."""
     path = Path(path)
     path.write_text(replay_html(trace), encoding="utf-8")
     return path
