@@ -1,7 +1,5 @@
 """Per-position statistics of a frame, taken from the sampler's own computation (no second pass over the logits)."""
 
-from __future__ import annotations
-
 import torch
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSampler
 
