@@ -60,9 +60,14 @@ def sampler_state(sampler):
 
 def canvas_statistics(processed_logits: torch.Tensor, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(confidence, entropy) `[canvas_length]` of logits `[canvas_length, vocab]` and their argmax `draft_ids`."""
-    entropy, log_probs = entropy_and_log_probs(processed_logits.float())
+    log_probs, entropy = _log_probs_and_entropy(processed_logits)
     confidence = log_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1).exp()
     return confidence, entropy
+
+
+def _log_probs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # one fused pass: cheaper where no bitwise match is due
+    return log_probs, -(log_probs.exp() * log_probs).sum(dim=-1)
 
 
 def top_k(values: torch.Tensor, k: int, chunk: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,7 +109,7 @@ def frame_statistics(sampler, processed_logits: torch.Tensor, draft_ids: torch.T
     state = sampler_state(sampler)
     entropy, values, ids = (getattr(state, name, None) for name in ("token_entropy", "top_log_probs", "top_ids"))
     if entropy is None or values is None:
-        entropy, log_probs = entropy_and_log_probs(processed_logits[0].float())
+        log_probs, entropy = _log_probs_and_entropy(processed_logits[0])
         top_ids, top_probs = top_alternatives(log_probs, draft_ids[0])
     else:  # the draft is the argmax: its log-probability is the largest one
         state.top_log_probs = state.top_ids = None
