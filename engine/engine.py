@@ -193,7 +193,7 @@ class DiffusionEngine:
         generated = self.budget(settings)
         if prompt_tokens + generated > self.context_limit:
             raise ValueError(f"prompt of {prompt_tokens:,} tokens plus {settings.max_new_tokens} new ones (whole "
-                             f"canvases: {generated:,}) exceeds the model's context of {self.context_limit:,}: "
+                             f"canvases: {generated:,}) exceeds the model's context of {self.context_limit:,} tokens: "
                              "shorten the prompt or lower max_new_tokens")
 
     def check_settings(self, settings: DiffusionSettings) -> None:

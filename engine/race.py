@@ -128,8 +128,8 @@ class AutoregressiveDecoder:
         """`ValueError` when the prompt plus `max_new_tokens` exceed the context window."""
         if self.context_limit and prompt_tokens + max_new_tokens > self.context_limit:
             raise ValueError(f"prompt of {prompt_tokens:,} tokens plus {max_new_tokens:,} new ones exceeds the "
-                             f"autoregressive model's context of {self.context_limit:,}: shorten the prompt or lower "
-                             "max_new_tokens")
+                             f"autoregressive model's context of {self.context_limit:,} tokens: shorten the prompt or "
+                             "lower max_new_tokens")
 
     def frames(self, prompt: str, max_new_tokens: int, *, raw: bool = False, temperature: float = 0.0,
                seed: int | None = None, stop_event: threading.Event | None = None) -> Iterator[TokenFrame]:
