@@ -116,10 +116,12 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
                     with gr.Column(min_width=0, elem_id="dg-settings-col"):
                         with gr.Accordion("Denoising settings", elem_id="dg-settings"):
                             controls = {}  # by setting name; a pair goes side by side
-                            for names in ((0,), (1,), (2,), (3, 4), (7,), (5, 6)):  # indices in API_SETTINGS
+                            for names in (("max_new_tokens",), ("max_denoising_steps",), ("entropy_bound",),
+                                          ("t_min", "t_max"), ("adaptive_stopping",),
+                                          ("stability_threshold", "confidence_threshold")):
                                 pair = {"min_width": 120} if len(names) > 1 else {}
                                 with gr.Row() if pair else contextlib.nullcontext():
-                                    for name in (API_SETTINGS[i] for i in names):
+                                    for name in names:
                                         controls[name] = setting_control(name, getattr(rec, name), **pair)
                         examples = load_examples(embedded=embedded)
                         gr.Examples(examples, inputs=[prompt, raw], label="Examples: click one to fill the prompt",
