@@ -214,11 +214,19 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
 
 def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted=None, top_ids=None,
                top_probs=None) -> tuple[list, ...]:
-    """A frame's tensors `[canvas_length]` (alternatives `[canvas_length, k]`) as lists, in one transfer; None: []."""
+    """A frame's tensors `[canvas_length]` (alternatives `[canvas_length, k]`) as lists (from an accelerator in one
+    transfer); None: []."""
     rows = (input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted, top_ids, top_probs)
     kinds = (int, int, bool, int, float, float, bool, int, float)
-    given = [row for row in rows if row is not None]
-    host = torch.cat([row.to(torch.float64).reshape(-1) for row in given]).cpu()  # exact for ids
+    if any(row is not None and row.device.type != "cpu" for row in rows):
+        return one_transfer(rows, kinds)
+    dtypes = {int: torch.int64, bool: torch.bool}
+    return tuple([] if row is None else row.to(dtypes.get(kind, row.dtype)).tolist() for row, kind in zip(rows, kinds))
+
+
+def one_transfer(rows: tuple, kinds: tuple) -> tuple[list, ...]:
+    """`rows` (tensors or None) as lists of `kinds` (int, bool, float), copied to the host as one float64 tensor."""
+    host = torch.cat([row.to(torch.float64).reshape(-1) for row in rows if row is not None]).cpu()  # exact for ids
     lists, offset = [], 0
     for row, kind in zip(rows, kinds):
         if row is None:

@@ -13,6 +13,7 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
     token_entropy: torch.Tensor | None = None
     top_log_probs: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
+    _workspace: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def of(cls, sampler: EntropyBoundSampler) -> "RecordingEntropyBoundSampler":
@@ -25,7 +26,7 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
 
     def accept_canvas(self, current_canvas, denoiser_canvas, logits, cur_step):
         """The canvas `[batch, canvas_length]` with denoiser tokens accepted within the entropy bound."""
-        token_entropy, log_probs = entropy_and_log_probs(logits)
+        token_entropy, log_probs = entropy_and_log_probs(logits, self._buffers(logits))
         values, ids = top_k(log_probs.reshape(-1, log_probs.shape[-1]), min(ALTERNATIVES, log_probs.shape[-1]))
         self.token_entropy = token_entropy
         self.top_log_probs, self.top_ids = values.view(*log_probs.shape[:-1], -1), ids.view(*log_probs.shape[:-1], -1)
@@ -37,12 +38,25 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
         )
         return torch.where(self.accepted_token_mask, denoiser_canvas, current_canvas)
 
+    def _buffers(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Two buffers shaped like `logits`, kept from step to step on the CPU (None elsewhere: the device's caching
+        allocator already reuses its memory)."""
+        if logits.device.type != "cpu":
+            return None
+        workspace = self._workspace
+        if workspace is None or workspace[0].shape != logits.shape or workspace[0].dtype != logits.dtype:
+            workspace = self._workspace = (torch.empty_like(logits), torch.empty_like(logits))
+        return workspace
 
-def entropy_and_log_probs(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+
+def entropy_and_log_probs(logits: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """`Categorical(logits=logits)`'s entropy `[..]` (bitwise) and log-probabilities `[.., vocab]` (clamped to the
-    dtype's minimum), from two vocabulary-sized buffers instead of four and without its argument check."""
-    log_probs = logits - logits.logsumexp(dim=-1, keepdim=True)
-    p_log_p = torch.softmax(log_probs, dim=-1)
+    dtype's minimum), from two vocabulary-sized buffers instead of four and without its argument check; `out`: those
+    two buffers, shaped like `logits` (overwritten; the log-probabilities returned are the first)."""
+    log_probs, p_log_p = out if out is not None else (None, None)
+    log_probs = torch.sub(logits, logits.logsumexp(dim=-1, keepdim=True), out=log_probs)
+    p_log_p = torch.softmax(log_probs, dim=-1, out=p_log_p)
     log_probs.clamp_(min=torch.finfo(log_probs.dtype).min)
     return -p_log_p.mul_(log_probs).sum(-1), log_probs
 
@@ -92,8 +106,10 @@ def top_alternatives(log_probs: torch.Tensor, draft_ids: torch.Tensor, k: int = 
 
 def draft_first(values: torch.Tensor, ids: torch.Tensor, draft_ids: torch.Tensor, draft_values: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, probabilities) `[canvas_length, k]` of top `values` and `ids`, each draft (`draft_values`) moved first,
-    or written over the last (in place) when a tie kept it out."""
+    """(ids, probabilities) `[canvas_length, k]` of top `values` (largest first) and their `ids`, each draft
+    (`draft_values`) moved first, or written over the last (in place) when a tie kept it out."""
+    if bool((ids[:, 0] == draft_ids).all()):
+        return ids, values.float().exp()
     draft = draft_ids.unsqueeze(-1)
     missing = ~(ids == draft).any(dim=-1)
     ids[:, -1] = torch.where(missing, draft_ids, ids[:, -1])

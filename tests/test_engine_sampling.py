@@ -9,9 +9,9 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     EntropyBoundSamplerConfig,
 )
 
-from engine.generator import host_lists
-from engine.sampling import (RecordingEntropyBoundSampler, canvas_statistics, entropy_and_log_probs, frame_statistics,
-                             top_alternatives, top_k, with_recording)
+from engine.generator import host_lists, one_transfer
+from engine.sampling import (RecordingEntropyBoundSampler, canvas_statistics, draft_first, entropy_and_log_probs,
+                             frame_statistics, top_alternatives, top_k, with_recording)
 
 
 def _samplers(entropy_bound: float, vocab: int = 500, canvas: int = 32):
@@ -41,6 +41,22 @@ def test_recording_sampler_accepts_what_the_library_sampler_accepts(entropy_boun
     assert torch.equal(recorded_ids, fallback_ids)  # the record holds what a pass over the logits finds
     torch.testing.assert_close(recorded_probs, fallback_probs, rtol=1e-5, atol=1e-7)
     assert recording.top_ids is None  # taken once: the record does not outlive its frame
+
+
+def test_recording_sampler_reuses_its_buffers_from_step_to_step_and_still_accepts_the_same():
+    generator = torch.Generator().manual_seed(11)
+    library, recording = _samplers(0.5)
+    buffers = []
+    for step in (3, 2, 1):
+        logits = torch.randn(1, 32, 500, generator=generator) * step
+        current, denoiser = (torch.randint(0, 500, (1, 32), generator=generator) for _ in range(2))
+        expected = library.accept_canvas(current, denoiser, logits, step)
+        assert torch.equal(recording.accept_canvas(current, denoiser, logits, step), expected)
+        assert torch.equal(recording.token_entropy, torch.distributions.Categorical(logits=logits).entropy())
+        buffers.append(recording._workspace[0].data_ptr())
+    assert len(set(buffers)) == 1
+    recording.accept_canvas(current[:, :16], denoiser[:, :16], logits[:, :16], 1)  # another shape: new buffers
+    assert recording._workspace[0].shape == (1, 16, 500)
 
 
 def test_frame_statistics_fall_back_to_the_logits_without_a_recording():
@@ -88,6 +104,10 @@ def test_host_lists_carry_remelt_flags_and_alternatives_in_the_same_transfer():
     assert lists[6] == [False, True, False]
     assert lists[7] == top_ids.tolist() and lists[8] == top_probs.tolist()
     assert type(lists[7][1][1]) is int
+    rows = (ids, draft, flags, first, floats, floats, remelted, None, top_probs)
+    transferred = one_transfer(rows, (int, int, bool, int, float, float, bool, int, float))  # an accelerator's way
+    assert transferred == host_lists(*rows) and transferred[7] == []
+    assert [type(transferred[i][0]) for i in (0, 2, 4)] == [int, bool, float]
 
 
 def test_alternatives_put_the_draft_first_even_when_tokens_tie():
@@ -100,6 +120,14 @@ def test_alternatives_put_the_draft_first_even_when_tokens_tie():
     many_ties = torch.log_softmax(torch.zeros(1, 8), -1)
     ids, _ = top_alternatives(many_ties, torch.tensor([7]), k=3)
     assert ids[0, 0].item() == 7 and len(set(ids[0].tolist())) == 3
+
+
+def test_alternatives_already_led_by_the_draft_stay_in_their_order():
+    log_probs = torch.log_softmax(torch.tensor([[0.0, 4.0, 1.0, 3.0], [2.0, 0.5, 1.0, 0.0]]), -1)
+    values, ids = log_probs.topk(3, dim=-1)
+    got_ids, got_probs = draft_first(values.clone(), ids.clone(), ids[:, 0].clone(), values[:, 0])
+    assert got_ids.tolist() == [[1, 3, 2], [0, 2, 1]]
+    torch.testing.assert_close(got_probs, values.exp())
 
 
 @pytest.mark.parametrize("vocab", [4096, 1000, 512])
@@ -133,6 +161,9 @@ def test_entropy_is_bitwise_the_library_categorical_entropy(dtype):
     entropy, log_probs = entropy_and_log_probs(logits)
     expected = torch.distributions.Categorical(logits=logits)
     assert torch.equal(entropy, expected.entropy())
+    buffers = (torch.full_like(logits, 7.0), torch.full_like(logits, -3.0))  # stale values from an earlier step
+    again, in_buffer = entropy_and_log_probs(logits, buffers)
+    assert torch.equal(again, entropy) and torch.equal(in_buffer, log_probs) and in_buffer is buffers[0]
     assert torch.equal(log_probs, expected.logits.clamp(min=torch.finfo(dtype).min))
 
 
