@@ -230,8 +230,10 @@ def test_heatmap_animation_has_slider_play_button_and_one_frame_per_step():
     assert "sliders" not in plots.confidence_heatmap(frames, animate=False)["layout"]
     assert [step["label"] for step in slider["steps"]] == ["1", "2", "3", "4", "5"]
     long = plots.confidence_heatmap([make_frame(step=k) for k in range(128)], animate=True)["layout"]["sliders"][0]
-    labels = [step["label"] for step in long["steps"]]  # 128 steps: a label every 10 (the slider names its step)
-    assert len(labels) == 128 and [label for label in labels if label] == ["1", *map(str, range(10, 129, 10))]
+    labels = [step["label"] for step in long["steps"]]  # 128 steps: 64 stops, a label every 10
+    assert len(labels) == 64 and [label for label in labels if label] == ["2", *map(str, range(10, 129, 10))]
+    assert long["active"] == 63 and long["steps"][-1]["args"][0][0]["name"] == "step 128"  # the last step shown
+    assert [step["args"][0][0]["name"] for step in long["steps"][:2]] == ["step 2", "step 4"]
 
 
 def test_unmasking_order_and_entropy_values():
