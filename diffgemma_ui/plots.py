@@ -19,7 +19,7 @@ REMELT_COLOUR = "#f97316"  # the canvas's re-melt outline (assets/style.css .dg-
 MODEBAR_REMOVE = ["select2d", "lasso2d"]  # no view reads a selection
 GAP_CELLS = 96  # heatmap rows or columns with 1 px gaps between cells up to this many
 SLIDER_LABELS = 16  # step labels under the heatmap's slider at most
-SLIDER_STEPS = 64  # stops on the heatmap's slider at most (the play button shows every step)
+SLIDER_STEPS = 32  # stops on the heatmap's slider at most (the play button shows every step)
 HOVER_CELLS = 16384  # heatmap cells drawn with per-cell token text at most (256 positions x 64 steps)
 TOOLBAR_PX = 28  # the hover mode bar's strip
 
@@ -50,7 +50,7 @@ def _layout(title: str, *, below_toolbar: bool = False, **extra) -> dict:
 
 
 def _axis(title: str, **extra) -> dict:
-    return {"title": {"text": title}, "gridcolor": GRID, "zeroline": False, **extra}
+    return {"title": {"text": title}, "gridcolor": GRID, "zeroline": False, "ticklabeloverflow": "allow", **extra}
 
 
 def _round(value: float) -> float:
@@ -123,7 +123,8 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
             "colorscale": PLOTLY_SCALE, "zmin": 0, "zmax": 1,
             "xgap": int(n <= GAP_CELLS), "ygap": int(rows <= GAP_CELLS),
             **({"zsmooth": "fast"} if n > GAP_CELLS and rows > GAP_CELLS else {}),  # one image, crisp cells
-            "colorbar": {"title": {"text": "conf."}, "thickness": 10, "len": 0.9, "outlinewidth": 0},
+            "colorbar": {"title": {"text": "conf."}, "thickness": 10, "len": 0.9, "outlinewidth": 0,
+                         "ticklabeloverflow": "allow"},
         },
         {
             "type": "scatter", "mode": "markers", "x": [x for x, _ in dots], "y": [y for _, y in dots],
@@ -239,7 +240,8 @@ def entropy_and_acceptance(frames: Sequence[Frame]) -> FigureSpec:
                     dtick=max(1, math.ceil(len(frames) / 8))),
         yaxis=_axis("mean entropy (nats)", rangemode="tozero"),
         yaxis2={"title": {"text": "accepted positions"}, "overlaying": "y", "side": "right", "range": [0, n],
-                "showgrid": False, "zeroline": False, "tickmode": "linear", "tick0": 0, "dtick": whole_step(n)},
+                "ticklabeloverflow": "allow", "showgrid": False, "zeroline": False, "tickmode": "linear", "tick0": 0,
+                "dtick": whole_step(n)},
         margin={"l": 52, "r": 52, "t": 64, "b": 40},
         showlegend=True,
         legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 1.0, "yanchor": "bottom",

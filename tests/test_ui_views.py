@@ -230,10 +230,10 @@ def test_heatmap_animation_has_slider_play_button_and_one_frame_per_step():
     assert "sliders" not in plots.confidence_heatmap(frames, animate=False)["layout"]
     assert [step["label"] for step in slider["steps"]] == ["1", "2", "3", "4", "5"]
     long = plots.confidence_heatmap([make_frame(step=k) for k in range(128)], animate=True)["layout"]["sliders"][0]
-    labels = [step["label"] for step in long["steps"]]  # 128 steps: 64 stops, a label every 10
-    assert len(labels) == 64 and [label for label in labels if label] == ["2", *map(str, range(10, 129, 10))]
-    assert long["active"] == 63 and long["steps"][-1]["args"][0][0]["name"] == "step 128"  # the last step shown
-    assert [step["args"][0][0]["name"] for step in long["steps"][:2]] == ["step 2", "step 4"]
+    labels = [step["label"] for step in long["steps"]]  # 128 steps: 32 stops, labels on stops at multiples of 10
+    assert len(labels) == 32 and [label for label in labels if label] == ["4", *map(str, range(20, 121, 20))]
+    assert long["active"] == 31 and long["steps"][-1]["args"][0][0]["name"] == "step 128"  # the last step shown
+    assert [step["args"][0][0]["name"] for step in long["steps"][:2]] == ["step 4", "step 8"]
 
 
 def test_unmasking_order_and_entropy_values():
@@ -279,6 +279,10 @@ def test_plots_drop_selection_buttons_and_keep_narrow_titles_clear_of_the_mode_b
                "empty order": plots.unmasking_order(None), "empty entropy": plots.entropy_and_acceptance([])}
     for name, fig in figures.items():
         assert {"select2d", "lasso2d"} <= set(fig["layout"]["modebar"]["remove"]), name  # no view reads a selection
+        axes = [axis for key, axis in fig["layout"].items() if key[:5] in ("xaxis", "yaxis") and axis.get("visible", 1)]
+        axes += [trace["colorbar"] for trace in fig["data"] if "colorbar" in trace]
+        assert len(axes) >= (0 if name.startswith("empty") else 2), name
+        assert all(axis["ticklabeloverflow"] == "allow" for axis in axes), name  # no measure of each tick label
     for name in ("order", "entropy", "empty order", "empty entropy"):  # half-width plots: the bar spans the top
         layout = figures[name]["layout"]
         title_top_px = (1 - layout["title"]["y"]) * layout["height"]
