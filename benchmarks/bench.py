@@ -545,7 +545,6 @@ class Ways:
     def __init__(self, engine: DiffusionEngine, prompt: str, settings: DiffusionSettings):
         from diffusers import DiffusionGemmaPipeline
 
-
         if settings.adaptive_stopping:
             raise ValueError("the ways comparison needs adaptive stopping off (every way then runs the same forwards)")
         self.engine, self.prompt, self.settings = engine, prompt, settings
@@ -920,7 +919,6 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     if args.standin:
-
         args.model = str(ensure_standin())
     engine = DiffusionEngine(load_model(args.model, args.device, args.dtype))
     started = time.perf_counter()

@@ -183,7 +183,6 @@ def percentile(values, q):
 
 def random_frames(token_text, vocabulary: int, positions: int, count: int, seed: int):
     """`count` live frames of `positions` random ids (about 30% accepted), strings and kinds from `token_text`."""
-
     rng = random.Random(seed)
     frames = []
     for index in range(count):
@@ -207,8 +206,6 @@ def random_frames(token_text, vocabulary: int, positions: int, count: int, seed:
 
 def finished_stack(token_text, vocabulary: int, positions: int, blocks: int) -> str:
     """`stack_html` of `blocks` finished blocks of `positions` random tokens ("" for none)."""
-
-
     done = []
     for b, frame in enumerate(random_frames(token_text, vocabulary, positions, blocks, seed=99)):
         done.append(dataclasses.replace(frame, block_index=b, block_done=True, step_index=47,
