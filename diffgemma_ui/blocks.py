@@ -35,7 +35,7 @@ EXPLAINER_PATH = ASSETS_DIR / "text" / "explainer.md"
 
 
 class PlaygroundBlocks(gr.Blocks):
-    """`gr.Blocks` whose `launch()` defaults to the playground's theme, CSS and head (Gradio 6 takes them there)."""
+    """`gr.Blocks` whose `launch()` defaults to the playground's theme, CSS and head (as Gradio 6 wants)."""
 
     def launch(self, *args, **kwargs):
         kwargs.setdefault("theme", gr.themes.Soft(
@@ -135,8 +135,7 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
                             canvas = gr.HTML(EMPTY_CANVAS_HTML, elem_id="dg-canvas")  # the block being denoised
                         thought = gr.HTML("", elem_id="dg-thought")
                         text = gr.Textbox(label="Generated text", lines=3, max_lines=12, interactive=False,
-                                          buttons=["copy"], elem_id="dg-text",
-                                          placeholder=prose("text-placeholder"))
+                                          buttons=["copy"], elem_id="dg-text", placeholder=prose("text-placeholder"))
                         block = gr.Slider(1, 2, value=1, step=1, label="Block to plot", visible=False,
                                           elem_id="dg-block")
                         heatmap, order, entropy = live_plots("dg-", min_width=280, row_id="dg-plot-row")
@@ -158,7 +157,7 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
         run_inputs = [prompt, raw, *settings_inputs, seed]
         stream_outputs = [stack, canvas, meter, text, heatmap, order, entropy, block, generate, stop, thought]
         ticket = gr.Textbox(visible=False, elem_id="dg-ticket")  # which request of the session a run step serves
-        # "multiple": a trigger during a run restarts it (session.py: only the newest ticket's step runs)
+        # "multiple": a trigger during a run restarts it (only the newest ticket's step runs)
         requested = checked([generate.click, prompt.submit], playground.request_run, box=refusal,
                             inputs=[session, *run_inputs, thinking], outputs=[ticket, meter, generate, stop],
                             refused=playground.refused, refused_inputs=[session], refused_outputs=[meter],
@@ -167,17 +166,16 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
                                      outputs=stream_outputs, api_visibility="private", concurrency_id="engine",
                                      show_progress="full", show_progress_on=[canvas], trigger_mode="multiple")
         # Stop also cancels the run step, so a queued run leaves the queue
-        stopped = stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step],
-                             **UNQUEUED)
+        stopped = stop.click(playground.stop, inputs=[session], outputs=stream_outputs, cancels=[run_step], **UNQUEUED)
         stepped = wire_step_through(step_controls, StepThroughHandlers(playground), session, run_inputs,
                                     stream_outputs, stop_button=stop, box=refusal)
-        keep = KeepHandlers(playground)  # a run kept however it ended: by itself, by Stop, or stepped through
+        keep = KeepHandlers(playground)  # a run is kept however it ended
         wire_keep(keep_controls, keep, session, stream_outputs, [run_step, stopped, *stepped],
                   replay_button=step_controls.replay, box=refusal)
         reset_note_on(step_controls, [requested.success, step_controls.replay.click, keep_controls.upload.upload,
                                       keep_controls.play.click])
         wire_presenter(playground, session, present)
-        dice.click(playground.random_seed, inputs=None, outputs=[seed], **UNQUEUED)
+        dice.click(playground.random_seed, outputs=[seed], **UNQUEUED)
         preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs[1:], **UNQUEUED)
         for setting in settings_inputs[1:]:  # edited by hand: no longer a named preset
             setting.input(None, None, preset_box, js=f"() => {json.dumps(CUSTOM_PRESET)}", **PRIVATE)

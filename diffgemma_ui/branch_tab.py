@@ -1,5 +1,5 @@
 """Branch from a step: pick a forward of the last run or an uploaded trace, pin tokens, redo the run from that
-forward (`engine.infill.branch_frames`) and show the branch beside the original with the share of positions changed."""
+forward and show the branch beside the original with the share of positions changed."""
 
 import gradio as gr
 
@@ -38,12 +38,12 @@ def parse_pins(text, frame: Frame, tokenizer) -> dict[int, int]:
 
 
 class BranchTab(Tab):
-    """The "Branch from a step" controls and handlers, bound to a `handlers.Playground`."""
+    """The "Branch from a step" controls and handlers."""
 
     sources = {"branch": branch_source}
 
     def build(self, session) -> None:
-        """Create and wire the controls (a closed accordion) in the current Blocks context."""
+        """Create and wire the controls (a closed accordion) in the current Blocks."""
         with gr.Accordion("Branch from a step", open=False, elem_id="dg-branch") as accordion:
             gr.Markdown(prose("branch-help"))
             forward = gr.Slider(1, 2, value=1, step=1, label="Branch from decoder forward", elem_id="dg-branch-step")
@@ -73,7 +73,7 @@ class BranchTab(Tab):
         return gr.update(maximum=max(2, count), value=k), block_html(frame, live=not frame.block_done), ""
 
     def branch(self, session, forward, pins_text, seed, request: gr.Request = None):
-        """The Branch button: yields (the original and the branch side by side, the refusal box's reason)."""
+        """The Branch button: yields (the original and the branch side by side, the refusal box)."""
         trace = getattr(session, "trace", None)
         try:
             if trace is None or session.run_in_progress:

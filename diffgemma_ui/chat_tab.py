@@ -92,7 +92,7 @@ def parse_history(history) -> list[dict]:
 
 
 class ChatState(SessionState):
-    """A visitor's chat: the conversation, its turn, the renderer's caches and the turn counts."""
+    """A visitor's chat: the conversation, its turn, the renderer's caches, the turn counts."""
 
     chat: ChatSession | None = None
     turns = 0
@@ -104,7 +104,7 @@ def has_answer(chat: ChatSession | None) -> bool:
 
 
 class ChatTab(Tab):
-    """Handlers of the Chat tab and `/chat`, bound to a `handlers.Playground`."""
+    """Handlers of the Chat tab and `/chat`."""
 
     sources = {"chat": chat_source}
 
@@ -123,17 +123,17 @@ class ChatTab(Tab):
             return ChatTurn(run, [], [])
 
     def regeneration(self, state: ChatState, preset_name, max_new_tokens, thinking) -> ChatTurn:
-        """The turn that replaces the last answer, with a new seed; gr.Error (also without an answer)."""
+        """The turn replacing the last answer, with a new seed; gr.Error (also without an answer)."""
         if not has_answer(state.chat):
             raise user_error("nothing to regenerate: the conversation has no answer yet")
         return dataclasses.replace(self.turn("x", preset_name, max_new_tokens, -1, thinking), regenerate=True)
 
     def send_stream(self, state: ChatState, request: gr.Request, *inputs) -> Iterator[tuple]:
-        """Send (`inputs` as `turn`'s): the tab's outputs as it is answered (a stopped turn is not kept); gr.Error."""
+        """Send (`inputs` as `turn`'s): the tab's outputs as it is answered (a stopped turn not kept); gr.Error."""
         yield from self._stream(state, self.turn(*inputs), request)
 
     def regenerate_stream(self, state: ChatState, request: gr.Request, *inputs) -> Iterator[tuple]:
-        """Regenerate (`inputs` as `regeneration`'s): the last answer replaced, with a new seed, as `send_stream`."""
+        """Regenerate (`inputs` as `regeneration`'s): the last answer replaced (new seed), as `send_stream`."""
         yield from self._stream(state, self.regeneration(state, *inputs), request)
 
     def _stream(self, state: ChatState, turn: ChatTurn, request) -> Iterator[tuple]:
@@ -143,7 +143,7 @@ class ChatTab(Tab):
         user_text = chat.messages[-2]["content"] if regenerating else turn.run.prompt
         turn.messages, turn.thoughts, turn.session = list(chat.messages), list(chat.thoughts), chat
         shown, shown_thoughts = turn.messages, turn.thoughts
-        if regenerating:  # shown while the turn runs: without the answer it replaces
+        if regenerating:  # shown while it runs: without the answer it replaces
             shown, shown_thoughts = shown[:-2], shown_thoughts[:-1]
         state.clear_views()
         if getattr(request, "session_hash", None):
@@ -175,7 +175,7 @@ class ChatTab(Tab):
         return (history, note, *plots, gr.skip() if message is None else message, *self._buttons(state, running))
 
     def _final(self, state: ChatState, snap, out, regenerating: bool) -> tuple:
-        """The turn's last view (the message box emptied once answered, unless regenerated)."""
+        """The turn's last view (the message box emptied if answered, unless regenerated)."""
         chat = state.chat
         if chat is None:  # the tab closed meanwhile
             return self._view(state, EMPTY_CHAT_HTML, STOPPED_NOTE, None, running=False)
@@ -199,7 +199,7 @@ class ChatTab(Tab):
         return *buttons(running), gr.update(interactive=answer), gr.update(interactive=not running)
 
     def unload(self, request: gr.Request) -> None:
-        """A browser tab closed: stop its turn, drop its conversation and encoder cache."""
+        """A tab closed: stop its turn, drop its conversation and encoder cache."""
         state = self.sessions.pop(getattr(request, "session_hash", None) or "", None)
         if state is not None:
             state.halt()
@@ -207,7 +207,7 @@ class ChatTab(Tab):
             state.release()
 
     def clear(self, state: ChatState) -> tuple:
-        """Clear: forget the conversation; the tab's outputs as before the first turn."""
+        """Clear: forget the conversation; the tab's outputs as before any turn."""
         if state is not None:
             state.halt()
             if state.chat is not None:
@@ -245,7 +245,7 @@ class ChatTab(Tab):
 
 
 def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
-    """The Chat tab's components and events in the current `gr.Tab`; `example_messages` under the message box."""
+    """The Chat tab's components and events in the current `gr.Tab`, `example_messages` under the message box."""
     engine = chat.engine
     state = gr.State(ChatState())
     gr.Markdown(prose("chat-intro"), elem_id="dg-chat-intro")
@@ -324,7 +324,7 @@ def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pend
 
 
 def running_note(turn: int, regenerating: bool) -> str:
-    """The reuse note while turn number `turn` is generated."""
+    """The reuse note while turn `turn` is generated."""
     head = f"Turn {turn}{' (regenerating)' if regenerating else ''}"
     return _note("running", f'{escape_html(head)} \u00b7 {prose("chat-reuse-running")}')
 

@@ -53,11 +53,10 @@ def pipeline_source(engine, payload: tuple, stop) -> Iterator:
                 yield run.latest()
     finally:
         run.stop()
-        run.wait(10.0)  # the pipeline must let go of the device before the next run
+        run.wait(10.0)  # the pipeline frees the device for the next run
     if run.error is not None:
         raise run.error
-    frames = run.frames()
-    if frames:
+    if frames := run.frames():
         yield frames
         yield frames[-1]
 
@@ -70,7 +69,7 @@ class CompareState(SessionState):
 
 
 class CompareHandlers(Tab):
-    """Event handlers of the Compare tab, bound to a `handlers.Playground`."""
+    """Handlers of the Compare tab."""
 
     sources = {"pipeline": pipeline_source}
 
@@ -103,7 +102,7 @@ class CompareHandlers(Tab):
 
     @staticmethod
     def refused(state: CompareState | None):
-        """After a refusal: the verdict shown marked as the previous run's (`gr.skip()`: none, or running)."""
+        """After a refusal: the verdict marked as the previous run's (`gr.skip()`: none, or running)."""
         if state is None or state.running or state.shown is None:
             return gr.skip()
         return verdict_html(*state.shown, notice=REFUSED_NOTICE)
@@ -246,7 +245,7 @@ VERDICT_ROWS = (  # (name, figure of a finished frame, its format, whether B / A
 
 
 def verdict_html(a: Frame | None, b: Frame | None, *, notice: str | None = None) -> str:
-    """Two finished runs compared, B against A (empty until both are done); `notice`: a line above it."""
+    """Two finished runs, B against A (empty until both are done); `notice`: a line above it."""
     banner = f'<div class="dg-meter-notice" role="status">{escape_html(notice)}</div>' if notice else ""
     if a is None or b is None or not (a.done and b.done):
         return f'<div class="dg-compare-verdict" data-state="{"refused" if notice else "pending"}">{banner}</div>'

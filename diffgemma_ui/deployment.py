@@ -58,7 +58,7 @@ def space_id(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def space_cpu_cores(environ: Mapping[str, str] | None = None) -> int | None:
-    """A Space's `CPU_CORES` (>= 1), or None off Spaces or when unset or bad."""
+    """A Space's `CPU_CORES` (>= 1), or None off Spaces or if unset or bad."""
     if space_id(environ) is None:
         return None
     text = _environ(environ).get("CPU_CORES", "").strip()
@@ -93,7 +93,7 @@ def queue_plan(device_type: str, environ: Mapping[str, str] | None = None) -> Qu
 
 
 def slow_idle_queue_polling(app, seconds: float = QUEUE_IDLE_POLL_S) -> bool:
-    """After `app.queue()`: poll an idle queue every `seconds` (Gradio's 1 ms takes the GIL); whether it could."""
+    """After `app.queue()`: poll an idle queue every `seconds` (Gradio's: 1 ms); whether it could."""
     queue = getattr(app, "_queue", None)
     if queue is None or not hasattr(queue, "sleep_when_free"):
         return False
@@ -119,7 +119,7 @@ def limit_malloc_arenas(arenas: int = SERVING_ARENAS, environ: Mapping[str, str]
 
 
 def port_in_use(host: str, port: int) -> str | None:
-    """Why the server could not listen on `host`:`port`, or None when it can."""
+    """Why the server could not listen on `host`:`port`, or None if it can."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -175,7 +175,7 @@ class GpuBudget:
 
     @staticmethod
     def forwards(settings: DiffusionSettings, canvas_length: int) -> int:
-        """Decoder forwards a request may take at most."""
+        """The most decoder forwards a request may take."""
         return math.ceil(settings.max_new_tokens / canvas_length) * settings.max_denoising_steps
 
     def duration_s(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> int:
@@ -184,7 +184,7 @@ class GpuBudget:
         return math.ceil(self.setup_s + forwards * self.seconds_per_forward)
 
     def check(self, settings: DiffusionSettings, canvas_length: int, extra_forwards: int = 0) -> None:
-        """ValueError naming what to lower when the request's GPU time cannot fit `quota_s`."""
+        """ValueError naming what to lower when the request's GPU time exceeds `quota_s`."""
         duration = self.duration_s(settings, canvas_length, extra_forwards)
         cost = 2 if self.size == "xlarge" else 1  # quota seconds per GPU second
         if duration * cost <= self.quota_s:
@@ -213,7 +213,7 @@ def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:
 
 
 def load_zero_gpu_model(model: str, device: str = "auto", dtype: str = "auto", quantization: str = "none"):
-    """A checkpoint loaded on the CPU, then `.to("cuda")` for `spaces` to pack; ModelLoadError, also if quantized."""
+    """A checkpoint loaded on the CPU, then `.to("cuda")` for `spaces`; ModelLoadError, also if quantized."""
     if device not in ("auto", "cuda"):
         raise ModelLoadError(f"on ZeroGPU the model runs on the GPU: device must be auto or cuda, got {device!r}")
     if quantization != "none":
@@ -233,7 +233,7 @@ class ZeroGpuPlayground(Playground):
     """`Playground` whose jobs run under `spaces.GPU` on `gpu_engine`; `engine` is a CPU view for checks."""
 
     def __init__(self, engine: DiffusionEngine, *, budget: GpuBudget | None = None, spaces_module=None, **kwargs):
-        view = copy.copy(engine)  # the main process's engine: its model never runs there
+        view = copy.copy(engine)  # its model never runs in the main process
         view.device = torch.device("cpu")
         super().__init__(view, **kwargs)
         self.gpu_engine = engine
@@ -265,7 +265,7 @@ class ZeroGpuPlayground(Playground):
                 LOG.error("ZeroGPU run failed to start", exc_info=error)
                 raise user_error(describe_error(error)) from None
             raise
-        # Set-up is over with the first frame: the rest is the forwards' share
+        # set-up ends with the first frame; the rest is the forwards' share
         left = max(MIN_RUN_S, self.gpu_seconds(job, stop) - self.budget.setup_s)
 
         def source(_stop) -> Iterator[Frame]:

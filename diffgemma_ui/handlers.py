@@ -1,4 +1,4 @@
-"""The Playground tab's handlers (`Playground`, through which every tab's jobs start) and `/generate`."""
+"""The Playground tab's handlers (`Playground`, which starts every tab's jobs) and `/generate`."""
 
 import dataclasses
 import time
@@ -17,7 +17,7 @@ from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html,
 from .meter import REFUSED_NOTICE, meter_html, run_meter_html, waiting_meter_html
 from .runs import STOP_WAIT_S, Runner, RunSnapshot, RunWorker, default_live_rate, session_key, wait_all
 from .session import SessionState
-from .tab import PlotClock, api_run, describe_error, refusing, user_error
+from .tab import PlotClock, api_run, buttons, describe_error, refusing, user_error
 from .text import plain_text
 from .validation import CUSTOM_PRESET, PRESET_FIELDS, RunRequest, build_request, preset_values
 
@@ -48,7 +48,7 @@ class StreamOutputs:
 STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
 RUN_INPUTS = len(SETTING_NAMES) + 3  # a page run's inputs: prompt, raw, the table's settings, seed
 STOP_FLUSH_S = 0.1  # Stop's final view waits this long after the stream's end
-PLOT_SPACING_S = 0.03  # between the updates of a final view, so that the browser receives them apart
+PLOT_SPACING_S = 0.03  # between the updates of a final view
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def api_summary(result) -> tuple[str, dict]:
 
 
 def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
-    """The one-line status under the canvas when a run is over."""
+    """The status line under the canvas when a run is over."""
     if error is not None:
         return f"The run failed: {describe_error(error)}"
     if frame is None:
@@ -101,7 +101,7 @@ def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
 
 
 def previous_run_meter(snap: RunSnapshot | None, running: bool):
-    """After a refused request: `snap`'s meter marked as the previous run's (skipped: none, or running)."""
+    """After a refusal: `snap`'s meter marked as the previous run's (skipped: none, or running)."""
     if snap is None or snap.latest is None or running:
         return gr.skip()
     finished = snap.finished_blocks()
@@ -114,7 +114,7 @@ class Playground:
     def __init__(self, engine: DiffusionEngine, *, max_fps: float | None = None, **limits):
         self.engine = engine
         self.runs = Runner(max_fps=default_live_rate(engine.canvas_length) if max_fps is None else max_fps, **limits)
-        self.sources = {"generate": generation_frames}  # kind -> source(engine, payload, stop); each tab adds its own
+        self.sources = {"generate": generation_frames}  # kind -> source(engine, payload, stop)
         self.sessions = weakref.WeakValueDictionary()  # session key -> SessionState, for `unload`
 
     def check_request(self, request: RunRequest) -> None:
@@ -147,30 +147,27 @@ class Playground:
 
     @staticmethod
     def parse(prompt, raw, *values, ui_limits: bool, thinking=False) -> RunRequest:
-        """A `RunRequest` from prompt, raw, the table's settings and seed (ValueError)."""
+        """A `RunRequest` of prompt, raw, the table's settings and seed (ValueError)."""
         *settings, seed = values
         return build_request(prompt, raw, dict(zip(SETTING_NAMES, settings)), seed, ui_limits=ui_limits,
                              thinking=thinking)
 
     def render(self, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool,
                first: bool = True, stagger: bool = False) -> StreamOutputs:
-        """The view of `snap` (blocks' HTML cached in `session`); hover text if `final`, buttons if `first`/`final`.
-        `stagger`: live plots that are due go one per render (the heatmap first), so that the browser redraws one
-        plot per update."""
+        """The view of `snap` (blocks' HTML cached in `session`); hover text if `final`, buttons if `first`/`final`;
+        `stagger`: due live plots go one per render, the heatmap first."""
         finished = snap.finished_blocks()
         for frame in finished[len(session.finished_html):]:
             session.finished_html.append(block_html(frame, live=False))
         latest = snap.latest
         live = latest if latest is not None and not latest.block_done else None
-        status = status_text(latest, snap.error) if final else ""
-        if latest is None and not final:
-            status = "Encoding the prompt\u2026"
+        status = status_text(latest, snap.error) if final else "Encoding the prompt\u2026" if latest is None else ""
         skip = gr.skip()
         stack = text = thought = heatmap = order = entropy = skip
         if len(finished) != session.stacked_blocks or final:
             stack = stack_html(finished, finished_html=session.finished_html)
             session.stacked_blocks = len(finished)
-        if isinstance(stack, str) or first:  # the text and the thought change only with a committed block
+        if isinstance(stack, str) or first:  # text and thought change with a committed block
             result = self.engine.summarize(latest, snap.frames_seen) if latest is not None else None
             text = plain_text(result.text) if result is not None else ""
             thought = thought_html(result.thought if result is not None else "")
@@ -185,14 +182,13 @@ class Playground:
             order, entropy = (figure, skip) if name == "order" else (skip, figure)
         blocks = snap.block_count
         block = gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1) if final else skip
-        if first and not final:  # the previous run's slider would plot this run's blocks
+        if first and not final:  # the previous run's slider is stale
             block = gr.update(visible=False)
         meter = run_meter_html(latest, committed=finished[-1] if finished else None, final=final)
-        edge = first or final
+        run_button, stop_button = buttons(not final) if first or final else (skip, skip)
         return StreamOutputs(
             stack=stack, canvas=canvas, meter=meter, text=text, heatmap=heatmap, order=order, entropy=entropy,
-            block=block, generate_button=gr.update(interactive=final) if edge else skip,
-            stop_button=gr.update(interactive=not final) if edge else skip, thought=thought,
+            block=block, generate_button=run_button, stop_button=stop_button, thought=thought,
         )
 
     def page_request(self, inputs: tuple, *defaults) -> tuple[RunRequest, tuple]:
@@ -206,20 +202,18 @@ class Playground:
         if session is None:
             return 0, gr.skip(), gr.skip(), gr.skip()
         replacing = session.run_in_progress
-        return (str(session.claim()), waiting_meter_html(replacing=replacing), gr.update(interactive=False),
-                gr.update(interactive=True))
+        return str(session.claim()), waiting_meter_html(replacing=replacing), *buttons(True)
 
     def refused(self, session: SessionState):
         return previous_run_meter(getattr(session, "snapshot", None), session is not None and session.run_in_progress)
 
     def generate_stream(self, session: SessionState, *inputs, request: gr.Request = None) -> Iterator[tuple]:
-        """The run step on `RUN_INPUTS`, ticket, `thinking`: `StreamOutputs` tuples to the final frame (none for a stale
-        ticket); gr.Error."""
+        """The run step on `RUN_INPUTS`, ticket, `thinking`: `StreamOutputs` tuples to the end (none if stale);
+        gr.Error."""
         run, (ticket, _) = self.page_request(inputs, None, False)
-        ticket = parse_number(ticket)  # the page's hidden ticket box: None when it holds none
+        ticket = parse_number(ticket)  # the hidden ticket box: None if empty
         request = request or LocalContext.request.get(None)
-        if session is None:
-            session = SessionState()
+        session = session or SessionState()
         if ticket is not None and not session.is_current(ticket):
             return
         key = session_key(request, session)
@@ -243,7 +237,7 @@ class Playground:
                     if part:
                         time.sleep(PLOT_SPACING_S)
                     if not session.is_current(ticket):
-                        return  # Stop came while this view was drawn: its final view must stay the last
+                        return  # Stop came meanwhile: its final view stays the last
                     yield outputs.as_tuple()
                 if snap.finished and snap.error is not None:
                     raise user_error(snap.error)
@@ -252,8 +246,8 @@ class Playground:
             session.end_stream(worker)
 
     def stop(self, session: SessionState) -> tuple:
-        """The Stop button: stop the session's run and, once it and its stream have ended (Gradio cancels or
-        advances it) or `STOP_WAIT_S` passed, render its final view (a queued run left the queue)."""
+        """The Stop button: stop the session's run, render its final view once it and its stream ended or
+        `STOP_WAIT_S` passed (a queued run left the queue)."""
         if session is None:
             return initial_outputs().as_tuple()
         _, worker = session.withdraw()
@@ -264,15 +258,11 @@ class Playground:
             skips = dict.fromkeys(("stack", "canvas", "text", "heatmap", "order", "entropy", "block"), gr.skip())
             return dataclasses.replace(initial_outputs(), meter=meter_html(None, note="left the queue: nothing ran"),
                                        **skips).as_tuple()
-        # the stream's end too, and a moment for the queue to write what it sent last: nothing it sent may arrive
-        # after this final view (this answer does not go through the queue)
+        # nothing the stream sent may arrive after this final view
         wait_all(STOP_WAIT_S, worker.join, session.wait_for_stream)
         time.sleep(STOP_FLUSH_S)
-        snap = worker.snapshot()
-        session.snapshot = snap
-        final = self.render(session, snap, final=True, plots_due=True)
-        return dataclasses.replace(final, generate_button=gr.update(interactive=True),
-                                   stop_button=gr.update(interactive=False)).as_tuple()
+        session.snapshot = snap = worker.snapshot()
+        return self.render(session, snap, final=True, plots_due=True).as_tuple()  # Generate on, Stop off
 
     def unload(self, request: gr.Request) -> None:
         """A tab closed: stop its runs and release its session."""
@@ -283,7 +273,7 @@ class Playground:
             session.release()
 
     def select_block(self, session: SessionState, block) -> tuple:
-        """The three plots of block number `block` (1-based) of the session's last run."""
+        """The three plots of block `block` (1-based) of the session's last run."""
         snap = getattr(session, "snapshot", None)
         if snap is None or not snap.blocks:
             return plots.block_plots([])
@@ -324,8 +314,7 @@ class Playground:
 
 
 def plots_apart(outputs: StreamOutputs) -> list[StreamOutputs]:
-    """`outputs` as three updates that together show the same, so that the browser redraws one plot per update:
-    the heatmap alone, the unmasking order alone, then the rest of the view."""
+    """`outputs` as three updates showing the same: the heatmap, the unmasking order, then the rest."""
     skips = dict.fromkeys((field.name for field in dataclasses.fields(StreamOutputs)), gr.skip())
     return [StreamOutputs(**{**skips, "heatmap": outputs.heatmap}), StreamOutputs(**{**skips, "order": outputs.order}),
             dataclasses.replace(outputs, heatmap=gr.skip(), order=gr.skip())]

@@ -38,12 +38,12 @@ def infill_source(engine, payload: tuple, stop) -> Iterator:
 
 
 class InfillTab(Tab):
-    """Handlers of the Infill tab and `/infill`, bound to a `handlers.Playground`."""
+    """Handlers of the Infill tab and `/infill`."""
 
     sources = {"infill": infill_source}
 
     def layout(self, template) -> InfillLayout:
-        """The template's layout (ValueError: bad syntax, or it does not fit one canvas)."""
+        """The template's layout (ValueError: bad syntax, or too long for one canvas)."""
         pad = self.engine.model.generation_config.pad_token_id
         return layout_template(self.engine.tokenizer, template, self.engine.canvas_length, 0 if pad is None else pad)
 
@@ -170,7 +170,7 @@ def filled_html(tokenizer, layout: InfillLayout | None, canvas_ids: Sequence[int
 
 
 def blank_frames(frames: Sequence[Frame], blanks: Sequence[int]) -> list[Frame]:
-    """`frames` with every per-position field cut down to the `blanks` positions (`canvas_length` = blanks)."""
+    """`frames` with every per-position field cut to the `blanks` positions (`canvas_length` = blanks)."""
     index = list(blanks)
     cut = []
     for frame in frames:
@@ -181,7 +181,7 @@ def blank_frames(frames: Sequence[Frame], blanks: Sequence[int]) -> list[Frame]:
 
 
 def _at_blanks(figure: plots.FigureSpec, blanks: Sequence[int]) -> plots.FigureSpec:
-    """A figure's position axis and hover texts put back on the blanks' canvas positions."""
+    """A figure's position axis and hover texts back on the blanks' canvas positions."""
     def fix(text):
         return _POSITION.sub(lambda m: f"position {blanks[int(m.group(1))]}", text) if isinstance(text, str) else text
 
@@ -198,6 +198,6 @@ def _at_blanks(figure: plots.FigureSpec, blanks: Sequence[int]) -> plots.FigureS
 
 
 def blank_plots(frames: Sequence[Frame], blanks: Sequence[int], *, final: bool) -> tuple:
-    """The three plots of the blank positions only (`final`: with hover text and the step slider)."""
+    """The three plots of the blank positions (`final`: with hover text and the step slider)."""
     heatmap, order, entropy = plots.block_plots(blank_frames(frames, blanks), animate=final, hover=final)
     return _at_blanks(heatmap, blanks), _at_blanks(order, blanks), entropy  # the entropy plot's x axis is steps

@@ -32,7 +32,7 @@ PRESENT_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js", "present.j
 
 
 def check_traceable(settings, canvas_length: int) -> None:
-    """ValueError when a run of `settings` could need a trace over `MAX_TRACE_BYTES`."""
+    """ValueError if a run of `settings` could need a trace over `MAX_TRACE_BYTES`."""
     canvases = -(-settings.max_new_tokens // canvas_length)
     cells = canvases * canvas_length * settings.max_denoising_steps
     if cells > MAX_TRACE_CELLS:
@@ -43,14 +43,14 @@ def check_traceable(settings, canvas_length: int) -> None:
 
 
 def snapshot_upto(trace: Trace, count: int) -> RunSnapshot:
-    """A finished `RunSnapshot` of the first `count` frames of `trace` (clamped to 1..all)."""
+    """A finished `RunSnapshot` of `trace`'s first `count` frames (clamped to 1..all)."""
     count = max(1, min(int(count), len(trace.frames)))
     blocks = tuple(dataclasses.replace(trace, frames=trace.frames[:count]).blocks)
     return RunSnapshot(frames_seen=count, latest=trace.frames[count - 1], blocks=blocks, finished=True)
 
 
 def committed_text(trace: Trace, count: int) -> str:
-    """The text after `count` frames (before the end: the committed tokens' strings)."""
+    """The text after `count` frames (before the end: the committed tokens')."""
     if count >= len(trace.frames):
         return plain_text(trace.text)
     ids = trace.frames[max(0, count - 1)].committed_ids
@@ -84,7 +84,7 @@ class KeepHandlers(Tab):
     """Handlers of a session's `request`, `snapshot`, `trace` (replayed or kept) and `keep_dir` (downloads)."""
 
     def export_files(self, session: SessionState) -> tuple:
-        """After a run: write its trace and replay page; updates of both downloads, the replay slider, Replay."""
+        """After a run: write its trace and replay page; updates of both downloads, replay slider, Replay."""
         hidden = (gr.update(value=None, interactive=False), gr.update(value=None, interactive=False),
                   gr.update(visible=False), gr.update(interactive=False))
         snap, request = session.snapshot, getattr(session, "request", None)
@@ -107,8 +107,7 @@ class KeepHandlers(Tab):
                             thinking=run.thinking)
 
     def _files(self, session: SessionState, trace: Trace) -> tuple:
-        old = getattr(session, "keep_dir", None)
-        if old:
+        if old := getattr(session, "keep_dir", None):
             shutil.rmtree(old, ignore_errors=True)
         folder = Path(tempfile.mkdtemp(prefix="diffgemma-keep-"))
         session.keep_dir = str(folder)
@@ -132,8 +131,7 @@ class KeepHandlers(Tab):
         """The upload: the stream outputs, replay slider and downloads; gr.Error as `check_upload`."""
         if path is None:
             return (gr.skip(),) * (STREAM_WIDTH + 3)
-        if session is None:
-            session = SessionState()
+        session = session or SessionState()
         checked = getattr(session, "checked_upload", None)
         if checked is None or checked[0] != str(path):
             self.check_upload(session, path)
@@ -217,7 +215,7 @@ def build_keep_controls() -> KeepControls:
 
 def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_outputs: list, run_events,
               replay_button: gr.Button, box) -> None:
-    """Wire downloads after `run_events`, the upload, slider, play and `replay_button`; refusals shown in `box`."""
+    """Wire downloads after `run_events`, the upload, slider, play and `replay_button`; refusals in `box`."""
     for event in run_events:
         event.then(keep.export_files, inputs=[session],
                    outputs=[controls.trace_button, controls.html_button, controls.replay_slider, replay_button],
@@ -225,7 +223,7 @@ def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_output
     played = dict(outputs=[*stream_outputs, controls.replay_slider], concurrency_limit=None, trigger_mode="once",
                   **PRIVATE)
     noted(replay_button.click, keep.replay_run, box, inputs=[session], **played)
-    uploaded = noted(controls.upload.upload, keep.check_upload, box, inputs=[session, controls.upload], outputs=None,
+    uploaded = noted(controls.upload.upload, keep.check_upload, box, inputs=[session, controls.upload],
                      concurrency_limit=2, **PRIVATE)
     uploaded.failure(lambda: None, outputs=[controls.upload], **UNQUEUED)  # the refused file leaves the box
     uploaded.success(keep.load_upload, inputs=[session, controls.upload], outputs=[
@@ -237,7 +235,7 @@ def wire_keep(controls: KeepControls, keep: KeepHandlers, session, stream_output
 
 
 def present_head() -> str:
-    """The page-head script of the player and its presenter overlay."""
+    """The page-head script of the player and presenter overlay."""
     return f"<script>{player_script(names=PRESENT_SCRIPTS)}</script>"
 
 
@@ -272,11 +270,11 @@ def present_chunk(engine, session, have) -> str:
 
 
 def wire_presenter(playground, session, present: gr.Button) -> None:
-    """The `present` button and the hidden components the presenter polls through."""
+    """The `present` button and the hidden components the presenter polls."""
     present.click(None, js="() => window.dgPresenter.open()", **PRIVATE)
     have = gr.Textbox(visible="hidden", elem_id="dg-present-have")
     chunk = gr.Textbox(visible="hidden", elem_id="dg-present-data")
     poll = gr.Button(visible="hidden", elem_id="dg-present-poll")
     poll.click(lambda s, h: present_chunk(playground.engine, s, h), inputs=[session, have], outputs=[chunk],
                js="(s, h) => [s, window.dgPresenter.have()]", queue=False, **UNQUEUED).then(
-        None, [chunk], None, js="(c) => window.dgPresenter.feed(c)", **PRIVATE)
+        None, [chunk], js="(c) => window.dgPresenter.feed(c)", **PRIVATE)

@@ -17,7 +17,7 @@ def _finite(value) -> float | None:
 
 
 def format_number(value: float, digits: int = 1, unit: str = "") -> str:
-    """`value` with `digits` decimals, thousands separated, and `unit`; "–" for a missing or non-finite one."""
+    """`value` with `digits` decimals, thousands separated, and `unit`; "–" if missing or non-finite."""
     value = _finite(value)
     return "\u2013" if value is None else f"{value:,.{digits}f}{unit}"
 
@@ -69,7 +69,6 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
     """The meter's cards and note (`note`: instead of the idle one), `state`, `notice` above; raw figures in data-."""
     values = meter_values(frame, committed)
     progress = values.pop("progress")
-    cards = stat_cards_html(values)
     rates = committed if committed is not None else frame
     tps = 0.0 if rates is None or not rates.forwards_per_block else _finite(rates.tokens_per_second) or 0.0
     ttff = 0.0 if frame is None else _finite(frame.time_to_first_frame_s) or 0.0
@@ -88,7 +87,7 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
             footer += f'<div class="dg-meter-note dg-short-answer">{escape_html(short)}</div>'
     banner = f'<div class="dg-meter-notice" role="status">{escape_html(notice)}</div>' if notice else ""
     return (f'<div class="dg-meter" data-state="{state}" data-tps="{tps:.6g}" data-ttff="{ttff:.6g}">'
-            f"{banner}{cards}{footer}</div>")
+            f"{banner}{stat_cards_html(values)}{footer}</div>")
 
 
 IDLE_NOTE = "engine clock \u00b7 press Generate to start"
@@ -106,7 +105,7 @@ REFUSED_NOTICE = "Refused (the box under the buttons says why). Everything below
 
 
 def waiting_meter_html(replacing: bool = False) -> str:
-    """A queued run's meter (`replacing`: it stopped the session's run); the browser fills in the position."""
+    """A queued run's meter (`replacing`: it stopped the session's run); the browser fills in its place."""
     html = meter_html(None, note="\u0000", state="queued")
     replaced = "Replaced the run in progress (stopped) \u00b7 " if replacing else ""
     return html.replace("\u0000", f'{replaced}Queued: <span class="dg-queue-position">waiting for a place</span> in '

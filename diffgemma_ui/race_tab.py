@@ -36,7 +36,7 @@ FAULT_TEXT = {"punctuation": prose("race-punctuation"), "repetition": prose("rac
 
 @dataclass
 class RaceProgress:
-    """A race's record and its own snapshot: each side's frames and first-token time, the order run, result."""
+    """A race's record and own snapshot: each side's frames and first-token time, the order run, result."""
 
     frames: dict = field(default_factory=lambda: {side: [] for side in SIDES})
     first_token_s: dict = field(default_factory=dict)
@@ -70,7 +70,7 @@ class RaceProgress:
 
 
 class RaceSession(SessionState):
-    """A visitor's race: its run and the finished race's `progress`, for the replay."""
+    """A visitor's race: its run and the finished race's `progress` (for the replay)."""
 
     progress: RaceProgress | None = None
 
@@ -81,7 +81,7 @@ class RaceTab:
     def __init__(self, runner: RaceRunner, playground: Playground | None = None):
         self.runner = runner
         self.playground = playground or Playground(runner.engine)
-        # on ZeroGPU the playground's engine is a CPU view: the checks run there
+        # on ZeroGPU the checks run on the playground's CPU view of the engine
         self.checker = runner if self.playground.engine is runner.engine else RaceRunner(self.playground.engine)
         self.playground.sources["race"] = self.race_items
         ar, diffusion = runner.ar, model_name(runner.engine.source)
@@ -89,7 +89,7 @@ class RaceTab:
         self.models = {"diffusion": diffusion, "autoregressive": shared if ar.shared_weights else model_name(ar.source)}
 
     def check(self, run: RunRequest, ar_temperature, order) -> tuple:
-        """`run` checked as a race (both budgets, temperature, order): the "race" payload; raises gr.Error."""
+        """`run` checked as a race (both budgets, temperature, order): the "race" payload; gr.Error."""
         with refusing():
             self.checker.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
                                seed=run.seed)
@@ -104,7 +104,7 @@ class RaceTab:
         return self.check(run, ar_temperature, order)
 
     def job(self, race: tuple) -> Job:
-        """The "race" job of (request, AR temperature, order) (its autoregressive side: a forward per token)."""
+        """The "race" job of (request, AR temperature, order), a forward per autoregressive token."""
         return Job("race", race, race[0].settings, extra_forwards=self.checker.budget(race[0].settings))
 
     def race_items(self, engine, race: tuple, stop: threading.Event) -> Iterator:
@@ -115,14 +115,15 @@ class RaceTab:
             on_frame=lambda side, frame: emit((side, frame)), stop_event=stop))
 
     def side_text(self, progress: RaceProgress, side: str, frame) -> str:
-        """The decoded answer of `frame`, cached by side and length."""
+        """`frame`'s decoded answer, cached by side and length."""
         if frame is None:
             return ""
         ids = frame.committed_ids
-        if (side, len(ids)) not in progress.texts:
-            progress.texts[side, len(ids)] = (self.runner.engine.tokenizer.decode(ids, skip_special_tokens=True)
-                                              if side == "diffusion" else self.runner.ar.text(ids))
-        return progress.texts[side, len(ids)]
+        key = side, len(ids)
+        if key not in progress.texts:
+            progress.texts[key] = (self.runner.engine.tokenizer.decode(ids, skip_special_tokens=True)
+                                   if side == "diffusion" else self.runner.ar.text(ids))
+        return progress.texts[key]
 
     def panels(self, progress: RaceProgress, state: str | None = None, t: float | None = None) -> tuple[str, ...]:
         """Both sides' `panel_html` in `state` (None: as the race runs); `t`: replay time (None: newest frames)."""
@@ -156,7 +157,7 @@ class RaceTab:
             session.progress = progress
 
     def replay_stream(self, session: RaceSession) -> Iterator[tuple]:
-        """After the race: both sides replayed on the engine clock, then the result card; as `race_stream`."""
+        """After the race: both sides replayed on the engine clock, then the result card, as `race_stream`'s."""
         progress = session.progress
         if progress is None or progress.result is None:
             yield (*SKIP3, *buttons(False))
@@ -183,7 +184,7 @@ class RaceTab:
 
 
 def build_race_tab(race: RaceTab) -> None:
-    """The Race tab's components and events, in the current `gr.Tab`."""
+    """The Race tab's components and events in the current `gr.Tab`."""
     rec = race.runner.engine.recommended
     session = gr.State(RaceSession())
     with gr.Row(elem_id="dg-race-controls"):
@@ -223,7 +224,7 @@ def frame_at(frames: Sequence, t: float):
 
 
 def side_figures(frame, *, t: float | None = None, first_token_s: float | None = None) -> dict[str, str]:
-    """A side's figures by `FIGURES` label for its newest `frame` at replay time `t` (None: the frame's time)."""
+    """A side's figures by `FIGURES` label for its newest `frame` at replay time `t` (None: the frame's)."""
     if frame is None:
         return dict.fromkeys(FIGURES, "\u2013")
     elapsed = frame.elapsed_s if t is None or frame.done else max(t, frame.elapsed_s)
@@ -241,7 +242,6 @@ def side_figures(frame, *, t: float | None = None, first_token_s: float | None =
 
 
 def _tag(tag: str, css: str, text: str) -> str:
-    """`text` escaped in a `tag` of class `css`; "" for no text."""
     return f'<{tag} class="{css}">{escape_html(text)}</{tag}>' if text else ""
 
 
@@ -286,7 +286,7 @@ COST_COLUMNS = (  # (heading, a side's cell); the last two only where the bandwi
 
 
 def cost_table_html(result: RaceResult) -> str:
-    """Cost per forward and tokens per forward of both sides (and the bandwidth bound where measured)."""
+    """Both sides' cost and tokens per forward (and the bandwidth bound where measured)."""
     sides = [s for s in (result.diffusion, result.autoregressive) if s is not None]
     bound = any(s.bandwidth_bound_s_per_forward for s in sides)
     columns = COST_COLUMNS if bound else COST_COLUMNS[:3]
@@ -300,7 +300,7 @@ def cost_table_html(result: RaceResult) -> str:
 
 
 def speedup_text(result: RaceResult) -> str:
-    """The headline speedup; a stopped race gives none."""
+    """The headline speedup (none for a stopped race)."""
     speedup, side = result.speedup, result.stopped_side
     if result.cancelled:
         stopped = getattr(result, side) if side else None
@@ -314,7 +314,7 @@ def speedup_text(result: RaceResult) -> str:
 
 
 def caveat_text(result: RaceResult) -> str:
-    """A warning when a side's answer is mostly punctuation or repeats itself, else ""."""
+    """A warning when a side's answer is mostly punctuation or repetition, else ""."""
     sentences = []
     for side in (result.diffusion, result.autoregressive):
         if side is not None and side.faults:
@@ -325,7 +325,7 @@ def caveat_text(result: RaceResult) -> str:
 
 
 def explanation(result: RaceResult) -> str:
-    """Why the race came out as it did (`result.verdict()`, both sides' costs); "" without two answers."""
+    """Why the race came out so (`result.verdict()`, both sides' costs); "" without two answers."""
     d, a = result.diffusion, result.autoregressive
     if d is None or a is None or d.tokens == 0 or a.tokens == 0:
         return ""
@@ -355,7 +355,7 @@ def explanation(result: RaceResult) -> str:
 
 
 def lengths_text(result: RaceResult) -> str:
-    """A warning when one side wrote at least twice the other's tokens, else ""."""
+    """A warning when a side wrote at least twice the other's tokens, else ""."""
     d, a = result.diffusion, result.autoregressive
     if d is None or a is None or min(d.tokens, a.tokens) == 0 or max(d.tokens, a.tokens) < 2 * min(d.tokens, a.tokens):
         return ""

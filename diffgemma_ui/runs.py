@@ -20,7 +20,7 @@ from engine import Frame
 FrameSource = Callable[[threading.Event], Iterator[Frame]]
 DEFAULT_MAX_FPS = 15.0
 LIVE_POSITIONS_PER_SECOND = 3840.0  # chips a browser redraws per second at most (docs/design.md)
-DEFAULT_READER_BUDGET = 0.05  # the most share of wall time the live view may take
+DEFAULT_READER_BUDGET = 0.05  # the live view's largest share of wall time
 MAX_LIVE_GAP_S = 2.0  # a slow reader still renders at least this often
 STOP_GRACE_S = 2.0  # after Stop, frames already on their way are read this long
 LOG = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def default_live_rate(canvas_length: int) -> float:
 
 @dataclass(frozen=True)
 class RunSnapshot:
-    """A run at one moment: frames seen, the latest frame, each block's frames, whether finished, its error."""
+    """A run at one moment: frames seen, the latest frame, each block's frames, finished, its error."""
 
     frames_seen: int = 0
     latest: Frame | None = None
@@ -51,9 +51,7 @@ class RunSnapshot:
         """Frames of block `block` (default: the newest; clamped); () if none."""
         if not self.blocks:
             return ()
-        if block is None:
-            return self.blocks[-1]
-        return self.blocks[max(0, min(int(block), len(self.blocks) - 1))]
+        return self.blocks[-1 if block is None else max(0, min(int(block), len(self.blocks) - 1))]
 
     def finished_blocks(self) -> list[Frame]:
         """The last frame of every finished block, in order."""
@@ -65,7 +63,7 @@ class RunSnapshot:
 
 @dataclass
 class RunRecord:
-    """A run's frames, appended by one writer, read by any number of readers; `count` frames so far."""
+    """A run's frames, appended by one writer, read by any readers; `count` frames so far."""
 
     keep_history: bool = True
     count: int = 0
@@ -104,7 +102,7 @@ class RunRecord:
 
 
 class RunTimeLimitExceeded(RuntimeError):
-    """A run went past the server's time limit and was stopped (its committed blocks are kept)."""
+    """A run went past the server's time limit and was stopped (its committed blocks kept)."""
 
 
 def is_out_of_memory(error: BaseException | None) -> bool:
@@ -127,8 +125,7 @@ class RunWorker:
                  time_limit_s: float | None = None, stop_event: threading.Event | None = None, record=None):
         self.stop_event = threading.Event() if stop_event is None else stop_event
         self.record = RunRecord(keep_history=keep_history) if record is None else record
-        self.abandon_after_s = abandon_after_s
-        self.time_limit_s = time_limit_s
+        self.abandon_after_s, self.time_limit_s = abandon_after_s, time_limit_s
         self._source = source
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -154,7 +151,7 @@ class RunWorker:
         return self._thread is not None and self._thread.is_alive()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Whether the worker thread has ended, after waiting up to `timeout` s."""
+        """Whether the worker thread ended, after waiting up to `timeout` s."""
         if self._thread is not None:
             self._thread.join(timeout)
         return not self.running
@@ -213,8 +210,7 @@ class RunWorker:
                 reader_budget: float | None = DEFAULT_READER_BUDGET) -> Iterator[RunSnapshot]:
         """Coalesced snapshots, `max_fps` at most, reader time / `reader_budget` apart (`MAX_LIVE_GAP_S` at most)."""
         interval = 1.0 / max_fps if max_fps and max_fps > 0 else 0.0
-        seen = -1
-        next_allowed = 0.0
+        seen, next_allowed = -1, 0.0
         reader_s = None  # smoothed seconds the reader spends per snapshot
         while True:
             with self._changed:  # a new frame, then the time for it
@@ -253,7 +249,7 @@ class RunWorker:
 
 DEFAULT_MAX_RUN_S = 300.0
 API_WAIT_S = 0.25  # a served API call checks its client this often
-STOP_WAIT_S = 10.0  # Stop waits this long at most, in all, for the run and its stream to end
+STOP_WAIT_S = 10.0  # the most Stop waits, in all, for the run and its stream to end
 DROP_DELAY_S = 5.0  # a closed tab's Gradio record is dropped this long after
 
 
@@ -294,10 +290,8 @@ class Runner:
 
     def __init__(self, *, max_fps: float, reader_budget: float | None = DEFAULT_READER_BUDGET,
                  abandon_after_s: float = 30.0, max_run_s: float | None = DEFAULT_MAX_RUN_S):
-        self.max_fps = max_fps
-        self.reader_budget = reader_budget
-        self.abandon_after_s = abandon_after_s
-        self.max_run_s = max_run_s
+        self.max_fps, self.reader_budget = max_fps, reader_budget
+        self.abandon_after_s, self.max_run_s = abandon_after_s, max_run_s
         self.blocks = None  # the app's gr.Blocks, for `drop_closed`
         self._lock = threading.Lock()
         self._runs: dict[str, RunWorker] = {}  # each session's run by registry key
@@ -313,7 +307,7 @@ class Runner:
         return worker
 
     def register(self, key: str, worker: RunWorker) -> None:
-        """Record `worker` as session `key`'s run, stopping any run it had before."""
+        """Record `worker` as session `key`'s run, stopping any previous one."""
         with self._lock:
             previous = self._runs.get(key)
             self._runs[key] = worker
@@ -321,14 +315,14 @@ class Runner:
             previous.stop()
 
     def finish(self, key: str | None, worker: RunWorker) -> None:
-        """Stop `worker` (if still running) and forget it if it is still session `key`'s run."""
+        """Stop `worker` and forget it if it is still session `key`'s run."""
         worker.stop()
         with self._lock:
             if key is not None and self._runs.get(key) is worker:
                 del self._runs[key]
 
     def stop(self, key: str) -> bool:
-        """Stop session `key`'s runs (also those registered as `key:...`); returns whether there were any."""
+        """Stop session `key`'s runs (also those registered as `key:...`); whether there were any."""
         with self._lock:
             workers = [self._runs.pop(k) for k in list(self._runs) if k == key or k.startswith(f"{key}:")]
         for worker in workers:
@@ -361,15 +355,16 @@ class Runner:
 
     def unload(self, session_hash: str | None) -> None:
         """A tab closed: stop its session's runs, drop Gradio's record of it `DROP_DELAY_S` later."""
-        if session_hash:
-            self.stop(session_hash)
-        if session_hash and self.blocks is not None:
+        if not session_hash:
+            return
+        self.stop(session_hash)
+        if self.blocks is not None:
             timer = threading.Timer(DROP_DELAY_S, self.drop_closed, args=(session_hash,))
             timer.daemon = True
             timer.start()
 
     def drop_closed(self, session_hash: str) -> bool:
-        """Drop `blocks.state_holder`'s record of `session_hash`; returns whether there was one."""
+        """Drop `blocks.state_holder`'s record of `session_hash`; whether there was one."""
         holder = getattr(self.blocks, "state_holder", None)
         if holder is None:
             return False

@@ -12,8 +12,7 @@ class SessionState:
 
     def __init__(self):
         self.worker: RunWorker | None = None
-        self.ticket = 0
-        self.running_ticket = 0
+        self.ticket = self.running_ticket = 0
         self.stopped = threading.Event()
         self.clear_views()
         self._lock = threading.Lock()
@@ -30,7 +29,7 @@ class SessionState:
         self.pending_plots: list[tuple[str, object]] = []  # (output name, figure) due, not yet sent
 
     def claim(self) -> int:
-        """A new ticket: stops the current run and makes every older ticket stale."""
+        """A new ticket: stops the current run, makes every older ticket stale."""
         with self._lock:
             self.ticket += 1
             ticket = self.ticket
@@ -58,12 +57,12 @@ class SessionState:
         return True
 
     def end_stream(self, worker: RunWorker) -> None:
-        """The stream of `worker` has ended: a waiting `begin` or `wait_for_stream` goes on."""
+        """`worker`'s stream has ended: a waiting `begin` or `wait_for_stream` goes on."""
         if self.worker is worker:
             self._stream_done.set()
 
     def wait_for_stream(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds for the session's stream to end; returns whether it has."""
+        """Wait up to `timeout` seconds for the session's stream to end; whether it has."""
         return self._stream_done.wait(timeout)
 
     @property
@@ -72,7 +71,7 @@ class SessionState:
         return worker is not None and worker.running
 
     def stop(self) -> bool:
-        """Stop the session's run; returns whether one was running."""
+        """Stop the session's run; whether one was running."""
         self.stopped.set()
         worker = self.worker
         if worker is not None and worker.running:
@@ -95,7 +94,7 @@ class SessionState:
         return ticket, worker
 
     def release(self) -> None:
-        """Drop everything the session holds (its tab closed)."""
+        """Drop all the session holds (its tab closed)."""
         self.claim()
         self.worker = None
         self.clear_views()

@@ -21,7 +21,7 @@ NEW_OUTLINE = "#E69F00"  # the plots' accepted colour (Okabe-Ito orange)
 
 @dataclass
 class StepRun:
-    """One stepped run: its request, frame generator, frames so far and a lock (one forward at a time)."""
+    """One stepped run: request, frame generator, frames so far and a lock (one forward at a time)."""
 
     request: object
     frames: Iterator[Frame]
@@ -38,10 +38,8 @@ class StepRun:
 
 def newly_accepted_style(frame: Frame) -> str:
     """A `<style>` outlining the live chips first accepted in `frame`'s forward, by position; "" when none."""
-    if frame.block_done:
-        return ""
     positions = [pos for pos, step in enumerate(frame.first_accepted_step) if step == frame.step_index]
-    if not positions:
+    if frame.block_done or not positions:
         return ""
     selectors = ",".join(f":nth-child({pos + 1})" for pos in positions)
     return (f"<style>#dg-canvas .dg-block-live .dg-chips>.dg-chip:is({selectors}){{outline:2px solid {NEW_OUTLINE};"
@@ -56,10 +54,10 @@ def step_note(frame: Frame) -> str:
 
 
 class StepThroughHandlers(Tab):
-    """"Next step" and "Run to end" on a `handlers.Playground`, kept in `session.step_run`."""
+    """"Next step" and "Run to end", the run kept in `session.step_run`."""
 
     def _step_run(self, session: SessionState, inputs) -> StepRun:
-        """The session's stepped run, or a new one for `inputs` when it has none (or it was superseded)."""
+        """The session's stepped run, or a new one for `inputs` if it has none (or it was superseded)."""
         run = getattr(session, "step_run", None)
         if run is not None and not run.done and getattr(session, "request", None) is run.request:
             return run
@@ -90,9 +88,8 @@ class StepThroughHandlers(Tab):
             return self._render(session, run, plots_due, stop_button)
 
     def _render(self, session: SessionState, run: StepRun, plots_due: bool, stop_button=None) -> tuple:
-        """The stream outputs and the note (Generate skipped, Stop unless `stop_button` is given)."""
-        snap = run.record.snapshot()
-        session.snapshot = snap
+        """The stream outputs and the note (Generate skipped, Stop unless `stop_button` given)."""
+        session.snapshot = snap = run.record.snapshot()
         outputs = self.playground.render(session, snap, final=run.done, plots_due=plots_due,
                                          first=snap.frames_seen == 1)
         outputs = replace(outputs, generate_button=gr.skip(),
@@ -122,7 +119,7 @@ class StepThroughHandlers(Tab):
         if run is None or run.done:
             return (gr.skip(),) * (STREAM_WIDTH + 1)  # the outputs and the note
         run.pause.set()
-        with run.lock:  # after the forward in progress
+        with run.lock:
             rendered = self._render(session, run, True, stop_button=gr.update(interactive=False))
         latest = session.snapshot.latest
         note = rendered[-1] if latest is None else prose("step-paused").format(latest.forward_index + 1)
@@ -155,4 +152,4 @@ def wire_step_through(controls: StepControls, steps, session, run_inputs: list, 
 def reset_note_on(controls: StepControls, listeners) -> None:
     """Put the step note back to its help text on each of `listeners` (another run took the canvas)."""
     for listener in listeners:
-        listener(lambda: prose("step-note"), inputs=None, outputs=[controls.note], **UNQUEUED)
+        listener(lambda: prose("step-note"), outputs=[controls.note], **UNQUEUED)

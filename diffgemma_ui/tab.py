@@ -19,7 +19,7 @@ from .text import escape_html
 
 LOG = logging.getLogger(__name__)
 PLOT_INTERVAL_S = 1.0  # live plots re-render at most this often
-PLOT_CELLS = 8192  # heatmap cells the browser redraws each PLOT_INTERVAL_S at most (256 x 128: every 4 s)
+PLOT_CELLS = 8192  # heatmap cells the browser redraws each PLOT_INTERVAL_S at most
 API_SETTINGS = SETTING_NAMES
 PRIVATE = dict(api_visibility="private", show_progress="hidden")
 UNQUEUED = dict(concurrency_limit=None, **PRIVATE)
@@ -38,7 +38,7 @@ class Tab:
 
 
 def describe_error(error: BaseException) -> str:
-    """The visitor's words for an error that ended a run or refused a request (never a traceback)."""
+    """The visitor's words for an error that ended a run or refused a request (no traceback)."""
     if isinstance(error, _EXPECTED):
         return str(error.message) if isinstance(error, gr.Error) else str(error) or type(error).__name__
     if is_out_of_memory(error):
@@ -90,8 +90,7 @@ def stop_run(state: SessionState | None) -> None:
 def live_run(playground, job, request, state: SessionState, suffix: str, **options) -> Iterator[RunWorker]:
     """`playground.start_job(job, **options)` as `state.worker` under its `session_key`, stopped on leaving."""
     key = session_key(request, state, suffix)
-    worker = playground.start_job(job, key, **options)
-    state.worker = worker
+    state.worker = worker = playground.start_job(job, key, **options)
     try:
         yield worker
     finally:
@@ -99,7 +98,7 @@ def live_run(playground, job, request, state: SessionState, suffix: str, **optio
 
 
 def buttons(running: bool) -> tuple:
-    """(run button, Stop button) updates: Stop on only while `running`."""
+    """(run button, Stop button) updates: Stop on while `running`."""
     return gr.update(interactive=not running), gr.update(interactive=running)
 
 
@@ -121,8 +120,7 @@ def seed_box(elem_id: str, value: str = "0", info: str = "-1 = random", **option
 class Refusal:
     """A session's last refusal in one tab (a `gr.State`, copied empty)."""
 
-    def __init__(self):
-        self.reason = ""
+    reason = ""
 
     def __deepcopy__(self, memo) -> "Refusal":
         return Refusal()
@@ -132,7 +130,7 @@ class Refusal:
 
 
 def refusal_html(reason: str) -> str:
-    """The box under a tab's buttons: `reason` escaped, or "" when there is none."""
+    """The box under a tab's buttons: `reason` escaped, or "" for none."""
     if not reason:
         return ""
     return (f'<div class="dg-refusal" role="alert"><b>Not run:</b> {escape_html(reason)}'
@@ -146,7 +144,7 @@ def refusal_box(tab: str) -> tuple[gr.HTML, gr.State]:
 
 @contextmanager
 def noting(refusal: Refusal) -> Iterator[None]:
-    """Clear `refusal`, then note in it why the block raised (raised again)."""
+    """Clear `refusal`, then note in it why the block raised (and raise)."""
     refusal.reason = ""
     try:
         yield
@@ -197,8 +195,7 @@ def wire_run(triggers: Sequence, check: Callable, stream: Callable, *, state: gr
 
 
 def settled(stream: Callable, outputs: int) -> Callable:
-    """`stream`, then an update that changes nothing (Gradio re-sends a stream's last update as it ends, which would
-    undo later edits)."""
+    """`stream`, then a no-op update (docs/design.md says why)."""
     @functools.wraps(stream)
     def step(*inputs, **options):
         yield from stream(*inputs, **options)
@@ -207,11 +204,11 @@ def settled(stream: Callable, outputs: int) -> Callable:
 
 
 def wire_stop(button: gr.Button, state: gr.State) -> None:
-    button.click(stop_run, inputs=[state], outputs=None, **UNQUEUED)
+    button.click(stop_run, inputs=[state], **UNQUEUED)
 
 
 def noted(listener: Callable, fn: Callable, box: tuple[gr.HTML, gr.State], *, inputs: list, **options):
-    """`listener(fn)` on `inputs`, its errors shown in `box` after it (the box emptied after a pass); the event."""
+    """`listener(fn)` on `inputs`, its errors shown in `box` (emptied after a pass); the event."""
     html, refusal = box
     event = listener(guarded(fn), inputs=[refusal, *inputs], **options)
     for outcome in (event.success, event.failure):  # Gradio runs no `.then` after an error
@@ -231,7 +228,7 @@ def setting_control(name: str, value, **options) -> gr.Slider | gr.Checkbox:
 
 
 def live_plots(prefix: str, *, min_width: int = 260, row_id: str | None = None) -> tuple[gr.Plot, gr.Plot, gr.Plot]:
-    """The three plots, empty, the heatmap above the other two (element ids `prefix` + name)."""
+    """The three plots, empty, the heatmap above the others (element ids `prefix` + name)."""
     heatmap, order, entropy = plots.block_plots([])
     heatmap = gr.Plot(heatmap, show_label=False, elem_id=f"{prefix}heatmap")
     with gr.Row(elem_id=row_id):
@@ -260,7 +257,7 @@ Param = tuple[str, type, object]  # (name, type, default)
 
 
 def setting_params(defaults: DiffusionSettings, names: Sequence[str] = API_SETTINGS) -> list[Param]:
-    """The endpoint parameters of the settings `names`, defaulting to `defaults`."""
+    """The endpoint parameters of settings `names`, defaulting to `defaults`."""
     return [(name, spec(name).kind, getattr(defaults, name)) for name in names]
 
 

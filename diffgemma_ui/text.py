@@ -8,8 +8,7 @@ from pathlib import Path
 
 _VISIBLE = {" ": "\u00b7", "\n": "\u21b5", "\r": "\\r", "\t": "\u21e5"}  # whitespace as visible marks
 # Format characters that reorder or hide text (bidi embeddings/overrides/isolates, zero-width, BOM)
-_SHOW_AS_CODE = {0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029, 0x2060, 0xFEFF,
-                 *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
+_SHOW_AS_CODE = {*range(0x200B, 0x2010), *range(0x2028, 0x202F), 0x2060, *range(0x2066, 0x206A), 0xFEFF}
 EMPTY_TOKEN = "\u2205"  # empty set: a token that decodes to nothing
 PROSE_PATH = Path(__file__).resolve().parent.parent / "assets" / "text" / "page.md"
 
@@ -18,8 +17,7 @@ PROSE_PATH = Path(__file__).resolve().parent.parent / "assets" / "text" / "page.
 def _prose_sections() -> dict[str, str]:
     sections, name = {}, None
     for line in PROSE_PATH.read_text(encoding="utf-8").splitlines():
-        marker = re.fullmatch(r"<!-- (\S+) -->", line)
-        if marker:
+        if marker := re.fullmatch(r"<!-- (\S+) -->", line):
             name = marker.group(1)
             sections[name] = []
         elif line.startswith("#"):

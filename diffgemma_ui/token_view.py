@@ -32,11 +32,9 @@ def _cell(text: str, style: str, detail: str = "") -> TokenCell:
 def special_label(piece: str) -> str:
     """A special token's label: `<pad>` "pad", `<|turn>` "turn start", `<turn|>` "turn end", `<id:N>` "id N"."""
     piece = str(piece)
-    match = _ID.fullmatch(piece)
-    if match:
+    if match := _ID.fullmatch(piece):
         return f"id {match.group(1)}"
-    match = _MARKER.fullmatch(piece)
-    if match:
+    if match := _MARKER.fullmatch(piece):
         opens, name, closes = match.groups()
         name = name.replace("_", " ").strip() or "marker"
         if opens and not closes:
@@ -115,7 +113,7 @@ def _single_cell(token: str, kind: str) -> TokenCell:
 
 
 def draft_labels(frame) -> list[str]:
-    """Each position's draft token as one plain line for hover labels, special tokens with their kind."""
+    """Each position's draft token as a plain line for hover labels, special tokens with their kind."""
     cells = token_cells(frame.draft_tokens, frame.draft_kinds or None)
     return [f"{cell.text} ({_CONTROL_NAMES[cell.style]})" if cell.style in _CONTROL_NAMES else cell.text
             for cell in cells]
