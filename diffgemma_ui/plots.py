@@ -18,7 +18,6 @@ ENTROPY_COLOUR = "#56B4E9"
 REMELT_COLOUR = "#f97316"  # the canvas's re-melt outline (assets/style.css .dg-remelt)
 MODEBAR_REMOVE = ["select2d", "lasso2d"]  # no view reads a selection
 GAP_CELLS = 96  # heatmap rows or columns with 1 px gaps between cells up to this many
-SLIDER_LABELS = 16  # step labels under the heatmap's slider at most
 SLIDER_STEPS = 32  # stops on the heatmap's slider at most (the play button shows every step)
 HOVER_CELLS = 16384  # heatmap cells drawn with per-cell token text at most (256 positions x 64 steps)
 TOOLBAR_PX = 28  # the hover mode bar's strip
@@ -163,7 +162,6 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
             return {"mode": "immediate", **more, "frame": {"duration": duration, "redraw": redraw},
                     "transition": {"duration": 0}}
 
-        every = whole_step(steps, SLIDER_LABELS)  # the current step is always named above the slider
         stride = math.ceil(steps / SLIDER_STEPS)
         stops = range((steps - 1) % stride, steps, stride)  # the last step always
         layout["sliders"] = [{
@@ -171,8 +169,8 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
             "currentvalue": {"prefix": "step ", "font": {"size": 12}, "xanchor": "right"},
             "pad": {"t": 92, "b": 4}, "len": 1.0, "x": 0.0, "y": 0, "ticklen": 3, "minorticklen": 0,
             "font": {"size": 10},
-            "steps": [{"label": str(k + 1) if k == stops[0] or (k + 1) % every == 0 else "", "method": "animate",
-                       "args": [[frame_objects[k]], animation(0)]} for k in stops]}]
+            "steps": [{"label": str(k + 1), "method": "animate", "args": [[frame_objects[k]], animation(0)]}
+                      for k in stops]}]  # Plotly shows every n-th label that fits
         layout["updatemenus"] = [{
             "type": "buttons", "direction": "left", "showactive": False, "x": 0.0, "y": 0, "xanchor": "left",
             "yanchor": "top", "pad": {"t": 58, "r": 8}, **BUTTON_STYLE,
