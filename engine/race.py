@@ -81,8 +81,8 @@ class AutoregressiveDecoder:
         self.token_text = TokenText(tokenizer)
         self.eos_token_ids = eos_ids(model.generation_config)
         self.pad_token_id = getattr(model.generation_config, "pad_token_id", None)
-        config = model.config.get_text_config(decoder=True)
-        self.context_limit = getattr(config, "max_position_embeddings", None)
+        self.text_config = model.config.get_text_config(decoder=True)
+        self.context_limit = getattr(self.text_config, "max_position_embeddings", None)
 
     @classmethod
     def from_diffusion(cls, engine) -> "AutoregressiveDecoder":
@@ -154,7 +154,7 @@ class AutoregressiveDecoder:
         rng = random_state or RunRandomState(None)
         clock = EngineClock(input_ids.device)
         prompt_tokens, committed, counted, frame = int(input_ids.shape[1]), [], 0, None
-        cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
+        cache = DynamicCache(config=self.text_config)
         step_ids, position = input_ids, 0
         for forward in range(max_new_tokens):
             if stop_event is not None and stop_event.is_set():
@@ -356,7 +356,7 @@ def side_weights_bytes(engine: DiffusionEngine, ar: AutoregressiveDecoder) -> tu
     text_config = model.config.get_text_config(decoder=True)
     diffusion = weights_bytes_per_forward([model.model.decoder, model.lm_head], text_config, engine.canvas_length)
     modules = [model.model.encoder.language_model, model.lm_head] if ar.shared_weights else [ar.model]
-    return diffusion, weights_bytes_per_forward(modules, ar.model.config.get_text_config(decoder=True), 1)
+    return diffusion, weights_bytes_per_forward(modules, ar.text_config, 1)
 
 
 class RaceRunner:
