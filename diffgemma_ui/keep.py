@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import gradio as gr
 
-from engine.trace import (MAX_TRACE_BYTES, ModelInfo, Trace, TraceError, load_trace, player_script, replay_data,
-                          script_json, trace_of_run, write_replay)
+from engine.trace import (MAX_TRACE_BYTES, PLAYER_SCRIPTS, ModelInfo, Trace, TraceError, frame_tokens, load_trace,
+                          player_script, replay_data, script_json, trace_of_run, write_replay)
 
 from . import plots
 from .canvas_view import live_html, stack_html
@@ -28,7 +28,7 @@ from .validation import RunRequest
 MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # bytes per canvas position per decoder forward
 PLAY_INTERVAL_S = 0.25
 REPLAY_TOTAL_S, REPLAY_MIN_INTERVAL_S, REPLAY_MAX_INTERVAL_S = 8.0, 0.15, 0.6
-PRESENT_SCRIPTS = ("format.js", "tokens.js", "views.js", "player.js", "present.js")
+PRESENT_SCRIPTS = (*PLAYER_SCRIPTS, "present.js")
 
 
 def check_traceable(settings, canvas_length: int) -> None:
@@ -258,9 +258,7 @@ def present_chunk(engine, session, have) -> str:
     if trace is not None:
         part = dataclasses.replace(trace, frames=tuple(new))
     else:
-        ids = {i for f in new for row in (f.input_ids, f.draft_ids, *f.top_ids) for i in row}
-        kinds = {i: k for f in new for row, ks in ((f.input_ids, f.input_kinds), (f.draft_ids, f.draft_kinds))
-                 for i, k in zip(row, ks) if k != "text"} if all(f.input_kinds for f in new) else None
+        ids, kinds = frame_tokens(new)
         part = Trace(model=ModelInfo.of(engine), settings=request.settings, seed=new[-1].seed, prompt=request.prompt,
                      raw=request.raw, prompt_ids=(), tokens={i: engine.token_text(i) for i in ids}, text="",
                      frames=tuple(new), kinds=kinds)

@@ -88,13 +88,8 @@ class Trace:
                 kept.append(frame)
         if not kept:
             raise TraceError(NO_FRAMES)
-        ids = {int(i) for i in prompt_ids} | set(kept[-1].committed_ids)
-        for frame in kept:
-            ids.update(frame.input_ids, frame.draft_ids, *frame.top_ids)
-        kinds = None
-        if all(len(f.input_kinds) == len(f.input_ids) and len(f.draft_kinds) == len(f.draft_ids) for f in kept):
-            kinds = {i: k for f in kept for i, k in zip(f.input_ids + f.draft_ids, f.input_kinds + f.draft_kinds)
-                     if k != TEXT}
+        ids, kinds = frame_tokens(kept)
+        ids |= {int(i) for i in prompt_ids} | set(kept[-1].committed_ids)
         unchecked = cls(model=model, settings=settings, seed=kept[-1].seed, prompt=prompt, raw=raw,
                         prompt_ids=tuple(prompt_ids), tokens={i: token_text(i) for i in ids}, text=text,
                         frames=tuple(kept), kinds=kinds)
@@ -124,6 +119,16 @@ class Trace:
     @property
     def blocks(self) -> list[tuple[Frame, ...]]:
         return [tuple(group) for _, group in itertools.groupby(self.frames, key=lambda frame: frame.block_index)]
+
+
+def frame_tokens(frames) -> tuple[set[int], dict[int, str] | None]:
+    """The ids `frames` show (canvases, alternatives) and their kinds where not text (None: not classified)."""
+    ids = {i for f in frames for row in (f.input_ids, f.draft_ids, *f.top_ids) for i in row}
+    kinds = None
+    if all(len(f.input_kinds) == len(f.input_ids) and len(f.draft_kinds) == len(f.draft_ids) for f in frames):
+        kinds = {i: k for f in frames for i, k in zip(f.input_ids + f.draft_ids, f.input_kinds + f.draft_kinds)
+                 if k != TEXT}
+    return ids, kinds
 
 
 def record_trace(engine: DiffusionEngine, prompt: str, settings: DiffusionSettings | None = None, *,
