@@ -120,7 +120,7 @@ class Playground:
     def check_request(self, request: RunRequest) -> None:
         """The checks before any work: prompt encoding, context budget, settings, `check_job` (ValueError)."""
         prompt_ids = self.engine.encode_prompt(request.prompt, raw=request.raw, thinking=request.thinking)
-        self.engine.check_budget(int(prompt_ids.shape[1]), request.settings)
+        self.engine.check_budget(prompt_ids.shape[1], request.settings)
         self.engine.check_settings(request.settings)
         self.check_job(Job("generate", request, request.settings))
 

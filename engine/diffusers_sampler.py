@@ -49,7 +49,7 @@ class PipelineRun:
         self.pipe = _diffusers().DiffusionGemmaPipeline(
             model=engine.model, scheduler=make_scheduler(scheduler, settings), processor=engine.tokenizer)
         self.pipe.set_progress_bar_config(disable=True)
-        self.prompt_tokens = int(engine.encode_prompt(self.prompt).shape[1])
+        self.prompt_tokens = engine.encode_prompt(self.prompt).shape[1]
         self.error: BaseException | None = None
         self._steps: list[dict] = []
         self._sequence: list[int] | None = None
@@ -92,9 +92,9 @@ class PipelineRun:
             sequence = [i for n, step in enumerate(steps) if n == len(steps) - 1 or steps[n + 1]["step"] == 0
                         for i in step["canvas"]]
         config, canvas_length = self.engine.model.generation_config, self.engine.canvas_length
-        token_text, n_steps = self.engine.token_text, self.settings.max_denoising_steps
-        builder = FrameBuilder(canvas_length, n_steps, prompt_tokens=self.prompt_tokens,
-                               seed=self.seed, token_text=token_text, remelts=False)
+        n_steps = self.settings.max_denoising_steps
+        builder = FrameBuilder(canvas_length, n_steps, prompt_tokens=self.prompt_tokens, seed=self.seed,
+                               token_text=self.engine.token_text, remelts=False)
         frames: list[Frame] = []
         block, committed = -1, []
         for index, step in enumerate(steps):

@@ -153,7 +153,7 @@ class AutoregressiveDecoder:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         rng = random_state or RunRandomState(None)
         clock = EngineClock(input_ids.device)
-        prompt_tokens, committed, counted, frame = int(input_ids.shape[1]), [], 0, None
+        prompt_tokens, committed, counted, frame = input_ids.shape[1], [], 0, None
         cache = DynamicCache(config=self.text_config)
         step_ids, position = input_ids, 0
         for forward in range(max_new_tokens):
@@ -380,9 +380,9 @@ class RaceRunner:
         check_temperature(ar_temperature)
         parse_seed(seed)
         diffusion_ids = self.engine.encode_prompt(prompt, raw=raw)
-        self.engine.check_budget(int(diffusion_ids.shape[1]), settings)
+        self.engine.check_budget(diffusion_ids.shape[1], settings)
         ar_ids = diffusion_ids if self.ar.shared_weights else self.ar.encode_prompt(prompt, raw=raw)
-        self.ar.check_budget(int(ar_ids.shape[1]), self.budget(settings))
+        self.ar.check_budget(ar_ids.shape[1], self.budget(settings))
 
     def _order(self, order: str) -> tuple[str, str]:
         if order == "alternate":
