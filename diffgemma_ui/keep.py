@@ -112,9 +112,8 @@ class KeepHandlers(Tab):
         folder = Path(tempfile.mkdtemp(prefix="diffgemma-keep-"))
         session.keep_dir = str(folder)
         name = f"diffgemma-seed{trace.seed}"
-        trace_path = trace.save(folder / f"{name}.trace.json")
-        html_path = write_replay(trace, folder / f"{name}.replay.html")
-        return (gr.update(value=str(trace_path), interactive=True), gr.update(value=str(html_path), interactive=True))
+        paths = trace.save(folder / f"{name}.trace.json"), write_replay(trace, folder / f"{name}.replay.html")
+        return tuple(gr.update(value=str(path), interactive=True) for path in paths)
 
     def check_upload(self, session: SessionState, path) -> None:
         """The upload's check: load the trace (gr.Error: a run in progress, a bad trace)."""

@@ -192,9 +192,8 @@ def chat_command(args: argparse.Namespace) -> int:
 def infill_command(args: argparse.Namespace) -> int:
     seed, engine, settings = load_engine(args, lambda: parse_template(args.template, None))
     layout, frames = infill_frames(engine, args.template, settings, prompt=args.prompt, seed=seed)
-    last, count = last_and_count(frames)
-    result = engine.summarize(last, count)
-    text, fills = filled_text(engine.tokenizer, layout, last.committed_ids)
+    result = engine.summarize(*last_and_count(frames))
+    text, fills = filled_text(engine.tokenizer, layout, result.token_ids)
     return report(args, {"text": text, "fills": fills, "blank_positions": layout.blanks,
                          "template_positions": layout.template_positions, "result": result.to_dict()}, text,
                   f"[{len(layout.blanks)} blank positions filled, {result.forwards} forwards, {result.seconds:.2f} s, "
