@@ -293,7 +293,7 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
     clear.click(chat.clear, inputs=[state], outputs=outputs, **UNQUEUED)
 
 
-# -- views (pure; every message is untrusted: escaped plain text, never Markdown or HTML) --------------------------
+# Views (pure; every message is untrusted: escaped plain text, never Markdown or HTML)
 def _bubble(role: str, text: str, *, extra: str = "", state: str = "") -> str:
     body = escape_html(plain_text(text)) if text or state else '<span class="dg-chat-empty">(empty answer)</span>'
     state_attr = f' data-state="{escape_html(state)}"' if state else ""

@@ -218,7 +218,7 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
     wire_stop(stop, state)
 
 
-# -- views (pure) ----------------------------------------------------------------------------------------------
+# Views (pure)
 def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None, state: str,
               sampler: str = "", bound_and_t: bool = True) -> str:
     """One side's card: name, `sampler`, the settings presets differ in (`bound_and_t` False: not the bound and
