@@ -10,6 +10,7 @@ from diffgemma_ui.deployment import default_threads, limit_malloc_arenas, load_z
 from engine import DiffusionEngine, ModelLoadError, load_model
 from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, set_serving_threads
 from engine.race import race_runner
+from engine.settings import parse_number
 
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -25,13 +26,12 @@ def _fail(message: str) -> int:
 
 def _number(kind, text: str, what: str, check, out_of_range: str | None = None):
     """`text` as `kind` passing `check`, else `ArgumentTypeError` naming `what` (or `out_of_range`)."""
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{what}, got {text!r}") from None
+    value = parse_number(text)
+    if value is None or kind is int and not isinstance(value, int):
+        raise argparse.ArgumentTypeError(f"{what}, got {text!r}")
     if not check(value):
         raise argparse.ArgumentTypeError(f"{out_of_range or what}, got {value if kind is int else repr(text)}")
-    return value
+    return kind(value)
 
 
 def _port(text: str) -> int:

@@ -9,13 +9,14 @@ import gradio as gr
 
 from engine import PRESET_NAMES, DiffusionEngine
 from engine.loading import DEFAULT_MODEL
+from engine.quantization import model_bytes
 from engine.race import RaceRunner
 
 from .branch_tab import BranchTab
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
 from .chat_tab import ChatTab, build_chat_tab
 from .compare_tab import CompareHandlers, build_compare_tab
-from .deployment import make_playground, queue_plan, slow_idle_queue_polling, weight_bytes
+from .deployment import make_playground, queue_plan, slow_idle_queue_polling
 from .infill_tab import EMBEDDED_TEMPLATE, INSTRUCTION_TEMPLATE, InfillTab, build_infill_tab
 from .keep import KeepHandlers, build_keep_controls, present_head, wire_keep, wire_presenter
 from .meter import meter_html
@@ -59,7 +60,7 @@ def load_examples(path: Path = EXAMPLES_PATH, *, embedded: bool = True) -> list[
 def header_html(engine: DiffusionEngine) -> str:
     """The page header: title, model, device, canvas, the weights' memory as stored (escaped)."""
     model = escape_html(Path(str(engine.source)).name or str(engine.source))
-    nbytes = weight_bytes(engine.model)
+    nbytes = model_bytes(engine.model)
     size = f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
     text_only = ""
     if getattr(getattr(engine.model, "config", None), "vision_config", None) is not None:

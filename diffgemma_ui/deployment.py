@@ -21,7 +21,7 @@ import torch
 from engine import DiffusionEngine, DiffusionSettings, Frame
 from engine.settings import draw_seed, parse_number
 from engine.loading import ModelLoadError, load_model
-from engine.quantization import memory_report
+from engine.quantization import model_bytes
 
 from .handlers import Job, Playground, generation_frames, received
 from .runs import RunWorker
@@ -198,10 +198,6 @@ class GpuBudget:
             f"max_denoising_steps (at most about {most} forwards in all)")
 
 
-def weight_bytes(model) -> int:
-    return memory_report(model)["total_bytes"]
-
-
 def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:
     """DIFFGEMMA_ZEROGPU_SIZE (large|xlarge) when set, else by weight bytes; ValueError for another value."""
     chosen = _environ(environ).get("DIFFGEMMA_ZEROGPU_SIZE", "").strip().lower()
@@ -209,7 +205,7 @@ def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:
         if chosen not in ("large", "xlarge"):
             raise ValueError(f"DIFFGEMMA_ZEROGPU_SIZE must be auto, large or xlarge, got {chosen!r}")
         return chosen
-    return "xlarge" if weight_bytes(model) > XLARGE_WEIGHTS_BYTES else "large"
+    return "xlarge" if model_bytes(model) > XLARGE_WEIGHTS_BYTES else "large"
 
 
 def load_zero_gpu_model(model: str, device: str = "auto", dtype: str = "auto", quantization: str = "none"):

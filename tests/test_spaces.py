@@ -30,9 +30,9 @@ from deploy.space import front_matter, normalize, read_pins, write_space
 from deploy.targets import REAL_MODEL, SDK_PROVIDED, TARGETS
 from diffgemma_ui.deployment import (QUEUE_IDLE_POLL_S, GpuBudget, StopFlag, default_threads, gpu_size_for,
                                      make_playground, queue_plan, slow_idle_queue_polling, space_cpu_cores, space_id,
-                                     weight_bytes, zero_gpu)
+                                     zero_gpu)
 from engine.loading import meta_model
-from engine.quantization import memory_report
+from engine.quantization import memory_report, model_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 EMULATION = Path(__file__).resolve().parent / "zerogpu_emulation.py"
@@ -313,7 +313,7 @@ def test_gpu_size_follows_the_weights():
             self.weight = torch.nn.Parameter(torch.empty(count, dtype=torch.bfloat16, device="meta"))
 
     real = Weights(25_823_778_864)  # the 26B model's parameters in bf16 (assets/configs): about 52 GB
-    assert weight_bytes(real) == 2 * 25_823_778_864
+    assert model_bytes(real) == 2 * 25_823_778_864
     assert gpu_size_for(real, {}) == "xlarge"
     assert gpu_size_for(Weights(25_823_778_864 // 4), {}) == "large"  # 4-bit
     assert gpu_size_for(real, {"DIFFGEMMA_ZEROGPU_SIZE": "large"}) == "large"
