@@ -104,7 +104,7 @@ class FrameBuilder:
         self.forwards += 1
         self.first_frame_s = elapsed_s if self.first_frame_s is None else self.first_frame_s
         if block_done:
-            self.forwards_per_block = self.forwards_per_block + [step_index + 1]
+            self.forwards_per_block.append(step_index + 1)
         if not build:
             return None
         ids = [*input_ids, *draft_ids, *(i for row in top_ids for i in row)]
@@ -206,15 +206,14 @@ class TokenText:
     def _describe(self, token_id: int, text: str | None = None, piece: str | None = None) -> tuple[str, str]:
         if not 0 <= token_id < self._size:
             return f"<id:{token_id}>", SPECIAL
+        piece = self._tokenizer.convert_ids_to_tokens(token_id) if piece is None else piece
         if token_id == self.pad_id or token_id in self.eos_ids or token_id in self.special_ids:
-            piece = self._tokenizer.convert_ids_to_tokens(token_id) if piece is None else piece
             kind = PAD if token_id == self.pad_id else EOS if token_id in self.eos_ids else SPECIAL
             return str(piece), kind
         if text is None:
             text = self._tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if token_id in self._added:
             return text, TEXT
-        piece = self._tokenizer.convert_ids_to_tokens(token_id) if piece is None else piece
         match = _BYTE_PIECE.fullmatch(piece or "")
         if match:
             return byte_display(bytes([int(match.group(1), 16)])), BYTE
