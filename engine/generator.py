@@ -72,7 +72,6 @@ class EngineClock:
         if self._sync:
             torch.cuda.synchronize()
         self.seconds += time.perf_counter() - self._start
-        return False
 
 
 @torch.no_grad()
@@ -119,8 +118,7 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
         stopping_criteria = model._prepare_ar_stopping_criteria(generation_config, None)
         diffusion_stopping_criteria = model._prepare_diffusion_stopping_criteria(generation_config)
         finished_sequences = torch.zeros(1, dtype=torch.bool, device=device)
-        is_compiling = past_key_values.is_compileable and not generation_config.disable_compile
-        if is_compiling:
+        if past_key_values.is_compileable and not generation_config.disable_compile:
             encoder_after_prefill, decoder_forward, sampler, diffusion_stopping_criteria = model._compile_functions(
                 sampler, diffusion_stopping_criteria)
         else:
@@ -185,7 +183,7 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                         canvas_length=canvas_length, eos_tensor=eos_tensor)
                     committed_ids = strip_after_eos(input_ids[0, prompt_length:].tolist(),
                                                     generation_config.eos_token_id)
-                    committed_tokens = sum(1 for t in committed_ids if t != pad_id)
+                    committed_tokens = sum(t != pad_id for t in committed_ids)
                     if bool(finished_sequences.all()):
                         done, stop_reason = True, "eos"
                     elif block == max_new_canvases - 1:
@@ -242,7 +240,4 @@ def one_transfer(rows: tuple, kinds: tuple) -> tuple[list, ...]:
 def strip_after_eos(token_ids: list[int], eos_token_id: int | list[int] | None) -> list[int]:
     """Generated ids up to and including the first EOS."""
     eos_ids = set(eos_id_list(eos_token_id))
-    for i, token in enumerate(token_ids):
-        if token in eos_ids:
-            return token_ids[: i + 1]
-    return token_ids
+    return next((token_ids[:i + 1] for i, token in enumerate(token_ids) if token in eos_ids), token_ids)
