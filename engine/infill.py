@@ -80,17 +80,17 @@ class FixedPositionsLogitsProcessor(LogitsProcessor):
 
     def __init__(self, canvas_ids: list[int], banned: list[int], device: torch.device):
         self.active = True
-        self.fixed = torch.tensor([i >= 0 for i in canvas_ids], dtype=torch.bool, device=device)
-        self.fixed_ids = torch.tensor([max(i, 0) for i in canvas_ids], dtype=torch.long, device=device)
+        ids = torch.tensor(canvas_ids, dtype=torch.long, device=device)
         self.banned = torch.tensor(sorted(set(banned)), dtype=torch.long, device=device)
-        self._fixed_at = self.fixed.nonzero().squeeze(1)
-        self._blank_at = (~self.fixed).nonzero().squeeze(1)
+        self._fixed_at = (ids >= 0).nonzero().squeeze(1)
+        self._fixed_ids = ids[self._fixed_at]
+        self._blank_at = (ids < 0).nonzero().squeeze(1)
 
     def __call__(self, input_ids, scores):
         if not self.active:
             return scores
         scores[:, self._fixed_at] = float("-inf")
-        scores[:, self._fixed_at, self.fixed_ids[self._fixed_at]] = 0.0
+        scores[:, self._fixed_at, self._fixed_ids] = 0.0
         if self.banned.numel():
             scores[:, self._blank_at.unsqueeze(1), self.banned.unsqueeze(0)] = float("-inf")
         return scores
