@@ -191,7 +191,7 @@ class AutoregressiveDecoder:
     def warm_up(self) -> float:
         """Pay first-run costs with a short greedy run; its seconds."""
         last, _ = last_and_count(self.frames("Warm-up.", 4, raw=True, seed=0))
-        return last.elapsed_s if last is not None else 0.0
+        return last.elapsed_s
 
 
 @dataclass(frozen=True)
@@ -303,7 +303,7 @@ class RaceResult:
 def punctuation_share(tokens: Sequence[str]) -> float:
     """Share of the non-blank `tokens` with no letter or digit; 0.0 for none."""
     shown = [token for token in tokens if token.strip()]
-    return sum(1 for token in shown if not any(c.isalnum() for c in token)) / len(shown) if shown else 0.0
+    return sum(not any(c.isalnum() for c in token) for token in shown) / len(shown) if shown else 0.0
 
 
 def repeated_share(tokens: Sequence[str], n: int = REPEAT_N) -> float:
@@ -415,7 +415,7 @@ class RaceRunner:
         seed = draw_seed() if seed is None else seed
         with self._lock:
             bandwidth, weights = self._bandwidth_figures()
-            weights_bytes = dict(zip(SIDES, weights)) if bandwidth and weights else {}
+            weights_bytes = dict(zip(SIDES, weights)) if bandwidth else {}
             sides = self._order(order)
             results: dict[str, SideResult | None] = dict.fromkeys(SIDES)
             for position, side in enumerate(sides, start=1):
@@ -453,14 +453,14 @@ class RaceRunner:
             forwards, token_text = last.forwards, self.ar.token_text
             model, text, token_ids = self.ar.source, self.ar.text(last.committed_ids), list(last.committed_ids)
         tokens, seconds = last.committed_tokens, last.elapsed_s
-        per_forward = tokens / forwards if forwards else 0.0
+        per_forward = tokens / forwards
         bound_s = weights_bytes / bandwidth if weights_bytes else None
         shown = [token_text(i) for i in token_ids if token_text.kind(i) in (TEXT, BYTE)]
         return SideResult(
             name=side, model=model, text=text, token_ids=token_ids, tokens=tokens, forwards=forwards,
             seconds=seconds, tokens_per_second=tokens / seconds if seconds > 0 else 0.0,
             tokens_per_forward=per_forward, time_to_first_token_s=next((s for s, n in trace if n > 0), None),
-            seconds_per_forward=seconds / forwards if forwards else 0.0,
+            seconds_per_forward=seconds / forwards,
             seconds_per_token=seconds / tokens if tokens else None, stop_reason=last.stop_reason,
             prompt_tokens=last.prompt_tokens, position=position, warm_up_s=warm_s, trace=trace,
             weights_bytes_per_forward=weights_bytes, bandwidth_bound_s_per_forward=bound_s,
