@@ -369,10 +369,9 @@ def _alternatives(value, where: str, canvas: int, tokens: dict[int, str]) -> tup
         place = f"{where}: alternatives[{position}]"
         row = _object(item, place)
         ids = _ids(row.get("ids"), f"{place}.ids", None, tokens)
-        probs = _list(row.get("probs"), f"{place}.probs", len(ids))
         if not 1 <= len(ids) <= MAX_ALTERNATIVES:
             raise TraceError(f"{place}: 1 to {MAX_ALTERNATIVES} alternatives, got {len(ids)}")
-        probs = _floats(probs, f"{place}.probs", len(ids), 1.0)
+        probs = _floats(row.get("probs"), f"{place}.probs", len(ids), 1.0)
         if any(a < b for a, b in zip(probs, probs[1:])):
             raise TraceError(f"{place}: probs must not increase")
         top_ids.append(ids)
