@@ -171,8 +171,8 @@ def load_model(model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: s
     except Exception as error:  # noqa: BLE001
         raise ModelLoadError(
             f"cannot load weights or tokenizer from {source!r}: {type(error).__name__}: {error}") from error
-    vocab_size = getattr(getattr(network.config, "text_config", network.config), "vocab_size", None)
-    if vocab_size and len(tokenizer) < vocab_size // 2:  # no tokenizer.json
+    vocab_size = config.text_config.vocab_size
+    if len(tokenizer) < vocab_size // 2:  # no tokenizer.json
         raise ModelLoadError(
             f"the tokenizer in {source!r} has {len(tokenizer):,} tokens for a model of {vocab_size:,}: its tokenizer "
             "files (tokenizer.json) are missing or wrong")
