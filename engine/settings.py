@@ -182,10 +182,9 @@ class DiffusionSettings:
     def from_generation_config(cls, generation_config: DiffusionGemmaGenerationConfig | None) -> "DiffusionSettings":
         """The checkpoint's generation config, library defaults where unset."""
         values = DiffusionGemmaGenerationConfig._get_default_generation_params()
-        if generation_config is not None:
-            for key in values:
-                if getattr(generation_config, key, None) is not None:
-                    values[key] = getattr(generation_config, key)
+        for key in values:
+            if getattr(generation_config, key, None) is not None:
+                values[key] = getattr(generation_config, key)
         sampler = values.pop("sampler_config")
         return cls(entropy_bound=sampler.entropy_bound, **values)
 
