@@ -275,8 +275,8 @@ def memory_report(model: nn.Module, quantization: str = "none") -> dict:
                    if t.param in t.module._parameters}
     groups = dict.fromkeys(GROUPS, 0)
     for name, tensor in stored_tensors(model):
-        nbytes = quantized_nbytes(tensor.numel(), quantization) if id(tensor) in planned else None
-        groups[group_of(name)] += tensor.numel() * tensor.element_size() if nbytes is None else nbytes
+        groups[group_of(name)] += (quantized_nbytes(tensor.numel(), quantization) if id(tensor) in planned
+                                   else tensor.numel() * tensor.element_size())
     return {"total_bytes": sum(groups.values()), "groups": groups}
 
 
