@@ -113,7 +113,7 @@ class PipelineRun:
                 accepted=step["accepted"], confidence=step["confidence"], entropy=step["entropy"],
                 block_done=last_of_block, block_stopped_early=last_of_block and step["step"] + 1 < n_steps,
                 done=newest and complete, committed_ids=list(committed),
-                committed_tokens=sum(1 for t in committed if t != config.pad_token_id), elapsed_s=step["elapsed"],
+                committed_tokens=sum(t != config.pad_token_id for t in committed), elapsed_s=step["elapsed"],
                 stop_reason=stop_reason, build=newest or not only_last)
             if frame is not None:
                 frames.append(frame)

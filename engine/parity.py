@@ -70,8 +70,7 @@ def run_case(engine: DiffusionEngine, case: ParityCase) -> tuple[list[int], list
     input_ids = engine.encode_prompt(case.prompt, raw=case.raw, thinking=case.thinking)
     torch.manual_seed(case.seed)
     sequences = engine.model.generate(input_ids, **settings.generate_kwargs()).sequences
-    config = engine.model.generation_config
-    expected = strip_after_eos(sequences[0, input_ids.shape[1] :].tolist(), config.eos_token_id)
+    expected = strip_after_eos(sequences[0, input_ids.shape[1] :].tolist(), engine.model.generation_config.eos_token_id)
     result = engine.generate(case.prompt, settings, raw=case.raw, seed=case.seed, thinking=case.thinking)
     return expected, result.token_ids, result.stop_reason
 
