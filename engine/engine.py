@@ -373,7 +373,7 @@ class ChatSession:
 
     def _run(self, messages, ids, stable, dropped, settings, random_state, stop_event):
         model, device = self.engine.model, self.engine.device
-        reused = _common_prefix(self._cache_ids, ids) if self._cache is not None else 0
+        reused = _common_prefix(self._cache_ids, ids)
         restarted = self._cache is not None and not (reused == len(self._cache_ids) and reused <= stable)
         if self._cache is not None and not restarted:
             base = self._cache  # extended in place
@@ -408,7 +408,7 @@ class ChatSession:
                  f"{self.engine.context_limit:,} tokens" if dropped else "",
                  "the conversation's start changed (a cut or a thinking switch): encoded in full"
                  if restarted else ""]
-        cut_note = "; ".join(n for n in notes if n)
+        cut_note = "; ".join(filter(None, notes))
         self.last_report = TurnReport(
             prompt_tokens=len(ids), reused_tokens=reused, encoded_tokens=len(ids) - reused, prefill_s=prefill_s,
             prefill_saved_s=None if rate is None or not reused else min(reused * rate, reused_cost_s),
