@@ -208,8 +208,7 @@ class TokenText:
             return f"<id:{token_id}>", SPECIAL
         piece = self._tokenizer.convert_ids_to_tokens(token_id) if piece is None else piece
         if token_id == self.pad_id or token_id in self.eos_ids or token_id in self.special_ids:
-            kind = PAD if token_id == self.pad_id else EOS if token_id in self.eos_ids else SPECIAL
-            return str(piece), kind
+            return str(piece), PAD if token_id == self.pad_id else EOS if token_id in self.eos_ids else SPECIAL
         if text is None:
             text = self._tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if token_id in self._added:
