@@ -207,10 +207,10 @@ class DiffusionSettings:
         adaptive = self.adaptive_stopping
         return {
             "max_new_tokens": self.max_new_tokens, "max_denoising_steps": self.max_denoising_steps,
-            "sampler_config": EntropyBoundSamplerConfig(entropy_bound=float(self.entropy_bound)),
-            "t_min": float(self.t_min), "t_max": float(self.t_max),
+            "sampler_config": EntropyBoundSamplerConfig(entropy_bound=self.entropy_bound),
+            "t_min": self.t_min, "t_max": self.t_max,
             "stability_threshold": self.stability_threshold if adaptive else None,
-            "confidence_threshold": float(self.confidence_threshold) if adaptive else None,
+            "confidence_threshold": self.confidence_threshold if adaptive else None,
         }
 
 
