@@ -129,19 +129,17 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
     committed_tokens = 0
 
     frame = None
-    is_prefill = True
     for block in range(max_new_canvases):
         with clock, rng.active():
             # Encode the prompt (first block) or the last committed canvas into the KV cache
             unprocessed_input_ids, encoder_mask_mapping = model._prepare_encoder_inputs(
                 input_ids=input_ids, attention_mask=attention_mask, encoder_position_ids=encoder_position_ids,
-                past_key_values=past_key_values, is_prefill=is_prefill, canvas_length=canvas_length,
+                past_key_values=past_key_values, is_prefill=block == 0, canvas_length=canvas_length,
                 batch_size=1, **model_kwargs)
-            encoder_forward = model.model.encoder if is_prefill else encoder_after_prefill
+            encoder_forward = model.model.encoder if block == 0 else encoder_after_prefill
             past_key_values = encoder_forward(
                 input_ids=unprocessed_input_ids, attention_mask=encoder_mask_mapping,
                 past_key_values=past_key_values, position_ids=encoder_position_ids, **model_kwargs).past_key_values
-            is_prefill = False
             # A fresh canvas of uniformly random tokens (or the caller's first canvas)
             if block == 0 and initial_canvas is not None:
                 model_kwargs["decoder_input_ids"] = initial_canvas
