@@ -430,9 +430,8 @@ class RaceRunner:
                 results[side] = self._run_side(side, frames, position, warm_s, on_frame, weights_bytes.get(side),
                                                bandwidth)
         return RaceResult(
-            diffusion=results["diffusion"], autoregressive=results["autoregressive"], order=sides, seed=seed,
-            budget=budget, canvas_length=self.engine.canvas_length, device=str(self.engine.device),
-            memory_bandwidth_gb_s=round(bandwidth / 1e9, 1) if bandwidth else None,
+            **results, order=sides, seed=seed, budget=budget, canvas_length=self.engine.canvas_length,
+            device=str(self.engine.device), memory_bandwidth_gb_s=round(bandwidth / 1e9, 1) if bandwidth else None,
             cancelled=any(result is None or result.stop_reason == "cancelled" for result in results.values()))
 
     def _run_side(self, side: str, frames, position: int, warm_s: float, on_frame: FrameCallback | None,
