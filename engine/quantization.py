@@ -169,7 +169,7 @@ def fp8_refusal(device: torch.device) -> str | None:
     if not torch.cuda.is_available():
         return f"{needs}, and CUDA is not available: {OTHER_CHOICES}"
     capability = torch.cuda.get_device_capability(device)
-    if tuple(capability) < FP8_MIN_CAPABILITY:
+    if capability < FP8_MIN_CAPABILITY:
         return (f"fp8 quantization needs compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
                 f"{torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}: {OTHER_CHOICES}")
     if import_utils.is_kernels_available():
