@@ -195,8 +195,8 @@ class DiffusionSettings:
         """A copy with `values` parsed and applied; `ValueError`."""
         for name in values:
             spec(name)
-        return dataclasses.replace(self, **{name: parse_setting(name, values[name], ui=ui)
-                                            for name in SETTING_NAMES if name in values})
+        return self.replace(**{name: parse_setting(name, values[name], ui=ui)
+                               for name in SETTING_NAMES if name in values})
 
     def temperature_at(self, cur_step: int) -> float:
         """The temperature at remaining step `cur_step` (N at a canvas's first forward, 1 at its last)."""
