@@ -190,7 +190,7 @@ def load_trace(source) -> Trace:
     except OSError as error:
         raise TraceError(f"cannot read the trace file: {error.strerror or error}") from None
     try:
-        text = bytes(source).decode("utf-8")
+        text = source.decode("utf-8")
     except UnicodeDecodeError as error:
         raise TraceError(f"the trace is not UTF-8 text (byte {error.start})") from None
     if not text.strip():
