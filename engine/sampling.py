@@ -75,8 +75,7 @@ def sampler_state(sampler):
 def canvas_statistics(processed_logits: torch.Tensor, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(confidence, entropy) `[canvas_length]` of logits `[canvas_length, vocab]` and their argmax `draft_ids`."""
     log_probs, entropy = _log_probs_and_entropy(processed_logits)
-    confidence = log_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1).exp()
-    return confidence, entropy
+    return log_probs.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1).exp(), entropy
 
 
 def _log_probs_and_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
