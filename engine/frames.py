@@ -102,7 +102,8 @@ class FrameBuilder:
         self.block_remelts += sum(remelted)
         self.first_accepted = [step_index if a and s < 0 else s for a, s in zip(accepted, self.first_accepted)]
         self.forwards += 1
-        self.first_frame_s = elapsed_s if self.first_frame_s is None else self.first_frame_s
+        if self.first_frame_s is None:
+            self.first_frame_s = elapsed_s
         if block_done:
             self.forwards_per_block.append(step_index + 1)
         if not build:
