@@ -109,7 +109,7 @@ class PipelineRun:
                 stop_reason = "cancelled" if stopped else "eos" if ended_at_eos else "max_new_tokens"
             frame = builder.add(
                 block_index=block, step_index=step["step"], temperature=0.0,
-                input_ids=step["input"] if step["input"] is not None else step["canvas"], draft_ids=step["draft"],
+                input_ids=step["input"] or step["canvas"], draft_ids=step["draft"],
                 accepted=step["accepted"], confidence=step["confidence"], entropy=step["entropy"],
                 block_done=last_of_block, block_stopped_early=last_of_block and step["step"] + 1 < n_steps,
                 done=newest and complete, committed_ids=list(committed),
