@@ -100,14 +100,6 @@ def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
     return f"Done: {STOP_REASONS.get(frame.stop_reason, frame.stop_reason)}."
 
 
-def previous_run_meter(snap: RunSnapshot | None, running: bool):
-    """After a refusal: `snap`'s meter marked as the previous run's (skipped: none, or running)."""
-    if snap is None or snap.latest is None or running:
-        return gr.skip()
-    finished = snap.finished_blocks()
-    return meter_html(snap.latest, committed=finished[-1] if finished else None, state="refused", notice=REFUSED_NOTICE)
-
-
 class Playground:
     """Handlers bound to one loaded `engine`; `limits` as `runs.Runner`'s keywords (`max_fps` None: by canvas)."""
 
@@ -205,7 +197,13 @@ class Playground:
         return str(session.claim()), waiting_meter_html(replacing=replacing), *buttons(True)
 
     def refused(self, session: SessionState):
-        return previous_run_meter(getattr(session, "snapshot", None), session is not None and session.run_in_progress)
+        """After a refusal: the session's meter marked as the previous run's (skipped: none, or running)."""
+        snap = getattr(session, "snapshot", None)
+        if snap is None or snap.latest is None or session.run_in_progress:
+            return gr.skip()
+        finished = snap.finished_blocks()
+        return meter_html(snap.latest, committed=finished[-1] if finished else None, state="refused",
+                          notice=REFUSED_NOTICE)
 
     def generate_stream(self, session: SessionState, *inputs, request: gr.Request = None) -> Iterator[tuple]:
         """The run step on `RUN_INPUTS`, ticket, `thinking`: `StreamOutputs` tuples to the end (none if stale);
@@ -305,9 +303,7 @@ class Playground:
         return self.api_result(await api_run(self, job, request, keep_history=False))
 
     def api_result(self, snap: RunSnapshot) -> tuple[str, dict]:
-        """(text, summary) of a finished API run; gr.Error for a failed one."""
-        if snap.error is not None:
-            raise user_error(snap.error)
+        """(text, summary) of an `api_run` snapshot; gr.Error for a run without a forward."""
         if snap.latest is None:
             raise user_error("the run ended before the first decoder forward")
         return api_summary(self.engine.summarize(snap.latest, snap.frames_seen))
