@@ -11,12 +11,11 @@ import gradio as gr
 from engine import Frame
 
 from .handlers import STREAM_WIDTH
+from .plots import ACCEPTED_COLOUR
 from .runs import RunRecord
 from .session import SessionState
 from .tab import PRIVATE, UNQUEUED, PlotClock, Tab, noted, user_error
 from .text import prose
-
-NEW_OUTLINE = "#E69F00"  # the plots' accepted colour (Okabe-Ito orange)
 
 
 @dataclass
@@ -42,7 +41,7 @@ def newly_accepted_style(frame: Frame) -> str:
     if frame.block_done or not positions:
         return ""
     selectors = ",".join(f":nth-child({pos + 1})" for pos in positions)
-    return (f"<style>#dg-canvas .dg-block-live .dg-chips>.dg-chip:is({selectors}){{outline:2px solid {NEW_OUTLINE};"
+    return (f"<style>#dg-canvas .dg-block-live .dg-chips>.dg-chip:is({selectors}){{outline:2px solid {ACCEPTED_COLOUR};"
             "outline-offset:1px}</style>")
 
 
