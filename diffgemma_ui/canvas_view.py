@@ -17,7 +17,7 @@ PLOTLY_SCALE = "Viridis"
 
 
 def _rgb(hex_colour: str) -> tuple[int, int, int]:
-    return int(hex_colour[1:3], 16), int(hex_colour[3:5], 16), int(hex_colour[5:7], 16)
+    return tuple(bytes.fromhex(hex_colour[1:]))
 
 
 def viridis(value: float) -> str:
@@ -26,15 +26,12 @@ def viridis(value: float) -> str:
         value = float(value)
     except (TypeError, ValueError):
         value = 0.0
-    if not math.isfinite(value):
-        value = 0.0
-    value = min(1.0, max(0.0, value))
+    value = min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0
     scaled = value * (len(VIRIDIS) - 1)
     low = min(int(scaled), len(VIRIDIS) - 2)
     frac = scaled - low
     a, b = _rgb(VIRIDIS[low]), _rgb(VIRIDIS[low + 1])
-    r, g, bl = (round(x + (y - x) * frac) for x, y in zip(a, b))
-    return f"#{r:02x}{g:02x}{bl:02x}"
+    return "#" + bytes(round(x + (y - x) * frac) for x, y in zip(a, b)).hex()
 
 
 # Token styles drawn dimmed and labelled, without the confidence colour: control symbols, not text
