@@ -14,8 +14,8 @@ from .handlers import Job
 from .meter import REFUSED_NOTICE, meter_html
 from .runs import STOP_WAIT_S
 from .session import SessionState
-from .tab import (UNQUEUED, Tab, buttons, checked, describe_error, live_run, refusal_box, run_buttons,
-                  setting_control, user_error, wire_stop)
+from .tab import (UNQUEUED, Tab, buttons, checked, live_run, refusal_box, run_buttons, setting_control, user_error,
+                  wire_stop)
 from .text import escape_html, plain_text, prose
 
 POLL_S = 0.5  # how often a running side redraws
@@ -144,8 +144,7 @@ class CompareHandlers(Tab):
                     states[side] = "stopped"
                     break
                 if snap.error is not None or snap.latest is None:
-                    reason = "no decoder forward" if snap.error is None else describe_error(snap.error)
-                    raise user_error(f"Run {SIDES[side]} failed: {reason}")
+                    raise user_error(snap.error or "no decoder forward", prefix=f"Run {SIDES[side]} failed: ")
                 lasts[side] = snap.latest
                 texts[side] = plain_text(self.engine.summarize(snap.latest, len(exact) or snap.frames_seen).text)
                 block = [f for f in exact if f.block_index == 0] if exact else snap.block_frames(0)
