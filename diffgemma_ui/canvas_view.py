@@ -189,7 +189,8 @@ def stack_html(finished: Sequence[Frame], *, finished_html: Sequence[str] | None
 
 
 def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = "") -> str:
-    """The `live` block and a `status` line in a `<div data-forward>` (newest forward, -1); else the empty canvas."""
+    """The `live` block (none once done) and a `status` line in a `<div data-forward>` (newest forward, -1); else the
+    empty canvas."""
     newest = newest if newest is not None else live
     if newest is None and not status:
         return EMPTY_CANVAS_HTML

@@ -152,7 +152,6 @@ class Playground:
         for frame in finished[len(session.finished_html):]:
             session.finished_html.append(block_html(frame, live=False))
         latest = snap.latest
-        live = latest if latest is not None and not latest.block_done else None
         status = status_text(latest, snap.error) if final else "Encoding the prompt\u2026" if latest is None else ""
         skip = gr.skip()
         stack = text = thought = heatmap = order = entropy = skip
@@ -163,7 +162,7 @@ class Playground:
             result = self.engine.summarize(latest, snap.frames_seen) if latest is not None else None
             text = plain_text(result.text) if result is not None else ""
             thought = thought_html(result.thought if result is not None else "")
-        canvas = live_html(live, newest=latest, status=status)
+        canvas = live_html(latest, status=status)
         if plots_due or final:
             heatmap, order, entropy = plots.block_plots(snap.block_frames(), animate=final, hover=final)
             session.pending_plots = [("order", order), ("entropy", entropy)] if stagger and not final else []

@@ -63,7 +63,6 @@ def render_trace(trace: Trace, count: int, *, hover: bool = True, session: Sessi
     if session is not None:
         session.snapshot = snap
     latest = snap.latest
-    live = latest if not latest.block_done else None
     prompt = " ".join(trace.prompt.split())
     prompt = prompt if len(prompt) <= 60 else prompt[:59] + "\u2026"
     status = (f"Replay of a trace ({trace.model.name}, seed {trace.seed}, prompt \u201c{prompt}\u201d) \u00b7 "
@@ -73,7 +72,7 @@ def render_trace(trace: Trace, count: int, *, hover: bool = True, session: Sessi
     heatmap, order, entropy = plots.block_plots(snap.block_frames(), hover=hover)
     blocks = snap.block_count
     return StreamOutputs(
-        stack=stack_html(snap.finished_blocks()), canvas=live_html(live, newest=latest, status=status),
+        stack=stack_html(snap.finished_blocks()), canvas=live_html(latest, status=status),
         meter=meter_html(latest), text=committed_text(trace, count), heatmap=heatmap, order=order, entropy=entropy,
         block=gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1),
         generate_button=gr.skip(), stop_button=gr.skip(),
