@@ -142,7 +142,7 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
         _block_title(frames, "Confidence per step and position"),
         xaxis=_axis("position", range=[-0.5, n - 0.5], showgrid=False),
         yaxis=_axis("step", range=[rows + 0.5, 0.5], autorange=False, showgrid=False,
-                    dtick=max(1, math.ceil(rows / 8))),
+                    dtick=math.ceil(rows / 8)),
         annotations=[_legend_line(
             "colour: confidence of the draft token",
             "white dot: accepted \u00b7 orange \u00d7: re-melted (was accepted)")],
@@ -187,8 +187,8 @@ def unmasking_order(frame: Frame | None) -> FigureSpec:
     if frame is None:
         return empty_figure("Unmasking order", below_toolbar=True)
     n = frame.canvas_length
-    steps = max(1, frame.max_denoising_steps)
-    last = max([s for s in frame.first_accepted_step if s >= 0], default=0) + 1
+    last = max([s for s in frame.first_accepted_step if s >= 0], default=0) + 1  # at least 1
+    top = min(max(1, frame.max_denoising_steps), last)
     y, colours, hover = [], [], []
     for pos, (step, label) in enumerate(zip(frame.first_accepted_step, draft_labels(frame))):
         accepted = step is not None and step >= 0
@@ -203,8 +203,7 @@ def unmasking_order(frame: Frame | None) -> FigureSpec:
     return FigureSpec(data=data, layout=_layout(
         _block_title([frame], "Unmasking order"), below_toolbar=True,
         xaxis=_axis("position", range=[-0.5, n - 0.5]),
-        yaxis=_axis("first accepted at step", range=[0, min(steps, max(last, 1)) + 0.5],
-                    dtick=max(1, math.ceil(min(steps, max(last, 1)) / 6))),
+        yaxis=_axis("first accepted at step", range=[0, top + 0.5], dtick=math.ceil(top / 6)),
         bargap=0.15,
         annotations=[_legend_line("bar height and colour: step first accepted", "short grey bar: not accepted yet")],
         margin={"l": 48, "r": 16, "t": 72, "b": 40},
@@ -234,8 +233,7 @@ def entropy_and_acceptance(frames: Sequence[Frame]) -> FigureSpec:
     ]
     return FigureSpec(data=data, layout=_layout(
         _block_title(frames, "Entropy & acceptance"), below_toolbar=True,
-        xaxis=_axis("step", range=[0.5, max(len(frames), 1) + 0.5], tick0=1,
-                    dtick=max(1, math.ceil(len(frames) / 8))),
+        xaxis=_axis("step", range=[0.5, len(frames) + 0.5], tick0=1, dtick=math.ceil(len(frames) / 8)),
         yaxis=_axis("mean entropy (nats)", rangemode="tozero"),
         yaxis2=_axis("accepted positions", overlaying="y", side="right", range=[0, n], showgrid=False,
                      tickmode="linear", tick0=0, dtick=whole_step(n)),
