@@ -247,7 +247,7 @@ class Playground:
         `STOP_WAIT_S` passed (a queued run left the queue)."""
         if session is None:
             return initial_outputs().as_tuple()
-        _, worker = session.withdraw()
+        worker = session.withdraw()
         stepped = getattr(session, "step_run", None)
         if worker is None and stepped is not None and not stepped.done:  # a "Run to end": StepThroughHandlers.pause
             return (gr.skip(),) * STREAM_WIDTH

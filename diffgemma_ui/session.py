@@ -84,14 +84,13 @@ class SessionState:
         if self.stop():
             self.worker.join(STOP_WAIT_S)
 
-    def withdraw(self) -> tuple[int, RunWorker | None]:
-        """Stop: stale every ticket and stop the run; (the newest ticket, its worker or None)."""
+    def withdraw(self) -> RunWorker | None:
+        """Stop: stale every ticket and stop the run; the newest ticket's worker, or None."""
         with self._lock:
-            ticket = self.ticket
+            worker = self.worker if self.running_ticket == self.ticket else None
             self.ticket += 1
-            worker = self.worker if self.running_ticket == ticket else None
         self.stop()
-        return ticket, worker
+        return worker
 
     def release(self) -> None:
         """Drop all the session holds (its tab closed)."""
