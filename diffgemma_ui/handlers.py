@@ -159,9 +159,10 @@ class Playground:
             stack = stack_html(finished, finished_html=session.finished_html)
             session.stacked_blocks = len(finished)
         if isinstance(stack, str) or first:  # text and thought change with a committed block
-            result = self.engine.summarize(latest, snap.frames_seen) if latest is not None else None
-            text = plain_text(result.text) if result is not None else ""
-            thought = thought_html(result.thought if result is not None else "")
+            text = thought = ""
+            if latest is not None:
+                result = self.engine.summarize(latest, snap.frames_seen)
+                text, thought = plain_text(result.text), thought_html(result.thought)
         canvas = live_html(latest, status=status)
         if plots_due or final:
             heatmap, order, entropy = plots.block_plots(snap.block_frames(), animate=final, hover=final)
