@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(error))
     except Exception as error:  # noqa: BLE001 - one clear line, never a traceback
         return _fail(f"could not load the model: {type(error).__name__}: {error}")
-    threads = set_serving_threads(engine.device, args.threads if args.threads is not None else default_threads())
+    threads = set_serving_threads(engine.device, args.threads or default_threads())
     if not on_zero_gpu:  # each ZeroGPU process warms up itself
         try:
             print(f"Warming up: {engine.warm_up():.1f} s", flush=True)

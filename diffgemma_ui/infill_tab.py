@@ -44,8 +44,8 @@ class InfillTab(Tab):
 
     def layout(self, template) -> InfillLayout:
         """The template's layout (ValueError: bad syntax, or too long for one canvas)."""
-        pad = self.engine.model.generation_config.pad_token_id
-        return layout_template(self.engine.tokenizer, template, self.engine.canvas_length, 0 if pad is None else pad)
+        pad = self.engine.model.generation_config.pad_token_id or 0
+        return layout_template(self.engine.tokenizer, template, self.engine.canvas_length, pad)
 
     def job(self, template, context, values: dict, seed, *, ui_limits: bool) -> tuple[InfillLayout, Job]:
         """The template's layout and "infill" job, after an optional raw `context`, one canvas (ValueError)."""
