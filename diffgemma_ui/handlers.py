@@ -311,8 +311,8 @@ class Playground:
 
 def plots_apart(outputs: StreamOutputs) -> list[StreamOutputs]:
     """`outputs` as three updates showing the same: the heatmap, the unmasking order, then the rest."""
-    skips = dict.fromkeys((field.name for field in dataclasses.fields(StreamOutputs)), gr.skip())
-    return [StreamOutputs(**{**skips, "heatmap": outputs.heatmap}), StreamOutputs(**{**skips, "order": outputs.order}),
+    skipped = StreamOutputs(*(gr.skip(),) * STREAM_WIDTH)
+    return [dataclasses.replace(skipped, heatmap=outputs.heatmap), dataclasses.replace(skipped, order=outputs.order),
             dataclasses.replace(outputs, heatmap=gr.skip(), order=gr.skip())]
 
 
