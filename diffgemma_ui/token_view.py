@@ -52,9 +52,7 @@ def _hex(data: bytes) -> str:
 def _byte_run(pieces: list[bytes]) -> list[TokenCell]:
     """The cells of consecutive byte positions, read as one UTF-8 string (a byte of no character on its own)."""
     data = b"".join(pieces)
-    owner = []  # owner[byte offset] = index of the position holding that byte
-    for index, piece in enumerate(pieces):
-        owner.extend([index] * len(piece))
+    owner = [index for index, piece in enumerate(pieces) for _ in piece]  # byte offset -> its position's index
     shown: list[list[str]] = [[] for _ in pieces]
     notes: list[list[str]] = [[] for _ in pieces]
     end = 0
