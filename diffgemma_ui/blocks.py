@@ -11,6 +11,7 @@ from engine import PRESET_NAMES, DiffusionEngine
 from engine.loading import DEFAULT_MODEL
 from engine.quantization import model_bytes
 from engine.race import RaceRunner
+from engine.settings import draw_seed
 
 from .branch_tab import BranchTab
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html
@@ -176,7 +177,7 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
         reset_note_on(step_controls, [requested.success, step_controls.replay.click, keep_controls.upload.upload,
                                       keep_controls.play.click])
         wire_presenter(playground, session, present)
-        dice.click(playground.random_seed, outputs=[seed], **UNQUEUED)
+        dice.click(lambda: str(draw_seed()), outputs=[seed], **UNQUEUED)
         preset_box.change(playground.apply_preset, inputs=[preset_box], outputs=settings_inputs[1:], **UNQUEUED)
         for setting in settings_inputs[1:]:  # edited by hand: no longer a named preset
             setting.input(None, None, preset_box, js=f"() => {json.dumps(CUSTOM_PRESET)}", **PRIVATE)

@@ -10,7 +10,7 @@ import gradio as gr
 from gradio.context import LocalContext
 
 from engine import DiffusionEngine, DiffusionSettings, Frame
-from engine.settings import SETTING_NAMES, draw_seed, parse_number
+from engine.settings import SETTING_NAMES, parse_number
 
 from . import plots
 from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html, thought_html
@@ -289,10 +289,6 @@ class Playground:
         except ValueError as error:
             gr.Warning(str(error))
         return (gr.skip(),) * len(PRESET_FIELDS)
-
-    @staticmethod
-    def random_seed() -> str:
-        return str(draw_seed())
 
     async def generate_api_served(self, *inputs, request: gr.Request = None) -> tuple[str, dict]:
         """`/generate` as served: stopped once its client goes away."""
