@@ -191,7 +191,7 @@ def stack_html(finished: Sequence[Frame], *, finished_html: Sequence[str] | None
 def live_html(live: Frame | None, *, newest: Frame | None = None, status: str = "") -> str:
     """The `live` block (none once done) and a `status` line in a `<div data-forward>` (newest forward, -1); else the
     empty canvas."""
-    newest = newest if newest is not None else live
+    newest = newest or live
     if newest is None and not status:
         return EMPTY_CANVAS_HTML
     block = block_html(live, live=True) if live is not None and not live.block_done else ""
