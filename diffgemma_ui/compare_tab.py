@@ -76,10 +76,10 @@ class CompareHandlers(Tab):
     def _checked(self, inputs: tuple) -> tuple[list, str | None]:
         """(both sides' requests, B's diffusers scheduler or None) of `compare`'s inputs; gr.Error."""
         prompt, raw, seed, max_new_tokens, *sides = inputs
-        b_sampler = sides.pop() if len(sides) > 2 * len(SIDE_SETTINGS) else ENGINE_SAMPLER
+        rec, count = self.engine.recommended, len(SIDE_SETTINGS)
+        b_sampler = sides.pop() if len(sides) > 2 * count else ENGINE_SAMPLER
         if seed is None or (isinstance(seed, (int, float)) and seed < 0) or str(seed).strip() == "":
             seed = draw_seed()
-        rec, count = self.engine.recommended, len(SIDE_SETTINGS)
 
         def values(side) -> list:
             chosen = {"max_new_tokens": max_new_tokens, **dict(zip(SIDE_SETTINGS, side))}
