@@ -123,7 +123,7 @@ def _confidence_style(shown: str) -> str:
 def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None) -> str:
     """One block from its newest frame, `live` or finished; `fixed`: per position, given (infill)."""
     n = frame.canvas_length
-    fixed = [bool(f) for f in fixed] if fixed is not None else [False] * n
+    fixed = [False] * n if fixed is None else fixed
     bits = [f"Block {frame.block_index + 1}"]
     remelts = [f"{frame.block_remelts} re-melted"] if frame.block_remelts else []
     if live:
