@@ -28,7 +28,7 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
         return dict.fromkeys(("tokens/s", "tokens/forward", "forwards/block", "ms/forward", "forwards used", "elapsed",
                               "first frame", "tokens", "progress"), "\u2013")
     fpb = frame.forwards_per_block
-    rates = committed if committed is not None else frame
+    rates = committed or frame
     counting = not fpb
     forwards_per_block = f"\u2265 {frame.step_index + 1}"
     if fpb:
@@ -69,7 +69,7 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
     """The meter's cards and note (`note`: instead of the idle one), `state`, `notice` above; raw figures in data-."""
     values = meter_values(frame, committed)
     progress = values.pop("progress")
-    rates = committed if committed is not None else frame
+    rates = committed or frame
     tps = 0.0 if rates is None or not rates.forwards_per_block else _finite(rates.tokens_per_second) or 0.0
     ttff = 0.0 if frame is None else _finite(frame.time_to_first_frame_s) or 0.0
     state = state or ("idle" if frame is None else ("done" if frame.done else "running"))
