@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pages import open_page, set_number, set_up_a_long_run
+from pages import HEATMAP_STATE, open_page, set_number, set_up_a_long_run
 
 from diffgemma_ui.validation import MAX_PROMPT_CHARS
 
@@ -39,17 +39,6 @@ WATCH_METER_STATES = """() => {
   new MutationObserver(note).observe(document.body, {subtree: true, childList: true, attributes: true,
                                                      attributeFilter: ['data-state']});
 }"""
-
-# What the heatmap's plot shows: its title, whether it has the animation's buttons, its size
-HEATMAP_STATE = """() => {
-  const plot = document.querySelector('#dg-heatmap .js-plotly-plot');
-  if (!plot || !plot.layout) return {plot: !!plot};
-  const title = plot.layout.title && (plot.layout.title.text || plot.layout.title);
-  return {title: String(title), updatemenus: (plot.layout.updatemenus || []).length,
-          buttons: plot.querySelectorAll('.updatemenu-button').length, width: plot.clientWidth,
-          height: plot.clientHeight, meter: document.querySelector('#dg-meter').innerText.slice(0, 200)};
-}"""
-
 
 def test_generate_shows_live_canvas_final_text_and_speed(browser, served_app, engine):
     _, url = served_app
