@@ -24,7 +24,6 @@ def open_page(browser, url, width=1280, height=900):
     return page, problems
 
 
-
 # What the heatmap's plot shows: its title, whether it has the animation's buttons, its size
 HEATMAP_STATE = """() => {
   const plot = document.querySelector('#dg-heatmap .js-plotly-plot');
@@ -34,6 +33,7 @@ HEATMAP_STATE = """() => {
           buttons: plot.querySelectorAll('.updatemenu-button').length, width: plot.clientWidth,
           height: plot.clientHeight, meter: document.querySelector('#dg-meter').innerText.slice(0, 200)};
 }"""
+
 
 def set_number(page, label, value):
     """Type `value` into the number box of the slider labelled `label` and press Enter."""

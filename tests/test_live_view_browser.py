@@ -109,7 +109,8 @@ def test_play_buttons_read_and_the_mode_bar_leaves_the_plot_titles_clear(browser
     try:
         page.wait_for_selector("#dg-heatmap .updatemenu-button")
     except Exception as error:  # say what the heatmap held instead, so that a failure can be traced
-        raise AssertionError(f"no play button on the final heatmap: {page.evaluate(HEATMAP_STATE)}") from error
+        state = page.evaluate(HEATMAP_STATE)
+        raise AssertionError(f"no play button on the final heatmap: {state}; page problems: {problems}") from error
     fills = page.evaluate(BUTTON_FILLS)
     assert len(fills) == 2 and all(_contrast(text, button) >= 4.5 for text, button in fills), fills
     for plot in ("#dg-heatmap", "#dg-order", "#dg-entropy"):
