@@ -35,7 +35,7 @@ def prose(name: str) -> str:
 
 @functools.lru_cache(maxsize=65536)
 def visible_token(token: str) -> str:
-    """`token` unescaped, whitespace as marks, ASCII controls as `\\xNN`, other invisibles as `⟨U+XXXX⟩`, "" as "∅"."""
+    """`token` unescaped: whitespace as marks, ASCII controls as `\\xNN`, invisibles as `⟨U+XXXX⟩`, "" as "∅"."""
     out = []
     for char in str(token):
         code = ord(char)

@@ -126,7 +126,8 @@ def test_two_turns_reuse_the_cache_then_regenerate_and_clear(tab):
     assert state.chat.messages[:-1] == before[:-1] and len(state.chat.messages) == len(before)
     assert state.chat.last_result.seed != seed  # a new seed
     assert state.chat.last_report.reused_tokens == state.chat.last_report.prompt_tokens - 1
-    assert "Turn 2 (regenerated)" in regenerated["reuse"] and "value" not in regenerated["message"]  # the box is left alone
+    assert "Turn 2 (regenerated)" in regenerated["reuse"]
+    assert "value" not in regenerated["message"]  # the box is left alone
     cleared = tab.clear(state)
     assert 'data-turns="0"' in cleared[0] and state.chat.messages == [] and 'data-state="idle"' in cleared[1]
     with pytest.raises(gr.Error, match="nothing to regenerate"):

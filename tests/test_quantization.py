@@ -296,12 +296,14 @@ def test_fp8_meta_count_equals_what_transformers_fp8_loading_produces(fp8_standi
     assert shapes == {name: (p.shape, p.dtype) for name, p in loaded.named_parameters()}
     for encoder_layer, decoder_layer in zip(loaded.model.encoder.language_model.layers, loaded.model.decoder.layers):
         assert isinstance(decoder_layer.experts, FP8Experts)
-        assert encoder_layer.experts is decoder_layer.experts and encoder_layer.mlp.down_proj is decoder_layer.mlp.down_proj
+        assert encoder_layer.experts is decoder_layer.experts
+        assert encoder_layer.mlp.down_proj is decoder_layer.mlp.down_proj
         assert isinstance(decoder_layer.self_attn.q_proj, FP8Linear)
         for name in ("gate_up_proj", "down_proj"):
             weight, scale = getattr(decoder_layer.experts, name), getattr(decoder_layer.experts, f"{name}_scale_inv")
             assert weight.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
-            assert scale.shape == (weight.shape[0], *(math.ceil(n / b) for n, b in zip(weight.shape[1:], FP8_BLOCK_SIZE)))
+            blocks = (math.ceil(n / b) for n, b in zip(weight.shape[1:], FP8_BLOCK_SIZE))
+            assert scale.shape == (weight.shape[0], *blocks)
         assert decoder_layer.router.proj.weight.dtype == torch.bfloat16  # routing stays as it is
     vision_q = loaded.model.encoder.vision_tower.encoder.layers[0].self_attn.q_proj.linear
     assert vision_q.weight.dtype == torch.bfloat16  # 32 rows: not a multiple of the block, kept by the library

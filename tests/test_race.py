@@ -515,7 +515,8 @@ def test_a_separate_causal_lm_races_against_the_diffusion_model(engine, small, c
     assert result.autoregressive.model == str(causal_lm) and result.autoregressive.tokens > 0
     # greedy: the tokens of the checkpoint's own generate()
     input_ids = runner.ar.encode_prompt("In the beginning", raw=True)
-    expected = runner.ar.model.generate(input_ids, max_new_tokens=result.budget, do_sample=False)[0, input_ids.shape[1]:]
+    generated = runner.ar.model.generate(input_ids, max_new_tokens=result.budget, do_sample=False)
+    expected = generated[0, input_ids.shape[1]:]
     assert result.autoregressive.token_ids == expected.tolist()[: len(result.autoregressive.token_ids)]
 
 

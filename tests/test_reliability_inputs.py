@@ -102,7 +102,8 @@ def emoji_prompt_over_context(engine, new_tokens: int) -> str:
 
 # -- the validation functions directly -------------------------------------------------------------------------------
 BAD_PROMPTS = [
-    ("", "prompt is empty"), ("   ", "prompt is empty"), ("\n\t \r\n", "prompt is empty"), ("\u3000", "prompt is empty"),
+    ("", "prompt is empty"), ("   ", "prompt is empty"),
+    ("\n\t \r\n", "prompt is empty"), ("\u3000", "prompt is empty"),
     (None, "prompt is empty"), (123, "prompt must be text"), (["a"], "prompt must be text"),
     ({"text": "a"}, "prompt must be text"), (b"bytes", "prompt must be text"),
     ("x" * (MAX_PROMPT_CHARS + 1), f"the limit here is {MAX_PROMPT_CHARS:,}"),

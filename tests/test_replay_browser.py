@@ -107,7 +107,8 @@ SHOWN_VIEWS = """(k) => {
     window.dgReplay.show(k);
     const html = (id) => document.getElementById(id).innerHTML;
     const plot = (id) => document.getElementById(id);
-    const [heat, dots, melts] = plot('dg-heatmap').data, order = plot('dg-order').data[0], entropy = plot('dg-entropy').data;
+    const [heat, dots, melts] = plot('dg-heatmap').data;
+    const order = plot('dg-order').data[0], entropy = plot('dg-entropy').data;
     return {
         canvas: html('dg-canvas'), stack: html('dg-stack'), meter: html('dg-meter'),
         heatmap: {z: heat.z, hovertext: heat.hovertext, dots: [dots.x, dots.y], melts: [melts.x, melts.y],

@@ -52,9 +52,10 @@ def frame_of(ids, token_text, *, done=False, kept=None, accepted=None, input_ids
 def chips(fragment):
     """(class, title, text) of each chip in an HTML fragment, in order."""
     out = []
-    for match in re.finditer(r'<span class="(dg-chip[^"]*)" title="([^"]*)"[^>]*>(.*?)</span>(?=<span class="dg-chip|</div>)',
-                             fragment):
-        out.append((match.group(1), html.unescape(match.group(2)), html.unescape(re.sub("<[^>]+>", "", match.group(3)))))
+    chip = r'<span class="(dg-chip[^"]*)" title="([^"]*)"[^>]*>(.*?)</span>(?=<span class="dg-chip|</div>)'
+    for match in re.finditer(chip, fragment):
+        text = re.sub("<[^>]+>", "", match.group(3))
+        out.append((match.group(1), html.unescape(match.group(2)), html.unescape(text)))
     return out
 
 

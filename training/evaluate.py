@@ -114,7 +114,8 @@ def unseen_check(prompts, corpus_dir: Path) -> list[str]:
 
 def load_dictionary(path: Path = DICTIONARY) -> set[str]:
     """Lower-cased words of Debian's wamerican list, possessive `'s` entries included."""
-    return {line.strip().lower() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()}
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return {line.strip().lower() for line in lines if line.strip()}
 
 
 def words_of(text: str) -> list[str]:

@@ -27,7 +27,9 @@ TINY_VISION_CONFIG = {
 }
 
 
-def tiny_config(vocab_size: int = 4096, canvas_length: int = 64, hidden_size: int = 256, layers: int = 4) -> DiffusionGemmaConfig:
+def tiny_config(
+    vocab_size: int = 4096, canvas_length: int = 64, hidden_size: int = 256, layers: int = 4
+) -> DiffusionGemmaConfig:
     """Return the diffgemma-tiny `DiffusionGemmaConfig`.
 
     Args:

@@ -90,7 +90,8 @@ def main() -> None:
             train_candidate(candidate, out, args.minutes, args.corpus, args.tokenizer)
         row = {**candidate, **score_candidate(out, args.corpus, tokenizer, args.batches)}
         results.append(row)
-        print(f"{candidate['layers']} x {candidate['hidden_size']:<8} {row['parameters'] / 1e6:6.2f}M {row['steps']:6d} "
+        print(f"{candidate['layers']} x {candidate['hidden_size']:<8} "
+              f"{row['parameters'] / 1e6:6.2f}M {row['steps']:6d} "
               f"{row['seconds_per_step']:7.2f} {row['diffusion_ce_t0.25']:9.3f} {row['diffusion_ce_t0.5']:8.3f} "
               f"{row['diffusion_ce_t0.75']:9.3f} {row['encoder_perplexity']:8.1f}", flush=True)
     last = min(row["steps"] for row in results)

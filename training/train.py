@@ -42,7 +42,9 @@ def softcapped_logits(model: DiffusionGemmaForBlockDiffusion, hidden: torch.Tens
     return torch.tanh(model.lm_head(hidden).float() / cap) * cap
 
 
-def corrupt(canvas: torch.LongTensor, vocab_size: int, generator: torch.Generator, noise_power: float = 1.0) -> torch.LongTensor:
+def corrupt(
+    canvas: torch.LongTensor, vocab_size: int, generator: torch.Generator, noise_power: float = 1.0
+) -> torch.LongTensor:
     """Uniform-state corruption: with probability t = u ** noise_power, u ~ U(0,1) (one t per row), replace each token
     by a uniform one. Shape `[batch, canvas_length]` in and out."""
     t = torch.rand(canvas.shape[0], 1, generator=generator, device=canvas.device) ** noise_power
@@ -65,16 +67,19 @@ def losses(model, batch: Batch, noisy: torch.LongTensor, self_conditioning_mask:
     decoder_mask = F.pad(batch.prefix_mask, (0, canvas_length), value=1)
     positions = torch.arange(prefix_len, prefix_len + canvas_length, device=noisy.device).unsqueeze(0)
     decoder_kwargs = dict(
-        past_key_values=cache, decoder_input_ids=noisy, decoder_attention_mask=decoder_mask, decoder_position_ids=positions
+        past_key_values=cache, decoder_input_ids=noisy,
+        decoder_attention_mask=decoder_mask, decoder_position_ids=positions,
     )
     self_conditioning_logits = None
     if self_conditioning_mask is not None:
         with torch.no_grad():
             self_conditioning_logits = model(**decoder_kwargs).logits
     logits = model(
-        **decoder_kwargs, self_conditioning_logits=self_conditioning_logits, self_conditioning_mask=self_conditioning_mask
+        **decoder_kwargs, self_conditioning_logits=self_conditioning_logits,
+        self_conditioning_mask=self_conditioning_mask,
     ).logits
-    diffusion_ce = F.cross_entropy(logits.flatten(0, 1), batch.canvas.flatten(), ignore_index=PAD_ID if ignore_pad else -100)
+    ignore_index = PAD_ID if ignore_pad else -100
+    diffusion_ce = F.cross_entropy(logits.flatten(0, 1), batch.canvas.flatten(), ignore_index=ignore_index)
 
     encoder_logits = softcapped_logits(model, encoder_out.last_hidden_state)
     targets = torch.cat([batch.prefix[:, 1:], batch.canvas[:, :1]], dim=1)
