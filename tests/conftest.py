@@ -8,8 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio and the hub client read them
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from gradio_client import Client  # noqa: E402
+
+from diffgemma_ui import build_app  # noqa: E402
+from engine import DEFAULT_MODEL, DiffusionEngine, load_model  # noqa: E402
+from pages import CHROMIUM, CHROMIUM_ARGS, free_port  # noqa: E402
+from standin import ensure_standin  # noqa: E402
 
 
 # A test that needs one of these (directly or through another fixture) runs a model, a server or a browser
@@ -34,8 +41,6 @@ def pytest_collection_modifyitems(config, items):
 def browser():
     """Headless Debian Chromium (`pages.CHROMIUM`, never a downloaded browser), one per test module; the test is
     skipped when Playwright or Chromium is missing."""
-    from pages import CHROMIUM, CHROMIUM_ARGS
-
     playwright_api = pytest.importorskip("playwright.sync_api")
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}")
@@ -48,8 +53,6 @@ def browser():
 @pytest.fixture(scope="session")
 def engine():
     """A `DiffusionEngine` on the embedded diffgemma-tiny model (or DIFFGEMMA_TEST_MODEL), on CPU, loaded once."""
-    from engine import DEFAULT_MODEL, DiffusionEngine, load_model
-
     return DiffusionEngine(load_model(os.environ.get("DIFFGEMMA_TEST_MODEL") or DEFAULT_MODEL, device="cpu"))
 
 
@@ -57,8 +60,6 @@ def engine():
 def standin_path():
     """The stand-in for google/diffusiongemma-26B-A4B-it (`standin.ensure_standin`): built once into data/standin
     (about a minute), then reused across sessions while its generator's inputs are unchanged."""
-    from standin import ensure_standin
-
     return ensure_standin()
 
 
@@ -66,17 +67,12 @@ def standin_path():
 def standin_engine(standin_path):
     """A `DiffusionEngine` on the stand-in, on CPU (float32), loaded once. Each decoder forward at its 262,144-token
     vocabulary costs seconds here: use 1-3 denoising steps."""
-    from engine import DiffusionEngine, load_model
-
     return DiffusionEngine(load_model(standin_path, device="cpu"))
 
 
 @pytest.fixture(scope="session")
 def served_app(engine):
     """The playground launched in-process: yields (app, url). Closed at the end of the session."""
-    from diffgemma_ui import build_app
-    from pages import free_port
-
     app = build_app(engine)
     _, url, _ = app.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
     yield app, url
@@ -86,8 +82,6 @@ def served_app(engine):
 @pytest.fixture(scope="module")
 def client(served_app):
     """A `gradio_client.Client` of the served playground, one per test module; closed after it."""
-    from gradio_client import Client
-
     api_client = Client(served_app[1], verbose=False)
     yield api_client
     api_client.close()

@@ -6,6 +6,8 @@ downloads one.
 
 from __future__ import annotations
 
+import socket
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]
@@ -55,8 +57,6 @@ def set_up_a_long_run(page):
 
 def free_port() -> int:
     """A TCP port that was free a moment ago on 127.0.0.1 (for serving the app in a test)."""
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -20,7 +20,7 @@ import torch
 from benchmarks import bench, browser, model
 from engine.loading import REPO_ROOT
 from engine.sampling import canvas_statistics
-
+from pages import CHROMIUM
 
 TINY = bench.Mode(repeats=1, seeds=(0,), blocks=1, ui_repeats=1, ar_repeats=1, scaling_repeats=1,
                   output_blocks=(1, 2), prompt_lengths=(16, 64))
@@ -294,8 +294,6 @@ def test_replay_command_prints_sizes(capsys):
 
 @pytest.mark.slow
 def test_the_app_run_canvas_benchmark_watches_a_served_run(capsys):
-    from pages import CHROMIUM
-
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}")
     argv = ["canvas", "--app-run", "--blocks", "2", "--steps", "6", "--positions", "32", "--runs", "1"]

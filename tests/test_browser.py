@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import pytest
-from pages import HEATMAP_STATE, open_page, set_number, set_up_a_long_run
 
 from diffgemma_ui.validation import MAX_PROMPT_CHARS
+from engine import preset
+from pages import HEATMAP_STATE, open_page, set_number, set_up_a_long_run
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -151,14 +153,10 @@ def test_closing_the_tab_frees_the_worker(browser, served_app):
 
 
 def run_threads():
-    import threading
-
     return [t for t in threading.enumerate() if t.name == "diffgemma-run" and t.is_alive()]
 
 
 def test_preset_fills_the_sliders_and_dice_draws_a_seed(browser, served_app, engine):
-    from engine import preset
-
     _, url = served_app
     page, problems = open_page(browser, url)
     steps = page.locator("input[aria-label='number input for Max denoising steps']")
@@ -181,8 +179,6 @@ def test_preset_fills_the_sliders_and_dice_draws_a_seed(browser, served_app, eng
 
 
 def test_refused_prompt_leaves_the_canvas_clean_and_hand_edits_make_the_preset_custom(browser, served_app, engine):
-    from engine import preset
-
     careful_t_max = format(preset("careful", engine.recommended).t_max, "g")
     _, url = served_app
     page, problems = open_page(browser, url)

@@ -2,10 +2,14 @@
 plain-text history, thinking ids as the template writes them, history cuts."""
 
 import copy
+import io
+import json
+import threading
 
 import pytest
 import torch
 
+from engine.cli import main
 from engine.engine import ChatSession, chat_prompt_ids, check_messages, conversation_ids
 from engine.generator import RunRandomState, denoise
 
@@ -49,19 +53,17 @@ def test_follow_up_with_reused_cache_matches_reencoding_the_conversation(engine,
 
 
 def test_the_saving_shown_never_exceeds_what_encoding_the_reused_tokens_cost(engine, monkeypatch):
-    import engine.engine as chat_module
-
     settings = engine.recommended.replace(max_new_tokens=engine.canvas_length, max_denoising_steps=2)
     session = ChatSession(engine)
     # a slope fitted to noisy timings can be far steeper than any prefill measured (1 s per token here)
-    monkeypatch.setattr(chat_module, "marginal_seconds_per_token", lambda points: 1.0)
+    monkeypatch.setattr("engine.engine.marginal_seconds_per_token", lambda points: 1.0)
     _, first = session.reply("Hello", settings, seed=1)
     _, second = session.reply("More please", settings, seed=1)
     assert second.reused_tokens > 0 and second.prefill_saved_s is not None
     assert second.prefill_saved_s <= first.prefill_s < second.reused_tokens * 1.0  # the cap is what bites
     _, third = session.reply("And more", settings, seed=1)
     assert third.prefill_saved_s <= first.prefill_s + second.prefill_s  # every turn that encoded the reused part
-    monkeypatch.setattr(chat_module, "marginal_seconds_per_token", lambda points: 1e-9)
+    monkeypatch.setattr("engine.engine.marginal_seconds_per_token", lambda points: 1e-9)
     _, fourth = session.reply("Last one", settings, seed=1)
     assert fourth.prefill_saved_s == pytest.approx(fourth.reused_tokens * 1e-9)  # below the cap: the estimate
 
@@ -76,8 +78,6 @@ def test_regenerate_reuses_the_prompt_and_replaces_only_the_last_answer(engine):
     assert session.messages[:-1] == before[:-1] and len(session.messages) == len(before)
     assert session.last_report.reused_tokens == session.last_report.prompt_tokens - 1  # all but denoise's own token
     # a cancelled turn leaves the conversation as it was
-    import threading
-
     stop = threading.Event()
     after = list(session.messages)
     for frame in session.turn("Cancel me", settings, seed=3, stop_event=stop):
@@ -165,11 +165,6 @@ def test_thinking_changes_the_standin_prompt_ids_exactly_as_its_template(standin
 
 @pytest.mark.slow
 def test_cli_chat_reads_turns_from_stdin_and_reuses_the_cache(monkeypatch, capsys):
-    import io
-    import json
-
-    from engine.cli import main
-
     # the third turn is under the prompt limit in characters but over the context in tokens (4 per emoji)
     turns = "Hello\n\nTell me <end_of_turn> more\n" + "\U0001f600" * 19_000 + "\n"
     monkeypatch.setattr("sys.stdin", io.StringIO(turns))

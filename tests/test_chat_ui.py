@@ -5,7 +5,6 @@ Chromium. Screenshots go to artifacts/chat/."""
 from __future__ import annotations
 
 import asyncio
-
 import json
 import time
 from pathlib import Path
@@ -13,10 +12,14 @@ from types import SimpleNamespace
 
 import gradio as gr
 import pytest
+from gradio_client.exceptions import AppError
 
-from diffgemma_ui.chat_tab import ChatState, ChatTab, history_html, parse_history, reuse_html
+from diffgemma_ui.chat_tab import ChatState, ChatTab, build_chat_tab, history_html, parse_history, reuse_html
+from diffgemma_ui.handlers import Playground
+from diffgemma_ui.infill_tab import InfillTab
 from diffgemma_ui.tab import stop_run
-from engine.engine import TurnReport
+from engine.engine import TurnReport, marginal_seconds_per_token
+from pages import open_page
 from synthetic import parse_html
 
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "chat"
@@ -56,8 +59,6 @@ def test_reuse_note_gives_tokens_and_time_saved():
 
 
 def test_the_saving_estimate_leaves_the_fixed_cost_of_an_encoder_call_out():
-    from engine.engine import marginal_seconds_per_token
-
     # 50 ms per call plus 0.5 ms per token: a re-encode of 200 reused tokens costs 100 ms more, not 200 x 50.5/1
     points = [(1, 0.0505), (40, 0.07), (100, 0.1)]
     assert marginal_seconds_per_token(points) == pytest.approx(0.0005)
@@ -89,8 +90,6 @@ def test_history_with_marker_text_is_kept_as_plain_text():
 
 @pytest.fixture(scope="module")
 def tab(engine):
-    from diffgemma_ui.handlers import Playground
-
     return ChatTab(Playground(engine))
 
 
@@ -174,8 +173,6 @@ def test_bad_chat_input_is_refused_before_anything_runs(tab):
 
 def test_chat_and_infill_are_not_refused_on_zero_gpu(tab, monkeypatch):
     """Chat and Infill run in the GPU process on ZeroGPU (tests/test_spaces.py): nothing refuses them there."""
-    from diffgemma_ui.infill_tab import InfillTab
-
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     assert tab.turn("hi", "recommended", 64, 0, False).run.prompt == "hi"
     answer, summary = asyncio.run(tab.chat_api("hi", "[]", "", False, 64, 3, 2.0, 0.05, 0.1, 1, 0.05, True, 1))
@@ -184,9 +181,6 @@ def test_chat_and_infill_are_not_refused_on_zero_gpu(tab, monkeypatch):
 
 
 def test_thinking_switch_only_where_the_template_has_one(engine, standin_engine):
-    from diffgemma_ui.chat_tab import build_chat_tab
-    from diffgemma_ui.handlers import Playground
-
     for model, shown in ((engine, False), (standin_engine, True)):
         chat = ChatTab(Playground(model))
         with gr.Blocks() as page:
@@ -217,8 +211,6 @@ def test_chat_api_carries_the_history_and_refuses_bad_input(client, engine):
     assert [m["content"] for m in summary2["history"][:4]] == [m["content"] for m in json.loads(history)]
     assert summary2["history"][-2:] == [{"role": "user", "content": "And then?"},
                                         {"role": "assistant", "content": answer2}]
-    from gradio_client.exceptions import AppError
-
     with pytest.raises(AppError, match="not valid JSON"):
         client.predict(*chat_args("x", "[oops"), api_name="/chat")
     with pytest.raises(AppError, match="context"):  # one turn alone over the context: refused, named
@@ -237,8 +229,6 @@ def test_chat_api_carries_the_history_and_refuses_bad_input(client, engine):
 # -- the page --------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_chat_tab_in_the_browser_two_turns_show_the_reuse(browser, served_app):
-    from pages import open_page
-
     page, problems = open_page(browser, served_app[1])
     try:
         page.click("button[role=tab]:has-text('Chat')")
@@ -274,8 +264,6 @@ def test_chat_tab_in_the_browser_two_turns_show_the_reuse(browser, served_app):
 @pytest.mark.slow
 def test_a_message_sent_as_the_answer_lands_is_not_lost(browser, served_app, monkeypatch):
     """The answer is on the page before its stream has ended; a Send in that gap still runs, after the first."""
-    from pages import open_page
-
     app, url = served_app
     runs = app.playground.runs
     finish = runs.finish

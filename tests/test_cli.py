@@ -7,7 +7,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
 
+from engine import DEFAULT_MODEL, DiffusionSettings, load_model, preset
 from engine.cli import main
 from engine.loading import REPO_ROOT
 
@@ -52,9 +55,6 @@ def test_no_adaptive_stopping_runs_every_step(capsys):
 
 
 def test_preset_selects_its_settings_and_flags_override_it(capsys):
-    from engine import DEFAULT_MODEL, DiffusionSettings, preset
-    from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
-
     config = DiffusionGemmaGenerationConfig.from_pretrained(DEFAULT_MODEL)
     recommended = DiffusionSettings.from_generation_config(config)
     small = [a for a in SMALL if a not in ("--steps", "4")]
@@ -119,9 +119,6 @@ def test_unparseable_number_is_an_argparse_error(capsys):
 
 
 def test_preset_is_applied_first_and_explicit_flags_override_it(capsys, tmp_path):
-    from engine import DEFAULT_MODEL, load_model, preset
-    from engine.settings import DiffusionSettings
-
     loaded = load_model(DEFAULT_MODEL, device="cpu")
     recommended = DiffusionSettings.from_generation_config(loaded.model.generation_config)
     fast = preset("fast", recommended)
@@ -176,8 +173,6 @@ def test_settings_that_clash_with_the_checkpoints_are_refused_before_loading(cap
 
 
 def test_threads_sets_torchs_cpu_threads_and_refuses_zero(capsys):
-    import torch
-
     before = torch.get_num_threads()
     try:
         assert run_json(capsys, "--threads", "1")["token_ids"]

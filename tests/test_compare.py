@@ -7,11 +7,16 @@ import threading
 import time
 from pathlib import Path
 
+import gradio as gr
 import pytest
 
-from diffgemma_ui.compare_tab import CompareHandlers, side_html, verdict_html
+from diffgemma_ui.compare_tab import (DIFFUSERS_PREFIX, CompareHandlers, CompareState, pipeline_source, side_html,
+                                      verdict_html)
+from diffgemma_ui.handlers import Job, Playground
 from diffgemma_ui.tab import stop_run
 from engine import DiffusionSettings
+from engine.diffusers_sampler import PipelineRun, pipeline_frames, turn_end_id
+from pages import open_page
 from synthetic import parse_html, synthetic_frame
 
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "compare"
@@ -42,8 +47,6 @@ def test_verdict_compares_b_with_a():
 
 @pytest.mark.slow
 def test_compare_runs_a_then_b_with_one_seed(engine):
-    from diffgemma_ui.handlers import Playground
-
     playground = Playground(engine)
     started = []
     start_job = playground.start_job
@@ -81,8 +84,6 @@ CUT_TILES = """() => [...document.querySelectorAll('.dg-compare-side .dg-stat-va
 
 @pytest.mark.slow
 def test_compare_tab_in_the_browser(browser, served_app):
-    from pages import open_page
-
     page, problems = open_page(browser, served_app[1])
     try:
         page.click("#dg-tab-compare-button, button[role=tab]:has-text('Compare')")
@@ -117,10 +118,6 @@ def test_compare_tab_in_the_browser(browser, served_app):
 @pytest.mark.slow
 def test_diffusers_scheduler_as_side_b(engine):
     pytest.importorskip("diffusers")
-    from diffgemma_ui.compare_tab import DIFFUSERS_PREFIX, pipeline_source
-    from diffgemma_ui.handlers import Job, Playground
-    from engine.diffusers_sampler import pipeline_frames, turn_end_id
-
     settings = engine.recommended.replace(max_new_tokens=128, max_denoising_steps=3)
     frames = pipeline_frames(engine, "Tell me about the flood.", settings, "BlockRefinementScheduler", 4)
     last = frames[-1]
@@ -161,8 +158,6 @@ def test_diffusers_scheduler_as_side_b(engine):
 @pytest.mark.slow
 def test_a_pipeline_run_is_read_while_it_runs_and_stops_within_a_step(engine):
     pytest.importorskip("diffusers")
-    from engine.diffusers_sampler import PipelineRun
-
     settings = engine.recommended.replace(max_new_tokens=1024, max_denoising_steps=8, adaptive_stopping=False)
     run = PipelineRun(engine, "Tell me about the flood.", settings, "BlockRefinementScheduler", 4).start()
     while len(run.frames()) < 3 and not run.finished:
@@ -180,9 +175,6 @@ def test_a_pipeline_run_is_read_while_it_runs_and_stops_within_a_step(engine):
 @pytest.mark.slow
 def test_diffusers_side_b_refuses_raw_prompts(engine):
     pytest.importorskip("diffusers")
-    from diffgemma_ui.compare_tab import DIFFUSERS_PREFIX
-    from diffgemma_ui.handlers import Playground
-
     with pytest.raises(Exception, match="always applies the chat template"):
         list(CompareHandlers(Playground(engine)).compare(None, None, "In the beginning", True, 4, 64, 0.5, 3, True,
                                                          0.5, 3, True, DIFFUSERS_PREFIX + "DiscreteDDIMScheduler"))
@@ -198,9 +190,6 @@ def test_a_sampler_that_ignores_the_bound_is_not_shown_with_one():
 
 @pytest.mark.slow
 def test_stop_ends_the_running_side_and_b_never_starts(engine):
-    from diffgemma_ui.compare_tab import CompareState
-    from diffgemma_ui.handlers import Playground
-
     handlers, state = CompareHandlers(Playground(engine)), CompareState()
     views = handlers.compare(state, None, "In the beginning", True, 0, 1024, 0.5, 64, False, 0.5, 64, False)
     first = next(views)
@@ -213,11 +202,6 @@ def test_stop_ends_the_running_side_and_b_never_starts(engine):
 
 
 def test_a_refused_comparison_marks_the_previous_one_and_a_stop_while_queued_runs_nothing(engine):
-    import gradio as gr
-
-    from diffgemma_ui.compare_tab import CompareState
-    from diffgemma_ui.handlers import Playground
-
     playground = Playground(engine)
     handlers, state = CompareHandlers(playground), CompareState()
     args = ("In the beginning", True, 0, 16, 2.0, 2, True, 2.0, 1, True)

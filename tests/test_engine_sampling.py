@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
-    EntropyBoundSampler,
-    EntropyBoundSamplerConfig,
-)
+from transformers.models.diffusion_gemma.generation_diffusion_gemma import (EntropyBoundSampler,
+                                                                            EntropyBoundSamplerConfig)
 
 from engine.generator import host_lists, one_transfer
 from engine.sampling import (RecordingEntropyBoundSampler, canvas_statistics, draft_first, entropy_and_log_probs,

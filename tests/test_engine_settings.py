@@ -4,17 +4,18 @@ import dataclasses
 import math
 
 import pytest
-from hypothesis import given, settings as hyp_settings, strategies as st
+import torch
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
+from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
 
-from engine.settings import (
-    PRESET_NAMES, RANGES, SETTING_NAMES, SETTINGS, DiffusionSettings, check_prompt, draw_seed, parse_seed,
-    parse_setting, preset, spec,
-)
+from engine.loading import available_cpus, set_serving_threads
+from engine.settings import (PRESET_NAMES, RANGES, SETTING_NAMES, SETTINGS, DiffusionSettings, check_prompt, draw_seed,
+                             parse_seed, parse_setting, preset, spec)
 
 
 def test_defaults_match_transformers_generation_defaults():
-    from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
-
     library = DiffusionGemmaGenerationConfig._get_default_generation_params()
     ours = DiffusionSettings.from_generation_config(None)
     assert ours.max_new_tokens == library["max_new_tokens"] == 256
@@ -98,10 +99,6 @@ def test_presets_are_valid_and_differ():
 
 
 def test_serving_threads_leave_one_cpu_for_the_server_on_cpu():
-    import torch
-
-    from engine.loading import available_cpus, set_serving_threads
-
     before = torch.get_num_threads()
     try:
         assert set_serving_threads(torch.device("cpu")) == max(1, available_cpus() - 1)

@@ -8,6 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+import app
+from diffgemma_ui.validation import build_request
+from pages import free_port
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -18,8 +24,6 @@ SMALL = ("In the beginning", True, 64, 3, 0.5, 0.4, 0.8, 1, 0.05, True, 11)
 
 @pytest.fixture(scope="module")
 def client(served_app):
-    from gradio_client import Client
-
     return Client(served_app[1], verbose=False)
 
 
@@ -48,8 +52,6 @@ def test_generate_returns_text_and_a_sane_summary_reproducibly(client, engine):
     again_text, again = client.predict(*SMALL, api_name="/generate")
     assert again["token_ids"] == summary["token_ids"] and again_text == text
     # and the same tokens as the engine itself, for the same settings and seed
-    from diffgemma_ui.validation import build_request
-
     request = build_request(SMALL[0], SMALL[1], dict(zip(
         ("max_new_tokens", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
          "confidence_threshold", "adaptive_stopping"), SMALL[2:10])), SMALL[10])
@@ -73,8 +75,6 @@ def test_random_seed_and_keyword_call(client):
     ({1: "maybe"}, "raw must be true or false"),
 ])
 def test_bad_input_is_a_clear_error(client, changes, message):
-    from gradio_client.exceptions import AppError
-
     args = list(SMALL)
     for index, value in changes.items():
         args[index] = value
@@ -91,8 +91,6 @@ def run_app(*args, env=None, timeout=120):
 
 
 def test_app_help_lists_every_option(capsys):
-    import app
-
     with pytest.raises(SystemExit) as exited:
         app.build_parser().parse_args(["--help"])
     assert exited.value.code == 0
@@ -104,9 +102,6 @@ def test_app_help_lists_every_option(capsys):
 
 
 def test_app_model_load_failure_is_one_clear_line(capsys, monkeypatch):
-    import app
-    from pages import free_port
-
     monkeypatch.setattr(app, "limit_malloc_arenas", lambda: None)  # a serving-process setting, not this process's
     assert app.main(["--model", "/nonexistent/model-folder", "--device", "cpu", "--port", str(free_port())]) == 2
     stderr = capsys.readouterr().err
@@ -120,8 +115,6 @@ def test_app_model_load_failure_is_one_clear_line(capsys, monkeypatch):
     *(("--max-run-seconds", bad, "max run seconds must be a number >= 0") for bad in ("-1", "nan", "inf", "soon")),
 ])
 def test_app_rejects_bad_thread_counts_and_time_limits(capsys, flag, bad, message):
-    import app
-
     with pytest.raises(SystemExit) as exited:
         app.build_parser().parse_args([flag, bad])
     assert exited.value.code == 2 and message in capsys.readouterr().err
@@ -134,8 +127,6 @@ def test_app_refuses_a_bad_flag_before_loading():
 
 
 def test_app_environment_defaults():
-    import app
-
     env = {"DIFFGEMMA_DEVICE": "cpu", "GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SERVER_PORT": "7999",
            "DIFFGEMMA_SHARE": "1"}
     old = {k: os.environ.get(k) for k in env}

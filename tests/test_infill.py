@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from engine.cli import main
 from engine.infill import filled_text, infill_frames, layout_template, parse_template
 
 TEMPLATE = "Once upon a [___ 3] there was a [___] who <end_of_turn> lived."
@@ -81,8 +82,6 @@ def test_template_longer_than_the_canvas_is_refused_plainly(engine):
 
 
 def test_cli_infill_prints_the_filled_template(capsys):
-    from engine.cli import main
-
     status = main(["infill", "--template", "The [___ 2] is blue.", "--seed", "1", "--steps", "2", "--device", "cpu",
                    "--json"])
     out = json.loads(capsys.readouterr().out)

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import gradio as gr
 import pytest
+from gradio_client.exceptions import AppError
 
+from diffgemma_ui.handlers import Playground
 from diffgemma_ui.infill_tab import InfillTab, blank_frames, blank_plots, filled_html, infill_canvas_html
 from diffgemma_ui.session import SessionState
 from engine.infill import InfillLayout
+from pages import open_page, set_number
 from synthetic import parse_html, synthetic_frame
 
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "infill"
@@ -62,8 +65,6 @@ def test_filled_template_escapes_text_and_marks_the_fills(engine):
 
 
 def playground(engine):
-    from diffgemma_ui.handlers import Playground
-
     return Playground(engine)
 
 
@@ -125,8 +126,6 @@ def test_infill_api_returns_the_filled_text_and_positions(client, engine):
     after = engine.tokenizer(" is blue. <end_of_turn>", add_special_tokens=False, split_special_tokens=True)
     assert summary["blank_positions"] == [len(before), len(before) + 1] and len(summary["fills"]) == 1
     assert [summary["token_ids"][i] for i in summary["fixed_positions"]] == before + after["input_ids"]
-    from gradio_client.exceptions import AppError
-
     with pytest.raises(AppError, match="one canvas holds 64"):
         client.predict("word " * 70 + "[___]", "", 3, 2.0, 0.05, 0.1, 1, 0.05, True, 7, api_name="/infill")
 
@@ -138,8 +137,6 @@ FIXED_TEXTS_JS = """() => Array.from(document.querySelectorAll('#dg-infill-canva
 
 @pytest.mark.slow
 def test_infill_tab_in_the_browser_keeps_fixed_positions(browser, served_app):
-    from pages import open_page, set_number
-
     page, problems = open_page(browser, served_app[1])
     try:
         page.click("button[role=tab]:has-text('Infill')")

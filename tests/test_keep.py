@@ -9,15 +9,19 @@ from types import SimpleNamespace
 
 import gradio as gr
 import pytest
+from gradio_client import Client
 
 from benchmarks.browser import synthetic_trace
+from diffgemma_ui.handlers import Playground
 from diffgemma_ui.keep import KeepHandlers, check_traceable, committed_text, render_trace, snapshot_upto
 from diffgemma_ui.session import SessionState
 from engine.settings import DiffusionSettings
 from engine.trace import load_trace
+from pages import open_page, set_number
 from synthetic import parse_html
 from test_gradio_api import SMALL
 from test_trace import HOSTILE, hostile_trace
+from test_ui_views import FakeEngine
 
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "keep"
 
@@ -37,10 +41,6 @@ def test_snapshot_and_render_of_a_trace_step():
 
 
 def test_a_playing_replay_draws_the_heatmap_of_the_canvas_forward_with_hover_text_at_the_end():
-    from diffgemma_ui.handlers import Playground
-    from diffgemma_ui.session import SessionState
-    from test_ui_views import FakeEngine
-
     trace = synthetic_trace(canvas=16, steps=4, blocks=2, vocab=400)
     session = SessionState()
     session.trace = trace
@@ -98,8 +98,6 @@ def test_upload_then_step(tmp_path):
 
 @pytest.mark.slow
 def test_export_api_returns_a_trace_of_the_run(served_app):
-    from gradio_client import Client
-
     client = Client(served_app[1], verbose=False)
     document = client.predict(*SMALL, api_name="/export")
     trace = load_trace(json.dumps(document))
@@ -113,8 +111,6 @@ def test_export_api_returns_a_trace_of_the_run(served_app):
 
 @pytest.mark.slow
 def test_page_keeps_a_run_and_replays_an_upload(browser, served_app, tmp_path):
-    from pages import open_page, set_number
-
     page, problems = open_page(browser, served_app[1])
     try:
         page.fill("#dg-prompt textarea", "In the beginning")

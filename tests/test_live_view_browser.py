@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from pages import HEATMAP_STATE, open_page, set_number, set_up_a_long_run
 
 pytestmark = pytest.mark.slow

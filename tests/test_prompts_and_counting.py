@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from transformers import DiffusionGemmaForBlockDiffusion
 
 from diffgemma_ui.handlers import Playground
 from diffgemma_ui.meter import meter_values
@@ -94,8 +95,6 @@ def model_writes_pads(monkeypatch):
     """Every DiffusionGemma decoder forward (in this test's engine, in `generate()` and in the models the CLI and the
     API load) puts pad far ahead at canvas positions 5-9: pads mid-canvas (issue 13 item 4). v1 wrote them at
     t_max 0.01 by itself; v2 was trained to end with EOS and does not, so the test makes it."""
-    from transformers import DiffusionGemmaForBlockDiffusion
-
     original = DiffusionGemmaForBlockDiffusion.forward
 
     def forward(self, *args, **kwargs):

@@ -10,7 +10,7 @@ meta-device memory report counts.
 
 from __future__ import annotations
 
-import importlib.util
+import ast
 import json
 import math
 import shutil
@@ -20,10 +20,14 @@ import sys
 import pytest
 import torch
 from torch.nn.utils import parametrize
+from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+from transformers.integrations.finegrained_fp8 import FP8Experts, FP8Linear
+from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
 
+from diffgemma_ui.blocks import header_html
 from engine import DEFAULT_MODEL, DiffusionEngine, ModelLoadError, load_model
 from engine.cli import main as cli_main
-from engine.loading import REPO_ROOT, check_fits, check_quantization, meta_model
+from engine.loading import REPO_ROOT, check_fits, check_quantization, meta_model, read_config
 from engine.quantization import (BITSANDBYTES_QUANTIZATIONS, FP8_BLOCK_SIZE, GROUPS, check_fp8_shapes, fp8_refusal,
                                  from_pretrained_fp8, is_experts, memory_report, model_bytes, quantized_nbytes)
 
@@ -35,8 +39,6 @@ STORED_BYTES_PER_WEIGHT = {"4bit": 0.5, "8bit": 1.0}  # packed codes, scales asi
 def save_scaled_real_config(folder, text_widths: dict, vision_hidden_size: int) -> None:
     """Save, with random bf16 weights (seed 0), the real config with `text_widths`, one sliding and one full text
     layer, and a one-layer vision tower of `vision_hidden_size` (2 heads of 16, MLP 48 wide)."""
-    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
-
     real = json.loads((REAL_CONFIG / "config.json").read_text())
     text = dict(real["text_config"], num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
                 sliding_window=64, **text_widths)
@@ -185,8 +187,6 @@ def test_refusals_are_one_clear_line(tmp_path):
 def test_cuda_loads_onto_the_device_and_refuses_a_model_that_does_not_fit(monkeypatch):
     """`device="cuda"` places every weight on the GPU (never `device_map="auto"`, which spreads a large model onto
     the CPU without a word), after a meta-device count of the weights against the free memory."""
-    import engine.loading as loading
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10_000_000, 80_000_000_000))
     with pytest.raises(ModelLoadError) as info:  # 27.7 MB of fp32 weights, 10 MB free
@@ -201,7 +201,7 @@ def test_cuda_loads_onto_the_device_and_refuses_a_model_that_does_not_fit(monkey
         raise RuntimeError("stop before touching CUDA")
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80_000_000_000, 80_000_000_000))
-    monkeypatch.setattr(loading.DiffusionGemmaForBlockDiffusion, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(DiffusionGemmaForBlockDiffusion, "from_pretrained", from_pretrained)
     with pytest.raises(ModelLoadError, match="stop before touching CUDA"):
         load_model(DEFAULT_MODEL, device="cuda")
     assert seen["device_map"] == {"": torch.device("cuda")} and seen["dtype"] == torch.bfloat16
@@ -231,8 +231,6 @@ def test_model_bytes_is_the_memory_reports_total():
 
 
 def test_header_shows_the_weights_memory_of_the_loaded_model():
-    from diffgemma_ui.blocks import header_html
-
     for quantization in ("none", "4bit"):  # 27.7 MB and 7.6 MB
         engine = DiffusionEngine(load_model(device="cpu", quantization=quantization))
         expected = f"weights: {memory_report(engine.model)['total_bytes'] / 1e6:.1f} MB"
@@ -283,9 +281,6 @@ def test_fp8_meta_count_equals_what_transformers_fp8_loading_produces(fp8_standi
     its GPU check patched out: experts become FP8Experts with float8 tensors, the tied encoder modules are the
     decoder's (the library alone leaves the encoder's scales uninitialised), and the meta-device report counts
     exactly the bytes of the loaded tensors, tensor by tensor."""
-    from transformers.integrations.finegrained_fp8 import FP8Experts, FP8Linear
-    from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
-
     monkeypatch.setattr(FineGrainedFP8HfQuantizer, "validate_environment", lambda self, *args, **kwargs: None)
     loaded = from_pretrained_fp8(str(fp8_standin), torch.device("cpu"), torch.bfloat16)
     meta = meta_model(fp8_standin)
@@ -313,8 +308,6 @@ def test_fp8_meta_count_equals_what_transformers_fp8_loading_produces(fp8_standi
 def test_fp8_meta_report_of_the_real_config_converts_every_expert():
     """The 26B config on the meta device: every experts module FP8Experts with float8_e4m3fn tensors and a float32
     scale per 64 x 64 block; the report is the sum of the converted tensors' bytes; 27.0 GB in all."""
-    from transformers.integrations.finegrained_fp8 import FP8Experts
-
     model = meta_model(REAL_CONFIG)
     report = memory_report(model, "fp8")
     assert report["total_bytes"] == distinct_tensor_bytes(model) == sum(report["groups"].values())
@@ -330,8 +323,6 @@ def test_fp8_meta_report_of_the_real_config_converts_every_expert():
 
 def test_fp8_refuses_expert_widths_its_blocks_do_not_divide(standin):
     """The 4bit/8bit stand-in has experts 32 wide: fp8 would leave them in bf16 for kernels that read FP8."""
-    from engine.loading import read_config
-
     with pytest.raises(ValueError, match=r"^fp8 quantizes blocks of 64x64; this model's moe_intermediate_size 32 is"):
         check_fp8_shapes(read_config(standin))
     check_fp8_shapes(read_config(REAL_CONFIG))  # 2816 and 704: accepted
@@ -340,8 +331,6 @@ def test_fp8_refuses_expert_widths_its_blocks_do_not_divide(standin):
 def test_loading_modules_import_one_way_and_only_optional_packages_late():
     """quantization <- loading: each imports only modules before it, at the top; inside a
     function only an optional heavy package (bitsandbytes) is imported."""
-    import ast
-
     order = ["quantization", "loading"]
     for index, name in enumerate(order):
         tree = ast.parse((REPO_ROOT / "engine" / f"{name}.py").read_text())

@@ -5,11 +5,22 @@ from __future__ import annotations
 import json
 import threading
 
+import gradio as gr
 import pytest
 import torch
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-from engine.race import (ORDERS, AutoregressiveDecoder, RaceResult, RaceRunner, SideResult, TokenFrame,
-                         check_temperature, eos_ids, punctuation_share, repeated_share, weights_bytes_per_forward)
+import app
+from diffgemma_ui.race_tab import RaceSession, RaceTab, caveat_text, explanation, frame_at, panel_html, result_html
+from diffgemma_ui.text import escape_html
+from engine.cli import main, verdict_line
+from engine.loading import ModelLoadError
+from engine.race import (ORDERS, AutoregressiveDecoder, RaceResult, RaceRunner, SideResult, TokenFrame, causal_lm_bytes,
+                         check_fit, check_temperature, eos_ids, punctuation_share, race_runner, repeated_share,
+                         side_weights_bytes, weights_bytes_per_forward)
+from pages import open_page, set_number
 
 PROMPTS = [("In the beginning", True), ("Blessed are the", True), ("Tell me what happened after the flood.", False)]
 
@@ -177,8 +188,6 @@ def test_race_counts_are_consistent_and_the_sides_take_turns(engine, small):
     for side in (result.diffusion, result.autoregressive):
         assert 0 <= side.punctuation_share <= 1 and 0 <= side.repeated_share <= 1
         assert summary[side.name]["faults"] == list(side.faults) == verdict["faults"][side.name]
-    from diffgemma_ui.race_tab import explanation
-
     assert "ms per canvas forward" in explanation(result)  # the words live in the view, the facts in the engine
 
 
@@ -240,9 +249,6 @@ def side_result(name, **changes):
 
 
 def test_result_card_escapes_and_explains_either_winner():
-    from diffgemma_ui.race_tab import explanation, result_html
-    from diffgemma_ui.text import escape_html
-
     slow = RaceResult(side_result("diffusion", tokens_per_second=2.0, seconds_per_forward=1.0,
                                   tokens_per_forward=2.0, seconds_per_token=0.5),
                       side_result("autoregressive", position=2), ("diffusion", "autoregressive"), 7, 64, 64, "cpu",
@@ -262,8 +268,6 @@ def test_result_card_escapes_and_explains_either_winner():
 
 
 def test_a_stopped_race_names_no_winner_and_says_which_side_was_cut_short():
-    from diffgemma_ui.race_tab import explanation, result_html
-
     cut_short = RaceResult(side_result("diffusion", tokens_per_second=300.0, seconds_per_token=0.003),
                            side_result("autoregressive", tokens=334, tokens_per_second=145.0, stop_reason="cancelled",
                                        position=2),
@@ -285,8 +289,6 @@ def test_a_stopped_race_names_no_winner_and_says_which_side_was_cut_short():
 
 
 def test_answers_of_very_different_lengths_are_called_out_under_the_speedup():
-    from diffgemma_ui.race_tab import result_html
-
     short = RaceResult(side_result("diffusion", tokens=41, tokens_per_second=400.0),
                        side_result("autoregressive", tokens=256, tokens_per_second=190.0, stop_reason="max_new_tokens"),
                        ("diffusion", "autoregressive"), 7, 256, 64, "cpu", None)
@@ -310,8 +312,6 @@ def test_answer_checks_count_punctuation_only_tokens_and_repeated_runs():
 
 
 def test_the_card_says_so_beside_the_speedup_when_an_answer_is_mostly_punctuation_or_repeats():
-    from diffgemma_ui.race_tab import caveat_text, explanation, result_html
-
     # 41 tokens, mostly commas, at 2.78x the speed of 256 readable autoregressive tokens
     commas = RaceResult(side_result("diffusion", tokens=41, tokens_per_second=278.0, punctuation_share=0.78),
                         side_result("autoregressive", tokens=256, tokens_per_second=100.0,
@@ -338,8 +338,6 @@ def test_the_card_says_so_beside_the_speedup_when_an_answer_is_mostly_punctuatio
 
 
 def test_panels_escape_model_text_and_follow_the_replay_clock():
-    from diffgemma_ui.race_tab import frame_at, panel_html
-
     frames = [TokenFrame(i, 7, "<b>", [7] * (i + 1), i + 1, 0.0, i == 2, "eos" if i == 2 else "", 0.1 * (i + 1),
                          0.1, (i + 1) / (0.1 * (i + 1)), 1.0, 3, 0) for i in range(3)]
     assert frame_at(frames, 0.05) is None and frame_at(frames, 0.25) is frames[1] and frame_at(frames, 9) is frames[2]
@@ -353,8 +351,6 @@ def test_panels_escape_model_text_and_follow_the_replay_clock():
 
 
 def test_a_side_stopped_before_its_first_token_shows_no_rate_and_no_replay_caret():
-    from diffgemma_ui.race_tab import panel_html
-
     stopped = TokenFrame(0, 7, "x", [], 0, 0.0, True, "cancelled", 0.4, 0.0, 0.0, 0.0, 3, 0)
     html = panel_html("autoregressive", stopped, text="", model="m", position=1, state="done", t=float("inf"))
     cards = html.split('class="dg-meter-note"')[0]
@@ -365,8 +361,6 @@ def test_a_side_stopped_before_its_first_token_shows_no_rate_and_no_replay_caret
 # -- the CLI -------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_cli_race_prints_one_json_object(capsys):
-    from engine.cli import main
-
     assert main(["race", "--prompt", "In the beginning", "--raw", "--seed", "2", "--max-new-tokens", "64",
                  "--steps", "2", "--device", "cpu", "--order", "diffusion-first", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -377,8 +371,6 @@ def test_cli_race_prints_one_json_object(capsys):
 
 
 def test_cli_verdict_line_gives_the_facts_on_one_line():
-    from engine.cli import verdict_line
-
     commas = RaceResult(side_result("diffusion", tokens_per_second=8.0, seconds_per_forward=0.5,
                                     punctuation_share=0.9, repeated_share=0.7),
                         side_result("autoregressive"), ("diffusion", "autoregressive"), 7, 64, 64, "cpu", None)
@@ -391,8 +383,6 @@ def test_cli_verdict_line_gives_the_facts_on_one_line():
 
 
 def test_cli_race_refuses_bad_input_before_loading(capsys):
-    from engine.cli import main
-
     assert main(["race", "--prompt", " "]) == 2
     assert "prompt is empty" in capsys.readouterr().err
     assert main(["race", "--prompt", "x", "--ar-temperature", "-2"]) == 2
@@ -407,8 +397,6 @@ RACE_ARGS = ("In the beginning", True, 64, 3, 0.5, 0.4, 0.8, 1, 0.05, True, 4, 0
 
 @pytest.fixture(scope="module")
 def client(served_app):
-    from gradio_client import Client
-
     return Client(served_app[1], verbose=False)
 
 
@@ -438,8 +426,6 @@ def test_race_api_returns_both_texts_and_consistent_summaries(client, engine):
 @pytest.mark.parametrize("index,value", [(0, ""), (2, 0), (3, 10_000), (4, "many"), (5, 0.9), (10, 1.5),
                                          (9, "maybe")])
 def test_race_api_refuses_bad_inputs_as_generate_does(client, index, value):
-    from gradio_client.exceptions import AppError
-
     args = list(RACE_ARGS)
     args[index] = value
     with pytest.raises(AppError) as generate_error:
@@ -453,8 +439,6 @@ def test_race_api_refuses_bad_inputs_as_generate_does(client, index, value):
 @pytest.mark.parametrize("index,value,message", [(11, -1, "ar_temperature"), (11, "hot", "ar_temperature"),
                                                  (12, "sideways", "order must be one of")])
 def test_race_api_refuses_bad_race_inputs(client, index, value, message):
-    from gradio_client.exceptions import AppError
-
     args = list(RACE_ARGS)
     args[index] = value
     with pytest.raises(AppError, match=message):
@@ -464,8 +448,6 @@ def test_race_api_refuses_bad_race_inputs(client, index, value, message):
 # -- the page ------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_browser_race_fills_both_panels_and_shows_the_speedup(browser, served_app, tmp_path):
-    from pages import open_page, set_number
-
     page, problems = open_page(browser, served_app[1])
     page.get_by_role("tab", name="Race", exact=True).click()
     page.fill("#dg-race-prompt textarea", "In the beginning")
@@ -492,8 +474,6 @@ def test_browser_race_fills_both_panels_and_shows_the_speedup(browser, served_ap
 @pytest.fixture(scope="module")
 def causal_lm(engine, tmp_path_factory):
     """A tiny random Gemma 3 causal LM with the embedded model's tokenizer, saved as a checkpoint folder."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
     folder = tmp_path_factory.mktemp("ar-model")
     config = Gemma3TextConfig(vocab_size=len(engine.tokenizer), hidden_size=32, intermediate_size=64,
                               num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
@@ -507,8 +487,6 @@ def causal_lm(engine, tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_separate_causal_lm_races_against_the_diffusion_model(engine, small, causal_lm):
-    from engine.race import race_runner
-
     runner = race_runner(engine, str(causal_lm))
     assert not runner.ar.shared_weights and runner.ar.eos_token_ids == {1, 4}
     result = runner.run("In the beginning", small, raw=True, seed=0, order="autoregressive first")
@@ -521,9 +499,6 @@ def test_a_separate_causal_lm_races_against_the_diffusion_model(engine, small, c
 
 
 def test_an_ar_model_that_does_not_fit_is_refused_with_both_needs(engine, causal_lm):
-    from engine.loading import ModelLoadError
-    from engine.race import causal_lm_bytes, check_fit
-
     needed = causal_lm_bytes(str(causal_lm), torch.float32)
     assert needed > 0
     with pytest.raises(ModelLoadError) as info:
@@ -536,10 +511,7 @@ def test_an_ar_model_that_does_not_fit_is_refused_with_both_needs(engine, causal
 
 @pytest.mark.slow
 def test_app_refuses_an_ar_model_that_does_not_fit_at_start(causal_lm, monkeypatch, capsys):
-    import app
-    import engine.race
-
-    monkeypatch.setattr(engine.race, "free_bytes", lambda device: 1000)
+    monkeypatch.setattr("engine.race.free_bytes", lambda device: 1000)
     assert app.main(["--device", "cpu", "--ar-model", str(causal_lm), "--port", "7999"]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "needs about" in lines[0] and "GiB free" in lines[0]
@@ -548,9 +520,6 @@ def test_app_refuses_an_ar_model_that_does_not_fit_at_start(causal_lm, monkeypat
 @pytest.mark.slow
 def test_gpu_bandwidth_bound_fields_follow_from_bytes_and_bandwidth(engine, small, monkeypatch):
     """The bound as a GPU run computes it (measured bandwidth stood in for: there is no GPU here)."""
-    from diffgemma_ui.race_tab import result_html
-    from engine.race import side_weights_bytes
-
     runner = RaceRunner(engine)
     weights = side_weights_bytes(engine, runner.ar)
     assert 0 < weights[1] <= weights[0]  # a one-token forward reads at most what a canvas forward reads
@@ -568,10 +537,6 @@ def test_gpu_bandwidth_bound_fields_follow_from_bytes_and_bandwidth(engine, smal
 
 @pytest.mark.slow
 def test_race_tab_runs_then_replays_and_resets_buttons_on_failure(engine, monkeypatch):
-    import gradio as gr
-
-    from diffgemma_ui.race_tab import RaceSession, RaceTab
-
     tab, session = RaceTab(RaceRunner(engine)), RaceSession()
     inputs = ("In the beginning", True, "fast", 64, 0, 0.0, "diffusion first")
     live = list(tab.race_stream(session, None, *inputs))
@@ -594,8 +559,6 @@ def test_race_tab_runs_then_replays_and_resets_buttons_on_failure(engine, monkey
 
 def test_race_is_not_refused_on_zero_gpu(engine, monkeypatch):
     """The race runs in the GPU process on ZeroGPU (tests/test_spaces.py): its checks pass there as anywhere."""
-    from diffgemma_ui.race_tab import RaceTab
-
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     race = RaceTab(RaceRunner(engine)).ui_request("In the beginning", True, "fast", 64, 0, 0.0, "alternate")
     assert race[2] == "alternate"

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+from gradio_client import Client
+from gradio_client.utils import Status
 
 from benchmarks import load as load_bench
 from diffgemma_ui.deployment import QUEUE_PLANS
@@ -81,8 +83,6 @@ def app(served_app):
 
 
 def new_client(url: str):
-    from gradio_client import Client
-
     return Client(url, verbose=False)
 
 
@@ -144,8 +144,6 @@ def test_eight_clients_at_once_match_their_solo_runs(app, engine, served_app):
 
 def test_saturated_queue_reports_positions_and_cancelling_frees_the_slots(app, engine, served_app, forward_s):
     """With every slot busy, waiting jobs report their queue position; cancelling the busy jobs lets them run."""
-    from gradio_client.utils import Status
-
     url = served_app[1]
     limit = QUEUE_PLANS["cpu"].concurrency
     busy_clients = [new_client(url) for _ in range(limit)]

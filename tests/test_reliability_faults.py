@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import socket
 import subprocess
 import sys
 import weakref
@@ -23,7 +24,10 @@ from pathlib import Path
 import gradio as gr
 import pytest
 import torch
+from gradio_client import Client
+from gradio_client.exceptions import AppError
 
+import app
 from diffgemma_ui import runs as runs_module
 from diffgemma_ui.handlers import Playground
 from diffgemma_ui.session import SessionState
@@ -105,17 +109,10 @@ def test_bad_load_options_raise_model_load_error(kwargs, phrase):
         load_model(DEFAULT_MODEL, **kwargs)
 
 
-def app_module():
-    import app
-
-    return app
-
-
 def test_app_prints_one_clear_line_for_every_broken_model(tmp_path, monkeypatch, capsys):
     """In process (fast): `app.main` returns 2 and prints exactly one `error:` line, even for the multi-line
     messages transformers and the hub give (unknown architecture, offline hub id)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    app = app_module()
     for name, (model, phrase) in broken_models(tmp_path).items():
         assert app.main(["--model", model, "--device", "cpu"]) == 2, name
         err = capsys.readouterr().err
@@ -125,9 +122,6 @@ def test_app_prints_one_clear_line_for_every_broken_model(tmp_path, monkeypatch,
 
 
 def test_app_refuses_a_port_in_use_before_loading_and_a_share_word_it_does_not_know(monkeypatch, capsys):
-    import socket
-
-    app = app_module()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -200,8 +194,6 @@ def fault_in(owner, name: str, fault: Fault):
 
 @pytest.fixture(scope="module")
 def client(served_app):
-    from gradio_client import Client
-
     api_client = Client(served_app[1], verbose=False)
     yield api_client
     api_client.close()
@@ -233,8 +225,6 @@ def oom() -> torch.OutOfMemoryError:
 
 
 def test_out_of_memory_in_the_api_is_a_clear_message_and_the_next_run_works(client, engine, reference, release_spy):
-    from gradio_client.exceptions import AppError
-
     with fault_in(engine.model, "forward", Fault(oom(), fail_on=2)) as fault:
         with pytest.raises(AppError) as info:
             client.predict(*ARGS, api_name="/generate")
@@ -280,8 +270,6 @@ CRASHES = {
 @pytest.mark.parametrize("where", list(CRASHES))
 def test_a_crash_in_one_run_is_a_clear_message_and_the_server_keeps_serving(client, engine, reference, where,
                                                                             release_spy):
-    from gradio_client.exceptions import AppError
-
     target, error, fail_on = CRASHES[where]
     owner, name = target(engine)
     with fault_in(owner, name, Fault(error, fail_on=fail_on)) as fault:
@@ -299,8 +287,6 @@ def test_a_crash_in_one_run_is_a_clear_message_and_the_server_keeps_serving(clie
 
 def test_a_tokenizer_crash_before_the_run_is_a_clear_message(client, engine, reference):
     with fault_in(engine, "encode_prompt", Fault(RuntimeError("tokenizer exploded"))):
-        from gradio_client.exceptions import AppError
-
         with pytest.raises(AppError, match=r"^the engine failed \(RuntimeError: tokenizer exploded\)"):
             client.predict(*ARGS, api_name="/generate")
     _, summary = client.predict(*ARGS, api_name="/generate")

@@ -18,21 +18,18 @@ from html.parser import HTMLParser
 import gradio as gr
 import httpx
 import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from diffgemma_ui import meter
 from diffgemma_ui.handlers import Playground
-from diffgemma_ui.validation import (
-    MAX_PROMPT_CHARS,
-    PRESET_FIELDS,
-    SETTING_NAMES,
-    build_request,
-    build_settings,
-    check_prompt,
-    preset_values,
-)
+from diffgemma_ui.validation import (MAX_PROMPT_CHARS, PRESET_FIELDS, SETTING_NAMES, build_request, build_settings,
+                                     check_prompt, preset_values)
 from engine import PRESET_NAMES, DiffusionSettings
 from engine.settings import MAX_SEED, RANGES, parse_flag, parse_seed, spec
+from synthetic import canvas_html
 
 pytestmark = pytest.mark.slow
 
@@ -61,8 +58,6 @@ def report_bad_input_count():
 
 @pytest.fixture(scope="module")
 def client(served_app):
-    from gradio_client import Client
-
     api_client = Client(served_app[1], verbose=False)
     yield api_client
     api_client.close()
@@ -367,8 +362,6 @@ API_BAD = (
 
 def assert_api_refuses(client, playground: Playground, args) -> None:
     """`/generate` called with `args` fails with exactly the validation message of the API's own checks, clear."""
-    from gradio_client.exceptions import AppError
-
     expected = validation_message(playground, args)
     with pytest.raises(AppError) as info:
         client.predict(*args, api_name="/generate")
@@ -383,8 +376,6 @@ def test_api_rejects_bad_input_with_the_validation_message(client, served_app, f
 
 
 def test_api_rejects_a_prompt_over_the_context_with_the_limit(client, served_app, engine):
-    from gradio_client.exceptions import AppError
-
     prompt = emoji_prompt_over_context(engine, 64)
     note_bad("prompt", prompt)
     with pytest.raises(AppError, match=f"context of {engine.context_limit:,} tokens") as info:
@@ -470,9 +461,6 @@ class _Tags(HTMLParser):
 
 def test_a_real_run_on_hostile_text_renders_escaped(engine):
     """Frames of a real run on markup/bidi/control text render to HTML with only the view's own markup."""
-    from diffgemma_ui import meter
-    from synthetic import canvas_html
-
     frames = list(engine.frames(UNUSUAL_PROMPTS[4] + UNUSUAL_PROMPTS[2] + UNUSUAL_PROMPTS[0], DiffusionSettings(
         max_new_tokens=64, max_denoising_steps=2), raw=True, seed=3))
     html = canvas_html([frames[-1]], frames[0]) + meter.meter_html(frames[-1])

@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from pages import open_page, set_number, set_up_a_long_run
+
+from diffgemma_ui import build_app
+from pages import free_port, open_page, set_number, set_up_a_long_run
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
@@ -22,9 +24,6 @@ FRAME_DELAY_S = 0.03
 @pytest.fixture(scope="module")
 def one_at_a_time(engine):
     """(app, url, calls): the playground on `engine` with one run at a time; `calls` lists each run's prompt."""
-    from diffgemma_ui import build_app
-    from pages import free_port
-
     calls = []
     original = engine.frames
 

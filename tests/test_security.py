@@ -23,6 +23,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import transformers
+from gradio_client import Client
+from gradio_client.exceptions import AppError
 
 from diffgemma_ui import canvas_view, meter, plots
 from diffgemma_ui.blocks import header_html
@@ -61,8 +64,6 @@ URL_ATTRIBUTES = {"href", "src", "action", "formaction", "srcdoc", "xlink:href",
 # -- remote code -----------------------------------------------------------------------------------------------------
 def test_load_model_never_trusts_remote_code(monkeypatch):
     """Every transformers loader `load_model` calls gets trust_remote_code=False (for a folder and for a hub id)."""
-    import transformers
-
     calls = []
 
     def spy(owner, name):
@@ -121,8 +122,6 @@ FILE_COMPONENTS = {"file", "uploadbutton", "image", "audio", "video", "model3d",
 
 @pytest.fixture(scope="module")
 def client(served_app):
-    from gradio_client import Client
-
     api_client = Client(served_app[1], verbose=False)
     yield api_client
     api_client.close()
@@ -193,8 +192,6 @@ def watch_file_system(token: str) -> None:
 
 
 def test_no_file_path_from_a_web_user_is_ever_opened(client, served_app, tmp_path):
-    from gradio_client.exceptions import AppError
-
     _, url = served_app
     token = f"sentinel-{uuid.uuid4().hex}"
     secret = tmp_path / f"{token}.txt"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from pages import open_page, set_number
 
 from engine.settings import DRAWN_SEED_BITS, draw_seed
+from pages import open_page, set_number
 
 pytestmark = pytest.mark.slow
 SEED_BOX = "#dg-seed input, #dg-seed textarea"

@@ -7,6 +7,7 @@ The memory figure for 50 browser visitors is measured by `python -m benchmarks.b
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -79,8 +80,6 @@ def test_closing_a_tab_drops_its_gradio_record_and_keeps_the_open_ones(served_ap
 def test_the_browser_sessions_benchmark_drives_tabs_and_reads_the_servers_memory(served_app):
     """`python -m benchmarks.browser sessions` in process, small: every visitor's run finishes and every reading is
     taken (the served app runs in this process, so its memory is this process's)."""
-    import os
-
     bench = browser_bench
     rss, anon = bench.read_memory_mib(os.getpid())
     assert 0 < anon < rss

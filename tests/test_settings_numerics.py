@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 
+import gradio as gr
 import pytest
-from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
-from engine import DiffusionSettings
+from diffgemma_ui.handlers import Playground
+from engine import DEFAULT_MODEL, DiffusionEngine, DiffusionSettings, load_model
 from engine.cli import main as cli_main
 from engine.settings import RANGES
 
@@ -33,8 +37,6 @@ def _value(name: str):
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16", "float16"])
 def typed_engine(request):
-    from engine import DEFAULT_MODEL, DiffusionEngine, load_model
-
     return DiffusionEngine(load_model(DEFAULT_MODEL, device="cpu", dtype=request.param))
 
 
@@ -70,10 +72,6 @@ def test_cli_refuses_an_overflowing_schedule_with_exit_2_and_one_line(t_max, cap
 
 
 def test_api_refuses_it_naming_the_setting_and_never_says_try_again(engine):
-    import gradio as gr
-
-    from diffgemma_ui.handlers import Playground
-
     playground = Playground(engine)
     with pytest.raises(gr.Error) as refused:
         asyncio.run(playground.generate_api_served("In the beginning", True, 64, 32, 0.5, 0.0, 1e-38, 1, 0.05, True, 0))

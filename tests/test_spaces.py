@@ -4,11 +4,13 @@ environment variables, and ZeroGPU emulated with the real `spaces` package (test
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import math
 import multiprocessing
 import os
 import pickle
+import platform
 import signal
 import subprocess
 import sys
@@ -20,19 +22,26 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 import yaml
+from gradio_client import Client
 from huggingface_hub import SpaceHardware
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+import app
 from deploy.space import front_matter, normalize, read_pins, write_space
 from deploy.targets import REAL_MODEL, SDK_PROVIDED, TARGETS
 from diffgemma_ui.deployment import (QUEUE_IDLE_POLL_S, GpuBudget, StopFlag, default_threads, gpu_size_for,
-                                     make_playground, queue_plan, slow_idle_queue_polling, space_cpu_cores, space_id,
-                                     zero_gpu)
+                                     limit_malloc_arenas, make_playground, queue_plan, slow_idle_queue_polling,
+                                     space_cpu_cores, space_id, zero_gpu)
+from diffgemma_ui.handlers import Job, Playground, status_text
+from diffgemma_ui.validation import RunRequest
+from engine import DiffusionEngine, DiffusionSettings
 from engine.loading import meta_model
 from engine.quantization import memory_report, model_bytes
+from pages import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 EMULATION = Path(__file__).resolve().parent / "zerogpu_emulation.py"
@@ -205,12 +214,6 @@ def test_the_served_queue_polls_for_new_events_every_10_ms_not_every_1_ms(served
 def test_spaces_installed_changes_nothing_without_zerogpu(engine):
     """`spaces` imports here, yet without SPACES_ZERO_GPU the playground is the plain one, Stop reaches the engine
     (a "cancelled" frame, not a run cut off after two more forwards) and the meter's last frame says so."""
-    import importlib.util
-
-    from engine import DiffusionSettings
-    from diffgemma_ui.handlers import Job, Playground, status_text
-    from diffgemma_ui.validation import RunRequest
-
     assert importlib.util.find_spec("spaces") is not None
     playground = make_playground(engine, environ={})
     assert type(playground) is Playground
@@ -228,10 +231,6 @@ def test_spaces_installed_changes_nothing_without_zerogpu(engine):
 
 @pytest.mark.slow
 def test_app_warms_up_without_zerogpu_even_with_spaces_installed(monkeypatch):
-    import app
-    import diffgemma_ui
-    from engine import DiffusionEngine
-
     calls = []
     monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
     monkeypatch.setattr(DiffusionEngine, "warm_up", lambda self: calls.append("warm") or 0.0)
@@ -240,7 +239,7 @@ def test_app_warms_up_without_zerogpu_even_with_spaces_installed(monkeypatch):
         def launch(self, **kwargs):
             calls.append("launch")
 
-    monkeypatch.setattr(diffgemma_ui, "build_app", lambda engine, **kwargs: Launched())
+    monkeypatch.setattr("diffgemma_ui.build_app", lambda engine, **kwargs: Launched())
     assert app.main(["--device", "cpu", "--threads", "1", "--port", "7999"]) == 0
     assert calls == ["warm", "launch"]
 
@@ -273,9 +272,6 @@ def test_stop_flag_pickles_and_reaches_a_forked_process(tmp_path):
 @pytest.mark.slow
 def test_what_crosses_to_the_gpu_process_pickles(engine):
     """The GPU function's arguments (a RunRequest, a StopFlag) and what it yields (frames) pickle as they are."""
-    from engine import DiffusionSettings
-    from diffgemma_ui.validation import RunRequest
-
     request = RunRequest(prompt="Hi", raw=True, settings=DiffusionSettings(max_new_tokens=8, max_denoising_steps=2),
                          seed=0)
     frames = list(engine.frames(request.prompt, request.settings, raw=request.raw, seed=request.seed))
@@ -285,8 +281,6 @@ def test_what_crosses_to_the_gpu_process_pickles(engine):
 
 
 def test_gpu_budget_duration_and_refusal():
-    from engine import DiffusionSettings
-
     budget = GpuBudget(seconds_per_forward=0.5, setup_s=10, quota_s=120, size="large")
     settings = DiffusionSettings(max_new_tokens=300, max_denoising_steps=20)
     # 300 tokens = 2 canvases of 256; 2 x 20 forwards x 0.5 s + 10 s of setup
@@ -305,8 +299,6 @@ def test_gpu_budget_duration_and_refusal():
 
 
 def test_gpu_size_follows_the_weights():
-    import torch
-
     class Weights(torch.nn.Module):
         def __init__(self, count):
             super().__init__()
@@ -330,8 +322,6 @@ LONG = (1024, 128)  # 16 canvases x 128 steps = 2048 forwards: 542 s asked for, 
 def zerogpu_space(tmp_path_factory):
     """tests/zerogpu_emulation.py serving on a free port: yields (url, event ids, log path, server pid)."""
     pytest.importorskip("spaces")
-    from pages import free_port
-
     folder = tmp_path_factory.mktemp("zerogpu")
     log = folder / "log.jsonl"
     port, closed_port = free_port(), free_port()
@@ -512,8 +502,6 @@ def test_zerogpu_closed_tab_ends_the_run_in_the_gpu_process(zerogpu_space):
 
 @pytest.mark.slow
 def test_zerogpu_api_generate_runs_the_same_way(zerogpu_space):
-    from gradio_client import Client
-
     url, ids, log, server_pid = zerogpu_space
     token = _visitor_token("visitor-api")
     start = len(_log(log))
@@ -539,10 +527,6 @@ def test_zerogpu_api_generate_runs_the_same_way(zerogpu_space):
 
 
 def test_the_server_bounds_malloc_arenas_unless_the_operator_chose():
-    import platform
-
-    from diffgemma_ui.deployment import limit_malloc_arenas
-
     assert limit_malloc_arenas(environ={"MALLOC_ARENA_MAX": "4"}) is None  # the operator's value stays
     if platform.libc_ver()[0] == "glibc":
         assert limit_malloc_arenas(environ={}) == 2
@@ -563,8 +547,6 @@ def _sources_ran_in_gpu_process(log: Path, start: int, kind: str, server_pid: in
 
 @pytest.mark.slow
 def test_zerogpu_runs_race_chat_and_infill_in_the_gpu_process(zerogpu_space):
-    from gradio_client import Client
-
     url, ids, log, server_pid = zerogpu_space
     client = Client(url, headers={"X-IP-Token": _visitor_token("visitor-tabs")}, verbose=False,
                     download_files=False, analytics_enabled=False)

@@ -7,16 +7,21 @@ steps and one canvas.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from gradio_client import Client
+from transformers import DiffusionGemmaForBlockDiffusion
 
+from diffgemma_ui import build_app
 from engine.cli import main as cli_main
 from engine.generator import strip_after_eos
 from engine.parity import STANDIN_PARITY_CASES, run_case
+from pages import free_port
 from standin.build import REAL_CONFIG_DIR, TEXT_SCALE, VISION_SCALE
 
 pytestmark = pytest.mark.slow
@@ -128,11 +133,6 @@ def test_cli_on_the_standin_with_thinking(standin_path, standin_engine, capsys):
 
 
 def test_generate_api_on_the_standin(standin_engine):
-    from gradio_client import Client
-
-    from diffgemma_ui import build_app
-    from pages import free_port
-
     app = build_app(standin_engine)
     _, url, _ = app.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
     try:
@@ -151,8 +151,6 @@ def test_generate_api_on_the_standin(standin_engine):
 
 
 def test_gpu_kit_builds_the_real_checkpoints_config():
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("gpu_steps_real", REPO / "benchmarks" / "gpu" / "steps.py")
     gpu = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = gpu  # its dataclasses look their module up there
@@ -160,8 +158,6 @@ def test_gpu_kit_builds_the_real_checkpoints_config():
     config = gpu.build_config()
     assert config.text_config.use_bidirectional_attention == "vision"
     assert config.vision_config.num_hidden_layers == 27 and config.vision_config.hidden_size == 1152
-    from transformers import DiffusionGemmaForBlockDiffusion
-
     with torch.device("meta"):
         model = DiffusionGemmaForBlockDiffusion(config)
     saved = [name for name in model.state_dict() if name not in model.all_tied_weights_keys]

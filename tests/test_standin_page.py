@@ -12,6 +12,7 @@ from diffgemma_ui import build_app
 from diffgemma_ui.blocks import header_html, load_examples
 from diffgemma_ui.canvas_view import thought_html
 from engine.engine import chat_prompt_ids
+from pages import free_port, open_page, set_number
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts"
@@ -49,8 +50,6 @@ def test_thought_view_is_collapsed_labelled_and_escaped():
 
 @pytest.mark.slow
 def test_one_run_on_the_standin_in_the_browser(browser, standin_engine):
-    from pages import free_port, open_page, set_number
-
     prompt = "Why is the sky blue? <turn|> <|channel>"
     app = build_app(standin_engine)
     _, url, _ = app.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)

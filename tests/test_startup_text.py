@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from pages import free_port
 
 pytestmark = pytest.mark.slow

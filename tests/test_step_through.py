@@ -6,10 +6,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import gradio as gr
 import pytest
 
+from diffgemma_ui.handlers import Playground
+from diffgemma_ui.keep import KeepHandlers
 from diffgemma_ui.session import SessionState
 from diffgemma_ui.step_through import StepThroughHandlers, newly_accepted_style
+from pages import open_page, set_number
 from synthetic import synthetic_frame
 
 pytestmark = pytest.mark.slow
@@ -21,8 +25,6 @@ INPUTS = ("In the beginning", True, 128, 3, 0.5, 0.4, 0.8, 1, 0.05, True, 5)
 
 @pytest.fixture(scope="module")
 def steps(engine):
-    from diffgemma_ui.handlers import Playground
-
     return StepThroughHandlers(Playground(engine))
 
 
@@ -67,8 +69,6 @@ def test_stepping_is_not_refused_on_zero_gpu(steps, monkeypatch):
 
 def set_up_two_blocks_of_six_forwards(page):
     """Raw "The", 128 tokens, 6 steps, adaptive stopping off: with seed 0 the embedded model (v2) writes two blocks."""
-    from pages import set_number
-
     page.fill("#dg-prompt textarea", "The")
     page.check("#dg-raw input[type=checkbox]")
     set_number(page, "Max new tokens", 128)
@@ -77,8 +77,6 @@ def set_up_two_blocks_of_six_forwards(page):
 
 
 def test_step_buttons_on_the_page(browser, served_app):
-    from pages import open_page
-
     page, problems = open_page(browser, served_app[1])
     try:
         set_up_two_blocks_of_six_forwards(page)
@@ -119,8 +117,6 @@ SHOWS_FORWARD_WITH_DONE_BLOCKS = """([forward, done]) => {
 
 
 def test_replay_plays_the_last_run_back_from_its_first_forward(browser, served_app):
-    from pages import open_page
-
     page, problems = open_page(browser, served_app[1])
     try:
         assert page.locator("#dg-replay-run").is_disabled()  # nothing to replay before a run
@@ -146,11 +142,6 @@ def test_replay_plays_the_last_run_back_from_its_first_forward(browser, served_a
 
 
 def test_replay_refuses_when_there_is_no_run_to_replay(engine):
-    import gradio as gr
-
-    from diffgemma_ui.handlers import Playground
-    from diffgemma_ui.keep import KeepHandlers
-
     with pytest.raises(gr.Error, match="Nothing to replay yet"):
         next(KeepHandlers(Playground(engine)).replay_run(SessionState()))
 

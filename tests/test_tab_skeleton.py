@@ -8,11 +8,14 @@ import time
 
 import gradio as gr
 import pytest
-from pages import open_page
 
+from diffgemma_ui import build_app
+from diffgemma_ui.handlers import received
+from diffgemma_ui.runs import pushed
 from diffgemma_ui.tab import API_SETTINGS, Refusal, guarded, refusal_html, setting_params, user_error
 from engine import DiffusionSettings
 from engine.settings import SETTINGS
+from pages import open_page
 
 TABS = ("playground", "race", "compare", "chat", "infill")
 PANELS = ("branch",)  # a Playground panel with its own refusal box
@@ -64,8 +67,6 @@ def test_settings_parameters_follow_the_settings_table():
 
 
 def test_every_tab_has_a_refusal_box_wired_to_its_checks(engine):
-    from diffgemma_ui import build_app
-
     app = build_app(engine)
     boxes = {block._id: block.elem_id for block in app.blocks.values()
              if isinstance(block, gr.HTML) and (block.elem_id or "").endswith("-refusal")}
@@ -109,8 +110,6 @@ def test_a_refused_reason_stays_on_the_page_past_the_toast_in_every_tab(browser,
 
 
 def test_a_callback_mode_becomes_a_frame_source():
-    from diffgemma_ui.runs import pushed
-
     def run(emit):
         for item in ("a", "b"):
             emit(item)
@@ -129,9 +128,6 @@ def test_a_callback_mode_becomes_a_frame_source():
 
 
 def test_what_a_source_sends_after_its_final_frame_is_received_before_that_frame(engine):
-    from diffgemma_ui.handlers import received
-    from engine import DiffusionSettings
-
     frames = list(engine.frames("In the beginning", DiffusionSettings(max_new_tokens=8, max_denoising_steps=2),
                                 raw=True, seed=0))
     got = []

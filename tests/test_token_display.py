@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from diffgemma_ui import canvas_view
-from diffgemma_ui.token_view import special_label, token_cells
+from diffgemma_ui import canvas_view, plots
+from diffgemma_ui.token_view import draft_labels, special_label, token_cells
 from engine.frames import BYTE, EOS, PAD, SPECIAL, TEXT, parse_byte_display, token_text_for
 from synthetic import parse_html, synthetic_frame
 
@@ -183,9 +183,6 @@ def test_special_labels(piece, label):
 
 
 def test_plot_hover_labels_name_special_tokens_never_raw_markers(token_text):
-    from diffgemma_ui import plots
-    from diffgemma_ui.token_view import draft_labels
-
     ids = [494, 105, 0, 106, BYTE_BASE + 0xE2]
     frame = frame_of(ids, token_text, done=True)
     assert draft_labels(frame) == ["\u00b7t", "turn start (special token)", "pad (pad)", "turn end (end-of-sequence)",

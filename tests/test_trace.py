@@ -13,6 +13,7 @@ import threading
 import pytest
 
 from benchmarks.browser import synthetic_trace
+from engine.cli import main
 from engine.trace import (MAX_TRACE_BYTES, TRACE_VERSION, ModelInfo, Trace, TraceError, load_trace, record_trace,
                           replay_data, replay_html, script_json, trace_of_run)
 
@@ -282,8 +283,6 @@ def test_page_json_is_inert_and_valid_utf8():
 
 @pytest.mark.slow
 def test_cli_writes_a_trace_and_its_replay(tmp_path, capsys):
-    from engine.cli import main
-
     trace_path, html_path = tmp_path / "run.json", tmp_path / "run.html"
     assert main(["generate", "--prompt", "In the beginning", "--raw", "--seed", "3", "--max-new-tokens", "64",
                  "--steps", "3", "--device", "cpu", "--json", "--trace", str(trace_path)]) == 0

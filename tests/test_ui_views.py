@@ -15,21 +15,17 @@ from pathlib import Path
 import gradio as gr
 import plotly.graph_objects as go
 import pytest
+import torch
 
 from diffgemma_ui import canvas_view, handlers, meter, plots, text
 from diffgemma_ui.handlers import Playground, status_text
 from diffgemma_ui.runs import MAX_LIVE_GAP_S, RunRecord, RunTimeLimitExceeded, RunWorker, default_live_rate
 from diffgemma_ui.session import SessionState
+from diffgemma_ui.tab import PLOT_INTERVAL_S, PlotClock
 from diffgemma_ui.text import escape_html, escape_plotly, token_html, visible_token
-from diffgemma_ui.validation import (
-    MAX_PROMPT_CHARS,
-    build_request,
-    build_settings,
-    check_prompt,
-    preset_values,
-)
-from engine import DiffusionSettings, Frame
-from engine.settings import parse_seed
+from diffgemma_ui.validation import MAX_PROMPT_CHARS, build_request, build_settings, check_prompt, preset_values
+from engine import PRESET_NAMES, DiffusionSettings, Frame, GenerationResult, preset
+from engine.settings import parse_seed, spec
 from synthetic import canvas_html, parse_html, synthetic_frame
 
 REPO = Path(__file__).resolve().parents[1]
@@ -570,8 +566,6 @@ class FakeEngine:
         self.n, self.delay = frames, delay
 
     def encode_prompt(self, prompt, raw=False, thinking=False):
-        import torch
-
         return torch.zeros((1, 3), dtype=torch.long)
 
     def check_budget(self, prompt_tokens, settings):
@@ -585,8 +579,6 @@ class FakeEngine:
         return fake_source(self.n, self.delay)(stop_event)
 
     def summarize(self, last, frames):
-        from engine import GenerationResult
-
         return GenerationResult(
             token_ids=list(last.committed_ids), text="<b>text</b>", frames=frames,
             forwards_per_block=list(last.forwards_per_block), seconds=last.elapsed_s,
@@ -830,9 +822,7 @@ def test_meter_speed_is_the_committed_blocks_and_holds_still_while_a_block_runs(
 
 # -- plots follow the live block and say what they show (issue 13 items 8 and 13) --------------------------------------
 def test_live_plots_follow_every_block_and_name_its_step(monkeypatch):
-    import diffgemma_ui.tab as handlers
-
-    monkeypatch.setattr(handlers, "PLOT_INTERVAL_S", 1000.0)  # only block changes make plots due
+    monkeypatch.setattr("diffgemma_ui.tab.PLOT_INTERVAL_S", 1000.0)  # only block changes make plots due
     playground = Playground(FakeEngine(frames=12, delay=0.02), max_fps=1000)
     titles, orders = [], []  # the heatmap's and the unmasking order's, as sent (one plot per update)
     for outputs in playground.generate_stream(SessionState(), *ARGS):
@@ -864,9 +854,6 @@ def test_plot_legends_short_heatmaps_and_a_readable_play_button():
 
 def test_every_preset_fits_the_page_sliders(engine):
     """A preset the page offers must be a value its sliders accept (Gradio refuses a run past a slider's maximum)."""
-    from engine import PRESET_NAMES, preset
-    from engine.settings import spec
-
     for name in PRESET_NAMES:
         settings = preset(name, engine.recommended)
         assert 0.01 <= settings.entropy_bound <= spec("entropy_bound").ui_high, name
@@ -881,8 +868,6 @@ def test_live_renders_send_the_text_only_with_a_committed_block():
 
 
 def test_live_plots_of_a_large_heatmap_come_less_often():
-    from diffgemma_ui.tab import PLOT_INTERVAL_S, PlotClock
-
     assert PlotClock(cells=64 * 16).interval == PLOT_INTERVAL_S  # the embedded model's blocks: every second
     big = PlotClock(cells=256 * 128)  # a real-checkpoint block of 128 steps
     assert big.interval == pytest.approx(4 * PLOT_INTERVAL_S)

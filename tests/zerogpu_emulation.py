@@ -51,6 +51,9 @@ from spaces.zero import client as zero_client  # noqa: E402
 from spaces.zero import torch as zero_torch  # noqa: E402
 from spaces.zero.api import ScheduleResponse  # noqa: E402
 
+from diffgemma_ui import build_app  # noqa: E402 - after spaces, as on a Space
+from engine import DEFAULT_MODEL, DiffusionEngine, load_model  # noqa: E402
+
 LOG_LOCK = threading.Lock()
 
 
@@ -75,9 +78,6 @@ def main(port: int, log_path: str) -> None:
     zero_client.startup_report = lambda: log("startup_report")
     zero_torch.init = lambda nvidia_uuid: None
     zero_torch.move = lambda callback=None: None
-
-    from diffgemma_ui import build_app
-    from engine import DEFAULT_MODEL, DiffusionEngine, load_model
 
     engine = DiffusionEngine(load_model(DEFAULT_MODEL, device="cpu"))
     engine_frames = engine.frames
