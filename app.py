@@ -6,7 +6,8 @@ import os
 import sys
 
 import diffgemma_ui
-from diffgemma_ui.deployment import default_threads, limit_malloc_arenas, load_zero_gpu_model, port_in_use, zero_gpu
+from diffgemma_ui.deployment import (default_threads, import_spaces, limit_malloc_arenas, load_zero_gpu_model,
+                                     port_in_use, zero_gpu)
 from engine import DiffusionEngine, ModelLoadError, load_model
 from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, set_serving_threads
 from engine.race import race_runner
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     limit_malloc_arenas()
     on_zero_gpu = zero_gpu()
     if on_zero_gpu:
-        import spaces  # noqa: F401, PLC0415 - it patches torch before anything touches CUDA
+        import_spaces()  # it patches torch before anything touches CUDA
     print(f"Loading {args.model} (device {args.device}, dtype {args.dtype}, quantization {args.quantization})...",
           flush=True)
     try:

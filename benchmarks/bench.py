@@ -58,7 +58,7 @@ import torch
 from gradio_client import Client
 from transformers.generation.streamers import BaseStreamer, TextDiffusionStreamer
 
-from engine.diffusers_sampler import make_scheduler, turn_end_id
+from engine.diffusers_sampler import import_diffusers, make_scheduler, turn_end_id
 from engine.engine import DiffusionEngine
 from engine.generator import strip_after_eos
 from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, REPO_ROOT, load_model
@@ -543,14 +543,13 @@ class Ways:
     """
 
     def __init__(self, engine: DiffusionEngine, prompt: str, settings: DiffusionSettings):
-        from diffusers import DiffusionGemmaPipeline
-
         if settings.adaptive_stopping:
             raise ValueError("the ways comparison needs adaptive stopping off (every way then runs the same forwards)")
         self.engine, self.prompt, self.settings = engine, prompt, settings
         self.input_ids = engine.encode_prompt(prompt)
         scheduler = make_scheduler("EntropyBoundScheduler", settings)
-        self.pipe = DiffusionGemmaPipeline(model=engine.model, scheduler=scheduler, processor=engine.tokenizer)
+        self.pipe = import_diffusers().DiffusionGemmaPipeline(model=engine.model, scheduler=scheduler,
+                                                              processor=engine.tokenizer)
         self.pipe.set_progress_bar_config(disable=True)
         self.eos = turn_end_id(engine.tokenizer, engine.model.generation_config.eos_token_id)
 

@@ -34,7 +34,7 @@ from engine.frames import token_text_for
 from engine.generator import host_lists
 from engine.loading import REPO_ROOT, set_serving_threads
 from engine.loading import meta_model
-from engine.quantization import QUANTIZATIONS, memory_report, quantize_model
+from engine.quantization import QUANTIZATIONS, bitsandbytes, memory_report, quantize_model
 from engine.sampling import RecordingEntropyBoundSampler, canvas_statistics, frame_statistics
 from standin import ensure_standin
 from training.evaluate import EVAL_PROMPTS, load_dictionary, sample_quality
@@ -147,8 +147,7 @@ def float32_arithmetic(model: nn.Module) -> None:
     float32 (their bitsandbytes quant state's dtype), unquantized bf16 matrices are read through `Upcast` (once per
     module forward: bitsandbytes' parametrization-cache hooks), the embedding table (read row by row, and tied to
     the LM head), vectors and buffers are converted. The values are the bf16 ones; only the arithmetic widens."""
-    from bitsandbytes.nn import parametrize as bnb_parametrize
-
+    bnb_parametrize = bitsandbytes().nn.parametrize
     for module in model.modules():
         if isinstance(module, nn.Embedding) and module.weight.dtype == torch.bfloat16:
             module.weight.data = module.weight.data.float()

@@ -208,6 +208,13 @@ def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:
     return "xlarge" if model_bytes(model) > XLARGE_WEIGHTS_BYTES else "large"
 
 
+def import_spaces():
+    """The `spaces` package, imported only on ZeroGPU (it patches torch for ZeroGPU); ImportError when missing."""
+    import spaces  # noqa: PLC0415 - only on ZeroGPU
+
+    return spaces
+
+
 def load_zero_gpu_model(model: str, device: str = "auto", dtype: str = "auto", quantization: str = "none"):
     """A checkpoint loaded on the CPU, then `.to("cuda")` for `spaces`; ModelLoadError, also if quantized."""
     if device not in ("auto", "cuda"):
@@ -235,8 +242,7 @@ class ZeroGpuPlayground(Playground):
         self.gpu_engine = engine
         self.budget = budget or GpuBudget.from_environment(gpu_size_for(engine.model))
         self.sources["steps"] = first_frames
-        if spaces_module is None:
-            import spaces as spaces_module  # noqa: PLC0415 - only on ZeroGPU
+        spaces_module = spaces_module or import_spaces()
         self._gpu_frames = spaces_module.GPU(duration=self.gpu_seconds, size=self.budget.size)(self._frames_on_gpu)
 
     def gpu_seconds(self, job: Job, stop: StopFlag) -> int:

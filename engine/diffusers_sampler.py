@@ -19,7 +19,8 @@ def diffusers_available() -> bool:
     return importlib.util.find_spec("diffusers") is not None
 
 
-def _diffusers():
+def import_diffusers():
+    """The diffusers package (optional; seconds to import); ImportError when missing."""
     import diffusers  # noqa: PLC0415 - optional, heavy
 
     return diffusers
@@ -29,7 +30,7 @@ def make_scheduler(name: str, settings: DiffusionSettings):
     """A diffusers scheduler by class name, set from `settings`; `ValueError`, `ImportError`."""
     if name not in SCHEDULERS:
         raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {name!r}")
-    cls = getattr(_diffusers(), name)
+    cls = getattr(import_diffusers(), name)
     if name == "EntropyBoundScheduler":
         return cls(entropy_bound=settings.entropy_bound, t_max=settings.t_max, t_min=settings.t_min,
                    num_inference_steps=settings.max_denoising_steps)
@@ -46,7 +47,7 @@ class PipelineRun:
     def __init__(self, engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int):
         self.engine, self.settings, self.seed = engine, settings, int(seed)
         self.prompt = check_prompt(prompt)
-        self.pipe = _diffusers().DiffusionGemmaPipeline(
+        self.pipe = import_diffusers().DiffusionGemmaPipeline(
             model=engine.model, scheduler=make_scheduler(scheduler, settings), processor=engine.tokenizer)
         self.pipe.set_progress_bar_config(disable=True)
         self.prompt_tokens = engine.encode_prompt(self.prompt).shape[1]

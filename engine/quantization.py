@@ -87,9 +87,8 @@ def quantization_targets(model: nn.Module) -> list[Target]:
 
 
 def bitsandbytes():
-    """bitsandbytes with `functional` and `nn.parametrize`; `ImportError`."""
-    import bitsandbytes.functional  # noqa: PLC0415 - optional, heavy
-    import bitsandbytes.nn.parametrize  # noqa: PLC0415
+    """bitsandbytes with `functional` (its package imports it) and `nn.parametrize`; `ImportError`."""
+    import bitsandbytes.nn.parametrize  # noqa: PLC0415 - optional, heavy
 
     return bitsandbytes
 

@@ -7,6 +7,10 @@ import shutil
 from pathlib import Path
 
 import torch
+from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, Gemma4AudioFeatureExtractor
+from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
+from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+from transformers.utils import logging as transformers_logging
 
 from .tokenizer import build_gemma4_tokenizer
 
@@ -32,8 +36,6 @@ IMAGE_SEQ_LENGTH = 280  # soft tokens per image (Gemma4Processor)
 
 def scaled_config():
     """The real `DiffusionGemmaConfig` (from `REAL_CONFIG_DIR`) with `TEXT_SCALE` and `VISION_SCALE` applied."""
-    from transformers import DiffusionGemmaConfig
-
     real = json.loads((REAL_CONFIG_DIR / "config.json").read_text())
     text = {k: v for k, v in real["text_config"].items() if k != "per_layer_config"}  # re-derived from the scale
     text.update(TEXT_SCALE)
@@ -47,9 +49,6 @@ def scaled_config():
 def processor_config(tokenizer) -> dict:
     """`processor_config.json` for `Gemma4Processor`: the image processor (280 soft tokens, patch 16, pooling 3),
     the audio feature extractor and the video processor at transformers 5.23's Gemma 4 defaults."""
-    from transformers import Gemma4AudioFeatureExtractor
-    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
-
     image = Gemma4ImageProcessorPil(max_soft_tokens=IMAGE_SEQ_LENGTH, patch_size=16, pooling_kernel_size=3).to_dict()
     image["resample"] = int(image["resample"])
     audio = Gemma4AudioFeatureExtractor().to_dict()
@@ -72,10 +71,6 @@ def build_standin(out: Path) -> Path:
         FileExistsError: `out` exists and is not empty.
         standin.tokenizer.StandinTokenizerError: the Gemma 3 vocabulary package is missing.
     """
-    from transformers import DiffusionGemmaForBlockDiffusion
-    from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
-    from transformers.utils import logging as transformers_logging
-
     transformers_logging.disable_progress_bar()
     out = Path(out)
     if out.exists() and any(out.iterdir()):

