@@ -306,10 +306,10 @@ class Playground:
 
 
 def plots_apart(outputs: StreamOutputs) -> list[StreamOutputs]:
-    """`outputs` as three updates showing the same: the heatmap, the unmasking order, then the rest."""
-    skipped = StreamOutputs(*(gr.skip(),) * STREAM_WIDTH)
-    return [dataclasses.replace(skipped, heatmap=outputs.heatmap), dataclasses.replace(skipped, order=outputs.order),
-            dataclasses.replace(outputs, heatmap=gr.skip(), order=gr.skip())]
+    """`outputs` as three updates, each adding to the one before: the heatmap, the unmasking order, then the rest.
+    A plot once sent is sent again, never skipped: Gradio streams it as an empty diff, which the page keeps."""
+    heatmap = dataclasses.replace(StreamOutputs(*(gr.skip(),) * STREAM_WIDTH), heatmap=outputs.heatmap)
+    return [heatmap, dataclasses.replace(heatmap, order=outputs.order), outputs]
 
 
 def initial_outputs() -> StreamOutputs:

@@ -264,7 +264,8 @@ def test_interrupting_the_heatmap_replay_is_not_a_page_error(browser, served_app
     try:
         page.wait_for_selector("#dg-heatmap .updatemenu-button")
     except Exception as error:  # say what the heatmap held instead, so that a failure can be traced
-        raise AssertionError(f"no play button on the final heatmap: {page.evaluate(HEATMAP_STATE)}") from error
+        state = page.evaluate(HEATMAP_STATE)
+        raise AssertionError(f"no play button on the final heatmap: {state}; page problems: {problems}") from error
     buttons = page.locator("#dg-heatmap .updatemenu-button")
     play, pause = buttons.nth(0), buttons.nth(1)
     for button in (play, pause, play, play):  # each click interrupts the running animation

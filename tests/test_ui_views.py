@@ -611,7 +611,15 @@ def test_generate_stream_renders_live_then_final_and_frees_the_worker_when_close
     shown = page_after(outputs)
     assert isinstance(shown[4], plots.FigureSpec) and "sliders" in shown[4]["layout"]
     assert all(isinstance(figure, plots.FigureSpec) for figure in shown[4:7])
-    assert all(sum(isinstance(value, plots.FigureSpec) for value in o[4:7]) <= 1 for o in outputs[1:])  # one each
+    for before, update in zip(outputs, outputs[1:]):  # each update draws one plot at most: a repeat draws none
+        drawn = [new for old, new in zip(before[4:7], update[4:7])
+                 if isinstance(new, plots.FigureSpec) and new is not old]
+        assert len(drawn) <= 1
+    final_view = outputs[-3:]  # heatmap, then unmasking order, then the rest: a plot once sent is never skipped
+    assert [isinstance(o[4], plots.FigureSpec) for o in final_view] == [True] * 3
+    assert final_view[1][4] is final_view[0][4] and final_view[2][4] is final_view[0][4]
+    assert [isinstance(o[5], plots.FigureSpec) for o in final_view] == [False, True, True]
+    assert final_view[2][5] is final_view[1][5]
     stacks = [o[0] for o in outputs if isinstance(o[0], str)]
     assert stacks[0] == "" and len(stacks) <= 5  # the stack is only re-sent when a block finishes
     assert not session.worker.running
