@@ -27,7 +27,7 @@ from torch.nn.utils import parametrize
 from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
 from benchmarks.bench import run_command
-from benchmarks.gpu.steps import random_cpu_model
+from benchmarks.gpu.measure import random_cpu_model
 from engine import DEFAULT_MODEL, DiffusionEngine, load_model
 from engine.engine import ChatSession, encode_into_cache
 from engine.frames import token_text_for

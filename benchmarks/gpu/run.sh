@@ -39,7 +39,7 @@ if [ -z "${GPU_NO_INSTALL:-}" ]; then
         done
         cp -r .gpu/bitsandbytes-site/. "$SITE/" >> "$LOGS/install.log" 2>&1
         export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-        "$PY" benchmarks/gpu/steps.py --record install --rc 0 --wall "$(elapsed)" --cap 0 \
+        "$PY" benchmarks/gpu/record.py install --rc 0 --wall "$(elapsed)" --cap 0 \
             --log "$LOGS/install.log" --out "$OUT"
     fi
 fi
@@ -51,7 +51,7 @@ run_step() {  # NAME CAP_S [MIN_LEFT_S]
     left=$(( BUDGET - $(elapsed) ))
     if [ "$left" -lt "$need" ]; then
         echo "gpu kit: skip $name (${left}s left, needs ${need}s)"
-        "$PY" benchmarks/gpu/steps.py --record "$name" --rc -1 --wall 0 --cap 0 --out "$OUT"
+        "$PY" benchmarks/gpu/record.py "$name" --rc -1 --wall 0 --cap 0 --out "$OUT"
         return
     fi
     [ "$cap" -gt "$left" ] && cap=$left
@@ -60,7 +60,7 @@ run_step() {  # NAME CAP_S [MIN_LEFT_S]
     timeout -k 10 "$cap" "$PY" benchmarks/gpu/steps.py --step "$name" --out "$OUT" $MODE > "$LOGS/$name.log" 2>&1
     rc=$?
     echo "gpu kit: $name exit $rc after $(( $(date +%s) - started ))s"
-    "$PY" benchmarks/gpu/steps.py --record "$name" --rc "$rc" --wall "$(( $(date +%s) - started ))" --cap "$cap" \
+    "$PY" benchmarks/gpu/record.py "$name" --rc "$rc" --wall "$(( $(date +%s) - started ))" --cap "$cap" \
         --log "$LOGS/$name.log" --out "$OUT"
 }
 
