@@ -37,6 +37,26 @@ HEATMAP_STATE = """() => {
 }"""
 
 
+def wait_for_play_buttons(page, problems) -> None:
+    """Wait for the final heatmap's play buttons; raise AssertionError with what the heatmap held and the page's
+    `problems` when they do not come."""
+    try:
+        page.wait_for_selector("#dg-heatmap .updatemenu-button")
+    except Exception as error:
+        state = page.evaluate(HEATMAP_STATE)
+        raise AssertionError(f"no play button on the final heatmap: {state}; page problems: {problems}") from error
+
+
+def run_raw(page, prompt: str, tokens: int, steps: int, timeout_ms: int = 60_000) -> None:
+    """Run the raw `prompt` for `tokens` tokens at up to `steps` steps a block, to its final frame."""
+    page.fill("#dg-prompt textarea", prompt)
+    page.check("#dg-raw input[type=checkbox]")
+    set_number(page, "Max new tokens", tokens)
+    set_number(page, "Max denoising steps", steps)
+    page.click("#dg-generate")
+    page.wait_for_selector("#dg-meter .dg-meter[data-state='done']", timeout=timeout_ms)
+
+
 def set_number(page, label, value):
     """Type `value` into the number box of the slider labelled `label` and press Enter."""
     box = page.locator(f"input[aria-label='number input for {label}']")

@@ -10,7 +10,7 @@ import pytest
 
 from diffgemma_ui.validation import MAX_PROMPT_CHARS
 from engine import preset
-from pages import HEATMAP_STATE, open_page, set_number, set_up_a_long_run
+from pages import open_page, set_number, set_up_a_long_run, wait_for_play_buttons
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -261,11 +261,7 @@ def test_interrupting_the_heatmap_replay_is_not_a_page_error(browser, served_app
     set_number(page, "Max new tokens", 64)
     page.click("#dg-generate")
     page.wait_for_selector(".dg-meter[data-state='done']", timeout=60_000)
-    try:
-        page.wait_for_selector("#dg-heatmap .updatemenu-button")
-    except Exception as error:  # say what the heatmap held instead, so that a failure can be traced
-        state = page.evaluate(HEATMAP_STATE)
-        raise AssertionError(f"no play button on the final heatmap: {state}; page problems: {problems}") from error
+    wait_for_play_buttons(page, problems)
     buttons = page.locator("#dg-heatmap .updatemenu-button")
     play, pause = buttons.nth(0), buttons.nth(1)
     for button in (play, pause, play, play):  # each click interrupts the running animation

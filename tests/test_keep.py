@@ -17,7 +17,7 @@ from diffgemma_ui.keep import KeepHandlers, check_traceable, committed_text, ren
 from diffgemma_ui.session import SessionState
 from engine.settings import DiffusionSettings
 from engine.trace import load_trace
-from pages import open_page, set_number
+from pages import open_page, run_raw, set_number
 from synthetic import parse_html
 from test_gradio_api import SMALL
 from test_trace import HOSTILE, hostile_trace
@@ -113,12 +113,7 @@ def test_export_api_returns_a_trace_of_the_run(served_app):
 def test_page_keeps_a_run_and_replays_an_upload(browser, served_app, tmp_path):
     page, problems = open_page(browser, served_app[1])
     try:
-        page.fill("#dg-prompt textarea", "In the beginning")
-        page.check("#dg-raw input[type=checkbox]")
-        set_number(page, "Max new tokens", 128)
-        set_number(page, "Max denoising steps", 3)
-        page.click("#dg-generate")
-        page.wait_for_selector("#dg-meter .dg-meter[data-state=done]", timeout=120_000)
+        run_raw(page, "In the beginning", tokens=128, steps=3, timeout_ms=120_000)
         page.click("#dg-keep .label-wrap")
         page.wait_for_function("(b => b !== null && !b.disabled)(document.querySelector('#dg-download-trace'))",
                                timeout=60_000)  # the accordion renders its buttons after it opens

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks import browser as browser_bench
 from diffgemma_ui.runs import DROP_DELAY_S
-from pages import open_page, set_number
+from pages import open_page, run_raw
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +30,7 @@ def wait_until(condition, timeout_s: float) -> bool:
 
 def short_run(page) -> None:
     """One run of one canvas and two forwards, to its final frame."""
-    page.fill("#dg-prompt textarea", "And")
-    page.check("#dg-raw input[type=checkbox]")
-    set_number(page, "Max new tokens", 64)
-    set_number(page, "Max denoising steps", 2)
-    page.click("#dg-generate")
-    page.wait_for_selector(".dg-meter[data-state='done']", timeout=60_000)
+    run_raw(page, "And", tokens=64, steps=2)
 
 
 def test_closing_a_tab_drops_its_gradio_record_and_keeps_the_open_ones(served_app, browser, monkeypatch):
