@@ -76,11 +76,12 @@ class InfillTab(Tab):
                 status = status_text(latest, snap.error) if final else ("" if latest else "Encoding\u2026")
                 committed = latest if latest is not None and latest.block_done else None
                 ids = None if latest is None else (latest.committed_ids if committed else latest.draft_ids)
-                text = (plain_text(filled_text(tokenizer, layout, ids)[0]) if ids else "") if final else skip
+                filled = "done" if committed else "unfilled" if final else "live"
+                text = (plain_text(filled_text(tokenizer, layout, ids)[0]) if committed else "") if final else skip
                 due = clock.due() or final
                 yield (infill_canvas_html(latest, layout, status),
                        run_meter_html(latest, committed=committed, final=final),
-                       filled_html(tokenizer, layout, ids, live=not final), text,
+                       filled_html(tokenizer, layout, ids, state=filled), text,
                        *(blank_plots(snap.block_frames(0), layout.blanks, final=final) if due else (skip,) * 3),
                        *(buttons(not final) if index == 0 or final else (skip, skip)))
                 if final and snap.error is not None:
@@ -154,8 +155,14 @@ def infill_canvas_html(frame: Frame | None, layout: InfillLayout | None, status:
             f'data-fixed="{sum(layout.fixed)}">{legend_html()}{FIXED_LEGEND_HTML}{block}{status_html}</div>')
 
 
-def filled_html(tokenizer, layout: InfillLayout | None, canvas_ids: Sequence[int] | None, *, live: bool) -> str:
-    """The template, each run of blanks `<mark>`ed as the canvas's draft (`live`) or committed ids; "" before."""
+FILLED_LABELS = {"live": "Current draft of the blanks", "done": "Filled template",
+                 "unfilled": "Not filled: the run ended before the canvas was committed; its last draft"}
+
+
+def filled_html(tokenizer, layout: InfillLayout | None, canvas_ids: Sequence[int] | None, *,
+                state: str) -> str:
+    """The template, each run of blanks `<mark>`ed with `canvas_ids`: a run's draft (`state` "live"), its committed
+    ids ("done"), or the last draft of a run stopped before its commit ("unfilled"); "" before a frame."""
     if layout is None or canvas_ids is None:
         return ""
     ids, parts = list(canvas_ids[:layout.template_positions]), []
@@ -164,9 +171,8 @@ def filled_html(tokenizer, layout: InfillLayout | None, canvas_ids: Sequence[int
         text = escape_html(plain_text(tokenizer.decode(ids[span[0]:span[-1] + 1], skip_special_tokens=True)))
         parts.append(text if fixed else f'<mark class="dg-fill" title="positions {span[0]}\u2013{span[-1]}">'
                      f'{text or "&#8709;"}</mark>')
-    state, label = ("live", "Current draft of the blanks") if live else ("done", "Filled template")
-    return (f'<div class="dg-filled" data-state="{state}"><div class="dg-filled-label">{label}</div>'
-            f'<div class="dg-filled-text">{"".join(parts)}</div></div>')
+    return (f'<div class="dg-filled" data-state="{state}"><div class="dg-filled-label">{FILLED_LABELS[state]}'
+            f'</div><div class="dg-filled-text">{"".join(parts)}</div></div>')
 
 
 def blank_frames(frames: Sequence[Frame], blanks: Sequence[int]) -> list[Frame]:

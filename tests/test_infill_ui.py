@@ -13,6 +13,7 @@ from gradio_client.exceptions import AppError
 from diffgemma_ui.handlers import Playground
 from diffgemma_ui.infill_tab import InfillTab, blank_frames, blank_plots, filled_html, infill_canvas_html
 from diffgemma_ui.session import SessionState
+from diffgemma_ui.tab import stop_run
 from engine.infill import InfillLayout
 from pages import open_page, set_number
 from synthetic import parse_html, synthetic_frame
@@ -59,9 +60,11 @@ def test_filled_template_escapes_text_and_marks_the_fills(engine):
     layout = tab.layout("<script>alert(1)</script> [___ 2] end")
     the = tokenizer(" the", add_special_tokens=False)["input_ids"][0]
     ids = [i if i >= 0 else the for i in layout.canvas_ids]
-    html = filled_html(tokenizer, layout, ids, live=False)
+    html = filled_html(tokenizer, layout, ids, state="done")
     assert "<script>" not in html and "&lt;script&gt;" in html
-    assert html.count('<mark class="dg-fill"') == 1 and 'data-state="done"' in html
+    assert html.count('<mark class="dg-fill"') == 1 and 'data-state="done"' in html and "Filled template" in html
+    unfilled = filled_html(tokenizer, layout, ids, state="unfilled")
+    assert 'data-state="unfilled"' in unfilled and "Not filled" in unfilled and "Filled template" not in unfilled
 
 
 def playground(engine):
@@ -104,6 +107,19 @@ def test_fixed_chips_hold_the_template_tokens_in_every_render(tab, engine):
     assert text.startswith("In the beginning God created the") and text.endswith(".")
     assert "<end_of_turn>" in text  # typed marker text stays text
     assert heatmap["data"][0]["x"] == layout.blanks and run["interactive"] is True and stop["interactive"] is False
+
+
+@pytest.mark.slow
+def test_a_stopped_fill_shows_its_draft_as_unfilled_and_no_filled_text(tab):
+    state = SessionState()
+    stream = tab.fill_stream(state, None, TEMPLATE, "", "careful", 128, 4)
+    for canvas, *_ in stream:
+        if 'data-fixed="' in canvas:  # the first frame: a draft exists, the canvas is not committed yet
+            break
+    stop_run(state)  # the Stop button
+    canvas, meter, filled, text, *_, run, stop = list(stream)[-1]
+    assert "Stopped" in canvas and 'data-state="unfilled"' in filled and "Not filled" in filled
+    assert text == "" and run["interactive"] is True and stop["interactive"] is False
 
 
 @pytest.mark.slow
