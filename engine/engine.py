@@ -307,12 +307,13 @@ class ChatSession:
         self._cache_ids: list[int] = []
         self._prefills: list[tuple[int, float]] = []  # (tokens, seconds) of the latest encoder calls
         self._cache_prefill_s = 0.0  # prefill seconds that encoded what the cache holds
+        self._cache_answered = False  # whether the turn that filled the cache ended in an answer
 
     def clear(self) -> None:
         """Forget the conversation and its cache, not the system message."""
         self.messages = [m for m in self.messages if m["role"] == "system"]
         self.thoughts, self.last_report, self.last_result = [], None, None
-        self._cache, self._cache_ids, self._cache_prefill_s = None, [], 0.0
+        self._cache, self._cache_ids, self._cache_prefill_s, self._cache_answered = None, [], 0.0, False
 
     def _ids(self, messages, thinking: bool) -> list[int]:
         extra = {"enable_thinking": thinking} if self.engine.supports_thinking else {}
@@ -375,6 +376,7 @@ class ChatSession:
         model, device = self.engine.model, self.engine.device
         reused = _common_prefix(self._cache_ids, ids)
         restarted = self._cache is not None and not (reused == len(self._cache_ids) and reused <= stable)
+        changed = restarted and self._cache_answered  # not merely a stopped turn's message typed anew
         if self._cache is not None and not restarted:
             base = self._cache  # extended in place
         else:  # no cache, or the history changed before its end (a cut, a thinking switch): encode it all
@@ -392,6 +394,7 @@ class ChatSession:
         reused_cost_s = self._cache_prefill_s if reused else 0.0
         # Keep the prefix for the next turn whatever happens; denoise extends a copy
         self._cache, self._cache_ids, self._cache_prefill_s = base, ids[:stable], reused_cost_s + prefill_s
+        self._cache_answered = False
         cache = copy.deepcopy(base)
         count, last = 0, None
         for frame in denoise(model, tensor[:, stable:], settings, token_text=self.engine.token_text,
@@ -407,13 +410,13 @@ class ChatSession:
         notes = [f"{dropped} oldest turn{'s' if dropped != 1 else ''} cut to fit the model's context of "
                  f"{self.engine.context_limit:,} tokens" if dropped else "",
                  "the conversation's start changed (a cut or a thinking switch): encoded in full"
-                 if restarted else ""]
+                 if changed else ""]
         cut_note = "; ".join(filter(None, notes))
         self.last_report = TurnReport(
             prompt_tokens=len(ids), reused_tokens=reused, encoded_tokens=len(ids) - reused, prefill_s=prefill_s,
             prefill_saved_s=None if rate is None or not reused else min(reused * rate, reused_cost_s),
             dropped_turns=dropped, note=cut_note)
-        self.last_result = result
+        self.last_result, self._cache_answered = result, True
         answers = sum(m["role"] == "assistant" for m in messages)  # the newest, kept by the cut
         self.messages = messages + [{"role": "assistant", "content": result.text}]
         self.thoughts = self.thoughts[len(self.thoughts) - answers:] + [result.thought]

@@ -89,6 +89,22 @@ def test_regenerate_reuses_the_prompt_and_replaces_only_the_last_answer(engine):
         list(ChatSession(engine).regenerate(settings))
 
 
+def test_a_new_message_after_a_stopped_turn_is_not_called_a_changed_start(engine):
+    settings = engine.recommended.replace(max_new_tokens=engine.canvas_length, max_denoising_steps=2)
+    for answered in ([], ["Hello"]):
+        session, stop = ChatSession(engine), threading.Event()
+        for text in answered:
+            session.reply(text, settings, seed=1)
+        for _ in session.turn("Cancel me", settings, seed=3, stop_event=stop):
+            stop.set()
+        _, report = session.reply("Something else entirely", settings, seed=1)
+        assert report.note == "" and report.dropped_turns == 0, report
+    session.reply("Another one", settings, seed=1, thinking=False)  # an answered cache, then a changed start
+    session.messages[1]["content"] = "Hello, edited"
+    _, report = session.reply("And now?", settings, seed=1)
+    assert report.reused_tokens == 0 and "start changed" in report.note
+
+
 def test_marker_text_in_history_is_plain_text(engine):
     tokenizer = engine.tokenizer
     end_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
