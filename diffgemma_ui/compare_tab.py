@@ -7,15 +7,15 @@ import gradio as gr
 
 from engine import PRESET_NAMES, DiffusionSettings, Frame, preset
 from engine.diffusers_sampler import SCHEDULERS, PipelineRun, diffusers_available
-from engine.settings import SETTING_NAMES, draw_seed, spec
+from engine.settings import SETTING_NAMES, draw_seed, parse_seed, spec
 
 from . import plots
 from .handlers import Job
 from .meter import REFUSED_NOTICE, meter_html
 from .runs import STOP_WAIT_S
 from .session import SessionState
-from .tab import (UNQUEUED, Tab, buttons, checked, live_run, refusal_box, run_buttons, setting_control, user_error,
-                  wire_stop)
+from .tab import (UNQUEUED, Tab, buttons, checked, live_run, refusal_box, refusing, run_buttons, seed_box,
+                  setting_control, user_error, wire_stop)
 from .text import escape_html, plain_text, prose
 
 POLL_S = 0.5  # how often a running side redraws
@@ -78,8 +78,9 @@ class CompareHandlers(Tab):
         prompt, raw, seed, max_new_tokens, *sides = inputs
         rec, count = self.engine.recommended, len(SIDE_SETTINGS)
         b_sampler = sides.pop() if len(sides) > 2 * count else ENGINE_SAMPLER
-        if seed is None or (isinstance(seed, (int, float)) and seed < 0) or str(seed).strip() == "":
-            seed = draw_seed()
+        with refusing():
+            seed = parse_seed(seed)
+        seed = draw_seed() if seed is None else seed
 
         def values(side) -> list:
             chosen = {"max_new_tokens": max_new_tokens, **dict(zip(SIDE_SETTINGS, side))}
@@ -168,8 +169,7 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
         with gr.Column(scale=2, min_width=240):
             raw = gr.Checkbox(label="Raw prompt (no chat template)", elem_id="dg-compare-raw")
             with gr.Row():
-                seed = gr.Number(value=0, precision=0, label="Seed", info="-1 = random, one for both",
-                                 elem_id="dg-compare-seed", min_width=100)
+                seed = seed_box("dg-compare-seed", info="-1 = random, one for both", min_width=100)
                 max_new_tokens = setting_control("max_new_tokens", rec.max_new_tokens, info=None,
                                                  elem_id="dg-compare-max-new")
 

@@ -198,7 +198,7 @@ def build_race_tab(race: RaceTab) -> None:
                 max_new_tokens = setting_control("max_new_tokens", rec.max_new_tokens, label="Token budget",
                                                  info="both sides; whole canvases", elem_id="dg-race-budget")
             with gr.Row():
-                temperature = gr.Number(value=0.0, minimum=0.0, label="AR temperature", info="0 = greedy",
+                temperature = gr.Number(value=0.0, label="AR temperature", info="0 = greedy, at most 10",
                                         elem_id="dg-race-temperature", min_width=120)
                 seed = seed_box("dg-race-seed", min_width=120)
                 order = gr.Dropdown(list(ORDERS), value="alternate", label="Who runs first", elem_id="dg-race-order",

@@ -180,6 +180,15 @@ def test_diffusers_side_b_refuses_raw_prompts(engine):
                                                          0.5, 3, True, DIFFUSERS_PREFIX + "DiscreteDDIMScheduler"))
 
 
+def test_compare_reads_its_seed_as_every_tab_does(engine):
+    compare = CompareHandlers(Playground(engine))
+    for seed in ("abc", "1e30", 2.5, -5, 2**63):
+        with pytest.raises(gr.Error, match=r"seed must be an integer in \[0, "):
+            compare.request(None, "In the beginning", True, seed, 64, 0.5, 3, True, 0.5, 3, True)
+    for seed in ("7", 7, " 7 ", "", None, "-1", -1):
+        compare.request(None, "In the beginning", True, seed, 64, 0.5, 3, True, 0.5, 3, True)
+
+
 def test_a_sampler_that_ignores_the_bound_is_not_shown_with_one():
     settings = DiffusionSettings(entropy_bound=10.0, max_denoising_steps=5)
     card = side_html("B", settings, None, "waiting", sampler="DiscreteDDIMScheduler", bound_and_t=False)
