@@ -13,9 +13,9 @@ from .infill import filled_text, infill_frames, parse_template
 from .loading import (DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, ModelLoadError, load_model, meta_model,
                       model_location, set_serving_threads)
 from .quantization import format_report, memory_report
-from .race import AR_TEMPERATURE, RaceRunner, check_temperature, race_runner
-from .settings import (PRESET_NAMES, SETTING_NAMES, SETTINGS, DiffusionSettings, check_prompt, parse_seed,
-                       parse_setting, preset)
+from .race import AR_TEMPERATURE, RaceRunner, race_runner
+from .settings import (PRESET_NAMES, SETTING_NAMES, SETTINGS, DiffusionSettings, SettingSpec, check_prompt,
+                       parse_seed, preset, spec)
 from .trace import TraceError, load_trace, trace_of_run, write_replay
 
 RACE_ORDERS = ("alternate", "diffusion-first", "autoregressive-first")
@@ -80,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def flag_value(row: SettingSpec, value) -> int | float | bool:
+    """`row.parse(value)`; its `ValueError` names the flag first ("--steps: ...")."""
+    try:
+        return row.parse(value)
+    except ValueError as error:
+        raise ValueError(f"{row.flag}: {error}") from None
+
+
 def load_engine(args: argparse.Namespace, *checks) -> tuple[int | None, DiffusionEngine, DiffusionSettings]:
     """(seed, engine, settings), the flags and `checks` (callables) checked before the model loads."""
     seed = parse_seed(args.seed)
@@ -87,7 +95,7 @@ def load_engine(args: argparse.Namespace, *checks) -> tuple[int | None, Diffusio
         set_serving_threads(torch.device("cpu"), args.threads)
     changes = {name: getattr(args, name) for name in SETTING_NAMES if getattr(args, name, None) is not None}
     for name, value in changes.items():
-        parse_setting(name, value)
+        flag_value(spec(name), value)
     for check in checks:
         check()
     try:
@@ -153,7 +161,7 @@ def verdict_line(verdict: dict) -> str:
 
 def race_command(args: argparse.Namespace) -> int:
     seed, engine, settings = load_engine(args, lambda: check_prompt(args.prompt),
-                                         lambda: check_temperature(args.ar_temperature))
+                                         lambda: flag_value(AR_TEMPERATURE, args.ar_temperature))
     runner = race_runner(engine, args.ar_model) if args.ar_model else RaceRunner(engine)
     result = runner.run(args.prompt, settings, raw=args.raw, seed=seed, ar_temperature=args.ar_temperature,
                         order=args.order.replace("-", " "), warm_up=args.warm_up)

@@ -77,9 +77,9 @@ def test_text_output_prints_text_and_a_summary_line(capsys):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--steps", "0"], "max_denoising_steps must be in [1, 512], got 0"),
-    (["--max-new-tokens", "0"], "max_new_tokens must be in [1, 4096], got 0"),
-    (["--entropy-bound", "-1"], "entropy_bound must be in (0.0, 1000.0]"),
+    (["--steps", "0"], "error: --steps: max_denoising_steps must be in [1, 512], got 0"),
+    (["--max-new-tokens", "0"], "--max-new-tokens: max_new_tokens must be in [1, 4096], got 0"),
+    (["--entropy-bound", "-1"], "--entropy-bound: entropy_bound must be in (0.0, 1000.0]"),
     (["--t-min", "0.9", "--t-max", "0.5"], "t_min must be below t_max"),
     (["--seed", "-5"], "seed must be an integer in [0, "),
     (["--model", "/nonexistent/model"], "does not exist"),
@@ -107,7 +107,7 @@ def test_module_entry_point_exits_non_zero_on_a_bad_setting():
     )
     assert process.returncode == 2
     assert process.stdout == ""
-    assert "error: max_denoising_steps must be in [1, 512], got 0" in process.stderr
+    assert "error: --steps: max_denoising_steps must be in [1, 512], got 0" in process.stderr
     assert "Traceback" not in process.stderr
 
 
@@ -155,7 +155,7 @@ def test_bad_preset_or_setting_syntax_is_an_argparse_error(capsys, extra, messag
 @pytest.mark.parametrize("command", [["race", "--prompt", "x"], ["chat"], ["infill", "--template", "a [___] b"]])
 def test_every_subcommand_checks_the_shared_flags_before_loading(capsys, command):
     assert main([*command, "--steps", "0", "--model", "/nonexistent/model"]) == 2
-    assert "max_denoising_steps must be in [1, 512], got 0" in capsys.readouterr().err
+    assert "--steps: max_denoising_steps must be in [1, 512], got 0" in capsys.readouterr().err
     assert main([*command, "--seed", "-7", "--model", "/nonexistent/model"]) == 2
     assert "seed must be an integer in [0, " in capsys.readouterr().err
 
