@@ -49,7 +49,7 @@ def meter_values(frame: Frame | None, committed: Frame | None = None) -> dict[st
         "tokens/forward": none if counting else format_number(rates.tokens_per_forward, 2),
         "forwards/block": forwards_per_block,
         "ms/forward": format_number(per_forward_ms, 0 if per_forward_ms >= 10 else 1),
-        "forwards used": f"{frame.forward_index + 1:,} of {(frame.block_index + 1) * frame.max_denoising_steps:,}",
+        f"forwards used of {(frame.block_index + 1) * frame.max_denoising_steps:,}": f"{frame.forward_index + 1:,}",
         "elapsed": format_number(frame.elapsed_s, 2, " s"),
         "first frame": format_number(frame.time_to_first_frame_s * 1000, 0, " ms"),
         "tokens": f"{frame.committed_tokens:,}",

@@ -110,7 +110,7 @@ function meterValues(f) {
     "tokens/forward": counting ? none : formatNumber(f.tokensPerForward, 2),
     "forwards/block": fpb.length ? formatCount(fpb.reduce((a, b) => a + b, 0) / fpb.length, 1) : `\u2265 ${f.step + 1}`,
     "ms/forward": formatNumber(perForwardMs, perForwardMs >= 10 ? 0 : 1),
-    "forwards used": `${grouped(String(f.forward + 1))} of ${grouped(String((f.block + 1) * f.maxSteps))}`,
+    [`forwards used of ${grouped(String((f.block + 1) * f.maxSteps))}`]: grouped(String(f.forward + 1)),
     "elapsed": formatNumber(f.elapsed, 2, " s"),
     "first frame": formatNumber(f.firstFrame * 1000, 0, " ms"),
     "tokens": grouped(String(f.committedTokens)),
