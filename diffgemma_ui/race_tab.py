@@ -31,6 +31,7 @@ SUBTITLES = {"diffusion": "canvas by canvas", "autoregressive": "token by token"
 FIGURES = ("tokens/s", "tokens/forward", "forwards", "first token", "time", "tokens")
 WAITING_TEXT = {1: "runs first", 2: "waits its turn: it runs after the other side"}
 STATE_NOTES = {"idle": "press Race to start", "running": "running now", "replay": "replay"}
+NOT_RUN_TEXT = "Stop came before its turn"
 FAULT_TEXT = {"punctuation": prose("race-punctuation"), "repetition": prose("race-repetition")}  # `faults` in words
 
 
@@ -133,6 +134,8 @@ class RaceTab:
             frames = progress.frames[side]
             frame = frame_at(frames, t) if t is not None else (frames[-1] if frames else None)
             shown = state or ("running" if side == running else "done" if frames else "waiting")
+            if not frames and (progress.finished or state == "replay"):
+                shown = "unrun"
             panels.append(panel_html(
                 side, frame, text=self.side_text(progress, side, frame), model=self.models[side], state=shown, t=t,
                 position=progress.order.index(side) + 1 if side in progress.order else None,
@@ -248,10 +251,13 @@ def _tag(tag: str, css: str, text: str) -> str:
 def panel_html(side: str, frame, *, text: str, model: str, position: int | None, state: str,
                t: float | None = None, first_token_s: float | None = None) -> str:
     """One side's panel (answer, figures, diffusion's live canvas); `position`: 1 or 2; `state`: idle, waiting,
-    running, replay or done; carries `data-side`, `data-state`, `data-tokens`."""
+    running, replay, done or unrun (the race ended before this side ran); carries `data-side`, `data-state`,
+    `data-tokens`."""
     moving, done = state in ("running", "replay"), frame is not None and frame.done
     if state == "waiting":
         note = WAITING_TEXT.get(position or 2, "")
+    elif state == "unrun":
+        note = f"not run: {NOT_RUN_TEXT}"
     elif state != "idle" and done and (t is None or t >= frame.elapsed_s):
         note = STOP_REASONS.get(frame.stop_reason, frame.stop_reason) or "done"
     else:
@@ -261,13 +267,14 @@ def panel_html(side: str, frame, *, text: str, model: str, position: int | None,
     if side == "diffusion" and frame is not None and not frame.block_done and moving:
         canvas = f'<div class="dg-race-canvas">{block_html(frame, live=True)}</div>'
     caret = '<span class="dg-race-caret"></span>' if moving and not done else ""
-    answer = escape_html(text) + caret or _tag("span", "dg-race-empty", "The answer appears here.")
+    empty = "Not run." if state == "unrun" else "The answer appears here."
+    answer = escape_html(text) + caret or _tag("span", "dg-race-empty", empty)
     return (
         f'<div class="dg-race-panel" data-side="{side}" data-state="{escape_html(state)}" '
         f'data-tokens="{frame.committed_tokens if frame is not None else 0}"><div class="dg-race-head">'
         f'<h3>{TITLES[side]}</h3><span>{SUBTITLES[side]} \u00b7 {escape_html(model)}{order}</span></div>'
         f'<div class="dg-meter dg-race-meter">{stat_cards_html(side_figures(frame, t=t, first_token_s=first_token_s))}'
-        f'<div class="dg-meter-note">{escape_html(note)} \u00b7 engine clock</div></div>'
+        f'<div class="dg-meter-note">{escape_html(note + " · " if note else "")}engine clock</div></div>'
         f'<div class="dg-race-answer">{answer}</div>{canvas}</div>'
     )
 
@@ -306,7 +313,9 @@ def speedup_text(result: RaceResult) -> str:
         stopped = getattr(result, side) if side else None
         if stopped is None:
             return f"Stopped before the {side} side ran: no speedup."
-        return prose("race-cut-short").format(side=side, tokens=stopped.tokens)
+        other = next(name for name in SIDES if name != side)
+        unrun = f" {TITLES[other]} never ran: {NOT_RUN_TEXT}." if getattr(result, other) is None else ""
+        return prose("race-cut-short").format(side=side, tokens=stopped.tokens) + unrun
     if speedup is None:
         return "No speedup: a side made no tokens."
     slower = f": {1 / speedup:.1f}x slower" if speedup < 1 else ""

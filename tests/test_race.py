@@ -13,7 +13,8 @@ from gradio_client.exceptions import AppError
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 import app
-from diffgemma_ui.race_tab import RaceSession, RaceTab, caveat_text, explanation, frame_at, panel_html, result_html
+from diffgemma_ui.race_tab import (RaceProgress, RaceSession, RaceTab, caveat_text, explanation, frame_at, panel_html,
+                                   result_html)
 from diffgemma_ui.text import escape_html
 from engine.cli import main, verdict_line
 from engine.loading import ModelLoadError
@@ -283,6 +284,8 @@ def test_a_stopped_race_names_no_winner_and_says_which_side_was_cut_short():
     never_ran = RaceResult(side_result("diffusion", stop_reason="cancelled"), None, ("diffusion", "autoregressive"),
                            7, 64, 64, "cpu", None, cancelled=True)
     assert never_ran.stopped_side == "diffusion" and explanation(never_ran) == ""
+    assert "Autoregressive never ran: Stop came before its turn." in result_html(never_ran)
+    assert "never ran" not in html  # both sides ran in the cut-short race
     first_done = RaceResult(side_result("diffusion"), None, ("diffusion", "autoregressive"), 7, 64, 64, "cpu", None,
                             cancelled=True)
     assert "Stopped before the autoregressive side ran" in result_html(first_done)
@@ -348,6 +351,31 @@ def test_panels_escape_model_text_and_follow_the_replay_clock():
     waiting = panel_html("diffusion", None, text="", model="m", position=2, state="waiting")
     assert 'data-state="waiting"' in waiting and "waits its turn" in waiting
 
+
+
+def test_a_side_that_never_ran_says_so_after_the_race():
+    html = panel_html("diffusion", None, text="", model="m", position=None, state="unrun")
+    note = html.split('class="dg-meter-note">')[1].split("<")[0]
+    assert note == "not run: Stop came before its turn \u00b7 engine clock" and "Not run." in html
+    assert "dg-race-caret" not in html
+    idle = panel_html("diffusion", None, text="", model="m", position=None, state="idle")
+    assert "press Race to start \u00b7 engine clock" in idle and "The answer appears here." in idle
+    unnoted = panel_html("diffusion", None, text="", model="m", position=None, state="running")
+    assert unnoted.split('class="dg-meter-note">')[1].startswith("running now")
+
+
+def test_panels_mark_the_side_a_stopped_race_never_reached_live_and_in_replay(engine):
+    tab = RaceTab(RaceRunner(engine))
+    stopped = TokenFrame(0, 7, "x", [], 0, 0.0, True, "cancelled", 0.4, 0.0, 0.0, 0.0, 3, 0)
+    progress = RaceProgress(order=["autoregressive"], finished=True)
+    progress.frames["autoregressive"].append(stopped)
+    states = {side: html.split('data-state="')[1].split('"')[0]
+              for side, html in zip(("diffusion", "autoregressive"), tab.panels(progress))}
+    assert states == {"diffusion": "unrun", "autoregressive": "done"}
+    replay = tab.panels(progress, state="replay", t=0.0)
+    assert 'data-state="unrun"' in replay[0] and 'data-state="replay"' in replay[1]
+    progress.finished = False
+    assert 'data-state="waiting"' in tab.panels(progress)[0]
 
 
 def test_a_side_stopped_before_its_first_token_shows_no_rate_and_no_replay_caret():
