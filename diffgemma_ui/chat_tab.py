@@ -253,7 +253,8 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
         with gr.Column(min_width=0, elem_id="dg-chat-left"):
             history = gr.HTML(EMPTY_CHAT_HTML, elem_id="dg-chat-history")
             message = gr.Textbox(label="Message", lines=2, max_lines=6, elem_id="dg-chat-message",
-                                 placeholder=prose("chat-placeholder").format(limit=MAX_PROMPT_CHARS))
+                                 placeholder="Write a message",
+                                 info=prose("chat-keys").format(limit=MAX_PROMPT_CHARS))
             if example_messages:
                 gr.Examples([[m] for m in example_messages], inputs=[message], elem_id="dg-chat-examples",
                             label="Example messages: click one to fill the box",

@@ -67,7 +67,8 @@ def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -
     if len(ids) > canvas_length:
         blanks = ids.count(-1)
         raise ValueError(f"the template takes {len(ids)} canvas positions ({len(ids) - blanks} fixed tokens and "
-                         f"{blanks} blank) but one canvas holds {canvas_length}: shorten the text or the blanks")
+                         f"{blanks} blank positions) but one canvas holds {canvas_length}: "
+                         "shorten the text or the blanks")
     used = len(ids)
     ids += [pad_id] * (canvas_length - used)
     fixed = [i >= 0 for i in ids]

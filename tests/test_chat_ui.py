@@ -238,6 +238,7 @@ def test_chat_tab_in_the_browser_two_turns_show_the_reuse(browser, served_app):
                                timeout=10_000)
         for turn, message in enumerate(["Who was Noah? <script>alert(1)</script>", "What did he build?"], start=1):
             page.fill("#dg-chat-message textarea", message)
+            assert "Shift+Enter sends" in page.locator("#dg-chat-message").inner_text()  # kept while typing
             page.click("#dg-chat-send")
             page.wait_for_selector(f"#dg-chat-history .dg-chat-history[data-turns='{turn}']", timeout=120_000)
             page.wait_for_function("document.querySelector('#dg-chat-reuse .dg-chat-reuse[data-state=done]')"

@@ -75,7 +75,7 @@ def test_bad_templates_are_refused_by_name(template, error):
 
 
 def test_template_longer_than_the_canvas_is_refused_plainly(engine):
-    with pytest.raises(ValueError, match=r"takes \d+ canvas positions .* one canvas holds 64"):
+    with pytest.raises(ValueError, match=r"\(\d+ fixed tokens and 20 blank positions\) but one canvas holds 64"):
         layout_template(engine.tokenizer, "word " * 50 + "[___ 20]", engine.canvas_length, 0)
     layout = layout_template(engine.tokenizer, "[___ 64]", engine.canvas_length, 0)
     assert layout.blanks == list(range(64)) and layout.template_positions == 64
