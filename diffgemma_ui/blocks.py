@@ -63,14 +63,10 @@ def header_html(engine: DiffusionEngine) -> str:
     model = escape_html(Path(str(engine.source)).name or str(engine.source))
     nbytes = model_bytes(engine.model)
     size = f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
-    text_only = ""
-    if getattr(getattr(engine.model, "config", None), "vision_config", None) is not None:
-        text_only = ('<span class="dg-badge dg-text-only" title="this checkpoint also reads images; the playground '
-                     'sends text prompts only">text only: the playground sends text</span>')
+    vision = getattr(getattr(engine.model, "config", None), "vision_config", None) is not None
+    text_only = prose("text-only-badge") if vision else ""
     return (
-        '<div class="dg-header"><div><h1>DiffGemma Playground</h1>'
-        "<p>Watch a block-diffusion language model turn random tokens into text, one canvas at a time.</p></div>"
-        f'<div class="dg-badges"><span class="dg-badge">model: {model}</span>'
+        f'<div class="dg-header">{prose("header")}<div class="dg-badges"><span class="dg-badge">model: {model}</span>'
         f'<span class="dg-badge">device: {escape_html(str(engine.device))}</span>'
         f'<span class="dg-badge">canvas: {int(engine.canvas_length)} tokens</span>'
         f'<span class="dg-badge" title="memory the weights take on the device, as stored (quantized or not)">'

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from engine import Frame
 from engine.frames import PAD
 
-from .text import escape_html, plain_text
+from .text import escape_html, plain_text, prose
 from .token_view import TokenCell, token_cells
 
 # viridis sampled at 0, 0.1, ..., 1.0 (matplotlib's table)
@@ -166,17 +166,7 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
 def legend_html() -> str:
     """The colour legend: the confidence scale and what each kind of chip looks like."""
     stops = ", ".join(viridis(i / 10) for i in range(11))
-    return (
-        '<div class="dg-legend" aria-hidden="true">'
-        '<span class="dg-chip dg-noisy">noise</span><span>renoised</span>'
-        '<span class="dg-chip dg-noisy dg-remelt">melt</span><span>re-melted (was accepted)</span>'
-        f'<span class="dg-scale" style="background:linear-gradient(90deg, {stops})"></span>'
-        "<span>confidence 0 \u2192 1</span>"
-        '<span class="dg-chip dg-committed dg-tok-special">eos</span><span>special token (not text)</span>'
-        '<span class="dg-chip dg-committed dg-tok-byte">0xE2</span><span>byte</span>'
-        '<span class="dg-ws"><span class="dg-sp">\u00b7</span> space '
-        '<span class="dg-sp">\u21b5</span> newline</span></div>'
-    )
+    return f'<div class="dg-legend" aria-hidden="true">{prose("canvas-legend").format(stops=stops)}</div>'
 
 
 def stack_html(finished: Sequence[Frame], *, finished_html: Sequence[str] | None = None) -> str:

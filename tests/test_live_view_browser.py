@@ -123,7 +123,8 @@ def test_play_buttons_read_and_the_mode_bar_leaves_the_plot_titles_clear(browser
 
 
 # page-coordinate boxes of Generate, the meter, the live canvas and the first sampler setting
-BOXES = """() => Object.fromEntries(['#dg-generate', '#dg-meter', '#dg-canvas', '#dg-step-buttons', '#dg-settings']
+BOXED = "['#dg-generate', '#dg-meter', '#dg-canvas', '#dg-step-buttons', '#dg-settings']"
+BOXES = "() => Object.fromEntries(" + BOXED + """
   .map(s => { const r = document.querySelector(s).getBoundingClientRect();
               return [s, {top: r.top + scrollY, bottom: r.bottom + scrollY, left: r.left, right: r.right}]; }))"""
 
@@ -131,6 +132,7 @@ BOXES = """() => Object.fromEntries(['#dg-generate', '#dg-meter', '#dg-canvas', 
 @pytest.mark.parametrize("width,height", [(1280, 900), (390, 844)])
 def test_the_meter_and_live_canvas_sit_right_under_generate_on_a_phone(browser, served_app, width, height):
     page, problems = open_page(browser, served_app[1], width=width, height=height)
+    page.wait_for_function(f"{BOXED}.every(s => document.querySelector(s))")  # Gradio mounts them one by one
     boxes = page.evaluate(BOXES)
     generate, meter, canvas = boxes["#dg-generate"], boxes["#dg-meter"], boxes["#dg-canvas"]
     ARTIFACTS.mkdir(exist_ok=True)
