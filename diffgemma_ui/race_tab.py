@@ -202,10 +202,10 @@ def build_race_tab(race: RaceTab) -> None:
                                                  info="both sides; whole canvases", elem_id="dg-race-budget")
             with gr.Row():
                 temperature = gr.Number(value=0.0, label="AR temperature", info="0 = greedy, at most 10",
-                                        elem_id="dg-race-temperature", min_width=120)
-                seed = seed_box("dg-race-seed", min_width=120)
+                                        elem_id="dg-race-temperature", min_width=140)
+                seed = seed_box("dg-race-seed", min_width=110)
                 order = gr.Dropdown(list(ORDERS), value="alternate", label="Who runs first", elem_id="dg-race-order",
-                                    min_width=140)
+                                    min_width=180, scale=2)
             with gr.Row():
                 start, stop = run_buttons("Race", "dg-race-start", "dg-race-stop")
             refusal = refusal_box("race")
