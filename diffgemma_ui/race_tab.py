@@ -134,7 +134,7 @@ class RaceTab:
             frames = progress.frames[side]
             frame = frame_at(frames, t) if t is not None else (frames[-1] if frames else None)
             shown = state or ("running" if side == running else "done" if frames else "waiting")
-            if not frames and (progress.finished or state == "replay"):
+            if not frames and progress.finished:
                 shown = "unrun"
             panels.append(panel_html(
                 side, frame, text=self.side_text(progress, side, frame), model=self.models[side], state=shown, t=t,
