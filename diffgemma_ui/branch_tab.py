@@ -9,7 +9,7 @@ from engine.settings import draw_seed, parse_seed
 from engine.trace import ModelInfo
 
 from .canvas_view import block_html
-from .handlers import Job
+from .hub import Job
 from .runs import session_key
 from .tab import PRIVATE, Tab, describe_error, refusal_html
 from .text import escape_html, prose
@@ -87,21 +87,21 @@ class BranchTab(Tab):
             seed = frame.seed if not typed else parse_seed(typed)
             job = Job("branch", (tuple(trace.prompt_ids), frame, pins, trace.settings,
                                  draw_seed() if seed is None else seed), trace.settings)
-            self.playground.check_job(job)
+            self.hub.check_job(job)
         except ValueError as error:
             yield gr.skip(), refusal_html(str(error))
             return
         original = [f for f in trace.frames if f.block_index == frame.block_index][-1]
         key = session_key(request, session, ":branch")
-        worker = self.playground.start_job(job, key)
+        worker = self.hub.start_job(job, key)
         try:
-            for snap in self.playground.runs.updates(worker):
+            for snap in self.hub.runs.updates(worker):
                 if snap.error is not None:
                     yield gr.skip(), refusal_html(describe_error(snap.error))
                 elif snap.latest is not None:
                     yield self.view(original, snap, frame, pins), ""
         finally:
-            self.playground.runs.finish(key, worker)
+            self.hub.runs.finish(key, worker)
 
     def view(self, original: Frame, snap, start: Frame, pins: dict[int, int]) -> str:
         """The original block and the branch's first block side by side, the share changed, the branch's text."""

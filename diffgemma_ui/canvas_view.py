@@ -39,7 +39,7 @@ _CONTROL_STYLES = ("special", "pad", "eos")
 
 
 def empty_canvas_html(button: str = "Generate") -> str:
-    return ('<div class="dg-canvas dg-empty" data-forward="-1">'
+    return ('<div class="dg-canvas dg-empty" data-forward="-1" data-playing="false">'
             f"<p>Press <b>{escape_html(button)}</b> to watch a canvas of random tokens denoise into text.</p></div>")
 
 

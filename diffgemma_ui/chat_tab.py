@@ -12,14 +12,15 @@ import gradio as gr
 from engine.engine import ChatSession, TurnReport, check_messages, check_thinking
 
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html, thought_html
-from .handlers import Job, Playground, api_summary
+from .hub import RUN_INPUT_NAMES, Job, api_summary
+from .live_view import render
 from .meter import meter_html
 from .plots import block_plots
 from .session import SessionState
-from .tab import (UNQUEUED, PlotClock, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
+from .tab import (UNQUEUED, PlotClock, setting_params, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
                   refusing, run_buttons, seed_box, setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
-from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, preset_values
+from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, parse_run, preset_values
 
 MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text
 CHAT_MAX_NEW_TOKENS = 128  # the default answer budget
@@ -106,10 +107,20 @@ def has_answer(chat: ChatSession | None) -> bool:
 class ChatTab(Tab):
     """Handlers of the Chat tab and `/chat`."""
 
+    title = "Chat"
+
+    def build(self, page) -> None:
+        build_chat_tab(self, [prompt for prompt, raw in page.examples if not raw])
+
+    def endpoints(self, page) -> Sequence[tuple]:
+        params = [("message", str, page.required), ("history", str, "[]"), ("system", str, ""),
+                  ("thinking", bool, False), *setting_params(self.engine.recommended), ("seed", int, -1)]
+        return [("chat", self.chat_api, params, tuple[str, dict], prose("api-chat"))]
+
     sources = {"chat": chat_source}
 
-    def __init__(self, playground: Playground):
-        super().__init__(playground)
+    def __init__(self, hub):
+        super().__init__(hub)
         self.sessions = weakref.WeakValueDictionary()  # session hash -> `ChatState`
 
     def turn(self, message, preset_name, max_new_tokens, seed, thinking) -> ChatTurn:
@@ -118,7 +129,7 @@ class ChatTab(Tab):
             values = preset_values(preset_name, self.engine.recommended, max_new_tokens=max_new_tokens)
             run = build_request(message, False, values, seed, thinking=thinking)
             self.engine.check_settings(run.settings)
-            self.playground.check_job(Job("chat", None, run.settings))
+            self.hub.check_job(Job("chat", None, run.settings))
             check_thinking(self.engine.tokenizer, run.thinking)
             return ChatTurn(run, [], [])
 
@@ -137,7 +148,7 @@ class ChatTab(Tab):
         yield from self._stream(state, self.regeneration(state, *inputs), request)
 
     def _stream(self, state: ChatState, turn: ChatTurn, request) -> Iterator[tuple]:
-        playground, regenerating = self.playground, turn.regenerate
+        hub, regenerating = self.hub, turn.regenerate
         state.halt()
         chat = state.chat = state.chat or ChatSession(self.engine)
         user_text = chat.messages[-2]["content"] if regenerating else turn.run.prompt
@@ -152,11 +163,11 @@ class ChatTab(Tab):
         clock = PlotClock(wait_first=True)
         number = state.turns + (0 if regenerating else 1)  # the turn being generated
         job = Job("chat", turn, turn.run.settings)
-        with live_run(playground, job, request, state, ":chat", receive=vars(chat).update) as worker:
-            for index, snap in enumerate(playground.runs.updates(worker)):
+        with live_run(hub, job, request, state, ":chat", receive=vars(chat).update) as worker:
+            for index, snap in enumerate(hub.runs.updates(worker)):
                 state.snapshot = snap
-                out = playground.render(state, snap, final=snap.finished, plots_due=clock.due(snap.block_count),
-                                        first=index == 0, stagger=True)
+                out = render(self.engine, state, snap, final=snap.finished, plots_due=clock.due(snap.block_count),
+                             first=index == 0, stagger=True)
                 if snap.finished:
                     yield self._final(state, snap, out, regenerating)
                     if snap.error is not None:
@@ -225,7 +236,8 @@ class ChatTab(Tab):
 
         def job() -> Job:
             nonlocal chat
-            run = Playground.parse(message, False, *values, ui_limits=False, thinking=thinking)
+            run = parse_run({**dict(zip(RUN_INPUT_NAMES[2:-1], values)), "prompt": message, "raw": False,
+                             "thinking": thinking}, ui_limits=False)
             check_thinking(self.engine.tokenizer, run.thinking)
             if system is not None and not isinstance(system, str):
                 raise ValueError("system must be text")
@@ -235,7 +247,7 @@ class ChatTab(Tab):
             chat.thoughts = ["" for m in earlier if m["role"] == "assistant"]
             return Job("chat", ChatTurn(run, chat.messages, chat.thoughts), run.settings)
 
-        await api_run(self.playground, job, request, keep_history=False,
+        await api_run(self.hub, job, request, keep_history=False,
                       receive=lambda fields: vars(chat).update(fields))
         if chat.last_result is None:
             raise user_error("the turn was stopped before its answer was complete")

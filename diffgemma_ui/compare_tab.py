@@ -10,7 +10,7 @@ from engine.diffusers_sampler import SCHEDULERS, PipelineRun, diffusers_availabl
 from engine.settings import SETTING_NAMES, draw_seed, parse_seed, spec
 
 from . import plots
-from .handlers import Job
+from .hub import Job
 from .meter import REFUSED_NOTICE, meter_html
 from .runs import STOP_WAIT_S
 from .session import SessionState
@@ -71,6 +71,11 @@ class CompareState(SessionState):
 class CompareHandlers(Tab):
     """Handlers of the Compare tab."""
 
+    title = "Compare"
+
+    def build(self, page) -> None:
+        build_compare_tab(self, page.default_prompt)
+
     sources = {"pipeline": pipeline_source}
 
     def _checked(self, inputs: tuple) -> tuple[list, str | None]:
@@ -82,12 +87,12 @@ class CompareHandlers(Tab):
             seed = parse_seed(seed)
         seed = draw_seed() if seed is None else seed
 
-        def values(side) -> list:
+        def values(side) -> dict:
             chosen = {"max_new_tokens": max_new_tokens, **dict(zip(SIDE_SETTINGS, side))}
-            return [chosen.get(name, getattr(rec, name)) for name in SETTING_NAMES]
+            return {**{name: chosen.get(name, getattr(rec, name)) for name in SETTING_NAMES}, "prompt": prompt,
+                    "raw": raw, "seed": seed}
 
-        requests = [self.playground.checked_request(prompt, raw, *values(side), seed, ui_limits=True)
-                    for side in (sides[:count], sides[count:])]
+        requests = [self.hub.checked_request(values(side), ui_limits=True) for side in (sides[:count], sides[count:])]
         if b_sampler not in sampler_choices():
             raise user_error(f"unknown sampler {str(b_sampler)[:60]!r}")
         scheduler = b_sampler[len(DIFFUSERS_PREFIX):] if b_sampler.startswith(DIFFUSERS_PREFIX) else None
@@ -133,7 +138,7 @@ class CompareHandlers(Tab):
                 piped = side == 1 and scheduler is not None
                 job = Job("pipeline", (run, scheduler), run.settings) if piped else Job("generate", run, run.settings)
                 options = dict(keep_history=False, receive=exact.extend) if piped else {}
-                with live_run(self.playground, job, request, state, ":compare", **options) as worker:
+                with live_run(self.hub, job, request, state, ":compare", **options) as worker:
                     if state.stopped.is_set():
                         worker.stop()
                     for snap in worker.updates(1.0 / POLL_S, reader_budget=None):

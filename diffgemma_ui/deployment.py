@@ -1,4 +1,4 @@
-"""How the app is served: the platform, the queue plan, malloc arenas, the port; ZeroGPU's `ZeroGpuPlayground`."""
+"""How the app is served: the platform, the queue plan, malloc arenas, the port; ZeroGPU's `ZeroGpuHub`."""
 
 import copy
 import ctypes
@@ -23,7 +23,7 @@ from engine.settings import draw_seed, parse_number
 from engine.loading import ModelLoadError, load_model
 from engine.quantization import model_bytes
 
-from .handlers import Job, Playground, generation_frames, received
+from .hub import Hub, Job, generation_frames, received
 from .runs import RunWorker
 from .tab import describe_error, user_error
 from .validation import RunRequest
@@ -232,8 +232,8 @@ def load_zero_gpu_model(model: str, device: str = "auto", dtype: str = "auto", q
 _WARMED_PID: int | None = None  # the process whose model has been warmed up
 
 
-class ZeroGpuPlayground(Playground):
-    """`Playground` whose jobs run under `spaces.GPU` on `gpu_engine`; `engine` is a CPU view for checks."""
+class ZeroGpuHub(Hub):
+    """`Hub` whose jobs run under `spaces.GPU` on `gpu_engine`; `engine` is a CPU view for checks."""
 
     def __init__(self, engine: DiffusionEngine, *, budget: GpuBudget | None = None, spaces_module=None, **kwargs):
         view = copy.copy(engine)  # its model never runs in the main process
@@ -314,6 +314,6 @@ def first_frames(engine: DiffusionEngine, payload: tuple, stop) -> Iterator[Fram
     return itertools.islice(generation_frames(engine, request, stop), count)
 
 
-def make_playground(engine: DiffusionEngine, environ: Mapping[str, str] | None = None, **kwargs) -> Playground:
-    """`ZeroGpuPlayground` on ZeroGPU, else a plain `Playground`."""
-    return (ZeroGpuPlayground if zero_gpu(environ) else Playground)(engine, **kwargs)
+def make_hub(engine: DiffusionEngine, environ: Mapping[str, str] | None = None, **kwargs) -> Hub:
+    """`ZeroGpuHub` on ZeroGPU, else a plain `Hub`."""
+    return (ZeroGpuHub if zero_gpu(environ) else Hub)(engine, **kwargs)

@@ -14,10 +14,11 @@ from engine.settings import parse_seed
 
 from . import plots
 from .canvas_view import block_html, legend_html
-from .handlers import Job, api_summary, status_text
+from .hub import Job, api_summary
+from .live_view import refused_meter, status_text
 from .meter import meter_html, run_meter_html
 from .session import SessionState
-from .tab import (API_SETTINGS, PlotClock, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
+from .tab import (API_SETTINGS, PlotClock, setting_params, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
                   refusing, run_buttons, seed_box, setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
 from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, preset_values
@@ -39,6 +40,16 @@ def infill_source(engine, payload: tuple, stop) -> Iterator:
 
 class InfillTab(Tab):
     """Handlers of the Infill tab and `/infill`."""
+
+    title = "Infill"
+
+    def build(self, page) -> None:
+        build_infill_tab(self, EMBEDDED_TEMPLATE if page.embedded else INSTRUCTION_TEMPLATE)
+
+    def endpoints(self, page) -> Sequence[tuple]:
+        params = [("template", str, page.required), ("context", str, ""),
+                  *setting_params(self.engine.recommended, API_SETTINGS[1:]), ("seed", int, -1)]
+        return [("infill", self.infill_api, params, tuple[str, dict], prose("api-infill"))]
 
     sources = {"infill": infill_source}
 
@@ -62,7 +73,7 @@ class InfillTab(Tab):
         with refusing():
             values = preset_values(preset_name, self.engine.recommended, max_denoising_steps=max_denoising_steps)
             layout, job = self.job(template, context, values, seed, ui_limits=True)
-            self.playground.check_job(job)
+            self.hub.check_job(job)
             return layout, job
 
     def fill_stream(self, state: SessionState, request: gr.Request, *inputs) -> Iterator[tuple]:
@@ -70,8 +81,8 @@ class InfillTab(Tab):
         layout, job = self.request(*inputs)
         state.stop()
         clock, skip, tokenizer = PlotClock(wait_first=True), gr.skip(), self.engine.tokenizer
-        with live_run(self.playground, job, request, state, ":infill") as worker:
-            for index, snap in enumerate(self.playground.runs.updates(worker)):
+        with live_run(self.hub, job, request, state, ":infill") as worker:
+            for index, snap in enumerate(self.hub.runs.updates(worker)):
                 state.snapshot, latest, final = snap, snap.latest, snap.finished
                 status = status_text(latest, snap.error) if final else ("" if latest else "Encoding\u2026")
                 committed = latest if latest is not None and latest.block_done else None
@@ -98,7 +109,7 @@ class InfillTab(Tab):
             layout, made = self.job(template, context, dict(zip(API_SETTINGS[1:], given)), seed, ui_limits=False)
             return made
 
-        snap = await api_run(self.playground, job, request, keep_history=False)
+        snap = await api_run(self.hub, job, request, keep_history=False)
         if snap.latest is None or snap.latest.stop_reason == "cancelled":
             raise user_error("the fill was stopped before it was complete")
         _, summary = api_summary(self.engine.summarize(snap.latest, snap.frames_seen))
@@ -142,7 +153,7 @@ def build_infill_tab(infill: InfillTab, default_template: str) -> None:
     wire_run([fill.click, template.submit], infill.request, infill.fill_stream, state=state, box=refusal,
              stop=stop, inputs=[template, context, preset_box, steps, seed],
              outputs=[canvas, meter, filled, text, heatmap, order, entropy, fill, stop],
-             refused=infill.playground.refused, refused_inputs=[state], refused_outputs=[meter])
+             refused=refused_meter, refused_inputs=[state], refused_outputs=[meter])
 
 
 def infill_canvas_html(frame: Frame | None, layout: InfillLayout | None, status: str = "") -> str:

@@ -13,14 +13,14 @@ from engine.loading import model_name
 from engine.race import FAIRNESS, ORDERS, REPEAT_N, SIDES, RaceResult, RaceRunner, check_temperature
 
 from .canvas_view import STOP_REASONS, block_html
-from .handlers import Job, Playground
+from .hub import RUN_INPUT_NAMES, Hub, Job
 from .meter import format_number, stat_cards_html
 from .runs import pushed
 from .session import SessionState
-from .tab import (UNQUEUED, api_run, buttons, live_run, preset_dropdown, refusal_box, refusing, run_buttons, seed_box,
+from .tab import (UNQUEUED, Tab, api_run, setting_params, buttons, live_run, preset_dropdown, refusal_box, refusing, run_buttons, seed_box,
                   setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
-from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, preset_values
+from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, parse_run, preset_values
 
 DEFAULT_RACE_PROMPT = "Tell me what happened after the flood."
 LIVE_INTERVAL_S = 0.25
@@ -76,18 +76,29 @@ class RaceSession(SessionState):
     progress: RaceProgress | None = None
 
 
-class RaceTab:
-    """Handlers of the Race tab and `/race` around one `RaceRunner`, run through `playground` (default: its own)."""
+class RaceTab(Tab):
+    """Handlers of the Race tab and `/race` around one `RaceRunner`, run through `hub` (default: its own)."""
 
-    def __init__(self, runner: RaceRunner, playground: Playground | None = None):
+    title = "Race"
+
+    def __init__(self, runner: RaceRunner, hub: Hub | None = None):
         self.runner = runner
-        self.playground = playground or Playground(runner.engine)
-        # on ZeroGPU the checks run on the playground's CPU view of the engine
-        self.checker = runner if self.playground.engine is runner.engine else RaceRunner(self.playground.engine)
-        self.playground.sources["race"] = self.race_items
+        self.hub = hub or Hub(runner.engine)
+        self.engine = self.hub.engine
+        # on ZeroGPU the checks run on the hub's CPU view of the engine
+        self.checker = runner if self.hub.engine is runner.engine else RaceRunner(self.hub.engine)
+        self.hub.sources["race"] = self.race_items
         ar, diffusion = runner.ar, model_name(runner.engine.source)
         shared = f"{diffusion}'s causal encoder"
         self.models = {"diffusion": diffusion, "autoregressive": shared if ar.shared_weights else model_name(ar.source)}
+
+    def build(self, page) -> None:
+        build_race_tab(self)
+
+    def endpoints(self, page) -> Sequence[tuple]:
+        params = [("prompt", str, page.required), ("raw", bool, False), *setting_params(self.engine.recommended),
+                  ("seed", int, -1), ("ar_temperature", float, 0.0), ("order", str, "alternate")]
+        return [("race", self.race_api, params, tuple[str, str, dict], prose("api-race"))]
 
     def check(self, run: RunRequest, ar_temperature, order) -> tuple:
         """`run` checked as a race (both budgets, temperature, order): the "race" payload; gr.Error."""
@@ -95,7 +106,7 @@ class RaceTab:
             self.checker.check(run.prompt, run.settings, raw=run.raw, ar_temperature=ar_temperature, order=order,
                                seed=run.seed)
             race = (run, check_temperature(ar_temperature), order)
-            self.playground.check_job(self.job(race))
+            self.hub.check_job(self.job(race))
             return race
 
     def ui_request(self, prompt, raw, preset_name, max_new_tokens, seed, ar_temperature, order) -> tuple:
@@ -148,7 +159,7 @@ class RaceTab:
         session.stop()
         session.progress = None
         session.stopped.clear()
-        with live_run(self.playground, self.job(race), request, session, ":race", record=RaceProgress()) as worker:
+        with live_run(self.hub, self.job(race), request, session, ":race", record=RaceProgress()) as worker:
             progress = worker.record
             yield (*self.panels(progress), result_html(None), *buttons(True))
             for snap in worker.updates(1.0 / LIVE_INTERVAL_S, reader_budget=None):
@@ -179,9 +190,10 @@ class RaceTab:
         *inputs, ar_temperature, order = inputs
 
         def job() -> Job:
-            return self.job(self.check(Playground.parse(*inputs, ui_limits=False), ar_temperature, order))
+            return self.job(self.check(parse_run(dict(zip(RUN_INPUT_NAMES, inputs)), ui_limits=False), ar_temperature,
+                                       order))
 
-        result = (await api_run(self.playground, job, request, record=RaceProgress())).result
+        result = (await api_run(self.hub, job, request, record=RaceProgress())).result
         sides = (result.diffusion, result.autoregressive)
         return *(plain_text(side.text) if side is not None else "" for side in sides), result.summary()
 

@@ -8,12 +8,18 @@ PREVIOUS_STREAM_WAIT_S = 10.0  # a new run waits this long for the previous stre
 
 
 class SessionState:
-    """A visitor's `worker`, tickets, `stopped` (Stop), last `snapshot` and finished blocks' HTML; copied fresh."""
+    """A visitor's `worker`, tickets, `stopped` (Stop), last `snapshot` and what the page shows of it; copied fresh.
+
+    The Playground's fields: `pending` (ticket, checked request) until its run step takes it, `request` of the run
+    on the page, or `trace` (a loaded one when `request` is None), `step_run` (a stepped run) and `sent` (frames
+    of the run already fed to the page's player)."""
 
     def __init__(self):
         self.worker: RunWorker | None = None
         self.ticket = self.running_ticket = 0
         self.stopped = threading.Event()
+        self.pending: tuple[int, object] | None = None
+        self.request = self.trace = self.step_run = None
         self.clear_views()
         self._lock = threading.Lock()
         self._stream_done = threading.Event()
@@ -27,6 +33,7 @@ class SessionState:
         self.finished_html: list[str] = []
         self.stacked_blocks = -1  # blocks in the stack component (-1: none this run)
         self.pending_plots: list[tuple[str, object]] = []  # (output name, figure) due, not yet sent
+        self.sent = 0
 
     def claim(self) -> int:
         """A new ticket: stops the current run, makes every older ticket stale."""

@@ -4,18 +4,18 @@ kept between clicks; new acceptances are outlined."""
 import threading
 from collections import namedtuple
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import gradio as gr
 
 from engine import Frame
 
-from .handlers import STREAM_WIDTH
-from .plots import ACCEPTED_COLOUR
+from .feed import frames_message
+from .hub import RUN_INPUT_NAMES
 from .runs import RunRecord
 from .session import SessionState
-from .tab import PRIVATE, UNQUEUED, PlotClock, Tab, noted, user_error
-from .text import prose
+from .tab import PRIVATE, UNQUEUED, Tab, noted, user_error
+from .text import plain_text, prose
 
 
 @dataclass
@@ -35,16 +35,6 @@ class StepRun:
         getattr(self.frames, "close", lambda: None)()
 
 
-def newly_accepted_style(frame: Frame) -> str:
-    """A `<style>` outlining the live chips first accepted in `frame`'s forward, by position; "" when none."""
-    positions = [pos for pos, step in enumerate(frame.first_accepted_step) if step == frame.step_index]
-    if frame.block_done or not positions:
-        return ""
-    selectors = ",".join(f":nth-child({pos + 1})" for pos in positions)
-    return (f"<style>#dg-canvas .dg-block-live .dg-chips>.dg-chip:is({selectors}){{outline:2px solid {ACCEPTED_COLOUR};"
-            "outline-offset:1px}</style>")
-
-
 def step_note(frame: Frame) -> str:
     """One line on what `frame`'s forward did (plain text)."""
     return prose("step-forward").format(forward=frame.forward_index + 1, block=frame.block_index + 1,
@@ -57,20 +47,20 @@ class StepThroughHandlers(Tab):
 
     def _step_run(self, session: SessionState, inputs) -> StepRun:
         """The session's stepped run, or a new one for `inputs` if it has none (or it was superseded)."""
-        run = getattr(session, "step_run", None)
-        if run is not None and not run.done and getattr(session, "request", None) is run.request:
+        run = session.step_run
+        if run is not None and not run.done and session.request is run.request:
             return run
         if session.run_in_progress:
             raise user_error("A run is in progress: stop it before stepping through one.")
         if run is not None:
             run.close()
-        request = self.playground.checked_request(*inputs, ui_limits=True)
-        session.step_run = StepRun(request=request, frames=self.playground.step_frames(request))
+        request = self.hub.checked_request(dict(zip(RUN_INPUT_NAMES, inputs)), ui_limits=True)
+        session.step_run = StepRun(request=request, frames=self.hub.step_frames(request))
         session.request, session.trace = request, None
         session.clear_views()
         return session.step_run
 
-    def _advance(self, session: SessionState, run: StepRun, plots_due: bool = True, stop_button=None) -> tuple:
+    def _advance(self, session: SessionState, run: StepRun, stop_button=None) -> tuple:
         with run.lock:
             try:
                 frame = None if run.done else next(run.frames, None)
@@ -84,42 +74,45 @@ class StepThroughHandlers(Tab):
                 if frame.done:
                     run.done = True
                     run.record.finish()
-            return self._render(session, run, plots_due, stop_button)
+            return self._render(session, run, stop_button)
 
-    def _render(self, session: SessionState, run: StepRun, plots_due: bool, stop_button=None) -> tuple:
-        """The stream outputs and the note (Generate skipped, Stop unless `stop_button` given)."""
+    def _render(self, session: SessionState, run: StepRun, stop_button=None) -> tuple:
+        """The stream outputs (the new frames to the page's player, which shows the newest; Generate skipped,
+        Stop unless `stop_button` given) and the note."""
         session.snapshot = snap = run.record.snapshot()
-        outputs = self.playground.render(session, snap, final=run.done, plots_due=plots_due,
-                                         first=snap.frames_seen == 1)
-        outputs = replace(outputs, generate_button=gr.skip(),
-                          stop_button=gr.skip() if stop_button is None else stop_button)
+        frames = snap.frames()
+        message = frames_message(self.engine, run.request, frames, session.sent, final=run.done, autoplay=False)
+        session.sent = len(frames)
+        skip = gr.skip()
+        text = thought = skip
         latest = snap.latest
-        if latest is not None and not run.done:
-            outputs = replace(outputs, canvas=newly_accepted_style(latest) + outputs.canvas)
-        return (*outputs.as_tuple(), step_note(latest) if latest is not None else "")
+        if run.done and latest is not None:
+            text = plain_text(self.engine.summarize(latest, snap.frames_seen).text)
+        note = step_note(latest) if latest is not None else ""
+        return (skip if message is None else message, text, thought, skip,
+                skip if stop_button is None else stop_button, note)
 
     def next_step(self, session: SessionState, *inputs) -> tuple:
         """"Next step": one forward (a new run from `inputs` if none); gr.Error: bad input, a run going, failed."""
         return self._advance(session, self._step_run(session, inputs))
 
     def run_to_end(self, session: SessionState, *inputs) -> Iterator[tuple]:
-        """"Run to end": the remaining forwards, a render each."""
+        """"Run to end": the remaining forwards, each sent as it comes."""
         run = self._step_run(session, inputs)
         run.pause.clear()
-        clock = PlotClock()
         while not run.done and not run.pause.is_set():
-            yield self._advance(session, run, clock.due(), gr.update(interactive=True))
+            yield self._advance(session, run, gr.update(interactive=True))
         with run.lock:
-            yield self._render(session, run, True, stop_button=gr.update(interactive=False))
+            yield self._render(session, run, stop_button=gr.update(interactive=False))
 
     def pause(self, session: SessionState) -> tuple:
         """Stop during "Run to end": pause after the forward in progress (skips without one)."""
-        run = getattr(session, "step_run", None)
+        run = session.step_run if session is not None else None
         if run is None or run.done:
-            return (gr.skip(),) * (STREAM_WIDTH + 1)  # the outputs and the note
+            return (gr.skip(),) * 6  # the stream outputs and the note
         run.pause.set()
         with run.lock:
-            rendered = self._render(session, run, True, stop_button=gr.update(interactive=False))
+            rendered = self._render(session, run, stop_button=gr.update(interactive=False))
         latest = session.snapshot.latest
         note = rendered[-1] if latest is None else prose("step-paused").format(latest.forward_index + 1)
         return (*rendered[:-1], note)

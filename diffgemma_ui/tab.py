@@ -27,14 +27,27 @@ _EXPECTED = (ValueError, gr.Error, RunTimeLimitExceeded)
 
 
 class Tab:
-    """A tab's handlers bound to a `handlers.Playground`; `sources` (job kind -> frame source) registered there."""
+    """A tab (or a panel of one) on the app's `hub.Hub`: its `title`, frame `sources` (job kind -> frame source,
+    registered in the hub), `build(page)` (its components and events inside its `gr.Tab`), `endpoints(page)`
+    (rows for `register_api`) and `unload` (its visitor closed the page)."""
 
+    title = ""
     sources: dict[str, Callable] = {}
 
-    def __init__(self, playground):
-        self.playground, self.engine = playground, playground.engine
+    def __init__(self, hub):
+        self.hub, self.engine = hub, hub.engine
         if self.sources:
-            playground.sources.update(self.sources)
+            hub.sources.update(self.sources)
+
+    def build(self, page) -> None:
+        """The tab's components and events, inside its `gr.Tab`; `page` as `blocks.Page`."""
+
+    def endpoints(self, page) -> Sequence[tuple]:
+        """(name, handler, parameters, returns, doc) of the tab's endpoints."""
+        return ()
+
+    def unload(self, request: gr.Request) -> None:
+        """The visitor's page closed."""
 
 
 def describe_error(error: BaseException) -> str:
@@ -67,15 +80,15 @@ def refusing() -> Iterator[None]:
         raise user_error(error) from None
 
 
-async def api_run(playground, job: Callable, request, **options) -> RunSnapshot:
+async def api_run(hub, job: Callable, request, **options) -> RunSnapshot:
     """An endpoint's `job()` (made and checked under `refusing`) run to its final snapshot; gr.Error."""
     def start() -> RunWorker:
         with refusing():
             made = job()
-            playground.check_job(made)
-        return playground.start_job(made, **options)
+            hub.check_job(made)
+        return hub.start_job(made, **options)
 
-    snap = await playground.runs.served(start, request)
+    snap = await hub.runs.served(start, request)
     if snap.error is not None:
         raise user_error(snap.error)
     return snap
@@ -87,14 +100,14 @@ def stop_run(state: SessionState | None) -> None:
 
 
 @contextmanager
-def live_run(playground, job, request, state: SessionState, suffix: str, **options) -> Iterator[RunWorker]:
-    """`playground.start_job(job, **options)` as `state.worker` under its `session_key`, stopped on leaving."""
+def live_run(hub, job, request, state: SessionState, suffix: str, **options) -> Iterator[RunWorker]:
+    """`hub.start_job(job, **options)` as `state.worker` under its `session_key`, stopped on leaving."""
     key = session_key(request, state, suffix)
-    state.worker = worker = playground.start_job(job, key, **options)
+    state.worker = worker = hub.start_job(job, key, **options)
     try:
         yield worker
     finally:
-        playground.runs.finish(key, worker)
+        hub.runs.finish(key, worker)
 
 
 def buttons(running: bool) -> tuple:

@@ -1,6 +1,6 @@
 """The UI's request (`RunRequest`) and presets, checked with the settings table's parsers (`ValueError`)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine import DiffusionSettings, preset
 from engine.settings import MAX_PROMPT_CHARS, check_prompt, parse_flag, parse_seed, spec
@@ -14,13 +14,21 @@ CUSTOM_PRESET = "custom"  # the preset box once a setting is changed by hand
 
 @dataclass(frozen=True)
 class RunRequest:
-    """A checked request: prompt, `raw` (no chat template), settings, seed (None: draw one), `thinking`."""
+    """A checked request: prompt, `raw` (no chat template), settings, seed (None: draw one), `thinking`, and the
+    prompt's token ids once the door has encoded it (None before)."""
 
     prompt: str
     raw: bool
     settings: DiffusionSettings
     seed: int | None
     thinking: bool = False
+    prompt_ids: tuple[int, ...] | None = None
+
+    def with_prompt_ids(self, ids) -> "RunRequest":
+        """This request with its encoded prompt (`ids`: a [1, n] tensor or a sequence of ints)."""
+        rows = ids.tolist() if hasattr(ids, "tolist") else ids
+        return replace(self, prompt_ids=tuple(int(i) for i in (rows[0] if rows and isinstance(rows[0], list)
+                                                                 else rows)))
 
 
 def build_settings(values: dict, *, ui_limits: bool = True) -> DiffusionSettings:
@@ -35,6 +43,12 @@ def build_request(prompt, raw, values: dict, seed, *, ui_limits: bool = True, th
     return RunRequest(prompt=check_prompt(prompt), raw=parse_flag("raw", raw),
                       settings=build_settings(values, ui_limits=ui_limits), seed=parse_seed(seed),
                       thinking=parse_flag("thinking", thinking))
+
+
+def parse_run(values: dict, *, ui_limits: bool = True) -> RunRequest:
+    """`build_request` of a run's raw inputs by name: "prompt", "raw", the settings, "seed", "thinking" (optional)."""
+    return build_request(values["prompt"], values["raw"], values, values["seed"], ui_limits=ui_limits,
+                         thinking=values.get("thinking", False))
 
 
 def preset_values(name, recommended: DiffusionSettings, **changes) -> dict:

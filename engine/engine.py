@@ -7,7 +7,7 @@ import math
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -212,12 +212,16 @@ class DiffusionEngine:
 
     def frames(self, prompt: str, settings: DiffusionSettings | None = None, *, raw: bool = False,
                seed: int | None = None, stop_event: threading.Event | None = None,
-               thinking: bool = False) -> Iterator[Frame]:
-        """Check, encode and `denoise` `prompt`; `ValueError` before any work."""
+               thinking: bool = False, prompt_ids: Sequence[int] | None = None) -> Iterator[Frame]:
+        """Check, encode and `denoise` `prompt` (`prompt_ids`: its ids, encoded at the door already);
+        `ValueError` before any work."""
         settings = settings or self.recommended
         seed = parse_seed(seed)
         self.check_settings(settings)
-        input_ids = self.encode_prompt(prompt, raw=raw, thinking=thinking)
+        if prompt_ids is None:
+            input_ids = self.encode_prompt(prompt, raw=raw, thinking=thinking)
+        else:
+            input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
         self.check_budget(input_ids.shape[1], settings)
         return denoise(self.model, input_ids, settings, token_text=self.token_text, stop_event=stop_event,
                        random_state=RunRandomState(seed))

@@ -88,7 +88,7 @@ class Trace:
                 kept.append(frame)
         if not kept:
             raise TraceError(NO_FRAMES)
-        ids, kinds = frame_tokens(kept)
+        ids, kinds = frame_tokens(kept, getattr(token_text, "kind", None))
         ids |= {int(i) for i in prompt_ids} | set(kept[-1].committed_ids)
         unchecked = cls(model=model, settings=settings, seed=kept[-1].seed, prompt=prompt, raw=raw,
                         prompt_ids=tuple(prompt_ids), tokens={i: token_text(i) for i in ids}, text=text,
@@ -121,13 +121,17 @@ class Trace:
         return [tuple(group) for _, group in itertools.groupby(self.frames, key=lambda frame: frame.block_index)]
 
 
-def frame_tokens(frames) -> tuple[set[int], dict[int, str] | None]:
-    """The ids `frames` show (canvases, alternatives) and their kinds where not text (None: not classified)."""
+def frame_tokens(frames, kind=None) -> tuple[set[int], dict[int, str] | None]:
+    """The ids `frames` show (canvases, alternatives) and their kinds where not text (None: not classified);
+    `kind(id)` classifies the alternatives, which frames carry no kinds for."""
     ids = {i for f in frames for row in (f.input_ids, f.draft_ids, *f.top_ids) for i in row}
     kinds = None
     if all(len(f.input_kinds) == len(f.input_ids) and len(f.draft_kinds) == len(f.draft_ids) for f in frames):
         kinds = {i: k for f in frames for i, k in zip(f.input_ids + f.draft_ids, f.input_kinds + f.draft_kinds)
                  if k != TEXT}
+        if kind is not None:
+            alternatives = {i for f in frames for row in f.top_ids for i in row}.difference(kinds)
+            kinds.update((i, k) for i in alternatives if (k := kind(i)) != TEXT)
     return ids, kinds
 
 

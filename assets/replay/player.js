@@ -47,7 +47,7 @@ function frameModels(data) {
     lazy(f, "draftKinds", () => (kindOf ? raw.draft.map(kindOf) : null));
     lazy(f, "labels", () => draftLabels(f.draftTokens, f.draftKinds));
     lazy(f, "alternatives", () => (raw.alt_ids ? raw.alt_ids.map((row, p) => row.map((i, k) =>
-      [data.tokens[i], raw.alt_milli[p][k] / 1000])) : null));
+      [data.tokens[i], raw.alt_milli[p][k] / 1000, kindOf ? kindOf(i) : TEXT])) : null));
     f.draftLabels = () => f.labels;
     return f;
   });
@@ -57,14 +57,18 @@ function frameModels(data) {
 // or, when `live` is false, the finished block (committed tokens, pads after end-of-sequence)
 function positions(f, live) {
   const n = f.canvasLength, flags = f.accepted;
+  const then = (pos) => {  // the alternatives at the forward where the token was first accepted, if not this one
+    const at = f.blockFrames && f.first[pos] >= 0 && f.first[pos] !== f.step ? f.blockFrames[f.first[pos]] : null;
+    return at && at.alternatives ? at.alternatives[pos] : null;
+  };
   const common = (pos) => ({pos, confidence: f.confidence[pos], entropy: f.entropy[pos], first: f.first[pos],
-    remelted: false, alternatives: f.alternatives ? f.alternatives[pos] : []});
+    remelted: false, alternatives: f.alternatives ? f.alternatives[pos] : [], firstAlternatives: then(pos)});
   if (live) {
     const shown = flags.map((a, p) => (a ? f.draftTokens[p] : f.inputTokens[p]));
     const kinds = f.draftKinds && f.inputKinds ? flags.map((a, p) => (a ? f.draftKinds[p] : f.inputKinds[p])) : null;
     const cells = tokenCells(shown, kinds, flags), drafts = tokenCells(f.draftTokens, f.draftKinds);
     return flags.map((a, pos) => ({...common(pos), kind: a ? "accepted" : "noisy", cell: cells[pos],
-      guess: a ? null : drafts[pos], remelted: f.remelted[pos]}));
+      guess: a ? null : drafts[pos], remelted: f.remelted[pos], fresh: a && f.first[pos] === f.step}));
   }
   const kept = Math.max(0, Math.min(n, f.committed - f.block * n));
   const cells = tokenCells(f.draftTokens, f.draftKinds, flags.map((_, pos) => pos < kept));
@@ -119,14 +123,26 @@ async function unpack(id) {  // a gzip file inlined as base64, as text
   return await new Response(stream).text();
 }
 
+// How fast a player walks through the forwards: ms each stays on screen, or LIVE (each as it computes)
+const LIVE = "live";
+const PACES = {teach: 800, default: 150, fast: 50, [LIVE]: LIVE};
+const PACE_LABELS = {teach: "slow (teaching)", default: "default", fast: "fast", [LIVE]: "as it computes"};
+const ANNOUNCE_MS = 2000;  // the live region speaks at most this often
+const reducedMotion = () => matchMedia("(prefers-reduced-motion: reduce)").matches;
+
 // The player of `data` in the elements `find(id)` gives (one that is missing is not drawn), its state on `root`'s
-// dataset: show a forward, play and pause (at narration speed while `presenting()`), the keys while `active()`.
-// `load(data)` plays another run, or more frames of this one (`same`); P and Esc call `onPresent(true | false)`.
-function mountPlayer(find, data, root, {presenting, onPresent, active = () => true}) {
+// dataset and on the canvas element (data-forward, data-playing). Options: `pace()` (a PACES value), `engineDone()`
+// (false while a live run may bring more frames), `meterFrame(shown, newest)` (the frame the meter reads: the
+// engine's clock), `presenting()`, `onPresent(on)`, `active()` (whether the page's keys are the player's).
+// `load(data, same)` plays another run, or more frames of this one; `ended()` says the engine has finished.
+function mountPlayer(find, data, root, {presenting = () => false, onPresent = () => {}, active = () => true,
+  pace = () => (presenting() ? data.present_interval_ms : data.interval_ms), engineDone = () => true,
+  meterFrame = (shown) => shown} = {}) {
   const config = {displaylogo: false, responsive: true, showSendToCloud: false,
     modeBarButtonsToRemove: ["select2d", "lasso2d", "sendDataToCloud"]};
-  const slider = find("dg-replay-slider"), play = find("dg-replay-play");
+  const slider = find("dg-replay-slider"), play = find("dg-replay-play"), canvasHost = find("dg-canvas");
   let frames = [], blocks = [], last = -1, finished = new Map(), current = -1, shown = "", timer = null;
+  let cursor = -1, spoken = 0, waiting = false;
 
   function load(next, same = false) {
     data = next;
@@ -134,8 +150,13 @@ function mountPlayer(find, data, root, {presenting, onPresent, active = () => tr
     last = frames.length - 1;
     blocks = [];
     frames.forEach((f) => { (blocks[f.block] = blocks[f.block] || []).push(f); });
-    if (!same) { finished = new Map(); shown = ""; current = -1; }
-    slider.max = String(last);
+    frames.forEach((f) => { f.blockFrames = blocks[f.block]; });
+    if (!same) { finished = new Map(); shown = ""; current = -1; cursor = -1; }
+    if (slider) { slider.max = String(Math.max(0, last)); slider.disabled = last < 0; }
+    if (waiting && current < last) { waiting = false; schedule(); }
+    const meter = find("dg-meter") && last >= 0 ? meterFrame(frames[Math.max(0, current)], frames[last]) : null;
+    if (meter && current >= 0) find("dg-meter").replaceChildren(meterView(meter));
+    report();
   }
   function stackSections(f) {
     const sections = [];
@@ -147,71 +168,197 @@ function mountPlayer(find, data, root, {presenting, onPresent, active = () => tr
     }
     return sections;
   }
-  function plot(id, figure) { if (find(id)) Plotly.react(find(id), figure.data, figure.layout, config); }
+  function plot(id, figure) {
+    if (find(id) && typeof Plotly !== "undefined") Plotly.react(find(id), figure.data, figure.layout, config);
+  }
+  const playing = () => !(engineDone() && current >= last);
+  // The words beside the view that keep the engine's pace and the playback's apart
+  function report() {
+    const status = find("dg-replay-status");
+    if (!status || last < 0) return;
+    const newest = frames[last];
+    let text = "";
+    if (current < last) {
+      text = engineDone() ? `the engine finished in ${formatNumber(newest.elapsed, 2, " s")} (engine clock); ` +
+        `playing forward ${current + 1} of ${last + 1}` : `the engine is at forward ${last + 1}; playing forward ` +
+        `${current + 1}`;
+    }
+    if (status.textContent !== text) status.textContent = text;
+  }
+  function announce(f, force = false) {
+    const region = find("dg-replay-announce");
+    if (!region || (!force && Date.now() - spoken < ANNOUNCE_MS)) return;
+    spoken = Date.now();
+    const n = f.canvasLength, accepted = f.accepted.filter(Boolean).length;
+    region.textContent = f.done && current >= last
+      ? `Done: ${STOP_REASONS[f.stopReason] || f.stopReason}; ${plural(f.committedTokens, "token")} committed.`
+      : `Block ${f.block + 1}, forward ${f.forward + 1}: ${accepted} of ${n} positions accepted.`;
+  }
+  function markCursor() {
+    const chips = canvasHost ? canvasHost.querySelectorAll(".dg-block-live .dg-chip, .dg-chip") : [];
+    if (cursor >= chips.length) cursor = chips.length - 1;
+    chips.forEach((chip, pos) => chip.classList.toggle("dg-cursor", pos === cursor));
+    if (canvasHost && cursor >= 0 && chips[cursor]) {
+      chips[cursor].id = "dg-cursor-chip";
+      canvasHost.setAttribute("aria-activedescendant", "dg-cursor-chip");
+    }
+  }
   function show(k) {
+    if (last < 0) return;
     k = Math.max(0, Math.min(last, k));
     const f = frames[k], block = blocks[f.block];
     const stack = stackView(stackSections(f));
-    find("dg-stack").replaceChildren(...(stack ? [stack] : []));
-    if (stack && stack.lastElementChild) {  // the end of the stack, or the newest block's header when it is taller
-      const newestTop = stack.lastElementChild.getBoundingClientRect().top - stack.getBoundingClientRect().top;
-      stack.scrollTop = Math.min(newestTop, stack.scrollHeight - stack.clientHeight);
+    if (find("dg-stack")) {
+      find("dg-stack").replaceChildren(...(stack ? [stack] : []));
+      if (stack && stack.lastElementChild) {  // the end of the stack, or the newest block's header when taller
+        const newestTop = stack.lastElementChild.getBoundingClientRect().top - stack.getBoundingClientRect().top;
+        stack.scrollTop = Math.min(newestTop, stack.scrollHeight - stack.clientHeight);
+      }
     }
-    const status = k === last ? (f.stopReason in STOP_REASONS ? STOP_REASONS[f.stopReason] : f.stopReason) : "";
-    find("dg-canvas").replaceChildren(liveView(f.forward, f.blockDone ? null : blockModel(f, true), status));
-    find("dg-meter").replaceChildren(meterView(f));
+    current = k;
+    const status = k === last && f.done ? (f.stopReason in STOP_REASONS ? STOP_REASONS[f.stopReason] : f.stopReason)
+      : "";
+    const view = liveView(f.forward, f.blockDone ? null : blockModel(f, true), status);
+    view.dataset.playing = String(playing());
+    canvasHost.replaceChildren(view);
+    const meter = meterFrame(f, frames[last]);
+    if (find("dg-meter") && meter) find("dg-meter").replaceChildren(meterView(meter));
     if (`${f.block}:${block.length}` !== shown) {
       plot("dg-heatmap", heatmapFigure(block));
       plot("dg-entropy", entropyFigure(block));
       shown = `${f.block}:${block.length}`;
     }
-    Plotly.relayout(find("dg-heatmap"), {shapes: heatmapCover(f.step, block.length)});
+    if (find("dg-heatmap") && find("dg-heatmap").data) {
+      Plotly.relayout(find("dg-heatmap"), {shapes: heatmapCover(f.step, block.length)});
+    }
     plot("dg-order", orderFigure(f));
-    find("dg-replay-label").textContent = `forward ${k + 1}/${last + 1}${DOT}block ${f.block + 1}${DOT}step ` +
-      `${f.step + 1}`;
-    find("dg-replay-caption").textContent = caption(f, f.step > 0 ? frames[k - 1] : null);
-    slider.value = String(k);
-    current = k;
+    const label = find("dg-replay-label");
+    if (label) label.textContent = `forward ${k + 1}/${last + 1}${DOT}block ${f.block + 1}${DOT}step ${f.step + 1}`;
+    const line = find("dg-replay-caption");
+    if (line) line.textContent = caption(f, f.step > 0 ? frames[k - 1] : null);
+    if (slider) slider.value = String(k);
     root.dataset.forward = String(k);
+    root.dataset.playing = String(playing());
+    markCursor();
+    report();
+    announce(f, f.done && k === last);
+  }
+  function setButton(on) {
+    if (!play) return;
+    play.textContent = on ? "\u275a\u275a" : "\u25b6";
+    play.setAttribute("aria-label", on ? "pause" : "play");
+  }
+  function stopTimer() {
+    if (timer !== null) { clearTimeout(timer); cancelAnimationFrame(timer); }
+    timer = null;
   }
   function pause() {
-    if (timer !== null) clearInterval(timer);
+    stopTimer();
+    waiting = false;
+    setButton(false);
+    root.dataset.playing = String(playing());
+    report();
+  }
+  function tick() {
     timer = null;
-    play.textContent = "\u25b6";
-    play.setAttribute("aria-label", "play");
-    root.dataset.playing = "false";
+    if (current >= last) {
+      if (engineDone()) { pause(); return; }
+      waiting = true;  // at the newest forward of a run still going: the next `load` goes on
+      return;
+    }
+    const behind = last - current;
+    show(pace() === LIVE && behind > 4 ? last - 1 : current + 1);
+    schedule();
+  }
+  function schedule() {
+    stopTimer();
+    const ms = pace();
+    timer = ms === LIVE ? requestAnimationFrame(tick) : setTimeout(tick, ms);
   }
   function start() {  // at the end of a run still going, it waits for the next forward
-    if (current >= last && frames[last].done) show(0);
-    play.textContent = "\u275a\u275a";
-    play.setAttribute("aria-label", "pause");
+    if (last < 0) return;
+    if (current >= last && engineDone()) show(0);
+    setButton(true);
     root.dataset.playing = "true";
-    timer = setInterval(() => {
-      if (current < last) show(current + 1);
-      else if (frames[last].done) pause();
-    }, presenting() ? data.present_interval_ms : data.interval_ms);
+    schedule();
   }
-  const toggle = () => (timer === null ? start() : pause());
+  const isPlaying = () => timer !== null || waiting;
+  const toggle = () => (isPlaying() ? pause() : start());
   const nextBlock = () => {
     const next = frames.findIndex((f) => f.block > frames[current].block);
     return next < 0 ? last : next;
   };
-  play.addEventListener("click", toggle);
-  find("dg-replay-prev").addEventListener("click", () => { pause(); show(current - 1); });
-  find("dg-replay-next").addEventListener("click", () => { pause(); show(current + 1); });
-  slider.addEventListener("input", () => { pause(); show(Number(slider.value)); });
+  const step = (k) => { pause(); show(k); };
+  if (play) play.addEventListener("click", toggle);
+  const on = (id, fn) => { if (find(id)) find(id).addEventListener("click", fn); };
+  on("dg-replay-prev", () => step(current - 1));
+  on("dg-replay-next", () => step(current + 1));
+  on("dg-replay-end", () => step(last));
+  if (slider) slider.addEventListener("input", () => step(Number(slider.value)));
+  // The canvas is one Tab stop: arrows move along its positions, Enter or Space opens "why this token?"
+  if (canvasHost) {
+    canvasHost.tabIndex = 0;
+    canvasHost.setAttribute("role", "group");
+    canvasHost.setAttribute("aria-label", "canvas: arrow keys move along the positions, Enter explains a token");
+    canvasHost.addEventListener("keydown", (event) => {
+      const chips = canvasHost.querySelectorAll(".dg-chip");
+      if (!chips.length) return;
+      const moves = {ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1};
+      if (event.key in moves) {
+        event.preventDefault();
+        event.stopPropagation();
+        cursor = Math.max(0, Math.min(chips.length - 1, (cursor < 0 ? -moves[event.key] : cursor) + moves[event.key]));
+        markCursor();
+        chips[cursor].scrollIntoView({block: "nearest"});
+      } else if ((event.key === "Enter" || event.key === " ") && cursor >= 0) {
+        event.preventDefault();
+        event.stopPropagation();
+        openPopup(chips[cursor]);
+      }
+    });
+  }
   document.addEventListener("keydown", (event) => {
-    if (!active() || last < 0) return;
-    if (event.target && event.target !== slider && /^(INPUT|TEXTAREA|SELECT)$/.test(event.target.tagName)) return;
+    if (!active() || last < 0 || (canvasHost && canvasHost.contains(event.target))) return;
+    if (event.target && event.target !== slider && /^(INPUT|TEXTAREA|SELECT|BUTTON)$/.test(event.target.tagName)) {
+      return;
+    }
     const moves = {ArrowLeft: current - 1, ArrowRight: current + 1, Home: 0, End: last};
-    if (event.key in moves) { event.preventDefault(); pause(); show(moves[event.key]); }
+    if (event.key in moves) { event.preventDefault(); step(moves[event.key]); }
     else if (event.key === " ") { event.preventDefault(); toggle(); }
-    else if (event.key === "b" || event.key === "B") { event.preventDefault(); pause(); show(nextBlock()); }
+    else if (event.key === "b" || event.key === "B") { event.preventDefault(); step(nextBlock()); }
     else if (event.key === "p" || event.key === "P") { event.preventDefault(); onPresent(true); }
     else if (event.key === "Escape") { onPresent(false); }
   });
-  load(data);
-  return {show, start, pause, load, playing: () => timer !== null, last: () => last, frames: () => frames};
+  let startX = null;  // a swipe steps (left: forward, right: back); the page never navigates away by it
+  root.addEventListener("touchstart", (event) => { startX = event.touches[0].clientX; }, {passive: true});
+  root.addEventListener("touchmove", (event) => {
+    if (startX !== null && Math.abs(event.touches[0].clientX - startX) > 10 && event.cancelable) event.preventDefault();
+  }, {passive: false});
+  root.addEventListener("touchend", (event) => {
+    if (startX === null) return;
+    const dx = event.changedTouches[0].clientX - startX;
+    startX = null;
+    if (Math.abs(dx) >= 40 && last >= 0) step(current + (dx < 0 ? 1 : -1));
+  });
+  if (data) load(data);
+  return {show, start, pause, load, step, playing: isPlaying, last: () => last, current: () => current,
+    frames: () => frames, ended: () => { report(); if (current >= 0) show(current); }, schedule,
+    redraw: () => { shown = ""; if (current >= 0) show(current); }};
+}
+
+// "Why this token?" as a popup beside `chip` (its tooltip's lines; a second call on the same chip closes it)
+let popup = null;
+function closePopup() { if (popup) { popup.remove(); popup = null; } }
+function openPopup(chip) {
+  if (popup && popup.dataset.for === chip.title) { closePopup(); return; }
+  closePopup();
+  popup = el("div", {class: "dg-popup", role: "tooltip", "data-for": chip.title}, chip.title);
+  document.body.append(popup);
+  const box = chip.getBoundingClientRect();
+  const left = Math.min(box.left, window.innerWidth - popup.offsetWidth - 8);
+  const below = box.bottom + 6 + popup.offsetHeight < window.innerHeight;
+  popup.style.left = `${Math.max(8, left)}px`;
+  popup.style.top = `${below ? box.bottom + 6 : Math.max(8, box.top - popup.offsetHeight - 6)}px`;
 }
 
 async function main() {

@@ -23,7 +23,7 @@ const quoted = (text) => `\u201c${text}\u201d`;
 
 // What a chip's tooltip says of position `p` (the lines of canvas_view.chip_html's title)
 function chipLines(p) {
-  const step = p.first < 0 ? "not yet" : `step ${p.first}`;
+  const step = p.first < 0 ? "not yet" : `step ${p.first + 1}`;
   const lines = [`position ${p.pos}: ${quoted(p.cell.text)}`,
     `confidence ${fixed(p.confidence, 3)}${DOT}entropy ${fixed(p.entropy, 3)} nats`, `first accepted: ${step}`];
   if (p.kind === "noisy") {
@@ -33,10 +33,16 @@ function chipLines(p) {
     lines.push("after end-of-sequence: dropped");
   }
   if (p.remelted) lines.splice(1, 0, "re-melted: accepted at an earlier step, renoised in this one");
-  if (p.alternatives.length) {
-    const cells = tokenCells(p.alternatives.map(([token]) => token));
-    lines.push("why this token? " + p.alternatives.map(([, probability], k) =>
-      `${quoted(cells[k].text)} ${fixed(probability * 100, 0)}%`).join(DOT));
+  const weighed = (alternatives) => {
+    const cells = tokenCells(alternatives.map(([token]) => token), alternatives.map(([, , kind]) => kind || TEXT));
+    return alternatives.map(([, probability], k) => `${quoted(cells[k].text)} ${fixed(probability * 100, 0)}%`)
+      .join(DOT);
+  };
+  if (p.firstAlternatives && p.firstAlternatives.length) {
+    lines.push(`why this token? at step ${p.first + 1}, where it was first accepted: ${weighed(p.firstAlternatives)}`);
+    if (p.alternatives.length) lines.push(`now: ${weighed(p.alternatives)}`);
+  } else if (p.alternatives.length) {
+    lines.push(`why this token? ${weighed(p.alternatives)}`);
   }
   if (p.cell.detail) lines.splice(1, 0, p.cell.detail);
   return lines;
@@ -48,7 +54,7 @@ const chipPositions = new WeakMap();
 // One canvas position as a chip (canvas_view.chip_html); `p` is a position of the frame model
 function chip(p) {
   const style = p.cell.style === TEXT ? "" : ` dg-tok-${p.cell.style}`;
-  const attributes = {class: `dg-chip dg-${p.kind}${style}${p.remelted ? " dg-remelt" : ""}`,
+  const attributes = {class: `dg-chip dg-${p.kind}${style}${p.remelted ? " dg-remelt" : ""}${p.fresh ? " dg-new" : ""}`,
     title: chipLines(p).join("\n")};
   if ((p.kind === "accepted" || p.kind === "committed") && !CONTROL_STYLES.has(p.cell.style)) {
     const background = viridis(p.confidence);

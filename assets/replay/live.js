@@ -1,0 +1,105 @@
+// The replay player, part 6: the Playground's own player. The run step streams the run's frames as chunks of the
+// player's data into a hidden box (diffgemma_ui/feed.py); `dgLive.feed` buffers them and the player (part 4) plays
+// every forward at the chosen pace while the engine runs ahead. The meter reads the engine's newest frame.
+
+const PACE_KEY = "dg-pace";
+const live = {data: null, key: null, done: true, seq: -1, player: null, listeners: []};
+const byId = (id) => document.getElementById(id);
+
+function paceValue() {
+  const box = byId("dg-replay-pace");
+  return PACES[box ? box.value : "default"] || PACES.default;
+}
+
+// The frames of `chunk` from `start` on, their token indices moved past the tokens already held
+function appendFrames(chunk) {
+  const held = live.data.frames.length, skip = held - chunk.start;
+  if (skip < 0) return false;  // a gap: some chunk never arrived
+  const offset = live.data.tokens.length, move = (row) => row.map((i) => i + offset);
+  live.data.tokens.push(...chunk.tokens);
+  if (chunk.kinds) {
+    live.data.kinds = live.data.kinds || {};
+    for (const [i, kind] of Object.entries(chunk.kinds)) live.data.kinds[String(Number(i) + offset)] = kind;
+  }
+  for (const f of chunk.frames.slice(skip)) {
+    live.data.frames.push({...f, input: move(f.input), draft: move(f.draft),
+      ...(f.alt_ids ? {alt_ids: f.alt_ids.map(move)} : {})});
+  }
+  return true;
+}
+
+function mount() {
+  if (live.player || !byId("dg-canvas")) return live.player;
+  live.player = mountPlayer(byId, null, byId("dg-player"), {pace: paceValue, engineDone: () => live.done,
+    meterFrame: (shown, newest) => newest, active: () => !document.documentElement.classList.contains("dg-presenting")
+      && Boolean(byId("dg-player")) && byId("dg-player").offsetParent !== null,
+    onPresent: (on) => on && window.dgPresenter && window.dgPresenter.open()});
+  const box = byId("dg-replay-pace");
+  if (box) {
+    box.value = localStorage.getItem(PACE_KEY) || "default";
+    box.addEventListener("change", () => {
+      localStorage.setItem(PACE_KEY, box.value);
+      if (live.player.playing()) live.player.schedule();
+    });
+  }
+  loadPlotly();
+  return live.player;
+}
+
+function setMeter(html) {
+  const meter = byId("dg-meter");
+  if (meter) meter.innerHTML = html;  // the server's meter for a state with no frame (escaped there)
+}
+
+// One message of the feed: a meter for a state without frames, or frames of the page's run
+function feed(text) {
+  if (!text) return;
+  const message = JSON.parse(text);
+  if (message.seq <= live.seq) return;
+  live.seq = message.seq;
+  const player = mount();
+  if (!player) return;
+  if (message.meter !== undefined) setMeter(message.meter);
+  if (!message.frames) return;
+  const fresh = message.key !== live.key;
+  if (fresh) {
+    live.key = message.key;
+    live.data = {...message, frames: []};
+    message.start = 0;
+  }
+  if (!appendFrames(message)) { ask(); return; }
+  live.done = Boolean(message.final);
+  player.load(live.data, !fresh);
+  const autoplay = !reducedMotion() && message.autoplay !== false;
+  if (message.autoplay === false) player.show(player.last());  // a stepped run: each new forward at once
+  else if (fresh && autoplay) { player.show(0); player.start(); }
+  else if (fresh || (live.done && !autoplay)) player.show(live.done && !autoplay ? player.last() : 0);
+  if (live.done) player.ended();
+  live.listeners.forEach((listener) => listener(live.data, fresh));
+}
+
+function ask() {  // the frames this page lacks, from the session's run (a chunk lost on its way)
+  const button = byId("dg-feed-poll");
+  if (button) button.click();
+}
+
+function loadPlotly() {
+  if (typeof Plotly !== "undefined") return;
+  const url = byId("dg-player") && byId("dg-player").dataset.plotly;
+  if (!url) return;
+  fetch(url).then((response) => new Response(response.body.pipeThrough(new DecompressionStream("gzip"))).text())
+    .then((code) => { (0, eval)(code); live.player.redraw(); })
+    .catch((error) => { const s = byId("dg-replay-status"); if (s) s.textContent = `plots unavailable: ${error}`; });
+}
+
+window.dgLive = {feed, ask, mount, have: () => (live.key ? `${live.key}:${live.data.frames.length}` : ""),
+  data: () => live.data, done: () => live.done, onData: (listener) => live.listeners.push(listener),
+  player: () => live.player, pause: () => live.player && live.player.pause(),
+  replay: () => { if (live.player && live.data) { live.player.show(0); live.player.start(); } }};
+document.addEventListener("click", (event) => {
+  const chip = event.target.closest && event.target.closest(".dg-chip[title]");
+  if (chip && chip.closest("#dg-branch-from")) return;  // Branch pins it
+  if (chip) openPopup(chip); else closePopup();
+});
+document.addEventListener("keydown", (event) => { if (event.key === "Escape") closePopup(); });
+window.addEventListener("scroll", closePopup, true);

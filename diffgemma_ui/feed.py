@@ -1,0 +1,52 @@
+"""The Playground player's feed: a run's frames as JSON chunks of the browser player's data, and the meter of a
+state that has no frame (queued, refused, left the queue). The page's `dgLive.feed` reads each message."""
+
+import dataclasses
+import json
+import threading
+
+from engine import DiffusionEngine, Frame
+from engine.trace import ModelInfo, Trace, frame_tokens, replay_data, script_json
+
+from .validation import RunRequest
+
+_SEQUENCE = threading.Lock()
+_counter = [0]
+
+
+def _next_seq() -> int:
+    """A number larger than every one before it in this process: the page applies each message once, in order."""
+    with _SEQUENCE:
+        _counter[0] += 1
+        return _counter[0]
+
+
+def meter_message(meter_html: str) -> str:
+    """A feed message that sets the meter to `meter_html` (escaped by its maker)."""
+    return json.dumps({"seq": _next_seq(), "meter": meter_html})
+
+
+def run_key(frames: list[Frame]) -> str:
+    """The key of the run whose first frame is `frames[0]`: the page starts a new run when it changes."""
+    return f"run-{id(frames[0]):x}"
+
+
+def frames_message(engine: DiffusionEngine, request: RunRequest | None, frames: list[Frame], start: int, *,
+                   final: bool, trace: Trace | None = None, autoplay: bool = True) -> str | None:
+    """A feed message with `frames[start:]` of a run (`trace`: a loaded one instead of `request`'s) as replay data
+    with its `key`, `start` and `final`; None when there is nothing new to say."""
+    if not frames or (start >= len(frames) and not final):
+        return None
+    new = frames[start:] or frames[-1:]
+    start = len(frames) - len(new)
+    if trace is not None:
+        part = dataclasses.replace(trace, frames=tuple(new))
+    else:
+        ids, kinds = frame_tokens(new, engine.token_text.kind)
+        part = Trace(model=ModelInfo.of(engine), settings=request.settings, seed=new[-1].seed, prompt=request.prompt,
+                     raw=request.raw, prompt_ids=(), tokens={i: engine.token_text(i) for i in ids}, text="",
+                     frames=tuple(new), kinds=kinds)
+    data = replay_data(part)
+    data.update(seq=_next_seq(), key=run_key(frames), start=start, final=bool(final), autoplay=autoplay,
+                prompt_tokens=new[-1].prompt_tokens if trace is None else data["prompt_tokens"])
+    return script_json(data)
