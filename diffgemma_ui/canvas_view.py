@@ -65,7 +65,7 @@ def chip_html(token: str, *, kind: str, position: int, confidence: float, entrop
     if kind not in ("accepted", "noisy", "committed", "pad"):
         raise ValueError(f"unknown chip kind {kind!r}")
     cell = cell or token_cells([token])[0]
-    step = "not yet" if first_accepted_step is None or first_accepted_step < 0 else f"step {first_accepted_step}"
+    step = "not yet" if first_accepted_step is None or first_accepted_step < 0 else f"step {first_accepted_step + 1}"
     shown = _number(confidence)
     lines = [f"position {position}: {_quoted(cell.text)}",
              f"confidence {shown} \u00b7 entropy {_number(entropy)} nats", f"first accepted: {step}"]

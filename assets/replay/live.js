@@ -96,10 +96,3 @@ window.dgLive = {feed, ask, mount, have: () => (live.key ? `${live.key}:${live.d
   data: () => live.data, done: () => live.done, onData: (listener) => live.listeners.push(listener),
   player: () => live.player, pause: () => live.player && live.player.pause(),
   replay: () => { if (live.player && live.data) { live.player.show(0); live.player.start(); } }};
-document.addEventListener("click", (event) => {
-  const chip = event.target.closest && event.target.closest(".dg-chip[title]");
-  if (chip && chip.closest("#dg-branch-from")) return;  // Branch pins it
-  if (chip) openPopup(chip); else closePopup();
-});
-document.addEventListener("keydown", (event) => { if (event.key === "Escape") closePopup(); });
-window.addEventListener("scroll", closePopup, true);

@@ -361,6 +361,15 @@ function openPopup(chip) {
   popup.style.top = `${below ? box.bottom + 6 : Math.max(8, box.top - popup.offsetHeight - 6)}px`;
 }
 
+// A tap or click on a chip opens its popup (a phone cannot hover); another tap, Escape or a scroll closes it
+document.addEventListener("click", (event) => {
+  const chip = event.target.closest && event.target.closest(".dg-chip[title]");
+  if (chip && chip.closest("#dg-branch-from")) return;  // Branch pins it
+  if (chip) openPopup(chip); else closePopup();
+});
+document.addEventListener("keydown", (event) => { if (event.key === "Escape") closePopup(); });
+window.addEventListener("scroll", closePopup, true);
+
 async function main() {
   if (typeof DecompressionStream === "undefined") {
     throw new Error("this browser cannot unpack the replay (it needs DecompressionStream: Chrome 80+, " +
@@ -378,8 +387,11 @@ async function main() {
     $("dg-replay-present").textContent = on ? "Leave" : "Present";
     if (playing) player.start();
   };
+  const paceBox = $("dg-replay-pace");
   const player = mountPlayer($, data, root, {presenting: () => root.classList.contains("dg-present"),
-    onPresent: present});
+    onPresent: present, pace: () => (root.classList.contains("dg-present") ? data.present_interval_ms
+      : PACES[paceBox.value] || data.interval_ms)});
+  paceBox.addEventListener("change", () => { if (player.playing()) player.schedule(); });
   $("dg-replay-present").addEventListener("click", () => present(!root.classList.contains("dg-present")));
   window.dgReplay = {show: player.show, frames: player.frames(), positions,
     positionOf: (chipNode) => chipPositions.get(chipNode)};
