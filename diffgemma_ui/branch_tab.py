@@ -1,9 +1,11 @@
 """Branch from a step: pick a forward of the last run or an uploaded trace, pin tokens, redo the run from that
 forward and show the branch beside the original with the share of positions changed."""
 
+from typing import NamedTuple
+
 import gradio as gr
 
-from engine import Frame
+from engine import DiffusionSettings, Frame
 from engine.infill import branch_frames, changed_share
 from engine.settings import draw_seed, parse_seed
 from engine.trace import ModelInfo
@@ -15,10 +17,21 @@ from .tab import PRIVATE, Tab, describe_error, refusal_html
 from .text import escape_html, prose
 
 
-def branch_source(engine, payload: tuple, stop):
-    """The "branch" frame source of (prompt ids, the forward's frame, pins, settings, seed)."""
-    *arguments, seed = payload
-    return branch_frames(engine, *arguments, seed=seed, stop_event=stop)
+class BranchJob(NamedTuple):
+    """A "branch" job's payload: the run's prompt ids, the forward's frame it branches from, pins (position ->
+    token id), the run's settings and the seed."""
+
+    prompt_ids: tuple[int, ...]
+    frame: Frame
+    pins: dict[int, int]
+    settings: DiffusionSettings
+    seed: int
+
+
+def branch_source(engine, payload: BranchJob, stop):
+    """The "branch" frame source of `payload`."""
+    return branch_frames(engine, payload.prompt_ids, payload.frame, payload.pins, payload.settings,
+                         seed=payload.seed, stop_event=stop)
 
 
 def parse_pins(text, frame: Frame, tokenizer) -> dict[int, int]:
@@ -85,8 +98,8 @@ class BranchTab(Tab):
             pins = parse_pins(pins_text, frame, self.engine.tokenizer)
             typed = str(seed or "").strip()
             seed = frame.seed if not typed else parse_seed(typed)
-            job = Job("branch", (tuple(trace.prompt_ids), frame, pins, trace.settings,
-                                 draw_seed() if seed is None else seed), trace.settings)
+            job = Job("branch", BranchJob(tuple(trace.prompt_ids), frame, pins, trace.settings,
+                                          draw_seed() if seed is None else seed), trace.settings)
             self.hub.check_job(job)
         except ValueError as error:
             yield gr.skip(), refusal_html(str(error))

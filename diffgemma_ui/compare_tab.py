@@ -2,6 +2,7 @@
 each side a "generate" job, or B through diffusers' schedulers the "pipeline" job."""
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import gradio as gr
 
@@ -17,6 +18,7 @@ from .session import SessionState
 from .tab import (UNQUEUED, Tab, buttons, checked, live_run, refusal_box, refusing, run_buttons, seed_box,
                   setting_control, user_error, wire_stop)
 from .text import escape_html, plain_text, prose
+from .validation import RunRequest
 
 POLL_S = 0.5  # how often a running side redraws
 PIPELINE_POLL_S = 0.05
@@ -35,10 +37,17 @@ def sampler_choices() -> list[str]:
     return [ENGINE_SAMPLER, *([DIFFUSERS_PREFIX + name for name in SCHEDULERS] if diffusers_available() else [])]
 
 
-def pipeline_source(engine, payload: tuple, stop) -> Iterator:
-    """The "pipeline" source of (request, scheduler): its newest frame per forward, then the exact frames (one list)
-    and the last frame; raises what diffusers raised."""
-    request, scheduler = payload
+class PipelineJob(NamedTuple):
+    """A "pipeline" job's payload: the checked request and the diffusers scheduler's name."""
+
+    request: RunRequest
+    scheduler: str
+
+
+def pipeline_source(engine, payload: PipelineJob, stop) -> Iterator:
+    """The "pipeline" source of `payload`: its newest frame per forward, then the exact frames (one list) and the
+    last frame; raises what diffusers raised."""
+    request, scheduler = payload.request, payload.scheduler
     run = PipelineRun(engine, request.prompt, request.settings, scheduler, request.seed)
     if stop.is_set():
         return
@@ -136,7 +145,7 @@ class CompareHandlers(Tab):
                 states[side] = "running"
                 exact: list[Frame] = []  # the pipeline's exact frames
                 piped = side == 1 and scheduler is not None
-                job = Job("pipeline", (run, scheduler), run.settings) if piped else Job("generate", run, run.settings)
+                job = Job("pipeline", PipelineJob(run, scheduler), run.settings) if piped else Job("generate", run, run.settings)
                 options = dict(keep_history=False, receive=exact.extend) if piped else {}
                 with live_run(self.hub, job, request, state, ":compare", **options) as worker:
                     if state.stopped.is_set():

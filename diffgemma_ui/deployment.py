@@ -12,6 +12,7 @@ import socket
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
+from typing import NamedTuple
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -284,7 +285,7 @@ class ZeroGpuHub(Hub):
         request = dataclasses.replace(request, seed=draw_seed() if request.seed is None else request.seed)
         self.check_job(Job("steps", None, request.settings))
         for count in itertools.count(1):
-            worker = self.start_job(Job("steps", (request, count), request.settings), keep_history=False)
+            worker = self.start_job(Job("steps", StepsJob(request, count), request.settings), keep_history=False)
             snap = worker.wait()
             if snap.error is not None:
                 raise snap.error
@@ -308,10 +309,16 @@ class ZeroGpuHub(Hub):
             raise user_error(describe_error(error)) from None
 
 
-def first_frames(engine: DiffusionEngine, payload: tuple, stop) -> Iterator[Frame]:
-    """The "steps" source: the first `count` frames of `request`'s run (payload `(request, count)`)."""
-    request, count = payload
-    return itertools.islice(generation_frames(engine, request, stop), count)
+class StepsJob(NamedTuple):
+    """A "steps" job's payload: the first `count` frames of `request`'s run."""
+
+    request: RunRequest
+    count: int
+
+
+def first_frames(engine: DiffusionEngine, payload: StepsJob, stop) -> Iterator[Frame]:
+    """The "steps" source: the first `payload.count` frames of `payload.request`'s run."""
+    return itertools.islice(generation_frames(engine, payload.request, stop), payload.count)
 
 
 def make_hub(engine: DiffusionEngine, environ: Mapping[str, str] | None = None, **kwargs) -> Hub:

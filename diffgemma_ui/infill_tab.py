@@ -5,10 +5,11 @@ import dataclasses
 import itertools
 import re
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import gradio as gr
 
-from engine import Frame
+from engine import DiffusionSettings, Frame
 from engine.infill import InfillLayout, filled_text, infill_frames, layout_template
 from engine.settings import parse_seed
 
@@ -18,10 +19,10 @@ from .hub import Job, api_summary
 from .live_view import refused_meter, status_text
 from .meter import meter_html, run_meter_html
 from .session import SessionState
-from .tab import (API_SETTINGS, PlotClock, setting_params, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
+from .tab import (PlotClock, setting_params, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
                   refusing, run_buttons, seed_box, setting_control, user_error, wire_run)
 from .text import escape_html, plain_text, prose
-from .validation import MAX_PROMPT_CHARS, build_settings, check_prompt, preset_values
+from .validation import DENOISING_SETTINGS, MAX_PROMPT_CHARS, build_settings, check_prompt, preset_values
 
 EMBEDDED_TEMPLATE = "In the beginning God created the [___ 2] and the [___ 3]. And the earth was without [___ 2]."
 INSTRUCTION_TEMPLATE = "The capital of France is [___ 2], and the capital of Italy is [___ 2]."
@@ -32,10 +33,20 @@ _PER_POSITION = ("input_ids", "draft_ids", "accepted", "confidence", "entropy", 
 _POSITION = re.compile(r"position (\d+)")
 
 
-def infill_source(engine, payload: tuple, stop) -> Iterator:
-    """The "infill" source: the frames of (template, settings, context or None, seed)."""
-    template, settings, context, seed = payload
-    return infill_frames(engine, template, settings, prompt=context, seed=seed, stop_event=stop)[1]
+class InfillJob(NamedTuple):
+    """An "infill" job's payload: the template, its settings, the raw context before the canvas (None: none),
+    the seed (None: draw one)."""
+
+    template: str
+    settings: DiffusionSettings
+    context: str | None
+    seed: int | None
+
+
+def infill_source(engine, payload: InfillJob, stop) -> Iterator:
+    """The "infill" source: the frames of `payload`."""
+    return infill_frames(engine, payload.template, payload.settings, prompt=payload.context, seed=payload.seed,
+                         stop_event=stop)[1]
 
 
 class InfillTab(Tab):
@@ -48,7 +59,7 @@ class InfillTab(Tab):
 
     def endpoints(self, page) -> Sequence[tuple]:
         params = [("template", str, page.required), ("context", str, ""),
-                  *setting_params(self.engine.recommended, API_SETTINGS[1:]), ("seed", int, -1)]
+                  *setting_params(self.engine.recommended, DENOISING_SETTINGS), ("seed", int, -1)]
         return [("infill", self.infill_api, params, tuple[str, dict], prose("api-infill"))]
 
     sources = {"infill": infill_source}
@@ -65,7 +76,7 @@ class InfillTab(Tab):
         layout = self.layout(template)
         settings = build_settings({**values, "max_new_tokens": self.engine.canvas_length}, ui_limits=ui_limits)
         self.engine.check_settings(settings)
-        payload = (template, settings, check_prompt(context) if context.strip() else None, parse_seed(seed))
+        payload = InfillJob(template, settings, check_prompt(context) if context.strip() else None, parse_seed(seed))
         return layout, Job("infill", payload, settings)
 
     def request(self, template, context, preset_name, max_denoising_steps, seed) -> tuple[InfillLayout, Job]:
@@ -106,7 +117,7 @@ class InfillTab(Tab):
 
         def job() -> Job:
             nonlocal layout
-            layout, made = self.job(template, context, dict(zip(API_SETTINGS[1:], given)), seed, ui_limits=False)
+            layout, made = self.job(template, context, dict(zip(DENOISING_SETTINGS, given)), seed, ui_limits=False)
             return made
 
         snap = await api_run(self.hub, job, request, keep_history=False)

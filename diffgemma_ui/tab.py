@@ -20,7 +20,6 @@ from .text import escape_html
 LOG = logging.getLogger(__name__)
 PLOT_INTERVAL_S = 1.0  # live plots re-render at most this often
 PLOT_CELLS = 8192  # heatmap cells the browser redraws each PLOT_INTERVAL_S at most
-API_SETTINGS = SETTING_NAMES
 PRIVATE = dict(api_visibility="private", show_progress="hidden")
 UNQUEUED = dict(concurrency_limit=None, **PRIVATE)
 _EXPECTED = (ValueError, gr.Error, RunTimeLimitExceeded)
@@ -269,7 +268,7 @@ class PlotClock:
 Param = tuple[str, type, object]  # (name, type, default)
 
 
-def setting_params(defaults: DiffusionSettings, names: Sequence[str] = API_SETTINGS) -> list[Param]:
+def setting_params(defaults: DiffusionSettings, names: Sequence[str] = SETTING_NAMES) -> list[Param]:
     """The endpoint parameters of settings `names`, defaulting to `defaults`."""
     return [(name, spec(name).kind, getattr(defaults, name)) for name in names]
 

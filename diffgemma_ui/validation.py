@@ -3,12 +3,12 @@
 from dataclasses import dataclass, replace
 
 from engine import DiffusionSettings, preset
-from engine.settings import MAX_PROMPT_CHARS, check_prompt, parse_flag, parse_seed, spec
-from engine.settings import SETTING_NAMES as ALL_SETTING_NAMES
+from engine.settings import MAX_PROMPT_CHARS, check_prompt, parse_flag, parse_seed
+from engine.settings import SETTING_NAMES
 
 __all__ = ["MAX_PROMPT_CHARS", "check_prompt"]
-SETTING_NAMES = tuple(name for name in ALL_SETTING_NAMES if spec(name).kind is not bool)
-PRESET_FIELDS = (*SETTING_NAMES[1:], "adaptive_stopping")  # all but max_new_tokens, the user's
+DENOISING_SETTINGS = tuple(name for name in SETTING_NAMES if name != "max_new_tokens")  # how, not how long
+PRESET_FIELDS = DENOISING_SETTINGS  # a preset never sets the answer's length
 CUSTOM_PRESET = "custom"  # the preset box once a setting is changed by hand
 
 
@@ -32,10 +32,10 @@ class RunRequest:
 
 
 def build_settings(values: dict, *, ui_limits: bool = True) -> DiffusionSettings:
-    """`DiffusionSettings` from raw values by name (`ui_limits`: the UI's ranges); ValueError for a bad value."""
-    values = {**{name: values.get(name) for name in SETTING_NAMES},
-              "adaptive_stopping": values.get("adaptive_stopping", True)}
-    return DiffusionSettings().with_values(values, ui=ui_limits)
+    """`DiffusionSettings` from raw values by name (other keys ignored; a setting not given keeps its default;
+    `ui_limits`: the UI's ranges); ValueError for a bad value."""
+    return DiffusionSettings().with_values({name: values[name] for name in SETTING_NAMES if name in values},
+                                           ui=ui_limits)
 
 
 def build_request(prompt, raw, values: dict, seed, *, ui_limits: bool = True, thinking=False) -> RunRequest:
