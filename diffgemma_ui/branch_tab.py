@@ -77,7 +77,7 @@ class BranchTab(Tab):
 
     def pick(self, session, forward) -> tuple:
         """The forward slider (None: the last forward): its range, that forward's block, no pins."""
-        trace = getattr(session, "trace", None)
+        trace = session.trace if session is not None else None
         if trace is None:
             return gr.update(), f'<p class="dg-status">{prose("branch-none")}</p>', ""
         count = len(trace.frames)
@@ -87,7 +87,7 @@ class BranchTab(Tab):
 
     def branch(self, session, forward, pins_text, seed, request: gr.Request = None):
         """The Branch button: yields (the original and the branch side by side, the refusal box)."""
-        trace = getattr(session, "trace", None)
+        trace = session.trace if session is not None else None
         try:
             if trace is None or session.run_in_progress:
                 raise ValueError("Nothing to branch from: generate (and let the run finish), or upload one.")

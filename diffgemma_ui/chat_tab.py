@@ -12,7 +12,7 @@ import gradio as gr
 from engine.engine import ChatSession, TurnReport, check_messages, check_thinking
 
 from .canvas_view import CHAT_EMPTY_CANVAS_HTML, legend_html, thought_html
-from .hub import RUN_INPUT_NAMES, Job, api_summary
+from .hub import RUN_INPUT_NAMES, Job, Outcome, api_summary
 from .live_view import render
 from .meter import meter_html
 from .plots import block_plots
@@ -61,7 +61,7 @@ def chat_source(engine, turn: ChatTurn, stop) -> Iterator:
     options = dict(seed=run.seed, thinking=run.thinking, stop_event=stop)
     yield from (chat.regenerate(run.settings, **options) if turn.regenerate
                 else chat.turn(run.prompt, run.settings, **options))
-    yield {name: getattr(chat, name) for name in OUTCOME}
+    yield Outcome({name: getattr(chat, name) for name in OUTCOME})
 
 
 def parse_history(history) -> list[dict]:

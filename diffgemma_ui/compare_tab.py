@@ -11,7 +11,7 @@ from engine.diffusers_sampler import SCHEDULERS, PipelineRun, diffusers_availabl
 from engine.settings import SETTING_NAMES, draw_seed, parse_seed, spec
 
 from . import plots
-from .hub import Job
+from .hub import Job, Outcome
 from .meter import REFUSED_NOTICE, meter_html
 from .runs import STOP_WAIT_S
 from .session import SessionState
@@ -45,8 +45,8 @@ class PipelineJob(NamedTuple):
 
 
 def pipeline_source(engine, payload: PipelineJob, stop) -> Iterator:
-    """The "pipeline" source of `payload`: its newest frame per forward, then the exact frames (one list) and the
-    last frame; raises what diffusers raised."""
+    """The "pipeline" source of `payload`: its newest frame per forward, then the exact frames (an `Outcome`) and
+    the last frame; raises what diffusers raised."""
     request, scheduler = payload.request, payload.scheduler
     run = PipelineRun(engine, request.prompt, request.settings, scheduler, request.seed)
     if stop.is_set():
@@ -66,7 +66,7 @@ def pipeline_source(engine, payload: PipelineJob, stop) -> Iterator:
     if run.error is not None:
         raise run.error
     if frames := run.frames():
-        yield frames
+        yield Outcome(frames)
         yield frames[-1]
 
 

@@ -39,19 +39,26 @@ def generation_frames(engine: DiffusionEngine, request: RunRequest, stop) -> Ite
                          thinking=request.thinking, prompt_ids=request.prompt_ids)
 
 
-def received(frames: Iterator, receive: Callable | None) -> Iterator:
-    """`frames`, non-frame items handed to `receive` (after a done frame: all of the rest first)."""
-    if receive is None:
-        yield from frames
-        return
-    for item in frames:
-        if not isinstance(item, Frame):
-            receive(item)
+@dataclass(frozen=True)
+class Outcome:
+    """What a frame source leaves beside its frames (a chat's session fields, diffusers' exact frames): it travels
+    in the same stream, so that it crosses ZeroGPU's process boundary with them, and `received` takes it out."""
+
+    value: object
+
+
+def received(items: Iterator, receive: Callable | None) -> Iterator:
+    """A source's `items` without its `Outcome`s, whose values go to `receive` (after a done frame: all of the
+    rest first, so a reader that stops at the done frame has them); without `receive`, outcomes are dropped."""
+    receive = receive or (lambda value: None)
+    for item in items:
+        if isinstance(item, Outcome):
+            receive(item.value)
             continue
-        if item.done:
-            for rest in frames:
-                if not isinstance(rest, Frame):
-                    receive(rest)
+        if isinstance(item, Frame) and item.done:
+            for rest in items:
+                if isinstance(rest, Outcome):
+                    receive(rest.value)
         yield item
 
 

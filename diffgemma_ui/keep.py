@@ -60,7 +60,7 @@ class KeepHandlers(Tab):
                             thinking=run.thinking)
 
     def _files(self, session: SessionState, trace: Trace) -> tuple:
-        if old := getattr(session, "keep_dir", None):
+        if old := session.keep_dir:
             shutil.rmtree(old, ignore_errors=True)
         folder = Path(tempfile.mkdtemp(prefix="diffgemma-keep-"))
         session.keep_dir = str(folder)

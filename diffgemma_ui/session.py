@@ -11,15 +11,17 @@ class SessionState:
     """A visitor's `worker`, tickets, `stopped` (Stop), last `snapshot` and what the page shows of it; copied fresh.
 
     The Playground's fields: `pending` (ticket, checked request) until its run step takes it, `request` of the run
-    on the page, or `trace` (a loaded one when `request` is None), `step_run` (a stepped run) and `sent` (frames
-    of the run already fed to the page's player)."""
+    on the page, or `trace` (a loaded one when `request` is None), `step_run` (a stepped run), `sent` (frames of the
+    run already fed to the page's player), `checked_upload` (path, trace) between an upload's check and its load,
+    `keep_dir` (the folder of the downloads)."""
 
     def __init__(self):
         self.worker: RunWorker | None = None
         self.ticket = self.running_ticket = 0
         self.stopped = threading.Event()
         self.pending: tuple[int, object] | None = None
-        self.request = self.trace = self.step_run = None
+        self.request = self.trace = self.step_run = self.checked_upload = None
+        self.keep_dir: str | None = None
         self.clear_views()
         self._lock = threading.Lock()
         self._stream_done = threading.Event()
