@@ -53,7 +53,7 @@ def player_html(plotly_url: str) -> str:
         '</div><p id="dg-replay-status" class="dg-play-status"></p>'
         '<p id="dg-replay-announce" class="dg-sr-only" aria-live="polite"></p>'
         f'<p id="dg-replay-caption" class="dg-caption"></p><div id="dg-legend">{legend_html()}</div>'
-        f'<div id="dg-stack"></div><div id="dg-canvas">{EMPTY_CANVAS_HTML}</div></div>'
+        f'<div id="dg-board"><div id="dg-stack"></div><div id="dg-canvas">{EMPTY_CANVAS_HTML}</div></div></div>'
     )
 
 

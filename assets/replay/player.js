@@ -141,6 +141,8 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
   const config = {displaylogo: false, responsive: true, showSendToCloud: false,
     modeBarButtonsToRemove: ["select2d", "lasso2d", "sendDataToCloud"]};
   const slider = find("dg-replay-slider"), play = find("dg-replay-play"), canvasHost = find("dg-canvas");
+  const board = find("dg-board") || canvasHost;  // the Tab stop: the finished blocks and the live one
+  const chipsShown = () => board.querySelectorAll(".dg-chip");
   let frames = [], blocks = [], last = -1, finished = new Map(), current = -1, shown = "", timer = null;
   let cursor = -1, spoken = 0, waiting = false;
 
@@ -179,9 +181,9 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
     const newest = frames[last];
     let text = "";
     if (current < last) {
+      const where = `${timer !== null || waiting ? "playing" : "paused at"} forward ${current + 1}`;
       text = engineDone() ? `the engine finished in ${formatNumber(newest.elapsed, 2, " s")} (engine clock); ` +
-        `playing forward ${current + 1} of ${last + 1}` : `the engine is at forward ${last + 1}; playing forward ` +
-        `${current + 1}`;
+        `${where} of ${last + 1}` : `the engine is at forward ${last + 1}; ${where}`;
     }
     if (status.textContent !== text) status.textContent = text;
   }
@@ -195,13 +197,15 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
       : `Block ${f.block + 1}, forward ${f.forward + 1}: ${accepted} of ${n} positions accepted.`;
   }
   function markCursor() {
-    const chips = canvasHost ? canvasHost.querySelectorAll(".dg-block-live .dg-chip, .dg-chip") : [];
+    if (!board) return;
+    const chips = chipsShown();
     if (cursor >= chips.length) cursor = chips.length - 1;
-    chips.forEach((chip, pos) => chip.classList.toggle("dg-cursor", pos === cursor));
-    if (canvasHost && cursor >= 0 && chips[cursor]) {
-      chips[cursor].id = "dg-cursor-chip";
-      canvasHost.setAttribute("aria-activedescendant", "dg-cursor-chip");
-    }
+    chips.forEach((chip, pos) => {
+      chip.classList.toggle("dg-cursor", pos === cursor);
+      if (pos === cursor) chip.id = `${board.id}-cursor`; else if (chip.id) chip.removeAttribute("id");
+    });
+    if (cursor >= 0) board.setAttribute("aria-activedescendant", `${board.id}-cursor`);
+    else board.removeAttribute("aria-activedescendant");
   }
   function show(k) {
     if (last < 0) return;
@@ -296,12 +300,12 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
   on("dg-replay-end", () => step(last));
   if (slider) slider.addEventListener("input", () => step(Number(slider.value)));
   // The canvas is one Tab stop: arrows move along its positions, Enter or Space opens "why this token?"
-  if (canvasHost) {
-    canvasHost.tabIndex = 0;
-    canvasHost.setAttribute("role", "group");
-    canvasHost.setAttribute("aria-label", "canvas: arrow keys move along the positions, Enter explains a token");
-    canvasHost.addEventListener("keydown", (event) => {
-      const chips = canvasHost.querySelectorAll(".dg-chip");
+  if (board) {
+    board.tabIndex = 0;
+    board.setAttribute("role", "group");
+    board.setAttribute("aria-label", "canvas: arrow keys move along the positions, Enter explains a token");
+    board.addEventListener("keydown", (event) => {
+      const chips = chipsShown();
       if (!chips.length) return;
       const moves = {ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1};
       if (event.key in moves) {
@@ -309,7 +313,8 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
         event.stopPropagation();
         cursor = Math.max(0, Math.min(chips.length - 1, (cursor < 0 ? -moves[event.key] : cursor) + moves[event.key]));
         markCursor();
-        chips[cursor].scrollIntoView({block: "nearest"});
+        const box = chips[cursor].getBoundingClientRect();
+        if (box.top < 0 || box.bottom > innerHeight) chips[cursor].scrollIntoView({block: "nearest"});
       } else if ((event.key === "Enter" || event.key === " ") && cursor >= 0) {
         event.preventDefault();
         event.stopPropagation();
@@ -318,7 +323,7 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
     });
   }
   document.addEventListener("keydown", (event) => {
-    if (!active() || last < 0 || (canvasHost && canvasHost.contains(event.target))) return;
+    if (!active() || last < 0 || (board && board.contains(event.target))) return;
     if (event.target && event.target !== slider && /^(INPUT|TEXTAREA|SELECT|BUTTON)$/.test(event.target.tagName)) {
       return;
     }

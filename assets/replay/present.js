@@ -10,12 +10,13 @@ const OVERLAY = `<div id="dgp-controls" class="dg-controls">
 <span id="dgp-replay-label"></span><button id="dgp-generate" type="button" class="primary">Generate</button>
 <button id="dgp-leave" type="button">Leave (Esc)</button></div>
 <p id="dgp-replay-caption" class="dg-caption" role="status" aria-live="polite">Nothing to present yet: Generate.</p>
-<div id="dgp-meter"></div><div id="dgp-stack"></div><div id="dgp-canvas"></div><div id="dgp-heatmap"></div>`;
+<div id="dgp-meter"></div><div id="dgp-board"><div id="dgp-stack"></div><div id="dgp-canvas"></div></div>
+<div id="dgp-heatmap"></div>`;
 const shown = {overlay: null, player: null};
 const part = (id) => shown.overlay.querySelector(`#${id.replace(/^dg-/, "dgp-")}`);
 
 // The page's run (window.dgLive's data), played in the overlay at narration speed from its first forward
-function feed(data, fresh) {
+function presentRun(data, fresh) {
   if (!isOpen() || !data) return;
   if (!shown.player) {
     shown.player = mountPlayer(part, data, shown.overlay, {presenting: () => true, active: isOpen,
@@ -42,11 +43,11 @@ function open() {
     (document.querySelector(".gradio-container") || document.body).append(shown.overlay);
     part("dg-leave").addEventListener("click", close);
     part("dg-generate").addEventListener("click", () => document.getElementById("dg-generate").click());
-    window.dgLive.onData(feed);
+    window.dgLive.onData(presentRun);
   }
   shown.overlay.hidden = false;
   document.documentElement.classList.add("dg-presenting");
-  if (window.dgLive.data()) feed(window.dgLive.data(), true);
+  if (window.dgLive.data()) presentRun(window.dgLive.data(), true);
 }
 
 function close() {
