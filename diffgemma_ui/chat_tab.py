@@ -252,7 +252,7 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
     with gr.Row(elem_id="dg-chat-main"):
         with gr.Column(min_width=0, elem_id="dg-chat-left"):
             history = gr.HTML(EMPTY_CHAT_HTML, elem_id="dg-chat-history")
-            message = gr.Textbox(label="Message", lines=2, max_lines=6, elem_id="dg-chat-message",
+            message = gr.Textbox(label="Message", lines=1, max_lines=6, elem_id="dg-chat-message",
                                  placeholder="Write a message",
                                  info=prose("chat-keys").format(limit=MAX_PROMPT_CHARS))
             if example_messages:
