@@ -10,6 +10,7 @@ from diffgemma_ui.deployment import (default_threads, import_spaces, limit_mallo
                                      port_in_use, zero_gpu)
 from engine import DiffusionEngine, ModelLoadError, load_model
 from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, set_serving_threads
+from engine.quantization import cpu_path
 from engine.race import race_runner
 from engine.settings import parse_number
 
@@ -102,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(error))
     except Exception as error:  # noqa: BLE001 - one clear line, never a traceback
         return _fail(f"could not load the model: {type(error).__name__}: {error}")
+    if path := cpu_path(args.quantization, engine.device):
+        print(path, flush=True)
     threads = set_serving_threads(engine.device, args.threads or default_threads())
     if not on_zero_gpu:  # each ZeroGPU process warms up itself
         try:
