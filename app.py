@@ -13,6 +13,7 @@ from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, set_se
 from engine.quantization import cpu_path
 from engine.race import race_runner
 from engine.settings import parse_number
+from engine.wording import plural
 
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(error))
     app = diffgemma_ui.build_app(engine, max_run_s=args.max_run_seconds, race=race)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    print(f"DiffGemma Playground on {engine.device} ({threads} CPU thread{'s' * (threads != 1)}): local URL "
+    print(f"DiffGemma Playground on {engine.device} ({plural(threads, 'CPU thread')}): local URL "
           f"http://{shown_host}:{args.port}", flush=True)
     if not args.share:
         print("For a public gradio.live link, start it with --share (or DIFFGEMMA_SHARE=1).", flush=True)

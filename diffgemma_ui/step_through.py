@@ -15,7 +15,7 @@ from .plots import ACCEPTED_COLOUR
 from .runs import RunRecord
 from .session import SessionState
 from .tab import PRIVATE, UNQUEUED, PlotClock, Tab, noted, user_error
-from .text import prose
+from .text import plural, prose
 
 
 @dataclass
@@ -48,7 +48,7 @@ def newly_accepted_style(frame: Frame) -> str:
 def step_note(frame: Frame) -> str:
     """One line on what `frame`'s forward did (plain text)."""
     return prose("step-forward").format(forward=frame.forward_index + 1, block=frame.block_index + 1,
-                                        step=frame.step_index + 1, accepted=frame.accepted_count,
+                                        step=frame.step_index + 1, accepted=plural(frame.accepted_count, "position"),
                                         new=frame.first_accepted_step.count(frame.step_index))
 
 
