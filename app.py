@@ -10,8 +10,10 @@ from diffgemma_ui.deployment import (default_threads, import_spaces, limit_mallo
                                      port_in_use, zero_gpu)
 from engine import DiffusionEngine, ModelLoadError, load_model
 from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, set_serving_threads
+from engine.quantization import cpu_path
 from engine.race import race_runner
 from engine.settings import parse_number
+from engine.wording import plural
 
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -102,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(error))
     except Exception as error:  # noqa: BLE001 - one clear line, never a traceback
         return _fail(f"could not load the model: {type(error).__name__}: {error}")
+    if path := cpu_path(args.quantization, engine.device):
+        print(path, flush=True)
     threads = set_serving_threads(engine.device, args.threads or default_threads())
     if not on_zero_gpu:  # each ZeroGPU process warms up itself
         try:
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(error))
     app = diffgemma_ui.build_app(engine, max_run_s=args.max_run_seconds, race=race)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    print(f"DiffGemma Playground on {engine.device} ({threads} CPU thread{'s' * (threads != 1)}): local URL "
+    print(f"DiffGemma Playground on {engine.device} ({plural(threads, 'CPU thread')}): local URL "
           f"http://{shown_host}:{args.port}", flush=True)
     if not args.share:
         print("For a public gradio.live link, start it with --share (or DIFFGEMMA_SHARE=1).", flush=True)

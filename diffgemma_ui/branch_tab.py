@@ -36,8 +36,8 @@ def branch_source(engine, payload: BranchJob, stop):
 
 def parse_pins(text, frame: Frame, tokenizer) -> dict[int, int]:
     """Pins as position -> token id from `;`-separated `position` (keep `frame`'s draft token) or `position=word`
-    (the word's tokens from there); ValueError: a malformed pin, or one off the canvas."""
-    n, pins = frame.canvas_length, {}
+    (the word's tokens from there); ValueError: a malformed pin, one off the canvas, or two on one position."""
+    n, pinned = frame.canvas_length, {}  # position -> (token id, the pin that set it)
     for item in filter(None, (part.strip() for part in str(text or "").split(";"))):
         where, typed, word = item.partition("=")
         if not where.strip().isdigit():
@@ -46,8 +46,11 @@ def parse_pins(text, frame: Frame, tokenizer) -> dict[int, int]:
         ids = tokenizer(word, add_special_tokens=False).input_ids if typed else [frame.draft_ids[min(position, n - 1)]]
         if position >= n or not ids or position + len(ids) > n:
             raise ValueError(f"pin {item!r} must hold at least one token and fit the canvas (positions 0-{n - 1})")
-        pins.update(zip(range(position, position + len(ids)), ids))
-    return pins
+        for at, token in enumerate(ids, start=position):
+            if at in pinned:
+                raise ValueError(f"position {at} is pinned twice: {pinned[at][1]!r} and {item!r}")
+            pinned[at] = token, item
+    return {at: token for at, (token, _) in pinned.items()}
 
 
 class BranchTab(Tab):

@@ -19,7 +19,7 @@ from .plots import block_plots
 from .session import SessionState
 from .tab import (UNQUEUED, PlotClock, setting_params, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
                   refusing, run_buttons, seed_box, setting_control, user_error, wire_run)
-from .text import escape_html, plain_text, prose
+from .text import escape_html, plain_text, plural, prose
 from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, parse_run, preset_values
 
 MAX_HISTORY_CHARS = 400_000  # the /chat history's JSON text
@@ -264,7 +264,7 @@ def build_chat_tab(chat: ChatTab, example_messages: Sequence[str] = ()) -> None:
     with gr.Row(elem_id="dg-chat-main"):
         with gr.Column(min_width=0, elem_id="dg-chat-left"):
             history = gr.HTML(EMPTY_CHAT_HTML, elem_id="dg-chat-history")
-            message = gr.Textbox(label="Message", lines=2, max_lines=6, elem_id="dg-chat-message",
+            message = gr.Textbox(label="Message", lines=1, max_lines=6, elem_id="dg-chat-message",
                                  placeholder="Write a message",
                                  info=prose("chat-keys").format(limit=MAX_PROMPT_CHARS))
             if example_messages:
@@ -322,7 +322,7 @@ def history_html(messages: Sequence[dict], thoughts: Sequence[str] = (), *, pend
         return EMPTY_CHAT_HTML
     parts = []
     if cut_turns:
-        cut = prose("chat-cut").format(turns=cut_turns, s="s" if cut_turns != 1 else "")
+        cut = prose("chat-cut").format(turns=plural(cut_turns, "oldest turn"))
         parts.append(f'<p class="dg-chat-cut">{cut}</p>')
     answer_thoughts = iter(thoughts)
     for message in messages:

@@ -17,7 +17,7 @@ from .runs import STOP_WAIT_S
 from .session import SessionState
 from .tab import (UNQUEUED, Tab, buttons, checked, live_run, refusal_box, refusing, run_buttons, seed_box,
                   setting_control, user_error, wire_stop)
-from .text import escape_html, plain_text, prose
+from .text import escape_html, plain_text, plural, prose
 from .validation import RunRequest
 
 POLL_S = 0.5  # how often a running side redraws
@@ -239,7 +239,7 @@ def side_html(side: str, settings: DiffusionSettings | None, last: Frame | None,
     parts = [sampler] * bool(sampler)
     if settings is not None:
         parts += [f"entropy bound {settings.entropy_bound:g}"] * bound_and_t
-        parts += [f"max {settings.max_denoising_steps} steps"]
+        parts += [f"max {plural(settings.max_denoising_steps, 'step')}"]
         parts += [f"t {settings.t_max:g}\u2192{settings.t_min:g}"] * bound_and_t
         parts += [f"adaptive stopping {'on' if settings.adaptive_stopping else 'off'}"]
     return (f'<div class="dg-compare-side" data-side="{escape_html(side)}" data-state="{escape_html(state)}">'

@@ -27,6 +27,7 @@ from engine.quantization import model_bytes
 from .hub import Hub, Job, generation_frames, received
 from .runs import RunWorker
 from .tab import describe_error, user_error
+from .text import plural
 from .validation import RunRequest
 
 TRUE_WORDS = ("1", "t", "true", "yes", "on")  # as `spaces.config.boolean` reads them
@@ -193,10 +194,10 @@ class GpuBudget:
         most = max(0, int((self.quota_s - self.setup_s * cost) // (self.seconds_per_forward * cost)))
         raise ValueError(
             f"this request may need {duration} s of GPU "
-            f"({self.forwards(settings, canvas_length) + extra_forwards} decoder forwards "
+            f"({plural(self.forwards(settings, canvas_length) + extra_forwards, 'decoder forward')} "
             f"of {canvas_length}-token canvases), over what this ZeroGPU Space can ask for ({self.quota_s:g} s of "
             f"quota{', an xlarge second counting twice' if self.size == 'xlarge' else ''}): lower max_new_tokens or "
-            f"max_denoising_steps (at most about {most} forwards in all)")
+            f"max_denoising_steps (at most about {plural(most, 'forward')} in all)")
 
 
 def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:

@@ -15,7 +15,7 @@ from .feed import frames_message
 from .hub import RUN_INPUT_NAMES, Job
 from .session import SessionState
 from .tab import PRIVATE, UNQUEUED, Tab, api_run, noted, user_error
-from .text import plain_text, prose
+from .text import plain_text, plural, prose
 from .validation import RunRequest
 
 MAX_TRACE_CELLS = MAX_TRACE_BYTES // 40  # bytes per canvas position per decoder forward
@@ -28,8 +28,9 @@ def check_traceable(settings, canvas_length: int) -> None:
     cells = canvases * canvas_length * settings.max_denoising_steps
     if cells > MAX_TRACE_CELLS:
         raise ValueError(
-            f"a trace keeps every decoder forward: {canvases} canvas(es) of {canvas_length} positions x "
-            f"{settings.max_denoising_steps} steps could exceed the {MAX_TRACE_BYTES // 2**20} MB trace limit; "
+            f"a trace keeps every decoder forward: {plural(canvases, 'canvas', 'canvases')} of {canvas_length} "
+            f"positions x {plural(settings.max_denoising_steps, 'step')} could exceed the "
+            f"{MAX_TRACE_BYTES // 2**20} MB trace limit; "
             "lower max_new_tokens or max_denoising_steps")
 
 

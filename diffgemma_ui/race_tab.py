@@ -19,7 +19,7 @@ from .runs import pushed
 from .session import SessionState
 from .tab import (UNQUEUED, Tab, api_run, setting_params, buttons, live_run, preset_dropdown, refusal_box, refusing, run_buttons, seed_box,
                   setting_control, user_error, wire_run)
-from .text import escape_html, plain_text, prose
+from .text import escape_html, plain_text, plural, prose
 from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, parse_run, preset_values
 
 DEFAULT_RACE_PROMPT = "Tell me what happened after the flood."
@@ -327,7 +327,7 @@ def speedup_text(result: RaceResult) -> str:
             return f"Stopped before the {side} side ran: no speedup."
         other = next(name for name in SIDES if name != side)
         unrun = f" {TITLES[other]} never ran: {NOT_RUN_TEXT}." if getattr(result, other) is None else ""
-        return prose("race-cut-short").format(side=side, tokens=stopped.tokens) + unrun
+        return prose("race-cut-short").format(side=side, tokens=plural(stopped.tokens, "token")) + unrun
     if speedup is None:
         return "No speedup: a side made no tokens."
     slower = f": {1 / speedup:.1f}x slower" if speedup < 1 else ""
@@ -356,7 +356,8 @@ def explanation(result: RaceResult) -> str:
                                            tokens=d.tokens_per_forward)
     if verdict["winner"] is None:  # one side cut short
         side = verdict["stopped_side"]
-        why = prose("race-no-winner").format(side=side, tokens=getattr(result, side).tokens, costs=costs)
+        why = prose("race-no-winner").format(side=side, tokens=plural(getattr(result, side).tokens, "token"),
+                                            costs=costs)
     else:
         winner = "Diffusion wins" if verdict["winner"] == "diffusion" else "Autoregressive decoding wins"
         why = f"{winner}{' on speed alone' if any(verdict['faults'].values()) else ''}: {costs}"
@@ -381,8 +382,9 @@ def lengths_text(result: RaceResult) -> str:
     if d is None or a is None or min(d.tokens, a.tokens) == 0 or max(d.tokens, a.tokens) < 2 * min(d.tokens, a.tokens):
         return ""
     return prose("race-lengths").format(
-        diffusion_tokens=d.tokens, diffusion_stop=STOP_REASONS.get(d.stop_reason, d.stop_reason),
-        autoregressive_tokens=a.tokens, autoregressive_stop=STOP_REASONS.get(a.stop_reason, a.stop_reason))
+        diffusion_tokens=plural(d.tokens, "token"), diffusion_stop=STOP_REASONS.get(d.stop_reason, d.stop_reason),
+        autoregressive_tokens=plural(a.tokens, "token"),
+        autoregressive_stop=STOP_REASONS.get(a.stop_reason, a.stop_reason))
 
 
 def result_html(result: RaceResult | None) -> str:

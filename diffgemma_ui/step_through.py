@@ -15,7 +15,7 @@ from .hub import RUN_INPUT_NAMES
 from .runs import RunRecord
 from .session import SessionState
 from .tab import PRIVATE, UNQUEUED, Tab, noted, user_error
-from .text import plain_text, prose
+from .text import plain_text, plural, prose
 
 
 @dataclass
@@ -38,7 +38,7 @@ class StepRun:
 def step_note(frame: Frame) -> str:
     """One line on what `frame`'s forward did (plain text)."""
     return prose("step-forward").format(forward=frame.forward_index + 1, block=frame.block_index + 1,
-                                        step=frame.step_index + 1, accepted=frame.accepted_count,
+                                        step=frame.step_index + 1, accepted=plural(frame.accepted_count, "position"),
                                         new=frame.first_accepted_step.count(frame.step_index))
 
 

@@ -6,6 +6,8 @@ import re
 import unicodedata
 from pathlib import Path
 
+from engine.wording import plural  # noqa: F401 - the views' plural rule, with the rest of their text helpers
+
 _VISIBLE = {" ": "\u00b7", "\n": "\u21b5", "\r": "\\r", "\t": "\u21e5"}  # whitespace as visible marks
 # Format characters that reorder or hide text (bidi embeddings/overrides/isolates, zero-width, BOM)
 _SHOW_AS_CODE = {*range(0x200B, 0x2010), *range(0x2028, 0x202F), 0x2060, *range(0x2066, 0x206A), 0xFEFF}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from engine.frames import BYTE, EOS, PAD, SPECIAL, TEXT, parse_byte_display
 
-from .text import escape_html, marked_token_html, visible_token
+from .text import escape_html, marked_token_html, plural, visible_token
 
 _MARKER = re.compile(r"<(\|?)([^<>|]*)(\|?)>")
 _ID = re.compile(r"<id:(-?\d+)>")
@@ -69,8 +69,7 @@ def _byte_run(pieces: list[bytes]) -> list[TokenCell]:
         spread = f" over {last - first + 1} positions" if last > first else ""
         notes[first].append(f"bytes {_hex(data[begin:end])}{spread} = \u201c{visible}\u201d")
         for index in range(first + 1, last + 1):
-            notes[index].append(f"continues \u201c{visible}\u201d from {index - first} "
-                                f"position{'s' if index - first != 1 else ''} before")
+            notes[index].append(f"continues \u201c{visible}\u201d from {plural(index - first, 'position')} before")
     cells = []
     for piece, texts, lines in zip(pieces, shown, notes):
         if texts and all(t.startswith("0x") and len(t) == 4 for t in texts):

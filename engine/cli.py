@@ -17,6 +17,7 @@ from .race import AR_TEMPERATURE, RaceRunner, race_runner
 from .settings import (PRESET_NAMES, SETTING_NAMES, SETTINGS, DiffusionSettings, SettingSpec, check_prompt,
                        parse_seed, preset, spec)
 from .trace import TraceError, load_trace, trace_of_run, write_replay
+from .wording import plural
 
 RACE_ORDERS = ("alternate", "diffusion-first", "autoregressive-first")
 
@@ -147,7 +148,8 @@ def generate_command(args: argparse.Namespace) -> int:
         except OSError as error:
             return fail(error.strerror or error, f"cannot write the trace to {args.trace}: ")
     return report(args, result.to_dict(), result.text,
-                  f"[{result.tokens} tokens, {result.forwards} forwards, {result.tokens_per_second:.1f} tokens/s, "
+                  f"[{plural(result.tokens, 'token')}, {plural(result.forwards, 'forward')}, "
+                  f"{result.tokens_per_second:.1f} tokens/s, "
                   f"{result.tokens_per_forward:.2f} tokens/forward, {result.seconds:.2f} s, seed {result.seed}]")
 
 
@@ -192,7 +194,8 @@ def chat_command(args: argparse.Namespace) -> int:
         report(args, {"turn": turn, "text": result.text, "thought": result.thought, "report": used.to_dict(),
                       "result": result.to_dict()}, result.text, *([f"[note: {used.note}]"] if used.note else []),
                f"[turn {turn}: {used.reused_tokens} of {used.prompt_tokens} prompt tokens reused (not re-encoded), "
-               f"prefill {used.prefill_s:.3f} s{saved}; {result.tokens} tokens, {result.forwards} forwards, "
+               f"prefill {used.prefill_s:.3f} s{saved}; {plural(result.tokens, 'token')}, "
+               f"{plural(result.forwards, 'forward')}, "
                f"seed {result.seed}]")
     return status
 
@@ -204,7 +207,8 @@ def infill_command(args: argparse.Namespace) -> int:
     text, fills = filled_text(engine.tokenizer, layout, result.token_ids)
     return report(args, {"text": text, "fills": fills, "blank_positions": layout.blanks,
                          "template_positions": layout.template_positions, "result": result.to_dict()}, text,
-                  f"[{len(layout.blanks)} blank positions filled, {result.forwards} forwards, {result.seconds:.2f} s, "
+                  f"[{plural(len(layout.blanks), 'blank position')} filled, {plural(result.forwards, 'forward')}, "
+                  f"{result.seconds:.2f} s, "
                   f"seed {result.seed}]")
 
 
@@ -216,7 +220,7 @@ def replay_command(args: argparse.Namespace) -> int:
         return fail(error, f"{args.trace}: ")
     except OSError as error:
         return fail(error.strerror or error, f"cannot write {args.html}: ")
-    print(f"wrote {args.html} ({args.html.stat().st_size / 2**20:.2f} MiB, {len(trace.frames)} forwards)",
+    print(f"wrote {args.html} ({args.html.stat().st_size / 2**20:.2f} MiB, {plural(len(trace.frames), 'forward')})",
           file=sys.stderr)
     return 0
 

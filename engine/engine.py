@@ -16,6 +16,7 @@ from .frames import Frame, token_text_for
 from .generator import RunRandomState, denoise
 from .loading import LoadedModel
 from .settings import DiffusionSettings, check_prompt, parse_seed
+from .wording import plural
 
 SAFETY = 2.0  # headroom on the overflow limits
 UNCAPPED_LOGIT_BOUND = 1.0e4  # logit bound assumed without a softcap
@@ -411,7 +412,7 @@ class ChatSession:
         if stable > reused:
             self._prefills = [*self._prefills, (stable - reused, prefill_s)][-PREFILL_POINTS:]
         rate = marginal_seconds_per_token(self._prefills)
-        notes = [f"{dropped} oldest turn{'s' if dropped != 1 else ''} cut to fit the model's context of "
+        notes = [f"{plural(dropped, 'oldest turn')} cut to fit the model's context of "
                  f"{self.engine.context_limit:,} tokens" if dropped else "",
                  "the conversation's start changed (a cut or a thinking switch): encoded in full"
                  if changed else ""]

@@ -14,6 +14,7 @@ from .engine import DiffusionEngine, encode_text
 from .frames import Frame, eos_id_list
 from .generator import RunRandomState, denoise
 from .settings import MAX_PROMPT_CHARS, DiffusionSettings, draw_seed, parse_seed
+from .wording import plural
 
 BLANK = re.compile(r"\[___(?:[ \t]+(\d+))?\]")
 
@@ -66,8 +67,8 @@ def layout_template(tokenizer, template: str, canvas_length: int, pad_id: int) -
             ids += tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     if len(ids) > canvas_length:
         blanks = ids.count(-1)
-        raise ValueError(f"the template takes {len(ids)} canvas positions ({len(ids) - blanks} fixed tokens and "
-                         f"{blanks} blank positions) but one canvas holds {canvas_length}: "
+        raise ValueError(f"the template takes {len(ids)} canvas positions ({plural(len(ids) - blanks, 'fixed token')} "
+                         f"and {plural(blanks, 'blank position')}) but one canvas holds {canvas_length}: "
                          "shorten the text or the blanks")
     used = len(ids)
     ids += [pad_id] * (canvas_length - used)

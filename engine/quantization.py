@@ -1,5 +1,6 @@
 """Quantization (`4bit`/`8bit` by bitsandbytes, `fp8` on CUDA >= 8.9) and the bytes a model's tensors take."""
 
+import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +23,12 @@ FP8_BLOCK_SIZE = (64, 64)
 FP8_MIN_CAPABILITY = (8, 9)
 OTHER_CHOICES = "use --quantization 8bit or 4bit"
 GROUPS = ("experts", "attention", "embeddings", "vision_tower", "other")
+BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
+KERNELS_NOTICE = "Failed to load CPU gemm_4bit_forward from kernels-community"  # bitsandbytes' import-time line
+CPU_PATHS = {"4bit": "bitsandbytes NF4 (blocks of 64), each weight dequantized per forward by bitsandbytes' own CPU "
+                     "code; the fused 4-bit kernel of the `kernels` package is not used",
+             "8bit": "bitsandbytes blockwise 8-bit (blocks of 256), each weight dequantized per forward by "
+                     "bitsandbytes' own CPU code"}
 
 
 @dataclass(frozen=True)
@@ -86,11 +93,23 @@ def quantization_targets(model: nn.Module) -> list[Target]:
     return targets
 
 
+def _not_kernels_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(KERNELS_NOTICE)
+
+
 def bitsandbytes():
-    """bitsandbytes with `functional` (its package imports it) and `nn.parametrize`; `ImportError`."""
+    """bitsandbytes with `functional` (its package imports it) and `nn.parametrize`, its import-time notice about
+    the `kernels` package dropped (its other log records kept); `ImportError`."""
+    logging.getLogger(BNB_CPU_LOGGER).addFilter(_not_kernels_notice)
     import bitsandbytes.nn.parametrize  # noqa: PLC0415 - optional, heavy
 
     return bitsandbytes
+
+
+def cpu_path(quantization: str, device: torch.device | str) -> str | None:
+    """The line saying how `quantization` runs on `device` when that is the CPU, else None."""
+    path = CPU_PATHS.get(quantization) if torch.device(device).type == "cpu" else None
+    return f"{quantization} on the CPU: {path}" if path else None
 
 
 def bitsandbytes_missing() -> str | None:

@@ -16,11 +16,12 @@ from .generator import EngineClock, RunRandomState
 from .loading import FIT_HEADROOM, ModelLoadError, model_location
 from .quantization import model_bytes, stored_tensors
 from .settings import DiffusionSettings, SettingSpec, draw_seed, parse_seed, parse_setting
+from .wording import plural
 
 SIDES = ("diffusion", "autoregressive")
 ORDERS = ("alternate", "diffusion first", "autoregressive first")
 LENGTH_RULE = ("both sides stop at their first end-of-sequence token, within the same budget of "
-               "{budget} tokens; tokens counted: generated tokens up to and including EOS, never the prompt or pads")
+               "{budget}; tokens counted: generated tokens up to and including EOS, never the prompt or pads")
 FAIRNESS = ("The two runs take turns on the device, never at once, each right after its own warm-up, and are "
             "timed on the engine's clock, so each side's time is its own.")
 FrameCallback = Callable[[str, object], None]
@@ -229,7 +230,8 @@ class SideResult:
                      if share > limit)
 
     def line(self) -> str:
-        return (f"{self.name}: {self.tokens} tokens, {self.forwards} forwards, {self.tokens_per_second:.1f} "
+        return (f"{self.name}: {plural(self.tokens, 'token')}, {plural(self.forwards, 'forward')}, "
+                f"{self.tokens_per_second:.1f} "
                 f"tokens/s, {self.tokens_per_forward:.2f} tokens/forward, {self.seconds:.2f} s, "
                 f"{self.seconds_per_forward * 1000:.2f} ms per forward, stop: {self.stop_reason}")
 
@@ -272,7 +274,7 @@ class RaceResult:
 
     @property
     def length_rule(self) -> str:
-        return LENGTH_RULE.format(budget=self.budget)
+        return LENGTH_RULE.format(budget=plural(self.budget, "token"))
 
     @property
     def winner(self) -> str | None:

@@ -14,6 +14,7 @@ from .engine import DiffusionEngine
 from .frames import TEXT, TOKEN_KINDS, Frame, FrameBuilder
 from .loading import model_name
 from .settings import MAX_PROMPT_CHARS, MAX_SEED, SETTING_NAMES, DiffusionSettings, shown
+from .wording import plural
 
 TRACE_FORMAT = "diffgemma-trace"
 TRACE_VERSION = 2
@@ -295,8 +296,8 @@ def _frames(frame_docs: list, canvas: int, settings: DiffusionSettings, seed: in
         if block_done:
             committed = _ids(f.get("committed_ids"), f"{where}: committed_ids", None, tokens)
             if len(committed) > (block + 1) * canvas:
-                raise TraceError(f"{where}: committed_ids has {len(committed):,} ids, more than {block + 1} "
-                                 f"canvas(es) of {canvas}")
+                raise TraceError(f"{where}: committed_ids has {len(committed):,} ids, more than "
+                                 f"{plural(block + 1, 'canvas', 'canvases')} of {canvas}")
             committed_tokens = _int(f.get("committed_tokens"), f"{where}: committed_tokens", 0, len(committed))
         top_ids, top_probs = _alternatives(f.get("alternatives"), where, canvas, tokens)
         expected = (block + 1, 0) if block_done else (block, step + 1)

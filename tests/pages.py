@@ -37,6 +37,26 @@ HEATMAP_STATE = """() => {
 }"""
 
 
+def record_states(page, state: str) -> None:
+    """From now on, note in `window.__states` (JSON texts) each new value of `state`, a JS arrow function of no
+    arguments, after every change to the page: a state that lasts one update is noted, never missed between polls."""
+    page.evaluate(f"""() => {{
+        const state = {state}, seen = window.__states = [];
+        const note = () => {{
+            const now = JSON.stringify(state());
+            if (seen[seen.length - 1] !== now) seen.push(now);
+        }};
+        new MutationObserver(note).observe(document.body, {{childList: true, subtree: true, attributes: true,
+                                                             characterData: true}});
+        note();
+    }}""")
+
+
+def recorded_states(page) -> list:
+    """The states `record_states` noted so far, oldest first."""
+    return page.evaluate("window.__states.map(JSON.parse)")
+
+
 def wait_for_play_buttons(page, problems) -> None:
     """Wait for the final heatmap's play buttons; raise AssertionError with what the heatmap held and the page's
     `problems` when they do not come."""

@@ -29,6 +29,9 @@ def test_pins_keep_a_token_or_type_a_word():
     for bad in ("x", "8", "6=abc", "2="):
         with pytest.raises(ValueError, match="pin"):
             parse_pins(bad, frame, Words())
+    for twice, position in (("5= the; 5= a", 5), ("3; 3", 3), ("1= abc; 3= d", 3)):  # one line naming it
+        with pytest.raises(ValueError, match=rf"^position {position} is pinned twice: [^\n]*$"):
+            parse_pins(twice, SimpleNamespace(canvas_length=16, draft_ids=list(range(16))), Words())
 
 
 @pytest.mark.slow

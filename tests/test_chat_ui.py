@@ -236,10 +236,17 @@ def test_chat_tab_in_the_browser_two_turns_show_the_reuse(browser, served_app):
         page.click("#dg-chat-examples button:has-text('Jesus wept.')")  # the embedded model's chat examples
         page.wait_for_function("document.querySelector('#dg-chat-message textarea').value === 'Jesus wept.'",
                                timeout=10_000)
+        box = "#dg-chat-message textarea"
         for turn, message in enumerate(["Who was Noah? <script>alert(1)</script>", "What did he build?"], start=1):
-            page.fill("#dg-chat-message textarea", message)
-            assert "Shift+Enter sends" in page.locator("#dg-chat-message").inner_text()  # kept while typing
-            page.click("#dg-chat-send")
+            page.fill(box, message)
+            assert "Enter sends; Shift+Enter adds a line" in page.locator("#dg-chat-message").inner_text()  # kept
+            if turn == 1:  # the keys of a chat app: Shift+Enter adds a line, Enter sends
+                page.press(box, "Shift+Enter")
+                page.locator(box).press_sequentially("And his sons?")
+                assert page.input_value(box) == message + "\nAnd his sons?"
+                page.press(box, "Enter")
+            else:
+                page.click("#dg-chat-send")
             page.wait_for_selector(f"#dg-chat-history .dg-chat-history[data-turns='{turn}']", timeout=120_000)
             page.wait_for_function("document.querySelector('#dg-chat-reuse .dg-chat-reuse[data-state=done]')"
                                    f"?.innerText.includes('Turn {turn}')", timeout=120_000)
@@ -247,7 +254,8 @@ def test_chat_tab_in_the_browser_two_turns_show_the_reuse(browser, served_app):
         reuse = page.locator("#dg-chat-reuse .dg-chat-reuse")
         assert int(reuse.get_attribute("data-reused")) > 0 and "reused from the previous turn" in reuse.inner_text()
         assert page.locator("#dg-chat-history .dg-chat-user").count() == 2
-        assert "<script>alert(1)</script>" in page.locator("#dg-chat-history .dg-chat-user").first.inner_text()
+        first_message = page.locator("#dg-chat-history .dg-chat-user").first.inner_text()
+        assert "<script>alert(1)</script>" in first_message and "And his sons?" in first_message
         assert page.locator("#dg-chat-stack .dg-block-done").count() >= 1
         assert page.locator("#dg-chat-regenerate").is_enabled() and not page.locator("#dg-chat-stop").is_enabled()
         SHOTS.mkdir(parents=True, exist_ok=True)

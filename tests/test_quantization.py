@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import math
 import shutil
 import subprocess
@@ -28,8 +29,9 @@ from diffgemma_ui.blocks import header_html
 from engine import DEFAULT_MODEL, DiffusionEngine, ModelLoadError, load_model
 from engine.cli import main as cli_main
 from engine.loading import REPO_ROOT, check_fits, check_quantization, meta_model, read_config
-from engine.quantization import (BITSANDBYTES_QUANTIZATIONS, FP8_BLOCK_SIZE, GROUPS, check_fp8_shapes, fp8_refusal,
-                                 from_pretrained_fp8, is_experts, memory_report, model_bytes, quantized_nbytes)
+from engine.quantization import (BITSANDBYTES_QUANTIZATIONS, BNB_CPU_LOGGER, FP8_BLOCK_SIZE, GROUPS,
+                                 bitsandbytes_missing, check_fp8_shapes, cpu_path, fp8_refusal, from_pretrained_fp8,
+                                 is_experts, memory_report, model_bytes, quantized_nbytes)
 
 REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
 CHOICES = list(BITSANDBYTES_QUANTIZATIONS)  # the choices that run on a CPU
@@ -326,6 +328,23 @@ def test_fp8_refuses_expert_widths_its_blocks_do_not_divide(standin):
     with pytest.raises(ValueError, match=r"^fp8 quantizes blocks of 64x64; this model's moe_intermediate_size 32 is"):
         check_fp8_shapes(read_config(standin))
     check_fp8_shapes(read_config(REAL_CONFIG))  # 2816 and 704: accepted
+
+
+def test_bitsandbytes_kernels_notice_is_dropped_and_its_other_warnings_kept(caplog):
+    if (missing := bitsandbytes_missing()) is not None:  # imports it, the filter set first
+        pytest.skip(missing)
+    with caplog.at_level(logging.WARNING):
+        logger = logging.getLogger(BNB_CPU_LOGGER)
+        logger.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure you "
+                       "already `pip install kernels`", ModuleNotFoundError("No module named 'kernels'"))
+        logger.warning("Failed to load CPU-only bitsandbytes library")
+    assert [r.getMessage() for r in caplog.records] == ["Failed to load CPU-only bitsandbytes library"]
+
+
+def test_the_cpu_path_is_named_for_bitsandbytes_choices_on_a_cpu_only():
+    assert cpu_path("4bit", "cpu").startswith("4bit on the CPU: bitsandbytes NF4")
+    assert cpu_path("8bit", torch.device("cpu")).startswith("8bit on the CPU: bitsandbytes blockwise 8-bit")
+    assert cpu_path("4bit", "cuda") is None and cpu_path("none", "cpu") is None
 
 
 def test_loading_modules_import_one_way_and_only_optional_packages_late():

@@ -296,7 +296,8 @@ def test_answers_of_very_different_lengths_are_called_out_under_the_speedup():
                        side_result("autoregressive", tokens=256, tokens_per_second=190.0, stop_reason="max_new_tokens"),
                        ("diffusion", "autoregressive"), 7, 256, 64, "cpu", None)
     html = result_html(short)
-    assert "diffusion wrote 41 tokens (ended at end-of-sequence), autoregressive 256 (reached max new tokens)" in html
+    assert ("diffusion wrote 41 tokens (ended at end-of-sequence), autoregressive 256 tokens (reached max new tokens)"
+            in html)
     close = RaceResult(side_result("diffusion", tokens=150), side_result("autoregressive", tokens=256),
                        ("diffusion", "autoregressive"), 7, 256, 64, "cpu", None)
     assert "dg-race-lengths" not in result_html(close)

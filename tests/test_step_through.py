@@ -13,7 +13,7 @@ from diffgemma_ui.handlers import Playground
 from diffgemma_ui.keep import KeepHandlers
 from diffgemma_ui.session import SessionState
 from diffgemma_ui.step_through import StepThroughHandlers, newly_accepted_style
-from pages import open_page, set_number
+from pages import open_page, record_states, recorded_states, set_number
 from synthetic import synthetic_frame
 
 pytestmark = pytest.mark.slow
@@ -109,10 +109,15 @@ def test_step_buttons_on_the_page(browser, served_app):
         page.close()
 
 
-SHOWS_FORWARD_WITH_DONE_BLOCKS = """([forward, done]) => {
-    const canvas = document.querySelector('#dg-canvas .dg-canvas');
-    return canvas && canvas.dataset.forward === String(forward)
-        && document.querySelectorAll('#dg-stack .dg-block-done').length === done;
+# [the canvas's forward, finished blocks in the stack, the meter's state]
+PLAYGROUND_STATE = """() => [Number(document.querySelector('#dg-canvas .dg-canvas')?.dataset.forward ?? -1),
+    document.querySelectorAll('#dg-stack .dg-block-done').length,
+    document.querySelector('#dg-meter .dg-meter')?.dataset.state ?? '']"""
+# whether the recorded states went back to forward 0 with no finished block and from there on to `last`, done
+REPLAYED_TO = """(last) => {
+    const states = window.__states.map(JSON.parse);
+    const start = states.findIndex(([forward, done]) => forward === 0 && done === 0);
+    return start >= 0 && states.slice(start).some(([forward, , meter]) => forward === last && meter === 'done');
 }"""
 
 
@@ -124,17 +129,17 @@ def test_replay_plays_the_last_run_back_from_its_first_forward(browser, served_a
         page.click("#dg-generate")
         page.wait_for_selector("#dg-meter .dg-meter[data-state=done]", timeout=120_000)
         page.wait_for_function("!document.querySelector('#dg-replay-run').disabled", timeout=30_000)
-        last = page.get_attribute("#dg-canvas .dg-canvas", "data-forward")
+        last = int(page.get_attribute("#dg-canvas .dg-canvas", "data-forward"))
         text = page.locator("#dg-text textarea").input_value()
-        assert last == "11"
+        assert last == 11
+        record_states(page, PLAYGROUND_STATE)  # every state the replay shows, however briefly
         page.click("#dg-replay-run")
-        # back to the start: forward 0 with no finished block (one page update; polled, not read between two)
-        page.wait_for_function(SHOWS_FORWARD_WITH_DONE_BLOCKS, arg=[0, 0], timeout=30_000)
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / "replay-start.png"), full_page=True)
-        page.wait_for_function(SHOWS_FORWARD_WITH_DONE_BLOCKS, arg=[6, 1], timeout=30_000)  # forward by forward
-        page.wait_for_selector(f"#dg-canvas .dg-canvas[data-forward='{last}']", timeout=30_000)
-        page.wait_for_selector("#dg-meter .dg-meter[data-state=done]", timeout=30_000)
+        page.wait_for_function(REPLAYED_TO, arg=last, timeout=120_000)
+        states = recorded_states(page)
+        played = states[next(i for i, (forward, done, _) in enumerate(states) if forward == 0 and done == 0):]
+        forwards = [forward for forward, _, _ in played]
+        assert forwards == sorted(forwards) and forwards[-1] == last, states  # from forward 0, forward by forward
+        assert [6, 1] in [[forward, done] for forward, done, _ in played], states  # block 1 done at forward 6
         assert page.locator("#dg-text textarea").input_value() == text  # the run, as it ended
         assert problems == []
     finally:

@@ -174,7 +174,7 @@ REFUSED = {
     "prompt not text": (_set("prompt.text", ["<script>"]), "prompt.text must be a string, got list"),
     "model name too long": (_set("model.name", "m" * 301), "model.name is 301 characters; the limit is 300"),
     "committed past the canvases": (lambda d: d["frames"][3]["committed_ids"].extend(d["frames"][3]["draft_ids"]),
-                                    "frame 3: committed_ids has 32 ids, more than 1 canvas(es) of 16"),
+                                    "frame 3: committed_ids has 32 ids, more than 1 canvas of 16"),
 }
 
 
