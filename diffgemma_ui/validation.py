@@ -32,10 +32,12 @@ class RunRequest:
 
 
 def build_settings(values: dict, *, ui_limits: bool = True) -> DiffusionSettings:
-    """`DiffusionSettings` from raw values by name (`ui_limits`: the UI's ranges); ValueError for a bad value."""
-    values = {**{name: values.get(name) for name in SETTING_NAMES},
-              "adaptive_stopping": values.get("adaptive_stopping", True)}
-    return DiffusionSettings().with_values(values, ui=ui_limits)
+    """`DiffusionSettings` from raw values by name (`ui_limits`: the UI's ranges; a flag left out: its default);
+    ValueError for a bad value."""
+    defaults = DiffusionSettings()
+    values = {name: values.get(name) if name in SETTING_NAMES else values.get(name, getattr(defaults, name))
+              for name in ALL_SETTING_NAMES}
+    return defaults.with_values(values, ui=ui_limits)
 
 
 def build_request(prompt, raw, values: dict, seed, *, ui_limits: bool = True, thinking=False) -> RunRequest:

@@ -1,10 +1,16 @@
 """What docs/design.md's "Where to change what" promises, done: a tab is one module plus one line in the app's list
-of tabs."""
+of tabs, and a setting is one row in the settings table plus its `DiffusionSettings` field."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr
@@ -13,8 +19,13 @@ from diffgemma_ui import build_app
 from diffgemma_ui.blocks import make_tabs
 from diffgemma_ui.hub import Job
 from diffgemma_ui.tab import Tab, api_run
+from diffgemma_ui.text import plain_text
 from engine import DiffusionSettings
+from engine.trace import record_trace
 from synthetic import synthetic_frame
+
+REPO = Path(__file__).resolve().parent.parent
+ADDED_SETTING = Path(__file__).resolve().parent / "added_setting.py"
 
 
 def counted_frames(engine, count: int, stop):
@@ -90,3 +101,53 @@ def test_a_tab_is_one_module_plus_one_line_in_the_list_of_tabs(engine):
     trivial.unload(SimpleNamespace(session_hash="closed"))
     assert trivial.closed == ["closed"]
 
+
+def with_new_settings(root: Path) -> Path:
+    """A copy of `engine/` and `diffgemma_ui/` under `root` (assets linked) whose settings table has two rows more
+    and `DiffusionSettings` their two fields: the whole change a new setting should need. Its settings.py."""
+    for package in ("engine", "diffgemma_ui"):
+        shutil.copytree(REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "assets").symlink_to(REPO / "assets")
+    path = root / "engine" / "settings.py"
+    text = path.read_text(encoding="utf-8")
+    table_start = text.index("SETTINGS: tuple[SettingSpec, ...] = (\n")
+    table_end = text.index("\n)\n", table_start)
+    rows = ('\n    SettingSpec("noise_floor", "Noise floor", float, 0.0, 1.0, True, "a number added by a test", '
+            '"--noise-floor"),'
+            '\n    SettingSpec("tie_shuffle", "Shuffle ties", bool, None, None, True, "a flag added by a test", '
+            '"--tie-shuffle"),')
+    text = text[:table_end] + rows + text[table_end:]
+    fields_end = text.index("\n\n    def __post_init__(self):", text.index("class DiffusionSettings:"))
+    text = text[:fields_end] + "\n    noise_floor: float = 0.0\n    tie_shuffle: bool = False" + text[fields_end:]
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_setting_is_one_row_and_its_field(engine, tmp_path):
+    old_trace = tmp_path / "old.json"  # written by this code, which has no such settings
+    trace = record_trace(engine, "In the beginning", DiffusionSettings(max_new_tokens=8, max_denoising_steps=1),
+                         raw=True, seed=2)
+    old_trace.write_text(json.dumps(trace.to_dict()), encoding="utf-8")
+    root = tmp_path / "tree"
+    with_new_settings(root)
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(ADDED_SETTING), str(old_trace), str(tmp_path)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    new = {"noise_floor": 0.25, "tie_shuffle": True}
+    defaults = {"noise_floor": 0.0, "tie_shuffle": False}
+    assert Path(report["engine"]).resolve().is_relative_to(root.resolve())  # the copy ran, not this tree
+    assert report["setting_names"][-2:] == list(new) and report["defaults"] == defaults
+    # the command line: a flag each, the values in the run's trace
+    assert report["cli_args"] == new and report["cli_status"] == 0 and report["cli_trace"] == new
+    # the app: a Playground control each, wired into Generate's check; a parameter of every run endpoint
+    assert report["controls"] == {"noise_floor": ["Slider"], "tie_shuffle": ["Checkbox"]}
+    assert {"Noise floor", "Shuffle ties"} <= set(report["generate_inputs"])
+    assert set(report["endpoint_parameters"]) == {"generate", "export", "race", "chat", "infill"}
+    for name, parameters in report["endpoint_parameters"].items():
+        assert {"noise_floor", "tie_shuffle"} <= set(parameters), name
+    assert report["checked_request"] == new and report["exported"] == new
+    # a trace written before the settings existed reads with their defaults, as a file and as an upload
+    assert report["old_trace"] == defaults and report["uploaded"] == defaults
+    assert report["uploaded_text"] == plain_text(trace.text)
