@@ -57,6 +57,12 @@ def player_html(plotly_url: str) -> str:
     )
 
 
+def setting_rows() -> tuple[tuple[str, ...], ...]:
+    """`SETTING_ROWS`, then a row of its own for each setting it leaves out, in the settings table's order."""
+    placed = {name for row in SETTING_ROWS for name in row}
+    return (*SETTING_ROWS, *((name,) for name in SETTING_NAMES if name not in placed))
+
+
 PLOTS_HTML = ('<div id="dg-plots"><div id="dg-heatmap" class="dg-plot"></div><div class="dg-plot-row">'
               '<div id="dg-order" class="dg-plot"></div><div id="dg-entropy" class="dg-plot"></div></div></div>')
 
@@ -216,7 +222,7 @@ class PlaygroundTab(Tab):
             with gr.Column(min_width=0, elem_id="dg-settings-col"):
                 with gr.Accordion("Denoising settings", elem_id="dg-settings"):
                     controls = {}
-                    for names in SETTING_ROWS:
+                    for names in setting_rows():
                         pair = {"min_width": 120} if len(names) > 1 else {}
                         with gr.Row() if pair else contextlib.nullcontext():
                             for name in names:
@@ -242,9 +248,6 @@ class PlaygroundTab(Tab):
         poll = gr.Button(visible="hidden", elem_id="dg-feed-poll")
         poll.click(self.catch_up, inputs=[session, have], outputs=[feed], js="(s, h) => [s, window.dgLive.have()]",
                    queue=False, **UNQUEUED)
-        missing = [name for name in SETTING_NAMES if name not in controls]
-        if missing:
-            raise ValueError(f"settings without a control in SETTING_ROWS: {', '.join(missing)}")
         run_inputs = [prompt, raw, *(controls[name] for name in SETTING_NAMES), seed, thinking]
         stream_outputs = [feed, text, thought, generate, stop]
         ticket = gr.Textbox(visible=False, elem_id="dg-ticket")  # which checked request of the session runs

@@ -3,8 +3,7 @@
 from dataclasses import dataclass, replace
 
 from engine import DiffusionSettings, preset
-from engine.settings import MAX_PROMPT_CHARS, check_prompt, parse_flag, parse_seed
-from engine.settings import SETTING_NAMES
+from engine.settings import MAX_PROMPT_CHARS, SETTING_NAMES, check_prompt, parse_flag, parse_seed, spec
 
 __all__ = ["MAX_PROMPT_CHARS", "check_prompt"]
 DENOISING_SETTINGS = tuple(name for name in SETTING_NAMES if name != "max_new_tokens")  # how, not how long
@@ -32,10 +31,12 @@ class RunRequest:
 
 
 def build_settings(values: dict, *, ui_limits: bool = True) -> DiffusionSettings:
-    """`DiffusionSettings` from raw values by name (other keys ignored; a setting not given keeps its default;
-    `ui_limits`: the UI's ranges); ValueError for a bad value."""
-    return DiffusionSettings().with_values({name: values[name] for name in SETTING_NAMES if name in values},
-                                           ui=ui_limits)
+    """`DiffusionSettings` from raw values by name (other keys ignored; `ui_limits`: the UI's ranges; a flag left
+    out: its default); ValueError for a bad value."""
+    defaults = DiffusionSettings()
+    return defaults.with_values({name: values.get(name) if spec(name).kind is not bool
+                                 else values.get(name, getattr(defaults, name)) for name in SETTING_NAMES},
+                                ui=ui_limits)
 
 
 def build_request(prompt, raw, values: dict, seed, *, ui_limits: bool = True, thinking=False) -> RunRequest:

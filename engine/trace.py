@@ -19,6 +19,8 @@ from .wording import plural
 TRACE_FORMAT = "diffgemma-trace"
 TRACE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 has no alternatives
+TRACE_SETTINGS = ("max_new_tokens", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
+                  "confidence_threshold", "adaptive_stopping")  # in every trace; a later setting may be absent
 MAX_ALTERNATIVES = 20
 MAX_TRACE_BYTES = 20 * 1024 * 1024
 MAX_CANVAS_LENGTH = 4096
@@ -215,7 +217,8 @@ def _no_constant(name: str):
 
 
 def parse_trace(document) -> Trace:
-    """The `Trace` of a decoded document; `TraceError` names the problem and place."""
+    """The `Trace` of a decoded document (a setting beyond `TRACE_SETTINGS` that it lacks: the default);
+    `TraceError` names the problem and place."""
     doc = _object(document, "the trace")
     if doc.get("format") != TRACE_FORMAT:
         raise TraceError(f"not a DiffGemma trace: 'format' must be {TRACE_FORMAT!r}, got {shown(doc.get('format'))}")
@@ -228,11 +231,11 @@ def parse_trace(document) -> Trace:
     labels = {key: _string(model_doc.get(key, "" if key == "revision" else None), f"model.{key}", MAX_LABEL_CHARS)
               for key in ("name", "revision", "device", "dtype")}
     settings_doc = _object(doc.get("settings"), "settings")
-    missing = [key for key in SETTING_NAMES if key not in settings_doc]
+    missing = [key for key in TRACE_SETTINGS if key not in settings_doc]
     if missing:
         raise TraceError(f"settings: missing {', '.join(missing)}")
     try:
-        settings = DiffusionSettings(**{key: settings_doc[key] for key in SETTING_NAMES})
+        settings = DiffusionSettings(**{key: settings_doc[key] for key in SETTING_NAMES if key in settings_doc})
     except (TypeError, ValueError) as error:
         raise TraceError(f"settings: {error}") from None
     seed = _int(doc.get("seed"), "seed", 0, MAX_SEED)

@@ -15,7 +15,7 @@ import pytest
 from gradio_client.exceptions import AppError
 
 from diffgemma_ui.chat_tab import ChatState, ChatTab, build_chat_tab, history_html, parse_history, reuse_html
-from diffgemma_ui.handlers import Playground
+from diffgemma_ui.hub import Hub
 from diffgemma_ui.infill_tab import InfillTab
 from diffgemma_ui.tab import stop_run
 from engine.engine import TurnReport, marginal_seconds_per_token
@@ -90,7 +90,7 @@ def test_history_with_marker_text_is_kept_as_plain_text():
 
 @pytest.fixture(scope="module")
 def tab(engine):
-    return ChatTab(Playground(engine))
+    return ChatTab(Hub(engine))
 
 
 NAMES = ("history", "reuse", "stack", "canvas", "meter", "heatmap", "order", "entropy", "message", "send", "stop",
@@ -146,15 +146,15 @@ def test_stop_and_a_closed_tab_leave_the_conversation_as_it_was(tab):
     assert 'data-state="stopped"' in out["reuse"] and state.chat.messages == kept
     assert not isinstance(out["message"], dict) or out["message"].get("value") != ""
     assert out["send"]["interactive"] is True and out["stop"]["interactive"] is False
-    # A closed tab: the playground's unload stops the session's chat turn through the registry
+    # A closed tab: the hub's unload stops the session's chat turn through the registry
     request = SimpleNamespace(session_hash="closed-tab-test")
     stream = tab.send_stream(state, request, "Another long one", "careful", 1024, 3, False)
     next(stream)
-    assert tab.playground.runs.active() == 1
-    tab.playground.unload(request)
+    assert tab.hub.runs.active() == 1
+    tab.hub.unload(request)
     out = final(list(stream))
     assert 'data-state="stopped"' in out["reuse"] and state.chat.messages == kept
-    assert tab.playground.runs.active() == 0
+    assert tab.hub.runs.active() == 0
     # ... and the Chat tab's own unload drops the conversation and its encoder cache at once
     assert tab.sessions.get("closed-tab-test") is state
     tab.unload(request)
@@ -177,12 +177,12 @@ def test_chat_and_infill_are_not_refused_on_zero_gpu(tab, monkeypatch):
     assert tab.turn("hi", "recommended", 64, 0, False).run.prompt == "hi"
     answer, summary = asyncio.run(tab.chat_api("hi", "[]", "", False, 64, 3, 2.0, 0.05, 0.1, 1, 0.05, True, 1))
     assert summary["history"][-1] == {"role": "assistant", "content": answer}
-    assert InfillTab(tab.playground).request("a [___]", "", "recommended", 4, 0)[1].kind == "infill"
+    assert InfillTab(tab.hub).request("a [___]", "", "recommended", 4, 0)[1].kind == "infill"
 
 
 def test_thinking_switch_only_where_the_template_has_one(engine, standin_engine):
     for model, shown in ((engine, False), (standin_engine, True)):
-        chat = ChatTab(Playground(model))
+        chat = ChatTab(Hub(model))
         with gr.Blocks() as page:
             build_chat_tab(chat)
         switch = [c for c in page.get_config_file()["components"] if c["props"].get("elem_id") == "dg-chat-thinking"]
@@ -274,7 +274,7 @@ def test_chat_tab_in_the_browser_two_turns_show_the_reuse(browser, served_app):
 def test_a_message_sent_as_the_answer_lands_is_not_lost(browser, served_app, monkeypatch):
     """The answer is on the page before its stream has ended; a Send in that gap still runs, after the first."""
     app, url = served_app
-    runs = app.playground.runs
+    runs = app.hub.runs
     finish = runs.finish
     monkeypatch.setattr(runs, "finish", lambda key, worker: (time.sleep(2.0), finish(key, worker)))
     page, problems = open_page(browser, url)

@@ -12,7 +12,7 @@ import pytest
 
 from diffgemma_ui.compare_tab import (DIFFUSERS_PREFIX, CompareHandlers, CompareState, pipeline_source, side_html,
                                       verdict_html)
-from diffgemma_ui.handlers import Job, Playground
+from diffgemma_ui.hub import RUN_INPUT_NAMES, Hub, Job
 from diffgemma_ui.tab import stop_run
 from engine import DiffusionSettings
 from engine.diffusers_sampler import PipelineRun, pipeline_frames, turn_end_id
@@ -41,23 +41,23 @@ def test_verdict_compares_b_with_a():
     assert 'data-same="true"' in verdict_html(a, finished(3, 16, 1.0, [5, 6, 7]))
     assert 'data-state="pending"' in verdict_html(a, None)
     assert "entropy bound 0.5" in side_html("B", DiffusionSettings(entropy_bound=0.5), b, "done")
-    idle = side_html("A", None, None, "waiting")  # the tab's own button, not the playground's Generate
+    idle = side_html("A", None, None, "waiting")  # the tab's own button, not the Playground's Generate
     assert "press Compare A and B to start" in idle and "press Generate" not in idle
 
 
 @pytest.mark.slow
 def test_compare_runs_a_then_b_with_one_seed(engine):
-    playground = Playground(engine)
+    hub = Hub(engine)
     started = []
-    start_job = playground.start_job
+    start_job = hub.start_job
 
     def recording_start_job(job, *args, **kwargs):
         assert all(not worker.running for worker in started), "B started while A was running"
         started.append(start_job(job, *args, **kwargs))
         return started[-1]
 
-    playground.start_job = recording_start_job
-    views = list(CompareHandlers(playground).compare(None, None, "In the beginning", True, -1, 128, 0.5, 3, False,
+    hub.start_job = recording_start_job
+    views = list(CompareHandlers(hub).compare(None, None, "In the beginning", True, -1, 128, 0.5, 3, False,
                                                      2.0, 2, True))
     assert len(started) == 2
     card_a, card_b, verdict, text_a, text_b, heatmap_a, heatmap_b = views[-1]
@@ -132,17 +132,17 @@ def test_diffusers_scheduler_as_side_b(engine):
     assert len(ended.forwards_per_block) == (len(ended.committed_ids) - 1) // engine.canvas_length + 1  # no more
     again = pipeline_frames(engine, "Tell me about the flood.", settings, "BlockRefinementScheduler", 4)
     assert again[-1].committed_ids == last.committed_ids  # the pipeline's generator is seeded
-    views = list(CompareHandlers(Playground(engine)).compare(
+    views = list(CompareHandlers(Hub(engine)).compare(
         None, None, "Tell me about the flood.", False, 4, 128, 0.5, 3, True, 0.5, 3, True,
         DIFFUSERS_PREFIX + "EntropyBoundScheduler"))
     card_a, card_b, verdict, _, text_b, _, heatmap_b = views[-1]
     assert "EntropyBoundScheduler" in card_b and 'data-state="done"' in verdict and heatmap_b["data"]
-    playground = Playground(engine, max_run_s=0.3)  # a first canvas of 64 forwards takes longer
-    CompareHandlers(playground)
-    request = playground.checked_request("Tell me about the flood.", False, 1024, 64, 0.5, 0.05, 0.1, 1, 0.05, False,
-                                         4, ui_limits=True)
+    hub = Hub(engine, max_run_s=0.3)  # a first canvas of 64 forwards takes longer
+    CompareHandlers(hub)
+    inputs = ("Tell me about the flood.", False, 1024, 64, 0.5, 0.05, 0.1, 1, 0.05, False, 4)
+    request = hub.checked_request(dict(zip(RUN_INPUT_NAMES, inputs)), ui_limits=True)
     exact = []  # side B is the runs' "pipeline" job: the time limit, Stop and closing are the run mechanism's
-    worker = playground.start_job(Job("pipeline", (request, "BlockRefinementScheduler"), request.settings),
+    worker = hub.start_job(Job("pipeline", (request, "BlockRefinementScheduler"), request.settings),
                                   keep_history=False, receive=exact.extend)
     snaps = list(worker.updates(20.0, reader_budget=None))
     with pytest.raises(Exception, match="limit of 0.3 s per run"):
@@ -176,12 +176,12 @@ def test_a_pipeline_run_is_read_while_it_runs_and_stops_within_a_step(engine):
 def test_diffusers_side_b_refuses_raw_prompts(engine):
     pytest.importorskip("diffusers")
     with pytest.raises(Exception, match="always applies the chat template"):
-        list(CompareHandlers(Playground(engine)).compare(None, None, "In the beginning", True, 4, 64, 0.5, 3, True,
+        list(CompareHandlers(Hub(engine)).compare(None, None, "In the beginning", True, 4, 64, 0.5, 3, True,
                                                          0.5, 3, True, DIFFUSERS_PREFIX + "DiscreteDDIMScheduler"))
 
 
 def test_compare_reads_its_seed_as_every_tab_does(engine):
-    compare = CompareHandlers(Playground(engine))
+    compare = CompareHandlers(Hub(engine))
     for seed in ("abc", "1e30", 2.5, -5, 2**63):
         with pytest.raises(gr.Error, match=r"seed must be an integer in \[0, "):
             compare.request(None, "In the beginning", True, seed, 64, 0.5, 3, True, 0.5, 3, True)
@@ -199,7 +199,7 @@ def test_a_sampler_that_ignores_the_bound_is_not_shown_with_one():
 
 @pytest.mark.slow
 def test_stop_ends_the_running_side_and_b_never_starts(engine):
-    handlers, state = CompareHandlers(Playground(engine)), CompareState()
+    handlers, state = CompareHandlers(Hub(engine)), CompareState()
     views = handlers.compare(state, None, "In the beginning", True, 0, 1024, 0.5, 64, False, 0.5, 64, False)
     first = next(views)
     assert 'data-side="A" data-state="running"' in first[0]
@@ -211,8 +211,8 @@ def test_stop_ends_the_running_side_and_b_never_starts(engine):
 
 
 def test_a_refused_comparison_marks_the_previous_one_and_a_stop_while_queued_runs_nothing(engine):
-    playground = Playground(engine)
-    handlers, state = CompareHandlers(playground), CompareState()
+    hub = Hub(engine)
+    handlers, state = CompareHandlers(hub), CompareState()
     args = ("In the beginning", True, 0, 16, 2.0, 2, True, 2.0, 1, True)
     assert isinstance(handlers.refused(state), type(gr.skip()))  # nothing on the page to mark
     handlers.request(state, *args)
@@ -225,8 +225,8 @@ def test_a_refused_comparison_marks_the_previous_one_and_a_stop_while_queued_run
     assert "decoder forwards" in marked  # the previous comparison's own figures stay
 
     started = []
-    start_job = playground.start_job
-    playground.start_job = lambda job, *a, **kwargs: started.append(job) or start_job(job, *a, **kwargs)
+    start_job = hub.start_job
+    hub.start_job = lambda job, *a, **kwargs: started.append(job) or start_job(job, *a, **kwargs)
     handlers.request(state, *args)  # accepted, then Stop while it waits in the queue
     stop_run(state)
     card_a, card_b, verdict, *_ = list(handlers.compare(state, None, *args))[-1]

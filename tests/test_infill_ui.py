@@ -10,8 +10,9 @@ import gradio as gr
 import pytest
 from gradio_client.exceptions import AppError
 
-from diffgemma_ui.handlers import Playground
+from diffgemma_ui.hub import Hub
 from diffgemma_ui.infill_tab import InfillTab, blank_frames, blank_plots, filled_html, infill_canvas_html
+from diffgemma_ui.live_view import refused_meter
 from diffgemma_ui.session import SessionState
 from diffgemma_ui.tab import stop_run
 from engine.infill import InfillLayout
@@ -56,7 +57,7 @@ def test_plots_cover_the_blank_positions_only():
 
 def test_filled_template_escapes_text_and_marks_the_fills(engine):
     tokenizer = engine.tokenizer
-    tab = InfillTab(playground(engine))
+    tab = InfillTab(Hub(engine))
     layout = tab.layout("<script>alert(1)</script> [___ 2] end")
     the = tokenizer(" the", add_special_tokens=False)["input_ids"][0]
     ids = [i if i >= 0 else the for i in layout.canvas_ids]
@@ -67,13 +68,9 @@ def test_filled_template_escapes_text_and_marks_the_fills(engine):
     assert 'data-state="unfilled"' in unfilled and "Not filled" in unfilled and "Filled template" not in unfilled
 
 
-def playground(engine):
-    return Playground(engine)
-
-
 @pytest.fixture(scope="module")
 def tab(engine):
-    return InfillTab(playground(engine))
+    return InfillTab(Hub(engine))
 
 
 def test_templates_that_cannot_run_are_refused_plainly(tab):
@@ -125,9 +122,9 @@ def test_a_stopped_fill_shows_its_draft_as_unfilled_and_no_filled_text(tab):
 @pytest.mark.slow
 def test_a_refused_fill_marks_the_previous_fill_as_the_previous_runs(tab):
     state = SessionState()
-    assert isinstance(tab.playground.refused(state), type(gr.skip()))  # no previous fill
+    assert isinstance(refused_meter(state), type(gr.skip()))  # no previous fill
     renders = list(tab.fill_stream(state, None, TEMPLATE, "", "recommended", 3, 4))
-    meter = tab.playground.refused(state)
+    meter = refused_meter(state)
     assert 'data-state="refused"' in meter and "Everything below is from the previous run" in meter
     assert renders[-1][1].split('data-tps="')[1][:8] == meter.split('data-tps="')[1][:8]  # the same figures
 

@@ -25,6 +25,7 @@ import pytest
 import torch
 import yaml
 from gradio_client import Client
+from gradio_client.utils import apply_diff
 from huggingface_hub import SpaceHardware
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -34,14 +35,17 @@ import app
 from deploy.space import front_matter, normalize, read_pins, write_space
 from deploy.targets import REAL_MODEL, SDK_PROVIDED, TARGETS
 from diffgemma_ui.deployment import (QUEUE_IDLE_POLL_S, GpuBudget, StopFlag, default_threads, gpu_size_for,
-                                     limit_malloc_arenas, make_playground, queue_plan, slow_idle_queue_polling,
+                                     limit_malloc_arenas, make_hub, queue_plan, slow_idle_queue_polling,
                                      space_cpu_cores, space_id, zero_gpu)
-from diffgemma_ui.handlers import Job, Playground, status_text
+from diffgemma_ui.hub import Hub, Job
+from diffgemma_ui.live_view import status_text
 from diffgemma_ui.validation import RunRequest
 from engine import DiffusionEngine, DiffusionSettings
 from engine.loading import meta_model
 from engine.quantization import memory_report, model_bytes
 from pages import free_port
+from playground import fed_frames
+from playground import messages as feed_messages
 
 REPO = Path(__file__).resolve().parent.parent
 EMULATION = Path(__file__).resolve().parent / "zerogpu_emulation.py"
@@ -212,14 +216,14 @@ def test_the_served_queue_polls_for_new_events_every_10_ms_not_every_1_ms(served
 
 @pytest.mark.slow
 def test_spaces_installed_changes_nothing_without_zerogpu(engine):
-    """`spaces` imports here, yet without SPACES_ZERO_GPU the playground is the plain one, Stop reaches the engine
+    """`spaces` imports here, yet without SPACES_ZERO_GPU the hub is the plain one, Stop reaches the engine
     (a "cancelled" frame, not a run cut off after two more forwards) and the meter's last frame says so."""
     assert importlib.util.find_spec("spaces") is not None
-    playground = make_playground(engine, environ={})
-    assert type(playground) is Playground
+    hub = make_hub(engine, environ={})
+    assert type(hub) is Hub
     settings = DiffusionSettings(max_new_tokens=1024, max_denoising_steps=64, adaptive_stopping=False)
     run = RunRequest(prompt="In the beginning", raw=True, settings=settings, seed=0)
-    worker = playground.start_job(Job("generate", run, settings))
+    worker = hub.start_job(Job("generate", run, settings))
     while worker.record.count < 2:
         time.sleep(0.01)
     worker.stop()
@@ -377,7 +381,7 @@ def _visitor_token(name: str) -> str:
 
 
 def _ui_inputs(ids, prompt, max_new_tokens, steps, adaptive=False) -> list:
-    """The run step's input values: the page's defaults, with these settings (raw prompt, seed 3)."""
+    """Generate's check step's input values: the page's defaults, with these settings (raw prompt, seed 3)."""
     chosen = {"Prompt": prompt, "Max new tokens": max_new_tokens, "Max denoising steps": steps,
               "Adaptive stopping": adaptive, "Seed": 3}
     values = [chosen.get(item["label"], item["value"]) for item in ids["generate_inputs"]]
@@ -422,6 +426,28 @@ def _stream(url, fn_index, data, session, token, on_message=None, timeout=180.0)
     return by_event
 
 
+def _request_run(url, ids, values, session, token) -> str:
+    """Generate's check step as the page sends it: the ticket of the checked run, which waits in the session."""
+    (messages,) = _stream(url, ids["request_run"], values, session, token).values()
+    done = messages[-1]
+    assert done["msg"] == "process_completed" and done["success"], done
+    return done["output"]["data"][0]
+
+
+def _outputs(messages: list[dict]) -> list[list]:
+    """The outputs of each of an event's `process_generating` messages, then of its `process_completed`, whole
+    (Gradio sends the changes from the previous one)."""
+    outputs: list[list] = []
+    for message in messages:
+        if message.get("msg") not in ("process_generating", "process_completed") or not message.get("success"):
+            continue
+        data = message["output"]["data"]
+        if message["msg"] == "process_generating" and outputs:
+            data = [apply_diff(old, change) for old, change in zip(outputs[-1], data)]
+        outputs.append(data)
+    return outputs
+
+
 def _assert_cancelled_in_gpu_process(log: Path, start: int) -> None:
     """The run's engine, in the GPU process, ended with its own "cancelled" frame long before its 2048 forwards,
     and the GPU was released (not failed)."""
@@ -435,17 +461,20 @@ def _assert_cancelled_in_gpu_process(log: Path, start: int) -> None:
 @pytest.mark.slow
 def test_zerogpu_generate_streams_frames_from_the_gpu_process(zerogpu_space):
     url, ids, log, server_pid = zerogpu_space
-    assert ids["playground"] == "ZeroGpuPlayground" and ids["budget"]["size"] == "large"
+    assert ids["hub"] == "ZeroGpuHub" and ids["budget"]["size"] == "large"
     session, token = uuid.uuid4().hex[:10], _visitor_token("visitor-generate")
     start = len(_log(log))
-    (messages,) = _stream(url, ids["generate_stream"], _ui_inputs(ids, "And he said", 128, 4), session,
-                          token).values()
-    generating = [m for m in messages if m.get("msg") == "process_generating"]
+    ticket = _request_run(url, ids, _ui_inputs(ids, "And he said", 128, 4), session, token)
+    (messages,) = _stream(url, ids["generate_stream"], [None, ticket], session, token).values()
     done = messages[-1]
     assert done["msg"] == "process_completed" and done["success"], done
-    assert len(generating) >= 2  # the live view streamed frames before the final render
-    stack, canvas = done["output"]["data"][:2]
-    assert "Done:" in canvas and 'data-blocks="2"' in stack  # 128 tokens: two canvases of the embedded 64 (seed 3)
+    streamed = _outputs(messages)[:-1]  # what came while the run step ran (the last again in process_completed)
+    fed = [message for message in feed_messages(streamed) if "frames" in message]
+    assert len(fed) >= 2 and not fed[0]["final"] and fed[-1]["final"]  # frames reached the page before the end
+    frames = fed_frames(streamed)
+    # 128 tokens: two canvases of the embedded 64 (seed 3), the run done, not stopped
+    assert {frame["block"] for frame in frames} == {0, 1} and frames[-1]["block_done"]
+    assert frames[-1]["stop_reason"] in ("eos", "max_new_tokens") and done["output"]["data"][1]
     entries = _wait_log(log, lambda e: any(x["event"] == "release" for x in e[start:]))[start:]
     schedule = next(x for x in entries if x["event"] == "schedule")
     # the visitor's request reached the scheduler: their token and their session
@@ -473,13 +502,14 @@ def test_zerogpu_stop_ends_the_run_in_the_gpu_process(zerogpu_space):
             stop_ids.append(_join(client, ids["stop"], [None], session))
             return stop_ids
 
-    by_event = _stream(url, ids["generate_stream"], _ui_inputs(ids, "In the beginning", *LONG), session, token,
-                       on_message=press_stop)
+    ticket = _request_run(url, ids, _ui_inputs(ids, "In the beginning", *LONG), session, token)
+    by_event = _stream(url, ids["generate_stream"], [None, ticket], session, token, on_message=press_stop)
     assert stop_ids
     done = by_event[stop_ids[0]][-1]
     assert done["msg"] == "process_completed" and done["success"], done
-    canvas = done["output"]["data"][1]
-    assert "Stopped" in canvas, canvas  # the engine's own "cancelled" frame came back from the GPU process
+    (message,) = feed_messages([done["output"]["data"]])
+    # the engine's own "cancelled" frame came back from the GPU process, and Stop sent it to the page
+    assert message["final"] and message["frames"][-1]["stop_reason"] == "cancelled", message
     _assert_cancelled_in_gpu_process(log, start)
 
 
@@ -495,7 +525,8 @@ def test_zerogpu_closed_tab_ends_the_run_in_the_gpu_process(zerogpu_space):
             closed_at.append(time.monotonic())
             return "close"
 
-    _stream(url, ids["generate_stream"], _ui_inputs(ids, "In the beginning", *LONG), session, token, on_message=leave)
+    ticket = _request_run(url, ids, _ui_inputs(ids, "In the beginning", *LONG), session, token)
+    _stream(url, ids["generate_stream"], [None, ticket], session, token, on_message=leave)
     assert closed_at
     _assert_cancelled_in_gpu_process(log, start)
 

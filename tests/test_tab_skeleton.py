@@ -10,7 +10,7 @@ import gradio as gr
 import pytest
 
 from diffgemma_ui import build_app
-from diffgemma_ui.handlers import received
+from diffgemma_ui.hub import received
 from diffgemma_ui.runs import pushed
 from diffgemma_ui.tab import API_SETTINGS, Refusal, guarded, refusal_html, setting_params, user_error
 from engine import DiffusionSettings

@@ -11,9 +11,9 @@ with only what needs a GPU or Hugging Face's device API replaced:
 - `torch.init` / `torch.move` (CUDA set-up of the forked GPU process) do nothing, and `torch.version.cuda` is given a
   value: a CPU torch has no CUDA, so the embedded model stays on the CPU, in the forked process as in the main one.
 The engine's `frames` logs the process that runs it (so a test can tell the child from the server), and at its end
-how many frames it yielded and the last one's stop reason; each tab's source (`Playground.sources`) logs its kind and
+how many frames it yielded and the last one's stop reason; each tab's source (`Hub.sources`) logs its kind and
 process. Prints
-"READY <url> <json: event ids, the run step's inputs>" once serving, then serves until killed.
+"READY <url> <json: event ids, the check step's inputs>" once serving, then serves until killed.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main(port: int, log_path: str) -> None:
 
     engine.frames = frames
     app = build_app(engine, abandon_after_s=5.0)
-    sources = app.playground.sources
+    sources = app.hub.sources
 
     def logged(kind, source):
         def run(*args):
@@ -104,22 +104,29 @@ def main(port: int, log_path: str) -> None:
 
     for kind in list(sources):  # every tab's source logs the process it runs in
         sources[kind] = logged(kind, sources[kind])
-    handlers = {"generate_stream": app.playground.generate_stream, "stop": app.playground.stop}
+    playground = app.tabs["playground"]
+    handlers = {"generate_stream": playground.generate_stream, "stop": playground.stop}
     fns = {name: next(fn for fn in app.fns.values() if fn.fn == handler) for name, handler in handlers.items()}
     ids = {name: fn._id for name, fn in fns.items()}
-    button = next(block._id for block in app.blocks.values() if getattr(block, "elem_id", None) == "dg-next-step")
-    step = next(fn for fn in app.fns.values() if (button, "click") in [tuple(t) for t in fn.targets])
-    ids["next_step"] = step._id
+
+    def clicked(elem_id: str):
+        """The first event a click on the button `elem_id` triggers with Python (not JavaScript alone)."""
+        button = next(block._id for block in app.blocks.values() if getattr(block, "elem_id", None) == elem_id)
+        return next(fn for fn in app.fns.values() if fn.fn is not None and (button, "click") in map(tuple, fn.targets))
+
+    request_run = clicked("dg-generate")  # Generate's check step: its ticket carries the checked run to the run step
+    step = clicked("dg-next-step")
+    ids["request_run"], ids["next_step"] = request_run._id, step._id
     ids["step_inputs"] = [getattr(block, "label", None) for block in step.inputs]
     compare = next(fn for fn in app.fns.values() if getattr(fn.fn, "__name__", None) == "compare")
     ids["compare"] = compare._id
-    # A run step's inputs, for a client that joins the queue as the page does: label and default value of each
-    for name, fn in (("generate_inputs", fns["generate_stream"]), ("compare_inputs", compare)):
+    # A run's inputs, for a client that joins the queue as the page does: label and default value of each
+    for name, fn in (("generate_inputs", request_run), ("compare_inputs", compare)):
         ids[name] = [{"label": getattr(block, "label", None),
                       "value": block.value if isinstance(block.value, (str, int, float, bool, type(None))) else None}
                      for block in fn.inputs]
-    ids["playground"] = type(app.playground).__name__
-    ids["budget"] = {"size": app.playground.budget.size}
+    ids["hub"] = type(app.hub).__name__
+    ids["budget"] = {"size": app.hub.budget.size}
     _, url, _ = app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     print("READY", url, json.dumps(ids), flush=True)
     threading.Event().wait()
