@@ -17,8 +17,8 @@ from .live_view import render
 from .meter import meter_html
 from .plots import block_plots
 from .session import SessionState
-from .tab import (UNQUEUED, PlotClock, setting_params, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
-                  refusing, run_buttons, seed_box, setting_control, user_error, wire_run)
+from .tab import (UNQUEUED, PlotClock, Tab, api_run, buttons, live_plots, live_run, preset_dropdown, refusal_box,
+                  refusing, run_buttons, seed_box, setting_control, setting_params, user_error, wire_run)
 from .text import escape_html, plain_text, plural, prose
 from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, parse_run, preset_values
 

@@ -145,7 +145,8 @@ class CompareHandlers(Tab):
                 states[side] = "running"
                 exact: list[Frame] = []  # the pipeline's exact frames
                 piped = side == 1 and scheduler is not None
-                job = Job("pipeline", PipelineJob(run, scheduler), run.settings) if piped else Job("generate", run, run.settings)
+                job = (Job("pipeline", PipelineJob(run, scheduler), run.settings) if piped
+                       else Job("generate", run, run.settings))
                 options = dict(keep_history=False, receive=exact.extend) if piped else {}
                 with live_run(self.hub, job, request, state, ":compare", **options) as worker:
                     if state.stopped.is_set():

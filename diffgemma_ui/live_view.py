@@ -53,8 +53,8 @@ def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
 
 def render(engine, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool, first: bool = True,
        stagger: bool = False) -> StreamOutputs:
-    """The view of `snap` (`engine`'s tokens summarized) (blocks' HTML cached in `session`); hover text if `final`, buttons if `first`/`final`;
-    `stagger`: due live plots go one per render, the heatmap first."""
+    """The view of `snap` (`engine` summarizes its text; blocks' HTML cached in `session`); hover text if `final`,
+    buttons if `first`/`final`; `stagger`: due live plots go one per render, the heatmap first."""
     finished = snap.finished_blocks()
     for frame in finished[len(session.finished_html):]:
         session.finished_html.append(block_html(frame, live=False))

@@ -17,8 +17,8 @@ from .hub import RUN_INPUT_NAMES, Hub, Job
 from .meter import format_number, stat_cards_html
 from .runs import pushed
 from .session import SessionState
-from .tab import (UNQUEUED, Tab, api_run, setting_params, buttons, live_run, preset_dropdown, refusal_box, refusing, run_buttons, seed_box,
-                  setting_control, user_error, wire_run)
+from .tab import (UNQUEUED, Tab, api_run, buttons, live_run, preset_dropdown, refusal_box, refusing, run_buttons,
+                  seed_box, setting_control, setting_params, user_error, wire_run)
 from .text import escape_html, plain_text, plural, prose
 from .validation import MAX_PROMPT_CHARS, RunRequest, build_request, parse_run, preset_values
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from diffgemma_ui.compare_tab import (DIFFUSERS_PREFIX, CompareHandlers, CompareState, pipeline_source, side_html,
+from diffgemma_ui.compare_tab import (DIFFUSERS_PREFIX, CompareHandlers, CompareState, PipelineJob, pipeline_source, side_html,
                                       verdict_html)
 from diffgemma_ui.hub import RUN_INPUT_NAMES, Hub, Job
 from diffgemma_ui.tab import stop_run
@@ -142,7 +142,7 @@ def test_diffusers_scheduler_as_side_b(engine):
     inputs = ("Tell me about the flood.", False, 1024, 64, 0.5, 0.05, 0.1, 1, 0.05, False, 4)
     request = hub.checked_request(dict(zip(RUN_INPUT_NAMES, inputs)), ui_limits=True)
     exact = []  # side B is the runs' "pipeline" job: the time limit, Stop and closing are the run mechanism's
-    worker = hub.start_job(Job("pipeline", (request, "BlockRefinementScheduler"), request.settings),
+    worker = hub.start_job(Job("pipeline", PipelineJob(request, "BlockRefinementScheduler"), request.settings),
                                   keep_history=False, receive=exact.extend)
     snaps = list(worker.updates(20.0, reader_budget=None))
     with pytest.raises(Exception, match="limit of 0.3 s per run"):
@@ -152,7 +152,7 @@ def test_diffusers_scheduler_as_side_b(engine):
     assert exact and exact[-1].stop_reason == "cancelled" and snaps[-1].latest == exact[-1]
     stopped = threading.Event()
     stopped.set()  # Stop before the first forward: the side ends with no frame and no error
-    assert list(pipeline_source(engine, (request, "BlockRefinementScheduler"), stopped)) == []
+    assert list(pipeline_source(engine, PipelineJob(request, "BlockRefinementScheduler"), stopped)) == []
 
 
 @pytest.mark.slow

@@ -10,9 +10,10 @@ import gradio as gr
 import pytest
 
 from diffgemma_ui import build_app
-from diffgemma_ui.hub import received
+from diffgemma_ui.hub import Outcome, received
 from diffgemma_ui.runs import pushed
-from diffgemma_ui.tab import API_SETTINGS, Refusal, guarded, refusal_html, setting_params, user_error
+from diffgemma_ui.tab import Refusal, guarded, refusal_html, setting_params, user_error
+from engine.settings import SETTING_NAMES
 from engine import DiffusionSettings
 from engine.settings import SETTINGS
 from pages import open_page
@@ -60,7 +61,7 @@ def test_settings_parameters_follow_the_settings_table():
     rec = DiffusionSettings()
     params = setting_params(rec)
     assert [name for name, _, _ in params] == [row.name for row in SETTINGS]
-    assert API_SETTINGS[0] == "max_new_tokens" and API_SETTINGS[-1] == "adaptive_stopping"
+    assert SETTING_NAMES[0] == "max_new_tokens" and SETTING_NAMES[-1] == "adaptive_stopping"
     kinds = {name: kind for name, kind, _ in params}
     assert kinds["max_new_tokens"] is int and kinds["entropy_bound"] is float and kinds["adaptive_stopping"] is bool
     assert all(default == getattr(rec, name) for name, _, default in params)
@@ -75,7 +76,7 @@ def test_every_tab_has_a_refusal_box_wired_to_its_checks(engine):
                [getattr(o, "_id", o) for o in dep.outputs] if out in boxes}
     assert written == set(boxes.values())
     signature = inspect.signature(next(d.fn for d in app.fns.values() if d.api_name == "generate"))
-    assert list(signature.parameters) == ["prompt", "raw", *API_SETTINGS, "seed", "request"]
+    assert list(signature.parameters) == ["prompt", "raw", *SETTING_NAMES, "seed", "request"]
 
 
 @pytest.mark.slow
@@ -134,7 +135,7 @@ def test_what_a_source_sends_after_its_final_frame_is_received_before_that_frame
 
     def source():
         yield from frames
-        yield "outcome"
+        yield Outcome("outcome")
 
     out = []
     for frame in received(source(), got.append):
