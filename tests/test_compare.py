@@ -10,8 +10,8 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from diffgemma_ui.compare_tab import (DIFFUSERS_PREFIX, CompareHandlers, CompareState, PipelineJob, pipeline_source, side_html,
-                                      verdict_html)
+from diffgemma_ui.compare_tab import (DIFFUSERS_PREFIX, CompareHandlers, CompareState, PipelineJob, pipeline_source,
+                                      side_html, verdict_html)
 from diffgemma_ui.hub import RUN_INPUT_NAMES, Hub, Job
 from diffgemma_ui.tab import stop_run
 from engine import DiffusionSettings
