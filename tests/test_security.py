@@ -40,7 +40,7 @@ from diffgemma_ui.text import plain_text, visible_token
 from diffgemma_ui.validation import RunRequest
 from engine import DEFAULT_MODEL, DiffusionSettings, Frame, GenerationResult, ModelLoadError, load_model
 from pages import set_number
-from synthetic import canvas_html, parse_html, synthetic_frame
+from synthetic import ListTokenText, StubModel, canvas_html, parse_html, synthetic_frame
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = [
@@ -353,24 +353,14 @@ def test_plots_escape_hover_texts_and_titles():
     assert_inert_plot(plots.empty_figure(HOSTILE[0], HOSTILE[1]), shows=[HOSTILE[0], HOSTILE[1]])
 
 
-class HostileTokens:
-    """An engine's `token_text` whose every token is hostile text; `kind` classifies ids (default: all text)."""
-
-    def __init__(self, kind=lambda token_id: "text"):
-        self.kind = kind
-
-    def __call__(self, token_id: int) -> str:
-        return HOSTILE[token_id % N]
-
-
 class HostileSummaryEngine:
     """What the live views need of an engine (Chat's `live_view.render`, the Playground's feed); its tokens, decoded
     text and model name are hostile too."""
 
     canvas_length = N
     source = "/models/" + HOSTILE[1]
-    token_text = HostileTokens()
-    model = type("Model", (), {"config": None, "dtype": "float32"})()
+    token_text = ListTokenText(HOSTILE)
+    model = StubModel()
 
     class device:  # noqa: N801
         type = "cpu"
@@ -438,7 +428,7 @@ def test_the_playground_feed_of_a_hostile_run_is_data_not_markup():
 def test_hostile_tokens_stay_text_in_the_browser(served_app, engine, monkeypatch, browser):
     """The real page, with every token the model produces rendered as hostile text: nothing runs, no element is
     injected, and the strings are visible as text."""
-    monkeypatch.setattr(engine, "token_text", HostileTokens(engine.token_text.kind))
+    monkeypatch.setattr(engine, "token_text", ListTokenText(HOSTILE, engine.token_text.kind))
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     try:
         page.add_init_script("window.__alerts = []; for (const f of ['alert', 'confirm', 'prompt']) "
