@@ -21,7 +21,7 @@ from .canvas_view import EMPTY_CANVAS_HTML, legend_html, thought_html
 from .feed import frames_message, meter_message, run_key
 from .hub import RUN_INPUT_NAMES, Job
 from .keep import KeepHandlers, build_keep_controls, wire_keep, wire_presenter
-from .meter import REFUSED_NOTICE, meter_html, waiting_meter_html
+from .meter import REFUSED_NOTICE, meter_html, run_meter_html, waiting_meter_html
 from .runs import STOP_WAIT_S, RunSnapshot, session_key, wait_all
 from .session import SessionState
 from .step_through import StepThroughHandlers, build_step_controls, reset_note_on, wire_step_through
@@ -106,6 +106,8 @@ class PlaygroundTab(Tab):
                 words, thought = plain_text(result.text), thought_html(result.thought)
         if message is None and final:
             message = meter_message(meter_html(None, note=prose("no-forward")))
+        elif message is None and snap.latest is None:  # out of the queue, before the first forward
+            message = meter_message(run_meter_html(None, final=False))
         feed = skip if message is None else message
         run_button, stop_button = buttons(False) if final else (skip, skip)
         return feed, words, thought, run_button, stop_button

@@ -1,5 +1,5 @@
-"""Synthetic frames, the Playground canvas of them and an HTML tag collector, shared by the view and security tests
-(no model needed)."""
+"""Synthetic frames, the Playground canvas of them, stand-ins for an engine's token texts and model, and an HTML tag
+collector, shared by the view and security tests (no model needed)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from html.parser import HTMLParser
 
 from diffgemma_ui.canvas_view import EMPTY_CANVAS_HTML, legend_html, live_html, stack_html
 from engine import Frame
+from engine.frames import TEXT
 
 
 def synthetic_frame(n: int, tokens: list[str], *, step: int = 0, block: int = 0, accepted: list[bool] | None = None,
@@ -29,6 +30,24 @@ def synthetic_frame(n: int, tokens: list[str], *, step: int = 0, block: int = 0,
     )
     fields.update(changes)
     return Frame(**fields)
+
+
+class ListTokenText:
+    """A `DiffusionEngine.token_text` stand-in: id -> `tokens[id % len(tokens)]`; `kind(id)` classifies ids (default:
+    every one is text)."""
+
+    def __init__(self, tokens: Sequence[str], kind=lambda token_id: TEXT):
+        self.tokens, self.kind = list(tokens), kind
+
+    def __call__(self, token_id: int) -> str:
+        return self.tokens[token_id % len(self.tokens)]
+
+
+class StubModel:
+    """What a fake engine's `model` must have for `engine.trace.ModelInfo.of` (the feed's model line)."""
+
+    config = None
+    dtype = "float32"
 
 
 class TagCollector(HTMLParser):

@@ -42,17 +42,17 @@ def test_dropped_rest_streams_stop_their_runs(served_app):
     for caller in callers:
         caller.start()
     deadline = time.monotonic() + 60
-    while app.playground.runs.active() < 4 and time.monotonic() < deadline:
+    while app.hub.runs.active() < 4 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert app.playground.runs.active() == 4, "the four runs never ran at once"
+    assert app.hub.runs.active() == 4, "the four runs never ran at once"
     for caller in callers:
         caller.join(30)
     dropped = time.monotonic()
-    while (app.playground.runs.active() or run_threads()) and time.monotonic() - dropped < 30:
+    while (app.hub.runs.active() or run_threads()) and time.monotonic() - dropped < 30:
         time.sleep(0.05)
     took = time.monotonic() - dropped
     print(f"runs of dropped REST streams ended {took:.2f} s after the streams closed")
-    assert app.playground.runs.active() == 0 and run_threads() == 0
+    assert app.hub.runs.active() == 0 and run_threads() == 0
     assert took < NOTICE_S + FORWARD_ALLOWANCE_S
 
     short = ["In the beginning", True, 64, 2, 0.5, 0.4, 0.8, 1, 0.05, False, 0]

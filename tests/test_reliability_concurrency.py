@@ -22,7 +22,8 @@ from gradio_client.utils import Status
 
 from benchmarks import load as load_bench
 from diffgemma_ui.deployment import QUEUE_PLANS
-from diffgemma_ui.handlers import Playground
+from diffgemma_ui.hub import RUN_INPUT_NAMES
+from diffgemma_ui.validation import parse_run
 from pages import open_page, set_up_a_long_run
 
 pytestmark = pytest.mark.slow
@@ -55,7 +56,7 @@ def wait_until(predicate, timeout: float, interval: float = 0.01) -> bool:
 
 def solo_token_ids(engine, prompt: str, seed: int, params=SMALL) -> list[int]:
     """The token ids of the request run alone, straight on the engine, validated exactly as the API does."""
-    request = Playground.parse(prompt, *params, seed, ui_limits=False)
+    request = parse_run(dict(zip(RUN_INPUT_NAMES, (prompt, *params, seed))), ui_limits=False)
     return engine.generate(request.prompt, request.settings, raw=request.raw, seed=request.seed).token_ids
 
 
@@ -64,7 +65,8 @@ def forward_s(engine) -> float:
     """Seconds per decoder forward on this machine right now (a warm solo run; the machine may be loaded)."""
     solo_token_ids(engine, PROMPTS[0], 0)
     started = time.perf_counter()
-    request = Playground.parse(PROMPTS[0], True, 64, 8, 0.5, 0.4, 0.8, 1, 0.05, False, 0, ui_limits=False)
+    request = parse_run(dict(zip(RUN_INPUT_NAMES, (PROMPTS[0], True, 64, 8, 0.5, 0.4, 0.8, 1, 0.05, False, 0))),
+                        ui_limits=False)
     result = engine.generate(request.prompt, request.settings, raw=True, seed=0)
     seconds = (time.perf_counter() - started) / result.frames
     print(f"\n[concurrency] one decoder forward takes {seconds * 1000:.0f} ms here")
@@ -76,7 +78,7 @@ def app(served_app):
     """The served app; afterwards every run it still has is stopped and its thread awaited."""
     app, _ = served_app
     yield app
-    registry = app.playground.runs
+    registry = app.hub.runs
     for key in list(registry._runs):
         registry.stop(key)
     assert wait_until(lambda: not run_threads(), 30), "runs still alive after the test"
@@ -107,7 +109,7 @@ def test_eight_clients_at_once_match_their_solo_runs(app, engine, served_app):
     def watch():
         nonlocal most_active
         while not done.is_set():
-            most_active = max(most_active, app.playground.runs.active())
+            most_active = max(most_active, app.hub.runs.active())
             time.sleep(0.01)
 
     def user(i):
@@ -148,7 +150,7 @@ def test_saturated_queue_reports_positions_and_cancelling_frees_the_slots(app, e
     limit = QUEUE_PLANS["cpu"].concurrency
     busy_clients = [new_client(url) for _ in range(limit)]
     busy = [c.submit(PROMPTS[i], *LONG, i, api_name="/generate") for i, c in enumerate(busy_clients)]
-    assert wait_until(lambda: app.playground.runs.active() == limit, 60), "the long runs did not all start"
+    assert wait_until(lambda: app.hub.runs.active() == limit, 60), "the long runs did not all start"
     long_threads = run_threads()
     assert len(long_threads) == limit
 
@@ -167,7 +169,7 @@ def test_saturated_queue_reports_positions_and_cancelling_frees_the_slots(app, e
     assert wait_until(queued_with_rank, 30), f"no queue position reported: {[j.status() for j in waiting]}"
     time.sleep(0.3)
     queued_with_rank()
-    assert app.playground.runs.active() == limit  # nothing jumped the queue
+    assert app.hub.runs.active() == limit  # nothing jumped the queue
     ranks = [sorted(r) for r in seen]
     print(f"\n[concurrency] queued jobs reported positions (rank: queue size) {seen}")
     assert all(isinstance(rank, int) and rank >= 0 for r in ranks for rank in r)
@@ -190,16 +192,16 @@ def test_saturated_queue_reports_positions_and_cancelling_frees_the_slots(app, e
 def start_long_run(app, client):
     """Submit a long run and wait until its worker is busy with decoder forwards; returns (job, worker thread)."""
     job = client.submit(PROMPTS[1], *LONG, 5, api_name="/generate")
-    assert wait_until(lambda: app.playground.runs.active() == 1, 60), "the run did not start"
+    assert wait_until(lambda: app.hub.runs.active() == 1, 60), "the run did not start"
     thread = run_threads()[0]
     time.sleep(0.5)  # a few forwards in
-    assert thread.is_alive() and app.playground.runs.active() == 1
+    assert thread.is_alive() and app.hub.runs.active() == 1
     return job, thread
 
 
 def assert_freed(app, thread, since: float, bound: float, what: str) -> float:
     """Wait for the worker to end and the registry to forget it; returns the seconds it took (checked < bound)."""
-    assert wait_until(lambda: not thread.is_alive() and app.playground.runs.active() == 0, 45), f"{what}: busy"
+    assert wait_until(lambda: not thread.is_alive() and app.hub.runs.active() == 0, 45), f"{what}: busy"
     freed = time.monotonic() - since
     print(f"\n[concurrency] {what}: worker freed {freed:.2f} s later (bound {bound:.2f} s)")
     assert freed <= bound, f"{what}: worker freed only after {freed:.2f} s"
@@ -249,7 +251,7 @@ def test_a_killed_client_process_frees_its_worker(app, served_app, forward_s):
                                text=True, cwd=REPO)
     try:
         assert process.stdout.readline().strip() == "submitted"
-        assert wait_until(lambda: app.playground.runs.active() == 1, 60), "the run did not start"
+        assert wait_until(lambda: app.hub.runs.active() == 1, 60), "the run did not start"
         thread = run_threads()[0]
         time.sleep(0.5)
         killed = time.monotonic()
@@ -267,7 +269,7 @@ def test_closing_the_browser_page_frees_its_worker(app, served_app, forward_s, b
     set_up_a_long_run(page)
     page.click("#dg-generate")
     page.wait_for_selector(".dg-meter[data-state='running']", timeout=60_000)
-    assert app.playground.runs.active() == 1
+    assert app.hub.runs.active() == 1
     thread = run_threads()[0]
     closed = time.monotonic()
     page.close()

@@ -29,9 +29,12 @@ from gradio_client.exceptions import AppError
 
 import app
 from diffgemma_ui import runs as runs_module
-from diffgemma_ui.handlers import Playground
+from diffgemma_ui.hub import RUN_INPUT_NAMES, Hub
+from diffgemma_ui.playground_tab import PlaygroundTab
 from diffgemma_ui.session import SessionState
+from diffgemma_ui.validation import parse_run
 from engine import DEFAULT_MODEL, ModelLoadError, load_model
+from playground import fed_frames, messages, page_run
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -202,7 +205,7 @@ def client(served_app):
 @pytest.fixture(scope="module")
 def reference(engine):
     """The tokens ARGS give on a healthy engine."""
-    request = Playground.parse(*ARGS, ui_limits=False)
+    request = parse_run(dict(zip(RUN_INPUT_NAMES, ARGS)), ui_limits=False)
     return engine.generate(request.prompt, request.settings, raw=True, seed=request.seed).token_ids
 
 
@@ -239,22 +242,25 @@ def test_out_of_memory_in_the_api_is_a_clear_message_and_the_next_run_works(clie
 
 def test_out_of_memory_in_the_live_ui_releases_the_runs_tensors(engine, reference, release_spy):
     """The session keeps its run's record (to re-plot it), yet the failed run's KV cache and activations are freed."""
-    playground = Playground(engine, max_fps=1000)
+    tab = PlaygroundTab(Hub(engine, max_fps=1000))
     session = SessionState()
     outputs = []
     with fault_in(engine.model, "forward", Fault(oom(), fail_on=3)) as fault:
+        ticket, *_ = tab.request_run(session, *ARGS)
         with pytest.raises(gr.Error, match="out of memory during this run"):
-            for out in playground.generate_stream(session, *ARGS):
+            for out in tab.generate_stream(session, ticket):
                 outputs.append(out)
-    assert outputs and "The run failed: out of memory during this run" in outputs[-1][1]  # the canvas status
+    # before the error: the run's frames up to the failed forward, the engine's end, Generate back on
+    assert outputs and fed_frames(outputs) and messages(outputs)[-1]["final"] is True
+    assert outputs[-1][3]["interactive"] is True and outputs[-1][4]["interactive"] is False
     assert isinstance(session.worker.record.snapshot().error, torch.OutOfMemoryError)  # still referenced...
     gc.collect()
     assert fault.activation_ref() is None, "the failed forward's tensors are still alive"  # ...without its frames
     assert fault.cache_ref is not None and fault.cache_ref() is None, "the failed run's KV cache is still alive"
     assert release_spy == [1]
-    final = list(playground.generate_stream(session, *ARGS))[-1]  # the same session runs again
-    assert session.worker.record.snapshot().error is None and final[3]
-    request = Playground.parse(*ARGS, ui_limits=False)
+    final = page_run(tab, session, *ARGS)[-1]  # the same session runs again
+    assert session.worker.record.snapshot().error is None and final[1]  # its text
+    request = parse_run(dict(zip(RUN_INPUT_NAMES, ARGS)), ui_limits=False)
     assert engine.generate(request.prompt, request.settings, raw=True, seed=21).token_ids == reference
 
 

@@ -1,7 +1,7 @@
 """Bad input at the UI and API boundary: every rejection is one clear message (the ValueError's), never a traceback.
 
 Three layers are checked: the validation functions directly (`diffgemma_ui.validation`, `engine.DiffusionSettings`,
-`engine.parse_seed`), the live UI handler (`Playground.generate_stream`, `apply_preset`), and the served `/generate`
+`engine.parse_seed`), the live UI's checks (`PlaygroundTab.request_run`, `apply_preset`), and the served `/generate`
 API through `gradio_client` and raw HTTP (what gradio_client refuses to send: NaN, infinities, lone surrogates).
 Hypothesis explores the settings and seed space against a small reference of what must be accepted. Unusual but
 valid text (control characters, lone surrogates, right-to-left, emoji, markup) is accepted and runs.
@@ -24,9 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from diffgemma_ui import meter
-from diffgemma_ui.handlers import Playground
+from diffgemma_ui.hub import RUN_INPUT_NAMES, Hub
+from diffgemma_ui.playground_tab import PlaygroundTab
 from diffgemma_ui.validation import (MAX_PROMPT_CHARS, PRESET_FIELDS, SETTING_NAMES, build_request, build_settings,
-                                     check_prompt, preset_values)
+                                     check_prompt, parse_run, preset_values)
 from engine import PRESET_NAMES, DiffusionSettings
 from engine.settings import MAX_SEED, RANGES, parse_flag, parse_seed, spec
 from synthetic import canvas_html
@@ -70,10 +71,15 @@ def with_value(field: str, value) -> list:
     return args
 
 
-def validation_message(playground: Playground, args) -> str:
+def by_name(args) -> dict:
+    """A run's inputs (`GOOD`'s order) by name, as the hub's door takes them."""
+    return dict(zip(RUN_INPUT_NAMES, args))
+
+
+def validation_message(hub: Hub, args) -> str:
     """The ValueError message that the served API's own checks give for `args` (API limits); fails if none."""
     try:
-        playground.check_request(Playground.parse(*args, ui_limits=False))
+        hub.request(by_name(args), ui_limits=False)
     except ValueError as error:
         return str(error)
     raise AssertionError(f"expected {args!r} to be rejected")
@@ -115,19 +121,19 @@ def test_bad_prompts_are_rejected_with_a_clear_message(prompt, message):
 
 
 def test_prompt_over_the_model_context_names_the_limit(engine):
-    playground = Playground(engine)
+    hub = Hub(engine)
     limit = f"{engine.context_limit:,}"
     with pytest.raises(ValueError, match=f"context of {limit} tokens") as info:
         engine.check_budget(engine.context_limit, DiffusionSettings(max_new_tokens=1))
     assert_clear(str(info.value))
     prompt = emoji_prompt_over_context(engine, 64)
     note_bad("prompt", prompt)
-    run = Playground.parse(prompt, True, *GOOD[2:], ui_limits=True)  # under the character limit: passes the UI check
+    parse_run(by_name([prompt, *GOOD[1:]]), ui_limits=True)  # under the character limit: passes the UI check
     with pytest.raises(ValueError, match=f"context of {limit} tokens") as info:
-        playground.check_request(run)
+        hub.request(by_name([prompt, *GOOD[1:]]), ui_limits=True)
     assert_clear(str(info.value))
     with pytest.raises(gr.Error, match=f"context of {limit} tokens"):  # the live UI says the same
-        next(playground.generate_stream(None, prompt, *GOOD[1:]))
+        PlaygroundTab(hub).request_run(None, prompt, *GOOD[1:])
 
 
 def bad_setting_values() -> list[tuple[str, object]]:
@@ -204,21 +210,21 @@ BAD_PRESETS = ["turbo", "", "RECOMMENDED", " fast", None, 3, ["fast"], "<script>
 
 
 def test_unknown_presets_are_rejected_and_the_ui_keeps_its_sliders(engine):
-    playground = Playground(engine)
+    tab = PlaygroundTab(Hub(engine))
     for name in BAD_PRESETS:
         note_bad("preset", name)
         with pytest.raises(ValueError, match="unknown preset") as info:
             preset_values(name, engine.recommended)
         assert all(p in str(info.value) for p in PRESET_NAMES)
         with pytest.warns(UserWarning, match="unknown preset"):  # gr.Warning outside a request warns
-            outputs = playground.apply_preset(name)
+            outputs = tab.apply_preset(name)
         assert len(outputs) == len(PRESET_FIELDS)
         assert all(isinstance(o, dict) and o.get("__type__") == "update" and len(o) == 1 for o in outputs), outputs
     for name in PRESET_NAMES:
         values = preset_values(name, engine.recommended)
         assert build_settings({"max_new_tokens": 64, **values}) is not None
         assert "max_new_tokens" not in values  # a preset never changes the answer's length
-    assert all(isinstance(o, dict) and o.get("__type__") == "update" for o in playground.apply_preset("custom"))
+    assert all(isinstance(o, dict) and o.get("__type__") == "update" for o in tab.apply_preset("custom"))
 
 
 UNUSUAL_PROMPTS = [
@@ -360,9 +366,9 @@ API_BAD = (
 )
 
 
-def assert_api_refuses(client, playground: Playground, args) -> None:
+def assert_api_refuses(client, hub: Hub, args) -> None:
     """`/generate` called with `args` fails with exactly the validation message of the API's own checks, clear."""
-    expected = validation_message(playground, args)
+    expected = validation_message(hub, args)
     with pytest.raises(AppError) as info:
         client.predict(*args, api_name="/generate")
     assert str(info.value) == expected
@@ -372,7 +378,7 @@ def assert_api_refuses(client, playground: Playground, args) -> None:
 @pytest.mark.parametrize("field, value", API_BAD, ids=[f"{f}-{i}" for i, (f, _) in enumerate(API_BAD)])
 def test_api_rejects_bad_input_with_the_validation_message(client, served_app, field, value):
     note_bad(field, value)
-    assert_api_refuses(client, served_app[0].playground, with_value(field, value))
+    assert_api_refuses(client, served_app[0].hub, with_value(field, value))
 
 
 def test_api_rejects_a_prompt_over_the_context_with_the_limit(client, served_app, engine):
@@ -395,7 +401,7 @@ def test_api_bad_settings_space(client, served_app, data):
         st.text(alphabet="abcxyz!?<>&", min_size=1, max_size=12),
     ))
     note_bad(name, value)
-    assert_api_refuses(client, served_app[0].playground, with_value(name, value))
+    assert_api_refuses(client, served_app[0].hub, with_value(name, value))
 
 
 def call_raw(url: str, body: str, timeout: float = 120.0) -> tuple[str, object]:

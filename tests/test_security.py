@@ -6,8 +6,9 @@
 - A Python audit hook watches every file-system event while path-like values travel through the API and Gradio's
   file route: the sentinel file they name is never touched.
 - Every model-produced string is escaped before it reaches HTML or a Plotly label: hostile tokens go through every
-  view builder (canvas, stack, chips, meter, plots' hover text and titles, status line, header, the live render),
-  and through the real page in Chromium, where no markup from a token becomes an element or runs.
+  view builder (canvas, stack, chips, meter, plots' hover text and titles, status line, header, Chat's live
+  render); the Playground's feed carries them as JSON data with no markup, and in the real page in Chromium no markup
+  from a token becomes an element or runs.
 """
 
 from __future__ import annotations
@@ -29,13 +30,17 @@ from gradio_client.exceptions import AppError
 
 from diffgemma_ui import canvas_view, meter, plots
 from diffgemma_ui.blocks import header_html
-from diffgemma_ui.handlers import Playground, status_text
+from diffgemma_ui.canvas_view import thought_html
+from diffgemma_ui.hub import Hub
+from diffgemma_ui.live_view import render, status_text
+from diffgemma_ui.playground_tab import PlaygroundTab
 from diffgemma_ui.runs import RunRecord
 from diffgemma_ui.session import SessionState
 from diffgemma_ui.text import plain_text, visible_token
-from engine import DEFAULT_MODEL, Frame, GenerationResult, ModelLoadError, load_model
+from diffgemma_ui.validation import RunRequest
+from engine import DEFAULT_MODEL, DiffusionSettings, Frame, GenerationResult, ModelLoadError, load_model
 from pages import set_number
-from synthetic import canvas_html, parse_html, synthetic_frame
+from synthetic import ListTokenText, StubModel, canvas_html, parse_html, synthetic_frame
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = [
@@ -149,14 +154,14 @@ def test_the_api_offers_no_model_path_or_file(client, served_app):
 
 def test_extra_request_fields_cannot_change_the_model(served_app, engine):
     app, url = served_app
-    before = (app.playground.engine, engine.source, engine.model)
+    before = (app.hub.engine, engine.source, engine.model)
     body = {"data": ["In the beginning", True, 64, 2, 0.5, 0.4, 0.8, 1, 0.05, True, 3, "/tmp/evil-model", "org/x"],
             "model": "/tmp/evil-model", "model_path": "org/evil", REMOTE_CODE_KEY: True, "fn_index": 0}
     posted = httpx.post(f"{url}gradio_api/call/generate", json=body, timeout=60)
     assert posted.status_code == 200
     answer = httpx.get(f"{url}gradio_api/call/generate/{posted.json()['event_id']}", timeout=120).text
     assert "event: complete" in answer, answer
-    assert (app.playground.engine, engine.source, engine.model) == before
+    assert (app.hub.engine, engine.source, engine.model) == before
     assert Path(engine.source).resolve() == DEFAULT_MODEL.resolve()
 
 
@@ -349,9 +354,13 @@ def test_plots_escape_hover_texts_and_titles():
 
 
 class HostileSummaryEngine:
-    """What `Playground.render` needs of an engine; its decoded text is hostile too."""
+    """What the live views need of an engine (Chat's `live_view.render`, the Playground's feed); its tokens, decoded
+    text and model name are hostile too."""
 
     canvas_length = N
+    source = "/models/" + HOSTILE[1]
+    token_text = ListTokenText(HOSTILE)
+    model = StubModel()
 
     class device:  # noqa: N801
         type = "cpu"
@@ -363,16 +372,22 @@ class HostileSummaryEngine:
             seed=7, stop_reason=last.stop_reason)
 
 
-def test_the_live_render_of_a_hostile_run_is_inert(served_app):
-    """Everything `Playground.render` sends to the page: HTML escaped, plots escaped, the text for a Textbox."""
+def hostile_run() -> RunRecord:
+    """Two blocks of four forwards of hostile frames, the run ended."""
     record = RunRecord()
     for block in range(2):
         for step in range(4):
             record.add(hostile_frame(step=step, block=block, block_done=step == 3, done=block == 1 and step == 3,
                                      stop_reason="max_new_tokens" if block == 1 and step == 3 else ""))
-    playground = Playground(HostileSummaryEngine())
+    return record
+
+
+def test_the_chat_live_render_of_a_hostile_run_is_inert(served_app):
+    """Everything `live_view.render` (Chat's view of a turn) sends to the page: HTML escaped, plots escaped, the
+    text for a Textbox."""
+    record = hostile_run()
     for final in (False, True):
-        outputs = playground.render(SessionState(), record.snapshot(), final=final, plots_due=True)
+        outputs = render(HostileSummaryEngine(), SessionState(), record.snapshot(), final=final, plots_due=True)
         for field in dataclasses.fields(outputs):
             value = getattr(outputs, field.name)
             if field.name == "text":
@@ -386,11 +401,34 @@ def test_the_live_render_of_a_hostile_run_is_inert(served_app):
     assert [c["type"] for c in text_box] == ["textbox"]  # the generated text is never rendered as HTML
 
 
+def test_the_playground_feed_of_a_hostile_run_is_data_not_markup():
+    """What the Playground's run step sends of a hostile run: the feed message is JSON with no markup at all (the
+    tokens, prompt and model name as data, for the page's player to draw as text: the browser test below holds
+    that), the text verbatim for a Textbox, the thought and a meter inert HTML."""
+    tab = PlaygroundTab(Hub(HostileSummaryEngine()))
+    snap = hostile_run().snapshot()
+    for final in (False, True):
+        session = SessionState()
+        session.request = RunRequest(prompt="".join(HOSTILE), raw=True, settings=DiffusionSettings(), seed=7)
+        feed, text, thought, *_ = tab.outputs(session, snap, final=final, text=True)
+        assert "<" not in feed  # no tag can start in it, even inside a <script>
+        message = json.loads(feed)
+        assert set(message["tokens"]) == set(HOSTILE)  # carried as they are: the player escapes them
+        assert message["prompt"] == "".join(HOSTILE) and message["model"]["name"] == HostileSummaryEngine.source
+        assert len(message["frames"]) == snap.frames_seen and message["final"] is final
+        assert text == plain_text("".join(HOSTILE))  # verbatim: a Textbox shows it as text
+        assert thought == thought_html("") and assert_inert_html(thought) is None
+    session.snapshot = snap
+    refused = json.loads(tab.refused(session))["meter"]  # the meter the server still draws
+    assert 'data-state="refused"' in refused
+    assert_inert_html(refused)
+
+
 @pytest.mark.slow
 def test_hostile_tokens_stay_text_in_the_browser(served_app, engine, monkeypatch, browser):
     """The real page, with every token the model produces rendered as hostile text: nothing runs, no element is
     injected, and the strings are visible as text."""
-    monkeypatch.setattr(engine, "token_text", lambda token_id: HOSTILE[token_id % N])
+    monkeypatch.setattr(engine, "token_text", ListTokenText(HOSTILE, engine.token_text.kind))
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     try:
         page.add_init_script("window.__alerts = []; for (const f of ['alert', 'confirm', 'prompt']) "
@@ -403,8 +441,10 @@ def test_hostile_tokens_stay_text_in_the_browser(served_app, engine, monkeypatch
         page.check("#dg-raw input[type=checkbox]")
         set_number(page, "Max new tokens", 128)
         set_number(page, "Max denoising steps", 3)
+        page.select_option("#dg-replay-pace", "live")  # the player keeps up with the engine
         page.click("#dg-generate")
         page.wait_for_selector(".dg-meter[data-state='done']", timeout=120_000)
+        page.wait_for_selector("#dg-canvas [data-playing='false']", timeout=30_000)  # played to its last forward
         page.hover("#dg-heatmap .nsewdrag", timeout=10_000)  # a Plotly hover label with a hostile token
         page.wait_for_timeout(300)
         injected = page.evaluate("""() => {

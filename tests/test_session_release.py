@@ -7,6 +7,7 @@ The memory figure for 50 browser visitors is measured by `python -m benchmarks.b
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -28,6 +29,15 @@ def wait_until(condition, timeout_s: float) -> bool:
     return condition()
 
 
+def final_feed(value) -> bool:
+    """Whether `value` is a Playground feed message with a run's final frames (the last the page was sent)."""
+    try:
+        message = json.loads(value)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(message, dict) and message.get("final") is True and bool(message.get("frames"))
+
+
 def short_run(page) -> None:
     """One run of one canvas and two forwards, to its final frame."""
     run_raw(page, "And", tokens=64, steps=2)
@@ -36,7 +46,7 @@ def short_run(page) -> None:
 def test_closing_a_tab_drops_its_gradio_record_and_keeps_the_open_ones(served_app, browser, monkeypatch):
     app, url = served_app
     holder = app.state_holder
-    assert app.playground.runs.blocks is app
+    assert app.hub.runs.blocks is app
     before = set(holder.session_data)
     closing, problems = open_page(browser, url)
     short_run(closing)
@@ -47,9 +57,9 @@ def test_closing_a_tab_drops_its_gradio_record_and_keeps_the_open_ones(served_ap
     assert len(closing_hash) == 1 and len(staying_hash) == 1, (closing_hash, staying_hash)
     (closing_hash,), (staying_hash,) = closing_hash, staying_hash
     record = holder.session_data[closing_hash]
-    assert any("dg-block" in str((c.get("props") or {}).get("value", "")) for c in record.config_values.values()), \
-        "the record of a finished run holds its last views"
-    runs = app.playground.runs
+    assert any(final_feed((c.get("props") or {}).get("value")) for c in record.config_values.values()), \
+        "the record of a finished run holds its last views (the feed's final message)"
+    runs = app.hub.runs
     drops = []  # (session hash, whether it had a record): other tests' closed tabs may be dropped meanwhile
     original_drop = runs.drop_closed
 
@@ -64,7 +74,7 @@ def test_closing_a_tab_drops_its_gradio_record_and_keeps_the_open_ones(served_ap
     assert wait_until(lambda: (closing_hash, True) in drops, DROP_DELAY_S + 15), \
         "the app's dropper did not drop the closed tab's record"
     assert closing_hash not in holder.session_data, "Gradio's record of the closed tab was kept"
-    assert closing_hash not in app.playground.sessions
+    assert closing_hash not in app.hub.sessions
     assert staying_hash in holder.session_data  # an open tab keeps its record
     short_run(staying)  # and keeps working
     assert staying_hash in holder.session_data

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from diffgemma_ui.handlers import Playground
+from diffgemma_ui.hub import Hub
+from diffgemma_ui.playground_tab import PlaygroundTab
 from engine import DEFAULT_MODEL, DiffusionEngine, DiffusionSettings, load_model
 from engine.cli import main as cli_main
 from engine.settings import RANGES
@@ -72,7 +73,7 @@ def test_cli_refuses_an_overflowing_schedule_with_exit_2_and_one_line(t_max, cap
 
 
 def test_api_refuses_it_naming_the_setting_and_never_says_try_again(engine):
-    playground = Playground(engine)
+    tab = PlaygroundTab(Hub(engine))
     with pytest.raises(gr.Error) as refused:
-        asyncio.run(playground.generate_api_served("In the beginning", True, 64, 32, 0.5, 0.0, 1e-38, 1, 0.05, True, 0))
+        asyncio.run(tab.generate_api_served("In the beginning", True, 64, 32, 0.5, 0.0, 1e-38, 1, 0.05, True, 0))
     assert "t_min and t_max" in refused.value.message and "try again" not in refused.value.message

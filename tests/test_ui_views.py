@@ -1,4 +1,5 @@
-"""Unit tests of the UI's pure parts from synthetic frames: escaping, canvas, plots, meter, validation, worker."""
+"""Unit tests of the UI's pure parts from synthetic frames (escaping, canvas, plots, meter, validation, worker) and
+of the Playground tab's handlers on a fake engine (the feed of a run's frames to the page's player)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from diffgemma_ui import canvas_view, handlers, meter, plots, text
-from diffgemma_ui.handlers import Playground, status_text
+from diffgemma_ui import canvas_view, meter, playground_tab, plots, text
+from diffgemma_ui.hub import Hub
+from diffgemma_ui.live_view import status_text
+from diffgemma_ui.playground_tab import PlaygroundTab
 from diffgemma_ui.runs import MAX_LIVE_GAP_S, RunRecord, RunTimeLimitExceeded, RunWorker, default_live_rate
 from diffgemma_ui.session import SessionState
 from diffgemma_ui.tab import PLOT_INTERVAL_S, PlotClock
@@ -26,7 +29,8 @@ from diffgemma_ui.text import escape_html, escape_plotly, token_html, visible_to
 from diffgemma_ui.validation import MAX_PROMPT_CHARS, build_request, build_settings, check_prompt, preset_values
 from engine import PRESET_NAMES, DiffusionSettings, Frame, GenerationResult, preset
 from engine.settings import parse_seed, spec
-from synthetic import canvas_html, parse_html, synthetic_frame
+from playground import fed_frames, messages, page_run
+from synthetic import ListTokenText, StubModel, canvas_html, parse_html, synthetic_frame
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,9 +58,9 @@ HOSTILE = [
 N = 16  # canvas length of synthetic frames
 
 
-def generate(playground: Playground, *inputs) -> tuple[str, dict]:
+def generate(tab: PlaygroundTab, *inputs) -> tuple[str, dict]:
     """`/generate`'s handler to its end (no client to go away)."""
-    return asyncio.run(playground.generate_api_served(*inputs))
+    return asyncio.run(tab.generate_api_served(*inputs))
 
 
 def make_frame(step=0, block=0, tokens=None, accepted=None, done=False, block_done=False, committed=None, **kw):
@@ -435,8 +439,8 @@ def test_the_default_live_rate_falls_for_large_canvases():
         [default_live_rate(n) for n in (64, 128, 256, 512)], reverse=True)
     with pytest.raises(ValueError, match="canvas_length"):
         default_live_rate(0)
-    assert Playground(FakeEngine()).runs.max_fps == default_live_rate(FakeEngine.canvas_length)
-    assert Playground(FakeEngine(), max_fps=3.0).runs.max_fps == 3.0  # an explicit rate is kept
+    assert Hub(FakeEngine()).runs.max_fps == default_live_rate(FakeEngine.canvas_length)
+    assert Hub(FakeEngine(), max_fps=3.0).runs.max_fps == 3.0  # an explicit rate is kept
 
 
 def test_worker_stretches_the_gap_so_a_slow_reader_keeps_to_its_budget():
@@ -551,13 +555,15 @@ def test_session_state_copies_are_fresh():
     assert copy.deepcopy(session).worker is None
 
 
-# -- handlers (with a fake engine: no model) -------------------------------------------------------------------------
+# -- the Playground tab's handlers (with a fake engine: no model) -----------------------------------------------------
 class FakeEngine:
     """Duck-typed stand-in for `DiffusionEngine` (the public API the UI uses)."""
 
     canvas_length = N
     recommended = DiffusionSettings(max_new_tokens=64, max_denoising_steps=8, entropy_bound=0.5)
     source = "fake/<model>"
+    token_text = ListTokenText(HOSTILE)
+    model = StubModel()
 
     class device:  # noqa: N801
         type = "cpu"
@@ -575,7 +581,7 @@ class FakeEngine:
     def check_settings(self, settings):
         pass
 
-    def frames(self, prompt, settings=None, *, raw=False, seed=None, stop_event=None, thinking=False):
+    def frames(self, prompt, settings=None, *, raw=False, seed=None, stop_event=None, thinking=False, prompt_ids=None):
         return fake_source(self.n, self.delay)(stop_event)
 
     def summarize(self, last, frames):
@@ -591,171 +597,191 @@ class FakeEngine:
 ARGS = ("In the beginning", True, 64, 8, 0.5, 0.4, 0.8, 1, 0.05, True, 3)
 
 
-def page_after(outputs: list[tuple]) -> list:
-    """What the page shows after the stream's `outputs`: each output's last value that is not a skip."""
-    shown = list(outputs[0])
-    for update in outputs[1:]:
-        shown = [old if new == gr.skip() else new for old, new in zip(shown, update)]
-    return shown
+def make_tab(engine=None, **limits) -> PlaygroundTab:
+    """The Playground tab on a `Hub` of `engine` (default: a `FakeEngine`); `limits` as `Hub`'s."""
+    return PlaygroundTab(Hub(engine or FakeEngine(), **limits))
 
 
-def test_generate_stream_renders_live_then_final_and_frees_the_worker_when_closed():
-    playground = Playground(FakeEngine(frames=12), max_fps=1000)
-    session = SessionState()
-    outputs = list(playground.generate_stream(session, *ARGS))
-    first, last = outputs[0], outputs[-1]
-    assert first[8]["interactive"] is False and first[9]["interactive"] is True  # Generate off, Stop on
-    assert last[8]["interactive"] is True and last[9]["interactive"] is False
-    assert "Done" in last[1] and last[3] == "<b>text</b>"  # plain text for a Textbox
-    assert 'data-blocks="3"' in last[0]  # 12 frames of 4 steps: 3 finished blocks stacked
-    shown = page_after(outputs)
-    assert isinstance(shown[4], plots.FigureSpec) and "sliders" in shown[4]["layout"]
-    assert all(isinstance(figure, plots.FigureSpec) for figure in shown[4:7])
-    for before, update in zip(outputs, outputs[1:]):  # each update draws one plot at most: a repeat draws none
-        drawn = [new for old, new in zip(before[4:7], update[4:7])
-                 if isinstance(new, plots.FigureSpec) and new is not old]
-        assert len(drawn) <= 1
-    final_view = outputs[-3:]  # heatmap, then unmasking order, then the rest: a plot once sent is never skipped
-    assert [isinstance(o[4], plots.FigureSpec) for o in final_view] == [True] * 3
-    assert final_view[1][4] is final_view[0][4] and final_view[2][4] is final_view[0][4]
-    assert [isinstance(o[5], plots.FigureSpec) for o in final_view] == [False, True, True]
-    assert final_view[2][5] is final_view[1][5]
-    stacks = [o[0] for o in outputs if isinstance(o[0], str)]
-    assert stacks[0] == "" and len(stacks) <= 5  # the stack is only re-sent when a block finishes
+def started(tab: PlaygroundTab, session: SessionState, *inputs) -> tuple[tuple, object]:
+    """A Generate: `request_run`'s outputs and the run step's stream of its ticket (not read yet)."""
+    checked = tab.request_run(session, *inputs)
+    return checked, tab.generate_stream(session, checked[0])
+
+
+def meter_of(feed: str) -> str:
+    """The meter HTML a feed message sets."""
+    return json.loads(feed)["meter"]
+
+
+def test_generate_stream_feeds_every_frame_then_the_final_view_and_frees_the_worker_when_closed():
+    tab, session = make_tab(FakeEngine(frames=12), max_fps=1000), SessionState()
+    (ticket, queued, generate_button, stop_button), stream = started(tab, session, *ARGS)
+    assert generate_button["interactive"] is False and stop_button["interactive"] is True  # Generate off, Stop on
+    assert 'data-state="queued"' in meter_of(queued)
+    outputs = list(stream)
+    last = outputs[-1]
+    assert last[3]["interactive"] is True and last[4]["interactive"] is False
+    assert all(o[3] == gr.skip() and o[4] == gr.skip() for o in outputs[:-1])  # buttons: at the end only
+    assert last[1] == "<b>text</b>"  # plain text for a Textbox
+    sent = messages(outputs)
+    assert [m for m in sent if m.get("final")] == [sent[-1]]  # the player hears once that the engine ended
+    frames = fed_frames(outputs)
+    assert [(f["block"], f["step"]) for f in frames] == [divmod(i, 4) for i in range(12)]  # every forward, in order
+    assert [f["block"] for f in frames if f["block_done"]] == [0, 1, 2]  # 12 frames of 4 steps: 3 blocks committed
+    assert frames[-1]["stop_reason"] == "max_new_tokens"  # what the player's final status says
+    runs = [m for m in sent if "frames" in m]
+    assert len({m["key"] for m in runs}) == 1
+    held = 0
+    for message in runs:  # no frame sent twice (the final message may repeat the last to say the run ended)
+        assert message["start"] == held or (message["final"] and message["start"] == held - 1
+                                            and len(message["frames"]) == 1), (message["start"], held)
+        held = message["start"] + len(message["frames"])
     assert not session.worker.running
 
-    slow = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
+    slow = make_tab(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
     session = SessionState()
-    stream = slow.generate_stream(session, *ARGS)
+    _, stream = started(slow, session, *ARGS)
     next(stream), next(stream)
     stream.close()  # what Gradio does when the tab closes or the event is cancelled
     assert session.worker.stop_event.is_set() and session.worker.join(5)
-    assert slow.runs.active() == 0
+    assert slow.hub.runs.active() == 0
 
 
-def test_before_its_first_frame_a_run_says_it_is_starting_not_idle():
-    playground = Playground(FakeEngine(frames=4, delay=0.5), max_fps=1000)  # the first frame after 0.5 s
+def test_before_its_first_frame_a_run_says_it_is_starting_not_queued_or_idle():
+    tab = make_tab(FakeEngine(frames=4, delay=0.5), max_fps=1000)  # the first frame after 0.5 s
     session = SessionState()
-    stream = playground.generate_stream(session, *ARGS)
-    canvas, meter = next(stream)[1:3]
+    _, stream = started(tab, session, *ARGS)
+    feed = next(stream)[0]
     assert session.snapshot.latest is None  # the view before the first frame
-    assert "Encoding the prompt" in canvas
+    assert isinstance(feed, str), "no meter before the first frame: the page still says the run is queued"
+    meter = meter_of(feed)
     assert 'data-state="running"' in meter and "starting: encoding the prompt" in meter
-    assert "press Generate" not in meter
+    assert "press Generate" not in meter and "Queued" not in meter  # out of the queue
     stream.close()
     assert session.worker.join(5)
 
 
-def stopped_while_read(playground: Playground, session: SessionState, stream) -> tuple[tuple, list]:
+def stopped_while_read(tab: PlaygroundTab, session: SessionState, stream) -> tuple[tuple, list]:
     """Stop pressed while `stream` is read in a thread, as Gradio reads it: (Stop's view, what the stream sent);
     asserts the stream had ended by the time Stop's view came back."""
     sent: list = []
     reader = threading.Thread(target=lambda: sent.extend(stream), daemon=True)
     reader.start()
-    final = playground.stop(session)
+    final = tab.stop(session)
     assert not reader.is_alive(), "Stop's final view came back while the stream could still send"
     return final, sent
 
 
+def assert_stopped(final: tuple) -> None:
+    """`final` is Stop's view of a stopped run: the engine's end with its cancelled frame, Generate on, Stop off."""
+    message = json.loads(final[0])
+    assert message["final"] is True and message["frames"][-1]["stop_reason"] == "cancelled"  # "Stopped: ..."
+    assert final[3]["interactive"] is True and final[4]["interactive"] is False
+
+
 def test_generate_stream_stop_button_and_bad_input():
-    playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
+    tab = make_tab(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
     session = SessionState()
-    stream = playground.generate_stream(session, *ARGS)
+    _, stream = started(tab, session, *ARGS)
     next(stream)
-    final, sent = stopped_while_read(playground, session, stream)  # Stop renders the final view itself
-    assert "Stopped" in final[1] and "stopped" in final[2]
-    assert final[8]["interactive"] is True and final[9]["interactive"] is False  # Generate on, Stop off
-    assert all('data-state="running"' in view[2] for view in sent)  # the stream itself never renders a final view
+    final, sent = stopped_while_read(tab, session, stream)  # Stop sends the final view itself
+    assert_stopped(final)
+    assert not any(m.get("final") for m in messages(sent))  # the stream itself never sends a final view
+    assert all(o[3] == gr.skip() and o[4] == gr.skip() for o in sent)
     assert not session.worker.running
     with pytest.raises(gr.Error, match="t_min must be below t_max"):
-        next(playground.generate_stream(SessionState(), "hi", True, 64, 8, 0.5, 0.9, 0.8, 1, 0.05, True, 3))
+        tab.request_run(SessionState(), "hi", True, 64, 8, 0.5, 0.9, 0.8, 1, 0.05, True, 3)
     with pytest.raises(gr.Error, match="context"):
-        next(playground.generate_stream(SessionState(), "hi", True, 1000, 8, 0.5, 0.4, 0.8, 1, 0.05, True, 3))
+        tab.request_run(SessionState(), "hi", True, 1000, 8, 0.5, 0.4, 0.8, 1, 0.05, True, 3)
+    refused = SessionState()
+    assert list(tab.generate_stream(refused, "1")) == [] and refused.worker is None  # no checked request: no run
 
 
 def test_one_run_per_session_whatever_starts_it():
     """A second trigger's ticket stops the first run, whose stream then sends nothing; a request whose ticket went
     stale while queued never starts; Stop on a queued request says it left the queue."""
-    playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
+    tab = make_tab(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
     session = SessionState()
-    first_ticket, *_ = playground.request_run(session, *ARGS)
-    first = playground.generate_stream(session, *ARGS, first_ticket)
+    (first_ticket, *_), first = started(tab, session, *ARGS)
     next(first), next(first)
     first_worker = session.worker
-    second_ticket, meter, generate, stop = playground.request_run(session, *ARGS)  # Shift+Enter during the run
-    assert 'data-state="queued"' in meter and generate["interactive"] is False and stop["interactive"] is True
+    second_ticket, meter, generate_button, stop_button = tab.request_run(session, *ARGS)  # Shift+Enter during the run
+    meter = meter_of(meter)
+    assert 'data-state="queued"' in meter and generate_button["interactive"] is False
+    assert stop_button["interactive"] is True
     assert "Replaced the run in progress" in meter  # the visitor is told the first run was stopped
     assert first_worker.stop_event.is_set()
-    assert list(first) == []  # the superseded stream ends without a view (no final render, no button change)
-    stale = playground.generate_stream(session, *ARGS, first_ticket)  # a stale request that waited in the queue
+    assert list(first) == []  # the superseded stream ends without a view (no final view, no button change)
+    stale = tab.generate_stream(session, first_ticket)  # a stale request that waited in the queue
     assert list(stale) == [] and session.worker is first_worker
-    second = playground.generate_stream(session, *ARGS, second_ticket)
+    second = tab.generate_stream(session, second_ticket)
     view = next(second)
-    assert session.worker is not first_worker and view[8]["interactive"] is False  # Generate off while it runs
-    final, _ = stopped_while_read(playground, session, second)
-    assert "Stopped" in final[1] and playground.runs.active() == 0
+    assert session.worker is not first_worker and view[3] == gr.skip()  # Generate stays off while it runs
+    final, _ = stopped_while_read(tab, session, second)
+    assert_stopped(final)
+    assert tab.hub.runs.active() == 0
 
-    queued_ticket, queued_meter, *_ = playground.request_run(session, *ARGS)
-    assert "Replaced" not in queued_meter  # nothing was running
-    left = playground.stop(session)  # Stop while the request waits in the queue
-    assert "left the queue" in left[2] and left[8]["interactive"] is True
-    assert list(playground.generate_stream(session, *ARGS, queued_ticket)) == []  # it never starts
+    queued_ticket, queued_meter, *_ = tab.request_run(session, *ARGS)
+    assert "Replaced" not in meter_of(queued_meter)  # nothing was running
+    left = tab.stop(session)  # Stop while the request waits in the queue
+    assert "left the queue" in meter_of(left[0]) and left[3]["interactive"] is True
+    assert list(tab.generate_stream(session, queued_ticket)) == []  # it never starts
 
 
 def test_stop_sends_its_final_view_after_a_live_view_the_stream_was_still_making():
     """A live view being made when Stop is pressed reaches the page before Stop's final view, never after it
-    (the page would show a running meter after the run ended)."""
-    playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
+    (the page would take the run for still running after it ended)."""
+    tab = make_tab(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
     session = SessionState()
-    render, making, order = playground.render, threading.Event(), []
+    outputs, making, order = tab.outputs, threading.Event(), []
 
-    def slow_live_render(state, snap, **options):
+    def slow_live_outputs(state, snap, **options):
         if not options["final"] and snap.frames_seen >= 3 and not making.is_set():
             making.set()
             time.sleep(0.5)  # a busy machine: Stop is pressed meanwhile
-        return render(state, snap, **options)
+        return outputs(state, snap, **options)
 
-    playground.render = slow_live_render
-    stream = playground.generate_stream(session, *ARGS)
+    tab.outputs = slow_live_outputs
+    _, stream = started(tab, session, *ARGS)
+
     def read():
         for view in stream:
-            order.append(("stream", view[2]))
+            order.append(("stream", view[0]))
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     assert making.wait(10)
-    final = playground.stop(session)
-    order.append(("stop", final[2]))
+    final = tab.stop(session)
+    order.append(("stop", final[0]))
     reader.join(10)
-    assert [who for who, _ in order][-1] == "stop" and 'data-state="done"' in order[-1][1]
-    assert order[-2][0] == "stream" and 'data-state="running"' in order[-2][1]  # the view it was making
+    assert [who for who, _ in order][-1] == "stop" and json.loads(order[-1][1])["final"] is True
+    assert order[-2][0] == "stream" and json.loads(order[-2][1])["final"] is False  # the view it was making
 
 
 def test_stop_waits_for_the_run_and_its_stream_under_one_deadline(monkeypatch):
     """A run that will not end and a stream nobody reads: Stop gives up on both after `STOP_WAIT_S` in all."""
-    monkeypatch.setattr(handlers, "STOP_WAIT_S", 0.6)
-    playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
+    monkeypatch.setattr(playground_tab, "STOP_WAIT_S", 0.6)
+    tab = make_tab(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
     session = SessionState()
-    stream = playground.generate_stream(session, *ARGS)
+    _, stream = started(tab, session, *ARGS)
     next(stream)  # held open: its stream never ends by itself
     monkeypatch.setattr(session.worker, "join", lambda timeout=None: time.sleep(timeout) or False)
-    started = time.monotonic()
-    final = playground.stop(session)
-    assert time.monotonic() - started < 1.0  # each wait on its own timeout would take 1.2 s
-    assert final[9]["interactive"] is False
+    begun = time.monotonic()
+    final = tab.stop(session)
+    assert time.monotonic() - begun < 1.0  # each wait on its own timeout would take 1.2 s
+    assert final[4]["interactive"] is False
     stream.close()
 
 
 def test_a_refused_request_marks_only_a_finished_previous_run():
-    playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
+    tab = make_tab(FakeEngine(frames=100_000, delay=0.01), max_fps=1000)
     session = SessionState()
-    assert isinstance(playground.refused(session), type(gr.skip()))  # nothing on the page to mark
-    ticket, *_ = playground.request_run(session, *ARGS)
-    stream = playground.generate_stream(session, *ARGS, ticket)
+    assert isinstance(tab.refused(session), type(gr.skip()))  # nothing on the page to mark
+    _, stream = started(tab, session, *ARGS)
     next(stream), next(stream)
-    assert isinstance(playground.refused(session), type(gr.skip()))  # the run goes on: its frames own the meter
-    stopped_while_read(playground, session, stream)
-    meter = playground.refused(session)
+    assert isinstance(tab.refused(session), type(gr.skip()))  # the run goes on: its frames own the meter
+    stopped_while_read(tab, session, stream)
+    meter = meter_of(tab.refused(session))
     assert 'data-state="refused"' in meter and "Everything below is from the previous run" in meter
     assert f"seed {session.snapshot.latest.seed}" in meter  # the previous run's own figures stay
 
@@ -767,33 +793,31 @@ def test_runs_past_the_time_limit_stop_with_a_clear_message_and_keep_finished_bl
     assert "limit of 0.3 s per run" in str(snap.error) and snap.latest.stop_reason == "cancelled"
     assert 4 < snap.frames_seen < 100 and snap.finished_blocks()  # stopped within a forward, blocks kept
 
-    playground = Playground(FakeEngine(frames=100_000, delay=0.01), max_run_s=0.3)
+    tab = make_tab(FakeEngine(frames=100_000, delay=0.01), max_run_s=0.3)
     with pytest.raises(gr.Error, match="limit of 0.3 s per run"):
-        generate(playground, *ARGS)
-    session = SessionState()
+        generate(tab, *ARGS)
+    outputs = []
+    _, stream = started(tab, SessionState(), *ARGS)
     with pytest.raises(gr.Error, match="limit of 0.3 s per run"):
-        for outputs in playground.generate_stream(session, *ARGS):
-            last = outputs
-    assert "The run failed: the run reached this server's limit" in html.unescape(last[1])
-    assert 'data-blocks="' in last[0]  # the finished blocks stay on the page
-    assert playground.runs.active() == 0
+        for out in stream:
+            outputs.append(out)
+    frames = fed_frames(outputs)
+    assert messages(outputs)[-1]["final"] is True and frames[-1]["stop_reason"] == "cancelled"
+    assert any(f["block_done"] for f in frames)  # the finished blocks stay on the page
+    assert outputs[-1][3]["interactive"] is True  # Generate on again
+    assert tab.hub.runs.active() == 0
 
 
-def test_api_handler_and_block_selection():
-    playground = Playground(FakeEngine(frames=9))
-    text, summary = generate(playground, *ARGS)
+def test_api_handler():
+    tab = make_tab(FakeEngine(frames=9))
+    text, summary = generate(tab, *ARGS)
     assert text == "<b>text</b>" and summary["frames"] == summary["forwards"] == 9
     assert summary["stop_reason"] == "max_new_tokens" and summary["seed"] == 42
     for bad, message in [(("",), "empty"), ((" ", True), "empty")]:
         with pytest.raises(gr.Error, match=message):
-            generate(playground, *bad, *ARGS[len(bad):])
+            generate(tab, *bad, *ARGS[len(bad):])
     with pytest.raises(gr.Error, match="seed"):
-        generate(playground, *ARGS[:-1], 2.5)
-    session = SessionState()
-    list(Playground(FakeEngine(frames=12), max_fps=1000).generate_stream(session, *ARGS))
-    heat, order, entropy = playground.select_block(session, 2)
-    assert "block 2" in heat["layout"]["title"]["text"] and "block 2" in order["layout"]["title"]["text"]
-    assert playground.select_block(SessionState(), 1)[0]["data"] == []
+        generate(tab, *ARGS[:-1], 2.5)
 
 
 def test_meter_says_counting_until_the_first_block_is_committed():
@@ -829,21 +853,13 @@ def test_meter_speed_is_the_committed_blocks_and_holds_still_while_a_block_runs(
 
 
 # -- plots follow the live block and say what they show (issue 13 items 8 and 13) --------------------------------------
-def test_live_plots_follow_every_block_and_name_its_step(monkeypatch):
-    monkeypatch.setattr("diffgemma_ui.tab.PLOT_INTERVAL_S", 1000.0)  # only block changes make plots due
-    playground = Playground(FakeEngine(frames=12, delay=0.02), max_fps=1000)
-    titles, orders = [], []  # the heatmap's and the unmasking order's, as sent (one plot per update)
-    for outputs in playground.generate_stream(SessionState(), *ARGS):
-        if isinstance(outputs[4], dict) and outputs[4].get("data"):
-            titles.append(outputs[4]["layout"]["title"]["text"])
-        if isinstance(outputs[5], dict) and outputs[5].get("data"):
-            orders.append(outputs[5]["layout"]["title"]["text"])
-    for block in (1, 2, 3):  # 12 frames of 4 steps: every block is plotted, none skipped
-        assert any(f"block {block} \u00b7" in t for t in titles), titles
-    live = [t for t in titles if "live" in t]
-    assert live and all(re.search(r"block \d \u00b7 step \d+/\d+ \u00b7 live", t) for t in live), live
-    assert orders and all("block" in order for order in orders)
-    assert any("block 3" in order for order in orders)  # the last block's order too
+def test_the_feed_carries_every_forward_of_every_block_however_the_views_are_coalesced():
+    """The page's player plays and plots every forward of every block (its plots, drawn in the browser, name the
+    block and step): views coalesced at a slow live rate still feed each frame once, in order."""
+    tab = make_tab(FakeEngine(frames=24, delay=0.02), max_fps=4)  # a view at most every 0.25 s: frames pile up
+    outputs = page_run(tab, SessionState(), *ARGS)
+    assert len([m for m in messages(outputs) if "frames" in m]) < 24
+    assert [(f["block"], f["step"]) for f in fed_frames(outputs)] == [divmod(i, 4) for i in range(24)]
 
 
 def test_plot_legends_short_heatmaps_and_a_readable_play_button():
@@ -868,11 +884,14 @@ def test_every_preset_fits_the_page_sliders(engine):
         assert settings.max_denoising_steps <= spec("max_denoising_steps").ui_high, name
 
 
-def test_live_renders_send_the_text_only_with_a_committed_block():
-    outputs = list(Playground(FakeEngine(frames=12), max_fps=1000).generate_stream(SessionState(), *ARGS))
-    held = [o for o in outputs[1:-1] if not isinstance(o[0], str)]  # renders that re-send no stack
-    assert held and all(o[3] == gr.skip() for o in held)  # nor the committed text, which has not changed
-    assert all(isinstance(o[3], str) for o in outputs if isinstance(o[0], str))
+def test_live_views_send_the_text_only_when_a_block_is_committed():
+    """The text changes only with a committed block: a view sends it when a new block has begun or the run ended
+    (and the first view empties it), and holds it otherwise."""
+    outputs = page_run(make_tab(FakeEngine(frames=12, delay=0.05), max_fps=1000), SessionState(), *ARGS)
+    blocks = [len({f["block"] for f in fed_frames(outputs[:i + 1])}) for i in range(len(outputs))]
+    due = [i in (0, len(outputs) - 1) or blocks[i] != blocks[i - 1] for i in range(len(outputs))]
+    assert not all(due)  # some views held the text
+    assert [isinstance(o[1], str) for o in outputs] == due
 
 
 def test_live_plots_of_a_large_heatmap_come_less_often():
