@@ -21,9 +21,9 @@ def _next_seq() -> int:
         return _counter[0]
 
 
-def meter_message(meter_html: str) -> str:
-    """A feed message that sets the meter to `meter_html` (escaped by its maker)."""
-    return json.dumps({"seq": _next_seq(), "meter": meter_html})
+def meter_message(meter_html: str, *, error: str = "") -> str:
+    """A feed message that sets the meter to `meter_html` (escaped by its maker); `error`: why the run failed."""
+    return json.dumps({"seq": _next_seq(), "meter": meter_html, "error": error})
 
 
 def run_key(frames: list[Frame]) -> str:
@@ -32,9 +32,10 @@ def run_key(frames: list[Frame]) -> str:
 
 
 def frames_message(engine: DiffusionEngine, request: RunRequest | None, frames: list[Frame], start: int, *,
-                   final: bool, trace: Trace | None = None, autoplay: bool = True) -> str | None:
+                   final: bool, trace: Trace | None = None, autoplay: bool = True, error: str = "") -> str | None:
     """A feed message with `frames[start:]` of a run (`trace`: a loaded one instead of `request`'s) as replay data
-    with its `key`, `start` and `final`; None when there is nothing new to say."""
+    with its `key`, `start`, `final` and `error` (why the run failed, in the visitor's words); None when there is
+    nothing new to say."""
     if not frames or (start >= len(frames) and not final):
         return None
     new = frames[start:] or frames[-1:]
@@ -47,6 +48,6 @@ def frames_message(engine: DiffusionEngine, request: RunRequest | None, frames: 
                      raw=request.raw, prompt_ids=(), tokens={i: engine.token_text(i) for i in ids}, text="",
                      frames=tuple(new), kinds=kinds)
     data = replay_data(part)
-    data.update(seq=_next_seq(), key=run_key(frames), start=start, final=bool(final), autoplay=autoplay,
+    data.update(seq=_next_seq(), key=run_key(frames), start=start, final=bool(final), autoplay=autoplay, error=error,
                 prompt_tokens=new[-1].prompt_tokens if trace is None else data["prompt_tokens"])
     return script_json(data)

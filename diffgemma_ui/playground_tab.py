@@ -25,8 +25,8 @@ from .meter import REFUSED_NOTICE, meter_html, run_meter_html, waiting_meter_htm
 from .runs import STOP_WAIT_S, RunSnapshot, session_key, wait_all
 from .session import SessionState
 from .step_through import StepThroughHandlers, build_step_controls, reset_note_on, wire_step_through
-from .tab import (PRIVATE, UNQUEUED, Tab, api_run, buttons, checked, refusal_box, run_buttons, seed_box,
-                  setting_control, setting_params, user_error)
+from .tab import (PRIVATE, UNQUEUED, Tab, api_run, buttons, checked, describe_error, refusal_box, run_buttons,
+                  seed_box, setting_control, setting_params, user_error)
 from .text import plain_text, prose
 from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, PRESET_FIELDS, RunRequest, preset_values
 
@@ -50,7 +50,7 @@ def player_html(plotly_url: str) -> str:
         '<input id="dg-replay-slider" type="range" min="0" max="0" step="1" value="0" aria-label="forward" disabled>'
         '<span id="dg-replay-label"></span>'
         f'<label class="dg-pace">Pace <select id="dg-replay-pace" aria-label="playback pace">{options}</select></label>'
-        '</div><p id="dg-replay-status" class="dg-play-status"></p>'
+        '</div><p id="dg-replay-status" class="dg-play-status"></p><p id="dg-run-error" role="alert"></p>'
         '<p id="dg-replay-announce" class="dg-sr-only" aria-live="polite"></p>'
         f'<p id="dg-replay-caption" class="dg-caption"></p><div id="dg-legend">{legend_html()}</div>'
         f'<div id="dg-board"><div id="dg-stack"></div><div id="dg-canvas">{EMPTY_CANVAS_HTML}</div></div></div>'
@@ -95,7 +95,8 @@ class PlaygroundTab(Tab):
     def outputs(self, session: SessionState, snap: RunSnapshot, *, final: bool, text: bool) -> tuple:
         """(feed, text, thought, Generate, Stop) for `snap`: its frames not yet sent; the text if `text`."""
         frames = snap.frames()
-        message = frames_message(self.engine, session.request, frames, session.sent, final=final)
+        error = f"The run failed: {describe_error(snap.error)}" if final and snap.error is not None else ""
+        message = frames_message(self.engine, session.request, frames, session.sent, final=final, error=error)
         session.sent = len(frames)
         skip = gr.skip()
         words = thought = skip
@@ -105,7 +106,7 @@ class PlaygroundTab(Tab):
                 result = self.engine.summarize(snap.latest, snap.frames_seen)
                 words, thought = plain_text(result.text), thought_html(result.thought)
         if message is None and final:
-            message = meter_message(meter_html(None, note=prose("no-forward")))
+            message = meter_message(meter_html(None, note=prose("no-forward")), error=error)
         elif message is None and snap.latest is None:  # out of the queue, before the first forward
             message = meter_message(run_meter_html(None, final=False))
         feed = skip if message is None else message

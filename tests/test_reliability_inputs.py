@@ -26,11 +26,14 @@ from hypothesis import strategies as st
 from diffgemma_ui import meter
 from diffgemma_ui.hub import RUN_INPUT_NAMES, Hub
 from diffgemma_ui.playground_tab import PlaygroundTab
-from diffgemma_ui.validation import (MAX_PROMPT_CHARS, PRESET_FIELDS, SETTING_NAMES, build_request, build_settings,
-                                     check_prompt, parse_run, preset_values)
+from diffgemma_ui.validation import (MAX_PROMPT_CHARS, PRESET_FIELDS, build_request, build_settings, check_prompt,
+                                     parse_run, preset_values)
 from engine import PRESET_NAMES, DiffusionSettings
 from engine.settings import MAX_SEED, RANGES, parse_flag, parse_seed, spec
+from engine.settings import SETTING_NAMES as ALL_SETTING_NAMES
 from synthetic import canvas_html
+
+SETTING_NAMES = tuple(name for name in ALL_SETTING_NAMES if spec(name).kind is not bool)  # the numeric ones
 
 pytestmark = pytest.mark.slow
 

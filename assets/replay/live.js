@@ -60,6 +60,7 @@ function feed(text) {
   const player = mount();
   if (!player) return;
   if (message.meter !== undefined) setMeter(message.meter);
+  if (message.error !== undefined && byId("dg-run-error")) byId("dg-run-error").textContent = message.error;
   if (!message.frames) return;
   const fresh = message.key !== live.key;
   if (fresh) {

@@ -156,8 +156,7 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
     if (!same) { finished = new Map(); shown = ""; current = -1; cursor = -1; }
     if (slider) { slider.max = String(Math.max(0, last)); slider.disabled = last < 0; }
     if (waiting && current < last) { waiting = false; schedule(); }
-    const meter = find("dg-meter") && last >= 0 ? meterFrame(frames[Math.max(0, current)], frames[last]) : null;
-    if (meter && current >= 0) find("dg-meter").replaceChildren(meterView(meter));
+    if (current >= 0) drawMeter(meterFrame(frames[current], frames[last]));
     report();
   }
   function stackSections(f) {
@@ -174,6 +173,14 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
     if (find(id) && typeof Plotly !== "undefined") Plotly.react(find(id), figure.data, figure.layout, config);
   }
   const playing = () => !(engineDone() && current >= last);
+  // The meter of frame `f`, the engine's clock; "done" once the engine's run ended, a failed one included
+  function drawMeter(f) {
+    const host = find("dg-meter");
+    if (!host || !f) return;
+    const view = meterView(f);
+    if (engineDone() && view.dataset.state === "running") view.dataset.state = "done";
+    host.replaceChildren(view);
+  }
   // The words beside the view that keep the engine's pace and the playback's apart
   function report() {
     const status = find("dg-replay-status");
@@ -220,13 +227,11 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
       }
     }
     current = k;
-    const status = k === last && f.done ? (f.stopReason in STOP_REASONS ? STOP_REASONS[f.stopReason] : f.stopReason)
-      : "";
+    const status = k === last && engineDone() ? runStatus(f) : "";
     const view = liveView(f.forward, f.blockDone ? null : blockModel(f, true), status);
     view.dataset.playing = String(playing());
     canvasHost.replaceChildren(view);
-    const meter = meterFrame(f, frames[last]);
-    if (find("dg-meter") && meter) find("dg-meter").replaceChildren(meterView(meter));
+    drawMeter(meterFrame(f, frames[last]));
     if (`${f.block}:${block.length}` !== shown) {
       plot("dg-heatmap", heatmapFigure(block));
       plot("dg-entropy", entropyFigure(block));
