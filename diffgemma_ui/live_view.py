@@ -1,7 +1,6 @@
 """The live view as Gradio outputs, rendered on the server: the finished blocks, the canvas, the meter, the text
 and the three plots of a run's snapshot (`render`), the Chat tab's view of a turn."""
 
-import dataclasses
 from dataclasses import dataclass
 
 import gradio as gr
@@ -9,17 +8,17 @@ import gradio as gr
 from engine import Frame
 
 from . import plots
-from .canvas_view import EMPTY_CANVAS_HTML, STOP_REASONS, block_html, live_html, stack_html, thought_html
+from .canvas_view import STOP_REASONS, block_html, live_html, stack_html, thought_html
 from .meter import REFUSED_NOTICE, meter_html, run_meter_html
 from .runs import RunSnapshot
 from .session import SessionState
-from .tab import buttons, describe_error
+from .tab import describe_error
 from .text import plain_text
 
 
 @dataclass(frozen=True)
 class StreamOutputs:
-    """One render of the live view, in the order `blocks.build_app` wires its outputs."""
+    """One render of a run's live view (each a value for its component, or `gr.skip()`)."""
 
     stack: object
     canvas: object
@@ -28,16 +27,7 @@ class StreamOutputs:
     heatmap: object
     order: object
     entropy: object
-    block: object
-    generate_button: object
-    stop_button: object
     thought: object = ""
-
-    def as_tuple(self) -> tuple:
-        return tuple(getattr(self, field.name) for field in dataclasses.fields(self))
-
-
-STREAM_WIDTH = len(dataclasses.fields(StreamOutputs))
 
 
 def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
@@ -53,8 +43,8 @@ def status_text(frame: Frame | None, error: BaseException | None = None) -> str:
 
 def render(engine, session: SessionState, snap: RunSnapshot, *, final: bool, plots_due: bool, first: bool = True,
        stagger: bool = False) -> StreamOutputs:
-    """The view of `snap` (`engine` summarizes its text; blocks' HTML cached in `session`); hover text if `final`,
-    buttons if `first`/`final`; `stagger`: due live plots go one per render, the heatmap first."""
+    """The view of `snap` (`engine` summarizes its text; blocks' HTML cached in `session`); hover text if `final`;
+    `stagger`: due live plots go one per render, the heatmap first."""
     finished = snap.finished_blocks()
     for frame in finished[len(session.finished_html):]:
         session.finished_html.append(block_html(frame, live=False))
@@ -79,31 +69,9 @@ def render(engine, session: SessionState, snap: RunSnapshot, *, final: bool, plo
     elif session.pending_plots:
         name, figure = session.pending_plots.pop(0)
         order, entropy = (figure, skip) if name == "order" else (skip, figure)
-    blocks = snap.block_count
-    block = gr.update(maximum=max(2, blocks), value=max(1, blocks), visible=blocks > 1) if final else skip
-    if first and not final:  # the previous run's slider is stale
-        block = gr.update(visible=False)
     meter = run_meter_html(latest, committed=finished[-1] if finished else None, final=final)
-    run_button, stop_button = buttons(not final) if first or final else (skip, skip)
-    return StreamOutputs(
-        stack=stack, canvas=canvas, meter=meter, text=text, heatmap=heatmap, order=order, entropy=entropy,
-        block=block, generate_button=run_button, stop_button=stop_button, thought=thought,
-    )
-
-
-def plots_apart(outputs: StreamOutputs) -> list[StreamOutputs]:
-    """`outputs` as three updates, each adding to the one before: the heatmap, the unmasking order, then the rest.
-    A plot once sent is sent again, never skipped: Gradio streams it as an empty diff, which the page keeps."""
-    heatmap = dataclasses.replace(StreamOutputs(*(gr.skip(),) * STREAM_WIDTH), heatmap=outputs.heatmap)
-    return [heatmap, dataclasses.replace(heatmap, order=outputs.order), outputs]
-
-
-def initial_outputs() -> StreamOutputs:
-    """What the live view shows before any run."""
-    heatmap, order, entropy = plots.block_plots([])
-    return StreamOutputs(stack="", canvas=EMPTY_CANVAS_HTML, meter=meter_html(None), text="", heatmap=heatmap,
-                         order=order, entropy=entropy, block=gr.update(visible=False),
-                         generate_button=gr.update(interactive=True), stop_button=gr.update(interactive=False))
+    return StreamOutputs(stack=stack, canvas=canvas, meter=meter, text=text, heatmap=heatmap, order=order,
+                         entropy=entropy, thought=thought)
 
 
 def refused_meter(session: SessionState | None):
