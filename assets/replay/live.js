@@ -42,7 +42,6 @@ function mount() {
       if (live.player.playing()) live.player.schedule();
     });
   }
-  loadPlotly();
   return live.player;
 }
 
@@ -89,7 +88,7 @@ function loadPlotly() {
   const url = byId("dg-player") && byId("dg-player").dataset.plotly;
   if (!url) return;
   fetch(url).then((response) => new Response(response.body.pipeThrough(new DecompressionStream("gzip"))).text())
-    .then((code) => { (0, eval)(code); live.player.redraw(); })
+    .then((code) => { if (typeof Plotly === "undefined") (0, eval)(code); if (live.player) live.player.redraw(); })
     .catch((error) => { const s = byId("dg-replay-status"); if (s) s.textContent = `plots unavailable: ${error}`; });
 }
 
@@ -97,3 +96,9 @@ window.dgLive = {feed, ask, mount, have: () => (live.key ? `${live.key}:${live.d
   data: () => live.data, done: () => live.done, onData: (listener) => live.listeners.push(listener),
   player: () => live.player, pause: () => live.player && live.player.pause(),
   replay: () => { if (live.player && live.data) { live.player.show(0); live.player.start(); } }};
+// Plotly loads while the page is idle after it opens, not in the middle of the first run
+const waitForPlayer = setInterval(() => {
+  if (!byId("dg-player")) return;
+  clearInterval(waitForPlayer);
+  (window.requestIdleCallback || setTimeout)(loadPlotly);
+}, 200);
