@@ -8,7 +8,8 @@ ALTERNATIVES = 5  # candidates kept per position
 
 class RecordingEntropyBoundSampler(EntropyBoundSampler):
     """`EntropyBoundSampler` keeping, of its last step, `token_entropy` `[batch, canvas_length]` and the `ALTERNATIVES`
-    largest log-probabilities with their ids (`top_log_probs`, `top_ids`: `[batch, canvas_length, k]`)."""
+    largest log-probabilities, in float32 whatever the logits' dtype, with their ids (`top_log_probs`, `top_ids`:
+    `[batch, canvas_length, k]`)."""
 
     token_entropy: torch.Tensor | None = None
     top_log_probs: torch.Tensor | None = None
@@ -26,10 +27,11 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
 
     def accept_canvas(self, current_canvas, denoiser_canvas, logits, cur_step):
         """The canvas `[batch, canvas_length]` with denoiser tokens accepted within the entropy bound."""
-        token_entropy, log_probs = entropy_and_log_probs(logits, self._buffers(logits))
-        values, ids = top_k(log_probs.reshape(-1, log_probs.shape[-1]), min(ALTERNATIVES, log_probs.shape[-1]))
+        token_entropy, normalizer = entropy_and_normalizer(logits, self._buffers(logits))
+        values, ids = top_k(logits.reshape(-1, logits.shape[-1]), min(ALTERNATIVES, logits.shape[-1]))
         self.token_entropy = token_entropy
-        self.top_log_probs, self.top_ids = values.view(*log_probs.shape[:-1], -1), ids.view(*log_probs.shape[:-1], -1)
+        values = values.float() - normalizer.reshape(-1, 1)
+        self.top_log_probs, self.top_ids = values.view(*logits.shape[:-1], -1), ids.view(*logits.shape[:-1], -1)
         sorted_token_entropy, sorted_indices = torch.sort(token_entropy, dim=-1, descending=False)
         cumulative_entropy = torch.cumsum(sorted_token_entropy, dim=-1)
         sorted_selection_mask = cumulative_entropy - sorted_token_entropy <= self.entropy_bound
@@ -49,16 +51,20 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
         return workspace
 
 
-def entropy_and_log_probs(logits: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`Categorical(logits=logits)`'s entropy `[..]` (bitwise) and log-probabilities `[.., vocab]` (clamped to the
-    dtype's minimum), from two vocabulary-sized buffers instead of four and without its argument check; `out`: those
-    two buffers, shaped like `logits` (overwritten; the log-probabilities returned are the first)."""
+def entropy_and_normalizer(logits: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Categorical(logits=logits)`'s entropy `[..]` (bitwise: `logsumexp`'s own steps) and `logsumexp(logits)`
+    `[.., 1]` in float32 (its sum taken before a half-precision dtype rounds it), from two vocabulary-sized buffers
+    instead of four and without its argument check; `out`: those two buffers, shaped like `logits` (overwritten)."""
     log_probs, p_log_p = out if out is not None else (None, None)
-    log_probs = torch.sub(logits, logits.logsumexp(dim=-1, keepdim=True), out=log_probs)
+    maxes = logits.amax(dim=-1, keepdim=True)
+    maxes.masked_fill_(maxes.abs() == torch.inf, 0)
+    total = torch.sub(logits, maxes, out=p_log_p).exp_().sum(dim=-1, keepdim=True, dtype=torch.float32)
+    normalizer = total.to(logits.dtype, copy=True).log_().add_(maxes)
+    log_probs = torch.sub(logits, normalizer, out=log_probs)
     p_log_p = torch.softmax(log_probs, dim=-1, out=p_log_p)
     log_probs.clamp_(min=torch.finfo(log_probs.dtype).min)
-    return -p_log_p.mul_(log_probs).sum(-1), log_probs
+    return -p_log_p.mul_(log_probs).sum(-1), total.log_().add_(maxes.float())
 
 
 def with_recording(sampler):
