@@ -1,9 +1,15 @@
-"""Per-position statistics of a frame, taken from the sampler's own computation (no second pass over the logits)."""
+"""The engine's sampler: per-position statistics of a frame, taken from the sampler's own computation (no second
+pass over the logits), and its methods compiled for each run on the compiled path."""
+
+import threading
 
 import torch
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSampler
 
 ALTERNATIVES = 5  # candidates kept per position
+# What transformers' `_compile_functions` compiles once per model from one run's objects (`_compiled_<name>`)
+RUN_COMPILED = ("_compiled_accept_canvas", "_compiled_renoise_canvas", "_compiled_diffusion_stopping_criteria")
+_COMPILE_LOCK = threading.Lock()
 
 
 class RecordingEntropyBoundSampler(EntropyBoundSampler):
@@ -72,8 +78,23 @@ def with_recording(sampler):
     return RecordingEntropyBoundSampler.of(sampler) if type(sampler) is EntropyBoundSampler else sampler
 
 
+def compile_for_run(model, sampler, stopping_criteria) -> tuple:
+    """`model._compile_functions(sampler, stopping_criteria)` (encoder, decoder forward, sampler, stopping criteria)
+    with this run's own sampler and stopping criteria compiled; the model's compiled forwards are shared, and what it
+    kept of other runs' objects is left as it was."""
+    with _COMPILE_LOCK:
+        state = vars(model)
+        kept = {name: state.pop(name) for name in RUN_COMPILED if name in state}
+        try:
+            return model._compile_functions(sampler, stopping_criteria)
+        finally:
+            for name in RUN_COMPILED:
+                state.pop(name, None)
+            state.update(kept)
+
+
 def sampler_state(sampler):
-    """The object the sampler's last `accept_canvas` wrote to (a compiled method writes onto the first sampler)."""
+    """The object the sampler's last `accept_canvas` wrote to (a compiled method: the sampler it was compiled for)."""
     accept = getattr(sampler.accept_canvas, "_torchdynamo_orig_callable", sampler.accept_canvas)
     return getattr(accept, "__self__", sampler)
 
