@@ -7,7 +7,8 @@ from typing import NamedTuple
 import gradio as gr
 
 from engine import PRESET_NAMES, DiffusionSettings, Frame, preset
-from engine.diffusers_sampler import SCHEDULERS, PipelineRun, diffusers_available
+from engine.diffusers_sampler import (SCHEDULERS, PipelineRun, check_pipeline_settings, diffusers_available,
+                                      ignored_settings)
 from engine.settings import SETTING_NAMES, draw_seed, parse_seed, spec
 
 from . import plots
@@ -35,6 +36,20 @@ SIDE_SETTINGS = {"entropy_bound": "nats", "max_denoising_steps": None,  # each s
 def sampler_choices() -> list[str]:
     """Side B's samplers: the engine's, and diffusers' schedulers if installed."""
     return [ENGINE_SAMPLER, *([DIFFUSERS_PREFIX + name for name in SCHEDULERS] if diffusers_available() else [])]
+
+
+def scheduler_of(sampler: str) -> str | None:
+    """The diffusers scheduler of a B sampler choice; None for the engine's."""
+    return sampler[len(DIFFUSERS_PREFIX):] if str(sampler).startswith(DIFFUSERS_PREFIX) else None
+
+
+def b_controls(sampler: str) -> list:
+    """Updates of B's `SIDE_SETTINGS` controls for `sampler`: what its scheduler ignores disabled, saying so."""
+    scheduler = scheduler_of(sampler)
+    ignored = ignored_settings(scheduler) if scheduler in SCHEDULERS else ()
+    return [gr.update(interactive=name not in ignored,
+                      info=f"ignored: {scheduler} samples with its own defaults" if name in ignored else info)
+            for name, info in SIDE_SETTINGS.items()]
 
 
 class PipelineJob(NamedTuple):
@@ -104,9 +119,12 @@ class CompareHandlers(Tab):
         requests = [self.hub.checked_request(values(side), ui_limits=True) for side in (sides[:count], sides[count:])]
         if b_sampler not in sampler_choices():
             raise user_error(f"unknown sampler {str(b_sampler)[:60]!r}")
-        scheduler = b_sampler[len(DIFFUSERS_PREFIX):] if b_sampler.startswith(DIFFUSERS_PREFIX) else None
+        scheduler = scheduler_of(b_sampler)
         if scheduler is not None and requests[1].raw:
             raise user_error("diffusers' pipeline always applies the chat template: untick raw prompt to use it")
+        if scheduler is not None:
+            with refusing():
+                check_pipeline_settings(requests[1].settings)
         return requests, scheduler
 
     def request(self, state: CompareState | None, *inputs) -> None:
@@ -126,7 +144,7 @@ class CompareHandlers(Tab):
         """Run A then B (not after a stopped A) of prompt, raw, seed, max_new_tokens, A's and B's `SIDE_SETTINGS`, B's
         sampler: (cards, verdict, texts, heatmaps); gr.Error: bad input on either side, a failed run."""
         requests, scheduler = self._checked(inputs)
-        b_reads_bound = scheduler in (None, "EntropyBoundScheduler")
+        b_reads_bound = scheduler is None or "entropy_bound" not in ignored_settings(scheduler)
         sampler_note = (scheduler or "") + ("" if b_reads_bound else " (its own defaults for what it samples with)")
         state = state or CompareState()
         lasts, texts, states = [None, None], ["", ""], ["waiting", "waiting"]
@@ -199,11 +217,13 @@ def build_compare_tab(compare: CompareHandlers, default_prompt: str) -> None:
                 name = gr.Dropdown(list(PRESET_NAMES), value=DEFAULT_SIDES[side], label=f"Settings {side}: preset",
                                    elem_id=f"dg-compare-preset-{side}")
                 controls = [setting_control(setting, getattr(settings, setting), info=info,
-                                            label=f"{side}: {spec(setting).label.lower()}")
+                                            label=f"{side}: {spec(setting).label.lower()}",
+                                            elem_id=f"dg-compare-{setting.replace('_', '-')}-{side}")
                             for setting, info in SIDE_SETTINGS.items()]
                 if side == "B":
                     sampler = gr.Dropdown(sampler_choices(), value=ENGINE_SAMPLER, label="B: sampler",
                                           info=prose("compare-sampler-info"), elem_id="dg-compare-sampler")
+                    sampler.change(b_controls, inputs=[sampler], outputs=controls, **UNQUEUED)
             name.change(apply, inputs=[name], outputs=controls, **UNQUEUED)
             side_inputs += controls
     with gr.Row():

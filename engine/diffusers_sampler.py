@@ -12,6 +12,7 @@ from .sampling import canvas_statistics
 from .settings import DiffusionSettings, check_prompt
 
 SCHEDULERS = ("BlockRefinementScheduler", "DiscreteDDIMScheduler", "EntropyBoundScheduler")
+SCHEDULER_SETTINGS = ("entropy_bound", "t_min", "t_max")  # set on EntropyBoundScheduler only
 
 
 def diffusers_available() -> bool:
@@ -26,10 +27,25 @@ def import_diffusers():
     return diffusers
 
 
-def make_scheduler(name: str, settings: DiffusionSettings):
-    """A diffusers scheduler by class name, set from `settings`; `ValueError`, `ImportError`."""
+def ignored_settings(name: str) -> tuple[str, ...]:
+    """The settings scheduler `name` ignores, sampling with its own defaults instead; `ValueError`."""
     if name not in SCHEDULERS:
         raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {name!r}")
+    return () if name == "EntropyBoundScheduler" else SCHEDULER_SETTINGS
+
+
+def check_pipeline_settings(settings: DiffusionSettings) -> DiffusionSettings:
+    """`settings` if diffusers' pipeline reads them as the engine does; `ValueError` for a stability threshold of 0
+    with adaptive stopping (the engine: stable at once; the pipeline takes 0 as 1)."""
+    if settings.adaptive_stopping and settings.stability_threshold == 0:
+        raise ValueError("stability_threshold 0 (stable at once) has no match in diffusers' pipeline, which reads 0 "
+                         "as 1: use 1 or more, or turn adaptive stopping off")
+    return settings
+
+
+def make_scheduler(name: str, settings: DiffusionSettings):
+    """A diffusers scheduler by class name, set from `settings`; `ValueError`, `ImportError`."""
+    ignored_settings(name)
     cls = getattr(import_diffusers(), name)
     if name == "EntropyBoundScheduler":
         return cls(entropy_bound=settings.entropy_bound, t_max=settings.t_max, t_min=settings.t_min,
@@ -45,7 +61,7 @@ class PipelineRun:
     """One pipeline call in a thread, read as frames as it runs; `ValueError`, `ImportError`."""
 
     def __init__(self, engine, prompt: str, settings: DiffusionSettings, scheduler: str, seed: int):
-        self.engine, self.settings, self.seed = engine, settings, int(seed)
+        self.engine, self.settings, self.seed = engine, check_pipeline_settings(settings), int(seed)
         self.prompt = check_prompt(prompt)
         self.pipe = import_diffusers().DiffusionGemmaPipeline(
             model=engine.model, scheduler=make_scheduler(scheduler, settings), processor=engine.tokenizer)

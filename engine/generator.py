@@ -11,7 +11,7 @@ import torch
 from transformers import LogitsProcessorList
 
 from .frames import Frame, FrameBuilder, eos_id_list
-from .sampling import frame_statistics, sampler_state, with_recording
+from .sampling import compile_for_run, frame_statistics, sampler_state, with_recording
 from .settings import DiffusionSettings, draw_seed
 
 _GLOBAL_RNG_LOCK = threading.RLock()
@@ -119,8 +119,8 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
         diffusion_stopping_criteria = model._prepare_diffusion_stopping_criteria(generation_config)
         finished_sequences = torch.zeros(1, dtype=torch.bool, device=device)
         if past_key_values.is_compileable and not generation_config.disable_compile:
-            encoder_after_prefill, decoder_forward, sampler, diffusion_stopping_criteria = model._compile_functions(
-                sampler, diffusion_stopping_criteria)
+            encoder_after_prefill, decoder_forward, sampler, diffusion_stopping_criteria = compile_for_run(
+                model, sampler, diffusion_stopping_criteria)
         else:
             encoder_after_prefill, decoder_forward = model.model.encoder, model.forward
         n_steps = generation_config.max_denoising_steps

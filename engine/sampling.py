@@ -1,14 +1,21 @@
-"""Per-position statistics of a frame, taken from the sampler's own computation (no second pass over the logits)."""
+"""The engine's sampler: per-position statistics of a frame, taken from the sampler's own computation (no second
+pass over the logits), and its methods compiled for each run on the compiled path."""
+
+import threading
 
 import torch
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSampler
 
 ALTERNATIVES = 5  # candidates kept per position
+# What transformers' `_compile_functions` compiles once per model from one run's objects (`_compiled_<name>`)
+RUN_COMPILED = ("_compiled_accept_canvas", "_compiled_renoise_canvas", "_compiled_diffusion_stopping_criteria")
+_COMPILE_LOCK = threading.Lock()
 
 
 class RecordingEntropyBoundSampler(EntropyBoundSampler):
     """`EntropyBoundSampler` keeping, of its last step, `token_entropy` `[batch, canvas_length]` and the `ALTERNATIVES`
-    largest log-probabilities with their ids (`top_log_probs`, `top_ids`: `[batch, canvas_length, k]`)."""
+    largest log-probabilities, in float32 whatever the logits' dtype, with their ids (`top_log_probs`, `top_ids`:
+    `[batch, canvas_length, k]`)."""
 
     token_entropy: torch.Tensor | None = None
     top_log_probs: torch.Tensor | None = None
@@ -26,10 +33,11 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
 
     def accept_canvas(self, current_canvas, denoiser_canvas, logits, cur_step):
         """The canvas `[batch, canvas_length]` with denoiser tokens accepted within the entropy bound."""
-        token_entropy, log_probs = entropy_and_log_probs(logits, self._buffers(logits))
-        values, ids = top_k(log_probs.reshape(-1, log_probs.shape[-1]), min(ALTERNATIVES, log_probs.shape[-1]))
+        token_entropy, normalizer = entropy_and_normalizer(logits, self._buffers(logits))
+        values, ids = top_k(logits.reshape(-1, logits.shape[-1]), min(ALTERNATIVES, logits.shape[-1]))
         self.token_entropy = token_entropy
-        self.top_log_probs, self.top_ids = values.view(*log_probs.shape[:-1], -1), ids.view(*log_probs.shape[:-1], -1)
+        values = values.float() - normalizer.reshape(-1, 1)
+        self.top_log_probs, self.top_ids = values.view(*logits.shape[:-1], -1), ids.view(*logits.shape[:-1], -1)
         sorted_token_entropy, sorted_indices = torch.sort(token_entropy, dim=-1, descending=False)
         cumulative_entropy = torch.cumsum(sorted_token_entropy, dim=-1)
         sorted_selection_mask = cumulative_entropy - sorted_token_entropy <= self.entropy_bound
@@ -49,16 +57,20 @@ class RecordingEntropyBoundSampler(EntropyBoundSampler):
         return workspace
 
 
-def entropy_and_log_probs(logits: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`Categorical(logits=logits)`'s entropy `[..]` (bitwise) and log-probabilities `[.., vocab]` (clamped to the
-    dtype's minimum), from two vocabulary-sized buffers instead of four and without its argument check; `out`: those
-    two buffers, shaped like `logits` (overwritten; the log-probabilities returned are the first)."""
+def entropy_and_normalizer(logits: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Categorical(logits=logits)`'s entropy `[..]` (bitwise: `logsumexp`'s own steps) and `logsumexp(logits)`
+    `[.., 1]` in float32 (its sum taken before a half-precision dtype rounds it), from two vocabulary-sized buffers
+    instead of four and without its argument check; `out`: those two buffers, shaped like `logits` (overwritten)."""
     log_probs, p_log_p = out if out is not None else (None, None)
-    log_probs = torch.sub(logits, logits.logsumexp(dim=-1, keepdim=True), out=log_probs)
+    maxes = logits.amax(dim=-1, keepdim=True)
+    maxes.masked_fill_(maxes.abs() == torch.inf, 0)
+    total = torch.sub(logits, maxes, out=p_log_p).exp_().sum(dim=-1, keepdim=True, dtype=torch.float32)
+    normalizer = total.to(logits.dtype, copy=True).log_().add_(maxes)
+    log_probs = torch.sub(logits, normalizer, out=log_probs)
     p_log_p = torch.softmax(log_probs, dim=-1, out=p_log_p)
     log_probs.clamp_(min=torch.finfo(log_probs.dtype).min)
-    return -p_log_p.mul_(log_probs).sum(-1), log_probs
+    return -p_log_p.mul_(log_probs).sum(-1), total.log_().add_(maxes.float())
 
 
 def with_recording(sampler):
@@ -66,8 +78,23 @@ def with_recording(sampler):
     return RecordingEntropyBoundSampler.of(sampler) if type(sampler) is EntropyBoundSampler else sampler
 
 
+def compile_for_run(model, sampler, stopping_criteria) -> tuple:
+    """`model._compile_functions(sampler, stopping_criteria)` (encoder, decoder forward, sampler, stopping criteria)
+    with this run's own sampler and stopping criteria compiled; the model's compiled forwards are shared, and what it
+    kept of other runs' objects is left as it was."""
+    with _COMPILE_LOCK:
+        state = vars(model)
+        kept = {name: state.pop(name) for name in RUN_COMPILED if name in state}
+        try:
+            return model._compile_functions(sampler, stopping_criteria)
+        finally:
+            for name in RUN_COMPILED:
+                state.pop(name, None)
+            state.update(kept)
+
+
 def sampler_state(sampler):
-    """The object the sampler's last `accept_canvas` wrote to (a compiled method writes onto the first sampler)."""
+    """The object the sampler's last `accept_canvas` wrote to (a compiled method: the sampler it was compiled for)."""
     accept = getattr(sampler.accept_canvas, "_torchdynamo_orig_callable", sampler.accept_canvas)
     return getattr(accept, "__self__", sampler)
 

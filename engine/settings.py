@@ -240,6 +240,5 @@ def preset(name: str, recommended: DiffusionSettings) -> DiffusionSettings:
         return recommended.replace(
             entropy_bound=_tidy(recommended.entropy_bound / 4),
             max_denoising_steps=min(MAX_DENOISING_STEPS_LIMIT, recommended.max_denoising_steps * 2),
-            t_max=_tidy(max(recommended.t_min + 0.05, recommended.t_max * 0.75)),
         )
     raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")

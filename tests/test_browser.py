@@ -179,7 +179,7 @@ def test_preset_fills_the_sliders_and_dice_draws_a_seed(browser, served_app, eng
 
 
 def test_refused_prompt_leaves_the_canvas_clean_and_hand_edits_make_the_preset_custom(browser, served_app, engine):
-    careful_t_max = format(preset("careful", engine.recommended).t_max, "g")
+    careful_bound = format(preset("careful", engine.recommended).entropy_bound, "g")
     _, url = served_app
     page, problems = open_page(browser, url)
     page.fill("#dg-prompt textarea", "   ")
@@ -202,7 +202,7 @@ def test_refused_prompt_leaves_the_canvas_clean_and_hand_edits_make_the_preset_c
     preset_box.click()
     page.locator("ul[role=listbox] li", has_text="careful").first.click()
     page.wait_for_function(
-        f"document.querySelector(\"input[aria-label='number input for t_max']\").value === '{careful_t_max}'",
+        f"document.querySelector(\"input[aria-label='number input for Entropy bound']\").value === '{careful_bound}'",
         timeout=10_000)
     assert page.locator("input[aria-label='number input for Max new tokens']").input_value() == "64"
     assert preset_box.input_value() == "careful"

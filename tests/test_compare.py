@@ -10,12 +10,12 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from diffgemma_ui.compare_tab import (DIFFUSERS_PREFIX, CompareHandlers, CompareState, PipelineJob, pipeline_source,
-                                      side_html, verdict_html)
+from diffgemma_ui.compare_tab import (DIFFUSERS_PREFIX, ENGINE_SAMPLER, SIDE_SETTINGS, CompareHandlers, CompareState,
+                                      PipelineJob, b_controls, pipeline_source, side_html, verdict_html)
 from diffgemma_ui.hub import RUN_INPUT_NAMES, Hub, Job
 from diffgemma_ui.tab import stop_run
 from engine import DiffusionSettings
-from engine.diffusers_sampler import PipelineRun, pipeline_frames, turn_end_id
+from engine.diffusers_sampler import PipelineRun, check_pipeline_settings, pipeline_frames, turn_end_id
 from pages import open_page
 from synthetic import parse_html, synthetic_frame
 
@@ -92,6 +92,12 @@ def test_compare_tab_in_the_browser(browser, served_app):
         page.locator("#dg-compare-max-new input[type=number]").fill("64")
         page.locator("#dg-compare-max-new input[type=number]").press("Enter")
         assert not page.locator("#dg-compare-stop").is_enabled()  # nothing to stop yet
+        bound_b = "document.querySelector('#dg-compare-entropy-bound-B input[type=number]').disabled === "
+        for sampler, disabled in ((DIFFUSERS_PREFIX + "BlockRefinementScheduler", "true"), (ENGINE_SAMPLER, "false")):
+            page.click("#dg-compare-sampler input")
+            page.locator("ul[role=listbox] li", has_text=sampler).first.click()
+            page.wait_for_function(bound_b + disabled, timeout=10_000)  # B's scheduler ignores the bound
+        assert page.locator("#dg-compare-entropy-bound-A input[type=number]").is_enabled()
         page.click("#dg-compare-run")
         page.wait_for_function("document.querySelector('#dg-compare-stop').disabled === false", timeout=30_000)
         page.wait_for_selector("#dg-compare-verdict [data-state=done]", timeout=180_000)
@@ -178,6 +184,38 @@ def test_diffusers_side_b_refuses_raw_prompts(engine):
     with pytest.raises(Exception, match="always applies the chat template"):
         list(CompareHandlers(Hub(engine)).compare(None, None, "In the beginning", True, 4, 64, 0.5, 3, True,
                                                          0.5, 3, True, DIFFUSERS_PREFIX + "DiscreteDDIMScheduler"))
+
+
+def test_a_stability_threshold_of_zero_is_refused_for_diffusers():
+    """The engine reads stability_threshold 0 as stable at once, diffusers' pipeline as 1: refused, not run."""
+    zero = DiffusionSettings(stability_threshold=0, confidence_threshold=100.0)
+    with pytest.raises(ValueError, match="reads 0 as 1"):
+        PipelineRun(None, "Tell me about the flood.", zero, "BlockRefinementScheduler", 0)
+    assert check_pipeline_settings(zero.replace(adaptive_stopping=False)).stability_threshold == 0  # not read
+    assert check_pipeline_settings(zero.replace(stability_threshold=1)).stability_threshold == 1
+
+
+def test_b_disables_the_controls_its_scheduler_ignores():
+    bound, steps, adaptive = b_controls(DIFFUSERS_PREFIX + "BlockRefinementScheduler")
+    assert bound["interactive"] is False
+    assert bound["info"] == "ignored: BlockRefinementScheduler samples with its own defaults"
+    assert steps["interactive"] is adaptive["interactive"] is True
+    for sampler in (ENGINE_SAMPLER, DIFFUSERS_PREFIX + "EntropyBoundScheduler"):
+        updates = b_controls(sampler)
+        assert all(u["interactive"] for u in updates)
+        assert [u["info"] for u in updates] == list(SIDE_SETTINGS.values())
+
+
+@pytest.mark.slow
+def test_compare_refuses_a_stability_threshold_diffusers_reads_otherwise(engine, monkeypatch):
+    pytest.importorskip("diffusers")
+    monkeypatch.setattr(engine, "recommended", engine.recommended.replace(stability_threshold=0))
+    compare = CompareHandlers(Hub(engine))
+    args = (None, "Tell me about the flood.", False, 4, 64, 0.5, 3, True, 0.5, 3)
+    with pytest.raises(gr.Error, match="reads 0 as 1"):
+        compare.request(*args, True, DIFFUSERS_PREFIX + "BlockRefinementScheduler")
+    compare.request(*args, False, DIFFUSERS_PREFIX + "BlockRefinementScheduler")  # stability is not read
+    compare.request(*args, True, ENGINE_SAMPLER)
 
 
 def test_compare_reads_its_seed_as_every_tab_does(engine):

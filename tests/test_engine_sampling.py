@@ -8,7 +8,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (Entr
                                                                             EntropyBoundSamplerConfig)
 
 from engine.generator import host_lists, one_transfer
-from engine.sampling import (RecordingEntropyBoundSampler, canvas_statistics, draft_first, entropy_and_log_probs,
+from engine.sampling import (RecordingEntropyBoundSampler, canvas_statistics, draft_first, entropy_and_normalizer,
                              frame_statistics, top_alternatives, top_k, with_recording)
 
 
@@ -151,18 +151,36 @@ def test_top_k_keeps_the_largest_values_among_ties():
     assert got_ids[0, 0] == 5 and got_ids[1, 0] == 700 and all(len(set(row)) == 5 for row in got_ids.tolist())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_entropy_is_bitwise_the_library_categorical_entropy(dtype):
     logits = (torch.randn(1, 8, 300, generator=torch.Generator().manual_seed(3)) * 4).to(dtype)
     logits[0, 0, :7] = -torch.inf  # what a top-k or masking processor leaves
     logits[0, 1, 11] += 60
-    entropy, log_probs = entropy_and_log_probs(logits)
-    expected = torch.distributions.Categorical(logits=logits)
-    assert torch.equal(entropy, expected.entropy())
+    entropy, normalizer = entropy_and_normalizer(logits)
+    assert torch.equal(entropy, torch.distributions.Categorical(logits=logits).entropy())
     buffers = (torch.full_like(logits, 7.0), torch.full_like(logits, -3.0))  # stale values from an earlier step
-    again, in_buffer = entropy_and_log_probs(logits, buffers)
-    assert torch.equal(again, entropy) and torch.equal(in_buffer, log_probs) and in_buffer is buffers[0]
-    assert torch.equal(log_probs, expected.logits.clamp(min=torch.finfo(dtype).min))
+    again, normalized_in_buffers = entropy_and_normalizer(logits, buffers)
+    assert torch.equal(again, entropy) and torch.equal(normalized_in_buffers, normalizer)
+    assert normalizer.dtype == torch.float32
+    expected = logits.double().logsumexp(-1, keepdim=True).float()  # a half dtype rounds each exp it sums
+    torch.testing.assert_close(normalizer, expected, rtol=0, atol=1e-5 if dtype == torch.float32 else 2e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_alternatives_are_their_float32_log_probabilities(dtype):
+    """Five near ties 1/64 apart under a wide distribution: in the logits' dtype their log-probabilities round to a
+    few equal values; shown, they are their float32 log-probabilities, in their order."""
+    logits = (torch.randn(1, 16, 4096, generator=torch.Generator().manual_seed(5)) * 0.05 + 1.9).clamp(max=1.95)
+    logits[0, :, 100:105] = torch.tensor([2.0, 2.015625, 2.03125, 2.046875, 2.0625])
+    logits = logits.to(dtype)
+    recording = RecordingEntropyBoundSampler.of(_samplers(0.5, vocab=4096, canvas=16)[0])
+    canvas = torch.zeros(1, 16, dtype=torch.long)
+    recording.accept_canvas(canvas, canvas, logits, 3)
+    _, _, ids, probs = frame_statistics(recording, logits, logits.argmax(-1))
+    assert ids.tolist() == [[104, 103, 102, 101, 100]] * 16
+    expected = torch.log_softmax(logits.double(), -1)[0].gather(-1, ids)
+    torch.testing.assert_close(probs.double().log(), expected, rtol=0, atol=1e-3)
+    assert torch.all(probs[:, :-1] > probs[:, 1:])
 
 
 def test_a_certain_position_shows_an_entropy_of_plus_zero():

@@ -235,3 +235,27 @@ def test_engine_with_the_static_cache_gives_generate_tokens(seed):
     static = engine.generate("In the beginning", settings, raw=True, seed=seed).token_ids
     assert static == dynamic
     assert bare[:len(static)] == static and all(t == config.pad_token_id for t in bare[len(static):])
+
+
+@pytest.mark.slow
+def test_the_compiled_static_path_gives_each_run_its_own_sampler():
+    """`cache_implementation="static"` with compilation on (a CPU compile of the embedded model takes minutes):
+    transformers compiles the first run's sampler methods and keeps them on the model, yet a later run at entropy
+    bound 1000 accepts the whole canvas in its first forward, and one at 0.1 again accepts what the first did."""
+    engine = DiffusionEngine(load_model(DEFAULT_MODEL, device="cpu"))
+    config = engine.model.generation_config
+    config.cache_implementation, config.disable_compile = "static", False
+    settings = engine.recommended.replace(max_new_tokens=engine.canvas_length, max_denoising_steps=2,
+                                          adaptive_stopping=False)
+
+    def first_forward_accepts(entropy_bound: float) -> int:
+        frames = engine.frames("In the beginning", settings.replace(entropy_bound=entropy_bound), raw=True, seed=0)
+        first = next(frames)
+        frames.close()
+        return first.accepted_count
+
+    tight = first_forward_accepts(0.1)
+    assert hasattr(engine.model, "_compiled_decoder_forward")  # the compiled path ran
+    assert tight < engine.canvas_length
+    assert first_forward_accepts(1000.0) == engine.canvas_length
+    assert first_forward_accepts(0.1) == tight
