@@ -187,8 +187,8 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None, **limi
 
         register_apis(playground, race_tab, chat_tab, infill_tab, keep)
 
-    plan = queue_plan(engine.device.type)  # set on every path: Gradio's ZeroGPU default is max_size=1
-    app.queue(default_concurrency_limit=plan.concurrency, max_size=plan.max_size)
+    app.queue_plan = queue_plan(engine.device.type)  # set on every path: Gradio's ZeroGPU default is max_size=1
+    app.queue(default_concurrency_limit=app.queue_plan.concurrency, max_size=app.queue_plan.max_size)
     slow_idle_queue_polling(app)
     app.playground = playground
     playground.runs.blocks = app
