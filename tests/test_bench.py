@@ -14,10 +14,11 @@ import urllib.request
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import torch
 
-from benchmarks import bench, browser, model, timing
+from benchmarks import bench, browser, load, model, timing
 from engine.loading import REPO_ROOT
 from engine.sampling import canvas_statistics
 from pages import CHROMIUM
@@ -63,6 +64,27 @@ def test_stopwatch_counts_cpu_time_of_other_processes():
         while time.process_time() < end:
             pass
     assert watch.seconds >= 0.05 * 0.5 and watch.cpu_seconds >= 2 * 0.05 * 0.9
+
+
+def test_the_load_meter_counts_the_server_and_the_clients_cpu_apart():
+    meter = load.CpuMeter(os.getpid())  # this process as the server too: its CPU time counts in both shares
+    meter.start()
+    end = time.process_time() + 0.2
+    while time.process_time() < end:
+        pass
+    meter.stop()
+    phase = load.Phase(clients=1)
+    meter.into(phase)
+    assert phase.wall_s > 0 and phase.cores == psutil.cpu_count()
+    tick = 0.02  # the kernel counts a process's CPU time in clock ticks (10 ms), read at either end
+    assert phase.server_cores * phase.wall_s >= 0.2 - tick and phase.client_cores * phase.wall_s >= 0.2 - tick
+    alone = load.CpuMeter()
+    alone.start()
+    alone.stop()
+    unseen = load.Phase(clients=1)
+    alone.into(unseen)
+    assert unseen.server_cores is None and "cores busy (server, clients, others)" in "\n".join(
+        name for name, _ in load.phase_rows("solo", unseen))
 
 
 @pytest.mark.slow

@@ -286,9 +286,14 @@ def test_the_load_test_benchmark_runs_and_checks_solo_runs(app, served_app):
                                                          adaptive_stopping=True))
     assert (report.sent, report.completed, report.errors) == (3, 3, 0), report
     assert report.all_matched and report.solo_matched == 3
-    assert report.p50_s <= report.p95_s <= report.max_s
+    assert (report.solo.clients, report.solo.completed, report.concurrent.clients) == (1, 3, 3)
+    for phase in (report.solo, report.concurrent):
+        assert phase.p50_s <= phase.p95_s <= phase.max_s <= phase.wall_s
+        assert phase.runs_per_s == pytest.approx(phase.completed / phase.wall_s)
+    assert report.speedup == pytest.approx(report.concurrent.runs_per_s / report.solo.runs_per_s)
     assert len({(o.prompt, o.seed) for o in outcomes}) == 3
-    assert "matched the solo run" in load_test.format_table(report)
+    table = load_test.format_table(report)
+    assert "matched the solo run" in table and f"{report.speedup:.2f}x" in table
     with pytest.raises(SystemExit, match="loopback"):
         load_test.check_loopback("http://example.com:7860/")
     assert load_test.percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.0
