@@ -305,7 +305,7 @@ def test_command_scripts_need_a_known_command(capsys):
     assert browser.main([]) == 2 and model.main(["nope"]) == 2
     err = capsys.readouterr().err
     assert "python -m benchmarks.browser {canvas,latency,sessions,replay,render}" in err
-    assert "python -m benchmarks.model {quantization,standin,chat-reuse}" in err
+    assert "python -m benchmarks.model {quantization,standin,chat-reuse,parallel}" in err
 
 
 def test_replay_command_prints_sizes(capsys):
@@ -332,6 +332,27 @@ def test_launched_app_serves_and_stops(engine):
             assert page.status == 200
         assert bench.peak_rss_mb(process.pid) is None or bench.peak_rss_mb(process.pid) > 0
     assert process.poll() is not None
+
+
+def test_thread_seconds_count_this_threads_cpu_time():
+    wall0, cpu0, waiting0 = model.thread_seconds()
+    end = time.thread_time() + 0.05
+    while time.thread_time() < end:
+        pass
+    wall1, cpu1, waiting1 = model.thread_seconds()
+    assert cpu1 - cpu0 >= 0.05 * 0.9 and wall1 - wall0 >= cpu1 - cpu0 - 0.01
+    assert waiting0 is None or waiting1 >= waiting0
+
+
+def test_parallel_runs_give_solo_tokens_and_account_for_the_threads_time(engine):
+    settings = engine.recommended.replace(max_new_tokens=engine.canvas_length, max_denoising_steps=2)
+    solo = model.parallel_runs(engine, "In the beginning", settings, [0, 1, 2], 1)
+    together = model.parallel_runs(engine, "In the beginning", settings, [0, 1, 2], 2)
+    assert solo["tokens"] == together["tokens"] and set(solo["tokens"]) == {0, 1, 2}
+    for result in (solo, together):
+        assert result["runs_per_s"] == pytest.approx(3 / result["wall_s"]) and result["computing_s"] > 0
+        if result["waiting_s"] is not None:  # the threads' wall time, split three ways
+            assert result["waiting_s"] >= 0 and result["blocked_s"] >= -0.01
 
 
 def test_frame_parts_and_gpu_share_on_the_embedded_model(engine):
