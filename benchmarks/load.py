@@ -8,9 +8,10 @@ Two phases over the same requests (`--clients` x `--requests`, each with its own
 client, its own Gradio session, sends its `--requests` one after another, all clients at once; queue positions are
 polled meanwhile. Each concurrent result's token ids must equal its solo run's (per-run random streams). Reports, per
 phase, completed runs, latency p50/p95/max (queue wait included), throughput and the mean cores busy (the server when
-launched here, this load generator, every other process); the concurrent throughput over the solo one; the largest
-queue position; the solo check. Only loopback URLs are accepted. Exit status 0 when every request completed in both
-phases and matched. Server memory per browser visitor: `python -m benchmarks.browser sessions`.
+launched here, this load generator, every other process) with the server's CPU seconds per run; the concurrent
+throughput over the solo one; the largest queue position; the solo check. Only loopback URLs are accepted. Exit
+status 0 when every request completed in both phases and matched. Server memory per browser visitor:
+`python -m benchmarks.browser sessions`.
 """
 
 from __future__ import annotations
@@ -260,6 +261,8 @@ def phase_rows(name: str, phase: Phase | None) -> list[tuple[str, str]]:
         (f"{name}: wall time, throughput", f"{phase.wall_s:.1f} s, {phase.runs_per_s:.2f} runs/s"),
         (f"{name}: cores busy (server, clients, others)", f"{server}, {phase.client_cores:.2f}, "
                                                           f"{phase.other_cores:.2f} of {phase.cores}"),
+        (f"{name}: server CPU per run", "-" if phase.server_cores is None or not phase.completed
+         else f"{phase.server_cores * phase.wall_s / phase.completed:.2f} s"),
     ]
 
 

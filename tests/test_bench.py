@@ -83,8 +83,12 @@ def test_the_load_meter_counts_the_server_and_the_clients_cpu_apart():
     alone.stop()
     unseen = load.Phase(clients=1)
     alone.into(unseen)
-    assert unseen.server_cores is None and "cores busy (server, clients, others)" in "\n".join(
-        name for name, _ in load.phase_rows("solo", unseen))
+    rows = dict(load.phase_rows("solo", unseen))
+    assert unseen.server_cores is None and rows["solo: server CPU per run"] == "-"
+    assert "solo: cores busy (server, clients, others)" in rows
+    phase.completed = 4
+    assert dict(load.phase_rows("solo", phase))["solo: server CPU per run"] == (
+        f"{phase.server_cores * phase.wall_s / 4:.2f} s")
 
 
 @pytest.mark.slow
