@@ -3,6 +3,7 @@
     quantization  bytes and quality of each CPU --quantization choice (real 26B config, full-width build, embedded)
     standin       per-frame cost of what the engine adds to a forward at the real vocabulary and canvas (stand-in)
     chat-reuse    prefill seconds per chat turn, encoder cache reused against re-encoding the conversation
+    parallel      runs in several threads at once against one thread, and where each thread's time went
 
 Each command's --help says what it measures. The engine's cost against bare generate() at the real vocabulary is
 `python -m benchmarks.bench --ways-only --standin`.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -60,6 +62,13 @@ CHAT_REUSE_DOC = (
     "encoded is also encoded from scratch into a fresh cache (--repeats times, median). One row per turn: prompt "
     "tokens, reused, encoded, prefill seconds with reuse and re-encoding everything, and the session's estimate.")
 
+PARALLEL_DOC = (
+    "The same --runs runs (one prompt, seeds 0..runs-1) first in one thread, then shared out over --workers "
+    "threads at once, each run computing with --threads torch threads (the server's default: all CPUs but one). "
+    "Prints the throughput of each and their ratio, whether every run gave its solo tokens, and, summed over the "
+    "threads, where their time went (Linux schedstat): computing, runnable but waiting for a core (other processes "
+    "had it), and blocked (waiting for the GIL or another lock; nothing else blocks a run). The load average is "
+    "printed before and after.")
 
 REAL_CONFIG = REPO_ROOT / "assets" / "configs" / "diffusiongemma-26B-A4B-it"
 TINY_VISION = dict(num_hidden_layers=1)
@@ -493,6 +502,7 @@ def main_standin(argv: list[str] | None = None) -> int:
     return 0
 
 
+PARALLEL_PROMPT = "In the beginning"
 TURNS = ["Tell me a story about a lighthouse keeper.", "What happened to the keeper's cat?",
          "Why did the light go out that night?", "Who came to help?", "How did the story end?",
          "Summarize it in one sentence.", "Give the story a title.", "Thank you!"]
@@ -542,7 +552,77 @@ def main_chat_reuse(argv: list[str] | None = None) -> int:
     return 0
 
 
-COMMANDS = {"quantization": main_quantization, "standin": main_standin, "chat-reuse": main_chat_reuse}
+def thread_seconds() -> tuple[float, float, float | None]:
+    """(wall clock, CPU, runnable-but-waiting) seconds of the calling thread (the last None without schedstat)."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as stats:
+            cpu_ns, waiting_ns, _ = map(int, stats.read().split())
+        return time.perf_counter(), cpu_ns / 1e9, waiting_ns / 1e9
+    except (OSError, ValueError):
+        return time.perf_counter(), time.thread_time(), None
+
+
+def parallel_runs(engine: DiffusionEngine, prompt: str, settings, seeds: list[int], workers: int) -> dict:
+    """`seeds` runs of `prompt` shared out over `workers` threads at once: wall seconds, runs/s, each seed's token
+    ids and the threads' summed `computing_s`, `waiting_s` and `blocked_s` (None without schedstat)."""
+    tokens: dict[int, list[int]] = {}
+    spent: list[tuple[float, float, float | None]] = []
+
+    def work(share: list[int]) -> None:
+        start = thread_seconds()
+        for seed in share:
+            tokens[seed] = engine.generate(prompt, settings, raw=True, seed=seed).token_ids
+        end = thread_seconds()
+        waiting = None if start[2] is None else end[2] - start[2]
+        spent.append((end[0] - start[0], end[1] - start[1], waiting))
+
+    threads = [threading.Thread(target=work, args=(seeds[i::workers],)) for i in range(workers)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    waiting = None if any(w is None for _, _, w in spent) else sum(w for _, _, w in spent)
+    computing = sum(c for _, c, _ in spent)
+    return {"wall_s": wall, "runs_per_s": len(seeds) / wall, "tokens": tokens, "computing_s": computing,
+            "waiting_s": waiting,
+            "blocked_s": None if waiting is None else sum(w for w, _, _ in spent) - computing - waiting}
+
+
+def main_parallel(argv: list[str] | None = None) -> int:
+    """`parallel`: runs in threads at once against one thread, and where the threads' time went."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.model parallel", description=PARALLEL_DOC)
+    parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2, help="threads at once (default 2)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the server's)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=14)
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.workers < 1:
+        raise SystemExit("error: --runs and --workers must be at least 1")
+    engine = DiffusionEngine(load_model(args.model, device="cpu"))
+    threads = set_serving_threads(engine.device, args.threads)
+    engine.warm_up()
+    settings = engine.recommended.replace(max_new_tokens=args.max_new_tokens, max_denoising_steps=args.steps)
+    seeds = list(range(args.runs))
+    print(f"model {engine.source}, {args.max_new_tokens} tokens, {args.steps} steps, {args.runs} runs, torch threads "
+          f"{threads}, CPUs {os.cpu_count()}, load average {os.getloadavg()[0]:.2f}")
+    solo = parallel_runs(engine, PARALLEL_PROMPT, settings, seeds, 1)
+    together = parallel_runs(engine, PARALLEL_PROMPT, settings, seeds, args.workers)
+    print("threads  wall_s  runs_per_s  computing_s  waiting_for_a_core_s  blocked_s")
+    for workers, result in ((1, solo), (args.workers, together)):
+        shown = [f"{result[key]:>{width}.2f}" if result[key] is not None else f"{'-':>{width}}"
+                 for key, width in (("computing_s", 11), ("waiting_s", 20), ("blocked_s", 9))]
+        print(f"{workers:>7}  {result['wall_s']:>6.1f}  {result['runs_per_s']:>10.3f}  {'  '.join(shown)}")
+    print(f"throughput {args.workers} threads / 1: {together['runs_per_s'] / solo['runs_per_s']:.2f}x; every run "
+          f"gave its solo tokens: {together['tokens'] == solo['tokens']}; load average {os.getloadavg()[0]:.2f}")
+    return 0 if together["tokens"] == solo["tokens"] else 1
+
+
+COMMANDS = {"quantization": main_quantization, "standin": main_standin, "chat-reuse": main_chat_reuse,
+            "parallel": main_parallel}
 
 
 def main(argv: list[str] | None = None) -> int:

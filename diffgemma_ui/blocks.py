@@ -126,8 +126,8 @@ def build_app(engine: DiffusionEngine, *, race: RaceRunner | None = None,
             for endpoint in tab.endpoints(page):
                 register_api(*endpoint)
 
-    plan = queue_plan(engine.device.type)  # set on every path: Gradio's ZeroGPU default is max_size=1
-    app.queue(default_concurrency_limit=plan.concurrency, max_size=plan.max_size)
+    app.queue_plan = queue_plan(engine.device.type)  # set on every path: Gradio's ZeroGPU default is max_size=1
+    app.queue(default_concurrency_limit=app.queue_plan.concurrency, max_size=app.queue_plan.max_size)
     slow_idle_queue_polling(app)
     app.hub = hub
     app.tabs = {tab.title.lower(): tab for tab in made}

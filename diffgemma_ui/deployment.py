@@ -21,7 +21,7 @@ import torch
 
 from engine import DiffusionEngine, DiffusionSettings, Frame
 from engine.settings import draw_seed, parse_number
-from engine.loading import ModelLoadError, load_model
+from engine.loading import ModelLoadError, available_cpus, load_model
 from engine.quantization import model_bytes
 
 from .hub import Hub, Job, generation_frames, received
@@ -85,13 +85,26 @@ class QueuePlan:
     max_size: int | None
 
 
-QUEUE_PLANS = {"cpu": QueuePlan(concurrency=4, max_size=None), "cuda": QueuePlan(concurrency=1, max_size=None),
-               "zerogpu": QueuePlan(concurrency=4, max_size=16)}
+QUEUE_PLANS = {"accelerator": QueuePlan(concurrency=1, max_size=None), "zerogpu": QueuePlan(concurrency=4, max_size=16)}
 
 
-def queue_plan(device_type: str, environ: Mapping[str, str] | None = None) -> QueuePlan:
-    """The `QueuePlan` for a model on `device_type` ("cpu", "cuda", "mps") in this environment."""
-    return QUEUE_PLANS["zerogpu" if zero_gpu(environ) else "cuda" if device_type == "cuda" else "cpu"]
+def cpu_concurrency(cores: int, threads: int) -> int:
+    """Runs computing at once on `cores` CPU cores, each run with `threads` torch threads: as many as fit, at least
+    one; `ValueError` below 1."""
+    if cores < 1 or threads < 1:
+        raise ValueError(f"cores and threads must be >= 1, got {cores} and {threads}")
+    return max(1, cores // threads)
+
+
+def queue_plan(device_type: str, environ: Mapping[str, str] | None = None, threads: int | None = None) -> QueuePlan:
+    """The `QueuePlan` for a model on `device_type` ("cpu", "cuda", "mps") in this environment; on a CPU with
+    `threads` torch threads a run (default: torch's setting) over a Space's `CPU_CORES` or this process's CPUs."""
+    if zero_gpu(environ):
+        return QUEUE_PLANS["zerogpu"]
+    if device_type != "cpu":
+        return QUEUE_PLANS["accelerator"]
+    cores = space_cpu_cores(environ) or available_cpus()
+    return QueuePlan(concurrency=cpu_concurrency(cores, threads or torch.get_num_threads()), max_size=None)
 
 
 def slow_idle_queue_polling(app, seconds: float = QUEUE_IDLE_POLL_S) -> bool:

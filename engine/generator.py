@@ -1,6 +1,8 @@
-"""Step-by-step generation: `generate()`'s block loop, one `Frame` per forward; per-run RNG; the engine clock."""
+"""Step-by-step generation: `generate()`'s block loop, one `Frame` per forward; per-run random streams; the engine
+clock."""
 
 import dataclasses
+import functools
 import math
 import threading
 import time
@@ -8,49 +10,126 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+from torch.overrides import TorchFunctionMode
 from transformers import LogitsProcessorList
 
 from .frames import Frame, FrameBuilder, eos_id_list
 from .sampling import compile_for_run, frame_statistics, sampler_state, with_recording
 from .settings import DiffusionSettings, draw_seed
 
-_GLOBAL_RNG_LOCK = threading.RLock()
+_GLOBAL_RNG_LOCK = threading.RLock()  # only for `RunRandomState.on_global_generators`
+DRAWING_FUNCTIONS = frozenset(
+    [getattr(torch, name) for name in ("bernoulli", "binomial", "multinomial", "normal", "poisson", "rand",
+                                       "rand_like", "randint", "randint_like", "randn", "randn_like", "randperm",
+                                       "rrelu", "rrelu_")]
+    + [getattr(torch.Tensor, name) for name in ("bernoulli", "bernoulli_", "cauchy_", "exponential_", "geometric_",
+                                                "log_normal_", "multinomial", "normal_", "random_", "uniform_")])
 
 
 class RunRandomState:
-    """One run's torch RNG state, seeded like `torch.manual_seed(seed)` (None: drawn)."""
+    """One run's random streams, one `torch.Generator` per device, each seeded like `torch.manual_seed(seed)` seeds
+    that device's global generator (None: a drawn seed); torch's global generators are never touched."""
 
     def __init__(self, seed: int | None):
         self.seed = draw_seed() if seed is None else seed
-        with _GLOBAL_RNG_LOCK:
-            saved = self._capture()
-            torch.manual_seed(self.seed)
-            self._state = self._capture()
-            self._restore(saved)
+        self._stream_seed = self.seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+        self._mode = _RunDraws(self)
 
-    @staticmethod
-    def _capture():
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        return torch.get_rng_state(), cuda
+    def generator(self, device: torch.device | str) -> torch.Generator:
+        """This run's generator on `device` (made and seeded at first use)."""
+        device = _concrete(torch.device(device))
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device).manual_seed(self._stream_seed)
+        return self._generators[device]
 
-    @staticmethod
-    def _restore(state):
-        cpu, cuda = state
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
+    def reseed(self, seed: int) -> None:
+        """Restart every stream of this run from `seed`, as `torch.manual_seed(seed)` would mid-run."""
+        self._stream_seed = seed
+        for generator in self._generators.values():
+            generator.manual_seed(seed)
+
+    def active(self) -> "_RunDraws":
+        """A context in which torch's random calls made by this thread (any library's) draw from this run's
+        streams, unless given a generator; other threads are unaffected and no lock is taken."""
+        return self._mode
+
+    def without_draws(self, function: Callable) -> Callable:
+        """`function` run with this run's streams set aside (call it inside `active()`): for a forward, which draws
+        nothing, so that its torch calls skip the per-call dispatch of `active()`."""
+        mode = self._mode
+
+        def undrawn(*args, **kwargs):
+            mode.__exit__(None, None, None)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                mode.__enter__()
+
+        return undrawn
 
     @contextmanager
-    def active(self):
-        """Run the body with this run's random state, under the process-wide lock."""
+    def on_global_generators(self, device: torch.device):
+        """The body draws from torch's global generators of the CPU and `device`, loaded with this run's streams and
+        saved back after it, under a process-wide lock: for `torch.compile`d code, which cannot take a generator."""
+        devices = list(dict.fromkeys([torch.device("cpu"), _concrete(torch.device(device))]))
         with _GLOBAL_RNG_LOCK:
-            saved = self._capture()
-            self._restore(self._state)
+            saved = [_global_rng_state(d) for d in devices]
+            for d in devices:
+                _set_global_rng_state(d, self.generator(d).get_state())
             try:
                 yield
             finally:
-                self._state = self._capture()
-                self._restore(saved)
+                for d, state in zip(devices, saved):
+                    self.generator(d).set_state(_global_rng_state(d))
+                    _set_global_rng_state(d, state)
+
+
+class _RunDraws(TorchFunctionMode):
+    """Gives every random torch call without a generator its run's generator on the call's device."""
+
+    def __init__(self, state: RunRandomState):
+        super().__init__()
+        self.state = state
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in DRAWING_FUNCTIONS and kwargs.get("generator") is None:
+            kwargs = {**kwargs, "generator": self.state.generator(draw_device(args, kwargs))}
+        return func(*args, **kwargs)
+
+
+def draw_device(args: tuple, kwargs: dict) -> torch.device:
+    """The device a random torch call draws on: its `device`, its `out`, its first tensor argument, else the
+    default device."""
+    if kwargs.get("device") is not None:
+        return torch.device(kwargs["device"])
+    tensor = kwargs.get("out")
+    if not isinstance(tensor, torch.Tensor):
+        tensor = next((arg for arg in args if isinstance(arg, torch.Tensor)), None)
+    return tensor.device if tensor is not None else torch.get_default_device()
+
+
+def _concrete(device: torch.device) -> torch.device:
+    """`device` with the current CUDA index where it names none (a generator is bound to one device)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _global_rng_state(device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    if device.type == "cpu":
+        return torch.get_rng_state()
+    raise ValueError(f"compiled runs draw on the CPU or CUDA, not on {device.type}")
+
+
+def _set_global_rng_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
 
 
 class EngineClock:
@@ -83,8 +162,8 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
             fork: Callable[[int, int, torch.LongTensor], torch.LongTensor] | None = None) -> Iterator[Frame]:
     """Block diffusion on `input_ids` `[1, n]`, one `Frame` per decoder forward; `stop_event` ends with a "cancelled"
     frame; `past_key_values`, `logits_processors`, `initial_canvas` as in `generate()`; `fork(block, forward, canvas)`,
-    called with the run's RNG before each forward, returns its input canvas (`infill.Fork`); `ValueError` for
-    batch != 1.
+    called with the run's random streams active before each forward, returns its input canvas (`infill.Fork`);
+    `ValueError` for batch != 1.
     """
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must have shape [1, prompt_length], got {tuple(input_ids.shape)}")
@@ -93,7 +172,7 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
     clock = EngineClock(device)
     canvas_length = model.config.canvas_length
 
-    with clock, rng.active():
+    with clock:
         # Prepare exactly what generate() prepares, from the same library helpers
         generation_config, model_kwargs = model._prepare_generation_config(None, **settings.generate_kwargs())
         prompt_length = cur_len = input_ids.shape[1]
@@ -121,8 +200,10 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
         if past_key_values.is_compileable and not generation_config.disable_compile:
             encoder_after_prefill, decoder_forward, sampler, diffusion_stopping_criteria = compile_for_run(
                 model, sampler, diffusion_stopping_criteria)
+            draws = functools.partial(rng.on_global_generators, device)
         else:
-            encoder_after_prefill, decoder_forward = model.model.encoder, model.forward
+            encoder_after_prefill, decoder_forward = model.model.encoder, rng.without_draws(model.forward)
+            draws = rng.active
         n_steps = generation_config.max_denoising_steps
     builder = FrameBuilder(canvas_length, n_steps, prompt_tokens=prompt_length, seed=rng.seed, token_text=token_text)
     committed_ids: list[int] = []
@@ -130,7 +211,7 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
 
     frame = None
     for block in range(max_new_canvases):
-        with clock, rng.active():
+        with clock:
             # Encode the prompt (first block) or the last committed canvas into the KV cache
             unprocessed_input_ids, encoder_mask_mapping = model._prepare_encoder_inputs(
                 input_ids=input_ids, attention_mask=attention_mask, encoder_position_ids=encoder_position_ids,
@@ -143,11 +224,12 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
             # A fresh canvas of uniformly random tokens (or the caller's first canvas)
             if block == 0 and initial_canvas is not None:
                 model_kwargs["decoder_input_ids"] = initial_canvas
-            current_canvas, self_conditioning_logits, mask_mapping, finished_denoising = (
-                model._prepare_denoiser_inputs(
-                    decoder_attention_mask=decoder_attention_mask, past_key_values=past_key_values,
-                    sampler=sampler, diffusion_stopping_criteria=diffusion_stopping_criteria, batch_size=1,
-                    device=device, model_kwargs=model_kwargs))
+            with draws():
+                current_canvas, self_conditioning_logits, mask_mapping, finished_denoising = (
+                    model._prepare_denoiser_inputs(
+                        decoder_attention_mask=decoder_attention_mask, past_key_values=past_key_values,
+                        sampler=sampler, diffusion_stopping_criteria=diffusion_stopping_criteria, batch_size=1,
+                        device=device, model_kwargs=model_kwargs))
             argmax_canvas = current_canvas
 
         # Denoising steps count down (N..1), as in generate()
@@ -156,19 +238,20 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                 if frame is not None:
                     yield dataclasses.replace(frame, done=True, stop_reason="cancelled")
                 return
-            with clock, rng.active():
-                if fork is not None:
-                    current_canvas = fork(block, builder.forwards, current_canvas)
-                input_canvas = current_canvas
-                current_canvas, argmax_canvas, self_conditioning_logits, finished_denoising = (
-                    model._denoising_step(
-                        decoder_forward=decoder_forward, current_canvas=current_canvas,
-                        argmax_canvas=argmax_canvas, input_ids=input_ids,
-                        decoder_position_ids=decoder_position_ids,
-                        self_conditioning_logits=self_conditioning_logits, mask_mapping=mask_mapping,
-                        past_key_values=past_key_values, finished_denoising=finished_denoising,
-                        cur_step=cur_step, sampler=sampler, logits_processor=logits_processor,
-                        diffusion_stopping_criteria=diffusion_stopping_criteria, **model_kwargs))
+            with clock:
+                with draws():
+                    if fork is not None:
+                        current_canvas = fork(block, builder.forwards, current_canvas)
+                    input_canvas = current_canvas
+                    current_canvas, argmax_canvas, self_conditioning_logits, finished_denoising = (
+                        model._denoising_step(
+                            decoder_forward=decoder_forward, current_canvas=current_canvas,
+                            argmax_canvas=argmax_canvas, input_ids=input_ids,
+                            decoder_position_ids=decoder_position_ids,
+                            self_conditioning_logits=self_conditioning_logits, mask_mapping=mask_mapping,
+                            past_key_values=past_key_values, finished_denoising=finished_denoising,
+                            cur_step=cur_step, sampler=sampler, logits_processor=logits_processor,
+                            diffusion_stopping_criteria=diffusion_stopping_criteria, **model_kwargs))
                 stopped_early = cur_step > 1 and bool(finished_denoising.all())  # before its last step
                 block_done = stopped_early or cur_step == 1
                 done, stop_reason = False, ""

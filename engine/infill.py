@@ -157,10 +157,12 @@ def changed_share(original: Sequence[int], branch: Sequence[int]) -> float:
 
 
 class Fork:
-    """The `denoise` fork of a branch at `frame`'s forward."""
+    """The `denoise` fork of a branch at `frame`'s forward: `pins` set there, `random_state` (the run's) restarted from
+    `seed` there when it differs from the frame's."""
 
-    def __init__(self, frame: Frame, pins: Mapping[int, int], seed: int, device: torch.device):
-        self.frame, self.pins, self.seed = frame, dict(pins), seed
+    def __init__(self, frame: Frame, pins: Mapping[int, int], seed: int, device: torch.device,
+                 random_state: RunRandomState):
+        self.frame, self.pins, self.seed, self.random_state = frame, dict(pins), seed, random_state
         held = [pins.get(p, -1) for p in range(frame.canvas_length)]  # active to the block's end
         self.held = FixedPositionsLogitsProcessor(held, [], device) if pins else None
 
@@ -171,7 +173,7 @@ class Fork:
                 raise ValueError(f"forward {at + 1} of this run does not replay here (another device or library "
                                  f"version made it): branch it where it was made")
             if self.seed != self.frame.seed:
-                torch.manual_seed(self.seed)
+                self.random_state.reseed(self.seed)
             if self.pins:
                 canvas = canvas.clone()
                 canvas[0, list(self.pins)] = torch.tensor(list(self.pins.values()), dtype=canvas.dtype,
@@ -198,9 +200,10 @@ def branch_frames(engine: DiffusionEngine, prompt_ids: Sequence[int], frame: Fra
     engine.check_settings(settings)
     input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=engine.device)
     engine.check_budget(input_ids.shape[1], settings)
-    fork = Fork(frame, pins, seed, engine.device)
+    random_state = RunRandomState(frame.seed)
+    fork = Fork(frame, pins, seed, engine.device, random_state)
     frames = denoise(engine.model, input_ids, settings, token_text=engine.token_text, stop_event=stop_event,
-                     random_state=RunRandomState(frame.seed), fork=fork,
+                     random_state=random_state, fork=fork,
                      logits_processors=[fork.held] if fork.held is not None else None)
     at = frame.forward_index
     return (f if f.seed == seed else dataclasses.replace(f, seed=seed) for f in frames if f.forward_index >= at)

@@ -1,7 +1,8 @@
 """A run whose client is gone stops within one decoder forward plus the time to notice (issue 13 item 6).
 
-Four REST calls (`POST /gradio_api/call/generate`, then the result stream) whose streams are dropped after a
-second: their runs must end within a few seconds, not run on for nobody, and the next caller must be served.
+As many REST calls as the queue runs at once (`POST /gradio_api/call/generate`, then the result stream) whose
+streams are dropped after a second: their runs must end within a few seconds, not run on for nobody, and the next
+caller must be served.
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ def start_and_drop(url: str, after_s: float) -> None:
 
 def test_dropped_rest_streams_stop_their_runs(served_app):
     app, url = served_app
-    callers = [threading.Thread(target=start_and_drop, args=(url, 1.0)) for _ in range(4)]
+    limit = app.queue_plan.concurrency  # as many callers as run at once
+    callers = [threading.Thread(target=start_and_drop, args=(url, 1.0)) for _ in range(limit)]
     for caller in callers:
         caller.start()
     deadline = time.monotonic() + 60
-    while app.hub.runs.active() < 4 and time.monotonic() < deadline:
+    while app.hub.runs.active() < limit and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert app.hub.runs.active() == 4, "the four runs never ran at once"
+    assert app.hub.runs.active() == limit, f"the {limit} runs never ran at once"
     for caller in callers:
         caller.join(30)
     dropped = time.monotonic()

@@ -14,10 +14,11 @@ import urllib.request
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import torch
 
-from benchmarks import bench, browser, model, timing
+from benchmarks import bench, browser, load, model, timing
 from engine.loading import REPO_ROOT
 from engine.sampling import canvas_statistics
 from pages import CHROMIUM
@@ -63,6 +64,31 @@ def test_stopwatch_counts_cpu_time_of_other_processes():
         while time.process_time() < end:
             pass
     assert watch.seconds >= 0.05 * 0.5 and watch.cpu_seconds >= 2 * 0.05 * 0.9
+
+
+def test_the_load_meter_counts_the_server_and_the_clients_cpu_apart():
+    meter = load.CpuMeter(os.getpid())  # this process as the server too: its CPU time counts in both shares
+    meter.start()
+    end = time.process_time() + 0.2
+    while time.process_time() < end:
+        pass
+    meter.stop()
+    phase = load.Phase(clients=1)
+    meter.into(phase)
+    assert phase.wall_s > 0 and phase.cores == psutil.cpu_count()
+    tick = 0.02  # the kernel counts a process's CPU time in clock ticks (10 ms), read at either end
+    assert phase.server_cores * phase.wall_s >= 0.2 - tick and phase.client_cores * phase.wall_s >= 0.2 - tick
+    alone = load.CpuMeter()
+    alone.start()
+    alone.stop()
+    unseen = load.Phase(clients=1)
+    alone.into(unseen)
+    rows = dict(load.phase_rows("solo", unseen))
+    assert unseen.server_cores is None and rows["solo: server CPU per run"] == "-"
+    assert "solo: cores busy (server, clients, others)" in rows
+    phase.completed = 4
+    assert dict(load.phase_rows("solo", phase))["solo: server CPU per run"] == (
+        f"{phase.server_cores * phase.wall_s / 4:.2f} s")
 
 
 @pytest.mark.slow
@@ -283,7 +309,7 @@ def test_command_scripts_need_a_known_command(capsys):
     assert browser.main([]) == 2 and model.main(["nope"]) == 2
     err = capsys.readouterr().err
     assert "python -m benchmarks.browser {canvas,latency,sessions,replay,render}" in err
-    assert "python -m benchmarks.model {quantization,standin,chat-reuse}" in err
+    assert "python -m benchmarks.model {quantization,standin,chat-reuse,parallel}" in err
 
 
 def test_replay_command_prints_sizes(capsys):
@@ -310,6 +336,27 @@ def test_launched_app_serves_and_stops(engine):
             assert page.status == 200
         assert bench.peak_rss_mb(process.pid) is None or bench.peak_rss_mb(process.pid) > 0
     assert process.poll() is not None
+
+
+def test_thread_seconds_count_this_threads_cpu_time():
+    wall0, cpu0, waiting0 = model.thread_seconds()
+    end = time.thread_time() + 0.05
+    while time.thread_time() < end:
+        pass
+    wall1, cpu1, waiting1 = model.thread_seconds()
+    assert cpu1 - cpu0 >= 0.05 * 0.9 and wall1 - wall0 >= cpu1 - cpu0 - 0.01
+    assert waiting0 is None or waiting1 >= waiting0
+
+
+def test_parallel_runs_give_solo_tokens_and_account_for_the_threads_time(engine):
+    settings = engine.recommended.replace(max_new_tokens=engine.canvas_length, max_denoising_steps=2)
+    solo = model.parallel_runs(engine, "In the beginning", settings, [0, 1, 2], 1)
+    together = model.parallel_runs(engine, "In the beginning", settings, [0, 1, 2], 2)
+    assert solo["tokens"] == together["tokens"] and set(solo["tokens"]) == {0, 1, 2}
+    for result in (solo, together):
+        assert result["runs_per_s"] == pytest.approx(3 / result["wall_s"]) and result["computing_s"] > 0
+        if result["waiting_s"] is not None:  # the threads' wall time, split three ways
+            assert result["waiting_s"] >= 0 and result["blocked_s"] >= -0.01
 
 
 def test_frame_parts_and_gpu_share_on_the_embedded_model(engine):

@@ -132,6 +132,69 @@ def test_concurrent_runs_equal_solo_runs(engine):
     assert results == solo
 
 
+def test_the_global_rng_is_untouched_while_a_run_computes(engine):
+    """Not only restored after the run: during each decoder forward and sampler step, torch's global RNG holds what
+    it held before, so nothing else in the process can draw the run's numbers or disturb them."""
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    seen = []
+    hooks = [engine.model.model.decoder.register_forward_pre_hook(lambda *_: seen.append(torch.get_rng_state())),
+             engine.model.lm_head.register_forward_hook(lambda *_: seen.append(torch.get_rng_state()))]
+    try:
+        engine.generate("Blessed are the", short(engine), raw=True, seed=4)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert seen and all(torch.equal(state, before) for state in seen)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_two_runs_compute_their_forwards_at_the_same_time_and_each_gets_its_solo_tokens(engine):
+    """Each decoder forward of either run waits inside the forward until the other run is inside one too: a lock held
+    across forwards (or a run's random section) would break the barrier. Their draws interleave at every forward, yet
+    each run gets the tokens of its solo run."""
+    s = short(engine, adaptive_stopping=False, max_new_tokens=engine.canvas_length, max_denoising_steps=4)
+    runs = [("In the beginning", 21), ("Hear, O Israel", 22)]
+    solo = {seed: engine.generate(prompt, s, raw=True, seed=seed).token_ids for prompt, seed in runs}
+    both_inside = threading.Barrier(2, timeout=60)
+    inside, most_inside, lock = [0], [0], threading.Lock()
+
+    def entered(*_):
+        with lock:
+            inside[0] += 1
+        both_inside.wait()
+        with lock:
+            most_inside[0] = max(most_inside[0], inside[0])
+
+    def left(*_):
+        with lock:
+            inside[0] -= 1
+
+    results, errors = {}, []
+
+    def run(prompt, seed):
+        try:
+            results[seed] = engine.generate(prompt, s, raw=True, seed=seed).token_ids
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+            both_inside.abort()
+
+    decoder = engine.model.model.decoder
+    hooks = [decoder.register_forward_pre_hook(entered), decoder.register_forward_hook(left)]
+    try:
+        threads = [threading.Thread(target=run, args=item) for item in runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert not errors, errors
+    assert most_inside[0] == 2
+    assert results == solo
+
+
 def test_raw_prompt_ids_are_exactly_the_tokenizer_ids(engine):
     ids = engine.encode_prompt("In the beginning", raw=True)
     assert ids.tolist() == engine.tokenizer("In the beginning", return_tensors="pt").input_ids.tolist()

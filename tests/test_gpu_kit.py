@@ -259,3 +259,34 @@ def test_the_compiled_static_path_gives_each_run_its_own_sampler():
     assert tight < engine.canvas_length
     assert first_forward_accepts(1000.0) == engine.canvas_length
     assert first_forward_accepts(0.1) == tight
+
+
+def test_a_compiled_sampler_draws_the_runs_streams_from_the_global_generators(monkeypatch):
+    """With a static cache and compilation on, transformers compiles the sampler (`fullgraph`, which cannot take a
+    generator): there the engine hands the run's streams to torch's global generators instead of its per-thread mode.
+    The compile itself is stood in for by the eager functions (a CPU compile takes minutes); the stand-in checks that
+    no torch function mode is on where compiled code would run."""
+    engine = DiffusionEngine(load_model(DEFAULT_MODEL, device="cpu"))
+    settings = engine.recommended.replace(max_new_tokens=2 * engine.canvas_length, max_denoising_steps=3,
+                                          adaptive_stopping=False)
+    dynamic = engine.generate("In the beginning", settings, raw=True, seed=5).token_ids
+    model, modes_seen = engine.model, []
+
+    def eager_compile(sampler, criteria):
+        renoise = sampler.renoise_canvas
+
+        def checked_renoise(*args, **kwargs):
+            modes_seen.append(torch._C._len_torch_function_stack())
+            return renoise(*args, **kwargs)
+
+        sampler.renoise_canvas = checked_renoise
+        return model.model.encoder, model.forward, sampler, criteria
+
+    monkeypatch.setattr(model, "_compile_functions", eager_compile)
+    monkeypatch.setattr(model.generation_config, "cache_implementation", "static")
+    monkeypatch.setattr(model.generation_config, "disable_compile", False)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    static = engine.generate("In the beginning", settings, raw=True, seed=5).token_ids
+    assert static == dynamic and torch.equal(torch.get_rng_state(), before)
+    assert modes_seen and set(modes_seen) == {0}

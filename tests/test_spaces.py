@@ -34,14 +34,14 @@ from packaging.version import Version
 import app
 from deploy.space import front_matter, normalize, read_pins, write_space
 from deploy.targets import REAL_MODEL, SDK_PROVIDED, TARGETS
-from diffgemma_ui.deployment import (QUEUE_IDLE_POLL_S, GpuBudget, StopFlag, default_threads, gpu_size_for,
-                                     limit_malloc_arenas, make_hub, queue_plan, slow_idle_queue_polling,
+from diffgemma_ui.deployment import (QUEUE_IDLE_POLL_S, GpuBudget, StopFlag, cpu_concurrency, default_threads,
+                                     gpu_size_for, limit_malloc_arenas, make_hub, queue_plan, slow_idle_queue_polling,
                                      space_cpu_cores, space_id, zero_gpu)
 from diffgemma_ui.hub import Hub, Job
 from diffgemma_ui.live_view import status_text
 from diffgemma_ui.validation import RunRequest
 from engine import DiffusionEngine, DiffusionSettings
-from engine.loading import meta_model
+from engine.loading import available_cpus, meta_model
 from engine.quantization import memory_report, model_bytes
 from pages import free_port
 from playground import fed_frames
@@ -206,7 +206,20 @@ def test_deployment_is_read_from_the_environment():
     assert default_threads({"SYSTEM": "spaces", "CPU_CORES": "8"}) == 7
     assert default_threads({}) is None
     assert queue_plan("cuda", {"SPACES_ZERO_GPU": "true"}).max_size is not None  # never Gradio's silent default of 1
-    assert queue_plan("cuda", {}).concurrency == 1 and queue_plan("cpu", {}).concurrency == 4
+
+
+def test_the_cpu_queue_runs_as_many_runs_as_the_cores_hold_and_an_accelerator_one():
+    space = {"SYSTEM": "spaces"}
+    assert queue_plan("cuda", {}).concurrency == 1 and queue_plan("mps", {}).concurrency == 1
+    assert queue_plan("cuda", {"SPACES_ZERO_GPU": "1"}).concurrency == 4  # the platform queues GPU requests
+    assert queue_plan("cpu", {**space, "CPU_CORES": "2"}, threads=1).concurrency == 2  # a free CPU Space, by default
+    assert queue_plan("cpu", {**space, "CPU_CORES": "8"}, threads=7).concurrency == 1
+    assert queue_plan("cpu", {**space, "CPU_CORES": "16"}, threads=4).concurrency == 4
+    assert queue_plan("cpu", {}, threads=1).concurrency == available_cpus()
+    assert queue_plan("cpu", {}).concurrency == max(1, available_cpus() // torch.get_num_threads())
+    assert cpu_concurrency(2, 3) == 1 and cpu_concurrency(4, 2) == 2
+    with pytest.raises(ValueError, match="threads"):
+        cpu_concurrency(2, 0)
 
 
 def test_the_served_queue_polls_for_new_events_every_10_ms_not_every_1_ms(served_app):
