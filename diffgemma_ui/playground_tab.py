@@ -7,6 +7,7 @@ modules of their own and are wired here.
 
 import contextlib
 import time
+from pathlib import Path
 from collections.abc import Iterator, Sequence
 
 import gradio as gr
@@ -20,8 +21,9 @@ from .branch_tab import BranchTab
 from .canvas_view import EMPTY_CANVAS_HTML, legend_html, thought_html
 from .feed import frames_message, meter_message, run_key
 from .hub import RUN_INPUT_NAMES, Job
+from .live_view import refused_meter
 from .keep import KeepHandlers, build_keep_controls, wire_keep, wire_presenter
-from .meter import REFUSED_NOTICE, meter_html, run_meter_html, waiting_meter_html
+from .meter import meter_html, run_meter_html, waiting_meter_html
 from .runs import STOP_WAIT_S, RunSnapshot, session_key, wait_all
 from .session import SessionState
 from .step_through import StepThroughHandlers, build_step_controls, reset_note_on, wire_step_through
@@ -33,28 +35,13 @@ from .validation import CUSTOM_PRESET, MAX_PROMPT_CHARS, PRESET_FIELDS, RunReque
 SETTING_ROWS = (("max_new_tokens",), ("max_denoising_steps",), ("entropy_bound",), ("t_min", "t_max"),
                 ("adaptive_stopping",), ("stability_threshold", "confidence_threshold"))  # side by side in a row
 STOP_FLUSH_S = 0.1  # Stop's final view waits this long after the stream's end
-PACE_OPTIONS = (("teach", "slow (teaching)"), ("default", "default"), ("fast", "fast"), ("live", "as it computes"))
+PLAYER_HTML = Path(__file__).resolve().parent.parent / "assets" / "replay" / "live.html"
 
 
 def player_html(plotly_url: str) -> str:
     """The player's static skeleton (the browser draws into it): meter, controls, legend, stack and canvas."""
-    options = "".join(f'<option value="{value}">{label}</option>' for value, label in PACE_OPTIONS)
-    return (
-        f'<div id="dg-player" data-forward="-1" data-playing="false" data-plotly="{plotly_url}">'
-        f'<div id="dg-meter">{meter_html(None)}</div>'
-        '<div id="dg-replay-controls" class="dg-controls" role="toolbar" aria-label="Playback of the run">'
-        '<button id="dg-replay-prev" type="button" aria-label="previous forward">&#9664;</button>'
-        '<button id="dg-replay-play" type="button" class="primary" aria-label="play">&#9654;</button>'
-        '<button id="dg-replay-next" type="button" aria-label="next forward">&#9654;&#10073;</button>'
-        '<button id="dg-replay-end" type="button" aria-label="jump to the last forward">End</button>'
-        '<input id="dg-replay-slider" type="range" min="0" max="0" step="1" value="0" aria-label="forward" disabled>'
-        '<span id="dg-replay-label"></span>'
-        f'<label class="dg-pace">Pace <select id="dg-replay-pace" aria-label="playback pace">{options}</select></label>'
-        '</div><p id="dg-replay-status" class="dg-play-status"></p><p id="dg-run-error" role="alert"></p>'
-        '<p id="dg-replay-announce" class="dg-sr-only" aria-live="polite"></p>'
-        f'<p id="dg-replay-caption" class="dg-caption"></p><div id="dg-legend">{legend_html()}</div>'
-        f'<div id="dg-board"><div id="dg-stack"></div><div id="dg-canvas">{EMPTY_CANVAS_HTML}</div></div></div>'
-    )
+    return PLAYER_HTML.read_text(encoding="utf-8").split("-->", 1)[1].format(
+        plotly=plotly_url, meter=meter_html(None), legend=legend_html(), canvas=EMPTY_CANVAS_HTML)
 
 
 def setting_rows() -> tuple[tuple[str, ...], ...]:
@@ -83,14 +70,11 @@ class PlaygroundTab(Tab):
         session.pending = (ticket, run)
         return str(ticket), meter_message(waiting_meter_html(replacing=replacing)), *buttons(True)
 
-    def refused(self, session: SessionState):
+    @staticmethod
+    def refused(session: SessionState):
         """After a refusal: the meter of the session's last run marked as refused (skipped: none, or running)."""
-        snap = session.snapshot if session is not None else None
-        if snap is None or snap.latest is None or session.run_in_progress:
-            return gr.skip()
-        finished = snap.finished_blocks()
-        return meter_message(meter_html(snap.latest, committed=finished[-1] if finished else None, state="refused",
-                                        notice=REFUSED_NOTICE))
+        meter = refused_meter(session)
+        return meter if not isinstance(meter, str) else meter_message(meter)
 
     def outputs(self, session: SessionState, snap: RunSnapshot, *, final: bool, text: bool) -> tuple:
         """(feed, text, thought, Generate, Stop) for `snap`: its frames not yet sent; the text if `text`."""
