@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from .frames import Frame, token_text_for
-from .generator import RunRandomState, denoise
+from .generator import denoise
+from .randomness import RunRandomState
 from .loading import LoadedModel
 from .settings import DiffusionSettings, check_prompt, parse_seed
 from .wording import plural

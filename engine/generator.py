@@ -1,5 +1,5 @@
-"""Step-by-step generation: `generate()`'s block loop, one `Frame` per forward; per-run random streams; the engine
-clock."""
+"""Step-by-step generation: `generate()`'s block loop as `denoise()`, one `Frame` per decoder forward, timed by the
+engine clock."""
 
 import dataclasses
 import functools
@@ -7,130 +7,14 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import torch
-from torch.overrides import TorchFunctionMode
 from transformers import LogitsProcessorList
 
 from .frames import Frame, FrameBuilder, eos_id_list
 from .sampling import compile_for_run, frame_statistics, sampler_state, with_recording
-from .settings import DiffusionSettings, draw_seed
-
-_GLOBAL_RNG_LOCK = threading.RLock()  # only for `RunRandomState.on_global_generators`
-DRAWING_FUNCTIONS = frozenset(
-    [getattr(torch, name) for name in ("bernoulli", "binomial", "multinomial", "normal", "poisson", "rand",
-                                       "rand_like", "randint", "randint_like", "randn", "randn_like", "randperm",
-                                       "rrelu", "rrelu_")]
-    + [getattr(torch.Tensor, name) for name in ("bernoulli", "bernoulli_", "cauchy_", "exponential_", "geometric_",
-                                                "log_normal_", "multinomial", "normal_", "random_", "uniform_")])
-
-
-class RunRandomState:
-    """One run's random streams, one `torch.Generator` per device, each seeded like `torch.manual_seed(seed)` seeds
-    that device's global generator (None: a drawn seed); torch's global generators are never touched."""
-
-    def __init__(self, seed: int | None):
-        self.seed = draw_seed() if seed is None else seed
-        self._stream_seed = self.seed
-        self._generators: dict[torch.device, torch.Generator] = {}
-        self._mode = _RunDraws(self)
-
-    def generator(self, device: torch.device | str) -> torch.Generator:
-        """This run's generator on `device` (made and seeded at first use)."""
-        device = _concrete(torch.device(device))
-        if device not in self._generators:
-            self._generators[device] = torch.Generator(device).manual_seed(self._stream_seed)
-        return self._generators[device]
-
-    def reseed(self, seed: int) -> None:
-        """Restart every stream of this run from `seed`, as `torch.manual_seed(seed)` would mid-run."""
-        self._stream_seed = seed
-        for generator in self._generators.values():
-            generator.manual_seed(seed)
-
-    def active(self) -> "_RunDraws":
-        """A context in which torch's random calls made by this thread (any library's) draw from this run's
-        streams, unless given a generator; other threads are unaffected and no lock is taken."""
-        return self._mode
-
-    def without_draws(self, function: Callable) -> Callable:
-        """`function` run with this run's streams set aside (call it inside `active()`): for a forward, which draws
-        nothing, so that its torch calls skip the per-call dispatch of `active()`."""
-        mode = self._mode
-
-        def undrawn(*args, **kwargs):
-            mode.__exit__(None, None, None)
-            try:
-                return function(*args, **kwargs)
-            finally:
-                mode.__enter__()
-
-        return undrawn
-
-    @contextmanager
-    def on_global_generators(self, device: torch.device):
-        """The body draws from torch's global generators of the CPU and `device`, loaded with this run's streams and
-        saved back after it, under a process-wide lock: for `torch.compile`d code, which cannot take a generator."""
-        devices = list(dict.fromkeys([torch.device("cpu"), _concrete(torch.device(device))]))
-        with _GLOBAL_RNG_LOCK:
-            saved = [_global_rng_state(d) for d in devices]
-            for d in devices:
-                _set_global_rng_state(d, self.generator(d).get_state())
-            try:
-                yield
-            finally:
-                for d, state in zip(devices, saved):
-                    self.generator(d).set_state(_global_rng_state(d))
-                    _set_global_rng_state(d, state)
-
-
-class _RunDraws(TorchFunctionMode):
-    """Gives every random torch call without a generator its run's generator on the call's device."""
-
-    def __init__(self, state: RunRandomState):
-        super().__init__()
-        self.state = state
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in DRAWING_FUNCTIONS and kwargs.get("generator") is None:
-            kwargs = {**kwargs, "generator": self.state.generator(draw_device(args, kwargs))}
-        return func(*args, **kwargs)
-
-
-def draw_device(args: tuple, kwargs: dict) -> torch.device:
-    """The device a random torch call draws on: its `device`, its `out`, its first tensor argument, else the
-    default device."""
-    if kwargs.get("device") is not None:
-        return torch.device(kwargs["device"])
-    tensor = kwargs.get("out")
-    if not isinstance(tensor, torch.Tensor):
-        tensor = next((arg for arg in args if isinstance(arg, torch.Tensor)), None)
-    return tensor.device if tensor is not None else torch.get_default_device()
-
-
-def _concrete(device: torch.device) -> torch.device:
-    """`device` with the current CUDA index where it names none (a generator is bound to one device)."""
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _global_rng_state(device: torch.device) -> torch.Tensor:
-    if device.type == "cuda":
-        return torch.cuda.get_rng_state(device)
-    if device.type == "cpu":
-        return torch.get_rng_state()
-    raise ValueError(f"compiled runs draw on the CPU or CUDA, not on {device.type}")
-
-
-def _set_global_rng_state(device: torch.device, state: torch.Tensor) -> None:
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(state, device)
-    else:
-        torch.set_rng_state(state)
-
+from .randomness import RunRandomState
+from .settings import DiffusionSettings
 
 class EngineClock:
     """Sums the seconds inside `with clock:` sections (CUDA synchronized at each end)."""
@@ -164,6 +48,10 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
     frame; `past_key_values`, `logits_processors`, `initial_canvas` as in `generate()`; `fork(block, forward, canvas)`,
     called with the run's random streams active before each forward, returns its input canvas (`infill.Fork`);
     `ValueError` for batch != 1.
+
+    The body is transformers' `DiffusionGemmaGenerationMixin._generate` for one sequence, phase for phase (its
+    comments' numbers below), built from the same private helpers so that the tokens are `generate()`'s; what it adds
+    is the frame each forward yields, the engine clock around the model's work, the run's random streams and Stop.
     """
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must have shape [1, prompt_length], got {tuple(input_ids.shape)}")
@@ -173,13 +61,14 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
     canvas_length = model.config.canvas_length
 
     with clock:
-        # Prepare exactly what generate() prepares, from the same library helpers
+        # 0.a-0.b. generate()'s config and lengths: max_new_tokens rounds up to whole canvases
         generation_config, model_kwargs = model._prepare_generation_config(None, **settings.generate_kwargs())
         prompt_length = cur_len = input_ids.shape[1]
         if past_key_values is not None:
             cur_len += past_key_values.get_seq_length()
         max_length, max_new_tokens = model._prepare_generated_length(generation_config, cur_len)
         max_new_canvases = math.ceil(max_new_tokens / canvas_length)
+        # 0.d. The KV cache (a chat turn brings its own, holding the conversation so far), positions and masks
         if past_key_values is None:
             past_key_values = model._prepare_cache_for_generation(generation_config, 1, max_length)
         eos_tensor = (torch.tensor(generation_config.eos_token_id, device=device)
@@ -191,12 +80,15 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
         decoder_position_ids = decoder_position_ids.unsqueeze(0)
         attention_mask = torch.ones((1, cur_len), dtype=torch.bool, device=device)
         decoder_attention_mask = torch.nn.functional.pad(attention_mask, (0, canvas_length), value=True)
+        # 0.e. The sampler records the statistics it computes anyway, so a frame costs no second pass over the logits
         sampler = with_recording(model._prepare_sampler(generation_config))
         logits_processor = model._prepare_logits_processor(
             generation_config, LogitsProcessorList(logits_processors) if logits_processors else None)
         stopping_criteria = model._prepare_ar_stopping_criteria(generation_config, None)
         diffusion_stopping_criteria = model._prepare_diffusion_stopping_criteria(generation_config)
         finished_sequences = torch.zeros(1, dtype=torch.bool, device=device)
+        # 0.f. A static cache compiles the forwards and this run's sampler; compiled code cannot take the run's
+        # generators, so its draws go through torch's global ones, loaded with the run's streams under a lock
         if past_key_values.is_compileable and not generation_config.disable_compile:
             encoder_after_prefill, decoder_forward, sampler, diffusion_stopping_criteria = compile_for_run(
                 model, sampler, diffusion_stopping_criteria)
@@ -210,9 +102,9 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
     committed_tokens = 0
 
     frame = None
-    for block in range(max_new_canvases):
+    for block in range(max_new_canvases):  # 1. one canvas (block) after another
         with clock:
-            # Encode the prompt (first block) or the last committed canvas into the KV cache
+            # 1.a. Encode the prompt (first block) or the last committed canvas into the KV cache
             unprocessed_input_ids, encoder_mask_mapping = model._prepare_encoder_inputs(
                 input_ids=input_ids, attention_mask=attention_mask, encoder_position_ids=encoder_position_ids,
                 past_key_values=past_key_values, is_prefill=block == 0, canvas_length=canvas_length,
@@ -221,7 +113,7 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
             past_key_values = encoder_forward(
                 input_ids=unprocessed_input_ids, attention_mask=encoder_mask_mapping,
                 past_key_values=past_key_values, position_ids=encoder_position_ids, **model_kwargs).past_key_values
-            # A fresh canvas of uniformly random tokens (or the caller's first canvas)
+            # 1.b. A fresh canvas of uniformly random tokens (or the caller's first canvas): the run's first draw
             if block == 0 and initial_canvas is not None:
                 model_kwargs["decoder_input_ids"] = initial_canvas
             with draws():
@@ -232,14 +124,14 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                         device=device, model_kwargs=model_kwargs))
             argmax_canvas = current_canvas
 
-        # Denoising steps count down (N..1), as in generate()
+        # 1.c. Denoising steps count down (N..1), as in generate(): the temperature falls with cur_step
         for step_index, cur_step in enumerate(reversed(range(1, n_steps + 1))):
             if stop_event is not None and stop_event.is_set():
                 if frame is not None:
                     yield dataclasses.replace(frame, done=True, stop_reason="cancelled")
                 return
             with clock:
-                with draws():
+                with draws():  # 1.c.i-v. decoder forward, token draw, accept or renoise, stopping, self-conditioning
                     if fork is not None:
                         current_canvas = fork(block, builder.forwards, current_canvas)
                     input_canvas = current_canvas
@@ -252,11 +144,12 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                             past_key_values=past_key_values, finished_denoising=finished_denoising,
                             cur_step=cur_step, sampler=sampler, logits_processor=logits_processor,
                             diffusion_stopping_criteria=diffusion_stopping_criteria, **model_kwargs))
-                stopped_early = cur_step > 1 and bool(finished_denoising.all())  # before its last step
+                stopped_early = cur_step > 1 and bool(finished_denoising.all())  # adaptive stopping, before step 1
                 block_done = stopped_early or cur_step == 1
                 done, stop_reason = False, ""
                 if block_done:
-                    # Commit the argmax canvas; EOS ends the sequence and pads what follows it
+                    # 1.d-1.e. Commit the argmax canvas (the likeliest tokens, not the renoised ones); EOS ends the
+                    # sequence and pads what follows it
                     input_ids = torch.cat([input_ids, argmax_canvas], dim=-1)
                     input_ids, finished_sequences = model._finalize_canvas(
                         input_ids=input_ids, finished_sequences=finished_sequences,
@@ -269,6 +162,7 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                         done, stop_reason = True, "eos"
                     elif block == max_new_canvases - 1:
                         done, stop_reason = True, "max_new_tokens"
+                # The frame: what the sampler recorded of this forward, brought to the host in one transfer
                 confidence, entropy, top_ids, top_probs = frame_statistics(sampler, self_conditioning_logits,
                                                                            argmax_canvas)
                 lists = host_lists(input_canvas[0], argmax_canvas[0], sampler_state(sampler).accepted_token_mask[0],
@@ -284,7 +178,7 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                 break
         if done:
             return
-        with clock:
+        with clock:  # 1.f. Positions and masks of the next block
             cur_len, decoder_attention_mask, attention_mask, encoder_position_ids, decoder_position_ids = (
                 model._prepare_kwargs_for_next_canvas(
                     attention_mask=attention_mask, decoder_attention_mask=decoder_attention_mask,

@@ -11,7 +11,8 @@ import torch
 
 from engine.cli import main
 from engine.engine import ChatSession, chat_prompt_ids, check_messages, conversation_ids
-from engine.generator import RunRandomState, denoise
+from engine.generator import denoise
+from engine.randomness import RunRandomState
 
 
 def _capture_logits(model, monkeypatch):

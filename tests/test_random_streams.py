@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from engine.generator import DRAWING_FUNCTIONS, RunRandomState, draw_device
+from engine.randomness import DRAWING_FUNCTIONS, RunRandomState, draw_device
 
 
 def every_kind_of_draw() -> list[torch.Tensor]:
