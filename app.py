@@ -9,6 +9,7 @@ import diffgemma_ui
 from diffgemma_ui.deployment import (default_threads, import_spaces, limit_malloc_arenas, load_zero_gpu_model,
                                      port_in_use, zero_gpu)
 from engine import DiffusionEngine, ModelLoadError, load_model
+from engine.cli import fail
 from engine.loading import DEFAULT_MODEL, DEVICES, DTYPES, QUANTIZATIONS, set_serving_threads
 from engine.quantization import cpu_path
 from engine.race import race_runner
@@ -20,11 +21,6 @@ TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off"
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(name, "").strip() or default
-
-
-def _fail(message: str) -> int:
-    print(f"error: {' '.join(message.split())}", file=sys.stderr)
-    return 2
 
 
 def _number(kind, text: str, what: str, check, out_of_range: str | None = None):
@@ -89,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     if share_word not in TRUE_WORDS + FALSE_WORDS:
         parser.error(f"DIFFGEMMA_SHARE must be one of {', '.join(TRUE_WORDS + FALSE_WORDS)}, got {share_word!r}")
     if busy := port_in_use(args.host, args.port):  # before the model loads
-        return _fail(f"cannot listen on {args.host}:{args.port} ({busy}): pick another port with --port or "
-                     "DIFFGEMMA_PORT")
+        return fail(f"cannot listen on {args.host}:{args.port} ({busy}): pick another port with --port or "
+                    "DIFFGEMMA_PORT")
     limit_malloc_arenas()
     on_zero_gpu = zero_gpu()
     if on_zero_gpu:
@@ -101,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         load = load_zero_gpu_model if on_zero_gpu else load_model
         engine = DiffusionEngine(load(args.model, args.device, args.dtype, args.quantization))
     except ModelLoadError as error:
-        return _fail(str(error))
+        return fail(error)
     except Exception as error:  # noqa: BLE001 - one clear line, never a traceback
-        return _fail(f"could not load the model: {type(error).__name__}: {error}")
+        return fail(f"could not load the model: {type(error).__name__}: {error}")
     if path := cpu_path(args.quantization, engine.device):
         print(path, flush=True)
     threads = set_serving_threads(engine.device, args.threads or default_threads())
@@ -111,11 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(f"Warming up: {engine.warm_up():.1f} s", flush=True)
         except Exception as error:  # noqa: BLE001 - one clear line
-            return _fail(f"the model loaded but failed a first generation: {type(error).__name__}: {error}")
+            return fail(f"the model loaded but failed a first generation: {type(error).__name__}: {error}")
     try:
         race = race_runner(engine, args.ar_model) if args.ar_model else None
     except ModelLoadError as error:
-        return _fail(str(error))
+        return fail(error)
     app = diffgemma_ui.build_app(engine, max_run_s=args.max_run_seconds, race=race)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     print(f"DiffGemma Playground on {engine.device} ({plural(threads, 'CPU thread')}): local URL "
@@ -126,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         app.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False,
                    quiet=not args.share)
     except OSError as error:
-        return _fail(f"cannot listen on {args.host}:{args.port}: {error}")
+        return fail(f"cannot listen on {args.host}:{args.port}: {error}")
     return 0
 
 

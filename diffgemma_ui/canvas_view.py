@@ -7,35 +7,39 @@ from collections.abc import Sequence
 from engine import Frame
 from engine.frames import PAD
 
-from .text import escape_html, plain_text, prose
+from .text import escape_html, plain_text, plural, prose
 from .token_view import TokenCell, token_cells
 
 # viridis sampled at 0, 0.1, ..., 1.0 (matplotlib's table)
 VIRIDIS = ("#440154", "#482475", "#414487", "#355f8d", "#2a788e", "#21918c", "#22a884", "#44bf70", "#7ad151",
            "#bddf26", "#fde725")
 PLOTLY_SCALE = "Viridis"
+# Token styles drawn dimmed and labelled, without the confidence colour: control symbols, not text
+_CONTROL_STYLES = ("special", "pad", "eos")
+STOP_REASONS = {"eos": "ended at end-of-sequence", "max_new_tokens": "reached max new tokens", "cancelled": "stopped",
+                "filled": "filled the blanks", "": ""}
 
 
 def _rgb(hex_colour: str) -> tuple[int, int, int]:
     return tuple(bytes.fromhex(hex_colour[1:]))
 
 
-def viridis(value: float) -> str:
-    """The viridis colour of `value` in [0, 1] as `#rrggbb` (clamped; non-numbers read as 0)."""
+def finite_number(value) -> float | None:
+    """`value` as a finite float, else None (non-numbers too)."""
     try:
         value = float(value)
     except (TypeError, ValueError):
-        value = 0.0
-    value = min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0
-    scaled = value * (len(VIRIDIS) - 1)
+        return None
+    return value if math.isfinite(value) else None
+
+
+def viridis(value: float) -> str:
+    """The viridis colour of `value` in [0, 1] as `#rrggbb` (clamped; non-numbers read as 0)."""
+    scaled = min(1.0, max(0.0, finite_number(value) or 0.0)) * (len(VIRIDIS) - 1)
     low = min(int(scaled), len(VIRIDIS) - 2)
     frac = scaled - low
     a, b = _rgb(VIRIDIS[low]), _rgb(VIRIDIS[low + 1])
     return "#" + bytes(round(x + (y - x) * frac) for x, y in zip(a, b)).hex()
-
-
-# Token styles drawn dimmed and labelled, without the confidence colour: control symbols, not text
-_CONTROL_STYLES = ("special", "pad", "eos")
 
 
 def empty_canvas_html(button: str = "Generate") -> str:
@@ -45,9 +49,6 @@ def empty_canvas_html(button: str = "Generate") -> str:
 
 EMPTY_CANVAS_HTML = empty_canvas_html()
 CHAT_EMPTY_CANVAS_HTML = empty_canvas_html("Send")
-
-STOP_REASONS = {"eos": "ended at end-of-sequence", "max_new_tokens": "reached max new tokens", "cancelled": "stopped",
-                "filled": "filled the blanks", "": ""}
 
 
 def _number(value: float, digits: int = 3) -> str:
@@ -140,9 +141,8 @@ def block_html(frame: Frame, *, live: bool, fixed: Sequence[bool] | None = None)
         melted = list(frame.remelted) or [False] * n
     else:
         kept = max(0, min(n, len(frame.committed_ids) - frame.block_index * n))
-        forwards = frame.step_index + 1
         pads = sum(1 for k in (frame.draft_kinds or [])[:kept] if k == PAD)
-        bits += [f"{forwards} forward{'s' if forwards != 1 else ''}",
+        bits += [plural(frame.step_index + 1, "forward"),
                  "stopped early (stable)" if frame.block_stopped_early else "all steps", *remelts]
         if kept < n:
             bits.append(f"{kept - pads} token{'s' if kept - pads != 1 else ''} kept, end-of-sequence")
@@ -194,7 +194,6 @@ def thought_html(thought: str) -> str:
     """The thought channel's text as a collapsed `<details>`, escaped; "" when there is none."""
     if not thought or not thought.strip():
         return ""
-    words = len(thought.split())
     return ('<details class="dg-thought"><summary>Thought \u00b7 '
-            f"{words:,} word{'s' if words != 1 else ''} (the model's reasoning before its answer; not part of the "
+            f"{plural(len(thought.split()), 'word')} (the model's reasoning before its answer; not part of the "
             f'answer)</summary><div class="dg-thought-text">{escape_html(plain_text(thought))}</div></details>')

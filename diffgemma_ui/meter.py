@@ -1,24 +1,18 @@
 """The live speed meter as HTML stat cards, every figure from the newest frame's engine clock (never the UI's)."""
 
-import math
-
 from engine import Frame
 
-from .canvas_view import STOP_REASONS
-from .text import escape_html, prose
+from .canvas_view import STOP_REASONS, finite_number
+from .text import escape_html, plural, prose
 
-
-def _finite(value) -> float | None:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
+IDLE_NOTE = "engine clock \u00b7 press Generate to start"
+STARTING_NOTE = "starting: encoding the prompt, then the first decoder forward"
+REFUSED_NOTICE = "Refused (the box under the buttons says why). Everything below is from the previous run."
 
 
 def format_number(value: float, digits: int = 1, unit: str = "") -> str:
     """`value` with `digits` decimals, thousands separated, and `unit`; "–" if missing or non-finite."""
-    value = _finite(value)
+    value = finite_number(value)
     return "\u2013" if value is None else f"{value:,.{digits}f}{unit}"
 
 
@@ -70,15 +64,14 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
     values = meter_values(frame, committed)
     progress = values.pop("progress")
     rates = committed or frame
-    tps = 0.0 if rates is None or not rates.forwards_per_block else _finite(rates.tokens_per_second) or 0.0
-    ttff = 0.0 if frame is None else _finite(frame.time_to_first_frame_s) or 0.0
+    tps = 0.0 if rates is None or not rates.forwards_per_block else finite_number(rates.tokens_per_second) or 0.0
+    ttff = 0.0 if frame is None else finite_number(frame.time_to_first_frame_s) or 0.0
     state = state or ("idle" if frame is None else ("done" if frame.done else "running"))
     footer = f'<div class="dg-meter-note">{escape_html(note or IDLE_NOTE)}</div>'
     if frame is not None:
         footer = (f'<div class="dg-meter-note"><span class="dg-progress">{escape_html(progress)}</span> engine clock'
-                  f" \u00b7 seed {escape_html(str(frame.seed))} \u00b7 prompt {frame.prompt_tokens:,} "
-                  f"token{'' if frame.prompt_tokens == 1 else 's'} \u00b7 "
-                  f"{frame.forward_index + 1:,} forward{'' if frame.forward_index == 0 else 's'}"
+                  f" \u00b7 seed {escape_html(str(frame.seed))} \u00b7 prompt {plural(frame.prompt_tokens, 'token')}"
+                  f" \u00b7 {plural(frame.forward_index + 1, 'forward')}"
                   f' <span class="dg-rate-note">{escape_html(prose("rate-note"))}</span></div>')
         positions = (frame.block_index + 1) * frame.canvas_length
         if frame.done and frame.stop_reason == "eos" and 2 * frame.committed_tokens < positions:
@@ -90,18 +83,11 @@ def meter_html(frame: Frame | None, *, committed: Frame | None = None, note: str
             f"{banner}{stat_cards_html(values)}{footer}</div>")
 
 
-IDLE_NOTE = "engine clock \u00b7 press Generate to start"
-STARTING_NOTE = "starting: encoding the prompt, then the first decoder forward"
-
-
 def run_meter_html(frame: Frame | None, *, committed: Frame | None = None, final: bool) -> str:
     """A started run's meter (`final`: its last view); "starting" before its first frame."""
     if frame is None and not final:
         return meter_html(None, note=STARTING_NOTE, state="running")
     return meter_html(frame, committed=committed)
-
-
-REFUSED_NOTICE = "Refused (the box under the buttons says why). Everything below is from the previous run."
 
 
 def waiting_meter_html(replacing: bool = False) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from engine import Frame
 
 from .canvas_view import PLOTLY_SCALE, viridis
-from .text import escape_plotly
+from .text import escape_plotly, plural
 from .token_view import draft_labels
 
 HEIGHT = 330
@@ -21,6 +21,8 @@ GAP_CELLS = 96  # heatmap rows or columns with 1 px gaps between cells up to thi
 SLIDER_STEPS = 32  # stops on the heatmap's slider at most (the play button shows every step)
 HOVER_CELLS = 16384  # heatmap cells drawn with per-cell token text at most (256 positions x 64 steps)
 TOOLBAR_PX = 28  # the hover mode bar's strip
+# dark text on a light button: readable in both themes
+BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color": "#0f172a", "size": 12}}
 
 
 class FigureSpec(dict):
@@ -71,7 +73,7 @@ def _block_title(frames: Sequence[Frame], what: str) -> str:
     last = frames[-1]
     steps = last.step_index + 1
     if last.block_done:
-        state = f" \u00b7 {steps} step{'s' if steps != 1 else ''}"
+        state = f" \u00b7 {plural(steps, 'step')}"
     elif last.done:
         state = f" \u00b7 stopped at step {steps}"
     else:
@@ -86,8 +88,10 @@ def _legend_line(*lines: str) -> dict:
             "font": {"size": 11}}
 
 
-# dark text on a light button: readable in both themes
-BUTTON_STYLE = {"bgcolor": "#e2e8f0", "bordercolor": "#94a3b8", "font": {"color": "#0f172a", "size": 12}}
+def _markers(points: list[tuple[int, int]], name: str, **marker) -> dict:
+    """A scatter of `marker`s at (position, step row) `points`, no hover."""
+    return {"type": "scatter", "mode": "markers", "x": [x for x, _ in points], "y": [y for _, y in points],
+            "hoverinfo": "skip", "name": name, "marker": marker}
 
 
 def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: bool = True) -> FigureSpec:
@@ -114,38 +118,24 @@ def confidence_heatmap(frames: Sequence[Frame], *, animate: bool = True, hover: 
     y = list(range(1, steps + 1))
     # a live block reserves rows for its remaining steps
     rows = steps if frames[-1].block_done or frames[-1].done else max(steps, frames[-1].max_denoising_steps)
-    data = [
-        {
-            "type": "heatmap", "z": z, "x": list(range(n)), "y": y, "hoverongaps": False,
-            **({"hovertext": hover_text, "hovertemplate": "%{hovertext}<extra></extra>"} if hover
-               else {"hovertemplate": "step %{y} \u00b7 position %{x}<br>confidence %{z:.3f}<extra></extra>"}),
-            "colorscale": PLOTLY_SCALE, "zmin": 0, "zmax": 1,
-            "xgap": int(n <= GAP_CELLS), "ygap": int(rows <= GAP_CELLS),
-            **({"zsmooth": "fast"} if n > GAP_CELLS and rows > GAP_CELLS else {}),  # one image, crisp cells
-            "colorbar": {"title": {"text": "conf."}, "thickness": 10, "len": 0.9, "outlinewidth": 0,
-                         "ticklabeloverflow": "allow"},
-        },
-        {
-            "type": "scatter", "mode": "markers", "x": [x for x, _ in dots], "y": [y for _, y in dots],
-            "hoverinfo": "skip",
-            "name": "accepted at this step",
-            "marker": {"symbol": "circle", "size": 4 if n * rows <= 64 * 64 else 3, "color": "rgba(255,255,255,0.85)",
-                       "line": {"width": 0.5, "color": "rgba(0,0,0,0.6)"}},
-        },
-        {
-            "type": "scatter", "mode": "markers", "x": [x for x, _ in melts], "y": [y for _, y in melts],
-            "hoverinfo": "skip",
-            "name": "re-melted at this step", "marker": {"symbol": "x", "size": 7, "color": REMELT_COLOUR},
-        },
-    ]
+    data = [{
+        "type": "heatmap", "z": z, "x": list(range(n)), "y": y, "hoverongaps": False,
+        **({"hovertext": hover_text, "hovertemplate": "%{hovertext}<extra></extra>"} if hover
+           else {"hovertemplate": "step %{y} \u00b7 position %{x}<br>confidence %{z:.3f}<extra></extra>"}),
+        "colorscale": PLOTLY_SCALE, "zmin": 0, "zmax": 1,
+        "xgap": int(n <= GAP_CELLS), "ygap": int(rows <= GAP_CELLS),
+        **({"zsmooth": "fast"} if n > GAP_CELLS and rows > GAP_CELLS else {}),  # one image, crisp cells
+        "colorbar": {"title": {"text": "conf."}, "thickness": 10, "len": 0.9, "outlinewidth": 0,
+                     "ticklabeloverflow": "allow"},
+    }, _markers(dots, "accepted at this step", symbol="circle", size=4 if n * rows <= 64 * 64 else 3,
+                color="rgba(255,255,255,0.85)", line={"width": 0.5, "color": "rgba(0,0,0,0.6)"}),
+        _markers(melts, "re-melted at this step", symbol="x", size=7, color=REMELT_COLOUR)]
     layout = _layout(
         _block_title(frames, "Confidence per step and position"),
         xaxis=_axis("position", range=[-0.5, n - 0.5], showgrid=False),
-        yaxis=_axis("step", range=[rows + 0.5, 0.5], autorange=False, showgrid=False,
-                    dtick=math.ceil(rows / 8)),
-        annotations=[_legend_line(
-            "colour: confidence of the draft token",
-            "white dot: accepted \u00b7 orange \u00d7: re-melted (was accepted)")],
+        yaxis=_axis("step", range=[rows + 0.5, 0.5], autorange=False, showgrid=False, dtick=math.ceil(rows / 8)),
+        annotations=[_legend_line("colour: confidence of the draft token",
+                                  "white dot: accepted \u00b7 orange \u00d7: re-melted (was accepted)")],
         margin={"l": 48, "r": 16, "t": 72, "b": 40},
     )
     if animate and steps > 1:

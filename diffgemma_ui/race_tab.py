@@ -82,9 +82,8 @@ class RaceTab(Tab):
     title = "Race"
 
     def __init__(self, runner: RaceRunner, hub: Hub | None = None):
+        super().__init__(hub or Hub(runner.engine))
         self.runner = runner
-        self.hub = hub or Hub(runner.engine)
-        self.engine = self.hub.engine
         # on ZeroGPU the checks run on the hub's CPU view of the engine
         self.checker = runner if self.hub.engine is runner.engine else RaceRunner(self.hub.engine)
         self.hub.sources["race"] = self.race_items
@@ -117,7 +116,7 @@ class RaceTab(Tab):
 
     def job(self, race: tuple) -> Job:
         """The "race" job of (request, AR temperature, order), a forward per autoregressive token."""
-        return Job("race", race, race[0].settings, extra_forwards=self.checker.budget(race[0].settings))
+        return Job("race", race, race[0].settings, extra_forwards=self.checker.engine.budget(race[0].settings))
 
     def race_items(self, engine, race: tuple, stop: threading.Event) -> Iterator:
         """The "race" source: each side's (side, frame) as it runs, then the `RaceResult`."""
@@ -365,14 +364,13 @@ def explanation(result: RaceResult) -> str:
         name=name, forward=forward, ms=side.seconds_per_forward * 1000, tokens=side.tokens_per_forward,
         token_ms=side.seconds_per_token * 1000) for name, forward, side in (
         ("Diffusion", "canvas forward", d), ("Autoregressive", "forward", a)))
+    device_note = prose("race-memory-bound")
     if verdict["bound"] != "memory":
         device_note = prose("race-compute-bound").format(device=result.device.split(":")[0].upper(),
                                                           canvas=result.canvas_length)
     elif d.bandwidth_bound_s_per_forward and a.bandwidth_bound_s_per_forward:
-        device_note = prose("race-memory-bound") + " " + prose("race-bandwidth-bound").format(
+        device_note += " " + prose("race-bandwidth-bound").format(
             canvas=d.bandwidth_bound_s_per_forward * 1000, autoregressive=a.bandwidth_bound_s_per_forward * 1000)
-    else:
-        device_note = prose("race-memory-bound")
     return f"{why} {per_token} {device_note}"
 
 

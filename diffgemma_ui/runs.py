@@ -23,6 +23,10 @@ LIVE_POSITIONS_PER_SECOND = 3840.0  # chips a browser redraws per second at most
 DEFAULT_READER_BUDGET = 0.05  # the live view's largest share of wall time
 MAX_LIVE_GAP_S = 2.0  # a slow reader still renders at least this often
 STOP_GRACE_S = 2.0  # after Stop, frames already on their way are read this long
+DEFAULT_MAX_RUN_S = 300.0
+API_WAIT_S = 0.25  # a served API call checks its client this often
+STOP_WAIT_S = 10.0  # the most Stop waits, in all, for the run and its stream to end
+DROP_DELAY_S = 5.0  # a closed tab's Gradio record is dropped this long after
 LOG = logging.getLogger(__name__)
 
 
@@ -245,12 +249,6 @@ class RunWorker:
                     break
                 self._changed.wait(remaining)
         return self.snapshot()
-
-
-DEFAULT_MAX_RUN_S = 300.0
-API_WAIT_S = 0.25  # a served API call checks its client this often
-STOP_WAIT_S = 10.0  # the most Stop waits, in all, for the run and its stream to end
-DROP_DELAY_S = 5.0  # a closed tab's Gradio record is dropped this long after
 
 
 def wait_all(timeout_s: float, *waits: Callable[[float], object]) -> None:

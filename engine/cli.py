@@ -121,7 +121,8 @@ def report(args: argparse.Namespace, data: dict, text: str, *notes: str) -> int:
     return 0
 
 
-def fail(error: BaseException, prefix: str = "") -> int:
+def fail(error: BaseException | str, prefix: str = "") -> int:
+    """Print `prefix` and `error` as one `error:` line (whitespace runs as one space) on stderr; 2."""
     print(f"error: {prefix}{' '.join(str(error).split())}", file=sys.stderr)
     return 2
 
@@ -147,9 +148,8 @@ def generate_command(args: argparse.Namespace) -> int:
             trace.save(args.trace)
         except OSError as error:
             return fail(error.strerror or error, f"cannot write the trace to {args.trace}: ")
-    return report(args, result.to_dict(), result.text,
-                  f"[{plural(result.tokens, 'token')}, {plural(result.forwards, 'forward')}, "
-                  f"{result.tokens_per_second:.1f} tokens/s, "
+    return report(args, result.to_dict(), result.text, f"[{plural(result.tokens, 'token')}, "
+                  f"{plural(result.forwards, 'forward')}, {result.tokens_per_second:.1f} tokens/s, "
                   f"{result.tokens_per_forward:.2f} tokens/forward, {result.seconds:.2f} s, seed {result.seed}]")
 
 
@@ -195,8 +195,7 @@ def chat_command(args: argparse.Namespace) -> int:
                       "result": result.to_dict()}, result.text, *([f"[note: {used.note}]"] if used.note else []),
                f"[turn {turn}: {used.reused_tokens} of {used.prompt_tokens} prompt tokens reused (not re-encoded), "
                f"prefill {used.prefill_s:.3f} s{saved}; {plural(result.tokens, 'token')}, "
-               f"{plural(result.forwards, 'forward')}, "
-               f"seed {result.seed}]")
+               f"{plural(result.forwards, 'forward')}, seed {result.seed}]")
     return status
 
 
@@ -208,8 +207,7 @@ def infill_command(args: argparse.Namespace) -> int:
     return report(args, {"text": text, "fills": fills, "blank_positions": layout.blanks,
                          "template_positions": layout.template_positions, "result": result.to_dict()}, text,
                   f"[{plural(len(layout.blanks), 'blank position')} filled, {plural(result.forwards, 'forward')}, "
-                  f"{result.seconds:.2f} s, "
-                  f"seed {result.seed}]")
+                  f"{result.seconds:.2f} s, seed {result.seed}]")
 
 
 def replay_command(args: argparse.Namespace) -> int:

@@ -28,15 +28,9 @@ FrameCallback = Callable[[str, object], None]
 PUNCTUATION_LIMIT = 2 / 3  # shares past these mark an answer faulty
 REPETITION_LIMIT = 0.5
 REPEAT_N = 4  # tokens per run counted as repetition
-
-
 AR_TEMPERATURE = SettingSpec("ar_temperature", "Autoregressive temperature", float, 0.0, 10.0, True,
                              "0: greedy (default); above: sampled", "--ar-temperature", ui_step=0.05)
-
-
-def check_temperature(value) -> float:
-    """`value` as the AR temperature in [0, 10] (0: greedy); `ValueError`."""
-    return AR_TEMPERATURE.parse(value)
+check_temperature = AR_TEMPERATURE.parse  # `value` as the AR temperature in [0, 10] (0: greedy); `ValueError`
 
 
 @dataclass(frozen=True)
@@ -95,11 +89,9 @@ class AutoregressiveDecoder:
     def load(cls, model_id: str, device: torch.device, dtype: torch.dtype) -> "AutoregressiveDecoder":
         """A separate causal LM and its tokenizer on `device`; `ModelLoadError`."""
         where, common = model_location(model_id, strict=False)
-        kwargs = {"dtype": dtype, **common}
-        if device.type == "cuda":
-            kwargs["device_map"] = {"": device.index or 0}
+        placed = {"device_map": {"": device.index or 0}} if device.type == "cuda" else {}
         try:
-            model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **placed, **common)
             tokenizer = AutoTokenizer.from_pretrained(where, **common)
         except Exception as error:  # noqa: BLE001
             raise ModelLoadError(f"cannot load the autoregressive model {model_id!r}: {type(error).__name__}: "
@@ -231,9 +223,8 @@ class SideResult:
 
     def line(self) -> str:
         return (f"{self.name}: {plural(self.tokens, 'token')}, {plural(self.forwards, 'forward')}, "
-                f"{self.tokens_per_second:.1f} "
-                f"tokens/s, {self.tokens_per_forward:.2f} tokens/forward, {self.seconds:.2f} s, "
-                f"{self.seconds_per_forward * 1000:.2f} ms per forward, stop: {self.stop_reason}")
+                f"{self.tokens_per_second:.1f} tokens/s, {self.tokens_per_forward:.2f} tokens/forward, "
+                f"{self.seconds:.2f} s, {self.seconds_per_forward * 1000:.2f} ms per forward, stop: {self.stop_reason}")
 
     def summary(self) -> dict:
         data = asdict(self)
@@ -371,9 +362,6 @@ class RaceRunner:
         self._races = 0
         self._figures: tuple[float | None, tuple[int, int] | None] | None = None
 
-    def budget(self, settings: DiffusionSettings) -> int:
-        return self.engine.budget(settings)
-
     def check(self, prompt: str, settings: DiffusionSettings, *, raw: bool, ar_temperature=0.0,
               order: str = "alternate", seed=None) -> None:
         """`ValueError` naming the race's first problem, before anything runs."""
@@ -384,7 +372,7 @@ class RaceRunner:
         diffusion_ids = self.engine.encode_prompt(prompt, raw=raw)
         self.engine.check_budget(diffusion_ids.shape[1], settings)
         ar_ids = diffusion_ids if self.ar.shared_weights else self.ar.encode_prompt(prompt, raw=raw)
-        self.ar.check_budget(ar_ids.shape[1], self.budget(settings))
+        self.ar.check_budget(ar_ids.shape[1], self.engine.budget(settings))
 
     def _order(self, order: str) -> tuple[str, str]:
         if order == "alternate":
@@ -413,7 +401,7 @@ class RaceRunner:
         """Race `prompt`, `on_frame(side, frame)` after each forward; `ValueError`."""
         settings = settings or self.engine.recommended
         self.check(prompt, settings, raw=raw, ar_temperature=ar_temperature, order=order, seed=seed)
-        seed, ar_temperature, budget = parse_seed(seed), check_temperature(ar_temperature), self.budget(settings)
+        seed, ar_temperature, budget = parse_seed(seed), check_temperature(ar_temperature), self.engine.budget(settings)
         seed = draw_seed() if seed is None else seed
         with self._lock:
             bandwidth, weights = self._bandwidth_figures()
@@ -458,10 +446,9 @@ class RaceRunner:
         bound_s = weights_bytes / bandwidth if weights_bytes else None
         shown = [token_text(i) for i in token_ids if token_text.kind(i) in (TEXT, BYTE)]
         return SideResult(
-            name=side, model=model, text=text, token_ids=token_ids, tokens=tokens, forwards=forwards,
-            seconds=seconds, tokens_per_second=tokens / seconds if seconds > 0 else 0.0,
-            tokens_per_forward=per_forward, time_to_first_token_s=next((s for s, n in trace if n > 0), None),
-            seconds_per_forward=seconds / forwards,
+            name=side, model=model, text=text, token_ids=token_ids, tokens=tokens, forwards=forwards, seconds=seconds,
+            tokens_per_second=tokens / seconds if seconds > 0 else 0.0, tokens_per_forward=per_forward,
+            time_to_first_token_s=next((s for s, n in trace if n > 0), None), seconds_per_forward=seconds / forwards,
             seconds_per_token=seconds / tokens if tokens else None, stop_reason=last.stop_reason,
             prompt_tokens=last.prompt_tokens, position=position, warm_up_s=warm_s, trace=trace,
             weights_bytes_per_forward=weights_bytes, bandwidth_bound_s_per_forward=bound_s,
