@@ -205,12 +205,11 @@ class GpuBudget:
         if duration * cost <= self.quota_s:
             return
         most = max(0, int((self.quota_s - self.setup_s * cost) // (self.seconds_per_forward * cost)))
-        raise ValueError(
-            f"this request may need {duration} s of GPU "
-            f"({plural(self.forwards(settings, canvas_length) + extra_forwards, 'decoder forward')} "
-            f"of {canvas_length}-token canvases), over what this ZeroGPU Space can ask for ({self.quota_s:g} s of "
-            f"quota{', an xlarge second counting twice' if self.size == 'xlarge' else ''}): lower max_new_tokens or "
-            f"max_denoising_steps (at most about {plural(most, 'forward')} in all)")
+        forwards = self.forwards(settings, canvas_length) + extra_forwards
+        raise ValueError(f"this request may need {duration} s of GPU ({plural(forwards, 'decoder forward')} of "
+                         f"{canvas_length}-token canvases), over what this ZeroGPU Space can ask for ({self.quota_s:g} "
+                         f"s of quota{', an xlarge second counting twice' if self.size == 'xlarge' else ''}): lower "
+                         f"max_new_tokens or max_denoising_steps (at most about {plural(most, 'forward')} in all)")
 
 
 def gpu_size_for(model, environ: Mapping[str, str] | None = None) -> GpuSize:

@@ -69,8 +69,7 @@ def api_summary(result) -> tuple[str, dict]:
 
 
 class Hub:
-    """The app's model work on one loaded `engine`; `limits` as `runs.Runner`'s keywords (`max_fps` None: by
-    canvas)."""
+    """The app's model work on one loaded `engine`; `limits` as `runs.Runner`'s keywords (`max_fps` None: by canvas)."""
 
     def __init__(self, engine: DiffusionEngine, *, max_fps: float | None = None, **limits):
         self.engine = engine

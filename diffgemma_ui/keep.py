@@ -30,8 +30,7 @@ def check_traceable(settings, canvas_length: int) -> None:
         raise ValueError(
             f"a trace keeps every decoder forward: {plural(canvases, 'canvas', 'canvases')} of {canvas_length} "
             f"positions x {plural(settings.max_denoising_steps, 'step')} could exceed the "
-            f"{MAX_TRACE_BYTES // 2**20} MB trace limit; "
-            "lower max_new_tokens or max_denoising_steps")
+            f"{MAX_TRACE_BYTES // 2**20} MB trace limit; lower max_new_tokens or max_denoising_steps")
 
 
 class KeepHandlers(Tab):
@@ -135,9 +134,8 @@ def wire_keep(controls: KeepControls, keep: KeepHandlers, session, feed, text, r
     """Wire downloads after `run_events`, the upload (to the player's `feed` and `text`) and `replay_button` (the
     page's player plays its run again); refusals in `box`."""
     for event in run_events:
-        event.then(keep.export_files, inputs=[session],
-                   outputs=[controls.trace_button, controls.html_button, replay_button], concurrency_limit=2,
-                   **PRIVATE)
+        event.then(keep.export_files, inputs=[session], concurrency_limit=2, **PRIVATE,
+                   outputs=[controls.trace_button, controls.html_button, replay_button])
     replay_button.click(None, js="() => window.dgLive.replay()", **PRIVATE)
     uploaded = noted(controls.upload.upload, keep.check_upload, box, inputs=[session, controls.upload],
                      concurrency_limit=2, **PRIVATE)

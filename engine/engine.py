@@ -417,11 +417,10 @@ class ChatSession:
                  f"{self.engine.context_limit:,} tokens" if dropped else "",
                  "the conversation's start changed (a cut or a thinking switch): encoded in full"
                  if changed else ""]
-        cut_note = "; ".join(filter(None, notes))
         self.last_report = TurnReport(
             prompt_tokens=len(ids), reused_tokens=reused, encoded_tokens=len(ids) - reused, prefill_s=prefill_s,
             prefill_saved_s=None if rate is None or not reused else min(reused * rate, reused_cost_s),
-            dropped_turns=dropped, note=cut_note)
+            dropped_turns=dropped, note="; ".join(filter(None, notes)))
         self.last_result, self._cache_answered = result, True
         answers = sum(m["role"] == "assistant" for m in messages)  # the newest, kept by the cut
         self.messages = messages + [{"role": "assistant", "content": result.text}]
@@ -430,8 +429,7 @@ class ChatSession:
     def reply(self, text: str, settings: DiffusionSettings | None = None,
               **kwargs) -> tuple[GenerationResult, TurnReport]:
         """Run a turn to the end: (result, report); `ValueError`, `RuntimeError` if cancelled."""
-        for _ in self.turn(text, settings, **kwargs):
-            pass
+        last_and_count(self.turn(text, settings, **kwargs))
         if self.last_result is None:
             raise RuntimeError("the turn was cancelled")
         return self.last_result, self.last_report

@@ -154,18 +154,14 @@ class TokenText:
         self._tokenizer = tokenizer
         self._size = len(tokenizer)
         self._cache: dict[int, tuple[str, str]] = {}
-        if eos_token_ids is None:
-            eos_token_ids = tokenizer.eos_token_id
-        self.eos_ids = frozenset(eos_id_list(eos_token_ids))
+        self.eos_ids = frozenset(eos_id_list(tokenizer.eos_token_id if eos_token_ids is None else eos_token_ids))
         self.pad_id = tokenizer.pad_token_id if pad_token_id is None else pad_token_id
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
         self._added = frozenset(added)
-        self.special_ids = frozenset(
-            {int(i) for i in tokenizer.all_special_ids}
-            | {int(i) for i, token in added.items() if getattr(token, "special", False)
-               or _PIPE_MARKER.fullmatch(str(token))}
-            | {int(i) for i in special_ids if i is not None}
-        )
+        self.special_ids = frozenset({int(i) for i in tokenizer.all_special_ids}
+                                     | {int(i) for i, token in added.items()
+                                        if getattr(token, "special", False) or _PIPE_MARKER.fullmatch(str(token))}
+                                     | {int(i) for i in special_ids if i is not None})
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._backend = backend if hasattr(backend, "decode_batch") and hasattr(backend, "id_to_token") else None
         decoder = getattr(backend, "decoder", None)

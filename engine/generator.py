@@ -74,10 +74,8 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
         eos_tensor = (torch.tensor(generation_config.eos_token_id, device=device)
                       if generation_config.eos_token_id is not None else None)
         pad_id = generation_config.pad_token_id
-        encoder_position_ids = torch.arange(cur_len - prompt_length, cur_len, dtype=torch.int32, device=device)
-        encoder_position_ids = encoder_position_ids.unsqueeze(0)
-        decoder_position_ids = torch.arange(cur_len, cur_len + canvas_length, dtype=torch.int32, device=device)
-        decoder_position_ids = decoder_position_ids.unsqueeze(0)
+        encoder_position_ids = torch.arange(cur_len - prompt_length, cur_len, dtype=torch.int32, device=device)[None]
+        decoder_position_ids = torch.arange(cur_len, cur_len + canvas_length, dtype=torch.int32, device=device)[None]
         attention_mask = torch.ones((1, cur_len), dtype=torch.bool, device=device)
         decoder_attention_mask = torch.nn.functional.pad(attention_mask, (0, canvas_length), value=True)
         # 0.e. The sampler records the statistics it computes anyway, so a frame costs no second pass over the logits

@@ -111,9 +111,8 @@ def read_config(model: str | Path):
     except Exception as error:  # noqa: BLE001
         raise ModelLoadError(f"cannot read a model config from {str(model)!r}: {error}") from error
     if getattr(config, "model_type", None) != "diffusion_gemma":
-        raise ModelLoadError(
-            f"{str(model)!r} is a {getattr(config, 'model_type', 'unknown')!r} model, not DiffusionGemma "
-            "(model_type 'diffusion_gemma')")
+        raise ModelLoadError(f"{str(model)!r} is a {getattr(config, 'model_type', 'unknown')!r} model, not "
+                             "DiffusionGemma (model_type 'diffusion_gemma')")
     return config
 
 
@@ -173,9 +172,8 @@ def load_model(model: str | Path = DEFAULT_MODEL, device: str = "auto", dtype: s
             f"cannot load weights or tokenizer from {source!r}: {type(error).__name__}: {error}") from error
     vocab_size = config.text_config.vocab_size
     if len(tokenizer) < vocab_size // 2:  # no tokenizer.json
-        raise ModelLoadError(
-            f"the tokenizer in {source!r} has {len(tokenizer):,} tokens for a model of {vocab_size:,}: its tokenizer "
-            "files (tokenizer.json) are missing or wrong")
+        raise ModelLoadError(f"the tokenizer in {source!r} has {len(tokenizer):,} tokens for a model of "
+                             f"{vocab_size:,}: its tokenizer files (tokenizer.json) are missing or wrong")
     if quantization in ("4bit", "8bit"):
         network = quantize_model(network, quantization, torch_device)
     elif not cuda:

@@ -68,15 +68,16 @@ class RunRandomState:
         saved back after it, under a process-wide lock: for `torch.compile`d code, which cannot take a generator."""
         devices = list(dict.fromkeys([torch.device("cpu"), _concrete(torch.device(device))]))
         with _GLOBAL_RNG_LOCK:
-            saved = [_global_rng_state(d) for d in devices]
-            for d in devices:
-                _set_global_rng_state(d, self.generator(d).get_state())
+            globals_ = [_global_generator(d) for d in devices]
+            saved = [g.get_state() for g in globals_]
+            for d, g in zip(devices, globals_):
+                g.set_state(self.generator(d).get_state())
             try:
                 yield
             finally:
-                for d, state in zip(devices, saved):
-                    self.generator(d).set_state(_global_rng_state(d))
-                    _set_global_rng_state(d, state)
+                for d, g, state in zip(devices, globals_, saved):
+                    self.generator(d).set_state(g.get_state())
+                    g.set_state(state)
 
 
 class _RunDraws(TorchFunctionMode):
@@ -111,16 +112,11 @@ def _concrete(device: torch.device) -> torch.device:
     return device
 
 
-def _global_rng_state(device: torch.device) -> torch.Tensor:
+def _global_generator(device: torch.device) -> torch.Generator:
+    """torch's global generator of a concrete CPU or CUDA `device`; `ValueError` for another device type."""
     if device.type == "cuda":
-        return torch.cuda.get_rng_state(device)
+        torch.cuda.init()  # fills `default_generators`
+        return torch.cuda.default_generators[device.index]
     if device.type == "cpu":
-        return torch.get_rng_state()
+        return torch.default_generator
     raise ValueError(f"compiled runs draw on the CPU or CUDA, not on {device.type}")
-
-
-def _set_global_rng_state(device: torch.device, state: torch.Tensor) -> None:
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(state, device)
-    else:
-        torch.set_rng_state(state)

@@ -74,8 +74,7 @@ SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec(name="t_max", label="t_max", kind=float, low=0.0, high=10.0, low_inclusive=False,
                 help="sampling temperature at the first step (falls linearly to t_min)", flag="--t-max",
                 ui_high=2.0, ui_step=0.01),
-    SettingSpec(name="stability_threshold", label="Stability threshold", kind=int, low=0, high=64,
-                low_inclusive=True,
+    SettingSpec(name="stability_threshold", label="Stability threshold", kind=int, low=0, high=64, low_inclusive=True,
                 help="steps unchanged: adaptive stopping needs the likeliest canvas stable this long",
                 flag="--stability-threshold", ui_high=16, ui_step=1),
     SettingSpec(name="confidence_threshold", label="Confidence threshold", kind=float, low=0.0, high=100.0,
@@ -232,13 +231,9 @@ def preset(name: str, recommended: DiffusionSettings) -> DiffusionSettings:
     if name == "recommended":
         return recommended
     if name == "fast":
-        return recommended.replace(
-            entropy_bound=_tidy(min(RANGES["entropy_bound"][1], recommended.entropy_bound * 5)),
-            max_denoising_steps=max(4, recommended.max_denoising_steps // 3),
-        )
+        return recommended.replace(entropy_bound=_tidy(min(RANGES["entropy_bound"][1], recommended.entropy_bound * 5)),
+                                   max_denoising_steps=max(4, recommended.max_denoising_steps // 3))
     if name == "careful":
-        return recommended.replace(
-            entropy_bound=_tidy(recommended.entropy_bound / 4),
-            max_denoising_steps=min(MAX_DENOISING_STEPS_LIMIT, recommended.max_denoising_steps * 2),
-        )
+        steps = min(MAX_DENOISING_STEPS_LIMIT, recommended.max_denoising_steps * 2)
+        return recommended.replace(entropy_bound=_tidy(recommended.entropy_bound / 4), max_denoising_steps=steps)
     raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")
