@@ -34,14 +34,6 @@ function mount() {
     meterFrame: (shown, newest) => newest, active: () => !document.documentElement.classList.contains("dg-presenting")
       && Boolean(byId("dg-player")) && byId("dg-player").offsetParent !== null,
     onPresent: (on) => on && window.dgPresenter && window.dgPresenter.open()});
-  const box = byId("dg-replay-pace");
-  if (box) {
-    box.value = localStorage.getItem(PACE_KEY) || "default";
-    box.addEventListener("change", () => {
-      localStorage.setItem(PACE_KEY, box.value);
-      if (live.player.playing()) live.player.schedule();
-    });
-  }
   return live.player;
 }
 
@@ -97,8 +89,15 @@ window.dgLive = {feed, ask, mount, have: () => (live.key ? `${live.key}:${live.d
   player: () => live.player, pause: () => live.player && live.player.pause(),
   replay: () => { if (live.player && live.data) { live.player.show(0); live.player.start(); } }};
 // Plotly loads while the page is idle after it opens, not in the middle of the first run
+// and the pace menu keeps the visitor's last choice
 const waitForPlayer = setInterval(() => {
   if (!byId("dg-player")) return;
   clearInterval(waitForPlayer);
+  const box = byId("dg-replay-pace");
+  box.value = PACES[localStorage.getItem(PACE_KEY)] ? localStorage.getItem(PACE_KEY) : "default";
+  box.addEventListener("change", () => {
+    localStorage.setItem(PACE_KEY, box.value);
+    if (live.player && live.player.playing()) live.player.schedule();
+  });
   (window.requestIdleCallback || setTimeout)(loadPlotly);
 }, 200);
