@@ -2,10 +2,13 @@
 
     canvas    the browser's time per live-canvas update at 256 and 64 positions (Chromium, CDP counters);
               --app-run: the live rate and long tasks of a served run of synthetic 256-position frames
+              (the canvas drawn by the page's player; the server's CPU per feed message)
     latency   press Generate -> first frame, and tokens/s through the page against bare runs
     sessions  server memory while N browser visitors each run one generation and close their tab
     replay    trace JSON and offline HTML replay size of a run of the real model's size (no model)
     render    server-side CPU ms per canvas frame of 256 positions at the real vocabulary
+    live      the Playground's live view: forwards painted of forwards run, time to the first painted forward and
+              the longest task for the default prompt, a 512-token run and a synthetic 256 x 48 run at 60/s
 
 Chromium is Debian's /usr/bin/chromium (never downloaded). Each command's --help says what it measures.
 """
@@ -22,7 +25,6 @@ import json
 import math
 import os
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -38,14 +40,14 @@ from playwright.sync_api import sync_playwright
 from transformers import AutoTokenizer
 
 from benchmarks.bench import free_port, launched_app, run_command
-from diffgemma_ui import build_app, canvas_view
+from diffgemma_ui import build_app, canvas_view, playground_tab
 from diffgemma_ui.canvas_view import live_html, stack_html
 from diffgemma_ui.runs import default_live_rate
 from diffgemma_ui.session import SessionState
 from engine import DiffusionEngine, load_model
 from engine.frames import Frame, TokenText
 from engine.loading import DEFAULT_MODEL, set_serving_threads
-from engine.settings import DiffusionSettings
+from engine.settings import SETTING_NAMES, DiffusionSettings
 from engine.trace import ModelInfo, Trace, replay_html
 from standin import ensure_standin
 
@@ -269,9 +271,9 @@ def app_run(args) -> int:
     engine.check_budget = lambda *_, **__: None
     budget = {"reader_budget": None} if args.no_reader_budget else {}
     app = build_app(engine, **budget) if args.rate is None else build_app(engine, max_fps=args.rate, **budget)
-    rate = app.playground.runs.max_fps
-    renders = []  # (CPU seconds) of each server render of the view
-    render = app.playground.render
+    rate = app.hub.runs.max_fps
+    renders = []  # (CPU seconds) of each serialisation of the run's new frames for the page's player
+    render = playground_tab.frames_message
 
     def timed_render(*a, **k):
         start = time.thread_time()
@@ -279,7 +281,7 @@ def app_run(args) -> int:
             return render(*a, **k)
         finally:
             renders.append(time.thread_time() - start)
-    app.playground.render = timed_render
+    playground_tab.frames_message = timed_render
     _, url, _ = app.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
     print(f"app run: {args.blocks} blocks x {args.steps} steps of {positions} positions, source {args.source_rate:g} "
           f"forwards/s, live rate cap {rate:.1f}/s, reader budget {'off' if args.no_reader_budget else 'on'}",
@@ -291,8 +293,9 @@ def app_run(args) -> int:
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
                 page.goto(url)
                 page.wait_for_selector("#dg-canvas .dg-canvas")
-                # the run starts once the page has drawn its plots: their first draw belongs to the page load
-                page.wait_for_selector("#dg-heatmap .js-plotly-plot", state="attached", timeout=60_000)
+                # the run starts once the page has loaded its plots library: that belongs to the page load
+                page.wait_for_function("() => window.dgLive && window.dgLive.player() && typeof Plotly !== 'undefined'",
+                                       timeout=60_000)
                 load = os.getloadavg()[0]
                 renders.clear()
                 result = page.evaluate(APP_RUN_JS)
@@ -306,7 +309,7 @@ def app_run(args) -> int:
                       f"{percentile(lags, 50)}/{max(lags, default=0)} forwards; final view "
                       f"{result['end'] / 1000 - times[-1]:.2f} s after the last frame; long tasks > 50 ms: "
                       f"{len(tasks)}, longest {max(tasks, default=0):.0f} ms, over 200 ms: "
-                      f"{sum(1 for t in tasks if t > 200)}; server renders {len(renders)}, CPU "
+                      f"{sum(1 for t in tasks if t > 200)}; server feed messages {len(renders)}, CPU "
                       f"p50 {percentile(renders, 50) * 1e3:.1f} ms; load average (1 min) {load:.2f} before, "
                       f"{os.getloadavg()[0]:.2f} after", flush=True)
                 page.close()
@@ -516,19 +519,16 @@ def generate_in_thread(engine, prompt, settings, seed):
     return out["result"]
 
 
-def stream_in_process(playground, prompt, settings, seed) -> float:
-    """Tokens/s of one run through the UI's own streaming handler, in this process, without a browser: the worker
-    thread, coalescing and every render (HTML, figures) but no HTTP or DOM. Read from the final meter."""
-
-    last = None
-    for outputs in playground.generate_stream(
-        SessionState(), prompt, True, settings.max_new_tokens, settings.max_denoising_steps, settings.entropy_bound,
-        settings.t_min, settings.t_max, settings.stability_threshold, settings.confidence_threshold,
-        settings.adaptive_stopping, seed,
-    ):
-        last = outputs
-    meter = next(o for o in last if isinstance(o, str) and "dg-meter" in o)
-    return float(re.search(r'data-tps="([^"]+)"', meter).group(1))
+def stream_in_process(tab, prompt, settings, seed) -> float:
+    """Tokens/s of one run through the Playground tab's own check and run step, in this process, without a browser:
+    the worker thread, coalescing and every feed message (the frames as JSON) but no HTTP or DOM. The engine's figure
+    of the run's last frame (what the page's meter shows)."""
+    session = SessionState()
+    inputs = (prompt, True, *(getattr(settings, name) for name in SETTING_NAMES), seed, False)
+    ticket, *_ = tab.request_run(session, *inputs)
+    for _ in tab.generate_stream(session, ticket):
+        pass
+    return session.snapshot.latest.tokens_per_second
 
 
 def pin_own_threads(cpus: set[int]) -> None:
@@ -619,7 +619,7 @@ def main_latency(argv: list[str] | None = None) -> int:
                 else:
                     bare = generate_in_thread(engine, args.prompt, settings, args.seed)
                 bare_cpu = time.process_time() - bare_before
-                streamed_tps = stream_in_process(app.playground, args.prompt, settings, args.seed)
+                streamed_tps = stream_in_process(app.tabs["playground"], args.prompt, settings, args.seed)
                 if run == 0:
                     continue
                 rows["page_load_ms"].append(load_ms)
@@ -873,9 +873,10 @@ def format_sessions(report: SessionsReport) -> str:
 
 
 def synthetic_trace(canvas: int = 256, steps: int = 48, blocks: int = 1, vocab: int = 262_144, seed: int = 0,
-                    token_text=None, adaptive_stopping: bool = False) -> Trace:
+                    token_text=None, adaptive_stopping: bool = False, alternatives: bool = False) -> Trace:
     """A `Trace` of a synthetic run: `blocks` canvases of `canvas` positions, `steps` forwards each, random ids in
-    `[0, vocab)`; `token_text(id)` gives the strings (default: a pseudo-word per id)."""
+    `[0, vocab)`; `token_text(id)` gives the strings (default: a pseudo-word per id); `alternatives`: each position
+    with five alternatives (its draft and four random ids), as a real run records them."""
     rng = random.Random(seed)
     token_text = token_text or (lambda i: f" w{i % 9973}" if i % 7 else f"<{i}>")
     settings = DiffusionSettings(max_new_tokens=blocks * canvas, max_denoising_steps=steps,
@@ -901,6 +902,7 @@ def synthetic_trace(canvas: int = 256, steps: int = 48, blocks: int = 1, vocab: 
                 committed = committed + list(draft)
                 forwards_per_block = forwards_per_block + [steps]
             done = block_done and block == blocks - 1
+            tops = [[d] + [rng.randrange(vocab) for _ in range(4)] for d in draft] if alternatives else []
             frames.append(Frame(
                 block_index=block, step_index=step, forward_index=len(frames), canvas_length=canvas,
                 max_denoising_steps=steps, temperature=0.8, input_ids=noise, draft_ids=list(draft),
@@ -910,7 +912,8 @@ def synthetic_trace(canvas: int = 256, steps: int = 48, blocks: int = 1, vocab: 
                 committed_ids=list(committed), committed_tokens=len(committed),
                 forwards_per_block=list(forwards_per_block), elapsed_s=elapsed, time_to_first_frame_s=0.05,
                 tokens_per_second=0.0, tokens_per_forward=0.0, prompt_tokens=4, seed=seed,
-                stop_reason="max_new_tokens" if done else "",
+                stop_reason="max_new_tokens" if done else "", top_ids=tops,
+                top_probs=[[0.6, 0.2, 0.1, 0.05, 0.05]] * len(tops),
             ))
     model = ModelInfo(name="synthetic", revision="", device="cpu", dtype="float32", canvas_length=canvas)
     return Trace.from_frames(frames, model=model, settings=settings, prompt="In the beginning", raw=True,
@@ -1014,8 +1017,188 @@ def main_sessions(argv: list[str] | None = None) -> int:
     return 0 if not report.failures else 1
 
 
+LIVE_DOC = (
+    "The Playground's live view in a real browser. app.py is served (the embedded model unless --model) and opened "
+    "in headless Chromium at 1280x900; the page is loaded and its plots library ready before each run. From the "
+    "Generate click until the engine's run has ended and the player shows its last forward, a sampler at every "
+    "animation frame notes the forward on the canvas (#dg-canvas's data-forward: what that frame paints) and a "
+    "PerformanceObserver the long tasks (over 50 ms). Runs: (a) the default prompt and settings; (b) raw "
+    "--long-prompt for --long-tokens tokens, adaptive stopping off; each at every --paces pace (default, and 'live': "
+    "as it computes); (c) a synthetic run of --synthetic-positions x --synthetic-steps (five alternatives a position, "
+    "random ids over 262,144) fed to the page's window.dgLive.feed as the run step sends it, one message a forward at "
+    "--synthetic-rate a second (no model, no server: a GPU's rate). Figures: forwards painted / forwards run; the "
+    "click (c: the first message) to the first painted forward; the longest task; how long the playback took; the "
+    "engine's own time.")
+
+# Runs in the page before a run: a sampler at each animation frame notes the forward on the canvas (the DOM that
+# frame paints), a PerformanceObserver the long tasks; `window.__live.stop()` ends both.
+LIVE_WATCH_JS = """() => {
+  const live = window.__live = {painted: [], tasks: [], start: null, running: true};
+  const observer = new PerformanceObserver((list) => list.getEntries().forEach((e) => live.tasks.push(e.duration)));
+  observer.observe({type: 'longtask'});
+  const sample = () => {
+    if (!live.running) return;
+    const canvas = document.querySelector('#dg-canvas [data-forward]');
+    const forward = canvas ? Number(canvas.dataset.forward) : -1, last = live.painted[live.painted.length - 1];
+    if (live.start !== null && forward >= 0 && (!last || last[0] !== forward)) {
+      live.painted.push([forward, performance.now() - live.start]);
+    }
+    requestAnimationFrame(sample);
+  };
+  requestAnimationFrame(sample);
+  live.stop = () => { live.running = false; observer.disconnect(); return live; };
+}"""
+LIVE_CLICK_JS = "() => { window.__live.start = performance.now(); document.querySelector('#dg-generate').click(); }"
+# True once the page's run (a key other than `before`) has ended and its last forward is on screen
+LIVE_PLAYED_JS = """(before) => {
+  const live = window.dgLive, canvas = document.querySelector('#dg-canvas [data-forward]');
+  const meter = document.querySelector('#dg-meter .dg-meter');
+  return Boolean(live.have() && live.have().split(':')[0] !== before && live.done() && meter
+    && meter.dataset.state === 'done' && canvas.dataset.playing === 'false'
+    && Number(canvas.dataset.forward) === live.player().last());
+}"""
+# Feeds the messages in `window.__messages` to the player, message k at k / rate s after the first
+LIVE_FEED_JS = """(rate) => new Promise((resolve) => {
+  const messages = window.__messages, late = [];
+  window.__live.start = performance.now();
+  const next = (k) => {
+    if (k === messages.length) { resolve(late); return; }
+    const due = window.__live.start + k * 1000 / rate;
+    const wait = due - performance.now();
+    if (wait > 0) { setTimeout(() => next(k), wait); return; }
+    late.push(-wait);
+    window.dgLive.feed(messages[k]);
+    next(k + 1);
+  };
+  next(0);
+})"""
+
+
+def set_run_number(page, label: str, value) -> None:
+    """Type `value` into the number box of the slider labelled `label` and press Enter."""
+    box = page.locator(f"input[aria-label='number input for {label}']")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def live_page(browser, url: str, pace: str):
+    """A fresh page on `url` with the player mounted, the plots library loaded and the pace set."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(url)
+    page.wait_for_function("() => window.dgLive && window.dgLive.player() && typeof Plotly !== 'undefined'",
+                           timeout=120_000)
+    page.select_option("#dg-replay-pace", pace)
+    return page
+
+
+def live_figures(live: dict, run: int, extra: str = "") -> str:
+    """One line of figures from the page's notes `live` of a run of `run` forwards."""
+    painted = sorted({forward for forward, _ in live["painted"]})
+    first = live["painted"][0][1] if live["painted"] else math.nan
+    span = (live["painted"][-1][1] - first) / 1000 if live["painted"] else math.nan
+    tasks = live["tasks"]
+    return (f"{len(painted)}/{run} forwards painted; first painted forward {first:.0f} ms after the "
+            f"{'first message' if extra.startswith('fed') else 'click'}; longest task {max(tasks, default=0):.0f} ms "
+            f"({len(tasks)} over 50 ms, {sum(1 for t in tasks if t > 100)} over 100 ms); playback {span:.2f} s"
+            f"{'; ' + extra if extra else ''}")
+
+
+def live_run(browser, url: str, pace: str, setup) -> str:
+    """A run of the served app in a fresh page at `pace` after `setup(page)`: its figures."""
+    page = live_page(browser, url, pace)
+    try:
+        setup(page)
+        page.evaluate(LIVE_WATCH_JS)
+        page.evaluate(LIVE_CLICK_JS)
+        page.wait_for_function(LIVE_PLAYED_JS, arg="", timeout=600_000, polling=100)
+        live = page.evaluate("window.__live.stop()")
+        run, end = page.evaluate("""() => { const d = window.dgLive.data(), f = d.frames[d.frames.length - 1];
+            return [d.frames.length, [d.frames[0].elapsed_s, f.elapsed_s]]; }""")
+        return live_figures(live, run, f"engine: first frame {end[0] * 1000:.0f} ms, run {end[1]:.2f} s")
+    finally:
+        page.close()
+
+
+def synthetic_feed(positions: int, steps: int) -> list[str]:
+    """Feed messages of a synthetic run of one `positions`-position canvas in `steps` forwards, one a forward."""
+    from diffgemma_ui.feed import frames_message  # noqa: PLC0415 - the app's own serializer of the run step
+    trace = synthetic_trace(canvas=positions, steps=steps, blocks=1, alternatives=True)
+    frames = list(trace.frames)
+    return [frames_message(None, None, frames[:k + 1], k, final=k == len(frames) - 1, trace=trace)
+            for k in range(len(frames))]
+
+
+def main_live(argv: list[str] | None = None) -> int:
+    """`live`: the Playground's live view in a real browser (see LIVE_DOC)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.browser live", description=LIVE_DOC)
+    parser.add_argument("--model", help="model for the served app (default: the embedded diffgemma-tiny)")
+    parser.add_argument("--paces", nargs="+", default=["default", "live"], choices=["teach", "default", "fast", "live"],
+                        help="playback paces (default: default live)")
+    parser.add_argument("--long-prompt", default="And he said", help="(b)'s raw prompt (default 'And he said')")
+    parser.add_argument("--long-tokens", type=int, default=512, help="(b)'s max new tokens (default 512)")
+    parser.add_argument("--long-steps", type=int, help="(b)'s max denoising steps (default: the recommended)")
+    parser.add_argument("--synthetic-positions", type=int, default=256, help="(c)'s canvas (default 256)")
+    parser.add_argument("--synthetic-steps", type=int, default=48, help="(c)'s forwards (default 48)")
+    parser.add_argument("--synthetic-rate", type=float, default=60.0, help="(c)'s forwards a second (default 60)")
+    parser.add_argument("--only", nargs="+", choices=["a", "b", "c"], default=["a", "b", "c"], help="runs to measure")
+    args = parser.parse_args(argv)
+    if min(args.long_tokens, args.synthetic_positions, args.synthetic_steps) < 1 or args.synthetic_rate <= 0:
+        raise SystemExit("error: token, position and step counts must be at least 1, the rate positive")
+
+    def long_run(page):
+        page.fill("#dg-prompt textarea", args.long_prompt)
+        page.check("#dg-raw input[type=checkbox]")
+        page.get_by_label("Adaptive stopping").uncheck()
+        set_run_number(page, "Max new tokens", args.long_tokens)
+        if args.long_steps:
+            set_run_number(page, "Max denoising steps", args.long_steps)
+
+    runs = {"a": ("(a) default prompt", lambda page: None),
+            "b": (f"(b) raw {args.long_prompt!r}, {args.long_tokens} tokens, adaptive stopping off", long_run)}
+    print(f"load average (1 min) {os.getloadavg()[0]:.2f} at start", flush=True)
+    with launched_app(args.model, "cpu", timeout_s=300) as (url, _):
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                warm = live_page(browser, url, "live")  # the engine's first run pays its warm-up: not measured
+                warm.evaluate(LIVE_WATCH_JS)
+                warm.evaluate(LIVE_CLICK_JS)
+                warm.wait_for_function(LIVE_PLAYED_JS, arg="", timeout=600_000)
+                warm.close()
+                for name in (n for n in ("a", "b") if n in args.only):
+                    title, setup = runs[name]
+                    for pace in args.paces:
+                        load = os.getloadavg()[0]
+                        figures = live_run(browser, url, pace, setup)
+                        print(f"{title}, pace {pace}: {figures}; load {load:.2f}", flush=True)
+                if "c" in args.only:
+                    messages = synthetic_feed(args.synthetic_positions, args.synthetic_steps)
+                    size = sum(len(m.encode()) for m in messages) / len(messages)
+                    for pace in args.paces:
+                        page = live_page(browser, url, pace)
+                        try:
+                            page.evaluate("(m) => { window.__messages = m; }", messages)
+                            page.evaluate(LIVE_WATCH_JS)
+                            load = os.getloadavg()[0]
+                            late = page.evaluate(LIVE_FEED_JS, args.synthetic_rate)
+                            page.wait_for_function("() => window.dgLive.done() && document.querySelector("
+                                                   "'#dg-canvas [data-forward]').dataset.playing === 'false'",
+                                                   timeout=600_000, polling=100)
+                            live = page.evaluate("window.__live.stop()")
+                        finally:
+                            page.close()
+                        print(f"(c) synthetic {args.synthetic_positions} x {args.synthetic_steps} at "
+                              f"{args.synthetic_rate:g}/s, pace {pace}: "
+                              + live_figures(live, len(messages), f"fed {len(messages)} messages of {size / 1024:.0f} "
+                                             f"KiB on average, the feeder up to {max(late, default=0):.0f} ms late")
+                              + f"; load {load:.2f}", flush=True)
+            finally:
+                browser.close()
+    return 0
+
+
 COMMANDS = {"canvas": main_canvas, "latency": main_latency, "sessions": main_sessions, "replay": main_replay,
-            "render": main_render}
+            "render": main_render, "live": main_live}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,8 +34,9 @@ def run_key(frames: list[Frame]) -> str:
 def frames_message(engine: DiffusionEngine, request: RunRequest | None, frames: list[Frame], start: int, *,
                    final: bool, trace: Trace | None = None, autoplay: bool = True, error: str = "") -> str | None:
     """A feed message with `frames[start:]` of a run (`trace`: a loaded one instead of `request`'s) as replay data
-    with its `key`, `start`, `final` and `error` (why the run failed, in the visitor's words); None when there is
-    nothing new to say."""
+    with its `key`, `start`, `final`, `error` (why the run failed, in the visitor's words) and `stopped` (the run
+    ended without a done frame: stopped between two forwards); None when there is nothing new to say. A final
+    message sends the last frame again (it may have become the run's cancelled end)."""
     if not frames or (start >= len(frames) and not final):
         return None
     new = frames[start:] or frames[-1:]
@@ -50,4 +51,6 @@ def frames_message(engine: DiffusionEngine, request: RunRequest | None, frames: 
     data = replay_data(part)
     data.update(seq=_next_seq(), key=run_key(frames), start=start, final=bool(final), autoplay=autoplay, error=error,
                 prompt_tokens=new[-1].prompt_tokens if trace is None else data["prompt_tokens"])
+    if final and not frames[-1].done:
+        data["stopped"] = True
     return script_json(data)

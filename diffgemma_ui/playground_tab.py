@@ -146,14 +146,17 @@ class PlaygroundTab(Tab):
         return self.outputs(session, snap, final=True, text=True)
 
     def catch_up(self, session: SessionState, have) -> str:
-        """The feed message a page that holds `have` ("key:count") lacks of the session's run or trace."""
+        """The feed message a page that holds `have` ("key:count") lacks of the session's run or trace (a stepped
+        run's as its steps send it: shown at once, final once done)."""
         frames, trace = self.shown_frames(session)
         if not frames:
             return gr.skip()
         held, _, count = str(have or "").partition(":")
         start = int(count) if held == run_key(frames) and count.isdigit() else 0
-        final = trace is not None or not session.run_in_progress
-        return frames_message(self.engine, session.request, frames, start, final=final, trace=trace) or gr.skip()
+        stepped = session.step_run is not None and session.step_run.request is session.request
+        final = trace is not None or (session.step_run.done if stepped else not session.run_in_progress)
+        return frames_message(self.engine, session.request, frames, start, final=final, trace=trace,
+                              autoplay=not stepped) or gr.skip()
 
     @staticmethod
     def shown_frames(session: SessionState | None) -> tuple[list, object]:

@@ -13,33 +13,89 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync"]
 
 
-def open_page(browser, url, width=1280, height=900):
+def open_page(browser, url, width=1280, height=900, **context):
     """A new page on `url` once Generate is shown; returns (page, problems), the console errors, page errors and
-    dialogs seen on it."""
-    page = browser.new_page(viewport={"width": width, "height": height})
+    dialogs seen on it. `context`: Playwright context options (`reduced_motion="reduce"`, `has_touch=True`...)."""
+    page = browser.new_page(viewport={"width": width, "height": height}, **context)
     problems = []
     page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
     page.goto(url)
     page.wait_for_selector("#dg-generate")
+    page.wait_for_function("() => window.dgLive && window.dgLive.player()")  # the Playground's player is mounted
     return page, problems
 
 
-# What the heatmap's plot shows: its title, whether it has the animation's buttons, its size
+# What the heatmap's plot shows (the player draws it with Plotly into the plain div #dg-heatmap): its title, its
+# size, the meter's words and the player's state
 HEATMAP_STATE = """() => {
-  const plot = document.querySelector('#dg-heatmap .js-plotly-plot');
-  if (!plot || !plot.layout) return {plot: !!plot};
+  const plot = document.querySelector('#dg-heatmap'), canvas = document.querySelector('#dg-canvas [data-forward]');
+  const state = {plotly: typeof Plotly !== 'undefined',
+                 meter: document.querySelector('#dg-meter').innerText.slice(0, 200),
+                 forward: canvas && canvas.dataset.forward, playing: canvas && canvas.dataset.playing,
+                 run: window.dgLive && window.dgLive.have(), ended: window.dgLive && window.dgLive.done()};
+  if (!plot || !plot.layout) return {...state, plot: !!plot};
   const title = plot.layout.title && (plot.layout.title.text || plot.layout.title);
-  return {title: String(title), updatemenus: (plot.layout.updatemenus || []).length,
-          buttons: plot.querySelectorAll('.updatemenu-button').length, width: plot.clientWidth,
-          height: plot.clientHeight, meter: document.querySelector('#dg-meter').innerText.slice(0, 200)};
+  return {...state, title: String(title), width: plot.clientWidth, height: plot.clientHeight};
+}"""
+
+# The player's own controls, drawn by the page (the heatmap has no animation buttons of its own)
+PLAYER_BUTTONS = ("#dg-replay-prev", "#dg-replay-play", "#dg-replay-next", "#dg-replay-end")
+
+# True once the page's run (a run key other than `before`) has ended in the engine and its playback has put the
+# engine's last forward on screen and stopped there
+PLAYED = """(before) => {
+  const live = window.dgLive, canvas = document.querySelector('#dg-canvas [data-forward]');
+  const meter = document.querySelector('#dg-meter .dg-meter');
+  if (!live || !live.have() || live.have().split(':')[0] === before || !live.done() || !canvas) return false;
+  return meter && meter.dataset.state === 'done' && canvas.dataset.playing === 'false'
+    && Number(canvas.dataset.forward) === live.player().last() && !live.player().playing();
 }"""
 
 
+def wait_for_state(page, condition: str, timeout_ms: int = 30_000) -> None:
+    """Wait until the JS expression `condition` holds; AssertionError with the player's state when it does not."""
+    try:
+        page.wait_for_function(condition, timeout=timeout_ms)
+    except Exception as error:
+        raise AssertionError(f"not reached: {condition}; the page: {page.evaluate(HEATMAP_STATE)}") from error
+
+
+def run_key(page) -> str:
+    """The key of the run the page's player holds ("" before any)."""
+    return page.evaluate("window.dgLive.have().split(':')[0]")
+
+
+def wait_for_played(page, before: str = "", timeout_ms: int = 60_000) -> None:
+    """Wait until a run other than the one keyed `before` (`run_key` before its click) has ended (the meter is done)
+    and its playback shows the engine's last forward; AssertionError with the page's state when it does not."""
+    try:
+        page.wait_for_selector("#dg-meter .dg-meter[data-state='done']", timeout=timeout_ms)
+        page.wait_for_function(PLAYED, arg=before, timeout=timeout_ms)
+    except Exception as error:
+        raise AssertionError(f"the run was not played to its end: {page.evaluate(HEATMAP_STATE)}") from error
+
+
+def wait_for_plots(page, problems) -> None:
+    """Wait until the player has drawn the heatmap, unmasking order and entropy plots (Plotly loads after the page);
+    raise AssertionError with what the heatmap held and the page's `problems` when they do not come."""
+    try:
+        page.wait_for_function("['#dg-heatmap', '#dg-order', '#dg-entropy'].every(s => "
+                               "document.querySelector(s + '.js-plotly-plot .main-svg'))")
+    except Exception as error:
+        state = page.evaluate(HEATMAP_STATE)
+        raise AssertionError(f"the player drew no plots: {state}; page problems: {problems}") from error
+
+
+def set_pace(page, pace: str) -> None:
+    """Choose the playback pace: "teach", "default", "fast" or "live" (as it computes)."""
+    page.select_option("#dg-replay-pace", pace)
+
+
 def record_states(page, state: str) -> None:
-    """From now on, note in `window.__states` (JSON texts) each new value of `state`, a JS arrow function of no
-    arguments, after every change to the page: a state that lasts one update is noted, never missed between polls."""
+    """From now on, note in `window.__states` each new value of `state` (a JS arrow function of no arguments,
+    its value JSON) after every change to the page: a state that lasts one update is noted, never missed."""
     page.evaluate(f"""() => {{
         const state = {state}, seen = window.__states = [];
         const note = () => {{
@@ -57,24 +113,16 @@ def recorded_states(page) -> list:
     return page.evaluate("window.__states.map(JSON.parse)")
 
 
-def wait_for_play_buttons(page, problems) -> None:
-    """Wait for the final heatmap's play buttons; raise AssertionError with what the heatmap held and the page's
-    `problems` when they do not come."""
-    try:
-        page.wait_for_selector("#dg-heatmap .updatemenu-button")
-    except Exception as error:
-        state = page.evaluate(HEATMAP_STATE)
-        raise AssertionError(f"no play button on the final heatmap: {state}; page problems: {problems}") from error
-
-
 def run_raw(page, prompt: str, tokens: int, steps: int, timeout_ms: int = 60_000) -> None:
-    """Run the raw `prompt` for `tokens` tokens at up to `steps` steps a block, to its final frame."""
+    """Run the raw `prompt` for `tokens` tokens at up to `steps` steps a block, until the meter is done and the
+    playback shows the run's last forward."""
     page.fill("#dg-prompt textarea", prompt)
     page.check("#dg-raw input[type=checkbox]")
     set_number(page, "Max new tokens", tokens)
     set_number(page, "Max denoising steps", steps)
+    before = run_key(page)
     page.click("#dg-generate")
-    page.wait_for_selector("#dg-meter .dg-meter[data-state='done']", timeout=timeout_ms)
+    wait_for_played(page, before, timeout_ms)
 
 
 def set_number(page, label, value):

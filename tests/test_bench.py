@@ -308,7 +308,7 @@ def test_ways_on_a_tiny_setting_give_bare_generates_tokens(engine, fixed):
 def test_command_scripts_need_a_known_command(capsys):
     assert browser.main([]) == 2 and model.main(["nope"]) == 2
     err = capsys.readouterr().err
-    assert "python -m benchmarks.browser {canvas,latency,sessions,replay,render}" in err
+    assert "python -m benchmarks.browser {canvas,latency,sessions,replay,render,live}" in err
     assert "python -m benchmarks.model {quantization,standin,chat-reuse,parallel}" in err
 
 

@@ -1,4 +1,5 @@
-"""End to end in headless Chromium: type a prompt, press Generate, watch the canvas denoise, Stop, close the tab."""
+"""End to end in headless Chromium: type a prompt, press Generate, watch the page's player paint the canvas denoise,
+Stop, close the tab."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from diffgemma_ui.validation import MAX_PROMPT_CHARS
 from engine import preset
-from pages import open_page, set_number, set_up_a_long_run, wait_for_play_buttons
+from pages import (PLAYER_BUTTONS, open_page, record_states, recorded_states, set_number, set_up_a_long_run,
+                   wait_for_played, wait_for_plots)
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -57,18 +59,21 @@ def test_generate_shows_live_canvas_final_text_and_speed(browser, served_app, en
     assert page.locator("#dg-seed input").input_value() == "0"
     page.evaluate(WATCH_CANVAS)
     page.click("#dg-generate")
-    page.wait_for_selector(".dg-meter[data-state='done']", timeout=120_000)
+    wait_for_played(page, timeout_ms=120_000)  # the engine's run ended and the player put its last forward on screen
     page.wait_for_function(
         "(text) => document.querySelector('#dg-text textarea').value === text", arg=expected.text, timeout=10_000)
     forwards = page.evaluate("window.__forwards")
     assert len(forwards) >= 3, forwards  # the canvas changed at least twice while the run went on
+    # the default pace paints every forward, from the first (the canvas before the run: -1)
+    assert [f for f in forwards if f != "-1"] == [str(k) for k in range(expected.forwards)], forwards
     blocks = len(expected.forwards_per_block)
     assert page.locator(".dg-block-done").count() == blocks
     assert page.locator("#dg-stack .dg-chip[title]").count() == 64 * blocks
     assert page.locator("#dg-canvas .dg-block").count() == 0  # nothing live after the run
     tps = float(page.get_attribute(".dg-meter", "data-tps"))
     assert tps > 0
-    assert page.locator("#dg-heatmap .js-plotly-plot").count() == 1
+    wait_for_plots(page, problems)  # drawn in the page by the player (Plotly loads after the page)
+    assert page.locator("#dg-heatmap.js-plotly-plot").count() == 1
     assert page.locator("#dg-stop").is_disabled() and page.locator("#dg-generate").is_enabled()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "browser_generate.png"), full_page=True)
@@ -77,6 +82,7 @@ def test_generate_shows_live_canvas_final_text_and_speed(browser, served_app, en
 
 
 SCROLL_SETTLED = "() => new Promise((done) => { const y = scrollY; setTimeout(() => done(scrollY === y), 250); })"
+SCROLLED = "() => scrollY > 0"
 
 
 def test_stop_button_and_phone_width(browser, served_app):
@@ -89,9 +95,9 @@ def test_stop_button_and_phone_width(browser, served_app):
     set_up_a_long_run(page)
     page.click("#dg-generate")
     page.wait_for_selector(".dg-meter[data-state='running']", timeout=60_000)
-    # on a phone the page scrolls the meter into view as the run starts (within 200 ms, smoothly): a tap while it
-    # scrolls can land on the button beside Stop, for a person as for Playwright, so tap once it has settled
-    page.wait_for_timeout(400)
+    # on a phone the page scrolls the meter into view as the run starts (smoothly): a tap while it scrolls can land
+    # on the button beside Stop, for a person as for Playwright, so tap once it has scrolled and settled
+    page.wait_for_function(SCROLLED, timeout=10_000)
     page.wait_for_function(SCROLL_SETTLED, timeout=10_000)
     page.evaluate(WATCH_METER_STATES)
     started = time.monotonic()
@@ -121,6 +127,12 @@ CLIPPED_BLOCKS = """() => [...document.querySelectorAll('.block')]
   .map(e => `${e.id || e.className}: ${e.scrollWidth} px of content in ${e.clientWidth} px`)"""
 
 
+# True once the page's size held still over two painted frames (Gradio lays a tab out over a few frames)
+LAYOUT_SETTLED = """() => new Promise((done) => {
+  const size = () => `${document.body.scrollWidth}x${document.body.scrollHeight}`;
+  const before = size(); requestAnimationFrame(() => requestAnimationFrame(() => done(size() === before))); })"""
+
+
 @pytest.mark.parametrize("width", [360, 390, 1280])
 def test_no_control_on_any_tab_clips_its_content(browser, served_app, width):
     _, url = served_app
@@ -129,7 +141,7 @@ def test_no_control_on_any_tab_clips_its_content(browser, served_app, width):
     for tab in ("playground", "race", "compare", "chat", "infill"):
         page.click(f"#dg-tab-{tab}-button")
         page.wait_for_selector(f"#dg-tab-{tab}", state="visible")
-        page.wait_for_timeout(300)  # the tab's layout settles
+        page.wait_for_function(LAYOUT_SETTLED, timeout=10_000)  # the tab's layout settles
         clipped[tab] = page.evaluate(CLIPPED_BLOCKS)
     assert not any(clipped.values()), clipped
     assert not problems, problems
@@ -142,13 +154,13 @@ def test_closing_the_tab_frees_the_worker(browser, served_app):
     set_up_a_long_run(page)
     page.click("#dg-generate")
     page.wait_for_selector(".dg-meter[data-state='running']", timeout=60_000)
-    assert app.playground.runs.active() == 1
+    assert app.hub.runs.active() == 1
     closed = time.monotonic()
     page.close()
     deadline = closed + 45
-    while (app.playground.runs.active() or run_threads()) and time.monotonic() < deadline:
+    while (app.hub.runs.active() or run_threads()) and time.monotonic() < deadline:
         time.sleep(0.25)
-    assert app.playground.runs.active() == 0 and not run_threads()
+    assert app.hub.runs.active() == 0 and not run_threads()
     print(f"worker freed {time.monotonic() - closed:.1f} s after the tab closed")
 
 
@@ -210,6 +222,10 @@ def test_refused_prompt_leaves_the_canvas_clean_and_hand_edits_make_the_preset_c
     page.close()
 
 
+# The forward on screen (-1 before a run)
+FORWARD = "() => Number(document.querySelector('#dg-canvas [data-forward]').dataset.forward)"
+
+
 def test_a_refused_request_after_a_run_marks_the_results_as_the_previous_runs(browser, served_app):
     _, url = served_app
     page, problems = open_page(browser, url)
@@ -217,13 +233,21 @@ def test_a_refused_request_after_a_run_marks_the_results_as_the_previous_runs(br
     page.check("#dg-raw input[type=checkbox]")
     set_number(page, "Max denoising steps", 3)
     page.click("#dg-generate")
-    page.wait_for_selector(".dg-meter[data-state='done']", timeout=60_000)
+    wait_for_played(page)
     answer = page.locator("#dg-text textarea").input_value()
     assert answer.strip()
+    # the playback plays the run again, slowly, while the next request is refused: the refusal stays in the meter
+    page.select_option("#dg-replay-pace", "teach")
+    page.click("#dg-replay-run")
+    page.wait_for_function(f"({FORWARD})() === 0")
     page.fill("#dg-prompt textarea", "")
     page.click("#dg-generate")
     page.wait_for_selector("text=prompt is empty", timeout=10_000)
     page.wait_for_selector(".dg-meter[data-state='refused']", timeout=10_000)
+    refused_at = page.evaluate(FORWARD)
+    page.wait_for_function(f"({FORWARD})() >= {refused_at + 2} || "
+                           "document.querySelector('#dg-canvas [data-playing]').dataset.playing === 'false'")
+    assert page.get_attribute("#dg-meter .dg-meter", "data-state") == "refused"  # the playback did not redraw it
     notice = page.locator("#dg-meter .dg-meter-notice").inner_text()
     assert "refused" in notice.lower() and "previous run" in notice
     assert page.locator("#dg-text textarea").input_value() == answer  # nothing lost
@@ -234,7 +258,10 @@ def test_a_refused_request_after_a_run_marks_the_results_as_the_previous_runs(br
     page.close()
 
 
-def test_shift_enter_runs_and_the_block_slider_follows_the_keyboard(browser, served_app):
+HEATMAP_TITLE = "() => document.querySelector('#dg-heatmap .gtitle').textContent"
+
+
+def test_shift_enter_runs_and_the_player_slider_follows_the_keyboard(browser, served_app):
     _, url = served_app
     page, problems = open_page(browser, url)
     page.fill("#dg-prompt textarea", "The")  # seed 0, 6 steps: the embedded model (v2) writes two blocks
@@ -244,29 +271,54 @@ def test_shift_enter_runs_and_the_block_slider_follows_the_keyboard(browser, ser
     page.get_by_label("Adaptive stopping").uncheck()
     page.fill("#dg-seed input", "0")
     page.press("#dg-prompt textarea", "Shift+Enter")
-    page.wait_for_selector(".dg-meter[data-state='done']", timeout=60_000)
+    wait_for_played(page)
+    wait_for_plots(page, problems)
+    assert page.evaluate(FORWARD) == 11
     title = page.locator("#dg-heatmap .gtitle")
     assert "block 2" in title.text_content()  # the last block is plotted after the run
-    page.locator("#dg-block input[type=range]").focus()
+    # the player's slider walks every forward of every block: block 2's first forward is 6
+    page.locator("#dg-replay-slider").focus()
+    for forward in range(10, 5, -1):
+        page.keyboard.press("ArrowLeft")
+        page.wait_for_function(f"({FORWARD})() === {forward}")
+        assert "block 2" in page.evaluate(HEATMAP_TITLE)
+        assert page.locator("#dg-replay-slider").input_value() == str(forward)
     page.keyboard.press("ArrowLeft")
-    page.wait_for_function(
-        "document.querySelector('#dg-heatmap .gtitle').textContent.includes('block 1')", timeout=10_000)
+    page.wait_for_function(f"({HEATMAP_TITLE})().includes('block 1')", timeout=10_000)
+    assert page.evaluate(FORWARD) == 5 and "forward 6/12" in page.inner_text("#dg-replay-label")
     assert not problems, problems
     page.close()
 
 
-def test_interrupting_the_heatmap_replay_is_not_a_page_error(browser, served_app):
+PLAYER_STATE = """() => [document.querySelector('#dg-replay-play').getAttribute('aria-label'),
+  Number(document.querySelector('#dg-canvas [data-forward]').dataset.forward)]"""
+
+
+def test_interrupting_the_playback_is_not_a_page_error(browser, served_app):
     _, url = served_app
     page, problems = open_page(browser, url)
     set_number(page, "Max new tokens", 64)
     page.click("#dg-generate")
-    page.wait_for_selector(".dg-meter[data-state='done']", timeout=60_000)
-    wait_for_play_buttons(page, problems)
-    buttons = page.locator("#dg-heatmap .updatemenu-button")
-    play, pause = buttons.nth(0), buttons.nth(1)
-    for button in (play, pause, play, play):  # each click interrupts the running animation
-        button.click()
-        time.sleep(0.3)
-    time.sleep(1.5)
+    wait_for_played(page)
+    wait_for_plots(page, problems)
+    # the heatmap has no animation buttons of its own: the player's controls play and pause it with the canvas
+    assert page.locator("#dg-heatmap .updatemenu-button").count() == 0
+    assert all(page.locator(button).is_visible() for button in PLAYER_BUTTONS)
+    last = page.evaluate("window.dgLive.player().last()")
+    page.select_option("#dg-replay-pace", "teach")  # each forward long on screen: every state below is waited for
+    record_states(page, PLAYER_STATE)
+    play = page.locator("#dg-replay-play")
+    for want in ("pause", "play", "pause"):  # each click interrupts the playback (and the plots it redraws)
+        play.click()
+        page.wait_for_function(f"document.querySelector('#dg-replay-play').getAttribute('aria-label') === '{want}'")
+    page.click("#dg-replay-next")  # a step pauses it
+    page.wait_for_function("document.querySelector('#dg-replay-play').getAttribute('aria-label') === 'play'")
+    play.click()
+    page.select_option("#dg-replay-pace", "fast")
+    page.wait_for_function(f"({FORWARD})() === {last} && "
+                           "document.querySelector('#dg-replay-play').getAttribute('aria-label') === 'play'",
+                           timeout=60_000)  # played on to the end, and stopped there
+    labels = [label for label, _ in recorded_states(page)]
+    assert labels[0] == "play" and "pause" in labels, labels
     assert not problems, problems
     page.close()

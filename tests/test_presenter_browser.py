@@ -26,7 +26,13 @@ def set_up_a_short_run(page, tokens: int) -> None:
 
 
 def state(page) -> dict:
+    """The overlay's data-forward, data-playing ("true" until the engine's last forward is on screen) and buffered."""
     return page.evaluate(f"({{...{OVERLAY}.dataset}})")
+
+
+def paused(page) -> bool:
+    """Whether the overlay's player is paused (its play button offers to play)."""
+    return page.get_attribute("#dgp-replay-play", "aria-label") == "play"
 
 
 def test_presenter_buffers_a_live_run_and_answers_the_keys(browser, served_app):
@@ -51,7 +57,7 @@ def test_presenter_buffers_a_live_run_and_answers_the_keys(browser, served_app):
         page.wait_for_function(f"{OVERLAY}.dataset.forward === '1'", timeout=5_000)
         assert "positions accepted" in page.inner_text("#dgp-replay-caption")
         page.keyboard.press(" ")
-        assert state(page)["playing"] == "false"
+        assert paused(page) and state(page)["playing"] == "true"  # paused, before the engine's end
         page.wait_for_selector("#dg-meter .dg-meter[data-state=done]", timeout=120_000)
         page.wait_for_function(f"Number({OVERLAY}.dataset.buffered) === 16", timeout=10_000)  # 2 blocks x 8 steps
         page.keyboard.press("End")
@@ -68,8 +74,9 @@ def test_presenter_buffers_a_live_run_and_answers_the_keys(browser, served_app):
         assert state(page)["forward"] == "8"  # the next block's first forward
         assert "block 2 starts" in page.inner_text("#dgp-replay-caption")
         page.keyboard.press(" ")
-        assert state(page)["playing"] == "true"
+        assert not paused(page) and state(page)["playing"] == "true"
         page.keyboard.press(" ")
+        assert paused(page)
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "live-1280x720.png"))
         page.keyboard.press("Escape")
@@ -84,11 +91,10 @@ def test_presenter_plays_an_uploaded_trace(browser, served_app, tmp_path):
     try:
         page.click("#dg-keep .label-wrap")
         page.set_input_files("#dg-upload-trace input[type=file]", str(hostile_trace().save(tmp_path / "h.json")))
-        page.wait_for_function("document.querySelector('#dg-canvas').innerText.includes('Replay of a trace')",
-                               timeout=60_000)
+        page.wait_for_function("window.dgLive.done() && window.dgLive.have().endsWith(':6')", timeout=60_000)
         page.click("#dg-present")
         page.wait_for_function(f"{OVERLAY}.dataset.buffered === '6'", timeout=30_000)
-        assert state(page)["forward"] == "0" and state(page)["playing"] == "true"
+        assert state(page)["forward"] == "0" and state(page)["playing"] == "true" and not paused(page)
         page.keyboard.press("End")
         assert state(page)["forward"] == "5"
         assert page.evaluate("window.__pwned") is None

@@ -6,6 +6,7 @@ at by hand)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,37 @@ SHOWN_VIEWS = """(k) => {
 }"""
 # The playground's HTML as the browser reads it (serialized again), so both sides compare as DOM
 NORMALIZED = "(html) => { const t = document.createElement('template'); t.innerHTML = html; return t.innerHTML; }"
+PLAYING = re.compile(r' data-playing="(true|false)"')
+TITLE = re.compile(r'title="([^"]*)"')
+PERCENTS = re.compile(r"\d+%")
+FIRST_STEP = re.compile(r"first accepted: step (\d+)")
+
+
+def alternatives_as_percentages(title: str) -> str:
+    """A chip title with its "why this token?" lines as the probabilities they list: the player's labels the
+    alternatives' control tokens (the Python view quotes their text) and adds the alternatives at the step where the
+    token was first accepted (a line the Python view, which lacks that earlier frame, does not have) before the
+    current ones ("now:"). The added line must name the title's first-accepted step."""
+    lines, kept = title.split("\n"), []
+    first = FIRST_STEP.search(title)
+    for line in lines:
+        if line.startswith("why this token? at step "):
+            assert first and line.startswith(f"why this token? at step {first[1]}, where it was first accepted: ")
+            continue
+        if line.startswith(("why this token? ", "now: ")):
+            line = "alternatives " + " ".join(PERCENTS.findall(line))
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def player_only_parts(html: str) -> tuple[str, list, list]:
+    """`html` (the player's canvas or stack) without what only the player draws, and those parts: the canvas's
+    data-playing, and the positions marked dg-new (first accepted in the forward on screen)."""
+    playing = PLAYING.findall(html)
+    chips = re.findall(r'<span class="(dg-chip[^"]*)"', html)
+    new = [k for k, classes in enumerate(chips) if " dg-new" in classes]
+    html = PLAYING.sub("", html).replace(" dg-new", "")
+    return TITLE.sub(lambda m: f'title="{alternatives_as_percentages(m[1])}"', html), playing, new
 
 
 def test_replay_plays_offline_to_the_last_step(browser, tmp_path):
@@ -185,11 +217,22 @@ def test_page_draws_what_the_playground_views_draw(browser, tmp_path, stopped):
     page, requests, problems = open_offline(browser, path)
     try:
         assert page.evaluate("document.body.dataset.ready") == "true", page.inner_text("#dg-replay-error")
+        last = len(trace.frames) - 1
         for k in range(len(trace.frames)):
             want = expected_views(trace, k)
             for view in ("canvas", "stack", "meter"):
                 want[view] = page.evaluate(NORMALIZED, want[view])
             shown = page.evaluate(SHOWN_VIEWS, k)
+            for view in ("canvas", "stack"):  # what the player alone draws, checked on its own
+                shown[view], playing, new = player_only_parts(shown[view])
+                want[view] = player_only_parts(want[view])[0]
+                frame = trace.frames[k]
+                if view == "canvas":
+                    assert playing == ["true" if k < last else "false"], (k, playing)
+                    assert new == ([] if frame.block_done else [p for p, step in enumerate(frame.first_accepted_step)
+                                                                if step == frame.step_index]), (k, new)
+                else:
+                    assert playing == [] and new == [], (k, playing, new)
             for view in want:
                 assert shown[view] == want[view], (k, view)
         shown = page.evaluate(SHOWN_VIEWS, len(trace.frames) - 1)
@@ -225,7 +268,8 @@ def test_hostile_trace_replays_without_running_its_strings(browser, tmp_path):
             assert "<script" not in live and "<img" not in live
             names = page.evaluate("[...document.querySelectorAll('#dg-canvas *, #dg-stack *')]"
                                   ".flatMap(e => e.getAttributeNames())")
-            assert set(names) <= {"class", "title", "style", "data-forward", "data-block", "data-blocks"}  # no onerror=
+            assert set(names) <= {"class", "title", "style", "data-forward", "data-playing", "data-block",
+                                  "data-blocks"}  # no onerror=
             assert "&lt;script&gt;" in live or 'data-forward' in live and "dg-block" not in live
             hovers = json.dumps(shown["order"])
             assert "<script" not in hovers and "<img" not in hovers and "&lt;script&gt;" in hovers
@@ -271,8 +315,8 @@ def test_hostile_tokens_stay_text_in_the_replay(browser, tmp_path):
         chips = " ".join(chips.all_inner_texts())
         hover = " ".join(page.locator("#dg-heatmap .hovertext").evaluate_all("els => els.map(e => e.textContent)"))
         assert set(seen["tags"]) <= {"DIV", "H1", "HEADER", "P", "SECTION", "SPAN", "WBR"}, seen  # the views' own
-        assert set(seen["attributes"]) <= {"class", "title", "style", "data-forward", "data-block", "data-blocks",
-                                           "data-state", "data-tps", "data-ttff", "id", "role"}, seen
+        assert set(seen["attributes"]) <= {"class", "title", "style", "data-forward", "data-playing", "data-block",
+                                           "data-blocks", "data-state", "data-tps", "data-ttff", "id", "role"}, seen
         assert not {"script", "img", "iframe", "foreignObject", "a"} & set(seen["plotTags"]), seen
         assert seen["alerts"] == []
         assert "<script>alert(1)</script>" in chips and "\u27e8U+202E\u27e9<img" in chips
@@ -337,8 +381,10 @@ def test_presenter_view_keys_and_captions(browser, tmp_path):
         page.keyboard.press("Home")
         page.keyboard.press(" ")
         assert page.evaluate("document.body.dataset.playing") == "true"
-        page.keyboard.press(" ")
-        assert page.evaluate("document.body.dataset.playing") == "false"
+        assert page.get_attribute("#dg-replay-play", "aria-label") == "pause"
+        page.keyboard.press(" ")  # paused (data-playing stays "true": the last forward is not on screen)
+        assert page.get_attribute("#dg-replay-play", "aria-label") == "play"
+        assert int(page.evaluate("document.body.dataset.forward")) < len(trace.frames) - 1
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "present-1280x720.png"))
         page.keyboard.press("Escape")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from diffgemma_ui import build_app
-from pages import free_port, open_page, set_number, set_up_a_long_run
+from pages import free_port, open_page, run_key, set_number, set_up_a_long_run, wait_for_played
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
@@ -68,10 +68,10 @@ def test_restarting_with_shift_enter_leaves_one_run_its_buttons_and_its_views(br
     page.fill("#dg-prompt textarea", prompt)
     set_number(page, "Max new tokens", 128)
     set_number(page, "Max denoising steps", 2)
-    before = len(calls)
+    before, first_run = len(calls), run_key(page)
     page.press("#dg-prompt textarea", "Shift+Enter")
     page.press("#dg-prompt textarea", "Shift+Enter")
-    page.wait_for_selector(".dg-meter[data-state='done']", timeout=120_000)
+    wait_for_played(page, first_run, timeout_ms=120_000)  # a newer run ended and its last forward is on screen
     settings = engine.recommended.replace(max_new_tokens=128, max_denoising_steps=2, adaptive_stopping=False)
     expected = engine.generate(prompt, settings, raw=True, seed=0)
     page.wait_for_function("(t) => document.querySelector('#dg-text textarea').value === t", arg=expected.text,
@@ -84,7 +84,7 @@ def test_restarting_with_shift_enter_leaves_one_run_its_buttons_and_its_views(br
     assert "ended at end-of-sequence" in page.inner_text(".dg-meter") or "max new tokens" in page.inner_text(
         ".dg-meter")
     assert page.locator("#dg-generate").is_enabled() and page.locator("#dg-stop").is_disabled()
-    wait_until(lambda: app.playground.runs.active() == 0 and run_threads() == 0, 15, "every run to end")
+    wait_until(lambda: app.hub.runs.active() == 0 and run_threads() == 0, 15, "every run to end")
     restarts = calls[before:]
     assert restarts in ([prompt], [prompt, prompt]), restarts  # at most one run per press, each of the new prompt
     assert not problems, problems
@@ -124,7 +124,7 @@ def test_a_queued_run_says_so_and_stop_leaves_the_queue(browser, one_at_a_time):
     time.sleep(2.0)
     assert len(calls) == started and "Queued prompt" not in calls
     assert first.locator("#dg-generate").is_enabled() and first.locator("#dg-stop").is_disabled()
-    wait_until(lambda: app.playground.runs.active() == 0, 15, "every run to end")
+    wait_until(lambda: app.hub.runs.active() == 0, 15, "every run to end")
     assert not problems and not problems_first, (problems, problems_first)
     first.close()
     second.close()

@@ -12,7 +12,7 @@ from diffgemma_ui import build_app
 from diffgemma_ui.blocks import header_html, load_examples
 from diffgemma_ui.canvas_view import thought_html
 from engine.engine import chat_prompt_ids
-from pages import free_port, open_page, set_number
+from pages import free_port, open_page, set_number, wait_for_played
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts"
@@ -78,7 +78,7 @@ def test_one_run_on_the_standin_in_the_browser(browser, standin_engine):
         assert all("not text" in t for t in titles)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "standin_live.png"))
-        page.wait_for_selector(".dg-meter[data-state='done']", timeout=240_000)
+        wait_for_played(page, timeout_ms=240_000)  # the run ended and its last forward is on screen
         done_texts = page.locator("#dg-stack .dg-chip").all_inner_texts()
         assert len(done_texts) == 256
         for text in live_texts + done_texts:

@@ -3,7 +3,7 @@
 // every forward at the chosen pace while the engine runs ahead. The meter reads the engine's newest frame.
 
 const PACE_KEY = "dg-pace";
-const live = {data: null, key: null, done: true, seq: -1, player: null, listeners: []};
+const live = {data: null, key: null, loaded: null, done: true, seq: -1, player: null, listeners: []};
 const byId = (id) => document.getElementById(id);
 
 function paceValue() {
@@ -11,20 +11,20 @@ function paceValue() {
   return PACES[box ? box.value : "default"] || PACES.default;
 }
 
-// The frames of `chunk` from `start` on, their token indices moved past the tokens already held
+// The frames of `chunk` from `start` on, their token indices moved past the tokens already held; a frame held
+// already is replaced (a run's last frame comes again as its cancelled end)
 function appendFrames(chunk) {
-  const held = live.data.frames.length, skip = held - chunk.start;
-  if (skip < 0) return false;  // a gap: some chunk never arrived
+  if (live.data.frames.length < chunk.start) return false;  // a gap: some chunk never arrived
   const offset = live.data.tokens.length, move = (row) => row.map((i) => i + offset);
   live.data.tokens.push(...chunk.tokens);
   if (chunk.kinds) {
     live.data.kinds = live.data.kinds || {};
     for (const [i, kind] of Object.entries(chunk.kinds)) live.data.kinds[String(Number(i) + offset)] = kind;
   }
-  for (const f of chunk.frames.slice(skip)) {
-    live.data.frames.push({...f, input: move(f.input), draft: move(f.draft),
-      ...(f.alt_ids ? {alt_ids: f.alt_ids.map(move)} : {})});
-  }
+  chunk.frames.forEach((f, i) => {
+    live.data.frames[chunk.start + i] = {...f, input: move(f.input), draft: move(f.draft),
+      ...(f.alt_ids ? {alt_ids: f.alt_ids.map(move)} : {})};
+  });
   return true;
 }
 
@@ -53,14 +53,16 @@ function feed(text) {
   if (message.meter !== undefined) setMeter(message.meter);
   if (message.error !== undefined && byId("dg-run-error")) byId("dg-run-error").textContent = message.error;
   if (!message.frames) return;
-  const fresh = message.key !== live.key;
-  if (fresh) {
+  if (message.key !== live.key) {  // a new run (its first chunk may be lost on its way: the gap asks for it)
     live.key = message.key;
-    live.data = {...message, frames: []};
-    message.start = 0;
+    live.data = {...message, tokens: [], kinds: {}, frames: []};
   }
   if (!appendFrames(message)) { ask(); return; }
+  const fresh = live.loaded !== live.key;  // the player has not had this run yet
+  live.loaded = live.key;
   live.done = Boolean(message.final);
+  const end = live.data.frames[live.data.frames.length - 1];
+  if (live.done && message.stopped && !end.stop_reason) end.stop_reason = "cancelled";  // stopped between forwards
   player.load(live.data, !fresh);
   const autoplay = !reducedMotion() && message.autoplay !== false;
   if (message.autoplay === false) player.show(player.last());  // a stepped run: each new forward at once
@@ -101,3 +103,5 @@ const waitForPlayer = setInterval(() => {
   });
   (window.requestIdleCallback || setTimeout)(loadPlotly);
 }, 200);
+// The player takes the page as soon as Gradio has drawn it: its pace, keys and plots are ready before a run
+const mounting = setInterval(() => { if (mount()) clearInterval(mounting); }, 100);

@@ -144,7 +144,7 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
   const board = find("dg-board") || canvasHost;  // the Tab stop: the finished blocks and the live one
   const chipsShown = () => board.querySelectorAll(".dg-chip");
   let frames = [], blocks = [], last = -1, finished = new Map(), current = -1, shown = "", timer = null;
-  let cursor = -1, spoken = 0, waiting = false;
+  let cursor = -1, spoken = 0, waiting = false, metered = null, meteredEnded = false;
 
   function load(next, same = false) {
     data = next;
@@ -169,17 +169,21 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
     }
     return sections;
   }
+  // The meter of frame model `f`, drawn again only when it reads another frame (a meter the page set stays)
   function plot(id, figure) {
     if (find(id) && typeof Plotly !== "undefined") Plotly.react(find(id), figure.data, figure.layout, config);
   }
   const playing = () => !(engineDone() && current >= last);
-  // The meter of frame `f`, the engine's clock; "done" once the engine's run ended, a failed one included
+  // The meter of frame `f`, the engine's clock ("done" once the engine's run ended, a failed one included), drawn
+  // again only when it reads another frame or the run has ended since (a meter the page set stays till then)
   function drawMeter(f) {
-    const host = find("dg-meter");
-    if (!host || !f) return;
+    const host = find("dg-meter"), ended = engineDone();
+    if (!host || !f || (f === metered && ended === meteredEnded)) return;
     const view = meterView(f);
-    if (engineDone() && view.dataset.state === "running") view.dataset.state = "done";
+    if (ended && view.dataset.state === "running") view.dataset.state = "done";
     host.replaceChildren(view);
+    metered = f;
+    meteredEnded = ended;
   }
   // The words beside the view that keep the engine's pace and the playback's apart
   function report() {
@@ -277,7 +281,8 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
     }
     const behind = last - current;
     show(pace() === LIVE && behind > 4 ? last - 1 : current + 1);
-    schedule();
+    if (current >= last && engineDone()) pause();  // the run's last forward is on screen: the playback is over
+    else schedule();
   }
   function schedule() {
     stopTimer();
@@ -329,7 +334,8 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
   }
   document.addEventListener("keydown", (event) => {
     if (!active() || last < 0 || (board && board.contains(event.target))) return;
-    if (event.target && event.target !== slider && /^(INPUT|TEXTAREA|SELECT|BUTTON)$/.test(event.target.tagName)) {
+    const tag = event.target ? event.target.tagName : "";  // a focused button keeps its keys, except when presenting
+    if (event.target !== slider && (/^(INPUT|TEXTAREA|SELECT)$/.test(tag) || (tag === "BUTTON" && !presenting()))) {
       return;
     }
     const moves = {ArrowLeft: current - 1, ArrowRight: current + 1, Home: 0, End: last};
@@ -352,7 +358,11 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
   });
   if (data) load(data);
   return {show, start, pause, load, step, playing: isPlaying, last: () => last, current: () => current,
-    frames: () => frames, ended: () => { report(); if (current >= 0) show(current); }, schedule,
+    frames: () => frames, schedule, ended: () => {  // the engine's run ended: a playback waiting for more stops
+      if (waiting && current >= last) pause();
+      report();
+      if (current >= 0) show(current);
+    },
     redraw: () => { shown = ""; if (current >= 0) show(current); }};
 }
 
