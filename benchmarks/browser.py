@@ -219,7 +219,7 @@ def synthetic_run(token_text, vocabulary: int, positions: int, steps: int, block
     """An engine's `frames` method that ignores its inputs and yields `blocks` blocks of `steps` frames of
     `positions` random ids below `vocabulary` (each position accepted from a random step on, then keeping its
     draft; top-5 alternatives), `rate` frames a second; appends each frame's wall time (epoch s) to `times`."""
-    def frames(prompt, settings=None, *, raw=False, seed=None, stop_event=None, thinking=False):
+    def frames(prompt, settings=None, *, raw=False, seed=None, stop_event=None, thinking=False, prompt_ids=None):
         rng = random.Random(0)
         committed, forward, start = [], 0, time.monotonic()
         times.clear()

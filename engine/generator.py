@@ -7,6 +7,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 from transformers import LogitsProcessorList
@@ -163,12 +164,13 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                 # The frame: what the sampler recorded of this forward, brought to the host in one transfer
                 confidence, entropy, top_ids, top_probs = frame_statistics(sampler, self_conditioning_logits,
                                                                            argmax_canvas)
-                lists = host_lists(input_canvas[0], argmax_canvas[0], sampler_state(sampler).accepted_token_mask[0],
+                shown = host_lists(input_canvas[0], argmax_canvas[0], sampler_state(sampler).accepted_token_mask[0],
                                    None, confidence, entropy, top_ids=top_ids, top_probs=top_probs)
                 frame = builder.add(
                     block_index=block, step_index=step_index, temperature=settings.temperature_at(cur_step),
-                    input_ids=lists[0], draft_ids=lists[1], accepted=lists[2], confidence=lists[4],
-                    entropy=lists[5], top_ids=lists[7], top_probs=lists[8], block_done=block_done,
+                    input_ids=shown.input_ids, draft_ids=shown.draft_ids, accepted=shown.accepted,
+                    confidence=shown.confidence, entropy=shown.entropy, top_ids=shown.top_ids,
+                    top_probs=shown.top_probs, block_done=block_done,
                     block_stopped_early=stopped_early, done=done, committed_ids=committed_ids,
                     committed_tokens=committed_tokens, elapsed_s=clock.now(), stop_reason=stop_reason)
             yield frame
@@ -183,16 +185,31 @@ def denoise(model, input_ids: torch.LongTensor, settings: DiffusionSettings, *,
                     decoder_position_ids=decoder_position_ids, canvas_length=canvas_length, cur_len=cur_len))
 
 
+class HostLists(NamedTuple):
+    """A frame's rows as lists, by name ([] for a row not given)."""
+
+    input_ids: list
+    draft_ids: list
+    accepted: list
+    first_accepted: list
+    confidence: list
+    entropy: list
+    remelted: list
+    top_ids: list
+    top_probs: list
+
+
 def host_lists(input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted=None, top_ids=None,
-               top_probs=None) -> tuple[list, ...]:
+               top_probs=None) -> HostLists:
     """A frame's tensors `[canvas_length]` (alternatives `[canvas_length, k]`) as lists (from an accelerator in one
     transfer); None: []."""
     rows = (input_ids, draft_ids, accepted, first_accepted, confidence, entropy, remelted, top_ids, top_probs)
     kinds = (int, int, bool, int, float, float, bool, int, float)
     if any(row is not None and row.device.type != "cpu" for row in rows):
-        return one_transfer(rows, kinds)
+        return HostLists(*one_transfer(rows, kinds))
     dtypes = {int: torch.int64, bool: torch.bool}
-    return tuple([] if row is None else row.to(dtypes.get(kind, row.dtype)).tolist() for row, kind in zip(rows, kinds))
+    return HostLists(*([] if row is None else row.to(dtypes.get(kind, row.dtype)).tolist()
+                       for row, kind in zip(rows, kinds)))
 
 
 def one_transfer(rows: tuple, kinds: tuple) -> tuple[list, ...]:
