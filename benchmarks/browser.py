@@ -42,6 +42,7 @@ from transformers import AutoTokenizer
 from benchmarks.bench import free_port, launched_app, run_command
 from diffgemma_ui import build_app, canvas_view, playground_tab
 from diffgemma_ui.canvas_view import live_html, stack_html
+from diffgemma_ui.feed import frames_message
 from diffgemma_ui.runs import default_live_rate
 from diffgemma_ui.session import SessionState
 from engine import DiffusionEngine, load_model
@@ -1121,7 +1122,6 @@ def live_run(browser, url: str, pace: str, setup) -> str:
 
 def synthetic_feed(positions: int, steps: int) -> list[str]:
     """Feed messages of a synthetic run of one `positions`-position canvas in `steps` forwards, one a forward."""
-    from diffgemma_ui.feed import frames_message  # noqa: PLC0415 - the app's own serializer of the run step
     trace = synthetic_trace(canvas=positions, steps=steps, blocks=1, alternatives=True)
     frames = list(trace.frames)
     return [frames_message(None, None, frames[:k + 1], k, final=k == len(frames) - 1, trace=trace)

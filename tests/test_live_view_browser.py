@@ -189,7 +189,8 @@ WATCH_FORWARDS = """() => {
 }"""
 FORWARD = "() => Number(document.querySelector('#dg-canvas [data-forward]').dataset.forward)"
 LAST = "() => window.dgLive.player().last()"
-ENGINE_STATUS = re.compile(r"the engine finished in (\d+\.\d+) s \(engine clock\); playing forward (\d+) of (\d+)")
+ENGINE_STATUS = re.compile(r"the engine finished in (\d+\.\d+) s \(engine clock\); (?:playing|paused at) forward (\d+) of "
+                           r"(\d+)")
 
 
 def painted(page) -> list[dict]:
@@ -412,7 +413,7 @@ def test_a_stopped_run_ends_stopped_at_its_last_forward(browser, served_app, rep
     try:
         assert fed_run(page, messages, "live")[-1] == 3  # the last forward, once
         assert page.get_attribute("#dg-meter .dg-meter", "data-state") == "done"
-        assert "stopped" in page.inner_text("#dg-meter") and "stopped" in page.inner_text("#dg-canvas")
+        assert "stopped" in page.inner_text("#dg-meter") and "stopped" in page.inner_text("#dg-canvas").lower()
         assert "4 forwards" in page.inner_text("#dg-meter")  # the engine's count, no repeat
         assert page.inner_text("#dg-replay-announce").startswith("Done: stopped")
         assert not problems, problems
@@ -447,10 +448,10 @@ def test_reduced_motion_starts_no_playback_and_shows_the_final_canvas(browser, s
         page.close()
 
 
-# Each chip of the live canvas: [has the cursor, its title]; the canvas's active descendant
-CURSOR = """() => ({chips: [...document.querySelectorAll('#dg-canvas .dg-chip')].map((c) =>
+# Each chip of the board (finished blocks and live canvas): has the cursor; the board's active descendant
+CURSOR = """() => ({chips: [...document.querySelectorAll('#dg-board .dg-chip')].map((c) =>
   c.classList.contains('dg-cursor')),
-  active: document.querySelector('#dg-canvas').getAttribute('aria-activedescendant'),
+  active: document.querySelector('#dg-board').getAttribute('aria-activedescendant'),
   focus: document.activeElement && document.activeElement.id})"""
 
 
@@ -467,10 +468,10 @@ def test_the_canvas_is_one_tab_stop_with_a_keyboard_cursor_and_a_popup(browser, 
         page.focus("#dg-replay-end")
         for _ in range(4):  # through the slider and the pace menu to the canvas
             page.keyboard.press("Tab")
-            if page.evaluate("document.activeElement.id") == "dg-canvas":
+            if page.evaluate("document.activeElement.id") == "dg-board":
                 break
-        assert page.evaluate("document.activeElement.id") == "dg-canvas"
-        assert page.evaluate("getComputedStyle(document.querySelector('#dg-canvas')).outlineStyle") != "none"
+        assert page.evaluate("document.activeElement.id") == "dg-board"
+        assert page.evaluate("getComputedStyle(document.querySelector('#dg-board')).outlineStyle") != "none"
         page.keyboard.press("ArrowRight")
         state = page.evaluate(CURSOR)
         assert state["chips"].index(True) == 0 and state["chips"].count(True) == 1, state
@@ -478,7 +479,7 @@ def test_the_canvas_is_one_tab_stop_with_a_keyboard_cursor_and_a_popup(browser, 
         page.keyboard.press("ArrowRight")
         page.keyboard.press("ArrowLeft")
         state = page.evaluate(CURSOR)
-        assert state["chips"].index(True) == 1 and state["active"] == "dg-cursor-chip", state
+        assert state["chips"].index(True) == 1 and state["active"] == "dg-board-cursor", state
         assert page.evaluate(FORWARD) == forward  # the arrows moved the cursor, not the playback
         page.keyboard.press("Enter")
         popup = page.locator(".dg-popup")

@@ -144,7 +144,7 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
   const board = find("dg-board") || canvasHost;  // the Tab stop: the finished blocks and the live one
   const chipsShown = () => board.querySelectorAll(".dg-chip");
   let frames = [], blocks = [], last = -1, finished = new Map(), current = -1, shown = "", timer = null;
-  let cursor = -1, spoken = 0, waiting = false, metered = null, meteredEnded = false;
+  let cursor = -1, spoken = 0, waiting = false, running = false, metered = null, meteredEnded = false;
 
   function load(next, same = false) {
     data = next;
@@ -180,7 +180,7 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
     const host = find("dg-meter"), ended = engineDone();
     if (!host || !f || (f === metered && ended === meteredEnded)) return;
     const view = meterView(f);
-    if (ended && view.dataset.state === "running") view.dataset.state = "done";
+    if (ended && f === frames[last] && view.dataset.state === "running") view.dataset.state = "done";
     host.replaceChildren(view);
     metered = f;
     meteredEnded = ended;
@@ -192,7 +192,7 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
     const newest = frames[last];
     let text = "";
     if (current < last) {
-      const where = `${timer !== null || waiting ? "playing" : "paused at"} forward ${current + 1}`;
+      const where = `${running ? "playing" : "paused at"} forward ${current + 1}`;
       text = engineDone() ? `the engine finished in ${formatNumber(newest.elapsed, 2, " s")} (engine clock); ` +
         `${where} of ${last + 1}` : `the engine is at forward ${last + 1}; ${where}`;
     }
@@ -231,7 +231,8 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
       }
     }
     current = k;
-    const status = k === last && engineDone() ? runStatus(f) : "";
+    const status = k === last && f.done ? (f.stopReason in STOP_REASONS ? STOP_REASONS[f.stopReason] : f.stopReason)
+      : "";
     const view = liveView(f.forward, f.blockDone ? null : blockModel(f, true), status);
     view.dataset.playing = String(playing());
     canvasHost.replaceChildren(view);
@@ -267,7 +268,7 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
   }
   function pause() {
     stopTimer();
-    waiting = false;
+    waiting = running = false;
     setButton(false);
     root.dataset.playing = String(playing());
     report();
@@ -293,6 +294,7 @@ function mountPlayer(find, data, root, {presenting = () => false, onPresent = ()
     if (last < 0) return;
     if (current >= last && engineDone()) show(0);
     setButton(true);
+    running = true;
     root.dataset.playing = "true";
     schedule();
   }

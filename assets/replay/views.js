@@ -78,12 +78,6 @@ function stackView(blocks) {
   return el("div", {class: "dg-stack", "data-blocks": String(blocks.length)}, blocks);
 }
 
-// The status line under the canvas once a run is over (live_view.status_text)
-function runStatus(f) {
-  if (!f.done || f.stopReason === "cancelled") return "Stopped: the canvas in progress is not committed.";
-  return `Done: ${STOP_REASONS[f.stopReason] || f.stopReason}.`;
-}
-
 // The block being denoised and the status line (canvas_view.live_html)
 function liveView(forward, block, status) {
   return el("div", {class: "dg-canvas", "data-forward": String(forward)}, block ? blockView(block) : null,
