@@ -189,8 +189,8 @@ WATCH_FORWARDS = """() => {
 }"""
 FORWARD = "() => Number(document.querySelector('#dg-canvas [data-forward]').dataset.forward)"
 LAST = "() => window.dgLive.player().last()"
-ENGINE_STATUS = re.compile(r"the engine finished in (\d+\.\d+) s \(engine clock\); (?:playing|paused at) forward (\d+) of "
-                           r"(\d+)")
+ENGINE_STATUS = re.compile(r"the engine finished in (\d+\.\d+) s \(engine clock\); "
+                           r"(?:playing|paused at) forward (\d+) of (\d+)")
 
 
 def painted(page) -> list[dict]:
