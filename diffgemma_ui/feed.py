@@ -27,8 +27,10 @@ def meter_message(meter_html: str, *, error: str = "") -> str:
 
 
 def run_key(frames: list[Frame]) -> str:
-    """The key of the run whose first frame is `frames[0]`: the page starts a new run when it changes."""
-    return f"run-{id(frames[0]):x}"
+    """The key of the run whose first frame is `frames[0]`: the page starts a new run when it changes (the first
+    frame's seed and engine time beside its id, which Python reuses once a run's frames are freed)."""
+    first = frames[0]
+    return f"run-{id(first):x}-{first.seed}-{first.elapsed_s!r}"
 
 
 def frames_message(engine: DiffusionEngine, request: RunRequest | None, frames: list[Frame], start: int, *,

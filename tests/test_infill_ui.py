@@ -16,7 +16,7 @@ from diffgemma_ui.live_view import refused_meter
 from diffgemma_ui.session import SessionState
 from diffgemma_ui.tab import stop_run
 from engine.infill import InfillLayout
-from pages import open_page, set_number
+from pages import open_page, record_states, recorded_states, set_number
 from synthetic import parse_html, synthetic_frame
 
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "infill"
@@ -155,18 +155,14 @@ def test_infill_tab_in_the_browser_keeps_fixed_positions(browser, served_app):
         page.click("button[role=tab]:has-text('Infill')")
         page.fill("#dg-infill-template textarea", TEMPLATE)
         set_number(page, "Denoising steps (at most)", 24)
+        # every render of the canvas while it denoises: (forward shown, the fixed chips' first lines)
+        record_states(page, "() => [document.querySelector('#dg-infill-canvas [data-forward]')?.dataset.forward, "
+                            f"({FIXED_TEXTS_JS})()]")
         page.click("#dg-infill-run")
-        seen = []
-        for _ in range(200):  # sample the fixed chips while the canvas denoises
-            fixed = page.evaluate(FIXED_TEXTS_JS)
-            if fixed:
-                seen.append(fixed)
-            if page.locator("#dg-infill-filled .dg-filled[data-state=done]").count():
-                break
-            page.wait_for_timeout(100)
         page.wait_for_selector("#dg-infill-filled .dg-filled[data-state=done]", timeout=120_000)
-        seen.append(page.evaluate(FIXED_TEXTS_JS))
-        assert len(seen) >= 2 and all(s == seen[-1] for s in seen), seen
+        seen = [fixed for forward, fixed in recorded_states(page) if fixed]
+        forwards = {forward for forward, fixed in recorded_states(page) if fixed}
+        assert len(forwards) >= 2 and all(s == seen[-1] for s in seen), recorded_states(page)
         fixed_count = int(page.locator("#dg-infill-canvas .dg-infill-canvas").get_attribute("data-fixed"))
         assert len(seen[-1]) == fixed_count > 0
         assert page.input_value("#dg-infill-text textarea").startswith("In the beginning God created the")

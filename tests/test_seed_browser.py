@@ -8,7 +8,7 @@ import re
 import pytest
 
 from engine.settings import DRAWN_SEED_BITS, draw_seed
-from pages import open_page, set_number
+from pages import open_page, run_key, set_number, wait_for_played
 
 pytestmark = pytest.mark.slow
 SEED_BOX = "#dg-seed input, #dg-seed textarea"
@@ -18,9 +18,9 @@ BIG_SEED = 8329200678117864925  # the reported seed: 2**53 < it < 2**63; a brows
 def run_with_seed(page, seed: str) -> tuple[str, int]:
     """Type `seed`, generate, and return (the text, the seed the meter reports)."""
     page.fill(SEED_BOX, seed)
-    page.evaluate("document.querySelector('#dg-meter .dg-meter').dataset.state = 'stale'")  # not the last run's
+    before = run_key(page)  # the meter must read this click's run, not the last one's
     page.click("#dg-generate")
-    page.wait_for_selector(".dg-meter[data-state='done']", timeout=120_000)
+    wait_for_played(page, before, timeout_ms=120_000)
     reported = int(re.search(r"seed (\d+)", page.inner_text(".dg-meter")).group(1))
     return page.locator("#dg-text textarea").input_value(), reported
 
