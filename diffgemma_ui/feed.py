@@ -2,28 +2,20 @@
 state that has no frame (queued, refused, left the queue). The page's `dgLive.feed` reads each message."""
 
 import dataclasses
+import itertools
 import json
-import threading
 
 from engine import DiffusionEngine, Frame
 from engine.trace import ModelInfo, Trace, frame_tokens, replay_data, script_json
 
 from .validation import RunRequest
 
-_SEQUENCE = threading.Lock()
-_counter = [0]
-
-
-def _next_seq() -> int:
-    """A number larger than every one before it in this process: the page applies each message once, in order."""
-    with _SEQUENCE:
-        _counter[0] += 1
-        return _counter[0]
+_SEQUENCE = itertools.count(1)  # each message's `seq`: the page applies each once, in order (next() is atomic)
 
 
 def meter_message(meter_html: str, *, error: str = "") -> str:
     """A feed message that sets the meter to `meter_html` (escaped by its maker); `error`: why the run failed."""
-    return json.dumps({"seq": _next_seq(), "meter": meter_html, "error": error})
+    return json.dumps({"seq": next(_SEQUENCE), "meter": meter_html, "error": error})
 
 
 def run_key(frames: list[Frame]) -> str:
@@ -51,7 +43,7 @@ def frames_message(engine: DiffusionEngine, request: RunRequest | None, frames: 
                      raw=request.raw, prompt_ids=(), tokens={i: engine.token_text(i) for i in ids}, text="",
                      frames=tuple(new), kinds=kinds)
     data = replay_data(part)
-    data.update(seq=_next_seq(), key=run_key(frames), start=start, final=bool(final), autoplay=autoplay, error=error,
+    data.update(seq=next(_SEQUENCE), key=run_key(frames), start=start, final=bool(final), autoplay=autoplay, error=error,
                 prompt_tokens=new[-1].prompt_tokens if trace is None else data["prompt_tokens"])
     if final and not frames[-1].done:
         data["stopped"] = True
